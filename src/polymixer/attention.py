@@ -1,0 +1,399 @@
+"""The attention baseline on ``F.scaled_dot_product_attention``, with PoM's forward / step contract.
+
+Same keyword arguments as :class:`polymixer.PoM` (masks, causal, block-causal, ``cu_seqlens``, rotary positions,
+cross-attention) plus a sliding ``window`` (local attention). A causal sliding window is computed block-wise in
+O(N·window) time and memory; ``step`` keeps a KV cache that grows for global attention and is a ring buffer of the
+last ``window`` keys / values for local attention, so local layers decode in constant time and memory per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import functional as Fn
+from .mixer import Index, _batch_index
+
+__all__ = ["Attention", "AttentionState", "sdpa"]
+
+
+@dataclass
+class AttentionState:
+    """KV cache of one attention layer.
+
+    Attributes:
+        k, v: (B, heads, capacity, head_dim) cached keys / values (rotary already applied to keys).
+        index: (B, capacity) int64 stream index of the token in each slot (-1: empty).
+        valid: (B, capacity) bool, the slot holds a token that takes part (not padding).
+        filled: number of slots in use (global cache) — slots [0, filled) are live.
+        offset: (B,) int64 stream index of the next token.
+        window: ring-buffer size for local attention, None for a growing global cache.
+        ptr: next ring slot to overwrite (local attention only).
+
+    ``step`` updates the buffers in place and returns the state (like every KV cache: no copy per token).
+    """
+
+    k: Tensor
+    v: Tensor
+    index: Tensor
+    valid: Tensor
+    offset: Tensor
+    filled: int = 0
+    window: Optional[int] = None
+    ptr: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[0]
+
+    def __len__(self) -> int:
+        return self.batch_size
+
+    def __getitem__(self, index: Index) -> "AttentionState":
+        """Select / reorder sequences along the batch (copies the cache of the selected rows)."""
+        i = _batch_index(index, self.k.device)
+        return AttentionState(
+            self.k[i], self.v[i], self.index[i], self.valid[i], self.offset[i], self.filled, self.window, self.ptr
+        )
+
+    def index_select(self, index: Tensor) -> "AttentionState":
+        return self[index]
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.index, self.valid, self.offset))
+
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, vis: Optional[Tensor], dropout_p: float = 0.0, is_causal: bool = False) -> Tensor:
+    """``scaled_dot_product_attention`` with a boolean visibility mask broadcast over heads; a query that sees no
+    key gets 0 (never NaN, whatever the backend)."""
+    if vis is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
+    has = vis.any(-1, keepdim=True)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=vis | ~has, dropout_p=dropout_p)
+    return out * has.to(out.dtype)
+
+
+def _local_attention(
+    q: Tensor, k: Tensor, v: Tensor, window: int, causal: bool, key_mask: Optional[Tensor], dropout_p: float
+) -> Tensor:
+    """Sliding-window attention in blocks of ``window`` queries: O(N·window), never N×N.
+
+    Causal: query i sees keys (i − window, i]; bidirectional: |i − j| < window.
+    """
+    B, H, N, dh = q.shape
+    W = window
+    nb = -(-N // W)
+    pad = nb * W - N
+    left, right = W, (0 if causal else W)
+    span = left + W + right
+    kp = F.pad(k, (0, 0, left, pad + right)).unfold(2, span, W).transpose(-1, -2)  # (B, H, nb, span, dh)
+    vp = F.pad(v, (0, 0, left, pad + right)).unfold(2, span, W).transpose(-1, -2)
+    qb = F.pad(q, (0, 0, 0, pad)).view(B, H, nb, W, dh)
+    r = torch.arange(W, device=q.device)
+    c = torch.arange(span, device=q.device)
+    rel = (c[None, :] - left) - r[:, None]  # key index − query index
+    allowed = ((rel <= 0) & (rel > -W)) if causal else (rel.abs() < W)
+    kj = torch.arange(nb, device=q.device)[:, None] * W - left + c[None, :]  # (nb, span) global key index
+    vis = allowed[None] & ((kj >= 0) & (kj < N))[:, None, :]  # (nb, W, span)
+    if key_mask is not None:
+        km = F.pad(key_mask, (left, pad + right), value=False).unfold(1, span, W)  # (B, nb, span)
+        vis = vis[None] & km[:, :, None, :]
+        vis = vis[:, None]  # (B, 1, nb, W, span)
+    out = sdpa(qb, kp, vp, vis, dropout_p)
+    return out.reshape(B, H, nb * W, dh)[:, :, :N]
+
+
+class Attention(nn.Module):
+    """Multi-head attention with the same forward / step contract as :class:`polymixer.PoM`.
+
+    Args:
+        dim: model width; heads: number of heads (dim must divide evenly).
+        causal: default masking when ``forward(causal=None)``.
+        window: sliding-window size (local attention), None for global attention.
+        bias: biases of the projections; dropout: attention-probability dropout.
+        rope: None, "1d" or "2d" rotary positions on queries / keys (positions as for PoM).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int = 8,
+        causal: bool = False,
+        window: Optional[int] = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        rope: Optional[str] = None,
+        rope_base: float = 10000.0,
+        device: Optional[torch.device] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+            raise ValueError(f"heads must be a positive int, got {heads!r}")
+        if dim % heads:
+            raise ValueError(f"dim = {dim} is not divisible by heads = {heads}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive int or None, got {window!r}")
+        if rope not in (None, "1d", "2d"):
+            raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
+        self.head_dim = dim // heads
+        if rope == "1d" and self.head_dim % 2:
+            raise ValueError(f"1-D rotary needs an even head_dim, got {self.head_dim}")
+        if rope == "2d" and self.head_dim % 4:
+            raise ValueError(f"2-D rotary needs head_dim divisible by 4, got {self.head_dim}")
+        self.dim, self.heads, self.causal, self.window = dim, heads, causal, window
+        self.dropout = dropout
+        self.rope, self.rope_base = rope, float(rope_base)
+        fk = {"device": device, "dtype": dtype}
+        self.qkv = nn.Linear(dim, 3 * dim, bias=bias, **fk)
+        self.proj = nn.Linear(dim, dim, bias=bias, **fk)
+
+    def extra_repr(self) -> str:
+        s = f"dim={self.dim}, heads={self.heads}, causal={self.causal}"
+        return s + (f", window={self.window}" if self.window else "") + (f", rope={self.rope!r}" if self.rope else "")
+
+    # -- projections ----------------------------------------------------------------------------------------------
+
+    def _heads(self, t: Tensor) -> Tensor:
+        B, N, _ = t.shape
+        return t.view(B, N, self.heads, self.head_dim).transpose(1, 2)
+
+    def _project(self, x: Tensor, context: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        if context is None:
+            q, k, v = F.linear(x, self.qkv.weight, self.qkv.bias).split(self.dim, dim=-1)
+        else:
+            w, b = self.qkv.weight, self.qkv.bias
+            q = F.linear(x, w[: self.dim], None if b is None else b[: self.dim])
+            k, v = F.linear(context, w[self.dim:], None if b is None else b[self.dim:]).split(self.dim, dim=-1)
+        return self._heads(q), self._heads(k), self._heads(v)
+
+    def _rotate(self, t: Tensor, positions: Tensor) -> Tensor:
+        cos, sin = Fn.rope_angles(positions, self.head_dim, self.rope_base, self.rope == "2d", t.dtype)
+        if cos.dim() == 3:  # (B, N, hd/2) → broadcast over heads
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return Fn.rotate(t, cos, sin)
+
+    def _merge(self, o: Tensor) -> Tensor:
+        B, H, N, dh = o.shape
+        return self.proj(o.transpose(1, 2).reshape(B, N, H * dh))
+
+    # -- forward --------------------------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Optional[Tensor] = None,
+        *,
+        mask: Optional[Tensor] = None,
+        causal: Optional[bool] = None,
+        block_size: Optional[int] = None,
+        cu_seqlens: Optional[Fn.CuSeqlens] = None,
+        positions: Optional[Tensor] = None,
+        context_positions: Optional[Tensor] = None,
+    ) -> Tensor:
+        """Same arguments as :meth:`polymixer.PoM.forward`; ``causal=None`` uses the module's default."""
+        causal = self.causal if causal is None else causal
+        squeeze = False
+        if cu_seqlens is not None and isinstance(x, Tensor) and x.dim() == 2:
+            x = x.unsqueeze(0)
+            context = context.unsqueeze(0) if isinstance(context, Tensor) and context.dim() == 2 else context
+            squeeze = True
+        Fn._check_tokens(x, self.dim, "x")
+        if context is not None:
+            Fn._check_tokens(context, self.dim, "context")
+            if context.shape[0] != x.shape[0]:
+                raise ValueError(f"context batch {context.shape[0]} does not match x batch {x.shape[0]}")
+        B, M, _ = x.shape
+        N = M if context is None else context.shape[1]
+        if block_size is not None:
+            if isinstance(block_size, bool) or not isinstance(block_size, int):
+                raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
+            if block_size <= 0:
+                raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
+            if not causal:
+                raise ValueError("block_size requires causal=True (block-causal masking)")
+        key_mask = general = None
+        if mask is not None:
+            Fn._check_bool_mask(mask, [(B, N), (B, M, N)], f"batch {B}, {M} queries, {N} keys")
+            key_mask, general = (mask, None) if mask.dim() == 2 else (None, mask)
+
+        if cu_seqlens is not None:
+            y = self._forward_packed(x, context, cu_seqlens, causal, block_size, key_mask, general, positions,
+                                     context_positions)
+            return y.squeeze(0) if squeeze else y
+
+        q, k, v = self._project(x, context)
+        if self.rope is not None:
+            two_d = self.rope == "2d"
+            if positions is None:
+                positions = Fn._default_positions(M, x.device, two_d, "positions")
+            if context_positions is None:
+                context_positions = positions if context is None else Fn._default_positions(N, x.device, two_d,
+                                                                                           "context_positions")
+            Fn._check_positions(positions, B, M, two_d, "positions")
+            Fn._check_positions(context_positions, B, N, two_d, "context_positions")
+            q, k = self._rotate(q, positions), self._rotate(k, context_positions)
+        o = self._attend(q, k, v, causal, block_size, key_mask, general)
+        return self._merge(o)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, block_size: Optional[int],
+                key_mask: Optional[Tensor], general: Optional[Tensor]) -> Tensor:
+        B, _, M, _ = q.shape
+        N = k.shape[2]
+        p = self.dropout if self.training else 0.0
+        if self.window is not None and general is None and block_size is None and M == N:
+            return _local_attention(q, k, v, self.window, causal, key_mask, p)
+        if general is None and key_mask is None and block_size is None and self.window is None:
+            return sdpa(q, k, v, None, p, is_causal=causal)
+        vis = torch.ones(M, N, dtype=torch.bool, device=q.device)
+        if causal:
+            vis = Fn._pattern_mask(M, N, block_size, q.device)
+        if self.window is not None:
+            i = torch.arange(M, device=q.device)[:, None]
+            j = torch.arange(N, device=q.device)[None, :]
+            vis = vis & ((j > i - self.window) if causal else ((i - j).abs() < self.window))
+        vis = vis.expand(B, M, N)
+        if key_mask is not None:
+            vis = vis & key_mask[:, None, :]
+        if general is not None:
+            vis = vis & general
+        return sdpa(q, k, v, vis[:, None], p)
+
+    def _forward_packed(self, x, context, cu_seqlens, causal, block_size, key_mask, general, positions,
+                        context_positions) -> Tensor:
+        """Packed sequences: one attention call per sequence (attention cost is per sequence anyway)."""
+        if general is not None:
+            raise ValueError("a (B, M, N) mask and cu_seqlens cannot be combined")
+        if x.shape[0] != 1:
+            raise ValueError(f"packed sequences (cu_seqlens) need batch size 1, got {x.shape[0]}")
+        if isinstance(cu_seqlens, (tuple, list)):
+            cu_q, cu_k = cu_seqlens
+            Fn.check_cu_seqlens(cu_q, x.shape[1], "cu_seqlens_q")
+            Fn.check_cu_seqlens(cu_k, context.shape[1] if context is not None else x.shape[1], "cu_seqlens_k")
+            if cu_q.numel() != cu_k.numel():
+                raise ValueError(f"cu_seqlens_q holds {cu_q.numel() - 1} sequences but cu_seqlens_k holds "
+                                 f"{cu_k.numel() - 1}")
+        else:
+            if context is not None:
+                raise ValueError("packed cross-attention needs cu_seqlens=(cu_seqlens_q, cu_seqlens_k)")
+            Fn.check_cu_seqlens(cu_seqlens, x.shape[1])
+            cu_q = cu_k = cu_seqlens
+        outs = []
+        bq, bk = cu_q.tolist(), cu_k.tolist()
+        for s in range(len(bq) - 1):
+            xs = x[:, bq[s]:bq[s + 1]]
+            cs = None if context is None else context[:, bk[s]:bk[s + 1]]
+            km = None if key_mask is None else key_mask[:, bk[s]:bk[s + 1]]
+            ps = None if positions is None else positions[..., bq[s]:bq[s + 1]] if self.rope != "2d" else \
+                positions[..., bq[s]:bq[s + 1], :]
+            cps = None
+            if context_positions is not None:
+                cps = context_positions[..., bk[s]:bk[s + 1]] if self.rope != "2d" else \
+                    context_positions[..., bk[s]:bk[s + 1], :]
+            outs.append(self.forward(xs, cs, mask=km, causal=causal, block_size=block_size, positions=ps,
+                                     context_positions=cps))
+        return torch.cat(outs, dim=1)
+
+    # -- streaming ------------------------------------------------------------------------------------------------
+
+    def init_state(self, batch_size: int, device: Optional[torch.device] = None,
+                   dtype: Optional[torch.dtype] = None) -> AttentionState:
+        """An empty KV cache: a ring buffer of ``window`` slots for local attention, else a growing cache."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        device = self.qkv.weight.device if device is None else device
+        dtype = self.qkv.weight.dtype if dtype is None else dtype
+        cap = self.window or 0
+        return AttentionState(
+            k=torch.zeros(batch_size, self.heads, cap, self.head_dim, device=device, dtype=dtype),
+            v=torch.zeros(batch_size, self.heads, cap, self.head_dim, device=device, dtype=dtype),
+            index=torch.full((batch_size, cap), -1, dtype=torch.int64, device=device),
+            valid=torch.zeros(batch_size, cap, dtype=torch.bool, device=device),
+            offset=torch.zeros(batch_size, dtype=torch.int64, device=device),
+            window=self.window,
+        )
+
+    def step(self, x: Tensor, state: AttentionState, causal: bool = True, positions: Optional[Tensor] = None,
+             mask: Optional[Tensor] = None) -> Tuple[Tensor, AttentionState]:
+        """Consume a chunk with the KV cache: (y, state). Same contract as :meth:`polymixer.PoM.step`."""
+        if not isinstance(state, AttentionState):
+            raise TypeError(f"state must be an AttentionState (from init_state), got {type(state).__name__}")
+        Fn._check_tokens(x, self.dim, "x")
+        B, T, _ = x.shape
+        if state.batch_size != B:
+            raise ValueError(f"state holds batch {state.batch_size} but x has batch {B}; index or re-initialise it")
+        if state.window != self.window:
+            raise ValueError(f"state was made for window={state.window}, this layer has window={self.window}")
+        if mask is not None:
+            Fn._check_bool_mask(mask, [(B, T)], f"a chunk of batch {B} × {T} tokens")
+        q, k, v = self._project(x, None)
+        idx = state.offset[:, None] + torch.arange(T, device=x.device)  # (B, T) stream indices
+        if self.rope is not None:
+            if positions is None:
+                if self.rope == "2d":
+                    raise ValueError("2-D rotary streaming needs explicit positions of shape (B, T, 2) or (T, 2)")
+                positions = idx
+            Fn._check_positions(positions, B, T, self.rope == "2d", "positions")
+            q, k = self._rotate(q, positions), self._rotate(k, positions)
+        valid_new = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
+
+        if state.window is None:
+            self._append(state, k, v, idx, valid_new)
+            keys, vals = state.k[:, :, : state.filled], state.v[:, :, : state.filled]
+            kidx, kvalid = state.index[:, : state.filled], state.valid[:, : state.filled]
+        else:
+            keys = torch.cat([state.k, k], dim=2)
+            vals = torch.cat([state.v, v], dim=2)
+            kidx = torch.cat([state.index, idx], dim=1)
+            kvalid = torch.cat([state.valid, valid_new], dim=1)
+        qi, kj = idx[:, :, None], kidx[:, None, :]
+        vis = kvalid[:, None, :] & (kj >= 0)
+        if causal:
+            vis = vis & (kj <= qi)
+        if self.window is not None:
+            vis = vis & (kj > qi - self.window)
+            if not causal:
+                vis = vis & (kj < qi + self.window)
+        o = sdpa(q, keys, vals, vis[:, None])
+        if state.window is not None:
+            self._ring_write(state, k, v, idx, valid_new)
+        state.offset = state.offset + T
+        return self._merge(o), state
+
+    @staticmethod
+    def _append(state: AttentionState, k: Tensor, v: Tensor, idx: Tensor, valid: Tensor) -> None:
+        T = k.shape[2]
+        need = state.filled + T
+        cap = state.k.shape[2]
+        if need > cap:  # grow geometrically: amortised O(1) per token
+            new_cap = max(need, 2 * cap, 16)
+            grow = new_cap - cap
+            state.k = F.pad(state.k, (0, 0, 0, grow))
+            state.v = F.pad(state.v, (0, 0, 0, grow))
+            state.index = F.pad(state.index, (0, grow), value=-1)
+            state.valid = F.pad(state.valid, (0, grow), value=False)
+        sl = slice(state.filled, need)
+        state.k[:, :, sl] = k
+        state.v[:, :, sl] = v
+        state.index[:, sl] = idx
+        state.valid[:, sl] = valid
+        state.filled = need
+
+    @staticmethod
+    def _ring_write(state: AttentionState, k: Tensor, v: Tensor, idx: Tensor, valid: Tensor) -> None:
+        W = state.window
+        T = k.shape[2]
+        keep = min(T, W)  # only the last `window` tokens of the chunk can ever be seen again
+        slots = (state.ptr + torch.arange(keep, device=k.device)) % W
+        state.k[:, :, slots] = k[:, :, T - keep:]
+        state.v[:, :, slots] = v[:, :, T - keep:]
+        state.index[:, slots] = idx[:, T - keep:]
+        state.valid[:, slots] = valid[:, T - keep:]
+        state.ptr = (state.ptr + keep) % W
+        state.filled = min(W, state.filled + keep)

@@ -1,0 +1,136 @@
+"""PolyMorpher: the one residual block every model is built from, generic over its token mixer."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from . import functional as Fn
+from .attention import Attention, AttentionState
+from .mixer import PoM, PoMState
+
+__all__ = ["MLP", "PolyMorpher", "MIXERS", "build_mixer"]
+
+MixerState = Union[PoMState, AttentionState]
+
+
+def _attention(dim: int, **kw: Any) -> Attention:
+    kw.setdefault("heads", max(1, dim // 64))
+    return Attention(dim, **kw)
+
+
+def _local_attention(dim: int, **kw: Any) -> Attention:
+    kw.setdefault("window", 128)
+    kw.setdefault("causal", True)
+    return _attention(dim, **kw)
+
+
+MIXERS: Dict[str, Callable[..., nn.Module]] = {"pom": PoM, "attention": _attention, "local_attention": _local_attention}
+
+
+def build_mixer(kind: Union[str, nn.Module], dim: int, **kwargs: Any) -> nn.Module:
+    """A token mixer by name ("pom", "attention", "local_attention") or an already-built module."""
+    if isinstance(kind, nn.Module):
+        if kwargs:
+            raise ValueError(f"mixer keyword arguments {sorted(kwargs)} given with an already-built mixer module")
+        return kind
+    if kind not in MIXERS:
+        raise ValueError(f"unknown mixer {kind!r}; expected one of {sorted(MIXERS)} or an nn.Module")
+    return MIXERS[kind](dim, **kwargs)
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: Linear → GELU → Linear → dropout."""
+
+    def __init__(self, dim: int, hidden: int, bias: bool = True, dropout: float = 0.0,
+                 activation: Callable[[], nn.Module] = nn.GELU) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden, bias=bias)
+        self.act = activation()
+        self.fc2 = nn.Linear(hidden, dim, bias=bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(self.act(self.fc1(x))))
+
+
+class PolyMorpher(nn.Module):
+    """Residual token mixer + residual feed-forward.
+
+    Pre-norm (``norm_first=True``): ``x = x + drop(mixer(norm1(x)))``, ``x = x + mlp(norm2(x))``.
+    Post-norm: ``x = norm1(x + drop(mixer(x)))``, ``x = norm2(x + mlp(x))``.
+
+    Every keyword of the mixer's forward (mask, causal, block_size, cu_seqlens, positions, …) is passed through, and
+    ``init_state`` / ``step`` stream through whatever mixer the block holds.
+
+    Args:
+        dim: model width.
+        mixer: "pom", "attention", "local_attention" or a module with the PoM / Attention contract.
+        mlp_ratio: hidden width of the feed-forward as a multiple of dim.
+        norm_first: pre-norm (GPT-2, DiT) or post-norm.
+        dropout: residual dropout (also the attention-probability dropout of attention mixers unless given).
+        bias: biases of the feed-forward and norms.
+        **mixer_kwargs: passed to the mixer's constructor (e.g. degree, expand, heads, window, rope).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        mixer: Union[str, nn.Module] = "pom",
+        mlp_ratio: float = 4.0,
+        norm_first: bool = True,
+        dropout: float = 0.0,
+        bias: bool = True,
+        norm_eps: float = 1e-5,
+        **mixer_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        if mlp_ratio <= 0:
+            raise ValueError(f"mlp_ratio must be positive, got {mlp_ratio}")
+        if isinstance(mixer, str) and mixer != "pom":
+            mixer_kwargs.setdefault("dropout", dropout)
+        self.kind = mixer if isinstance(mixer, str) else type(mixer).__name__
+        self.norm_first = norm_first
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+        self.mixer = build_mixer(mixer, dim, **mixer_kwargs)
+        self.drop = nn.Dropout(dropout)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+        self.mlp = MLP(dim, int(round(mlp_ratio * dim)), bias=bias, dropout=dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Optional[Tensor] = None,
+        *,
+        mask: Optional[Tensor] = None,
+        causal: Optional[bool] = None,
+        block_size: Optional[int] = None,
+        cu_seqlens: Optional[Fn.CuSeqlens] = None,
+        positions: Optional[Tensor] = None,
+        context_positions: Optional[Tensor] = None,
+    ) -> Tensor:
+        kw = dict(mask=mask, causal=causal, block_size=block_size, cu_seqlens=cu_seqlens, positions=positions,
+                  context_positions=context_positions)
+        kw = {k: v for k, v in kw.items() if v is not None}
+        if self.norm_first:
+            x = x + self.drop(self.mixer(self.norm1(x), context, **kw))
+            return x + self.mlp(self.norm2(x))
+        x = self.norm1(x + self.drop(self.mixer(x, context, **kw)))
+        return self.norm2(x + self.mlp(x))
+
+    def init_state(self, batch_size: int, device: Optional[torch.device] = None,
+                   dtype: Optional[torch.dtype] = None) -> MixerState:
+        return self.mixer.init_state(batch_size, device=device, dtype=dtype)
+
+    def step(self, x: Tensor, state: MixerState, causal: bool = True, positions: Optional[Tensor] = None,
+             mask: Optional[Tensor] = None) -> Tuple[Tensor, MixerState]:
+        """Stream a chunk through the block: (y, new_state) — the feed-forward is per token, only the mixer has state."""
+        if self.norm_first:
+            m, state = self.mixer.step(self.norm1(x), state, causal=causal, positions=positions, mask=mask)
+            x = x + self.drop(m)
+            return x + self.mlp(self.norm2(x)), state
+        m, state = self.mixer.step(x, state, causal=causal, positions=positions, mask=mask)
+        x = self.norm1(x + self.drop(m))
+        return self.norm2(x + self.mlp(x)), state

@@ -1,0 +1,151 @@
+"""The paper's formula, literally: the oracle every fast path is tested against.
+
+Nothing here is fast. Visibility is an explicit boolean matrix ``M`` (B, M, N) built from the mode's definition,
+powers are computed one by one, the aggregation is ``H_i = Σ_j M_ij poly(h_j) / Σ_j M_ij`` (or the plain sum),
+and rotary positions rotate every (query, context) pair by the angle of their *relative* position — the property
+the fast path must reproduce by rotating before and after aggregation. Everything runs in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import functional as Fn
+
+__all__ = ["visibility", "reference_pom", "reference_attention"]
+
+
+def visibility(
+    batch: int,
+    num_queries: int,
+    num_keys: int,
+    *,
+    causal: bool = False,
+    block_size: Optional[int] = None,
+    key_mask: Optional[Tensor] = None,
+    mask: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
+    window: Optional[int] = None,
+) -> Tensor:
+    """Explicit (B, M, N) visibility: True where query i may see context token j.
+
+    causal: j ≤ i (top-left aligned). block_size K (with causal): j // K ≤ i // K. Packed: i and j in the same
+    sequence, indices local to it. window W: causal j > i − W, bidirectional |i − j| < W.
+    """
+    qi = torch.arange(num_queries)
+    kj = torch.arange(num_keys)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        cq = (cu_seqlens_q if cu_seqlens_q is not None else cu_seqlens_k).tolist()
+        ck = (cu_seqlens_k if cu_seqlens_k is not None else cu_seqlens_q).tolist()
+        seg_q = torch.tensor([s for s in range(len(cq) - 1) for _ in range(cq[s], cq[s + 1])])
+        seg_k = torch.tensor([s for s in range(len(ck) - 1) for _ in range(ck[s], ck[s + 1])])
+        qi = qi - torch.tensor(cq)[seg_q]
+        kj = kj - torch.tensor(ck)[seg_k]
+        same = seg_q[:, None] == seg_k[None, :]
+    else:
+        same = torch.ones(num_queries, num_keys, dtype=torch.bool)
+    vis = same.clone()
+    if causal:
+        if block_size is None:
+            vis &= kj[None, :] <= qi[:, None]
+        else:
+            vis &= (kj[None, :] // block_size) <= (qi[:, None] // block_size)
+    if window is not None:
+        if causal:
+            vis &= kj[None, :] > qi[:, None] - window
+        else:
+            vis &= (kj[None, :] - qi[:, None]).abs() < window
+    vis = vis.unsqueeze(0).expand(batch, -1, -1).clone()
+    if key_mask is not None:
+        vis &= key_mask[:, None, :].cpu()
+    if mask is not None:
+        vis &= mask.cpu()
+    return vis
+
+
+def _rotation_angles(rel: Tensor, D: int, base: float, two_d: bool) -> Tensor:
+    """Angle of every channel pair for relative positions rel (..., ) or (..., 2); returns (..., D/2)."""
+    if two_d:
+        q = D // 4
+        inv = base ** (-torch.arange(q, dtype=torch.float64) / q)
+        return torch.cat([rel[..., 0:1] * inv, rel[..., 1:2] * inv], dim=-1)
+    half = D // 2
+    inv = base ** (-torch.arange(half, dtype=torch.float64) / half)
+    return rel.unsqueeze(-1) * inv
+
+
+def reference_pom(
+    x: Tensor,
+    context: Optional[Tensor],
+    in_weight: Tensor,
+    gate_bias: Tensor,
+    coeff: Tensor,
+    out_weight: Tensor,
+    out_bias: Optional[Tensor],
+    vis: Tensor,
+    *,
+    activation: str = "leaky_clamp",
+    gate: str = "hardsigmoid",
+    reduction: str = "mean",
+    rope: Optional[str] = None,
+    rope_base: float = 10000.0,
+    positions: Optional[Tensor] = None,
+    context_positions: Optional[Tensor] = None,
+) -> Tensor:
+    """y_i = W_o (s_i ⊙ H_i), H_i = Σ_j vis_ij R(p_j − p_i) poly(act(W_h c_j)) [/ Σ_j vis_ij], all in float64."""
+    f64 = torch.float64
+    x = x.to(f64)
+    c = x if context is None else context.to(f64)
+    D, k = coeff.shape
+    W = in_weight.to(f64)
+    h = Fn.activation(c @ W[:D].T, activation)
+    poly = torch.zeros_like(h)
+    for p in range(1, k + 1):
+        poly = poly + coeff[:, p - 1].to(f64) * h**p
+    s = Fn.gate_fn(x @ W[D:].T + gate_bias.to(f64), gate)
+    if s.shape[-1] != D:
+        s = s.repeat_interleave(D // s.shape[-1], dim=-1)
+    visf = vis.to(f64)
+    B, M, N = visf.shape
+    if rope is None:
+        H = torch.einsum("bmn,bnd->bmd", visf, poly)
+    else:
+        two_d = rope == "2d"
+        qp = positions.to(f64)
+        kp = (positions if context_positions is None else context_positions).to(f64)
+        if qp.dim() == (2 if two_d else 1):
+            qp = qp.unsqueeze(0).expand(B, *qp.shape)
+        if kp.dim() == (2 if two_d else 1):
+            kp = kp.unsqueeze(0).expand(B, *kp.shape)
+        rel = kp.unsqueeze(1) - qp.unsqueeze(2)  # (B, M, N[, 2]): p_j − p_i
+        ang = _rotation_angles(rel, D, rope_base, two_d)  # (B, M, N, D/2)
+        cos, sin = ang.cos(), ang.sin()
+        half = D // 2
+        p1 = poly[..., :half].unsqueeze(1)
+        p2 = poly[..., half:].unsqueeze(1)
+        rot = torch.cat([p1 * cos - p2 * sin, p2 * cos + p1 * sin], dim=-1)  # (B, M, N, D)
+        H = (visf.unsqueeze(-1) * rot).sum(2)
+    if reduction == "mean":
+        count = visf.sum(-1, keepdim=True)
+        H = torch.where(count > 0, H / count.clamp_min(1.0), torch.zeros_like(H))
+    y = (s * H) @ out_weight.to(f64).T
+    if out_bias is not None:
+        y = y + out_bias.to(f64)
+    return y
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, vis: Tensor) -> Tensor:
+    """softmax(q kᵀ/√d + mask) v per head in float64; a query that sees nothing gets 0. q: (B, H, M, dh)."""
+    q, k, v = q.double(), k.double(), v.double()
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    vis4 = vis.unsqueeze(1)
+    scores = scores.masked_fill(~vis4, float("-inf"))
+    any_vis = vis4.any(-1, keepdim=True)
+    probs = torch.softmax(torch.where(any_vis, scores, torch.zeros_like(scores)), dim=-1)
+    probs = torch.where(any_vis, probs, torch.zeros_like(probs))
+    return probs @ v

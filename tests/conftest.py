@@ -1,0 +1,50 @@
+"""Shared helpers: random mixers with non-trivial coefficients and the float64 oracle."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+import torch
+
+from polymixer import PoM
+from polymixer import functional as Fn
+from polymixer.reference import reference_pom
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(params=[True, False], ids=["fused", "modular"])
+def fused(request):
+    """Run a test on both the fused CPU path and the modular path."""
+    with Fn.fused_kernels(request.param):
+        yield request.param
+
+
+def random_pom(dim: int = 8, degree: int = 3, expand: float = 2, dtype=torch.float64, bias: bool = True,
+               **kw) -> PoM:
+    """A PoM whose coefficients and gate bias are O(1), so that every term of the polynomial matters."""
+    m = PoM(dim, degree=degree, expand=expand, bias=bias, **kw).to(dtype)
+    with torch.no_grad():
+        m.coeff.uniform_(-1.0, 1.0)
+        m.gate_bias.normal_()
+    return m
+
+
+def oracle(m: PoM, x: torch.Tensor, vis: torch.Tensor, context: Optional[torch.Tensor] = None,
+           positions=None, context_positions=None) -> torch.Tensor:
+    return reference_pom(
+        x, context, m.in_proj.weight.detach(), m.gate_bias.detach(), m.coeff.detach(), m.out_proj.weight.detach(),
+        None if m.out_proj.bias is None else m.out_proj.bias.detach(), vis, activation=m.activation, gate=m.gate,
+        reduction=m.reduction, rope=m.rope, rope_base=m.rope_base, positions=positions,
+        context_positions=context_positions,
+    )
+
+
+def assert_close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-10, atol: float = 1e-10) -> None:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert torch.isfinite(a).all(), "non-finite values"
+    torch.testing.assert_close(a.to(b.dtype), b, rtol=rtol, atol=atol)
