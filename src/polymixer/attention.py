@@ -204,28 +204,11 @@ class Attention(nn.Module):
             x = x.unsqueeze(0)
             context = context.unsqueeze(0) if isinstance(context, Tensor) and context.dim() == 2 else context
             squeeze = True
-        Fn._check_tokens(x, self.dim, "x")
-        if context is not None:
-            Fn._check_tokens(context, self.dim, "context")
-            if context.shape[0] != x.shape[0]:
-                raise ValueError(f"context batch {context.shape[0]} does not match x batch {x.shape[0]}")
-        B, M, _ = x.shape
-        N = M if context is None else context.shape[1]
-        if block_size is not None:
-            if isinstance(block_size, bool) or not isinstance(block_size, int):
-                raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
-            if block_size <= 0:
-                raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
-            if not causal:
-                raise ValueError("block_size requires causal=True (block-causal masking)")
-        key_mask = general = None
-        if mask is not None:
-            Fn._check_bool_mask(mask, [(B, N), (B, M, N)], f"batch {B}, {M} queries, {N} keys")
-            key_mask, general = (mask, None) if mask.dim() == 2 else (None, mask)
-
-        if cu_seqlens is not None:
-            y = self._forward_packed(x, context, cu_seqlens, causal, block_size, key_mask, general, positions,
-                                     context_positions)
+        B, M, N, key_mask, general, cu_q, cu_k = Fn.check_mix_inputs(x, context, self.dim, mask, causal, block_size,
+                                                                      cu_seqlens)
+        if cu_k is not None:
+            y = self._forward_packed(x, context, cu_q if cu_q is not None else cu_k, cu_k, causal, block_size,
+                                     key_mask, positions, context_positions)
             return y.squeeze(0) if squeeze else y
 
         q, k, v = self._project(x, context)
@@ -265,39 +248,21 @@ class Attention(nn.Module):
             vis = vis & general
         return sdpa(q, k, v, vis[:, None], p)
 
-    def _forward_packed(self, x, context, cu_seqlens, causal, block_size, key_mask, general, positions,
-                        context_positions) -> Tensor:
-        """Packed sequences: one attention call per sequence (attention cost is per sequence anyway)."""
-        if general is not None:
-            raise ValueError("a (B, M, N) mask and cu_seqlens cannot be combined")
-        if x.shape[0] != 1:
-            raise ValueError(f"packed sequences (cu_seqlens) need batch size 1, got {x.shape[0]}")
-        if isinstance(cu_seqlens, (tuple, list)):
-            cu_q, cu_k = cu_seqlens
-            Fn.check_cu_seqlens(cu_q, x.shape[1], "cu_seqlens_q")
-            Fn.check_cu_seqlens(cu_k, context.shape[1] if context is not None else x.shape[1], "cu_seqlens_k")
-            if cu_q.numel() != cu_k.numel():
-                raise ValueError(f"cu_seqlens_q holds {cu_q.numel() - 1} sequences but cu_seqlens_k holds "
-                                 f"{cu_k.numel() - 1}")
-        else:
-            if context is not None:
-                raise ValueError("packed cross-attention needs cu_seqlens=(cu_seqlens_q, cu_seqlens_k)")
-            Fn.check_cu_seqlens(cu_seqlens, x.shape[1])
-            cu_q = cu_k = cu_seqlens
+    def _forward_packed(self, x: Tensor, context: Optional[Tensor], cu_q: Tensor, cu_k: Tensor, causal: bool,
+                        block_size: Optional[int], key_mask: Optional[Tensor], positions: Optional[Tensor],
+                        context_positions: Optional[Tensor]) -> Tensor:
+        """Packed sequences (validated): one attention call per sequence (attention cost is per sequence anyway)."""
         outs = []
         bq, bk = cu_q.tolist(), cu_k.tolist()
+        tok = -2 if self.rope == "2d" else -1  # the token axis of positions
+
+        def part(t: Optional[Tensor], bounds: list, s: int, dim: int = 1) -> Optional[Tensor]:
+            return None if t is None else t.narrow(dim, bounds[s], bounds[s + 1] - bounds[s])
+
         for s in range(len(bq) - 1):
-            xs = x[:, bq[s]:bq[s + 1]]
-            cs = None if context is None else context[:, bk[s]:bk[s + 1]]
-            km = None if key_mask is None else key_mask[:, bk[s]:bk[s + 1]]
-            ps = None if positions is None else positions[..., bq[s]:bq[s + 1]] if self.rope != "2d" else \
-                positions[..., bq[s]:bq[s + 1], :]
-            cps = None
-            if context_positions is not None:
-                cps = context_positions[..., bk[s]:bk[s + 1]] if self.rope != "2d" else \
-                    context_positions[..., bk[s]:bk[s + 1], :]
-            outs.append(self.forward(xs, cs, mask=km, causal=causal, block_size=block_size, positions=ps,
-                                     context_positions=cps))
+            outs.append(self.forward(part(x, bq, s), part(context, bk, s), mask=part(key_mask, bk, s), causal=causal,
+                                     block_size=block_size, positions=part(positions, bq, s, tok),
+                                     context_positions=part(context_positions, bk, s, tok)))
         return torch.cat(outs, dim=1)
 
     # -- streaming ------------------------------------------------------------------------------------------------

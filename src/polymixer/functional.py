@@ -20,7 +20,7 @@ Shapes: ``B`` batch, ``N`` context tokens, ``M`` query tokens, ``d`` model width
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,7 @@ __all__ = [
     "pom_step",
     "check_cu_seqlens",
     "fused_kernels",
+    "check_mix_inputs",
 ]
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -823,22 +824,23 @@ def _fused_self_mix(x: Tensor, in_weight: Tensor, coeff: Tensor, bias: Tensor, o
         z = F.linear(x, in_weight)
         g = _FusedSelfMix.apply(z, coeff, bias, causal, act, gate, mean)
         return F.linear(g, out_weight, out_bias)
-    # inference: per tile, project, mix and project out while the tile is in cache
+    # inference: per tile, project, mix and project out while the tile is in cache. (In full mode H must be complete
+    # before any gate is applied, so the W_h rows run in the first pass and the W_s rows in the second: the same
+    # flops as one stacked product, and re-reading x (d wide) costs less than storing z_s (Ds wide).)
     B, N, _ = x.shape
     x = x.contiguous()
     D = coeff.shape[0]
-    y = torch.empty(B, N, out_weight.shape[0], dtype=torch.result_type(x, out_weight), device=x.device)
-    wt = out_weight.t()
+    out: List[Tensor] = []
 
     def put(t: Tuple[int, int, int, int], g: Tensor) -> None:
-        yt = y[t[0]:t[1], t[2]:t[3]]
-        torch.matmul(g.to(yt.dtype), wt, out=yt)
-        if out_bias is not None:
-            yt += out_bias
+        yt = F.linear(g.to(x.dtype), out_weight, out_bias)  # dtype as F.linear decides (autocast included)
+        if not out:
+            out.append(torch.empty(B, N, yt.shape[-1], dtype=yt.dtype, device=x.device))
+        out[0][t[0]:t[1], t[2]:t[3]] = yt
 
     _fused_forward(_InputTiles(x, in_weight, D), B, N, coeff, bias, causal, act, gate, mean, put,
                    _compute_dtype(x.dtype))
-    return y
+    return out[0]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -932,6 +934,64 @@ def _default_positions(n: int, device: torch.device, two_d: bool, name: str) -> 
     return torch.arange(n, device=device)
 
 
+def check_mix_inputs(
+    x: Tensor,
+    context: Optional[Tensor],
+    dim: int,
+    mask: Optional[Tensor],
+    causal: bool,
+    block_size: Optional[int],
+    cu_seqlens: Optional[CuSeqlens],
+) -> Tuple[int, int, int, Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """Validate a mixer call (shared by PoM and the attention baseline, so both reject the same inputs alike).
+
+    Returns (B, M, N, key_mask (B, N) or None, general mask (B, M, N) or None, cu_seqlens_q or None,
+    cu_seqlens_k or None); for packed self-mixing cu_seqlens_q is None and cu_seqlens_k holds the offsets.
+    """
+    _check_tokens(x, dim, "x")
+    if context is not None:
+        _check_tokens(context, dim, "context")
+        if context.shape[0] != x.shape[0]:
+            raise ValueError(f"context batch {context.shape[0]} does not match x batch {x.shape[0]}")
+    B, M, _ = x.shape
+    N = M if context is None else context.shape[1]
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if block_size is not None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int):
+            raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
+        if block_size <= 0:
+            raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
+        if not causal:
+            raise ValueError("block_size requires causal=True (block-causal masking)")
+    key_mask = general = None
+    if mask is not None:
+        _check_bool_mask(mask, [(B, N), (B, M, N)], f"batch {B}, {M} queries, {N} context tokens")
+        key_mask, general = (mask, None) if mask.dim() == 2 else (None, mask)
+    cu_q = cu_k = None
+    if cu_seqlens is not None:
+        if isinstance(cu_seqlens, (tuple, list)):
+            if len(cu_seqlens) != 2:
+                raise ValueError("cu_seqlens for cross-mixing must be a pair (cu_seqlens_q, cu_seqlens_k)")
+            cu_q, cu_k = cu_seqlens
+            check_cu_seqlens(cu_q, M, "cu_seqlens_q")
+            check_cu_seqlens(cu_k, N, "cu_seqlens_k")
+            if cu_q.numel() != cu_k.numel():
+                raise ValueError(
+                    f"cu_seqlens_q holds {cu_q.numel() - 1} sequences but cu_seqlens_k holds {cu_k.numel() - 1}"
+                )
+        else:
+            if context is not None:
+                raise ValueError("packed cross-mixing needs cu_seqlens=(cu_seqlens_q, cu_seqlens_k)")
+            check_cu_seqlens(cu_seqlens, N)
+            cu_k = cu_seqlens
+        if B != 1:
+            raise ValueError(f"packed sequences (cu_seqlens) need batch size 1, got {B}")
+        if general is not None:
+            raise ValueError("a (B, M, N) mask and cu_seqlens cannot be combined")
+    return B, M, N, key_mask, general, cu_q, cu_k
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The whole operator
 # ----------------------------------------------------------------------------------------------------------------
@@ -986,56 +1046,11 @@ def pom(
         x = x.unsqueeze(0)
         context = context.unsqueeze(0) if isinstance(context, Tensor) and context.dim() == 2 else context
         squeeze = True
-    _check_tokens(x, d, "x")
     self_mix = context is None
     ctx = x if self_mix else context
-    if not self_mix:
-        _check_tokens(ctx, d, "context")
-        if ctx.shape[0] != x.shape[0]:
-            raise ValueError(f"context batch {ctx.shape[0]} does not match x batch {x.shape[0]}")
-    B, M, _ = x.shape
-    N = ctx.shape[1]
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if block_size is not None:
-        if isinstance(block_size, bool) or not isinstance(block_size, int):
-            raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
-        if block_size <= 0:
-            raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
-        if not causal:
-            raise ValueError("block_size requires causal=True (block-causal masking)")
+    B, M, N, key_mask, general, cu_q, cu_k = check_mix_inputs(x, context, d, mask, causal, block_size, cu_seqlens)
     if rope not in (None, "1d", "2d"):
         raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
-
-    key_mask = general = None
-    if mask is not None:
-        _check_bool_mask(mask, [(B, N), (B, M, N)], f"batch {B}, {M} queries, {N} context tokens")
-        if mask.dim() == 2:
-            key_mask = mask
-        else:
-            general = mask
-
-    cu_k = cu_q = None
-    if cu_seqlens is not None:
-        if isinstance(cu_seqlens, (tuple, list)):
-            if len(cu_seqlens) != 2:
-                raise ValueError("cu_seqlens for cross-mixing must be a pair (cu_seqlens_q, cu_seqlens_k)")
-            cu_q, cu_k = cu_seqlens
-            check_cu_seqlens(cu_q, M, "cu_seqlens_q")
-            check_cu_seqlens(cu_k, N, "cu_seqlens_k")
-            if cu_q.numel() != cu_k.numel():
-                raise ValueError(
-                    f"cu_seqlens_q holds {cu_q.numel() - 1} sequences but cu_seqlens_k holds {cu_k.numel() - 1}"
-                )
-        else:
-            if not self_mix:
-                raise ValueError("packed cross-mixing needs cu_seqlens=(cu_seqlens_q, cu_seqlens_k)")
-            check_cu_seqlens(cu_seqlens, N)
-            cu_k = cu_seqlens
-        if B != 1:
-            raise ValueError(f"packed sequences (cu_seqlens) need batch size 1, got {B}")
-        if general is not None:
-            raise ValueError("a (B, M, N) mask and cu_seqlens cannot be combined")
 
     # --- projections: ONE matrix product for W_h and W_s when self-mixing
     if (

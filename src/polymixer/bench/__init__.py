@@ -1,0 +1,1 @@
+"""Benchmark commands: each prints a table, writes JSON and a PNG plot (``polymixer bench <what>``)."""

@@ -1,0 +1,152 @@
+"""What every benchmark command shares: interleaved timing with warm-up and medians, peak memory, machine facts,
+tables, JSON and plots."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+
+@dataclass
+class Timing:
+    """Wall-clock seconds of repeated calls: the median is the figure, the spread says how much to trust it."""
+
+    samples: List[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def spread(self) -> float:
+        """(max − min) / median over the repeats."""
+        return (max(self.samples) - min(self.samples)) / self.median if self.samples else float("nan")
+
+
+def time_interleaved(fns: Dict[str, Callable[[], Any]], warmup: int = 1, repeats: int = 5,
+                     on_sample: Optional[Callable[[str], None]] = None) -> Dict[str, Timing]:
+    """Time several callables round-robin (warm-up rounds first), so that slow drift of the machine affects all of
+    them alike and ratios measured in one run stay honest. Returns one :class:`Timing` per name."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    out = {name: Timing() for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            out[name].samples.append(time.perf_counter() - t0)
+            if on_sample is not None:
+                on_sample(name)
+    return out
+
+
+@contextlib.contextmanager
+def _silent_fd(fd: int):
+    """Silence a file descriptor (the profiler's C++ side logs to stderr at every start and stop)."""
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), fd)
+            yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
+def peak_memory_mb(fn: Callable[[], Any]) -> Optional[float]:
+    """Peak of the tensor memory allocated during one call of ``fn`` (MB): every allocation and free that PyTorch's
+    allocator reports to the profiler, replayed in time order. Tensors alive before the call (inputs, weights) are
+    not counted; neither are BLAS scratch buffers. Works for eager and compiled code alike, on any OS."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gc.collect()
+    with _silent_fd(2), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak / 2**20
+
+
+def machine() -> Dict[str, Any]:
+    """Facts that make a benchmark figure reproducible."""
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def format_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str], headers: Optional[Sequence[str]] = None) -> str:
+    """A plain aligned text table (also valid Markdown)."""
+    headers = list(headers or columns)
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "—"
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
+        return str(v)
+
+    body = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
+    line = lambda cells: "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(headers), sep] + [line(b) for b in body])
+
+
+def write_json(path: Path, payload: Dict[str, Any]) -> None:
+    """Write JSON atomically (a crash never leaves half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__")
+                              else str(o)))
+    os.replace(tmp, path)
+
+
+def new_figure(ncols: int, width: float = 5.2, height: float = 4.0):
+    """A matplotlib figure on the non-interactive backend (benchmarks run headless)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def save_figure(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

@@ -1,0 +1,316 @@
+"""``polymixer bench mixer``: PoM against attention, sweeping sequence length at a fixed token budget.
+
+Every configuration mixes the same number of tokens (batch = budget / N), so a linear-time mixer draws a flat line
+and attention a rising one — the paper's Figure 1a, measured on this machine. Timings are interleaved round-robin
+with warm-up and the median of several repeats; ratios are taken within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .. import Attention, PoM
+from .common import format_table, machine, new_figure, peak_memory_mb, save_figure, time_interleaved, write_json
+
+__all__ = ["MixerBenchConfig", "run", "predicted_crossover", "add_arguments", "main"]
+
+
+@dataclass
+class MixerBenchConfig:
+    dim: int = 512
+    expand: int = 2
+    degree: int = 2
+    heads: int = 8
+    tokens: int = 16384
+    lengths: Tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384)
+    pom_lengths: Tuple[int, ...] = (32768, 65536)  # PoM only: attention is out of reach here
+    warmup: int = 1
+    repeats: int = 5
+    compile: bool = True
+    backward: bool = True
+    naive_max_gb: float = 2.5  # skip naive attention when its N×N score tensors would exceed this
+    seed: int = 0
+    out: str = "runs/bench/mixer"
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+# about a minute: eager only (compiling a graph per shape and mode costs more than the whole quick sweep)
+QUICK = dict(lengths=(512, 2048), pom_lengths=(8192,), tokens=4096, repeats=3, warmup=1, compile=False)
+
+
+def predicted_crossover(d: int, D: int, k: int) -> float:
+    """The paper's cost model: PoM 3ndD + (k+1)nD vs attention 4nd² + 2dn² multiplications; PoM is cheaper when
+    n ≥ (D(3d + k + 1) − 4d²) / (2d)  (= d + 3 for D = 2d, k = 2)."""
+    return (D * (3 * d + k + 1) - 4 * d * d) / (2 * d)
+
+
+class _NaiveAttention(torch.nn.Module):
+    """softmax(q kᵀ/√d) v with the N×N score matrix written out: the textbook baseline."""
+
+    def __init__(self, att: Attention) -> None:
+        super().__init__()
+        self.att = att
+
+    def forward(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        a = self.att
+        q, k, v = a._project(x, None)
+        s = (q @ k.transpose(-1, -2)) * (a.head_dim ** -0.5)
+        if causal:
+            n = x.shape[1]
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+        return a._merge(torch.softmax(s, dim=-1) @ v)
+
+
+def _configs(cfg: MixerBenchConfig, N: int, B: int, pom: PoM, pom_c: Optional[torch.nn.Module], att: Attention,
+             naive: _NaiveAttention) -> Dict[str, Tuple[Callable[[torch.Tensor], torch.Tensor], bool]]:
+    """name → (forward function of x, allowed with backward)."""
+    D = pom.poly_dim
+    w_in, w_out = pom.in_proj.weight, pom.out_proj.weight
+    out: Dict[str, Tuple[Callable, bool]] = {}
+    # PoM's own matrix products alone — its floor: x → [W_h x; W_s x] (d → D + Ds), then (B, N, D) → d
+    out["pom matmuls (floor)"] = (lambda x: F.linear(F.linear(x, w_in)[..., :D], w_out), True)
+    out["pom full"] = (lambda x: pom(x), True)
+    out["pom causal"] = (lambda x: pom(x, causal=True), True)
+    if pom_c is not None:
+        out["pom full compiled"] = (lambda x: pom_c(x), True)
+        out["pom causal compiled"] = (lambda x: pom_c(x, causal=True), True)
+    if N in cfg.lengths:
+        out["sdpa full"] = (lambda x: att(x), True)
+        out["sdpa causal"] = (lambda x: att(x, causal=True), True)
+        score_gb = B * cfg.heads * N * N * 4 / 1e9
+        if 2 * score_gb <= cfg.naive_max_gb:
+            out["naive full"] = (lambda x: naive(x), 6 * score_gb <= cfg.naive_max_gb)
+            out["naive causal"] = (lambda x: naive(x, causal=True), 6 * score_gb <= cfg.naive_max_gb)
+    return out
+
+
+def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Run the sweep; returns the JSON payload (also written to ``cfg.out``) with rows and a summary."""
+    from tqdm.auto import tqdm
+
+    torch.manual_seed(cfg.seed)
+    d = cfg.dim
+    pom = PoM(d, degree=cfg.degree, expand=cfg.expand)
+    att = Attention(d, heads=cfg.heads)
+    naive = _NaiveAttention(att)
+    for p in list(pom.parameters()) + list(att.parameters()):
+        p.requires_grad_(True)
+    lengths = sorted(set(cfg.lengths) | set(cfg.pom_lengths))
+
+    plans = []
+    for N in lengths:
+        B = max(1, cfg.tokens // N)
+        plans.append((N, B))
+    n_configs = lambda N: 7 + (2 if cfg.compile else 0)  # noqa: E731  (upper bound, for the progress bar)
+    total = sum(n_configs(N) * (cfg.repeats + cfg.warmup) * (2 if cfg.backward else 1) for N, _ in plans)
+    bar = tqdm(total=total, disable=not progress, desc="bench mixer", unit="call", dynamic_ncols=True)
+
+    rows: List[Dict[str, Any]] = []
+    for N, B in plans:
+        pom_c = None
+        if cfg.compile:
+            torch._dynamo.reset()  # fresh static graphs for every shape: the best case, and no recompile limit
+            pom_c = torch.compile(pom, fullgraph=True, dynamic=False)
+        x = torch.randn(B, N, d)
+        configs = _configs(cfg, N, B, pom, pom_c, att, naive)
+
+        def tick(name: str) -> None:
+            bar.set_postfix_str(f"N={N} {name}")
+            bar.update(1)
+
+        with torch.no_grad():
+            fwd = {k: (lambda f=f: f(x)) for k, (f, _) in configs.items()}
+            t_fwd = time_interleaved(fwd, warmup=cfg.warmup + (1 if cfg.compile else 0), repeats=cfg.repeats,
+                                     on_sample=tick)
+            mem_fwd = {k: peak_memory_mb(f) for k, f in fwd.items()}
+        t_bwd: Dict[str, Any] = {}
+        mem_bwd: Dict[str, Optional[float]] = {}
+        if cfg.backward:
+            xg = x.clone().requires_grad_(True)
+            params = list(pom.parameters()) + list(att.parameters())
+
+            def train_step(f: Callable) -> Callable[[], None]:
+                def step() -> None:
+                    for p in params + [xg]:
+                        p.grad = None
+                    y = f(xg)
+                    y.backward(torch.ones_like(y))
+                return step
+
+            bwd = {k: train_step(f) for k, (f, ok) in configs.items() if ok}
+            t_bwd = time_interleaved(bwd, warmup=cfg.warmup + (1 if cfg.compile else 0), repeats=cfg.repeats,
+                                     on_sample=tick)
+            mem_bwd = {k: peak_memory_mb(f) for k, f in bwd.items()}
+        floor = t_fwd["pom matmuls (floor)"].median
+        floor_b = t_bwd["pom matmuls (floor)"].median if cfg.backward else None
+        for k in configs:
+            tf = t_fwd[k].median
+            tb = t_bwd[k].median if k in t_bwd else None
+            rows.append({
+                "N": N, "batch": B, "mixer": k,
+                "fwd_ms": 1e3 * tf, "fwd_spread": t_fwd[k].spread, "fwd_tok_s": B * N / tf,
+                "fwd_vs_floor": tf / floor,
+                "fwdbwd_ms": None if tb is None else 1e3 * tb,
+                "fwdbwd_vs_floor": None if tb is None else tb / floor_b,
+                "fwd_peak_mb": mem_fwd.get(k), "fwdbwd_peak_mb": mem_bwd.get(k),
+            })
+        bar.total = bar.n + sum(n_configs(n) * (cfg.repeats + cfg.warmup) * (2 if cfg.backward else 1)
+                                for n, _ in plans if n > N)
+    bar.close()
+    payload = {"config": asdict(cfg), "machine": machine(), "rows": rows, "summary": summarize(cfg, rows)}
+    out = Path(cfg.out)
+    write_json(out / "mixer.json", payload)
+    plot(payload, out / "mixer.png")
+    return payload
+
+
+def _lookup(rows: List[Dict[str, Any]], N: int, mixer: str, key: str) -> Optional[float]:
+    for r in rows:
+        if r["N"] == N and r["mixer"] == mixer:
+            return r.get(key)
+    return None
+
+
+def _crossover(rows: List[Dict[str, Any]], a: str, b: str) -> Optional[str]:
+    """Sequence length where mixer ``a`` becomes faster than ``b`` (log-interpolated between measured lengths)."""
+    pts = sorted({r["N"] for r in rows if r["mixer"] == b})
+    ratios = [(n, _lookup(rows, n, a, "fwd_ms") / _lookup(rows, n, b, "fwd_ms")) for n in pts
+              if _lookup(rows, n, a, "fwd_ms") is not None]
+    if not ratios:
+        return None
+    if ratios[0][1] < 1:
+        return f"< {ratios[0][0]}"
+    for (n0, r0), (n1, r1) in zip(ratios, ratios[1:]):
+        if r0 >= 1 > r1:
+            t = math.log(r0) / (math.log(r0) - math.log(r1))
+            return f"{math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0))):.0f}"
+    return f"> {ratios[-1][0]}"
+
+
+def summarize(cfg: MixerBenchConfig, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Ratios against the targets, the predicted and measured crossovers."""
+    s: Dict[str, Any] = {"predicted_crossover": predicted_crossover(cfg.dim, round(cfg.expand * cfg.dim), cfg.degree)}
+    for mode in ("full", "causal"):
+        s[f"measured_crossover_{mode}"] = _crossover(rows, f"pom {mode}", f"sdpa {mode}")
+        for variant in ("", " compiled"):
+            key = f"pom {mode}{variant}"
+            s[f"{key} / floor @4096"] = _lookup(rows, 4096, key, "fwd_vs_floor")
+        speedups = {}
+        for n in sorted({r["N"] for r in rows if r["mixer"] == f"sdpa {mode}"}):
+            p, a = _lookup(rows, n, f"pom {mode}", "fwd_ms"), _lookup(rows, n, f"sdpa {mode}", "fwd_ms")
+            speedups[n] = a / p
+        s[f"sdpa/pom {mode} speedup by N"] = speedups
+    return s
+
+
+def report(payload: Dict[str, Any]) -> str:
+    """The printed report: table, crossovers and the targets of the issue."""
+    rows = payload["rows"]
+    table = format_table(
+        rows,
+        ["N", "batch", "mixer", "fwd_ms", "fwd_tok_s", "fwd_vs_floor", "fwdbwd_ms", "fwdbwd_vs_floor",
+         "fwd_peak_mb", "fwdbwd_peak_mb"],
+        ["N", "B", "mixer", "fwd ms", "fwd tok/s", "fwd ÷ floor", "fwd+bwd ms", "fwd+bwd ÷ floor", "fwd MB",
+         "fwd+bwd MB"],
+    )
+    s = payload["summary"]
+    lines = [table, ""]
+    lines.append(f"crossover (PoM cheaper than attention): paper's cost model n ≥ {s['predicted_crossover']:.0f}; "
+                 f"measured here: full {s['measured_crossover_full']}, causal {s['measured_crossover_causal']}")
+    checks = [("pom full / floor @4096", s.get("pom full / floor @4096"), 1.25),
+              ("pom full compiled / floor @4096", s.get("pom full compiled / floor @4096"), 1.25),
+              ("pom causal / floor @4096", s.get("pom causal / floor @4096"), 1.4),
+              ("pom causal compiled / floor @4096", s.get("pom causal compiled / floor @4096"), 1.4)]
+    for name, v, target in checks:
+        if v is not None:
+            lines.append(f"{name}: {v:.3f}  (target ≤ {target}: {'met' if v <= target else 'MISSED'})")
+    for mode in ("full", "causal"):
+        sp = {int(k): v for k, v in s[f"sdpa/pom {mode} speedup by N"].items()}
+        if sp:
+            ge = {n: v for n, v in sp.items() if n >= 2048}
+            faster = all(v > 1 for v in ge.values()) if ge else None
+            txt = ", ".join(f"{n}: {v:.2f}×" for n, v in sorted(sp.items()))
+            lines.append(f"PoM {mode} speed-up over SDPA by N: {txt}")
+            if faster is not None:
+                lines.append(f"  faster at every N ≥ 2048: {'met' if faster else 'MISSED'}")
+            if 16384 in sp:
+                lines.append(f"  ≥ 5× at N = 16384: {sp[16384]:.2f}× ({'met' if sp[16384] >= 5 else 'MISSED'})")
+    return "\n".join(lines)
+
+
+def plot(payload: Dict[str, Any], path: Path) -> None:
+    """Time for a fixed token budget against sequence length (log-x), forward and forward+backward, and memory."""
+    rows = payload["rows"]
+    cfg = payload["config"]
+    mixers = list(dict.fromkeys(r["mixer"] for r in rows))
+    style = {"pom": "-", "sdpa": "--", "naive": ":"}
+    fig, axes = new_figure(3)
+    budget = cfg["tokens"]
+    for ax, key, title in zip(axes, ["fwd_ms", "fwdbwd_ms", "fwdbwd_peak_mb"],
+                              ["forward", "forward + backward", "peak tensor memory, forward + backward"]):
+        for m in mixers:
+            # normalised to the token budget: lengths beyond it (PoM only) run one sequence of N > budget tokens
+            pts = [(r["N"], r[key] * budget / (r["N"] * r["batch"])) for r in rows
+                   if r["mixer"] == m and r.get(key) is not None]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, style.get(m.split()[0], "-"), marker="o", ms=3, label=m)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel(("MB" if key.endswith("mb") else "ms") + f" per {budget:,} tokens")
+        ax.set_title(title)
+        ax.axvline(payload["summary"]["predicted_crossover"], color="grey", lw=0.8, ls="-.")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"PoM vs attention, d={cfg['dim']}, D={round(cfg['expand'] * cfg['dim'])}, degree={cfg['degree']} — "
+                 f"{payload['machine']['cpu']} ({payload['machine']['torch_threads']} threads); "
+                 f"dash-dot: paper's predicted crossover", fontsize=9)
+    save_figure(fig, path)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = MixerBenchConfig()
+    p.add_argument("--quick", action="store_true", help="a one-minute sweep: N = 512, 2k (and 8k for PoM) at a "
+                   "4k-token budget, eager only")
+    p.add_argument("--dim", type=int, default=d.dim)
+    p.add_argument("--expand", type=float, default=d.expand)
+    p.add_argument("--degree", type=int, default=d.degree)
+    p.add_argument("--heads", type=int, default=d.heads, help="attention heads of the baselines")
+    p.add_argument("--tokens", type=int, default=d.tokens, help="token budget per call (batch = tokens / N)")
+    p.add_argument("--lengths", type=int, nargs="+", default=None, help="sequence lengths for every mixer")
+    p.add_argument("--pom-lengths", type=int, nargs="*", default=None, help="extra lengths for PoM only")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile columns")
+    p.add_argument("--no-backward", action="store_true", help="time the forward pass only")
+    p.add_argument("--naive-max-gb", type=float, default=d.naive_max_gb)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", default=d.out, help="folder for mixer.json and mixer.png")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = MixerBenchConfig(dim=args.dim, expand=int(args.expand) if float(args.expand).is_integer() else args.expand,
+                           degree=args.degree, heads=args.heads, tokens=args.tokens, compile=not args.no_compile,
+                           backward=not args.no_backward, naive_max_gb=args.naive_max_gb, seed=args.seed,
+                           out=args.out)
+    if args.quick:
+        for k, v in QUICK.items():
+            setattr(cfg, k, v)
+    for name in ("lengths", "pom_lengths", "repeats", "warmup"):
+        v = getattr(args, name)
+        if v is not None:
+            setattr(cfg, name, tuple(v) if isinstance(v, list) else v)
+    if any(n < 1 for n in cfg.lengths + cfg.pom_lengths) or cfg.tokens < 1 or cfg.repeats < 1:
+        raise ValueError("lengths, tokens and repeats must be positive")
+    payload = run(cfg)
+    print(report(payload))
+    print(f"\nwrote {Path(cfg.out) / 'mixer.json'} and {Path(cfg.out) / 'mixer.png'}")
+    return 0
