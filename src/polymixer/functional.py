@@ -679,27 +679,55 @@ class _InputTiles(_ProjectedTiles):
         return z[..., : self.D], z[..., self.D:]
 
 
-def _fused_forward(src: _ProjectedTiles, B: int, N: int, coeff: Tensor, bias: Tensor, causal: bool, act: str,
-                   gate: str, mean: bool, put: Callable[[Tuple[int, int, int, int], Tensor], None],
-                   cd: torch.dtype) -> Tensor:
+Tile = Tuple[int, int, int, int]
+Rot = Optional[Tuple[Tensor, Tensor]]
+
+
+class _Plan:
+    """Everything the fused tiles share: coefficients, gate bias, non-linearities, mode, and rotary tables."""
+
+    def __init__(self, coeff: Tensor, bias: Tensor, causal: bool, act: str, gate: str, mean: bool, rot: Rot,
+                 cd: torch.dtype) -> None:
+        self.D = coeff.shape[0]
+        self.rows = coeff.to(cd).t().contiguous()
+        self.bias = bias.to(cd)
+        self.causal, self.mean, self.cd = causal, mean, cd
+        self.act_fn, self.act_d = ACTIVATIONS[act]
+        self.gate_fn, self.gate_d = GATES[gate]
+        self.gate_ip = _GATES_INPLACE[gate]
+        self.rot = rot  # (cos, sin) of shape (N, D/2) or (B, N, D/2), or None
+
+    def _cs(self, t: Tile) -> Tuple[Tensor, Tensor]:
+        cos, sin = self.rot  # type: ignore[misc]
+        if cos.dim() == 3:
+            return cos[t[0]:t[1], t[2]:t[3]], sin[t[0]:t[1], t[2]:t[3]]
+        return cos[t[2]:t[3]], sin[t[2]:t[3]]
+
+    def rotate(self, x: Tensor, t: Tile) -> Tensor:
+        """R(pos) x for the tokens of tile t (identity without rotary)."""
+        return x if self.rot is None else rotate(x, *self._cs(t))
+
+    def unrotate(self, x: Tensor, t: Tile) -> Tensor:
+        """R(pos)ᵀ x = R(−pos) x."""
+        return x if self.rot is None else rotate(x, *self._cs(t), inverse=True)
+
+
+def _fused_forward(src: _ProjectedTiles, B: int, N: int, plan: _Plan, put: Callable[[Tile, Tensor], None]) -> Tensor:
     """Hand gate ⊙ H to ``put`` tile by tile; returns what the backward needs besides z:
     H (B, D) in full mode, the running sum at the start of every tile (B, tiles, D) in causal mode."""
-    D = coeff.shape[0]
-    dev = coeff.device
-    rows = coeff.to(cd).t().contiguous()
-    bias = bias.to(cd)
-    act_fn = ACTIVATIONS[act][0]
-    gate_ip = _GATES_INPLACE[gate]
-    if not causal:
+    D, cd, dev = plan.D, plan.cd, plan.rows.device
+    if not plan.causal:
         H = torch.zeros(B, D, dtype=cd, device=dev)
         for b0, b1, n0, n1, _ in _tiles(B, N):
-            H[b0:b1] += _horner(act_fn(src.poly_part((b0, b1, n0, n1)).to(cd)), rows).sum(1)
-        if mean:
+            t = (b0, b1, n0, n1)
+            H[b0:b1] += plan.rotate(_horner(plan.act_fn(src.poly_part(t).to(cd)), plan.rows), t).sum(1)
+        if plan.mean:
             H /= N
         for b0, b1, n0, n1, _ in _tiles(B, N):
             t = (b0, b1, n0, n1)
-            s = gate_ip(src.gate_part(t).to(cd) + bias)
-            put(t, _gate_times(s, H[b0:b1, None]))
+            s = plan.gate_ip(src.gate_part(t).to(cd) + plan.bias)
+            h = H[b0:b1, None] if plan.rot is None else plan.unrotate(H[b0:b1, None].expand(b1 - b0, n1 - n0, D), t)
+            put(t, _gate_times(s, h))
         return H
     ntiles = -(-N // _TILE) if N >= _TILE else 1
     carries = torch.zeros(B, ntiles, D, dtype=cd, device=dev)
@@ -707,49 +735,48 @@ def _fused_forward(src: _ProjectedTiles, B: int, N: int, coeff: Tensor, bias: Te
     for b0, b1, n0, n1, j in _tiles(B, N):
         t = (b0, b1, n0, n1)
         zh, zs = src.both(t)
-        c = _chunked_cumsum(_horner(act_fn(zh.to(cd)), rows), reverse=False)
+        c = _chunked_cumsum(plan.rotate(_horner(plan.act_fn(zh.to(cd)), plan.rows), t), reverse=False)
         if j:
             c += carries[b0:b1, j].unsqueeze(1)
         if j + 1 < ntiles:
             carries[b0:b1, j + 1] = c[:, -1]
-        if mean:
+        if plan.mean:
             c *= inv[n0:n1]
-        s = gate_ip(zs.to(cd) + bias)
-        put(t, _gate_times(s, c))
+        s = plan.gate_ip(zs.to(cd) + plan.bias)
+        put(t, _gate_times(s, plan.unrotate(c, t)))
     return carries
 
 
 class _FusedSelfMix(torch.autograd.Function):
-    """z = [W_h x; W_s x] → gate(z_s + b) ⊙ H(poly(act(z_h))), full or causal, saving only z."""
+    """z = [W_h x; W_s x] → gate(z_s + b) ⊙ H(poly(act(z_h))), full or causal, saving only z (and rotary tables)."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, coeff: Tensor, bias: Tensor, causal: bool, act: str, gate: str, mean: bool):  # type: ignore[override]
+    def forward(ctx, z: Tensor, coeff: Tensor, bias: Tensor, cos: Optional[Tensor], sin: Optional[Tensor],  # type: ignore[override]
+                causal: bool, act: str, gate: str, mean: bool):
         B, N, _ = z.shape
-        D = coeff.shape[0]
-        out = torch.empty(B, N, D, dtype=z.dtype, device=z.device)
+        plan = _Plan(coeff, bias, causal, act, gate, mean, None if cos is None else (cos, sin),
+                     _compute_dtype(z.dtype))
+        out = torch.empty(B, N, plan.D, dtype=z.dtype, device=z.device)
 
-        def put(t: Tuple[int, int, int, int], g: Tensor) -> None:
+        def put(t: Tile, g: Tensor) -> None:
             out[t[0]:t[1], t[2]:t[3]] = g
 
-        aux = _fused_forward(_ProjectedTiles(z, D), B, N, coeff, bias, causal, act, gate, mean, put,
-                             _compute_dtype(z.dtype))
-        ctx.save_for_backward(z, coeff, bias, aux)
+        aux = _fused_forward(_ProjectedTiles(z, plan.D), B, N, plan, put)
+        ctx.save_for_backward(z, coeff, bias, aux, cos, sin)
         ctx.cfg = (causal, act, gate, mean)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        z, coeff, bias, aux = ctx.saved_tensors
+        z, coeff, bias, aux, cos, sin = ctx.saved_tensors
         causal, act, gate, mean = ctx.cfg
         B, N, _ = z.shape
+        cd = _compute_dtype(z.dtype)
+        plan = _Plan(coeff, bias, causal, act, gate, mean, None if cos is None else (cos, sin), cd)
         D, k = coeff.shape
         Ds = z.shape[-1] - D
-        cd = _compute_dtype(z.dtype)
-        rows = coeff.to(cd).t().contiguous()
-        bias_c = bias.to(cd)
-        act_fn, act_d = ACTIVATIONS[act]
-        gate_fn_, gate_d = GATES[gate]
+        rows = plan.rows
         grad_z = torch.empty_like(z)
         grad_bias = torch.zeros(Ds, dtype=cd, device=z.device)
         grad_rows = torch.zeros(k, D, dtype=cd, device=z.device)
@@ -761,49 +788,55 @@ class _FusedSelfMix(torch.autograd.Function):
                 grad_rows[p] += (gp * hp).sum((0, 1))
                 if p + 1 < k:
                     hp = hp * h
-            return gp * _horner_derivative(h, rows) * act_d(zh)
+            return gp * _horner_derivative(h, rows) * plan.act_d(zh)
 
         if not causal:
-            H = aux  # (B, D)
+            H = aux  # (B, D), rotated frame
             gH = torch.zeros(B, D, dtype=cd, device=z.device)
             for b0, b1, n0, n1, _ in _tiles(B, N):
-                u = z[b0:b1, n0:n1, D:].to(cd) + bias_c
+                t = (b0, b1, n0, n1)
+                u = z[b0:b1, n0:n1, D:].to(cd) + plan.bias
                 g = grad[b0:b1, n0:n1].to(cd)
-                gH[b0:b1] += _gate_times(gate_fn_(u), g).sum(1)
-                gu = _head_sum(g * H[b0:b1, None], Ds) * gate_d(u)
+                Hq = H[b0:b1, None] if plan.rot is None else plan.unrotate(H[b0:b1, None].expand(b1 - b0, n1 - n0, D),
+                                                                          t)
+                gH[b0:b1] += plan.rotate(_gate_times(plan.gate_fn(u), g), t).sum(1)
+                gu = _head_sum(g * Hq, Ds) * plan.gate_d(u)
                 grad_bias += gu.sum((0, 1))
                 grad_z[b0:b1, n0:n1, D:] = gu
             if mean:
                 gH /= N
             for b0, b1, n0, n1, _ in _tiles(B, N):
+                t = (b0, b1, n0, n1)
                 zh = z[b0:b1, n0:n1, :D].to(cd)
-                gp = gH[b0:b1, None].expand(b1 - b0, n1 - n0, D)
-                grad_z[b0:b1, n0:n1, :D] = poly_grads(zh, act_fn(zh), gp)
+                gp = plan.unrotate(gH[b0:b1, None].expand(b1 - b0, n1 - n0, D), t)
+                grad_z[b0:b1, n0:n1, :D] = poly_grads(zh, plan.act_fn(zh), gp)
         else:
             carries = aux
             inv = 1.0 / torch.arange(1, N + 1, dtype=cd, device=z.device).unsqueeze(-1)
             suffix = torch.zeros(B, D, dtype=cd, device=z.device)
             for b0, b1, n0, n1, j in reversed(list(_tiles(B, N))):
+                t = (b0, b1, n0, n1)
                 zh = z[b0:b1, n0:n1, :D].to(cd)
-                h = act_fn(zh)
-                c = _chunked_cumsum(_horner(h, rows), reverse=False)
+                h = plan.act_fn(zh)
+                c = _chunked_cumsum(plan.rotate(_horner(h, rows), t), reverse=False)
                 if j:
                     c += carries[b0:b1, j].unsqueeze(1)
                 if mean:
                     c *= inv[n0:n1]
-                u = z[b0:b1, n0:n1, D:].to(cd) + bias_c
+                u = z[b0:b1, n0:n1, D:].to(cd) + plan.bias
                 g = grad[b0:b1, n0:n1].to(cd)
-                gu = _head_sum(g * c, Ds) * gate_d(u)
+                gu = _head_sum(g * plan.unrotate(c, t), Ds) * plan.gate_d(u)
                 grad_bias += gu.sum((0, 1))
                 grad_z[b0:b1, n0:n1, D:] = gu
-                gc = _gate_times(gate_fn_(u), g)
+                gc = plan.rotate(_gate_times(plan.gate_fn(u), g), t)
                 if mean:
                     gc *= inv[n0:n1]
                 gp = _chunked_cumsum(gc, reverse=True)
                 gp += suffix[b0:b1, None]
                 suffix[b0:b1] = gp[:, 0]
-                grad_z[b0:b1, n0:n1, :D] = poly_grads(zh, h, gp)
-        return grad_z, grad_rows.t().to(coeff.dtype), grad_bias.to(bias.dtype), None, None, None, None
+                grad_z[b0:b1, n0:n1, :D] = poly_grads(zh, h, plan.unrotate(gp, t))
+        return (grad_z, grad_rows.t().to(coeff.dtype), grad_bias.to(bias.dtype), None, None, None, None, None,
+                None)
 
 
 def _fused_eligible(x: Tensor, activation: ActivationLike, gate: ActivationLike) -> bool:
@@ -817,29 +850,29 @@ def _fused_eligible(x: Tensor, activation: ActivationLike, gate: ActivationLike)
 
 
 def _fused_self_mix(x: Tensor, in_weight: Tensor, coeff: Tensor, bias: Tensor, out_weight: Tensor,
-                    out_bias: Optional[Tensor], causal: bool, act: str, gate: str, mean: bool) -> Tensor:
-    """The whole self-mixing PoM on the fused CPU path."""
+                    out_bias: Optional[Tensor], causal: bool, act: str, gate: str, mean: bool, rot: Rot) -> Tensor:
+    """The whole self-mixing PoM on the fused CPU path (``rot``: rotary cos / sin tables of the tokens, or None)."""
     params = (in_weight, coeff, bias, out_weight) + (() if out_bias is None else (out_bias,))
     if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
         z = F.linear(x, in_weight)
-        g = _FusedSelfMix.apply(z, coeff, bias, causal, act, gate, mean)
+        cos, sin = rot if rot is not None else (None, None)
+        g = _FusedSelfMix.apply(z, coeff, bias, cos, sin, causal, act, gate, mean)
         return F.linear(g, out_weight, out_bias)
     # inference: per tile, project, mix and project out while the tile is in cache. (In full mode H must be complete
     # before any gate is applied, so the W_h rows run in the first pass and the W_s rows in the second: the same
     # flops as one stacked product, and re-reading x (d wide) costs less than storing z_s (Ds wide).)
     B, N, _ = x.shape
     x = x.contiguous()
-    D = coeff.shape[0]
     out: List[Tensor] = []
 
-    def put(t: Tuple[int, int, int, int], g: Tensor) -> None:
+    def put(t: Tile, g: Tensor) -> None:
         yt = F.linear(g.to(x.dtype), out_weight, out_bias)  # dtype as F.linear decides (autocast included)
         if not out:
             out.append(torch.empty(B, N, yt.shape[-1], dtype=yt.dtype, device=x.device))
         out[0][t[0]:t[1], t[2]:t[3]] = yt
 
-    _fused_forward(_InputTiles(x, in_weight, D), B, N, coeff, bias, causal, act, gate, mean, put,
-                   _compute_dtype(x.dtype))
+    plan = _Plan(coeff, bias, causal, act, gate, mean, rot, _compute_dtype(x.dtype))
+    _fused_forward(_InputTiles(x, in_weight, plan.D), B, N, plan, put)
     return out[0]
 
 
@@ -1052,19 +1085,28 @@ def pom(
     if rope not in (None, "1d", "2d"):
         raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
 
-    # --- projections: ONE matrix product for W_h and W_s when self-mixing
+    # --- the fused CPU path: self-mixing, full or causal, no mask / packing (rotary allowed)
+    two_d = rope == "2d"
     if (
         self_mix
         and key_mask is None
         and general is None
         and cu_k is None
         and block_size is None
-        and rope is None
+        and context_positions is None
         and _fused_eligible(x, activation, gate)
     ):
+        rot = None
+        if rope is not None:
+            if positions is None:
+                positions = _default_positions(N, x.device, two_d, "positions")
+            _check_positions(positions, B, N, two_d, "positions")
+            rot = rope_angles(positions, D, rope_base, two_d, _compute_dtype(x.dtype))
         y = _fused_self_mix(x, in_weight, coeff, gate_bias, out_weight, out_bias, causal, activation, gate,
-                            reduction == "mean")
+                            reduction == "mean", rot)
         return y.squeeze(0) if squeeze else y
+
+    # --- projections: ONE matrix product for W_h and W_s when self-mixing
     if self_mix:
         z = F.linear(x, in_weight)
         zh, zs = z[..., :D], z[..., D:]
@@ -1074,7 +1116,6 @@ def pom(
 
     p = poly_features(zh, coeff, activation)  # (B, N, D), accumulation dtype
 
-    two_d = rope == "2d"
     if rope is not None:
         if context_positions is None:
             context_positions = positions if (self_mix and positions is not None) else None
