@@ -308,6 +308,17 @@ class Attention(nn.Module):
             q, k = self._rotate(q, positions), self._rotate(k, positions)
         valid_new = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
 
+        if causal and mask is None and state.filled == 0 and T > 1:
+            # prefill of a fresh stream: the parallel kernels (causal SDPA, or blockwise sliding window), never T×T
+            if self.window is None:
+                o = sdpa(q, k, v, None, is_causal=True)
+                self._append(state, k, v, idx, valid_new)
+            else:
+                o = _local_attention(q, k, v, self.window, True, None, 0.0)
+                self._ring_write(state, k, v, idx, valid_new)
+            state.offset = state.offset + T
+            return self._merge(o), state
+
         if state.window is None:
             self._append(state, k, v, idx, valid_new)
             keys, vals = state.k[:, :, : state.filled], state.v[:, :, : state.filled]

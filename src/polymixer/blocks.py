@@ -72,6 +72,7 @@ class PolyMorpher(nn.Module):
         norm_first: pre-norm (GPT-2, DiT) or post-norm.
         dropout: residual dropout (also the attention-probability dropout of attention mixers unless given).
         bias: biases of the feed-forward and norms.
+        mixer_bias: biases of the mixer's projections (default: the mixer's own default).
         **mixer_kwargs: passed to the mixer's constructor (e.g. degree, expand, heads, window, rope).
     """
 
@@ -84,11 +85,14 @@ class PolyMorpher(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         norm_eps: float = 1e-5,
+        mixer_bias: Optional[bool] = None,
         **mixer_kwargs: Any,
     ) -> None:
         super().__init__()
         if mlp_ratio <= 0:
             raise ValueError(f"mlp_ratio must be positive, got {mlp_ratio}")
+        if mixer_bias is not None:
+            mixer_kwargs["bias"] = mixer_bias
         if isinstance(mixer, str) and mixer != "pom":
             mixer_kwargs.setdefault("dropout", dropout)
         self.kind = mixer if isinstance(mixer, str) else type(mixer).__name__

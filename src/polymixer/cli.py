@@ -1,6 +1,10 @@
 """``polymixer <verb> <noun>``: one command-line grammar for every model family.
 
-    polymixer bench mixer [--quick]     PoM vs attention across sequence lengths (table, JSON, PNG)
+    polymixer train lm --preset tiny-pom        train a language model (the shared loop; torchrun for DDP)
+    polymixer generate --ckpt RUN --prompt ...  sample from a language model
+    polymixer eval lm --ckpt RUN                val loss, bits per byte, length generalisation
+    polymixer bench mixer [--quick]             PoM vs attention across sequence lengths (table, JSON, PNG)
+    polymixer bench lm [--quick]                language models: throughput, decoding, quality
 """
 
 from __future__ import annotations
@@ -12,17 +16,36 @@ from typing import Callable, Dict, List, Optional, Tuple
 # verb → noun → (help, add_arguments, main); each entry imports its module lazily so the CLI starts fast
 Command = Tuple[str, str, str]
 COMMANDS: Dict[str, Dict[str, Command]] = {
+    "train": {
+        "lm": ("train a language model (GPT-2 / GPPoM2 / hybrid)", "polymixer.tasks.lm:train",
+               "Train a language model preset on text files (default: the Python standard library's sources)."),
+    },
+    "generate": {
+        "": ("sample text from a trained language model", "polymixer.tasks.lm:generate",
+             "Prefill the prompt in parallel, then decode token by token with per-layer state."),
+    },
+    "eval": {
+        "lm": ("validation loss, bits per byte and length generalisation", "polymixer.tasks.lm:eval",
+               "Evaluate a language-model checkpoint at its training context and at multiples of it."),
+    },
     "bench": {
         "mixer": ("PoM vs attention across sequence lengths at a fixed token budget", "polymixer.bench.mixer",
                   "Time forward and forward+backward of PoM (eager and compiled) against SDPA and naive attention."),
+        "lm": ("language models: throughput, decoding cost vs context, quality at equal budget", "polymixer.bench.lm",
+               "Forward throughput, per-token decoding time and memory, and trained quality of attention / PoM / "
+               "hybrid language models."),
     },
 }
 
 
-def _load(module: str) -> Tuple[Callable, Callable]:
+def _load(target: str) -> Tuple[Callable, Callable]:
+    """``module`` (functions add_arguments / main) or ``module:name`` (add_<name>_arguments / main_<name>)."""
     import importlib
 
+    module, _, name = target.partition(":")
     mod = importlib.import_module(module)
+    if name:
+        return getattr(mod, f"add_{name}_arguments"), getattr(mod, f"main_{name}")
     return mod.add_arguments, mod.main
 
 
@@ -31,13 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
                                      "generation, evaluation and benchmarks.")
     verbs = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
     for verb, nouns in COMMANDS.items():
+        if "" in nouns:  # a verb without a noun, e.g. `polymixer generate`
+            short, module, desc = nouns[""]
+            vp = verbs.add_parser(verb, help=short, description=desc,
+                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+            _load(module)[0](vp)
+            vp.set_defaults(_module=module, noun="")
+            continue
         vp = verbs.add_parser(verb, help=f"{verb} ({', '.join(nouns)})")
         sub = vp.add_subparsers(dest="noun", metavar="<what>", required=True)
         for noun, (short, module, desc) in nouns.items():
             np_ = sub.add_parser(noun, help=short, description=desc,
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-            add_arguments, _ = _load(module)
-            add_arguments(np_)
+            _load(module)[0](np_)
             np_.set_defaults(_module=module)
     return parser
 
@@ -48,7 +77,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return int(run(args) or 0)
     except (ValueError, TypeError, FileNotFoundError) as e:
-        print(f"polymixer {args.verb} {args.noun}: error: {e}", file=sys.stderr)
+        print(f"polymixer {args.verb}{' ' + args.noun if args.noun else ''}: error: {e}", file=sys.stderr)
         return 2
 
 

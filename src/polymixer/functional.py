@@ -46,6 +46,7 @@ __all__ = [
     "check_cu_seqlens",
     "fused_kernels",
     "check_mix_inputs",
+    "documents_cu_seqlens",
 ]
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -321,6 +322,22 @@ def _segments(cu: Tensor, total: int) -> Tuple[Tensor, Tensor, Tensor]:
     seg = torch.bucketize(idx, cu[1:], right=True)
     starts = cu[:-1]
     return seg, starts[seg], starts
+
+
+def documents_cu_seqlens(idx: Tensor, sep_token: int) -> Tuple[Tensor, Tensor]:
+    """Pack a (B, T) batch of token windows into one sequence of documents.
+
+    Documents end after every ``sep_token`` (end-of-text) and at every row end. Returns (cu_seqlens int32 (S+1,),
+    positions (B·T,) — the index of each token inside its document) for a forward on ``idx.reshape(1, -1)``.
+    """
+    B, T = idx.shape
+    flat = idx.reshape(-1)
+    ends = flat == sep_token
+    ends[T - 1::T] = True
+    stops = torch.nonzero(ends).squeeze(1) + 1
+    cu = torch.cat([torch.zeros(1, dtype=torch.long, device=idx.device), stops])
+    starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
+    return cu.to(torch.int32), torch.arange(B * T, device=idx.device) - starts
 
 
 def _segment_prefix_sum(x: Tensor, seg: Tensor, starts: Tensor, nseg: int) -> Tensor:

@@ -1,0 +1,281 @@
+"""``polymixer bench lm``: attention vs PoM vs hybrid language models, at CPU scale.
+
+1. forward throughput (tokens/s) at 1k, 4k, 16k and 32k tokens per sequence for a fixed token budget, same width
+   and depth for the three models (the paper's efficiency table);
+2. time and memory per generated token after a context of 1k … 64k tokens (prefill, then one token at a time with
+   per-layer state: PoM's running sums, local attention's ring buffer, global attention's KV cache);
+3. quality at an equal budget: the tiny presets trained for the same steps on the default corpus, validation loss
+   and bits per byte side by side (the paper's performance table).
+
+Each part prints a table and writes ``lm_<part>.json``; ``lm.png`` plots parts 1 and 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..models import count_parameters, create_model
+from .common import format_table, machine, new_figure, save_figure, time_interleaved, write_json
+
+__all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_quality", "main", "add_arguments"]
+
+KINDS = {"attention": "attention", "pom": "pom", "hybrid": "hybrid"}
+
+
+@dataclass
+class LMBenchConfig:
+    # the benchmark model: same width and depth for the three mixers, rotary positions (any context length)
+    n_layer: int = 4
+    n_embd: int = 256
+    n_head: int = 4
+    window: int = 128
+    throughput_lengths: Tuple[int, ...] = (1024, 4096, 16384, 32768)
+    tokens: int = 32768
+    repeats: int = 3
+    decode_contexts: Tuple[int, ...] = (1024, 4096, 16384, 32768, 65536)
+    decode_steps: int = 16
+    quality_presets: Tuple[str, ...] = ("tiny-attention", "tiny-pom", "tiny-hybrid")
+    quality_steps: int = 1500
+    quality_batch: int = 32
+    quality_eval_windows: int = 1024
+    parts: Tuple[str, ...] = ("throughput", "decode", "quality")
+    seed: int = 0
+    out: str = "runs/bench/lm"
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+QUICK = dict(throughput_lengths=(1024, 4096), tokens=8192, repeats=2, decode_contexts=(1024, 8192), decode_steps=8,
+             quality_steps=60, quality_eval_windows=64)
+
+
+def _model(cfg: LMBenchConfig, kind: str) -> torch.nn.Module:
+    m = create_model("tiny-" + kind, n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, window=cfg.window,
+                     sel_heads=cfg.n_head, position="rope", block_size=max(cfg.decode_contexts + cfg.throughput_lengths))
+    return m.eval()
+
+
+def run_throughput(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Forward tokens/s at each length for a fixed token budget (batch = budget / length)."""
+    from tqdm.auto import tqdm
+
+    torch.manual_seed(cfg.seed)
+    models = {k: _model(cfg, k) for k in KINDS}
+    rows = []
+    bar = tqdm(total=len(cfg.throughput_lengths) * len(models) * (cfg.repeats + 1), disable=not progress,
+               desc="bench lm throughput", unit="call")
+    for n in cfg.throughput_lengths:
+        b = max(1, cfg.tokens // n)
+        idx = torch.randint(0, 257, (b, n))
+        with torch.no_grad():
+            t = time_interleaved({k: (lambda m=m: m(idx)) for k, m in models.items()}, warmup=1,
+                                 repeats=cfg.repeats, on_sample=lambda name: bar.update(1))
+        bar.update(len(models))
+        for k in models:
+            rows.append({"N": n, "batch": b, "model": k, "ms": 1e3 * t[k].median, "ktok_s": b * n / t[k].median / 1e3,
+                         "spread": t[k].spread})
+    bar.close()
+    for n in cfg.throughput_lengths:
+        att = next(r for r in rows if r["N"] == n and r["model"] == "attention")
+        for r in rows:
+            if r["N"] == n:
+                r["vs_attention"] = r["ktok_s"] / att["ktok_s"]
+    params = {k: count_parameters(m) for k, m in models.items()}
+    return {"rows": rows, "params": params}
+
+
+@torch.no_grad()
+def run_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Per-token decoding time and state memory after a prefilled context of each length (batch 1)."""
+    from tqdm.auto import tqdm
+
+    torch.manual_seed(cfg.seed)
+    models = {k: _model(cfg, k) for k in KINDS}
+    rows = []
+    bar = tqdm(total=len(cfg.decode_contexts) * len(models), disable=not progress, desc="bench lm decode",
+               unit="context")
+    for n in cfg.decode_contexts:
+        prompt = torch.randint(0, 257, (1, n))
+        for k, m in models.items():
+            bar.set_postfix_str(f"{k} @ {n}")
+            t0 = time.perf_counter()
+            _, state = m.step(prompt, m.init_state(1))
+            prefill = time.perf_counter() - t0
+            tok = torch.randint(0, 257, (1, 1))
+            times = []
+            for i in range(cfg.decode_steps + 2):
+                t0 = time.perf_counter()
+                _, state = m.step(tok, state)
+                if i >= 2:  # two warm-up steps (first growth of caches, allocator)
+                    times.append(time.perf_counter() - t0)
+            times.sort()
+            rows.append({"context": n, "model": k, "ms_per_token": 1e3 * times[len(times) // 2],
+                         "state_mb": state.memory_bytes / 2**20, "prefill_s": prefill})
+            del state
+            bar.update(1)
+    bar.close()
+    for k in models:
+        mine = [r for r in rows if r["model"] == k]
+        for r in mine:
+            r["vs_first_context"] = r["ms_per_token"] / mine[0]["ms_per_token"]
+    return {"rows": rows}
+
+
+def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Train the tiny presets for the same steps on the default corpus; validation loss and bits per byte."""
+    from ..tasks.lm import train_lm
+    from ..train.loop import TrainConfig
+
+    rows = []
+    for preset in cfg.quality_presets:
+        out = Path(cfg.out) / "quality" / preset
+        tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=2e-3, min_lr=2e-4,
+                           warmup=max(1, cfg.quality_steps // 20), eval_every=cfg.quality_steps,
+                           ckpt_every=cfg.quality_steps, out=str(out), resume=False, progress=progress,
+                           seed=cfg.seed + 1337)
+        t0 = time.perf_counter()
+        res = train_lm(preset, tcfg, eval_windows=cfg.quality_eval_windows)
+        model = create_model(preset, device="meta")
+        rows.append({"model": preset, "params": count_parameters(model), "steps": cfg.quality_steps,
+                     "tokens": cfg.quality_steps * cfg.quality_batch * model.config.block_size,
+                     "train_min": (time.perf_counter() - t0) / 60, **res["metrics"]})
+    att = next((r for r in rows if r["model"].endswith("attention")), None)
+    for r in rows:
+        r["loss_vs_attention"] = r["val_loss"] / att["val_loss"] if att else None
+    return {"rows": rows}
+
+
+def report(payload: Dict[str, Any]) -> str:
+    lines = []
+    if "throughput" in payload:
+        p = payload["throughput"]
+        lines += ["forward throughput (k tokens/s; batch = budget / N)",
+                  format_table(p["rows"], ["N", "batch", "model", "ms", "ktok_s", "vs_attention"],
+                               ["N", "B", "model", "ms", "k tok/s", "÷ attention"]),
+                  "params: " + ", ".join(f"{k} {v:,}" for k, v in p["params"].items()), ""]
+        pom = {r["N"]: r["vs_attention"] for r in p["rows"] if r["model"] == "pom"}
+        ahead = [n for n in pom if n >= 4096]
+        if ahead:
+            ok = all(pom[n] > 1 for n in ahead)
+            lines.append(f"pom ahead of attention from 4k tokens on: {'met' if ok else 'MISSED'} "
+                         f"({', '.join(f'{n}: {pom[n]:.2f}×' for n in sorted(pom))})\n")
+    if "decode" in payload:
+        rows = payload["decode"]["rows"]
+        lines += ["decoding after a context of N tokens (batch 1)",
+                  format_table(rows, ["context", "model", "ms_per_token", "vs_first_context", "state_mb",
+                                      "prefill_s"],
+                               ["context", "model", "ms / token", "÷ first context", "state MB", "prefill s"]), ""]
+        by = {(r["model"], r["context"]): r for r in rows}
+        ctxs = sorted({r["context"] for r in rows})
+        target = 32768 if 32768 in ctxs else ctxs[-1]
+        base = ctxs[0]
+        pom_growth = by[("pom", target)]["ms_per_token"] / by[("pom", base)]["ms_per_token"]
+        att_ratio = by[("attention", target)]["ms_per_token"] / by[("pom", target)]["ms_per_token"]
+        lines.append(f"pom per-token time at {target} vs {base}: {pom_growth:.2f}× "
+                     f"(target ≤ 1.2: {'met' if pom_growth <= 1.2 else 'MISSED'})")
+        lines.append(f"attention per-token time ÷ pom at {target}: {att_ratio:.2f}× "
+                     f"(target ≥ 5: {'met' if att_ratio >= 5 else 'MISSED'})\n")
+    if "quality" in payload:
+        rows = payload["quality"]["rows"]
+        lines += ["quality at equal steps (default corpus: the Python standard library, byte-level)",
+                  format_table(rows, ["model", "params", "steps", "tokens", "val_loss", "val_bpb", "loss_vs_attention",
+                                      "train_min"],
+                               ["model", "params", "steps", "tokens", "val loss", "val bpb", "÷ attention",
+                                "train min"])]
+        hyb = next((r for r in rows if r["model"].endswith("hybrid")), None)
+        if hyb and hyb["loss_vs_attention"] is not None:
+            gap = hyb["loss_vs_attention"] - 1
+            lines.append(f"hybrid val loss vs attention: {100 * gap:+.2f}% (target within 3%: "
+                         f"{'met' if gap <= 0.03 else 'MISSED'})")
+    return "\n".join(lines)
+
+
+def plot(payload: Dict[str, Any], path: Path) -> None:
+    parts = [p for p in ("throughput", "decode") if p in payload]
+    if not parts:
+        return
+    fig, axes = new_figure(len(parts) + (1 if "decode" in payload else 0))
+    i = 0
+    if "throughput" in payload:
+        ax = axes[i]
+        i += 1
+        for k in KINDS:
+            pts = [(r["N"], r["ktok_s"]) for r in payload["throughput"]["rows"] if r["model"] == k]
+            ax.plot(*zip(*pts), marker="o", label=k)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens per sequence")
+        ax.set_ylabel("forward k tokens/s")
+        ax.set_title("forward throughput")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    if "decode" in payload:
+        for key, label, title in (("ms_per_token", "ms per generated token", "decoding time"),
+                                  ("state_mb", "state MB", "decoding state memory")):
+            ax = axes[i]
+            i += 1
+            for k in KINDS:
+                pts = [(r["context"], r[key]) for r in payload["decode"]["rows"] if r["model"] == k]
+                ax.plot(*zip(*pts), marker="o", label=k)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("context tokens")
+            ax.set_ylabel(label)
+            ax.set_title(title)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+    c = payload["config"]
+    fig.suptitle(f"language models: {c['n_layer']} layers × {c['n_embd']}, local window {c['window']} — "
+                 f"{payload['machine']['cpu']} ({payload['machine']['torch_threads']} threads)", fontsize=9)
+    save_figure(fig, path)
+
+
+def run(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    payload: Dict[str, Any] = {"config": asdict(cfg), "machine": machine()}
+    out = Path(cfg.out)
+    if "throughput" in cfg.parts:
+        payload["throughput"] = run_throughput(cfg, progress)
+    if "decode" in cfg.parts:
+        payload["decode"] = run_decode(cfg, progress)
+    if "quality" in cfg.parts:
+        payload["quality"] = run_quality(cfg, progress)
+    write_json(out / "lm.json", payload)
+    plot(payload, out / "lm.png")
+    return payload
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = LMBenchConfig()
+    p.add_argument("--quick", action="store_true", help="a few-minute version of every part")
+    p.add_argument("--parts", nargs="+", choices=["throughput", "decode", "quality"], default=list(d.parts))
+    p.add_argument("--n-layer", type=int, default=d.n_layer)
+    p.add_argument("--n-embd", type=int, default=d.n_embd)
+    p.add_argument("--n-head", type=int, default=d.n_head)
+    p.add_argument("--window", type=int, default=d.window)
+    p.add_argument("--tokens", type=int, default=None, help="token budget per forward call")
+    p.add_argument("--lengths", type=int, nargs="+", default=None, help="throughput sequence lengths")
+    p.add_argument("--contexts", type=int, nargs="+", default=None, help="decoding contexts")
+    p.add_argument("--quality-steps", type=int, default=None)
+    p.add_argument("--out", default=d.out)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = LMBenchConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, window=args.window,
+                        parts=tuple(args.parts), out=args.out)
+    if args.quick:
+        for k, v in QUICK.items():
+            setattr(cfg, k, v)
+    for arg, name in (("tokens", "tokens"), ("lengths", "throughput_lengths"), ("contexts", "decode_contexts"),
+                      ("quality_steps", "quality_steps")):
+        v = getattr(args, arg)
+        if v is not None:
+            setattr(cfg, name, tuple(v) if isinstance(v, list) else v)
+    payload = run(cfg)
+    print(report(payload))
+    print(f"\nwrote {Path(cfg.out) / 'lm.json'}" + (f" and {Path(cfg.out) / 'lm.png'}" if "quality" not in cfg.parts
+                                                    or len(cfg.parts) > 1 else ""))
+    return 0

@@ -1,0 +1,359 @@
+"""Text for language models: tokenizers, a corpus tokenised once into memory-mapped token files, random windows.
+
+* :class:`ByteTokenizer` — 256 bytes + end-of-text: nothing to download, the default.
+* :class:`GPT2BPE` — GPT-2's byte-level BPE, used only when its files (``encoder.json``, ``vocab.bpe``) are given.
+* :func:`prepare_corpus` — any text files or folders (default: the Python standard library's own sources, a real
+  corpus on every machine), split into train / val *by file*, tokenised once with documents separated by end-of-text
+  and cached as ``train.bin`` / ``val.bin`` (numpy uint8 or uint16) next to a ``meta.json``.
+* :class:`TokenWindows` — random windows for training (a pure function of seed, step and share: exact resume, and
+  data-parallel runs see the same global batch as one process) and fixed windows for evaluation. Windows that cross
+  a document boundary are packed by the model (``sep_token``) so that no document attends into another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Union
+
+import numpy as np
+import torch
+
+EOT_TEXT = "<|endoftext|>"
+
+__all__ = [
+    "Tokenizer",
+    "ByteTokenizer",
+    "GPT2BPE",
+    "load_tokenizer",
+    "default_corpus_files",
+    "list_text_files",
+    "prepare_corpus",
+    "Corpus",
+    "TokenWindows",
+]
+
+
+class Tokenizer(Protocol):
+    name: str
+    vocab_size: int
+    eot_id: int
+
+    def encode(self, text: str) -> List[int]: ...
+
+    def encode_bytes(self, data: bytes) -> np.ndarray: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def token_bytes(self) -> np.ndarray: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens 0–255, end-of-text as 256."""
+
+    name = "bytes"
+    vocab_size = 257
+    eot_id = 256
+
+    def encode(self, text: str) -> List[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_bytes(self, data: bytes) -> np.ndarray:
+        return np.frombuffer(data, dtype=np.uint8).astype(np.uint16)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        out = bytearray()
+        parts = []
+        for i in ids:
+            i = int(i)
+            if i == self.eot_id:
+                parts.append(out.decode("utf-8", errors="replace") + EOT_TEXT)
+                out = bytearray()
+            elif 0 <= i < 256:
+                out.append(i)
+            else:
+                raise ValueError(f"token id {i} is outside the byte tokenizer's vocabulary of {self.vocab_size}")
+        return "".join(parts) + out.decode("utf-8", errors="replace")
+
+    def token_bytes(self) -> np.ndarray:
+        """Number of UTF-8 bytes each token stands for (for bits per byte): 1, and 0 for end-of-text."""
+        t = np.ones(self.vocab_size, dtype=np.int64)
+        t[self.eot_id] = 0
+        return t
+
+
+@lru_cache()
+def _bytes_to_unicode() -> Dict[int, str]:
+    """GPT-2's reversible map from bytes to printable unicode characters."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+class GPT2BPE:
+    """GPT-2's byte-level BPE from its two local files (nothing is downloaded)."""
+
+    name = "gpt2"
+    _PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+    def __init__(self, encoder: Dict[str, int], merges: List[tuple]) -> None:
+        try:
+            import regex
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError("the GPT-2 tokenizer needs the 'regex' package: pip install 'polymixer[bpe]'") from e
+        self.encoder = encoder
+        self.decoder = {v: k for k, v in encoder.items()}
+        self.ranks = {pair: i for i, pair in enumerate(merges)}
+        self.byte_encoder = _bytes_to_unicode()
+        self.byte_decoder = {v: k for k, v in self.byte_encoder.items()}
+        self.pat = regex.compile(self._PATTERN)
+        if EOT_TEXT not in encoder:
+            raise ValueError(f"encoder.json has no {EOT_TEXT!r} token")
+        self.eot_id = encoder[EOT_TEXT]
+        self.vocab_size = max(encoder.values()) + 1
+        self._cache: Dict[str, List[str]] = {}
+
+    @classmethod
+    def from_dir(cls, path: Union[str, Path]) -> "GPT2BPE":
+        """Load ``encoder.json`` and ``vocab.bpe`` from a folder (GPT-2's original file names)."""
+        path = Path(path)
+        enc, bpe = path / "encoder.json", path / "vocab.bpe"
+        for f in (enc, bpe):
+            if not f.is_file():
+                raise FileNotFoundError(f"GPT-2 tokenizer file {f} not found (need encoder.json and vocab.bpe)")
+        encoder = json.loads(enc.read_text(encoding="utf-8"))
+        lines = bpe.read_text(encoding="utf-8").split("\n")
+        merges = [tuple(line.split()) for line in lines[1:] if line.strip() and not line.startswith("#version")]
+        return cls(encoder, merges)
+
+    def _bpe(self, token: str) -> List[str]:
+        if token in self._cache:
+            return self._cache[token]
+        word = list(token)
+        while len(word) > 1:
+            pairs = {(word[i], word[i + 1]) for i in range(len(word) - 1)}
+            best = min(pairs, key=lambda p: self.ranks.get(p, float("inf")))
+            if best not in self.ranks:
+                break
+            merged, i = [], 0
+            while i < len(word):
+                if i < len(word) - 1 and (word[i], word[i + 1]) == best:
+                    merged.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    merged.append(word[i])
+                    i += 1
+            word = merged
+        if len(self._cache) < 100_000:
+            self._cache[token] = word
+        return word
+
+    def encode(self, text: str) -> List[int]:
+        ids: List[int] = []
+        for piece in self.pat.findall(text):
+            mapped = "".join(self.byte_encoder[b] for b in piece.encode("utf-8"))
+            ids.extend(self.encoder[t] for t in self._bpe(mapped))
+        return ids
+
+    def encode_bytes(self, data: bytes) -> np.ndarray:
+        return np.asarray(self.encode(data.decode("utf-8", errors="replace")), dtype=np.int64)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        text = "".join(self.decoder[int(i)] for i in ids)
+        return bytearray(self.byte_decoder[c] for c in text).decode("utf-8", errors="replace")
+
+    def token_bytes(self) -> np.ndarray:
+        t = np.zeros(self.vocab_size, dtype=np.int64)
+        for tok, i in self.encoder.items():
+            t[i] = 0 if tok == EOT_TEXT else len(tok)  # one unicode stand-in character per byte
+        return t
+
+
+def load_tokenizer(name_or_dir: Optional[str] = None) -> Tokenizer:
+    """"bytes" (default) or a folder holding GPT-2's encoder.json / vocab.bpe."""
+    if name_or_dir in (None, "", "bytes", "byte"):
+        return ByteTokenizer()
+    path = Path(name_or_dir)
+    if path.is_dir():
+        return GPT2BPE.from_dir(path)
+    raise ValueError(f"unknown tokenizer {name_or_dir!r}: use 'bytes' or a folder with GPT-2's encoder.json and "
+                     f"vocab.bpe")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Corpus
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def default_corpus_files() -> List[Path]:
+    """The Python standard library's own ``.py`` sources on this machine (tests and site-packages excluded)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "site-packages", "__pycache__", "idle_test"}
+    files = sorted(f for f in root.rglob("*.py") if not (skip & set(f.relative_to(root).parts)))
+    if not files:
+        raise FileNotFoundError(f"no Python sources found under {root}; give text files or folders explicitly")
+    return files
+
+
+def _is_text(path: Path) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(8192)
+    return b"\x00" not in head
+
+
+def list_text_files(paths: Sequence[Union[str, Path]]) -> List[Path]:
+    """Every text file named, or found (recursively, sorted) in a folder named; binary files are skipped."""
+    out: List[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"corpus path {p} does not exist")
+        if p.is_file():
+            out.append(p)
+        else:
+            out.extend(f for f in sorted(p.rglob("*")) if f.is_file() and not any(s.startswith(".") for s in
+                                                                                   f.relative_to(p).parts)
+                       and _is_text(f))
+    if not out:
+        raise ValueError(f"no text files found in {', '.join(map(str, paths))}")
+    return out
+
+
+@dataclass
+class Corpus:
+    """Tokenised train / val splits (memory-mapped) and what produced them."""
+
+    train: np.ndarray
+    val: np.ndarray
+    meta: dict
+    path: Path
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    @property
+    def eot_id(self) -> int:
+        return int(self.meta["eot_id"])
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("POLYMIXER_CACHE", Path.home() / ".cache" / "polymixer"))
+
+
+def prepare_corpus(paths: Optional[Sequence[Union[str, Path]]] = None, tokenizer: Optional[Tokenizer] = None,
+                   cache_dir: Optional[Union[str, Path]] = None, val_fraction: float = 0.1,
+                   progress: bool = True) -> Corpus:
+    """Tokenise a corpus once (cached by file list, sizes, modification times and tokenizer) and memory-map it.
+
+    Files go to val when a hash of their path falls below ``val_fraction`` (deterministic on every machine); a
+    single file is split by position instead. Documents (files) are separated by end-of-text.
+    """
+    from tqdm.auto import tqdm
+
+    tokenizer = tokenizer or ByteTokenizer()
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    files = default_corpus_files() if not paths else list_text_files(paths)
+    name = "python-stdlib" if not paths else ",".join(str(p) for p in paths)
+    stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    key = hashlib.sha256(json.dumps([tokenizer.name, tokenizer.vocab_size, val_fraction, stats]).encode()).hexdigest()
+    root = Path(cache_dir) if cache_dir else _cache_root() / "corpora"
+    out = root / key[:16]
+    meta_path = out / "meta.json"
+    if not meta_path.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        common = os.path.commonpath([str(f.resolve()) for f in files]) if len(files) > 1 else str(files[0].parent)
+        is_val = [zlib.crc32(os.path.relpath(str(f.resolve()), common).encode()) % 10_000 < val_fraction * 10_000
+                  for f in files]
+        if len(files) > 1:
+            if all(is_val):
+                is_val[0] = False
+            if not any(is_val):
+                is_val[-1] = True
+        dtype = np.uint8 if tokenizer.vocab_size <= 256 else np.uint16 if tokenizer.vocab_size <= 65536 else np.uint32
+        parts: Dict[str, List[np.ndarray]] = {"train": [], "val": []}
+        counts = {"train": 0, "val": 0}
+        eot = np.array([tokenizer.eot_id], dtype=dtype)
+        for f, v in tqdm(list(zip(files, is_val)), desc="tokenising", disable=not progress, unit="file"):
+            toks = np.concatenate([tokenizer.encode_bytes(f.read_bytes()).astype(dtype), eot])
+            split = "val" if v else "train"
+            parts[split].append(toks)
+            counts[split] += 1
+        if len(files) == 1:
+            toks = parts["train"][0]
+            cut = int(len(toks) * (1 - val_fraction))
+            parts = {"train": [toks[:cut]], "val": [toks[cut:]]}
+        sizes = {}
+        for split, arrs in parts.items():
+            data = np.concatenate(arrs) if arrs else np.zeros(0, dtype=dtype)
+            tmp = out / f"{split}.bin.tmp"
+            data.tofile(tmp)
+            os.replace(tmp, out / f"{split}.bin")
+            sizes[split] = int(data.size)
+        tb = tokenizer.token_bytes()
+        meta = {
+            "name": name, "tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size,
+            "eot_id": tokenizer.eot_id, "dtype": np.dtype(dtype).name, "files": len(files),
+            "files_per_split": counts, "tokens": sizes,
+            "val_bytes": int(tb[np.fromfile(out / "val.bin", dtype=dtype)].sum()),
+            "val_fraction": val_fraction,
+        }
+        tmp = out / "meta.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=2))
+        os.replace(tmp, meta_path)  # written last: its presence marks a complete cache
+    meta = json.loads(meta_path.read_text())
+    dtype = np.dtype(meta["dtype"])
+    mm = {s: (np.memmap(out / f"{s}.bin", dtype=dtype, mode="r") if meta["tokens"][s] else np.zeros(0, dtype=dtype))
+          for s in ("train", "val")}
+    return Corpus(mm["train"], mm["val"], meta, out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Windows
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class TokenWindows:
+    """Windows of ``block_size + 1`` tokens from a token array (inputs and next-token targets)."""
+
+    def __init__(self, data: np.ndarray, block_size: int) -> None:
+        if len(data) < block_size + 2:
+            raise ValueError(f"a split of {len(data)} tokens is too small for windows of {block_size} tokens; "
+                             f"use a bigger corpus or a smaller block_size")
+        self.data = data
+        self.block_size = block_size
+
+    def _gather(self, offsets: torch.Tensor) -> tuple:
+        T = self.block_size
+        idx = offsets.numpy()[:, None] + np.arange(T + 1)[None, :]
+        w = torch.from_numpy(np.asarray(self.data[idx], dtype=np.int64))
+        return w[:, :-1], w[:, 1:]
+
+    def random(self, step: int, batch_size: int, seed: int, share: int = 0, shares: int = 1) -> tuple:
+        """Share ``share`` of ``shares`` equal parts of the global batch of step ``step``: a pure function of
+        (seed, step), so training resumes exactly and a data-parallel run sees the same global batch as one process."""
+        if batch_size % shares:
+            raise ValueError(f"global batch {batch_size} is not divisible into {shares} equal shares")
+        g = torch.Generator().manual_seed((seed * 1_000_003 + step) % (2**63))
+        offsets = torch.randint(0, len(self.data) - self.block_size - 1, (batch_size,), generator=g)
+        n = batch_size // shares
+        return self._gather(offsets[share * n:(share + 1) * n])
+
+    def fixed(self, count: int, batch_size: int) -> Iterable[tuple]:
+        """``count`` evenly spaced windows over the whole split, in batches (evaluation)."""
+        last = len(self.data) - self.block_size - 1
+        offsets = torch.linspace(0, last, steps=count).round().long().unique()
+        for i in range(0, len(offsets), batch_size):
+            yield self._gather(offsets[i:i + batch_size])

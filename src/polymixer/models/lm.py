@@ -1,0 +1,374 @@
+"""GPT-2 language models whose layers are chosen by a pattern: attention (GPT-2), PoM (GPPoM2), or both (hybrid).
+
+nanoGPT's architecture — token embedding tied to the output head, learned absolute positions (or rotary, or none),
+pre-norm blocks, GELU MLP, GPT-2 initialisation with residual projections scaled by 1/√(2·layers) — where every block
+is the core's :class:`~polymixer.PolyMorpher` holding the mixer its pattern letter names:
+
+    P = causal PoM       A = causal attention       L = causal local attention (sliding window)
+
+Decoding prefills the prompt in parallel, then steps one token at a time with per-layer state: PoM layers keep their
+O(D) running sums, local attention a ring buffer of ``window`` keys/values, global attention a growing KV cache. A
+model without global attention therefore decodes in constant time and memory per token, whatever the context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import functional as Fn
+from ..blocks import PolyMorpher
+from ..mixer import Index, _batch_index
+
+__all__ = ["LMConfig", "GPT", "LMState", "pad_left"]
+
+LETTERS = {"P": "pom", "A": "attention", "L": "local_attention"}
+
+
+@dataclass
+class LMConfig:
+    vocab_size: int = 50304
+    block_size: int = 1024
+    n_layer: int = 12
+    n_embd: int = 768
+    n_head: int = 12
+    mixer: str = "attention"  # "attention" | "pom" | "hybrid" | a pattern over P/A/L such as "PLPL"
+    window: int = 128  # local-attention window (L layers)
+    degree: int = 2  # PoM degree
+    expand: float = 2  # PoM expansion D = expand·n_embd
+    sel_heads: int = 1  # PoM gate width: 1 = a gate per channel, h = one per head
+    position: str = "learned"  # "learned" | "rope" | "none"
+    dropout: float = 0.0
+    bias: bool = True
+    rope_base: float = 10000.0
+
+    def __post_init__(self) -> None:
+        if self.position not in ("learned", "rope", "none"):
+            raise ValueError(f"position must be 'learned', 'rope' or 'none', got {self.position!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd = {self.n_embd} is not divisible by n_head = {self.n_head}")
+        for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "window"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        self.layer_pattern()
+
+    def layer_pattern(self) -> str:
+        """One letter per layer: the mixer preset name or an explicit pattern, tiled to n_layer."""
+        n, m = self.n_layer, self.mixer
+        if m == "attention":
+            return "A" * n
+        if m == "pom":
+            return "P" * n
+        if m == "hybrid":
+            if n % 2:
+                raise ValueError(f"the hybrid pairs one PoM and one local-attention layer: n_layer must be even, got {n}")
+            return "PL" * (n // 2)
+        bad = sorted(set(m) - set(LETTERS))
+        if not m or bad:
+            raise ValueError(f"unknown mixer {m!r}: use 'attention', 'pom', 'hybrid' or a pattern over P (PoM), "
+                             f"A (attention), L (local attention)" + (f"; unknown letters {bad}" if bad else ""))
+        if n % len(m):
+            raise ValueError(f"pattern {m!r} ({len(m)} letters) does not tile n_layer = {n}")
+        return m * (n // len(m))
+
+
+@dataclass
+class LMState:
+    """Decoding state of a whole model: one state per layer and each row's next position."""
+
+    layers: list
+    pos: Tensor  # (B,) int64: number of real (unpadded) tokens seen
+
+    @property
+    def batch_size(self) -> int:
+        return self.pos.shape[0]
+
+    def __getitem__(self, index: Index) -> "LMState":
+        i = _batch_index(index, self.pos.device)
+        return LMState([s[i] for s in self.layers], self.pos[i])
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by the state (what decoding keeps between tokens)."""
+        total = self.pos.numel() * self.pos.element_size()
+        for s in self.layers:
+            for t in vars(s).values():
+                if isinstance(t, Tensor):
+                    total += t.numel() * t.element_size()
+        return total
+
+
+def pad_left(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> Tuple[Tensor, Tensor]:
+    """Left-pad token lists into (idx (B, T) int64, mask (B, T) bool — True for real tokens)."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    T = max(len(p) for p in prompts)
+    idx = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), T, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        idx[i, T - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+        mask[i, T - len(p):] = True
+    return idx, mask
+
+
+class GPT(nn.Module):
+    """nanoGPT's GPT-2 with a mixer per layer; see :class:`LMConfig`."""
+
+    family = "lm"
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.pattern = c.layer_pattern()
+        self.wte = nn.Embedding(c.vocab_size, c.n_embd)
+        self.wpe = nn.Embedding(c.block_size, c.n_embd) if c.position == "learned" else None
+        self.drop = nn.Dropout(c.dropout)
+        rope = "1d" if c.position == "rope" else None
+        self.blocks = nn.ModuleList()
+        for letter in self.pattern:
+            if letter == "P":
+                kw = dict(degree=c.degree, expand=c.expand, sel_heads=c.sel_heads, rope=rope, rope_base=c.rope_base)
+            else:
+                kw = dict(heads=c.n_head, causal=True, rope=rope, rope_base=c.rope_base)
+                if letter == "L":
+                    kw["window"] = c.window
+            self.blocks.append(PolyMorpher(c.n_embd, mixer=LETTERS[letter], mlp_ratio=4.0, dropout=c.dropout,
+                                           bias=c.bias, mixer_bias=c.bias, **kw))
+        self.ln_f = nn.LayerNorm(c.n_embd, bias=c.bias)
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying
+        self.apply(self._init_weights)
+        scaled = 0.02 / math.sqrt(2 * c.n_layer)
+        for blk in self.blocks:  # residual projections
+            for p in (getattr(blk.mixer, "proj", None), getattr(blk.mixer, "out_proj", None), blk.mlp.fc2):
+                if p is not None:
+                    nn.init.normal_(p.weight, mean=0.0, std=scaled)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self, non_embedding: bool = False) -> int:
+        """Distinct parameters (the tied head counted once); ``non_embedding`` drops the position table."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and self.wpe is not None:
+            n -= self.wpe.weight.numel()
+        return n
+
+    # -- forward --------------------------------------------------------------------------------------------------
+
+    def _check_tokens(self, idx: Tensor) -> None:
+        if not isinstance(idx, Tensor) or idx.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"idx must be an int64 tensor of token ids, got {getattr(idx, 'dtype', type(idx))}")
+        if idx.dim() != 2 or idx.shape[1] == 0:
+            raise ValueError(f"idx must have shape (batch, tokens) with at least one token, got {tuple(idx.shape)}")
+        if not Fn._is_compiling() and idx.numel():
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(f"token id {hi if hi >= self.config.vocab_size else lo} is outside the vocabulary "
+                                 f"of {self.config.vocab_size}")
+
+    def _embed(self, idx: Tensor, positions: Tensor) -> Tensor:
+        x = self.wte(idx)
+        if self.wpe is not None:
+            if not Fn._is_compiling() and int(positions.max()) >= self.config.block_size:
+                raise ValueError(
+                    f"position {int(positions.max())} is beyond this model's context of {self.config.block_size} "
+                    f"tokens (learned positions); use a shorter input, or a model with position='rope' or 'none'")
+            x = x + self.wpe(positions)
+        return self.drop(x)
+
+    def _mixer_positions(self, positions: Tensor) -> Optional[Tensor]:
+        return positions if self.config.position == "rope" else None
+
+    def forward(self, idx: Tensor, targets: Optional[Tensor] = None, *, mask: Optional[Tensor] = None,
+                cu_seqlens: Optional[Tensor] = None, positions: Optional[Tensor] = None,
+                sep_token: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        """Logits at every position and, with ``targets``, the mean cross-entropy (targets of -1 are ignored).
+
+        Args:
+            idx: (B, T) token ids.
+            mask: (B, T) bool, False for padding (left padding for batched prompts).
+            cu_seqlens: int32 offsets of packed documents in a (1, T) batch: no document sees another.
+            positions: (B, T) or (T,) token positions; by default the index of each token among the real tokens of
+                its row (or of its document when packed).
+            sep_token: documents end after this token (end-of-text): rows that hold several documents are packed
+                with ``cu_seqlens`` so that no document attends into another; other rows run as a plain batch.
+        """
+        self._check_tokens(idx)
+        B, T = idx.shape
+        if sep_token is not None:
+            if cu_seqlens is not None or mask is not None:
+                raise ValueError("sep_token packs documents itself: do not pass mask or cu_seqlens with it")
+            return self._forward_documents(idx, targets, sep_token)
+        if positions is None:
+            if cu_seqlens is not None:
+                _, start, _ = Fn._segments(cu_seqlens, T)
+                positions = torch.arange(T, device=idx.device) - start
+            elif mask is not None:
+                positions = (mask.long().cumsum(1) - 1).clamp_min(0)
+            else:
+                positions = torch.arange(T, device=idx.device)
+        x = self._embed(idx, positions)
+        mpos = self._mixer_positions(positions)
+        for blk in self.blocks:
+            x = blk(x, causal=True, mask=mask, cu_seqlens=cu_seqlens, positions=mpos)
+        logits = self.lm_head(self.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def _forward_documents(self, idx: Tensor, targets: Optional[Tensor], sep: int) -> Tuple[Tensor, Optional[Tensor]]:
+        B, T = idx.shape
+        multi = (idx[:, :-1] == sep).any(1)  # a separator as the last token starts nothing inside the window
+        if not bool(multi.any()):
+            return self.forward(idx, targets)
+        rows_p = torch.nonzero(multi).squeeze(1)
+        rows_b = torch.nonzero(~multi).squeeze(1)
+        cu, pos = Fn.documents_cu_seqlens(idx[rows_p], sep)
+        lp, _ = self.forward(idx[rows_p].reshape(1, -1), cu_seqlens=cu, positions=pos)
+        logits = lp.new_empty(B, T, lp.shape[-1])
+        logits[rows_p] = lp.view(len(rows_p), T, -1)
+        if rows_b.numel():
+            lb, _ = self.forward(idx[rows_b])
+            logits[rows_b] = lb
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    # -- decoding -------------------------------------------------------------------------------------------------
+
+    def init_state(self, batch_size: int, device: Optional[torch.device] = None) -> LMState:
+        device = self.wte.weight.device if device is None else device
+        return LMState([blk.init_state(batch_size, device=device) for blk in self.blocks],
+                       torch.zeros(batch_size, dtype=torch.long, device=device))
+
+    def step(self, idx: Tensor, state: LMState, mask: Optional[Tensor] = None) -> Tuple[Tensor, LMState]:
+        """Feed a chunk (the whole prompt at once, then one token at a time): (logits (B, T, vocab), state)."""
+        self._check_tokens(idx)
+        B, T = idx.shape
+        if state.batch_size != B:
+            raise ValueError(f"state holds batch {state.batch_size} but idx has batch {B}")
+        m = torch.ones(B, T, dtype=torch.bool, device=idx.device) if mask is None else mask
+        positions = state.pos[:, None] + (m.long().cumsum(1) - 1).clamp_min(0)
+        x = self._embed(idx, positions)
+        mpos = self._mixer_positions(positions)
+        layers = []
+        for blk, s in zip(self.blocks, state.layers):
+            x, s = blk.step(x, s, causal=True, positions=mpos, mask=mask)
+            layers.append(s)
+        logits = self.lm_head(self.ln_f(x))
+        return logits, LMState(layers, state.pos + m.long().sum(1))
+
+    @torch.no_grad()
+    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, *, mask: Optional[Tensor] = None, stop_token: Optional[int] = None,
+                 seed: Optional[int] = None) -> Tensor:
+        """Continue each prompt by ``max_new_tokens`` tokens: (B, T + max_new_tokens).
+
+        The prompt is prefilled in parallel, then every new token costs one step per layer. ``temperature=0`` is
+        greedy; ``top_k`` / ``top_p`` truncate the distribution; rows that produce ``stop_token`` are finished and
+        padded with it. With ``seed``, row i draws from its own generator seeded ``seed + i``, so a batch of prompts
+        (left-padded, ``mask`` False on padding) gives the same tokens as one prompt at a time.
+        """
+        self._check_tokens(idx)
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be ≥ 0, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be ≥ 0, got {temperature}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        B, T = idx.shape
+        if mask is not None and (mask.shape != idx.shape or mask.dtype != torch.bool):
+            raise ValueError(f"mask must be a bool tensor of shape {tuple(idx.shape)}")
+        lengths = mask.long().sum(1) if mask is not None else torch.full((B,), T)
+        if self.config.position == "learned":
+            longest = int(lengths.max())
+            if longest > self.config.block_size:
+                raise ValueError(f"the prompt has {longest} tokens but this model's context is "
+                                 f"{self.config.block_size} tokens (learned positions)")
+            if longest + max_new_tokens > self.config.block_size:
+                raise ValueError(f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the context of "
+                                 f"{self.config.block_size} tokens (learned positions); generate fewer tokens or use "
+                                 f"a model with position='rope' or 'none'")
+        was_training = self.training
+        self.eval()
+        gens = None if seed is None else [torch.Generator(device=idx.device).manual_seed(seed + i) for i in range(B)]
+        state = self.init_state(B, device=idx.device)
+        logits, state = self.step(idx, state, mask=mask)
+        last = logits[:, -1]
+        out = [idx]
+        done = torch.zeros(B, dtype=torch.bool, device=idx.device)
+        for t in range(max_new_tokens):
+            nxt = _sample(last, temperature, top_k, top_p, gens)
+            if stop_token is not None:
+                nxt = torch.where(done, torch.full_like(nxt, stop_token), nxt)
+                done |= nxt == stop_token
+            out.append(nxt[:, None])
+            if t + 1 == max_new_tokens or (stop_token is not None and bool(done.all())):
+                break
+            logits, state = self.step(nxt[:, None], state)
+            last = logits[:, -1]
+        self.train(was_training)
+        res = torch.cat(out, 1)
+        if res.shape[1] < T + max_new_tokens:  # every row stopped early
+            res = F.pad(res, (0, T + max_new_tokens - res.shape[1]), value=stop_token if stop_token is not None else 0)
+        return res
+
+
+def _sample(logits: Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
+            gens: Optional[List[torch.Generator]]) -> Tensor:
+    """Next token per row from (B, vocab) logits."""
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits / temperature
+    if top_k is not None:
+        k = min(top_k, logits.shape[-1])
+        kth = torch.topk(logits, k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p is not None and top_p < 1:
+        sp, si = probs.sort(dim=-1, descending=True)
+        keep = sp.cumsum(-1) - sp < top_p  # the smallest prefix whose mass reaches top_p (always ≥ 1 token)
+        probs = torch.zeros_like(probs).scatter(-1, si, sp * keep)
+        probs = probs / probs.sum(-1, keepdim=True)
+    if gens is None:
+        return torch.multinomial(probs, 1).squeeze(1)
+    return torch.stack([torch.multinomial(probs[i], 1, generator=g)[0] for i, g in enumerate(gens)])
+
+
+def _register() -> None:
+    from . import register_model
+
+    small = dict(vocab_size=50304, block_size=1024, n_layer=12, n_embd=768, n_head=12, position="learned")
+    register_model("gpt2-small", "lm", LMConfig, GPT, "GPT-2 124M (nanoGPT)", mixer="attention", **small)
+    # PoM degree 2, expand 2, one gate per head (sel_heads = n_head): a PoM layer then has 2·d·D + D + k·D + d
+    # parameters, within 0.5% of attention's 4·d² + 4·d, so GPPoM2 stays within 0.1% of GPT-2's count.
+    register_model("gppom2-small", "lm", LMConfig, GPT, "GPPoM2: every attention layer a causal PoM", mixer="pom",
+                   degree=2, expand=2, sel_heads=12, **small)
+    register_model("gppom2-small-hybrid", "lm", LMConfig, GPT, "GPPoM2 Hyb: pairs of PoM + 128-token local attention",
+                   mixer="hybrid", window=128, degree=2, expand=2, sel_heads=12, **small)
+    # CPU-scale models that train on 2 cores in minutes: byte-level vocabulary, 4 × 128, rotary positions (so they
+    # run at any length: length generalisation and long-context benchmarks), local window = 1/4 of the context
+    tiny = dict(vocab_size=257, block_size=256, n_layer=4, n_embd=128, n_head=4, position="rope", window=64,
+                degree=2, expand=2, sel_heads=4)
+    register_model("tiny-attention", "lm", LMConfig, GPT, "tiny GPT-2 (attention)", mixer="attention", **tiny)
+    register_model("tiny-pom", "lm", LMConfig, GPT, "tiny GPPoM2 (all PoM)", mixer="pom", **tiny)
+    register_model("tiny-hybrid", "lm", LMConfig, GPT, "tiny GPPoM2 Hyb (PoM + local attention)", mixer="hybrid", **tiny)
+
+
+_register()

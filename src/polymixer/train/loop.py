@@ -1,0 +1,273 @@
+"""The one training loop every model family uses.
+
+A *task* supplies batches, a loss and an evaluation; the loop supplies everything else: AdamW with weight decay on
+≥ 2-D weights only, linear warm-up then cosine decay, gradient clipping and accumulation, bf16 autocast where
+supported, optional ``torch.compile``, an EMA of the weights, a progress bar, periodic evaluation, atomic
+checkpoints with exact resume (weights, optimizer, RNG, step — batches are a pure function of the step), and
+data-parallel training through ``torchrun`` (DistributedDataParallel; gloo on CPU, nccl on GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .checkpoint import config_diff, load_trainer_state, load_weights, read_config, resolve_checkpoint, rng_state, \
+    save_checkpoint, set_rng_state
+
+__all__ = ["TrainConfig", "Task", "train", "configure_optimizer", "lr_at", "distributed_context"]
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 32  # global: per optimizer step, over all processes and accumulation steps
+    grad_accum: int = 1
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    ckpt_every: int = 500
+    keep: int = 3
+    log_every: int = 10
+    seed: int = 1337
+    dtype: str = "auto"  # "auto" (bf16 on GPUs that support it, fp32 on CPU) | "fp32" | "bf16"
+    compile: bool = False
+    ema: float = 0.0  # EMA decay of the weights (0: off)
+    out: str = "runs/train"
+    resume: bool = True  # continue from <out>/checkpoints/latest when it exists
+    stop_after: Optional[int] = None  # end this invocation after that step (with a checkpoint): time-limited jobs
+    progress: bool = True
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+class Task(Protocol):
+    """What a model family brings to the loop."""
+
+    unit: str  # what a batch counts, for throughput ("tok", "img")
+
+    def batch(self, step: int, share: int, shares: int, device: torch.device) -> Any:
+        """Share ``share`` of ``shares`` equal parts of the global batch of ``step`` (a pure function of both)."""
+        ...
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor: ...
+
+    def count(self, batch: Any) -> int:
+        """Number of units (tokens, images) in a batch share."""
+        ...
+
+    def evaluate(self, model: nn.Module, step: int, out_dir: Path) -> Dict[str, float]: ...
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to ``lr``, then cosine decay to ``min_lr`` at the last step."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    progress = min(1.0, (step - cfg.warmup) / span)
+    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+
+
+def configure_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices and embeddings (≥ 2-D), none on biases, norms, gates and coefficients."""
+    seen, decay, no_decay = set(), [], []
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+@dataclass
+class DistContext:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def distributed_context() -> DistContext:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); a plain run is rank 0 of 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return DistContext(rank, world, local, device)
+
+
+def _autocast_dtype(cfg: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
+    if cfg.dtype == "fp32":
+        return None
+    if cfg.dtype == "bf16":
+        return torch.bfloat16
+    if cfg.dtype != "auto":
+        raise ValueError(f"dtype must be 'auto', 'fp32' or 'bf16', got {cfg.dtype!r}")
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+class _Ema:
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        self.decay = decay
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        for e, p in zip(self.model.parameters(), model.parameters()):
+            e.lerp_(p.detach(), 1.0 - self.decay)
+        for e, b in zip(self.model.buffers(), model.buffers()):
+            e.copy_(b)
+
+
+def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str, Any],
+          on_log: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+    """Train ``model`` on ``task``; returns the final evaluation and the logged history.
+
+    ``model_config`` is what a checkpoint must reproduce the model from (``{"family", "preset", "model": {...}}``);
+    resuming from a checkpoint whose model config differs raises a ValueError listing the differing keys.
+    """
+    from tqdm.auto import tqdm
+
+    ctx = distributed_context()
+    out = Path(cfg.out)
+    shares = ctx.world * cfg.grad_accum
+    if cfg.batch_size % shares:
+        raise ValueError(f"batch_size {cfg.batch_size} must be divisible by processes × grad_accum = {shares}")
+    if cfg.steps < 1:
+        raise ValueError(f"steps must be ≥ 1, got {cfg.steps}")
+    torch.manual_seed(cfg.seed + ctx.rank)
+    model.to(ctx.device)
+    raw = model
+    ema = _Ema(raw, cfg.ema) if cfg.ema > 0 else None
+    optimizer = configure_optimizer(raw, cfg)
+    start = 0
+    history: List[Dict[str, Any]] = []
+    meta = {**model_config, "train": asdict(cfg)}
+    if cfg.resume and (out / "checkpoints").exists():
+        try:
+            ck = resolve_checkpoint(out)
+        except FileNotFoundError:
+            ck = None
+        if ck is not None:
+            saved = read_config(ck)
+            diff = config_diff(saved.get("model", {}), model_config.get("model", {}))
+            if saved.get("family") != model_config.get("family"):
+                diff["family"] = (saved.get("family"), model_config.get("family"))
+            if diff:
+                listing = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
+                raise ValueError(f"cannot resume from {ck}: its model config differs — {listing}")
+            load_weights(raw, ck)
+            state = load_trainer_state(ck)
+            optimizer.load_state_dict(state["optimizer"])
+            if ema is not None and (ck / "ema.safetensors").is_file():
+                load_weights(ema.model, ck, ema=True)
+            set_rng_state(state["rng"][ctx.rank] if isinstance(state["rng"], list) else state["rng"])
+            start = int(state["step"])
+            history = state.get("history", [])
+    fwd_model: nn.Module = raw
+    if cfg.compile:
+        fwd_model = torch.compile(raw)
+    if ctx.world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        fwd_model = DDP(fwd_model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+    amp = _autocast_dtype(cfg, ctx.device)
+    bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and ctx.main), desc=f"train {out.name}",
+               dynamic_ncols=True)
+    metrics: Dict[str, float] = {}
+    t_last, units = time.perf_counter(), 0
+    fwd_model.train()
+    for step in range(start, cfg.steps):
+        lr = lr_at(step, cfg)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        loss_sum = torch.zeros((), device=ctx.device)
+        for micro in range(cfg.grad_accum):
+            batch = task.batch(step, micro * ctx.world + ctx.rank, shares, ctx.device)
+            units += task.count(batch)
+            sync = ctx.world == 1 or micro == cfg.grad_accum - 1
+            ctx_sync = fwd_model.no_sync() if not sync else contextlib.nullcontext()
+            with ctx_sync:
+                with torch.autocast(ctx.device.type, dtype=amp, enabled=amp is not None):
+                    loss = task.loss(fwd_model, batch) / cfg.grad_accum
+                loss.backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip) if cfg.grad_clip > 0 else None
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if ema is not None:
+            ema.update(raw)
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            if ctx.world > 1:
+                dist.all_reduce(loss_sum)
+                loss_sum /= ctx.world
+            now = time.perf_counter()
+            rate = units * ctx.world / max(now - t_last, 1e-9)
+            t_last, units = now, 0
+            rec = {"step": done, "loss": float(loss_sum), "lr": lr, f"{task.unit}_s": rate,
+                   "grad_norm": None if grad_norm is None else float(grad_norm)}
+            history.append(rec)
+            if ctx.main:
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", **{f"{task.unit}/s": f"{rate:,.0f}"})
+                if on_log:
+                    on_log(rec)
+        bar.update(1)
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            if ctx.main:
+                metrics = task.evaluate(ema.model if ema is not None else raw, done, out)
+                history.append({"step": done, **{f"eval_{k}": v for k, v in metrics.items()}})
+                bar.write(f"step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                raw.train()
+        stop = cfg.stop_after is not None and done >= cfg.stop_after
+        if done % cfg.ckpt_every == 0 or done == cfg.steps or stop:
+            rngs: Any = rng_state()
+            if ctx.world > 1:  # every rank's generators, so that dropout resumes exactly everywhere
+                gathered: List[Any] = [None] * ctx.world
+                dist.all_gather_object(gathered, rngs)
+                rngs = gathered
+            if ctx.main:
+                trainer_state = {"optimizer": optimizer.state_dict(), "step": done, "rng": rngs,
+                                 "history": history}
+                save_checkpoint(out, done, raw, {**meta, "metrics": metrics}, trainer_state,
+                                ema.model if ema is not None else None, keep=cfg.keep)
+            if ctx.world > 1:
+                dist.barrier()
+        if stop:
+            break
+    bar.close()
+    if ctx.main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "history.json").write_text(json.dumps(history, indent=1))
+    if ctx.world > 1:
+        dist.barrier()
+    return {"metrics": metrics, "history": history, "rank": ctx.rank, "world": ctx.world}

@@ -1,0 +1,133 @@
+"""The shared training loop: checkpoints, exact resume, config mismatch, DDP with 2 CPU processes, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+from polymixer.cli import main
+from polymixer.tasks.lm import evaluate_checkpoint, train_lm
+from polymixer.train.checkpoint import load_model, resolve_checkpoint
+from polymixer.train.loop import TrainConfig, lr_at
+
+MODEL = dict(n_layer=2, n_embd=32, n_head=2, block_size=32, window=8, sel_heads=2)
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    import random
+
+    rng = random.Random(0)
+    words = ["def", "return", "self", "import", "class", "for", "in", "if", "else", "None", "x", "y", "(", ")", ":"]
+    for i in range(12):
+        (d / f"doc{i}.py").write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(40)))
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLYMIXER_CACHE", str(tmp_path / "cache"))
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(steps=6, batch_size=4, lr=3e-3, warmup=2, eval_every=3, ckpt_every=3, log_every=1, out=str(tmp_path /
+                "run"), progress=False, seed=7)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_lr_schedule():
+    cfg = TrainConfig(steps=100, warmup=10, lr=1.0, min_lr=0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(99, cfg) == pytest.approx(0.1, abs=1e-3) and 0.1 < lr_at(50, cfg) < 1.0
+
+
+def test_train_checkpoint_roundtrip_and_exact_resume(tmp_path, corpus_dir):
+    res = train_lm("tiny-hybrid", _cfg(tmp_path / "a"), [str(corpus_dir)], dropout=0.1, **MODEL)
+    assert set(res["metrics"]) == {"val_loss", "val_bpb"}
+    ck = resolve_checkpoint(tmp_path / "a" / "run")
+    assert ck.name == "step_00000006" and (ck / "model.safetensors").is_file()
+    model = load_model(ck)
+    idx = torch.randint(0, 256, (2, 20))
+    again = load_model(tmp_path / "a" / "run")
+    torch.testing.assert_close(model.eval()(idx)[0], again.eval()(idx)[0], rtol=0, atol=0)
+    # interrupted after step 3, resumed to step 6: bit-identical to the uninterrupted run
+    b = _cfg(tmp_path / "b", stop_after=3)
+    train_lm("tiny-hybrid", b, [str(corpus_dir)], dropout=0.1, **MODEL)
+    assert resolve_checkpoint(tmp_path / "b" / "run").name == "step_00000003"
+    train_lm("tiny-hybrid", replace(b, stop_after=None), [str(corpus_dir)], dropout=0.1, **MODEL)
+    resumed = load_model(tmp_path / "b" / "run")
+    for (k, v1), v2 in zip(model.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(v1, v2), k
+    hist = json.loads((tmp_path / "b" / "run" / "history.json").read_text())
+    assert [h["step"] for h in hist if "loss" in h] == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_with_a_different_model_lists_the_differences(tmp_path, corpus_dir):
+    train_lm("tiny-pom", _cfg(tmp_path, steps=2, ckpt_every=2, eval_every=2), [str(corpus_dir)], **MODEL)
+    with pytest.raises(ValueError, match=r"n_layer: checkpoint 2 vs now 4.*|differs — .*n_layer"):
+        train_lm("tiny-pom", _cfg(tmp_path, steps=4), [str(corpus_dir)], **{**MODEL, "n_layer": 4})
+
+
+def test_cli_train_generate_eval(tmp_path, corpus_dir, capsys):
+    out = tmp_path / "cli"
+    rc = main(["train", "lm", "--preset", "tiny-pom", "--data", str(corpus_dir), "--n-layer", "2", "--n-embd", "32",
+               "--n-head", "2", "--sel-heads", "2", "--block-size", "32", "--steps", "4", "--batch-size", "4",
+               "--eval-every", "4", "--ckpt-every", "4", "--eval-windows", "8", "--out", str(out), "--quiet"])
+    assert rc == 0
+    assert "val_bpb" in capsys.readouterr().out
+    rc = main(["generate", "--ckpt", str(out), "--prompt", "def ", "--prompt", "import", "--max-new-tokens", "20",
+               "--seed", "1"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "--- sample 1 ---" in text and "def " in text
+    res = evaluate_checkpoint(str(out), windows=8, lengths=(1, 2, 4))
+    assert [r["context"] for r in res["lengths"]] == [32, 64, 128] and all(r["val_loss"] for r in res["lengths"])
+    rc = main(["eval", "lm", "--ckpt", str(out), "--windows", "8"])
+    assert rc == 0 and "| 128 | 4 |" in capsys.readouterr().out
+    rc = main(["generate", "--ckpt", str(tmp_path / "nothing")])
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
+    rc = main(["train", "lm", "--preset", "tiny-pom", "--data", str(tmp_path / "missing"), "--out", str(out)])
+    assert rc == 2
+
+
+DDP_SCRIPT = r"""
+import sys, torch
+from polymixer.tasks.lm import train_lm
+from polymixer.train.loop import TrainConfig
+cfg = TrainConfig(steps=4, batch_size=8, lr=3e-3, warmup=1, eval_every=100, ckpt_every=4, log_every=1,
+                  out=sys.argv[1], progress=False, seed=3)
+res = train_lm("tiny-hybrid", cfg, [sys.argv[2]], eval_windows=8, n_layer=2, n_embd=32, n_head=2, block_size=32,
+               window=8, sel_heads=2)
+flat = torch.cat([p.detach().flatten() for p in res["model"].parameters()])
+torch.save(flat, f"{sys.argv[1]}/params_rank{res['rank']}_of_{res['world']}.pt")
+"""
+
+
+def test_ddp_two_processes_match_single_process(tmp_path, corpus_dir):
+    """torchrun with 2 CPU processes (gloo): the ranks stay in sync and match one process on the same global batch."""
+    script = tmp_path / "ddp_train.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "POLYMIXER_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    single = subprocess.run([sys.executable, str(script), str(tmp_path / "single"), str(corpus_dir)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+                          str(script), str(tmp_path / "ddp"), str(corpus_dir)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    one = torch.load(tmp_path / "single" / "params_rank0_of_1.pt")
+    r0 = torch.load(tmp_path / "ddp" / "params_rank0_of_2.pt")
+    r1 = torch.load(tmp_path / "ddp" / "params_rank1_of_2.pt")
+    assert torch.equal(r0, r1), "the two ranks drifted apart"
+    torch.testing.assert_close(r0, one, rtol=1e-4, atol=1e-5)
