@@ -41,7 +41,8 @@ def test_tiny_presets_have_equal_parameter_counts():
 
 
 def test_patterns():
-    assert LMConfig(n_layer=4, mixer="hybrid").layer_pattern() == "PLPL"
+    assert LMConfig(n_layer=4, mixer="hybrid").layer_pattern() == "LPLP"
+    assert LMConfig(n_layer=4, mixer="PL").layer_pattern() == "PLPL"
     assert LMConfig(n_layer=6, mixer="PPA").layer_pattern() == "PPAPPA"
     assert GPT(LMConfig(n_layer=3, n_embd=32, n_head=4, vocab_size=300, mixer="PAL")).pattern == "PAL"
     with pytest.raises(ValueError, match="unknown letters"):

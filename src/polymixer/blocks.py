@@ -73,6 +73,8 @@ class PolyMorpher(nn.Module):
         dropout: residual dropout (also the attention-probability dropout of attention mixers unless given).
         bias: biases of the feed-forward and norms.
         mixer_bias: biases of the mixer's projections (default: the mixer's own default).
+        norm_affine: learned scale / shift in the norms (off when a conditioning supplies them, as adaLN).
+        mlp_activation: the feed-forward's non-linearity (a module factory; GELU by default).
         **mixer_kwargs: passed to the mixer's constructor (e.g. degree, expand, heads, window, rope).
     """
 
@@ -86,6 +88,8 @@ class PolyMorpher(nn.Module):
         bias: bool = True,
         norm_eps: float = 1e-5,
         mixer_bias: Optional[bool] = None,
+        norm_affine: bool = True,
+        mlp_activation: Callable[[], nn.Module] = nn.GELU,
         **mixer_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -97,11 +101,11 @@ class PolyMorpher(nn.Module):
             mixer_kwargs.setdefault("dropout", dropout)
         self.kind = mixer if isinstance(mixer, str) else type(mixer).__name__
         self.norm_first = norm_first
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, elementwise_affine=norm_affine, bias=bias)
         self.mixer = build_mixer(mixer, dim, **mixer_kwargs)
         self.drop = nn.Dropout(dropout)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
-        self.mlp = MLP(dim, int(round(mlp_ratio * dim)), bias=bias, dropout=dropout)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, elementwise_affine=norm_affine, bias=bias)
+        self.mlp = MLP(dim, int(round(mlp_ratio * dim)), bias=bias, dropout=dropout, activation=mlp_activation)
 
     def forward(
         self,

@@ -5,6 +5,10 @@
     polymixer eval lm --ckpt RUN                val loss, bits per byte, length generalisation
     polymixer bench mixer [--quick]             PoM vs attention across sequence lengths (table, JSON, PNG)
     polymixer bench lm [--quick]                language models: throughput, decoding, quality
+    polymixer train image --preset tiny-sipom   train a diffusion transformer (default data: digits)
+    polymixer sample --ckpt RUN --cfg 4         a class-conditional sample grid
+    polymixer eval image --ckpt RUN             conditional accuracy and Fréchet distance
+    polymixer bench image [--quick]             seconds per image vs side, quality at equal budget
 """
 
 from __future__ import annotations
@@ -19,6 +23,13 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
     "train": {
         "lm": ("train a language model (GPT-2 / GPPoM2 / hybrid)", "polymixer.tasks.lm:train",
                "Train a language model preset on text files (default: the Python standard library's sources)."),
+        "image": ("train a class-conditional diffusion transformer (SiT / SiPoM / DiT / DiPoM)",
+                  "polymixer.tasks.image:train",
+                  "Train an image generator with flow matching or DDPM (default data: scikit-learn's digits)."),
+    },
+    "sample": {
+        "": ("sample an image grid from a trained generator", "polymixer.tasks.image:sample",
+             "Class-conditional samples with classifier-free guidance, written as a PNG grid."),
     },
     "generate": {
         "": ("sample text from a trained language model", "polymixer.tasks.lm:generate",
@@ -27,6 +38,8 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
     "eval": {
         "lm": ("validation loss, bits per byte and length generalisation", "polymixer.tasks.lm:eval",
                "Evaluate a language-model checkpoint at its training context and at multiples of it."),
+        "image": ("conditional accuracy and Fréchet distance of generated images", "polymixer.tasks.image:eval",
+                  "Score generated images with a small classifier trained once on the real data."),
     },
     "bench": {
         "mixer": ("PoM vs attention across sequence lengths at a fixed token budget", "polymixer.bench.mixer",
@@ -34,6 +47,9 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
         "lm": ("language models: throughput, decoding cost vs context, quality at equal budget", "polymixer.bench.lm",
                "Forward throughput, per-token decoding time and memory, and trained quality of attention / PoM / "
                "hybrid language models."),
+        "image": ("diffusion transformers: seconds per image vs image side, quality at equal budget",
+                  "polymixer.bench.image",
+                  "Forward time of SiT vs SiPoM across image sizes, and SiT vs SiPoM trained with equal steps."),
     },
 }
 

@@ -154,6 +154,7 @@ class PoM(nn.Module):
         self.in_proj = nn.Linear(dim, D + self.gate_dim, bias=False, **fk)  # W_h stacked over W_s
         self.gate_bias = nn.Parameter(torch.zeros(self.gate_dim, **fk))
         self.coeff = nn.Parameter(torch.empty(D, degree, **fk))
+        self.coeff.no_weight_decay = True  # polynomial coefficients are gains, not a matrix: never decayed
         self.out_proj = nn.Linear(D, dim, bias=bias, **fk)
         self._reset_coeff()
 

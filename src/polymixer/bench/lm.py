@@ -39,7 +39,7 @@ class LMBenchConfig:
     tokens: int = 32768
     repeats: int = 3
     decode_contexts: Tuple[int, ...] = (1024, 4096, 16384, 32768, 65536)
-    decode_steps: int = 16
+    decode_steps: int = 64
     quality_presets: Tuple[str, ...] = ("tiny-attention", "tiny-pom", "tiny-hybrid")
     quality_steps: int = 1500
     quality_batch: int = 32

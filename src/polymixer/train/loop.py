@@ -84,13 +84,14 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def configure_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices and embeddings (≥ 2-D), none on biases, norms, gates and coefficients."""
+    """AdamW; weight decay on matrices and embeddings (≥ 2-D), none on biases, norms, gate biases, and parameters
+    marked ``no_weight_decay`` (PoM's polynomial coefficients)."""
     seen, decay, no_decay = set(), [], []
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (decay if p.dim() >= 2 else no_decay).append(p)
+        (decay if p.dim() >= 2 and not getattr(p, "no_weight_decay", False) else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 

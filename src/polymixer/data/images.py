@@ -1,0 +1,121 @@
+"""Images for class-conditional generation: any image folder (class = sub-folder) and the offline default, the
+8×8 handwritten digits bundled inside scikit-learn (1,797 images, 10 classes), upsampled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["ImageDataset", "digits", "image_folder", "load_images", "save_grid", "IMAGE_SUFFIXES"]
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+@dataclass
+class ImageDataset:
+    """Images in [-1, 1], shape (N, C, S, S), integer labels (N,), and the class names."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: List[str]
+    name: str
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def split(self, test_fraction: float, seed: int = 0) -> tuple:
+        """A deterministic (train, test) split, stratified by class."""
+        g = torch.Generator().manual_seed(seed)
+        train_idx, test_idx = [], []
+        for c in range(self.num_classes):
+            idx = torch.nonzero(self.labels == c).squeeze(1)
+            idx = idx[torch.randperm(len(idx), generator=g)]
+            k = int(round(len(idx) * test_fraction))
+            test_idx.append(idx[:k])
+            train_idx.append(idx[k:])
+        tr, te = torch.cat(train_idx), torch.cat(test_idx)
+        return (ImageDataset(self.images[tr], self.labels[tr], self.classes, self.name + ":train"),
+                ImageDataset(self.images[te], self.labels[te], self.classes, self.name + ":test"))
+
+
+def digits(size: int = 16) -> ImageDataset:
+    """scikit-learn's bundled 8×8 digits (no download), bilinearly upsampled to ``size`` × ``size``, in [-1, 1]."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("the digits default needs scikit-learn: pip install 'polymixer[image]'") from e
+    d = load_digits()
+    x = torch.from_numpy(d.images.astype(np.float32) / 16.0).unsqueeze(1)  # (1797, 1, 8, 8) in [0, 1]
+    if size != 8:
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    return ImageDataset((x * 2 - 1).clamp(-1, 1), torch.from_numpy(d.target.astype(np.int64)),
+                        [str(i) for i in range(10)], f"digits{size}")
+
+
+def image_folder(root: Union[str, Path], size: int, channels: int = 3) -> ImageDataset:
+    """Every image under ``root/<class>/`` (Pillow), resized so the short side is ``size`` and centre-cropped."""
+    from PIL import Image
+
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {root} does not exist")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    files = [(f, i) for i, c in enumerate(classes) for f in sorted((root / c).rglob("*"))
+             if f.suffix.lower() in IMAGE_SUFFIXES]
+    if not files:
+        raise ValueError(f"no images found in {root} (expected {root}/<class>/<image> with suffixes "
+                         f"{', '.join(sorted(IMAGE_SUFFIXES))})")
+    mode = {1: "L", 3: "RGB"}.get(channels)
+    if mode is None:
+        raise ValueError(f"image folders load 1 or 3 channels, got {channels}")
+    out = np.empty((len(files), channels, size, size), dtype=np.float32)
+    for k, (f, _) in enumerate(files):
+        with Image.open(f) as im:
+            im = im.convert(mode)
+            w, h = im.size
+            s = size / min(w, h)
+            im = im.resize((max(size, round(w * s)), max(size, round(h * s))), Image.BICUBIC)
+            w, h = im.size
+            left, top = (w - size) // 2, (h - size) // 2
+            a = np.asarray(im.crop((left, top, left + size, top + size)), dtype=np.float32) / 255.0
+        out[k] = a[None] if channels == 1 else a.transpose(2, 0, 1)
+    return ImageDataset(torch.from_numpy(out) * 2 - 1, torch.tensor([c for _, c in files]), classes, str(root))
+
+
+def load_images(path: Optional[Union[str, Path]], size: int, channels: int) -> ImageDataset:
+    """An image folder, or the digits default when ``path`` is None (single channel)."""
+    if path is None:
+        if channels != 1:
+            raise ValueError(f"the digits default is single-channel, but the model expects {channels} channels")
+        return digits(size)
+    return image_folder(path, size, channels)
+
+
+def save_grid(images: torch.Tensor, path: Union[str, Path], nrow: int, upscale: int = 4) -> Path:
+    """Save (N, C, H, W) images in [-1, 1] as a PNG grid (``nrow`` per row), nearest-neighbour upscaled."""
+    from PIL import Image
+
+    x = ((images.detach().float().clamp(-1, 1) + 1) * 127.5).round().byte().cpu()
+    N, C, H, W = x.shape
+    rows = -(-N // nrow)
+    pad = 2
+    grid = torch.full((C, rows * (H + pad) + pad, nrow * (W + pad) + pad), 255, dtype=torch.uint8)
+    for i in range(N):
+        r, c = divmod(i, nrow)
+        grid[:, pad + r * (H + pad):pad + r * (H + pad) + H, pad + c * (W + pad):pad + c * (W + pad) + W] = x[i]
+    arr = grid.permute(1, 2, 0).numpy()
+    img = Image.fromarray(arr[..., 0] if C == 1 else arr, mode="L" if C == 1 else "RGB")
+    if upscale > 1:
+        img = img.resize((img.width * upscale, img.height * upscale), Image.NEAREST)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    img.save(tmp)
+    tmp.replace(path)
+    return path
