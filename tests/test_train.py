@@ -131,3 +131,23 @@ def test_ddp_two_processes_match_single_process(tmp_path, corpus_dir):
     r1 = torch.load(tmp_path / "ddp" / "params_rank1_of_2.pt")
     assert torch.equal(r0, r1), "the two ranks drifted apart"
     torch.testing.assert_close(r0, one, rtol=1e-4, atol=1e-5)
+
+
+def test_ema_warmup_forgets_the_initialisation():
+    from polymixer.train.loop import _Ema
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    init = model.weight.detach().clone()
+    ema = _Ema(model, 0.999)
+    assert ema.decay_at(0) == pytest.approx(0.1) and ema.decay_at(10_000) == 0.999
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    ema.update(model, 0)
+    torch.testing.assert_close(ema.model.weight, 0.1 * init + 0.9 * torch.ones_like(init))
+    for step in range(1, 1500):
+        ema.update(model, step)
+    # the product of the warmed-up decays leaves a negligible share of the initialisation
+    share = torch.tensor([ema.decay_at(n) for n in range(1500)], dtype=torch.float64).prod().item()
+    assert share < 1e-3
+    torch.testing.assert_close(ema.model.weight, torch.ones_like(init), atol=1e-3, rtol=0)

@@ -35,11 +35,11 @@ class ImageBenchConfig:
     tokens: int = 16384  # per forward call: batch = tokens / tokens-per-image
     repeats: int = 3
     throughput_batch: int = 64
-    quality_steps: int = 4000
+    quality_steps: int = 1200  # ~11 min per model at batch 128 on 2 cores
     quality_batch: int = 128
-    quality_samples: int = 800
+    quality_samples: int = 500
     guidance: float = 2.0
-    sample_steps: int = 50
+    sample_steps: int = 30
     parts: Tuple[str, ...] = ("speed", "quality")
     seed: int = 0
     out: str = "runs/bench/image"

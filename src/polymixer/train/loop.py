@@ -137,14 +137,25 @@ def _autocast_dtype(cfg: TrainConfig, device: torch.device) -> Optional[torch.dt
 
 
 class _Ema:
+    """EMA of the weights with the usual warm-up: after n updates the decay is min(decay, (1 + n) / (10 + n)).
+
+    Without the warm-up a short run keeps decay^steps of its random initialisation in the average (0.999 over
+    1,500 steps: 22%), and the averaged model is worse than either end point.
+    """
+
     def __init__(self, model: nn.Module, decay: float) -> None:
         self.decay = decay
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
 
+    def decay_at(self, updates: int) -> float:
+        return min(self.decay, (1.0 + updates) / (10.0 + updates))
+
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
+    def update(self, model: nn.Module, updates: int) -> None:
+        """Fold in ``model`` after ``updates`` earlier updates (the step count, so that resume is exact)."""
+        d = self.decay_at(updates)
         for e, p in zip(self.model.parameters(), model.parameters()):
-            e.lerp_(p.detach(), 1.0 - self.decay)
+            e.lerp_(p.detach(), 1.0 - d)
         for e, b in zip(self.model.buffers(), model.buffers()):
             e.copy_(b)
 
@@ -226,7 +237,7 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if ema is not None:
-            ema.update(raw)
+            ema.update(raw, step)
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
             if ctx.world > 1:
