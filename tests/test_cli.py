@@ -1,4 +1,4 @@
-"""The command line: `polymixer bench mixer` writes its table, JSON and plot; errors are reported, not raised."""
+"""The command line: the bench commands write their tables, JSON and plots; errors are reported, not raised."""
 
 from __future__ import annotations
 
@@ -33,3 +33,46 @@ def test_cli_reports_bad_arguments(capsys):
     rc = main(["bench", "mixer", "--lengths", "0", "--no-compile", "--out", "/tmp/unused"])
     assert rc == 2
     assert "positive" in capsys.readouterr().err
+
+
+def test_bench_lm_timing_parts(tmp_path, capsys):
+    """Throughput and decoding parts on a toy model: every row filled, ratios against the right baseline, a plot."""
+    from polymixer.bench.lm import LMBenchConfig, plot, report, run
+
+    cfg = LMBenchConfig(n_layer=2, n_embd=32, n_head=2, window=8, throughput_lengths=(32, 64), tokens=128, repeats=1,
+                        decode_contexts=(16, 48), decode_steps=3, parts=("throughput", "decode"), out=str(tmp_path))
+    payload = run(cfg, progress=False)
+    rows = payload["throughput"]["rows"]
+    assert {(r["N"], r["model"]) for r in rows} == {(n, k) for n in (32, 64) for k in ("attention", "pom", "hybrid")}
+    assert all(r["ms"] > 0 and r["batch"] * r["N"] == 128 for r in rows)
+    assert all(r["vs_attention"] == 1.0 for r in rows if r["model"] == "attention")
+    dec = payload["decode"]["rows"]
+    pom = [r for r in dec if r["model"] == "pom"]
+    att = [r for r in dec if r["model"] == "attention"]
+    assert pom[0]["state_mb"] == pom[1]["state_mb"]  # O(D) state whatever the context
+    assert att[1]["state_mb"] > att[0]["state_mb"]  # the KV cache grows with it
+    text = report(payload)
+    assert "pom per-token time at 48 vs 16" in text and "forward throughput" in text
+    assert (tmp_path / "lm.json").is_file() and (tmp_path / "lm.png").stat().st_size > 10_000
+
+
+def test_bench_image_both_parts(tmp_path):
+    """Speed and (a few steps of) quality on toy backbones: rows, ratios, scores, plot and sample grids."""
+    from polymixer.bench.image import ImageBenchConfig, report, run
+
+    cfg = ImageBenchConfig(hidden=32, depth=1, heads=2, sides=(8, 16), pom_sides=(32,), tokens=128, repeats=1,
+                           throughput_batch=2, quality_steps=2, quality_batch=8, quality_samples=20, sample_steps=2,
+                           objectives=("flow",), out=str(tmp_path))
+    payload = run(cfg, progress=False)
+    rows = payload["speed"]["rows"]
+    assert [(r["side"], r["model"]) for r in rows] == [(8, "SiT"), (8, "SiPoM"), (16, "SiT"), (16, "SiPoM"),
+                                                       (32, "SiPoM")]
+    assert all(r["s_per_image"] > 0 for r in rows)
+    assert all(r["sit_over_sipom"] > 0 for r in rows if r["model"] == "SiPoM" and r["side"] < 32)
+    q = payload["quality"]["rows"]
+    assert [(r["model"], r["objective"]) for r in q] == [("tiny-sit", "flow"), ("tiny-sipom", "flow")]
+    for r in q:
+        assert 0.0 <= r["cond_accuracy"] <= 1.0 and r["fd"] > 0 and r["fd_real_floor"] > 0 and r["steps"] == 2
+        assert (tmp_path / r["grid"]).stat().st_size > 1_000
+    assert "SiT ÷ SiPoM" in report(payload) and "flow: SiPoM accuracy" in report(payload)
+    assert (tmp_path / "image.json").is_file() and (tmp_path / "image.png").stat().st_size > 10_000

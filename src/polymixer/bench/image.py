@@ -40,6 +40,7 @@ class ImageBenchConfig:
     quality_samples: int = 500
     guidance: float = 2.0
     sample_steps: int = 30
+    objectives: Tuple[str, ...] = ("flow", "ddpm")
     parts: Tuple[str, ...] = ("speed", "quality")
     seed: int = 0
     out: str = "runs/bench/image"
@@ -104,7 +105,7 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
     data = digits(16)
     rows = []
-    for objective in ("flow", "ddpm"):
+    for objective in cfg.objectives:
         for preset in ("tiny-sit", "tiny-sipom"):
             out = Path(cfg.out) / "quality" / f"{preset}-{objective}"
             tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=1e-3, min_lr=1e-4,
@@ -200,11 +201,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sides", type=int, nargs="+", default=None)
     p.add_argument("--pom-sides", type=int, nargs="*", default=None)
     p.add_argument("--quality-steps", type=int, default=None)
+    p.add_argument("--objectives", nargs="+", choices=["flow", "ddpm"], default=list(d.objectives),
+                   help="objectives of the quality part")
     p.add_argument("--out", default=d.out)
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = ImageBenchConfig(parts=tuple(args.parts), out=args.out)
+    cfg = ImageBenchConfig(parts=tuple(args.parts), out=args.out, objectives=tuple(args.objectives))
     if args.quick:
         for k, v in QUICK.items():
             setattr(cfg, k, v)

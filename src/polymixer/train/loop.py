@@ -257,8 +257,9 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str
         if done % cfg.eval_every == 0 or done == cfg.steps:
             if ctx.main:
                 metrics = task.evaluate(ema.model if ema is not None else raw, done, out)
-                history.append({"step": done, **{f"eval_{k}": v for k, v in metrics.items()}})
-                bar.write(f"step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                if metrics:  # a task may only save artefacts (e.g. a sample grid) and report nothing
+                    history.append({"step": done, **{f"eval_{k}": v for k, v in metrics.items()}})
+                    bar.write(f"step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                 raw.train()
         stop = cfg.stop_after is not None and done >= cfg.stop_after
         if done % cfg.ckpt_every == 0 or done == cfg.steps or stop:
