@@ -123,6 +123,18 @@ def format_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str], headers
     return "\n".join([line(headers), sep] + [line(b) for b in body])
 
 
+def apply_overrides(cfg: Any, quick: Optional[Dict[str, Any]], args: Any, fields: Dict[str, str]) -> Any:
+    """Set ``quick``'s values on the config (``--quick``), then every command-line option that was given
+    (``fields`` maps argument names to config fields; lists become tuples)."""
+    for k, v in (quick or {}).items():
+        setattr(cfg, k, v)
+    for arg, name in fields.items():
+        v = getattr(args, arg)
+        if v is not None:
+            setattr(cfg, name, tuple(v) if isinstance(v, list) else v)
+    return cfg
+
+
 def write_json(path: Path, payload: Dict[str, Any]) -> None:
     """Write JSON atomically (a crash never leaves half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from typing import Any, Dict, Tuple
 import torch
 
 from ..models import count_parameters, create_model
-from .common import format_table, machine, new_figure, save_figure, time_interleaved, write_json
+from .common import apply_overrides, format_table, machine, new_figure, save_figure, time_interleaved, write_json
 
 __all__ = ["ImageBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
 
@@ -101,6 +101,7 @@ def run_speed(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
 def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from ..data.images import digits, save_grid
     from ..tasks.image import evaluate_generator, sample_images, train_image
+    from ..train.checkpoint import load_weights
     from ..train.loop import TrainConfig
 
     data = digits(16)
@@ -116,8 +117,6 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
             res = train_image(preset, tcfg, objective, eval_samples=0)
             minutes = (time.perf_counter() - t0) / 60
             model = res["model"]
-            from ..train.checkpoint import load_weights
-
             load_weights(model, out, ema=True)
             m = evaluate_generator(model, objective, data, cfg.quality_samples, cfg.guidance, cfg.sample_steps,
                                    progress=progress)
@@ -208,13 +207,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg = ImageBenchConfig(parts=tuple(args.parts), out=args.out, objectives=tuple(args.objectives))
-    if args.quick:
-        for k, v in QUICK.items():
-            setattr(cfg, k, v)
-    for arg, name in (("sides", "sides"), ("pom_sides", "pom_sides"), ("quality_steps", "quality_steps")):
-        v = getattr(args, arg)
-        if v is not None:
-            setattr(cfg, name, tuple(v) if isinstance(v, list) else v)
+    apply_overrides(cfg, QUICK if args.quick else None, args,
+                    {name: name for name in ("sides", "pom_sides", "quality_steps")})
     payload = run(cfg)
     print(report(payload))
     print(f"\nwrote {Path(cfg.out) / 'image.json'}")

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..models import count_parameters, create_model
-from .common import format_table, machine, new_figure, save_figure, time_interleaved, write_json
+from .common import apply_overrides, format_table, machine, new_figure, save_figure, time_interleaved, write_json
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_quality", "main", "add_arguments"]
 
@@ -266,14 +266,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = LMBenchConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, window=args.window,
                         parts=tuple(args.parts), out=args.out)
-    if args.quick:
-        for k, v in QUICK.items():
-            setattr(cfg, k, v)
-    for arg, name in (("tokens", "tokens"), ("lengths", "throughput_lengths"), ("contexts", "decode_contexts"),
-                      ("quality_steps", "quality_steps")):
-        v = getattr(args, arg)
-        if v is not None:
-            setattr(cfg, name, tuple(v) if isinstance(v, list) else v)
+    apply_overrides(cfg, QUICK if args.quick else None, args,
+                    {"tokens": "tokens", "lengths": "throughput_lengths", "contexts": "decode_contexts",
+                     "quality_steps": "quality_steps"})
     payload = run(cfg)
     print(report(payload))
     print(f"\nwrote {Path(cfg.out) / 'lm.json'}" + (f" and {Path(cfg.out) / 'lm.png'}" if "quality" not in cfg.parts

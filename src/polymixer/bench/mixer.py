@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import Attention, PoM
-from .common import format_table, machine, new_figure, peak_memory_mb, save_figure, time_interleaved, write_json
+from .common import (apply_overrides, format_table, machine, new_figure, peak_memory_mb, save_figure, time_interleaved,
+                     write_json)
 
 __all__ = ["MixerBenchConfig", "run", "predicted_crossover", "add_arguments", "main"]
 
@@ -301,13 +302,8 @@ def main(args: argparse.Namespace) -> int:
                            degree=args.degree, heads=args.heads, tokens=args.tokens, compile=not args.no_compile,
                            backward=not args.no_backward, naive_max_gb=args.naive_max_gb, seed=args.seed,
                            out=args.out)
-    if args.quick:
-        for k, v in QUICK.items():
-            setattr(cfg, k, v)
-    for name in ("lengths", "pom_lengths", "repeats", "warmup"):
-        v = getattr(args, name)
-        if v is not None:
-            setattr(cfg, name, tuple(v) if isinstance(v, list) else v)
+    apply_overrides(cfg, QUICK if args.quick else None, args,
+                    {name: name for name in ("lengths", "pom_lengths", "repeats", "warmup")})
     if any(n < 1 for n in cfg.lengths + cfg.pom_lengths) or cfg.tokens < 1 or cfg.repeats < 1:
         raise ValueError("lengths, tokens and repeats must be positive")
     payload = run(cfg)
