@@ -37,7 +37,7 @@ def test_cli_reports_bad_arguments(capsys):
 
 def test_bench_lm_timing_parts(tmp_path, capsys):
     """Throughput and decoding parts on a toy model: every row filled, ratios against the right baseline, a plot."""
-    from polymixer.bench.lm import LMBenchConfig, plot, report, run
+    from polymixer.bench.lm import LMBenchConfig, report, run
 
     cfg = LMBenchConfig(n_layer=2, n_embd=32, n_head=2, window=8, throughput_lengths=(32, 64), tokens=128, repeats=1,
                         decode_contexts=(16, 48), decode_steps=3, parts=("throughput", "decode"), out=str(tmp_path))
@@ -76,3 +76,30 @@ def test_bench_image_both_parts(tmp_path):
         assert (tmp_path / r["grid"]).stat().st_size > 1_000
     assert "SiT ÷ SiPoM" in report(payload) and "flow: SiPoM accuracy" in report(payload)
     assert (tmp_path / "image.json").is_file() and (tmp_path / "image.png").stat().st_size > 10_000
+
+
+def test_bench_ocr_both_parts(tmp_path):
+    """Speed and (a few steps of) quality on toy recognisers and a dataset the test writes: rows, ratios against
+    HTR-VT, CER/WER per task and model, verdict lines, plot."""
+    from polymixer.bench.ocr import OCRBenchConfig, report, run
+    from test_ocr import TEXTS, write_dataset
+
+    pages = {f"p{j:02d}": TEXTS[j % 5:j % 5 + 3] for j in range(5)}
+    data = write_dataset(tmp_path / "data", pages, {"train": ["p00", "p01", "p02"], "val": ["p03"], "test": ["p04"]})
+    toy = dict(height=32, dim=32, heads=2, stem_channels=(8, 16, 32), depth=2, sel_heads=2)
+    cfg = OCRBenchConfig(lines=(1, 2), budget=2, repeats=1, quality_steps=2, multiline_steps=1, quality_batch=4,
+                         multiline_batch=2, max_lines=3, tasks=("synthetic", "synthetic-multiline"),
+                         data_dir=str(data), model_overrides=toy, out=str(tmp_path / "bench"))
+    payload = run(cfg, progress=False)
+    rows = payload["speed"]["rows"]
+    assert [(r["dtype"], r["lines"], r["preset"]) for r in rows] == [(d, n, p) for d in ("fp32", "bf16")
+                                                                     for n in (1, 2) for p in cfg.presets]
+    assert all(r["lines_per_s"] > 0 and 0 < r["stem_share"] for r in rows)
+    assert all(r["speedup"] == 1.0 for r in rows if r["preset"] == "htr-vt")
+    q = payload["quality"]["rows"]
+    assert [(r["task"], r["preset"]) for r in q] == [(t, p) for t in cfg.tasks for p in cfg.quality_presets]
+    assert all(0 <= r["cer"] and 0 <= r["wer"] for r in q)
+    assert q[-1]["test_lines"] == 3 and q[-1]["test_examples"] == 1  # one page of three lines
+    text = report(payload)
+    assert "lines/s in evaluation" in text and "synthetic: HTR-VT CER" in text and "relative" in text
+    assert (tmp_path / "bench" / "ocr.png").stat().st_size > 10_000 and (tmp_path / "bench" / "ocr.txt").is_file()

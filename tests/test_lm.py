@@ -47,7 +47,7 @@ def test_patterns():
     assert GPT(LMConfig(n_layer=3, n_embd=32, n_head=4, vocab_size=300, mixer="PAL")).pattern == "PAL"
     with pytest.raises(ValueError, match="unknown letters"):
         LMConfig(n_layer=2, mixer="PX")
-    with pytest.raises(ValueError, match="even"):
+    with pytest.raises(ValueError, match="multiple of 2"):
         LMConfig(n_layer=3, mixer="hybrid")
     with pytest.raises(ValueError, match="tile"):
         LMConfig(n_layer=4, mixer="PAL")

@@ -11,7 +11,7 @@ from . import functional as Fn
 from .attention import Attention, AttentionState
 from .mixer import PoM, PoMState
 
-__all__ = ["MLP", "PolyMorpher", "MIXERS", "build_mixer"]
+__all__ = ["MLP", "PolyMorpher", "MIXERS", "LETTERS", "build_mixer", "layer_pattern"]
 
 MixerState = Union[PoMState, AttentionState]
 
@@ -28,6 +28,35 @@ def _local_attention(dim: int, **kw: Any) -> Attention:
 
 
 MIXERS: Dict[str, Callable[..., nn.Module]] = {"pom": PoM, "attention": _attention, "local_attention": _local_attention}
+
+
+# one letter per layer in a model's mixer pattern
+LETTERS: Dict[str, str] = {"P": "pom", "A": "attention", "L": "local_attention"}
+
+
+def layer_pattern(mixer: str, n_layers: int, hybrid: str, allowed: str = "PAL") -> str:
+    """One letter per layer (P = PoM, A = attention, L = local attention) for a model of ``n_layers`` blocks.
+
+    ``mixer`` is "attention", "pom", "hybrid" (the family's ``hybrid`` unit, tiled) or an explicit pattern such as
+    "PPA", tiled to ``n_layers``; ``allowed`` lists the letters the family supports.
+    """
+    if mixer == "attention":
+        return "A" * n_layers
+    if mixer == "pom":
+        return "P" * n_layers
+    if mixer == "hybrid":
+        if n_layers % len(hybrid):
+            raise ValueError(f"the hybrid repeats {hybrid!r}: the number of layers must be a multiple of "
+                             f"{len(hybrid)}, got {n_layers}")
+        return hybrid * (n_layers // len(hybrid))
+    names = {"P": "P (PoM)", "A": "A (attention)", "L": "L (local attention)"}
+    bad = sorted(set(mixer) - set(allowed))
+    if not mixer or bad:
+        raise ValueError(f"unknown mixer {mixer!r}: use 'attention', 'pom', 'hybrid' or a pattern over "
+                         f"{', '.join(names[c] for c in allowed)}" + (f"; unknown letters {bad}" if bad else ""))
+    if n_layers % len(mixer):
+        raise ValueError(f"pattern {mixer!r} ({len(mixer)} letters) does not tile {n_layers} layers")
+    return mixer * (n_layers // len(mixer))
 
 
 def build_mixer(kind: Union[str, nn.Module], dim: int, **kwargs: Any) -> nn.Module:

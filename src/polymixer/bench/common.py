@@ -83,6 +83,25 @@ def peak_memory_mb(fn: Callable[[], Any]) -> Optional[float]:
     return peak / 2**20
 
 
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep freed memory for reuse instead of handing it back to the OS (``mallopt``:
+    M_MMAP_MAX = 0, M_TRIM_THRESHOLD = 2 GiB), so that large activations are recycled rather than page-faulted in
+    afresh at every call — what jemalloc / tcmalloc do, as PyTorch's CPU performance guide recommends. It affects
+    the whole process and every model alike; returns False where glibc is not the allocator."""
+    import ctypes
+    import ctypes.util
+
+    if sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+
+
 def machine() -> Dict[str, Any]:
     """Facts that make a benchmark figure reproducible."""
     cpu = platform.processor() or ""
@@ -144,15 +163,16 @@ def write_json(path: Path, payload: Dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def new_figure(ncols: int, width: float = 5.2, height: float = 4.0):
-    """A matplotlib figure on the non-interactive backend (benchmarks run headless)."""
+def new_figure(ncols: int, width: float = 5.2, height: float = 4.0, nrows: int = 1):
+    """A matplotlib figure on the non-interactive backend (benchmarks run headless) and its axes, row by row;
+    ``width`` and ``height`` are per panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
-    return fig, list(axes[0])
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    return fig, [ax for row in axes for ax in row]
 
 
 def save_figure(fig, path: Path) -> None:

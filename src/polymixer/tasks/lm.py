@@ -16,7 +16,7 @@ from torch import nn
 
 from ..data.text import Corpus, TokenWindows, load_tokenizer, prepare_corpus
 from ..models import create_model, list_models, model_config
-from ..models.lm import LMConfig, pad_left
+from ..models.lm import pad_left
 from ..train.checkpoint import load_model, read_config
 from ..train.loop import TrainConfig, train
 

@@ -127,9 +127,11 @@ def read_config(path: Union[str, Path]) -> Dict[str, Any]:
 
 
 def config_diff(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, tuple]:
-    """Keys whose values differ between two flat config dicts: {key: (a, b)}."""
+    """Keys whose values differ between two flat config dicts: {key: (a, b)}. Values are compared as JSON stores
+    them, so a tuple in a config equals the list its checkpoint read back."""
     keys = set(a) | set(b)
-    return {k: (a.get(k), b.get(k)) for k in sorted(keys) if a.get(k) != b.get(k)}
+    norm = lambda v: json.loads(json.dumps(v, default=str))  # noqa: E731
+    return {k: (a.get(k), b.get(k)) for k in sorted(keys) if norm(a.get(k)) != norm(b.get(k))}
 
 
 def load_weights(model: nn.Module, path: Union[str, Path], ema: bool = False) -> None:

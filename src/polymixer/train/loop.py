@@ -3,8 +3,9 @@
 A *task* supplies batches, a loss and an evaluation; the loop supplies everything else: AdamW with weight decay on
 ≥ 2-D weights only, linear warm-up then cosine decay, gradient clipping and accumulation, bf16 autocast where
 supported, optional ``torch.compile``, an EMA of the weights, a progress bar, periodic evaluation, atomic
-checkpoints with exact resume (weights, optimizer, RNG, step — batches are a pure function of the step), and
-data-parallel training through ``torchrun`` (DistributedDataParallel; gloo on CPU, nccl on GPU).
+checkpoints with exact resume (weights, optimizer, RNG, step — batches are a pure function of the step),
+sharpness-aware minimisation around AdamW as an option (HTR-VT trains with it), and data-parallel training through
+``torchrun`` (DistributedDataParallel; gloo on CPU, nccl on GPU).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class TrainConfig:
     dtype: str = "auto"  # "auto" (bf16 on GPUs that support it, fp32 on CPU) | "fp32" | "bf16"
     compile: bool = False
     ema: float = 0.0  # EMA decay of the weights (0: off)
+    sam_rho: float = 0.0  # sharpness-aware minimisation radius (0: off; HTR-VT uses 0.05): two passes per step
     out: str = "runs/train"
     resume: bool = True  # continue from <out>/checkpoints/latest when it exists
     stop_after: Optional[int] = None  # end this invocation after that step (with a checkpoint): time-limited jobs
@@ -160,6 +162,39 @@ class _Ema:
             e.copy_(b)
 
 
+def _forward_backward(model: nn.Module, task: Task, batch: Any, last: bool, cfg: TrainConfig, ctx: DistContext,
+                      amp: Optional[torch.dtype]) -> torch.Tensor:
+    """Loss and backward of one micro-batch; under DDP gradients are all-reduced on the last micro-batch only."""
+    sync = ctx.world == 1 or last
+    with (model.no_sync() if not sync else contextlib.nullcontext()):
+        with torch.autocast(ctx.device.type, dtype=amp, enabled=amp is not None):
+            loss = task.loss(model, batch) / cfg.grad_accum
+        loss.backward()
+    return loss.detach()
+
+
+def _sam_second_pass(raw: nn.Module, model: nn.Module, task: Task, batches: List[Any],
+                     optimizer: torch.optim.Optimizer, cfg: TrainConfig, ctx: DistContext,
+                     amp: Optional[torch.dtype]) -> None:
+    """Sharpness-aware minimisation (Foret et al. 2021): climb to w + ρ·g/‖g‖ along the (all-reduced) gradient,
+    take the gradient there on the same batches, come back to w; the optimizer then steps with that gradient."""
+    params = [p for p in raw.parameters() if p.grad is not None]
+    if not params:
+        return
+    with torch.no_grad():
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        scale = cfg.sam_rho / (norm + 1e-12)
+        climbs = [p.grad * scale for p in params]
+        for p, e in zip(params, climbs):
+            p.add_(e)
+    optimizer.zero_grad(set_to_none=True)
+    for micro, batch in enumerate(batches):
+        _forward_backward(model, task, batch, micro == len(batches) - 1, cfg, ctx, amp)
+    with torch.no_grad():
+        for p, e in zip(params, climbs):
+            p.sub_(e)
+
+
 def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str, Any],
           on_log: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
     """Train ``model`` on ``task``; returns the final evaluation and the logged history.
@@ -223,16 +258,15 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str
         for g in optimizer.param_groups:
             g["lr"] = lr
         loss_sum = torch.zeros((), device=ctx.device)
+        batches = []
         for micro in range(cfg.grad_accum):
             batch = task.batch(step, micro * ctx.world + ctx.rank, shares, ctx.device)
             units += task.count(batch)
-            sync = ctx.world == 1 or micro == cfg.grad_accum - 1
-            ctx_sync = fwd_model.no_sync() if not sync else contextlib.nullcontext()
-            with ctx_sync:
-                with torch.autocast(ctx.device.type, dtype=amp, enabled=amp is not None):
-                    loss = task.loss(fwd_model, batch) / cfg.grad_accum
-                loss.backward()
-            loss_sum += loss.detach()
+            if cfg.sam_rho > 0:
+                batches.append(batch)
+            loss_sum += _forward_backward(fwd_model, task, batch, micro == cfg.grad_accum - 1, cfg, ctx, amp)
+        if cfg.sam_rho > 0:
+            _sam_second_pass(raw, fwd_model, task, batches, optimizer, cfg, ctx, amp)
         grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip) if cfg.grad_clip > 0 else None
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,277 @@
+"""``polymixer bench ocr``: HTR-VT vs HTR-VPoM vs the hybrid on this CPU.
+
+1. speed: lines per second of the three paper-sized models (53.4M parameters) in evaluation, round-robin in one run,
+   on single lines (64×512, 128 tokens) and on pages of 2, 4, 8 and 16 lines side by side (≈ 256 → 2,100 tokens),
+   at a fixed budget of lines per forward call; the ResNet stem alone is timed too, since it is shared by all three;
+2. quality at equal budget: the three tiny presets trained with the same steps, batches and seed on the offline
+   default (synthetic lines; single lines and multi-line pages) and on lines of real handwritten digits, scored by
+   CER and WER on the held-out test split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..models import count_parameters, create_model
+from .common import apply_overrides, format_table, keep_freed_memory, machine, new_figure, save_figure, \
+    time_interleaved, write_json
+
+__all__ = ["OCRBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
+
+NAMES = {"htr-vt": "HTR-VT", "htr-vpom": "HTR-VPoM", "htr-vpom-hybrid": "HTR-VPoM Hybrid",
+         "tiny-htr-vt": "tiny HTR-VT", "tiny-htr-vpom": "tiny HTR-VPoM", "tiny-htr-vpom-hybrid": "tiny hybrid"}
+
+
+@dataclass
+class OCRBenchConfig:
+    presets: Tuple[str, ...] = ("htr-vt", "htr-vpom", "htr-vpom-hybrid")
+    lines: Tuple[int, ...] = (1, 2, 4, 8, 16)  # lines per page; 1 = single lines
+    budget: int = 16  # lines per forward call (batch = budget / lines per page)
+    repeats: int = 5
+    dtypes: Tuple[str, ...] = ("fp32", "bf16")  # bf16: bf16 weights, channels-last convolutions (AMX where present)
+    quality_presets: Tuple[str, ...] = ("tiny-htr-vt", "tiny-htr-vpom-hybrid", "tiny-htr-vpom")
+    tasks: Tuple[str, ...] = ("synthetic", "synthetic-multiline", "digits")
+    quality_steps: int = 1000  # ≈ 15 min per tiny model on 2 cores
+    multiline_steps: int = 1000
+    quality_batch: int = 32  # lines per step
+    multiline_batch: int = 2  # pages (of up to max_lines lines, ≈ 20 lines on average) per step
+    max_lines: int = 16
+    lr: float = 1e-3
+    sam_rho: float = 0.0
+    eval_limit: int = 0  # held-out examples scored (0: all)
+    parts: Tuple[str, ...] = ("speed", "quality")
+    data_dir: Optional[str] = None  # a dataset folder used instead of the offline defaults (tests, real data)
+    model_overrides: Dict[str, Any] = field(default_factory=dict)  # applied to every preset (tests: toy sizes)
+    seed: int = 0
+    out: str = "runs/bench/ocr"
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+QUICK = dict(presets=("htr-vt", "htr-vpom"), lines=(1, 4), budget=4, repeats=2, dtypes=("bf16",), quality_steps=40,
+             multiline_steps=20, quality_batch=8, multiline_batch=2, max_lines=4, eval_limit=40, tasks=("digits",))
+
+
+def _page_width(lines: int, height: int = 64, line_width: int = 512) -> int:
+    """Pixels of a page of ``lines`` full lines side by side with the data pipeline's gaps (height / 4)."""
+    return lines * line_width + (lines - 1) * (height // 4)
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@torch.inference_mode()
+def run_speed(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Lines/s of each preset per dtype and page length, round-robin with the shared stem timed alone."""
+    from tqdm.auto import tqdm
+
+    bad = sorted(set(cfg.dtypes) - set(DTYPES))
+    if bad:
+        raise ValueError(f"unknown dtype(s) {bad}; expected some of {', '.join(DTYPES)}")
+    for n in cfg.lines:
+        if n < 1 or cfg.budget % n:
+            raise ValueError(f"the budget of {cfg.budget} lines per call is not a multiple of {n} lines per page")
+    allocator = keep_freed_memory()
+    torch.manual_seed(cfg.seed)
+    rows: List[Dict[str, Any]] = []
+    params: Dict[str, int] = {}
+    bar = tqdm(total=len(cfg.dtypes) * len(cfg.lines) * (len(cfg.presets) + 1) * (cfg.repeats + 1),
+               disable=not progress, desc="bench ocr speed", unit="call")
+    for dtype in cfg.dtypes:
+        models = {p: create_model(p, **cfg.model_overrides).optimize_for_inference(DTYPES[dtype])
+                  for p in cfg.presets}
+        params.update({p: count_parameters(m) for p, m in models.items()})
+        stem = models[cfg.presets[0]].stem
+        height = next(iter(models.values())).config.height
+        for n in cfg.lines:
+            batch = cfg.budget // n
+            width = _page_width(n, height)
+            x = torch.rand(batch, 1, height, width)
+            xn = torch.nn.functional.layer_norm(x, x.shape[1:]).to(DTYPES[dtype])
+            fns = {p: (lambda m=m, x=x: m(x)) for p, m in models.items()}
+            fns["stem"] = lambda s=stem, xn=xn: s(xn)
+            timing = time_interleaved(fns, warmup=1, repeats=cfg.repeats, on_sample=lambda name: bar.update(1))
+            bar.update(len(fns))
+            base = timing[cfg.presets[0]].median
+            for p in cfg.presets:
+                t = timing[p].median
+                rows.append({"dtype": dtype, "lines": n, "tokens": (width + 3) // 4, "batch": batch,
+                             "model": NAMES.get(p, p), "preset": p, "s_per_call": t, "lines_per_s": cfg.budget / t,
+                             "speedup": base / t, "stem_share": timing["stem"].median / t, "spread": timing[p].spread})
+    bar.close()
+    return {"rows": rows, "params": params, "allocator_tuned": allocator}
+
+
+def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    from ..data.ocr import load_split, resolve_data
+    from ..tasks.ocr import PageSpec, _make, draw_samples, evaluate_ocr, examples_of, train_ocr
+    from ..train.checkpoint import load_weights
+    from ..train.loop import TrainConfig
+
+    rows = []
+    for task in cfg.tasks:
+        data = cfg.data_dir or ("digits" if task.startswith("digits") else "synthetic")
+        multiline = task.endswith("multiline")
+        spec = PageSpec(multiline=multiline, max_lines=cfg.max_lines)
+        steps = cfg.multiline_steps if multiline else cfg.quality_steps
+        batch = cfg.multiline_batch if multiline else cfg.quality_batch
+        root = resolve_data(data, progress=progress)
+        for preset in cfg.quality_presets:
+            out = Path(cfg.out) / "quality" / f"{task}-{preset}"
+            tcfg = TrainConfig(steps=steps, batch_size=batch, lr=cfg.lr, min_lr=cfg.lr / 100,
+                               warmup=max(1, steps // 20), weight_decay=0.5, beta2=0.99, grad_clip=0.0, ema=0.999, sam_rho=cfg.sam_rho,
+                               eval_every=steps, ckpt_every=steps, out=str(out), resume=False, progress=progress,
+                               seed=cfg.seed + 11)
+            t0 = time.perf_counter()
+            res = train_ocr(preset, tcfg, data, spec, eval_limit=cfg.eval_limit or None, progress=progress,
+                            **cfg.model_overrides)
+            minutes = (time.perf_counter() - t0) / 60
+            model, charset = res["model"], res["charset"]
+            load_weights(model, out, ema=True)
+            test = load_split(root, "test", model.config.height, model.config.max_width)
+            m = evaluate_ocr(model, test, charset, spec, limit=cfg.eval_limit or None, progress=progress)
+            sample_png = None
+            if preset == cfg.quality_presets[-1]:  # one picture per task: test examples, references, predictions
+                examples = examples_of(test, spec)[:cfg.eval_limit or None]
+                pick = sorted(set(int(i) for i in torch.linspace(0, len(examples) - 1, min(6, len(examples)))))
+                sample_png = Path(cfg.out) / f"ocr_samples_{task}.png"
+                draw_samples([_make(test, examples[i], spec)[0] for i in pick], [m["references"][i] for i in pick],
+                             [m["predictions"][i] for i in pick], sample_png,
+                             title=f"{NAMES.get(preset, preset)}, {task}: test CER {100 * m['cer']:.2f}%")
+            rows.append({"task": task, "model": NAMES.get(preset, preset), "preset": preset,
+                         "params": count_parameters(model), "steps": steps, "batch": batch, "train_min": minutes,
+                         "cer": m["cer"], "wer": m["wer"], "test_examples": m["examples"], "test_lines": m["lines"],
+                         "final_loss": res["history"][-1].get("loss") if res["history"] else None,
+                         "samples": None if sample_png is None else sample_png.name})
+    return {"rows": rows}
+
+
+def verdicts(payload: Dict[str, Any]) -> List[str]:
+    """The issue's targets, each said met or MISSED with the measured figure."""
+    out = []
+    if "speed" in payload:
+        rows = payload["speed"]["rows"]
+        for dtype in dict.fromkeys(r["dtype"] for r in rows):
+            pom = {r["lines"]: r for r in rows if r["preset"] == "htr-vpom" and r["dtype"] == dtype}
+            ahead = [n for n in sorted(pom) if n >= 8]
+            if ahead:
+                ok = all(pom[n]["speedup"] > 1 for n in ahead)
+                figures = ", ".join(f"{n} lines {pom[n]['speedup']:.3f}×" for n in ahead)
+                out.append(f"{dtype}: HTR-VPoM ahead of HTR-VT from 8-line pages on: {figures} "
+                           f"({'met' if ok else 'MISSED'})")
+            if 16 in pom:
+                s = pom[16]["speedup"]
+                out.append(f"{dtype}: HTR-VPoM ÷ HTR-VT at 16 lines: {s:.3f}× ({'met' if s >= 1.1 else 'MISSED'}: "
+                           f"≥ 1.1×)")
+    if "quality" in payload:
+        rows = payload["quality"]["rows"]
+        for task in dict.fromkeys(r["task"] for r in rows):
+            by = {r["preset"]: r for r in rows if r["task"] == task}
+            vt, pom, hyb = by.get("tiny-htr-vt"), by.get("tiny-htr-vpom"), by.get("tiny-htr-vpom-hybrid")
+            if vt is None:
+                continue
+            parts = [f"{task}: HTR-VT CER {100 * vt['cer']:.2f}%"]
+            if task == "synthetic":
+                parts.append(f"({'met' if vt['cer'] < 0.05 else 'MISSED'}: < 5%)")
+            if hyb is not None:
+                rel = hyb["cer"] / max(vt["cer"], 1e-9) - 1
+                parts.append(f"hybrid {100 * hyb['cer']:.2f}% ({100 * rel:+.1f}% relative, "
+                             f"{'met' if rel <= 0.10 else 'MISSED'}: ≤ +10%)")
+            if pom is not None:
+                rel = pom["cer"] / max(vt["cer"], 1e-9) - 1
+                parts.append(f"all-PoM {100 * pom['cer']:.2f}% ({100 * rel:+.1f}% relative, "
+                             f"{'met' if rel <= 0.25 else 'MISSED'}: ≤ +25%)")
+            out.append(", ".join(parts))
+    return out
+
+
+def report(payload: Dict[str, Any]) -> str:
+    lines = []
+    if "speed" in payload:
+        p = payload["speed"]
+        lines += [f"lines/s in evaluation, {payload['config']['budget']} lines per forward call; speedup = HTR-VT's "
+                  f"time ÷ the model's; stem share = the shared ResNet stem's share of the time"
+                  + ("; glibc malloc set to recycle freed memory" if p.get("allocator_tuned") else ""),
+                  format_table(p["rows"], ["dtype", "lines", "tokens", "batch", "model", "s_per_call", "lines_per_s",
+                                           "speedup", "stem_share"],
+                               ["dtype", "lines/page", "tokens", "batch", "model", "s / call", "lines/s", "speedup",
+                                "stem share"]),
+                  "params: " + ", ".join(f"{NAMES.get(k, k)} {v:,}" for k, v in p["params"].items()), ""]
+    if "quality" in payload:
+        lines += ["equal budget (same steps, batch, seed); CER / WER on the held-out test split",
+                  format_table(payload["quality"]["rows"], ["task", "model", "params", "steps", "batch", "cer", "wer",
+                                                            "test_lines", "train_min"],
+                               ["task", "model", "params", "steps", "batch", "CER", "WER", "test lines", "train min"]),
+                  ""]
+    return "\n".join(lines + verdicts(payload))
+
+
+def plot(payload: Dict[str, Any], path: Path) -> None:
+    if "speed" not in payload:
+        return
+    fig, (ax, ax2) = new_figure(2, width=5.4)
+    rows = payload["speed"]["rows"]
+    styles = {"fp32": "-", "bf16": "--"}
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        for k, preset in enumerate(dict.fromkeys(r["preset"] for r in rows)):
+            pts = [r for r in rows if r["preset"] == preset and r["dtype"] == dtype]
+            kw = dict(marker="o", ls=styles.get(dtype, ":"), color=f"C{k}",
+                      label=f"{NAMES.get(preset, preset)} {dtype}")
+            ax.plot([r["tokens"] for r in pts], [r["lines_per_s"] for r in pts], **kw)
+            ax2.plot([r["tokens"] for r in pts], [r["speedup"] for r in pts], **kw)
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("tokens per example (lines per page × 128)")
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("lines / s (evaluation)")
+    ax2.set_ylabel("speed ÷ HTR-VT (same dtype)")
+    ax2.axhline(1.0, color="gray", lw=0.8)
+    fig.suptitle(f"paper-sized models (53.4M) — {payload['machine']['cpu']}", fontsize=9)
+    save_figure(fig, path)
+
+
+def run(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    payload: Dict[str, Any] = {"config": asdict(cfg), "machine": machine()}
+    out = Path(cfg.out)
+    if "speed" in cfg.parts:
+        payload["speed"] = run_speed(cfg, progress)
+        write_json(out / "ocr.json", payload)  # the speed part survives a long quality part being interrupted
+    if "quality" in cfg.parts:
+        payload["quality"] = run_quality(cfg, progress)
+    write_json(out / "ocr.json", payload)
+    plot(payload, out / "ocr.png")
+    (out / "ocr.txt").write_text(report(payload) + "\n")
+    return payload
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = OCRBenchConfig()
+    p.add_argument("--quick", action="store_true", help="a few-minute version of both parts")
+    p.add_argument("--parts", nargs="+", choices=["speed", "quality"], default=list(d.parts))
+    p.add_argument("--lines", type=int, nargs="+", default=None, help="lines per page of the speed part")
+    p.add_argument("--budget", type=int, default=None, help="lines per forward call")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16"], default=None)
+    p.add_argument("--tasks", nargs="+", choices=["synthetic", "synthetic-multiline", "digits"], default=None)
+    p.add_argument("--quality-steps", type=int, default=None)
+    p.add_argument("--multiline-steps", type=int, default=None)
+    p.add_argument("--sam-rho", type=float, default=None)
+    p.add_argument("--out", default=d.out)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = OCRBenchConfig(parts=tuple(args.parts), out=args.out)
+    apply_overrides(cfg, QUICK if args.quick else None, args,
+                    {n: n for n in ("lines", "budget", "repeats", "dtypes", "tasks", "quality_steps", "multiline_steps",
+                                    "sam_rho")})
+    payload = run(cfg)
+    print(report(payload))
+    print(f"\nwrote {Path(cfg.out) / 'ocr.json'}, {Path(cfg.out) / 'ocr.txt'}, {Path(cfg.out) / 'ocr.png'}")
+    return 0
