@@ -163,6 +163,26 @@ def write_json(path: Path, payload: Dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def run_parts(cfg: Any, path: Path, parts: Dict[str, Callable[[Any, bool], Dict[str, Any]]],
+              progress: bool = True) -> Dict[str, Any]:
+    """Run the parts of a bench named in ``cfg.parts`` in order and return the payload written to ``path``.
+
+    Parts of an earlier run in the same file that this run does not redo are kept, so a one-hour quality part and a
+    ten-minute speed part can be measured (and re-measured) separately; each part carries the machine and the
+    configuration it was measured with. The file is rewritten after every part, so a finished part survives a later one
+    being interrupted."""
+    payload: Dict[str, Any] = {"config": asdict(cfg), "machine": machine()}
+    if path.is_file():
+        old = json.loads(path.read_text())
+        payload.update({name: old[name] for name in parts if name not in cfg.parts and name in old})
+    for name, fn in parts.items():
+        if name in cfg.parts:
+            result = {**fn(cfg, progress), "machine": machine(), "config": asdict(cfg)}
+            payload[name] = json.loads(json.dumps(result, default=str))  # exactly as it reads back from the file
+            write_json(path, payload)
+    return payload
+
+
 def new_figure(ncols: int, width: float = 5.2, height: float = 4.0, nrows: int = 1):
     """A matplotlib figure on the non-interactive backend (benchmarks run headless) and its axes, row by row;
     ``width`` and ``height`` are per panel."""

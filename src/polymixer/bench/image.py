@@ -18,7 +18,7 @@ from typing import Any, Dict, Tuple
 import torch
 
 from ..models import count_parameters, create_model
-from .common import apply_overrides, format_table, machine, new_figure, save_figure, time_interleaved, write_json
+from .common import apply_overrides, format_table, new_figure, save_figure, run_parts, time_interleaved
 
 __all__ = ["ImageBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
 
@@ -182,13 +182,9 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 
 
 def run(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    payload: Dict[str, Any] = {"config": asdict(cfg), "machine": machine()}
-    if "speed" in cfg.parts:
-        payload["speed"] = run_speed(cfg, progress)
-    if "quality" in cfg.parts:
-        payload["quality"] = run_quality(cfg, progress)
+    """Run the parts asked for, keeping the other part of an earlier run in the same folder."""
     out = Path(cfg.out)
-    write_json(out / "image.json", payload)
+    payload = run_parts(cfg, out / "image.json", {"speed": run_speed, "quality": run_quality}, progress)
     plot(payload, out / "image.png")
     return payload
 

@@ -21,7 +21,7 @@ from typing import Any, Dict, Tuple
 import torch
 
 from ..models import count_parameters, create_model
-from .common import apply_overrides, format_table, machine, new_figure, save_figure, time_interleaved, write_json
+from .common import apply_overrides, format_table, new_figure, save_figure, run_parts, time_interleaved
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_quality", "main", "add_arguments"]
 
@@ -235,15 +235,10 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 
 
 def run(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    payload: Dict[str, Any] = {"config": asdict(cfg), "machine": machine()}
+    """Run the parts asked for, keeping the other parts of an earlier run in the same folder."""
     out = Path(cfg.out)
-    if "throughput" in cfg.parts:
-        payload["throughput"] = run_throughput(cfg, progress)
-    if "decode" in cfg.parts:
-        payload["decode"] = run_decode(cfg, progress)
-    if "quality" in cfg.parts:
-        payload["quality"] = run_quality(cfg, progress)
-    write_json(out / "lm.json", payload)
+    payload = run_parts(cfg, out / "lm.json", {"throughput": run_throughput, "decode": run_decode,
+                                               "quality": run_quality}, progress)
     plot(payload, out / "lm.png")
     return payload
 

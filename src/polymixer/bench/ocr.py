@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,8 +20,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..models import count_parameters, create_model
-from .common import apply_overrides, format_table, keep_freed_memory, machine, new_figure, save_figure, \
-    time_interleaved, write_json
+from .common import apply_overrides, format_table, keep_freed_memory, new_figure, save_figure, \
+    run_parts, time_interleaved
 
 __all__ = ["OCRBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
 
@@ -97,12 +98,13 @@ def run_speed(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
             fns["stem"] = lambda s=stem, xn=xn: s(xn)
             timing = time_interleaved(fns, warmup=1, repeats=cfg.repeats, on_sample=lambda name: bar.update(1))
             bar.update(len(fns))
-            base = timing[cfg.presets[0]].median
+            base, stem_t = timing[cfg.presets[0]].median, timing["stem"].median
             for p in cfg.presets:
                 t = timing[p].median
                 rows.append({"dtype": dtype, "lines": n, "tokens": (width + 3) // 4, "batch": batch,
                              "model": NAMES.get(p, p), "preset": p, "s_per_call": t, "lines_per_s": cfg.budget / t,
-                             "speedup": base / t, "stem_share": timing["stem"].median / t, "spread": timing[p].spread})
+                             "speedup": base / t, "stem_share": stem_t / t, "spread": timing[p].spread,
+                             "encoder_speedup": (base - stem_t) / max(t - stem_t, 1e-9)})
     bar.close()
     return {"rows": rows, "params": params, "allocator_tuned": allocator}
 
@@ -194,13 +196,15 @@ def report(payload: Dict[str, Any]) -> str:
     lines = []
     if "speed" in payload:
         p = payload["speed"]
-        lines += [f"lines/s in evaluation, {payload['config']['budget']} lines per forward call; speedup = HTR-VT's "
-                  f"time ÷ the model's; stem share = the shared ResNet stem's share of the time"
+        lines += [f"lines/s in evaluation, {p['config']['budget']} lines per forward call; speedup = HTR-VT's "
+                  f"time ÷ the model's; stem share = the shared ResNet stem's share of the time; encoder speedup = the same "
+                  f"ratio without the stem's time (what the mixers change); spread = (max − min) / median of the "
+                  f"repeats"
                   + ("; glibc malloc set to recycle freed memory" if p.get("allocator_tuned") else ""),
                   format_table(p["rows"], ["dtype", "lines", "tokens", "batch", "model", "s_per_call", "lines_per_s",
-                                           "speedup", "stem_share"],
+                                           "speedup", "stem_share", "encoder_speedup", "spread"],
                                ["dtype", "lines/page", "tokens", "batch", "model", "s / call", "lines/s", "speedup",
-                                "stem share"]),
+                                "stem share", "encoder speedup", "spread"]),
                   "params: " + ", ".join(f"{NAMES.get(k, k)} {v:,}" for k, v in p["params"].items()), ""]
     if "quality" in payload:
         lines += ["equal budget (same steps, batch, seed); CER / WER on the held-out test split",
@@ -238,14 +242,9 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 
 
 def run(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    payload: Dict[str, Any] = {"config": asdict(cfg), "machine": machine()}
+    """Run the parts asked for, keeping the other part of an earlier run in the same folder."""
     out = Path(cfg.out)
-    if "speed" in cfg.parts:
-        payload["speed"] = run_speed(cfg, progress)
-        write_json(out / "ocr.json", payload)  # the speed part survives a long quality part being interrupted
-    if "quality" in cfg.parts:
-        payload["quality"] = run_quality(cfg, progress)
-    write_json(out / "ocr.json", payload)
+    payload = run_parts(cfg, out / "ocr.json", {"speed": run_speed, "quality": run_quality}, progress)
     plot(payload, out / "ocr.png")
     (out / "ocr.txt").write_text(report(payload) + "\n")
     return payload
