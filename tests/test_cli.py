@@ -103,3 +103,41 @@ def test_bench_ocr_both_parts(tmp_path):
     text = report(payload)
     assert "lines/s in evaluation" in text and "synthetic: HTR-VT CER" in text and "relative" in text
     assert (tmp_path / "bench" / "ocr.png").stat().st_size > 10_000 and (tmp_path / "bench" / "ocr.txt").is_file()
+    assert (tmp_path / "bench" / "ocr_samples_synthetic.png").is_file()
+    # redoing one part keeps the other from the earlier run
+    cfg.parts, cfg.dtypes = ("speed",), ("bf16",)
+    again = run(cfg, progress=False)
+    assert again["quality"] == payload["quality"] and {r["dtype"] for r in again["speed"]["rows"]} == {"bf16"}
+
+
+def test_bench_eo_both_parts(tmp_path):
+    """Speed and (a few steps of) quality on toy segmenters and a small synthetic PASTIS: rows, ratios against
+    TSViT, OA / mIoU per evaluation window, verdict lines, plot, confusion and tiles pictures."""
+    from polymixer.bench.eo import EOBenchConfig, parse_variant, report, run
+    from polymixer.data.eo_synth import write_synthetic_pastis
+
+    data = write_synthetic_pastis(tmp_path / "data", patches_per_fold=1, size=32, frames=(3, 5), progress=False)
+    toy = dict(dim=16, heads=2, temporal_depth=1, spatial_depth=1, sel_heads=2)
+    cfg = EOBenchConfig(sides=(8, 16), frames=3, budget=256, repeats=1, quality_models=(
+        "tiny-tsvit", "tiny-tsvipom", "tiny-tsvipom+spatial_position=rope"), quality_steps=2, quality_batch=2,
+        crop=8, eval_windows=(8, 16, 0), data_dir=str(data), model_overrides=toy, out=str(tmp_path / "bench"))
+    payload = run(cfg, progress=False)
+    rows = payload["speed"]["rows"]
+    assert [(r["dtype"], r["side"], r["preset"]) for r in rows] == [(d, s, p) for d in ("fp32", "bf16")
+                                                                    for s in (8, 16) for p in cfg.presets]
+    assert all(r["km2_per_s"] > 0 and r["batch"] * r["side"] ** 2 >= 256 for r in rows)
+    assert all(r["speedup"] == 1.0 for r in rows if r["preset"] == "tsvit")
+    q = payload["quality"]["rows"]
+    assert [r["spec"] for r in q] == list(cfg.quality_models)
+    assert q[2]["spatial_position"] == "rope" and q[1]["pattern"] == "PP"
+    for r in q:
+        assert set(r["windows"]) == {"8", "16", "whole"} and r["test_patches"] == 1
+        assert all(0 <= w["miou"] <= 1 and 0 <= w["oa"] <= 1 for w in r["windows"].values())
+    text = report(payload)
+    assert "km²/s in evaluation" in text and "TSViPoM ÷ TSViT at 16×16" in text and "test mIoU at 8×8" in text
+    assert "whole patches" in text
+    out = tmp_path / "bench"
+    assert (out / "eo.png").stat().st_size > 10_000 and (out / "eo.txt").is_file()
+    assert (out / "eo_confusion.png").stat().st_size > 10_000 and (out / "eo_tiles.png").stat().st_size > 10_000
+    assert parse_variant("tiny-tsvit+sel_heads=1+spatial_position=rope") == (
+        "tiny-tsvit", {"sel_heads": 1, "spatial_position": "rope"})

@@ -116,7 +116,8 @@ class Attention(nn.Module):
         dim: model width; heads: number of heads (dim must divide evenly).
         causal: default masking when ``forward(causal=None)``.
         window: sliding-window size (local attention), None for global attention.
-        bias: biases of the projections; dropout: attention-probability dropout.
+        bias: biases of the projections; qkv_bias: the q/k/v projection's alone (default: ``bias``; TSViT has
+            none there but one on the output projection); dropout: attention-probability dropout.
         rope: None, "1d" or "2d" rotary positions on queries / keys (positions as for PoM).
     """
 
@@ -130,6 +131,7 @@ class Attention(nn.Module):
         dropout: float = 0.0,
         rope: Optional[str] = None,
         rope_base: float = 10000.0,
+        qkv_bias: Optional[bool] = None,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
     ) -> None:
@@ -151,7 +153,7 @@ class Attention(nn.Module):
         self.dropout = dropout
         self.rope, self.rope_base = rope, float(rope_base)
         fk = {"device": device, "dtype": dtype}
-        self.qkv = nn.Linear(dim, 3 * dim, bias=bias, **fk)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=bias if qkv_bias is None else qkv_bias, **fk)
         self.proj = nn.Linear(dim, dim, bias=bias, **fk)
 
     def extra_repr(self) -> str:

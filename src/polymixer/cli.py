@@ -13,6 +13,10 @@
     polymixer eval ocr --ckpt RUN               CER, WER, lines/s and a PNG of sample lines
     polymixer read --ckpt RUN IMAGE...          transcribe line images
     polymixer bench ocr [--quick]               lines/s vs page length, quality at equal budget
+    polymixer train eo --preset tiny-tsvipom    train a crop-type segmenter (default data: synthetic PASTIS)
+    polymixer eval eo --ckpt RUN                OA, mIoU, per-class IoU, km²/s, confusion and tiles PNGs
+    polymixer segment --ckpt RUN --data D --patch ID   the class map of a whole patch (.npy and .png)
+    polymixer bench eo [--quick]                km²/s vs window side, quality at equal budget, whole patches
 """
 
 from __future__ import annotations
@@ -33,10 +37,19 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
         "ocr": ("train a handwriting recogniser (HTR-VT / HTR-VPoM / hybrid)", "polymixer.tasks.ocr:train",
                 "Train a CTC text-line recogniser on lines or multi-line pages (default data: synthetic lines "
                 "rendered offline; --data DIR for IAM / READ2016 / LAM in HTR-VT's layout or IAM's own)."),
+        "eo": ("train a crop-type segmenter of satellite time series (TSViT / TSViPoM / hybrid)",
+               "polymixer.tasks.eo:train",
+               "Train a Sentinel-2 time-series segmenter on PASTIS-layout data (default: a synthetic PASTIS written "
+               "offline; --data DIR for PASTIS itself), on 24×24 windows or whole patches."),
     },
     "sample": {
         "": ("sample an image grid from a trained generator", "polymixer.tasks.image:sample",
              "Class-conditional samples with classifier-free guidance, written as a PNG grid."),
+    },
+    "segment": {
+        "": ("segment whole patches of a PASTIS-layout folder with a trained segmenter", "polymixer.tasks.eo:segment",
+             "Write the class map of each patch as <ID>_classes.npy (uint8) and a PNG in the PASTIS colour map; the "
+             "whole patch in one forward call by default."),
     },
     "read": {
         "": ("transcribe line images with a trained recogniser", "polymixer.tasks.ocr:read",
@@ -54,6 +67,9 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
         "ocr": ("character and word error rates, lines/s, sample lines", "polymixer.tasks.ocr:eval",
                 "Evaluate a recogniser on a split: CER and WER over the set, throughput, and a PNG of sample lines "
                 "with reference and prediction."),
+        "eo": ("overall accuracy, per-class IoU, mIoU and km²/s of a crop-type segmenter", "polymixer.tasks.eo:eval",
+               "Evaluate a segmenter on a PASTIS fold's split over every non-void pixel: OA, per-class IoU, mIoU, "
+               "throughput in km²/s, a confusion-matrix PNG and a PNG of tiles (RGB, truth, prediction)."),
     },
     "bench": {
         "mixer": ("PoM vs attention across sequence lengths at a fixed token budget", "polymixer.bench.mixer",
@@ -67,6 +83,10 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
         "ocr": ("handwriting recognition: lines/s vs page length, quality at equal budget", "polymixer.bench.ocr",
                 "Throughput of HTR-VT / HTR-VPoM / hybrid at paper size on lines and pages of 2 to 16 lines, and "
                 "CER / WER of the tiny presets trained with equal steps."),
+        "eo": ("satellite time series: km²/s vs window side, quality at equal budget, whole patches",
+               "polymixer.bench.eo",
+               "Throughput of TSViT / TSViPoM / hybrid at paper size on windows of 24 to 128 pixels, and OA / mIoU "
+               "of the tiny presets trained with equal steps, evaluated on windows and whole patches."),
     },
 }
 

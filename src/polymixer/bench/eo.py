@@ -1,0 +1,332 @@
+"""``polymixer bench eo``: TSViT vs TSViPoM (and the hybrid) on this CPU.
+
+1. speed: km²/s (10 m pixels) of the paper-sized models (1.66M parameters) in evaluation under
+   ``torch.inference_mode()``, round-robin in one run, on series of T = 60 dates over windows of 24 (the training
+   crops), 48, 96 and 128 pixels (a whole PASTIS patch) at a fixed budget of pixels per forward call, in fp32 and
+   bf16. The temporal encoder costs the same per pixel at every window size; the spatial encoder's attention grows
+   with the number of patches of the window (144 → 4,096 tokens) where PoM's stays linear;
+2. quality at equal budget: the tiny presets (and variants: the reverse hybrid, rotary spatial positions) trained
+   with the same steps, batches and seed on 24 × 24 windows of the offline default (synthetic PASTIS, fold 1), then
+   scored — OA and mIoU over every non-void pixel of the test fold — by windows of 24, 48, 96 pixels covering each
+   patch and on whole 128 × 128 patches in one call: which spatial position keeps its accuracy beyond the training
+   size. A confusion matrix and a picture of test tiles are drawn for one model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..data.eo import PIXEL_KM2
+from ..models import count_parameters, create_model, model_config
+from .common import apply_overrides, format_table, keep_freed_memory, new_figure, save_figure, \
+    run_parts, time_interleaved
+
+__all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdicts", "report", "plot", "run", "main",
+           "add_arguments"]
+
+NAMES = {"tsvit": "TSViT", "tsvipom": "TSViPoM", "tsvipom-hybrid": "TSViPoM Hybrid", "tiny-tsvit": "tiny TSViT",
+         "tiny-tsvipom": "tiny TSViPoM", "tiny-tsvipom-hybrid": "tiny hybrid"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass
+class EOBenchConfig:
+    presets: Tuple[str, ...] = ("tsvit", "tsvipom", "tsvipom-hybrid")
+    sides: Tuple[int, ...] = (24, 48, 96, 128)  # window side in pixels
+    frames: int = 60  # dates per series (TSViT's maximum)
+    budget: int = 16384  # pixels per forward call (batch = ⌈budget / side²⌉): one PASTIS patch
+    repeats: int = 3
+    dtypes: Tuple[str, ...] = ("fp32", "bf16")
+    # each entry: a preset, optionally "+field=value" overrides of its config (variants)
+    quality_models: Tuple[str, ...] = ("tiny-tsvit", "tiny-tsvipom", "tiny-tsvipom-hybrid",
+                                       "tiny-tsvipom-hybrid+hybrid_pom=spatial", "tiny-tsvit+spatial_position=rope",
+                                       "tiny-tsvipom+spatial_position=rope")
+    quality_steps: int = 800  # ≈ 10 min per tiny model on 2 free cores (estimated from per-step timings)
+    quality_batch: int = 8
+    lr: float = 1e-3
+    crop: int = 24  # training windows
+    eval_windows: Tuple[int, ...] = (24, 48, 96, 0)  # 0: whole patches in one call
+    eval_limit: int = 0  # test patches scored (0: all)
+    picture_model: str = "tiny-tsvipom"  # whose confusion matrix and tiles are drawn (else the last quality model)
+    fold: int = 1
+    parts: Tuple[str, ...] = ("speed", "quality")
+    data_dir: Optional[str] = None  # a PASTIS-layout folder instead of the offline default (tests, real PASTIS)
+    model_overrides: Dict[str, Any] = field(default_factory=dict)  # applied to every model (tests: toy sizes)
+    seed: int = 0
+    out: str = "runs/bench/eo"
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+QUICK = dict(presets=("tsvit", "tsvipom"), sides=(24, 48), frames=24, budget=2304, repeats=2, dtypes=("bf16",),
+             quality_models=("tiny-tsvit", "tiny-tsvipom"), quality_steps=40, quality_batch=4,
+             eval_windows=(24, 0), eval_limit=2)
+
+
+def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
+    """``"tiny-tsvipom+spatial_position=rope+sel_heads=1"`` → ("tiny-tsvipom", {"spatial_position": "rope",
+    "sel_heads": 1}); values are converted to the type of the config field's default."""
+    preset, *parts = spec.split("+")
+    defaults = asdict(model_config(preset))
+    overrides: Dict[str, Any] = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq or key not in defaults:
+            raise ValueError(f"variant {spec!r}: {part!r} is not field=value with a field of {preset}'s config")
+        kind = type(defaults[key])
+        try:
+            overrides[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
+        except ValueError as e:
+            raise ValueError(f"variant {spec!r}: {key} must be a {kind.__name__}, got {value!r}") from e
+    return preset, overrides
+
+
+def variant_name(spec: str) -> str:
+    preset, overrides = parse_variant(spec)
+    extra = ", ".join(f"{k}={v}" for k, v in overrides.items())
+    return NAMES.get(preset, preset) + (f" ({extra})" if extra else "")
+
+
+@torch.inference_mode()
+def run_speed(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """km²/s of each preset per dtype and window side, round-robin, T = ``cfg.frames`` dates."""
+    from tqdm.auto import tqdm
+
+    bad = sorted(set(cfg.dtypes) - set(DTYPES))
+    if bad:
+        raise ValueError(f"unknown dtype(s) {bad}; expected some of {', '.join(DTYPES)}")
+    allocator = keep_freed_memory()
+    torch.manual_seed(cfg.seed)
+    rows: List[Dict[str, Any]] = []
+    params: Dict[str, int] = {}
+    bar = tqdm(total=len(cfg.dtypes) * len(cfg.sides) * len(cfg.presets) * (cfg.repeats + 1), disable=not progress,
+               desc="bench eo speed", unit="call")
+    for dtype in cfg.dtypes:
+        models = {p: create_model(p, **cfg.model_overrides).eval().to(DTYPES[dtype]) for p in cfg.presets}
+        params.update({p: count_parameters(m) for p, m in models.items()})
+        first = next(iter(models.values())).config
+        for side in cfg.sides:
+            if side % first.patch_size:
+                raise ValueError(f"window side {side} is not a multiple of the patch size {first.patch_size}")
+            batch = -(-cfg.budget // (side * side))
+            x = torch.randn(batch, cfg.frames, side, side, first.num_bands)
+            doy = torch.sort(torch.randint(0, 365, (batch, cfg.frames)), dim=1).values
+            fns = {p: (lambda m=m: m(x, doy)) for p, m in models.items()}
+            timing = time_interleaved(fns, warmup=1, repeats=cfg.repeats, on_sample=lambda name: bar.update(1))
+            bar.update(len(fns))
+            base = timing[cfg.presets[0]].median
+            grid = side // first.patch_size
+            for p in cfg.presets:
+                t = timing[p].median
+                rows.append({"dtype": dtype, "side": side, "batch": batch, "spatial_tokens": grid * grid,
+                             "temporal_tokens": first.num_classes + cfg.frames, "model": NAMES.get(p, p), "preset": p,
+                             "s_per_call": t, "km2_per_s": batch * side * side * PIXEL_KM2 / t, "speedup": base / t,
+                             "spread": timing[p].spread})
+    bar.close()
+    return {"rows": rows, "params": params, "allocator_tuned": allocator}
+
+
+def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    from ..data.eo import PastisSplit, fold_splits, resolve_data
+    from ..tasks.eo import draw_confusion, draw_tiles, evaluate_eo, train_eo
+    from ..train.loop import TrainConfig
+
+    root = resolve_data(cfg.data_dir, progress=progress)
+    rows = []
+    pictures: Dict[str, str] = {}
+    drawn = cfg.picture_model if cfg.picture_model in cfg.quality_models else cfg.quality_models[-1]
+    draw_window = cfg.crop if cfg.crop in cfg.eval_windows else cfg.eval_windows[0]
+    for spec in cfg.quality_models:
+        preset, overrides = parse_variant(spec)
+        overrides = {**cfg.model_overrides, **overrides}
+        slug = spec.replace("+", "_").replace("=", "-")
+        out = Path(cfg.out) / "quality" / slug
+        tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=cfg.lr, min_lr=cfg.lr / 100,
+                           warmup=max(1, cfg.quality_steps // 20), weight_decay=0.0, beta2=0.999, grad_clip=1.0,
+                           eval_every=cfg.quality_steps, ckpt_every=cfg.quality_steps, out=str(out), resume=False,
+                           progress=progress, seed=cfg.seed + 11)
+        t0 = time.perf_counter()
+        res = train_eo(preset, tcfg, str(root), cfg.fold, cfg.crop, eval_limit=cfg.eval_limit or None,
+                       progress=progress, **overrides)
+        minutes = (time.perf_counter() - t0) / 60
+        model, stats = res["model"], res["stats"]
+        test = PastisSplit(root, fold_splits(cfg.fold)["test"], model.config.num_bands, model.config.max_frames)
+        by_window: Dict[str, Dict[str, float]] = {}
+        for w in cfg.eval_windows:
+            draw = spec == drawn and w == draw_window
+            m = evaluate_eo(model, test, stats, window=w or None, limit=cfg.eval_limit or None, progress=progress,
+                            keep_predictions=3 if draw else 0)
+            key = str(w) if w else "whole"
+            by_window[key] = {"oa": m["oa"], "miou": m["miou"], "km2_per_s": m["km2_per_s"], "pixels": m["pixels"],
+                              "side": w or max(test.sizes[0])}
+            if draw:  # one model's pictures: its confusion matrix and three test tiles
+                title = f"{variant_name(spec)}, test fold: OA {100 * m['oa']:.1f}%, mIoU {100 * m['miou']:.1f}%"
+                pictures["confusion"] = draw_confusion(m["confusion"], Path(cfg.out) / "eo_confusion.png", title).name
+                pictures["tiles"] = draw_tiles(test, m["predictions"], Path(cfg.out) / "eo_tiles.png", title).name
+        rows.append({"model": variant_name(spec), "spec": spec, "preset": preset, "params": count_parameters(model),
+                     "pattern": model.pattern, "spatial_position": model.config.spatial_position,
+                     "steps": cfg.quality_steps, "batch": cfg.quality_batch, "train_min": minutes,
+                     "final_loss": res["history"][-1].get("loss") if res["history"] else None,
+                     "test_patches": m["patches"], "windows": by_window,
+                     **{f"oa_{k}": v["oa"] for k, v in by_window.items()},
+                     **{f"miou_{k}": v["miou"] for k, v in by_window.items()}})
+    return {"rows": rows, "data": str(root), "pictures": pictures}
+
+
+def verdicts(payload: Dict[str, Any]) -> List[str]:
+    """The issue's targets, each said met or MISSED with the measured figure."""
+    out = []
+    if "speed" in payload:
+        rows = payload["speed"]["rows"]
+        for dtype in dict.fromkeys(r["dtype"] for r in rows):
+            pom = {r["side"]: r for r in rows if r["preset"] == "tsvipom" and r["dtype"] == dtype}
+            if not pom:
+                continue
+            small, large = min(pom), max(pom)
+            s = pom[small]["speedup"]
+            out.append(f"{dtype}: TSViPoM ÷ TSViT at {small}×{small}: {s:.2f}× ({'met' if s >= 1.0 else 'MISSED'}: "
+                       f"≥ 1×)")
+            if large != small:
+                s = pom[large]["speedup"]
+                out.append(f"{dtype}: TSViPoM ÷ TSViT at {large}×{large}: {s:.2f}× "
+                           f"({'met' if s >= 3.0 else 'MISSED'}: ≥ 3×; the paper: 3.65×)")
+    if "quality" in payload:
+        rows = payload["quality"]["rows"]
+        by = {r["spec"]: r for r in rows}
+        crop = str(payload["config"]["crop"])
+        vt, pom = by.get("tiny-tsvit"), by.get("tiny-tsvipom")
+        if vt is not None and pom is not None and f"miou_{crop}" in vt:
+            a, b = 100 * vt[f"miou_{crop}"], 100 * pom[f"miou_{crop}"]
+            out.append(f"test mIoU at {crop}×{crop}: TSViT {a:.1f}, TSViPoM {b:.1f} ({b - a:+.1f} points, "
+                       f"{'met' if b >= a - 2 else 'MISSED'}: within 2 points)")
+        for r in rows:
+            if f"miou_{crop}" in r and "miou_whole" in r:
+                keep = [f"{k}: {100 * v['miou']:.1f}" for k, v in r["windows"].items()]
+                out.append(f"{r['model']}: mIoU by evaluation window ({', '.join(keep)}) — whole patches "
+                           f"{100 * (r['miou_whole'] - r[f'miou_{crop}']):+.1f} points vs {crop}×{crop} windows")
+    return out
+
+
+def report(payload: Dict[str, Any]) -> str:
+    lines = []
+    if "speed" in payload:
+        p = payload["speed"]
+        c = payload["config"]
+        lines += [f"km²/s in evaluation (10 m pixels), T = {c['frames']} dates, ≈ {c['budget']:,} pixels per forward "
+                  f"call; speedup = TSViT's time ÷ the model's"
+                  + ("; glibc malloc set to recycle freed memory" if p.get("allocator_tuned") else ""),
+                  format_table(p["rows"], ["dtype", "side", "batch", "spatial_tokens", "model", "s_per_call",
+                                           "km2_per_s", "speedup"],
+                               ["dtype", "window", "batch", "spatial tokens", "model", "s / call", "km²/s",
+                                "speedup"]),
+                  "params: " + ", ".join(f"{NAMES.get(k, k)} {v:,}" for k, v in p["params"].items()), ""]
+    if "quality" in payload:
+        rows = payload["quality"]["rows"]
+        keys = list(dict.fromkeys(k for r in rows for k in r["windows"]))
+        table = [{**r, **{f"o_{k}": 100 * r["windows"][k]["oa"] for k in keys if k in r["windows"]},
+                  **{f"m_{k}": 100 * r["windows"][k]["miou"] for k in keys if k in r["windows"]}} for r in rows]
+        label = lambda k: "whole" if k == "whole" else f"{k}px"  # noqa: E731
+        crop = payload["config"]["crop"]
+        lines += [f"equal budget (same steps, batch, seed; trained on {crop}×{crop} windows); OA / mIoU % on every "
+                  f"non-void pixel of the test fold, predicted by windows of each side covering the patch, or whole "
+                  f"patches in one call",
+                  format_table(table, ["model", "params", "steps", "train_min"] + [f"o_{k}" for k in keys]
+                               + [f"m_{k}" for k in keys],
+                               ["model", "params", "steps", "train min"] + [f"OA {label(k)}" for k in keys]
+                               + [f"mIoU {label(k)}" for k in keys]), ""]
+    return "\n".join(lines + verdicts(payload))
+
+
+def plot(payload: Dict[str, Any], path: Path) -> None:
+    panels = [k for k in ("speed", "quality") if k in payload]
+    if not panels:
+        return
+    fig, axes = new_figure(len(panels) + ("speed" in payload), width=5.0)
+    k = 0
+    if "speed" in payload:
+        rows = payload["speed"]["rows"]
+        ax, ax2 = axes[0], axes[1]
+        styles = {"fp32": "-", "bf16": "--"}
+        for dtype in dict.fromkeys(r["dtype"] for r in rows):
+            for j, preset in enumerate(dict.fromkeys(r["preset"] for r in rows)):
+                pts = [r for r in rows if r["preset"] == preset and r["dtype"] == dtype]
+                kw = dict(marker="o", ls=styles.get(dtype, ":"), color=f"C{j}",
+                          label=f"{NAMES.get(preset, preset)} {dtype}")
+                ax.plot([r["side"] for r in pts], [r["km2_per_s"] for r in pts], **kw)
+                ax2.plot([r["side"] for r in pts], [r["speedup"] for r in pts], **kw)
+        for a in (ax, ax2):
+            a.set_xscale("log", base=2)
+            a.set_xlabel("window side (pixels of 10 m)")
+            a.grid(True, which="both", alpha=0.3)
+            a.legend(fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("km² / s (evaluation)")
+        ax2.set_ylabel("speed ÷ TSViT (same dtype)")
+        ax2.axhline(1.0, color="gray", lw=0.8)
+        k = 2
+    if "quality" in payload:
+        ax = axes[k]
+        rows = payload["quality"]["rows"]
+        for j, r in enumerate(rows):
+            keys = list(r["windows"])
+            xs = [r["windows"][key]["side"] for key in keys]
+            ax.plot(xs, [100 * r["windows"][key]["miou"] for key in keys], marker="o", color=f"C{j}",
+                    ls="--" if r["spatial_position"] == "rope" else "-", label=r["model"])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("evaluation window side (the largest: whole patches)")
+        ax.set_ylabel("test mIoU %")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle(f"TSViT vs TSViPoM — {payload['machine']['cpu']}", fontsize=9)
+    save_figure(fig, path)
+
+
+def run(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Run the parts asked for, keeping the other part of an earlier run in the same folder."""
+    out = Path(cfg.out)
+    payload = run_parts(cfg, out / "eo.json", {"speed": run_speed, "quality": run_quality}, progress)
+    plot(payload, out / "eo.png")
+    (out / "eo.txt").write_text(report(payload) + "\n")
+    return payload
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = EOBenchConfig()
+    p.add_argument("--quick", action="store_true", help="a few-minute version of both parts")
+    p.add_argument("--parts", nargs="+", choices=["speed", "quality"], default=list(d.parts))
+    p.add_argument("--presets", nargs="+", default=None, help="models of the speed part (the first is the baseline)")
+    p.add_argument("--sides", type=int, nargs="+", default=None, help="window sides of the speed part")
+    p.add_argument("--frames", type=int, default=None, help="dates per series in the speed part")
+    p.add_argument("--budget", type=int, default=None, help="pixels per forward call")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=None)
+    p.add_argument("--quality-models", nargs="+", default=None,
+                   help="presets of the quality part, each optionally with +field=value overrides "
+                        "(e.g. tiny-tsvipom+spatial_position=rope)")
+    p.add_argument("--quality-steps", type=int, default=None)
+    p.add_argument("--quality-batch", type=int, default=None)
+    p.add_argument("--eval-windows", type=int, nargs="+", default=None,
+                   help="evaluation window sides of the quality part (0: whole patches)")
+    p.add_argument("--eval-limit", type=int, default=None, help="test patches scored (0: all)")
+    p.add_argument("--data", default=None, help="PASTIS folder for the quality part (default: the synthetic one)")
+    p.add_argument("--out", default=d.out)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = EOBenchConfig(parts=tuple(args.parts), out=args.out)
+    apply_overrides(cfg, QUICK if args.quick else None, args,
+                    {n: n for n in ("presets", "sides", "frames", "budget", "repeats", "dtypes", "quality_models",
+                                    "quality_steps", "quality_batch", "eval_windows", "eval_limit")})
+    if args.data is not None:
+        cfg.data_dir = args.data
+    for spec in cfg.quality_models:
+        parse_variant(spec)  # fail before the speed part, not an hour later
+    payload = run(cfg)
+    print(report(payload))
+    print(f"\nwrote {Path(cfg.out) / 'eo.json'}, {Path(cfg.out) / 'eo.txt'}, {Path(cfg.out) / 'eo.png'}")
+    return 0
