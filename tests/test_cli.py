@@ -108,6 +108,10 @@ def test_bench_ocr_both_parts(tmp_path):
     cfg.parts, cfg.dtypes = ("speed",), ("bf16",)
     again = run(cfg, progress=False)
     assert again["quality"] == payload["quality"] and {r["dtype"] for r in again["speed"]["rows"]} == {"bf16"}
+    # an interrupted quality part is redone without retraining the runs it had finished: same scores, same times
+    cfg.parts = ("quality",)
+    redone = run(cfg, progress=False)["quality"]["rows"]
+    assert [(r["cer"], r["train_min"]) for r in redone] == [(r["cer"], r["train_min"]) for r in q]
 
 
 def test_bench_eo_both_parts(tmp_path):

@@ -183,6 +183,45 @@ def run_parts(cfg: Any, path: Path, parts: Dict[str, Callable[[Any, bool], Dict[
     return payload
 
 
+def resume_point(out: Path, train_cfg: Any) -> bool:
+    """Prepare a quality bench's training run in ``out`` to continue an interrupted bench, and say whether it was
+    already trained to the end (then it is only evaluated again). A run there made with other training settings
+    (steps, batch, learning rate, seed…) is not continued: ``train_cfg.resume`` is switched off and it starts over."""
+    from ..train.checkpoint import read_config, resolve_checkpoint
+
+    try:
+        ck = resolve_checkpoint(out)
+        saved = read_config(ck).get("train", {})
+        step = int(ck.name.split("_")[-1])
+    except (FileNotFoundError, ValueError, KeyError):
+        train_cfg.resume = False
+        return False
+    keys = ("steps", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "seed", "sam_rho", "ema")
+    train_cfg.resume = all(saved.get(k) == getattr(train_cfg, k) for k in keys)
+    return train_cfg.resume and step >= train_cfg.steps
+
+
+def training_minutes(out: Path, started: float, resumed_finished: bool, history: List[Dict[str, Any]],
+                     batch: int) -> Optional[float]:
+    """Minutes a bench's training run took. Quality benches train with ``resume=True``, so a run that an interrupted
+    bench had already finished is only evaluated again (``resumed_finished``): its time is then the one recorded in
+    ``out/train_time.json``, or for a run older than that record, estimated from the throughput in its history."""
+    record = Path(out) / "train_time.json"
+    if not resumed_finished:
+        minutes = (time.perf_counter() - started) / 60
+        record.write_text(json.dumps({"minutes": minutes}))
+        return minutes
+    if record.is_file():
+        return json.loads(record.read_text())["minutes"]
+    seconds, last = 0.0, 0
+    for rec in history:
+        rate = next((v for k, v in rec.items() if k.endswith("_s") and v), None)
+        if rate and "loss" in rec:
+            seconds += (rec["step"] - last) * batch / rate
+            last = rec["step"]
+    return seconds / 60 if seconds else None
+
+
 def new_figure(ncols: int, width: float = 5.2, height: float = 4.0, nrows: int = 1):
     """A matplotlib figure on the non-interactive backend (benchmarks run headless) and its axes, row by row;
     ``width`` and ``height`` are per panel."""

@@ -25,7 +25,7 @@ import torch
 from ..data.eo import PIXEL_KM2
 from ..models import count_parameters, create_model, model_config
 from .common import apply_overrides, format_table, keep_freed_memory, new_figure, save_figure, \
-    run_parts, time_interleaved
+    run_parts, time_interleaved, resume_point, training_minutes
 
 __all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdicts", "report", "plot", "run", "main",
            "add_arguments"]
@@ -148,12 +148,13 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
         out = Path(cfg.out) / "quality" / slug
         tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=cfg.lr, min_lr=cfg.lr / 100,
                            warmup=max(1, cfg.quality_steps // 20), weight_decay=0.0, beta2=0.999, grad_clip=1.0,
-                           eval_every=cfg.quality_steps, ckpt_every=cfg.quality_steps, out=str(out), resume=False,
+                           eval_every=cfg.quality_steps, ckpt_every=cfg.quality_steps, out=str(out),
                            progress=progress, seed=cfg.seed + 11)
+        finished = resume_point(out, tcfg)
         t0 = time.perf_counter()
         res = train_eo(preset, tcfg, str(root), cfg.fold, cfg.crop, eval_limit=cfg.eval_limit or None,
                        progress=progress, **overrides)
-        minutes = (time.perf_counter() - t0) / 60
+        minutes = training_minutes(out, t0, finished, res["history"], cfg.quality_batch)
         model, stats = res["model"], res["stats"]
         test = PastisSplit(root, fold_splits(cfg.fold)["test"], model.config.num_bands, model.config.max_frames)
         by_window: Dict[str, Dict[str, float]] = {}

@@ -21,7 +21,7 @@ import torch
 
 from ..models import count_parameters, create_model
 from .common import apply_overrides, format_table, keep_freed_memory, new_figure, save_figure, \
-    run_parts, time_interleaved
+    run_parts, time_interleaved, resume_point, training_minutes
 
 __all__ = ["OCRBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
 
@@ -127,12 +127,13 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
             out = Path(cfg.out) / "quality" / f"{task}-{preset}"
             tcfg = TrainConfig(steps=steps, batch_size=batch, lr=cfg.lr, min_lr=cfg.lr / 100,
                                warmup=max(1, steps // 20), weight_decay=0.5, beta2=0.99, grad_clip=0.0, ema=0.999, sam_rho=cfg.sam_rho,
-                               eval_every=steps, ckpt_every=steps, out=str(out), resume=False, progress=progress,
+                               eval_every=steps, ckpt_every=steps, out=str(out), progress=progress,
                                seed=cfg.seed + 11)
+            finished = resume_point(out, tcfg)
             t0 = time.perf_counter()
             res = train_ocr(preset, tcfg, data, spec, eval_limit=cfg.eval_limit or None, progress=progress,
                             **cfg.model_overrides)
-            minutes = (time.perf_counter() - t0) / 60
+            minutes = training_minutes(out, t0, finished, res["history"], batch)
             model, charset = res["model"], res["charset"]
             load_weights(model, out, ema=True)
             test = load_split(root, "test", model.config.height, model.config.max_width)
