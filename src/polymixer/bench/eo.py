@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -72,13 +73,14 @@ def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
     """``"tiny-tsvipom+spatial_position=rope+sel_heads=1"`` → ("tiny-tsvipom", {"spatial_position": "rope",
     "sel_heads": 1}); values are converted to the type of the config field's default."""
     preset, *parts = spec.split("+")
-    defaults = asdict(model_config(preset))
+    config = model_config(preset)
+    defaults, hints = asdict(config), typing.get_type_hints(type(config))
     overrides: Dict[str, Any] = {}
     for part in parts:
         key, eq, value = part.partition("=")
         if not eq or key not in defaults:
             raise ValueError(f"variant {spec!r}: {part!r} is not field=value with a field of {preset}'s config")
-        kind = type(defaults[key])
+        kind = hints[key] if hints.get(key) in (bool, int, float, str) else type(defaults[key])  # expand: float = 2
         try:
             overrides[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
         except ValueError as e:
@@ -199,7 +201,7 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
     if "quality" in payload:
         rows = payload["quality"]["rows"]
         by = {r["spec"]: r for r in rows}
-        crop = str(payload["config"]["crop"])
+        crop = str(payload["quality"].get("config", payload["config"])["crop"])
         vt, pom = by.get("tiny-tsvit"), by.get("tiny-tsvipom")
         if vt is not None and pom is not None and f"miou_{crop}" in vt:
             a, b = 100 * vt[f"miou_{crop}"], 100 * pom[f"miou_{crop}"]
@@ -217,7 +219,7 @@ def report(payload: Dict[str, Any]) -> str:
     lines = []
     if "speed" in payload:
         p = payload["speed"]
-        c = payload["config"]
+        c = p.get("config", payload["config"])
         lines += [f"km²/s in evaluation (10 m pixels), T = {c['frames']} dates, ≈ {c['budget']:,} pixels per forward "
                   f"call; speedup = TSViT's time ÷ the model's"
                   + ("; glibc malloc set to recycle freed memory" if p.get("allocator_tuned") else ""),
@@ -232,7 +234,7 @@ def report(payload: Dict[str, Any]) -> str:
         table = [{**r, **{f"o_{k}": 100 * r["windows"][k]["oa"] for k in keys if k in r["windows"]},
                   **{f"m_{k}": 100 * r["windows"][k]["miou"] for k in keys if k in r["windows"]}} for r in rows]
         label = lambda k: "whole" if k == "whole" else f"{k}px"  # noqa: E731
-        crop = payload["config"]["crop"]
+        crop = payload["quality"].get("config", payload["config"])["crop"]
         lines += [f"equal budget (same steps, batch, seed; trained on {crop}×{crop} windows); OA / mIoU % on every "
                   f"non-void pixel of the test fold, predicted by windows of each side covering the patch, or whole "
                   f"patches in one call",

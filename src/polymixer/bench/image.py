@@ -135,7 +135,8 @@ def report(payload: Dict[str, Any]) -> str:
         lines += ["forward seconds per image (equal width and depth)",
                   format_table(p["rows"], ["side", "tokens", "batch", "model", "s_per_image", "sit_over_sipom"],
                                ["side", "tokens", "batch", "model", "s / image", "SiT ÷ SiPoM"]),
-                  f"images/s at batch {payload['config']['throughput_batch']} and side {p['throughput_side']}: " +
+                  f"images/s at batch {p.get('config', payload['config'])['throughput_batch']} and side "
+                  f"{p['throughput_side']}: " +
                   ", ".join(f"{k} {v:.1f}" for k, v in p["images_per_s"].items()),
                   "params: " + ", ".join(f"{k} {v:,}" for k, v in p["params"].items())]
         faster = [r for r in p["rows"] if r.get("sit_over_sipom") is not None and r["tokens"] >= 1024]

@@ -126,7 +126,8 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
         for preset in cfg.quality_presets:
             out = Path(cfg.out) / "quality" / f"{task}-{preset}"
             tcfg = TrainConfig(steps=steps, batch_size=batch, lr=cfg.lr, min_lr=cfg.lr / 100,
-                               warmup=max(1, steps // 20), weight_decay=0.5, beta2=0.99, grad_clip=0.0, ema=0.999, sam_rho=cfg.sam_rho,
+                               warmup=max(1, steps // 20), weight_decay=0.5, beta2=0.99, grad_clip=0.0, ema=0.999,
+                               sam_rho=cfg.sam_rho,
                                eval_every=steps, ckpt_every=steps, out=str(out), progress=progress,
                                seed=cfg.seed + 11)
             finished = resume_point(out, tcfg)
@@ -198,9 +199,9 @@ def report(payload: Dict[str, Any]) -> str:
     if "speed" in payload:
         p = payload["speed"]
         lines += [f"lines/s in evaluation, {p['config']['budget']} lines per forward call; speedup = HTR-VT's "
-                  f"time ÷ the model's; stem share = the shared ResNet stem's share of the time; encoder speedup = the same "
-                  f"ratio without the stem's time (what the mixers change); spread = (max − min) / median of the "
-                  f"repeats"
+                  f"time ÷ the model's; stem share = the shared ResNet stem's share of the time; encoder speedup = "
+                  f"the same ratio without the stem's time (what the mixers change); spread = (max − min) / median "
+                  f"of the repeats"
                   + ("; glibc malloc set to recycle freed memory" if p.get("allocator_tuned") else ""),
                   format_table(p["rows"], ["dtype", "lines", "tokens", "batch", "model", "s_per_call", "lines_per_s",
                                            "speedup", "stem_share", "encoder_speedup", "spread"],
