@@ -151,3 +151,18 @@ def test_ema_warmup_forgets_the_initialisation():
     share = torch.tensor([ema.decay_at(n) for n in range(1500)], dtype=torch.float64).prod().item()
     assert share < 1e-3
     torch.testing.assert_close(ema.model.weight, torch.ones_like(init), atol=1e-3, rtol=0)
+
+
+def test_init_from_starts_a_new_run_from_another_runs_weights(tmp_path, corpus_dir):
+    """Fine-tuning: a new run starts exactly from the source run's weights (EMA ones when saved), only when it is not
+    resuming, and refuses a source whose model differs."""
+    src = _cfg(tmp_path / "src", steps=3, ckpt_every=3, eval_every=3)
+    train_lm("tiny-pom", src, [str(corpus_dir)], **MODEL)
+    start = load_model(tmp_path / "src" / "run")
+    ft = _cfg(tmp_path / "ft", steps=2, ckpt_every=2, eval_every=2, lr=0.0, min_lr=0.0, init_from=src.out)
+    res = train_lm("tiny-pom", ft, [str(corpus_dir)], **MODEL)
+    for (k, v1), v2 in zip(start.state_dict().items(), res["model"].state_dict().values()):
+        assert torch.equal(v1, v2), k  # lr 0: the fine-tuned run is still exactly the source
+    with pytest.raises(ValueError, match="cannot start from .*n_layer"):
+        train_lm("tiny-pom", _cfg(tmp_path / "bad", steps=2, init_from=src.out), [str(corpus_dir)],
+                 **{**MODEL, "n_layer": 4})

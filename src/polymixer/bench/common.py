@@ -196,7 +196,7 @@ def resume_point(out: Path, train_cfg: Any) -> bool:
     except (FileNotFoundError, ValueError, KeyError):
         train_cfg.resume = False
         return False
-    keys = ("steps", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "seed", "sam_rho", "ema")
+    keys = ("steps", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "seed", "sam_rho", "ema", "init_from")
     train_cfg.resume = all(saved.get(k) == getattr(train_cfg, k) for k in keys)
     return train_cfg.resume and step >= train_cfg.steps
 

@@ -38,8 +38,13 @@ class OCRBenchConfig:
     dtypes: Tuple[str, ...] = ("fp32", "bf16")  # bf16: bf16 weights, channels-last convolutions (AMX where present)
     quality_presets: Tuple[str, ...] = ("tiny-htr-vt", "tiny-htr-vpom-hybrid", "tiny-htr-vpom")
     tasks: Tuple[str, ...] = ("synthetic", "synthetic-multiline", "digits")
-    quality_steps: int = 1000  # ≈ 15 min per tiny model on 2 cores
-    multiline_steps: int = 1000
+    quality_steps: int = 1000  # single lines (synthetic); ≈ 15 min per tiny model on 2 cores
+    multiline_steps: int = 200  # pages, fine-tuned from each model's single-line run (multiline_init)
+    digits_steps: int = 300
+    # "single-line": a multi-line run starts from the same model's single-line run (the synthetic task runs first),
+    # as one trains page models in practice; "scratch": from random weights (1,000 steps leave all three models on
+    # CTC's blank plateau for ~600 steps and all-PoM still on it at 1,000)
+    multiline_init: str = "single-line"
     quality_batch: int = 32  # lines per step
     multiline_batch: int = 2  # pages (of up to max_lines lines, ≈ 20 lines on average) per step
     max_lines: int = 16
@@ -55,7 +60,7 @@ class OCRBenchConfig:
 
 
 QUICK = dict(presets=("htr-vt", "htr-vpom"), lines=(1, 4), budget=4, repeats=2, dtypes=("bf16",), quality_steps=40,
-             multiline_steps=20, quality_batch=8, multiline_batch=2, max_lines=4, eval_limit=40, tasks=("digits",))
+             multiline_steps=20, digits_steps=40, quality_batch=8, multiline_batch=2, max_lines=4, eval_limit=40, tasks=("digits",))
 
 
 def _page_width(lines: int, height: int = 64, line_width: int = 512) -> int:
@@ -120,14 +125,24 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
         data = cfg.data_dir or ("digits" if task.startswith("digits") else "synthetic")
         multiline = task.endswith("multiline")
         spec = PageSpec(multiline=multiline, max_lines=cfg.max_lines)
-        steps = cfg.multiline_steps if multiline else cfg.quality_steps
+        steps = cfg.multiline_steps if multiline else cfg.digits_steps if task.startswith("digits") else \
+            cfg.quality_steps
         batch = cfg.multiline_batch if multiline else cfg.quality_batch
         root = resolve_data(data, progress=progress)
         for preset in cfg.quality_presets:
             out = Path(cfg.out) / "quality" / f"{task}-{preset}"
+            init = None
+            if multiline and cfg.multiline_init == "single-line":
+                init = Path(cfg.out) / "quality" / f"{task.replace('-multiline', '')}-{preset}"
+                if not (init / "checkpoints").is_dir():
+                    raise ValueError(f"{task} starts from the single-line run {init}, which does not exist: put "
+                                     f"{task.replace('-multiline', '')!r} before it in tasks, or multiline_init="
+                                     f"'scratch'")
+            elif multiline and cfg.multiline_init != "scratch":
+                raise ValueError(f"multiline_init must be 'single-line' or 'scratch', got {cfg.multiline_init!r}")
             tcfg = TrainConfig(steps=steps, batch_size=batch, lr=cfg.lr, min_lr=cfg.lr / 100,
                                warmup=max(1, steps // 20), weight_decay=0.5, beta2=0.99, grad_clip=0.0, ema=0.999,
-                               sam_rho=cfg.sam_rho,
+                               sam_rho=cfg.sam_rho, init_from=None if init is None else str(init),
                                eval_every=steps, ckpt_every=steps, out=str(out), progress=progress,
                                seed=cfg.seed + 11)
             finished = resume_point(out, tcfg)
@@ -263,6 +278,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", nargs="+", choices=["synthetic", "synthetic-multiline", "digits"], default=None)
     p.add_argument("--quality-steps", type=int, default=None)
     p.add_argument("--multiline-steps", type=int, default=None)
+    p.add_argument("--digits-steps", type=int, default=None)
+    p.add_argument("--multiline-init", choices=["single-line", "scratch"], default=None,
+                   help="page models start from their single-line run (default) or from random weights")
     p.add_argument("--sam-rho", type=float, default=None)
     p.add_argument("--out", default=d.out)
 
@@ -271,7 +289,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = OCRBenchConfig(parts=tuple(args.parts), out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {n: n for n in ("lines", "budget", "repeats", "dtypes", "tasks", "quality_steps", "multiline_steps",
-                                    "sam_rho")})
+                                    "digits_steps", "multiline_init", "sam_rho")})
     payload = run(cfg)
     print(report(payload))
     print(f"\nwrote {Path(cfg.out) / 'ocr.json'}, {Path(cfg.out) / 'ocr.txt'}, {Path(cfg.out) / 'ocr.png'}")

@@ -338,6 +338,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
         default = getattr(t, name)
         p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     p.add_argument("--stop-after", type=int, default=None)
+    p.add_argument("--init-from", default=None, metavar="RUN",
+                   help="start from the weights of this run or checkpoint (fine-tuning; not when resuming)")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
     p.add_argument("--compile", action="store_true")
     p.add_argument("--out", default=None, help="run folder (default: runs/eo/<preset>)")
@@ -352,7 +354,8 @@ def main_train(args: argparse.Namespace) -> int:
             overrides[name] = getattr(args, name)
     base = train_defaults()
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name in _TRAIN_FIELDS}
-    tcfg = TrainConfig(**{**asdict(base), **values, "stop_after": args.stop_after, "dtype": args.dtype,
+    tcfg = TrainConfig(**{**asdict(base), **values, "stop_after": args.stop_after, "init_from": args.init_from,
+                          "dtype": args.dtype,
                           "compile": args.compile, "resume": not args.no_resume, "progress": not args.quiet,
                           "out": args.out or f"runs/eo/{args.preset}"})
     res = train_eo(args.preset, tcfg, args.data, args.fold, args.crop, args.norm, not args.no_augment,

@@ -253,6 +253,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
         default = getattr(t, name)
         p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     p.add_argument("--stop-after", type=int, default=None)
+    p.add_argument("--init-from", default=None, metavar="RUN",
+                   help="start from the weights of this run or checkpoint (fine-tuning; not when resuming)")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
     p.add_argument("--compile", action="store_true")
     p.add_argument("--out", default=None, help="run folder (default: runs/image/<preset>-<objective>)")

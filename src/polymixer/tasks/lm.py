@@ -110,6 +110,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
         default = getattr(t, name)
         o.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     o.add_argument("--stop-after", type=int, default=None, help="end this invocation after that step (resumable)")
+    o.add_argument("--init-from", default=None, metavar="RUN",
+                   help="start from the weights of this run or checkpoint (fine-tuning; not when resuming)")
     o.add_argument("--dtype", default=t.dtype, choices=["auto", "fp32", "bf16"])
     o.add_argument("--compile", action="store_true")
     o.add_argument("--out", default=None, help="run folder (default: runs/lm/<preset>)")

@@ -53,6 +53,8 @@ class TrainConfig:
     sam_rho: float = 0.0  # sharpness-aware minimisation radius (0: off; HTR-VT uses 0.05): two passes per step
     out: str = "runs/train"
     resume: bool = True  # continue from <out>/checkpoints/latest when it exists
+    init_from: Optional[str] = None  # a new run starts from these weights (a run or checkpoint folder; its EMA
+    #                                  weights when it has them): fine-tuning, curricula. Ignored when resuming.
     stop_after: Optional[int] = None  # end this invocation after that step (with a checkpoint): time-limited jobs
     progress: bool = True
     extra: Dict[str, Any] = field(default_factory=dict)
@@ -195,6 +197,22 @@ def _sam_second_pass(raw: nn.Module, model: nn.Module, task: Task, batches: List
             p.sub_(e)
 
 
+def _init_weights(model: nn.Module, ema: Optional["_Ema"], source: str, model_config: Dict[str, Any]) -> None:
+    """Start a new run from the weights of another one (its EMA weights when saved), after checking that the model
+    configurations agree."""
+    ck = resolve_checkpoint(source)
+    saved = read_config(ck)
+    diff = config_diff(saved.get("model", {}), model_config.get("model", {}))
+    if saved.get("family") != model_config.get("family"):
+        diff["family"] = (saved.get("family"), model_config.get("family"))
+    if diff:
+        listing = "; ".join(f"{k}: {ck} has {a!r}, this run {b!r}" for k, (a, b) in diff.items())
+        raise ValueError(f"cannot start from {ck}: the model configurations differ — {listing}")
+    load_weights(model, ck, ema=(ck / "ema.safetensors").is_file())
+    if ema is not None:
+        ema.model.load_state_dict(model.state_dict())
+
+
 def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str, Any],
           on_log: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
     """Train ``model`` on ``task``; returns the final evaluation and the logged history.
@@ -240,6 +258,8 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str
             set_rng_state(state["rng"][ctx.rank] if isinstance(state["rng"], list) else state["rng"])
             start = int(state["step"])
             history = state.get("history", [])
+    if start == 0 and cfg.init_from:
+        _init_weights(raw, ema, cfg.init_from, model_config)
     fwd_model: nn.Module = raw
     if cfg.compile:
         fwd_model = torch.compile(raw)
