@@ -119,8 +119,8 @@ def test_parameter_counts():
     assert abs(counts["tsvipom"] / original - 1) < 0.01
     tiny = [counts[n] for n in ("tiny-tsvit", "tiny-tsvipom", "tiny-tsvipom-hybrid")]
     assert max(tiny) / min(tiny) < 1.01, tiny
-    assert create_model("tsvipom-hybrid", device="meta").pattern == "PPPPAAAA"
-    assert create_model("tsvipom-hybrid", hybrid_pom="spatial", device="meta").pattern == "AAAAPPPP"
+    assert create_model("tsvipom-hybrid", device="meta").pattern == "AAAAPPPP"
+    assert create_model("tsvipom-hybrid", hybrid_pom="temporal", device="meta").pattern == "PPPPAAAA"
     assert create_model("tsvit", mixer="PA", device="meta").pattern == "PAPAPAPA"
     # rotary spatial positions replace the learned (144, 128) table
     assert count_parameters(create_model("tsvit", spatial_position="rope", device="meta")) == original - 144 * 128

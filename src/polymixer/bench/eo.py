@@ -46,7 +46,7 @@ class EOBenchConfig:
     dtypes: Tuple[str, ...] = ("fp32", "bf16")
     # each entry: a preset, optionally "+field=value" overrides of its config (variants)
     quality_models: Tuple[str, ...] = ("tiny-tsvit", "tiny-tsvipom", "tiny-tsvipom-hybrid",
-                                       "tiny-tsvipom-hybrid+hybrid_pom=spatial", "tiny-tsvit+spatial_position=rope",
+                                       "tiny-tsvipom-hybrid+hybrid_pom=temporal", "tiny-tsvit+spatial_position=rope",
                                        "tiny-tsvipom+spatial_position=rope")
     quality_steps: int = 800  # ≈ 10 min per tiny model on 2 free cores (estimated from per-step timings)
     quality_batch: int = 8
@@ -238,9 +238,10 @@ def report(payload: Dict[str, Any]) -> str:
         lines += [f"equal budget (same steps, batch, seed; trained on {crop}×{crop} windows); OA / mIoU % on every "
                   f"non-void pixel of the test fold, predicted by windows of each side covering the patch, or whole "
                   f"patches in one call",
-                  format_table(table, ["model", "params", "steps", "train_min"] + [f"o_{k}" for k in keys]
+                  format_table(table, ["model", "pattern", "params", "steps", "train_min"] + [f"o_{k}" for k in keys]
                                + [f"m_{k}" for k in keys],
-                               ["model", "params", "steps", "train min"] + [f"OA {label(k)}" for k in keys]
+                               ["model", "blocks (temporal, spatial)", "params", "steps", "train min"]
+                               + [f"OA {label(k)}" for k in keys]
                                + [f"mIoU {label(k)}" for k in keys]), ""]
     return "\n".join(lines + verdicts(payload))
 

@@ -196,7 +196,7 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
                 continue
             parts = [f"{task}: HTR-VT CER {100 * vt['cer']:.2f}%"]
             if task == "synthetic":
-                parts.append(f"({'met' if vt['cer'] < 0.05 else 'MISSED'}: < 5%)")
+                parts[0] += f" ({'met' if vt['cer'] < 0.05 else 'MISSED'}: < 5%)"
             if hyb is not None:
                 rel = hyb["cer"] / max(vt["cer"], 1e-9) - 1
                 parts.append(f"hybrid {100 * hyb['cer']:.2f}% ({100 * rel:+.1f}% relative, "
@@ -213,7 +213,7 @@ def report(payload: Dict[str, Any]) -> str:
     lines = []
     if "speed" in payload:
         p = payload["speed"]
-        lines += [f"lines/s in evaluation, {p['config']['budget']} lines per forward call; speedup = HTR-VT's "
+        lines += [f"lines/s in evaluation, {p.get('config', payload['config'])['budget']} lines per forward call; speedup = HTR-VT's "
                   f"time ÷ the model's; stem share = the shared ResNet stem's share of the time; encoder speedup = "
                   f"the same ratio without the stem's time (what the mixers change); spread = (max − min) / median "
                   f"of the repeats"
