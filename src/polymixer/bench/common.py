@@ -234,6 +234,29 @@ def new_figure(ncols: int, width: float = 5.2, height: float = 4.0, nrows: int =
     return fig, [ax for row in axes for ax in row]
 
 
+def plot_speed_vs_baseline(ax, ax2, rows: Sequence[Dict[str, Any]], x: str, y: str, names: Dict[str, str],
+                           xlabel: str, ylabel: str, baseline: str) -> None:
+    """Throughput (``ax``, log-log) and ratio to the baseline (``ax2``) of each preset, one line per preset and dtype
+    (fp32 solid, bf16 dashed): the speed panel of the model-family benches."""
+    styles = {"fp32": "-", "bf16": "--"}
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        for k, preset in enumerate(dict.fromkeys(r["preset"] for r in rows)):
+            pts = [r for r in rows if r["preset"] == preset and r["dtype"] == dtype]
+            kw = dict(marker="o", ls=styles.get(dtype, ":"), color=f"C{k}",
+                      label=f"{names.get(preset, preset)} {dtype}")
+            ax.plot([r[x] for r in pts], [r[y] for r in pts], **kw)
+            ax2.plot([r[x] for r in pts], [r["speedup"] for r in pts], **kw)
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.set_xlabel(xlabel)
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax2.set_ylabel(f"speed ÷ {baseline} (same dtype)")
+    ax2.axhline(1.0, color="gray", lw=0.8)
+
+
 def save_figure(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 

@@ -26,7 +26,7 @@ import torch
 from ..data.eo import PIXEL_KM2
 from ..models import count_parameters, create_model, model_config
 from .common import apply_overrides, format_table, keep_freed_memory, new_figure, save_figure, \
-    run_parts, time_interleaved, resume_point, training_minutes
+    plot_speed_vs_baseline, resume_point, run_parts, time_interleaved, training_minutes
 
 __all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdicts", "report", "plot", "run", "main",
            "add_arguments"]
@@ -253,25 +253,8 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     fig, axes = new_figure(len(panels) + ("speed" in payload), width=5.0)
     k = 0
     if "speed" in payload:
-        rows = payload["speed"]["rows"]
-        ax, ax2 = axes[0], axes[1]
-        styles = {"fp32": "-", "bf16": "--"}
-        for dtype in dict.fromkeys(r["dtype"] for r in rows):
-            for j, preset in enumerate(dict.fromkeys(r["preset"] for r in rows)):
-                pts = [r for r in rows if r["preset"] == preset and r["dtype"] == dtype]
-                kw = dict(marker="o", ls=styles.get(dtype, ":"), color=f"C{j}",
-                          label=f"{NAMES.get(preset, preset)} {dtype}")
-                ax.plot([r["side"] for r in pts], [r["km2_per_s"] for r in pts], **kw)
-                ax2.plot([r["side"] for r in pts], [r["speedup"] for r in pts], **kw)
-        for a in (ax, ax2):
-            a.set_xscale("log", base=2)
-            a.set_xlabel("window side (pixels of 10 m)")
-            a.grid(True, which="both", alpha=0.3)
-            a.legend(fontsize=7)
-        ax.set_yscale("log")
-        ax.set_ylabel("km² / s (evaluation)")
-        ax2.set_ylabel("speed ÷ TSViT (same dtype)")
-        ax2.axhline(1.0, color="gray", lw=0.8)
+        plot_speed_vs_baseline(axes[0], axes[1], payload["speed"]["rows"], "side", "km2_per_s", NAMES,
+                               "window side (pixels of 10 m)", "km² / s (evaluation)", "TSViT")
         k = 2
     if "quality" in payload:
         ax = axes[k]

@@ -21,7 +21,7 @@ import torch
 
 from ..models import count_parameters, create_model
 from .common import apply_overrides, format_table, keep_freed_memory, new_figure, save_figure, \
-    run_parts, time_interleaved, resume_point, training_minutes
+    plot_speed_vs_baseline, resume_point, run_parts, time_interleaved, training_minutes
 
 __all__ = ["OCRBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
 
@@ -236,24 +236,8 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     if "speed" not in payload:
         return
     fig, (ax, ax2) = new_figure(2, width=5.4)
-    rows = payload["speed"]["rows"]
-    styles = {"fp32": "-", "bf16": "--"}
-    for dtype in dict.fromkeys(r["dtype"] for r in rows):
-        for k, preset in enumerate(dict.fromkeys(r["preset"] for r in rows)):
-            pts = [r for r in rows if r["preset"] == preset and r["dtype"] == dtype]
-            kw = dict(marker="o", ls=styles.get(dtype, ":"), color=f"C{k}",
-                      label=f"{NAMES.get(preset, preset)} {dtype}")
-            ax.plot([r["tokens"] for r in pts], [r["lines_per_s"] for r in pts], **kw)
-            ax2.plot([r["tokens"] for r in pts], [r["speedup"] for r in pts], **kw)
-    for a in (ax, ax2):
-        a.set_xscale("log", base=2)
-        a.set_xlabel("tokens per example (lines per page × 128)")
-        a.grid(True, which="both", alpha=0.3)
-        a.legend(fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel("lines / s (evaluation)")
-    ax2.set_ylabel("speed ÷ HTR-VT (same dtype)")
-    ax2.axhline(1.0, color="gray", lw=0.8)
+    plot_speed_vs_baseline(ax, ax2, payload["speed"]["rows"], "tokens", "lines_per_s", NAMES,
+                           "tokens per example (lines per page × 128)", "lines / s (evaluation)", "HTR-VT")
     fig.suptitle(f"paper-sized models (53.4M) — {payload['machine']['cpu']}", fontsize=9)
     save_figure(fig, path)
 

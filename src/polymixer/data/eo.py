@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+
+from .cache import cache_dir
 import torch
 
 __all__ = ["PASTIS_CLASSES", "PASTIS_COLORS", "S2_BANDS", "RGB_BANDS", "NUM_CLASSES", "VOID", "PIXEL_KM2", "FOLDS",
@@ -445,7 +446,7 @@ def band_stats(split: PastisSplit, mode: str = "auto") -> BandStats:
 
 
 def _cache_root() -> Path:
-    return Path(os.environ.get("POLYMIXER_CACHE", Path.home() / ".cache" / "polymixer")) / "eo"
+    return cache_dir("eo")
 
 
 def default_data(name: str = "synthetic", seed: int = 0, progress: bool = True, **sizes: Any) -> Path:

@@ -38,14 +38,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Dict, List, Tuple, Union
 
 import numpy as np
 
+from .cache import build_folder
 from .eo import FOLDS, NUM_CLASSES, VOID
 
 __all__ = ["VERSION", "write_synthetic_pastis", "make_patch", "CLASS_CURVES", "ENDMEMBERS"]
@@ -271,12 +269,7 @@ def write_synthetic_pastis(root: Union[str, Path], patches_per_fold: int = 10, s
     if patches_per_fold < 1 or size < 8 or not 1 <= frames[0] <= frames[1] or not 0 <= cloudy <= 1:
         raise ValueError(f"need patches_per_fold ≥ 1, size ≥ 8, 1 ≤ frames[0] ≤ frames[1], 0 ≤ cloudy ≤ 1; got "
                          f"{patches_per_fold}, {size}, {frames}, {cloudy}")
-    if root.exists():
-        raise FileExistsError(f"{root} already exists; remove it to regenerate the dataset")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.partial-", dir=root.parent))
-    try:
-        os.chmod(tmp, 0o755)
+    with build_folder(root) as tmp:
         (tmp / "DATA_S2").mkdir()
         (tmp / "ANNOTATIONS").mkdir()
         total = FOLDS * patches_per_fold
@@ -314,15 +307,4 @@ def write_synthetic_pastis(root: Union[str, Path], patches_per_fold: int = 10, s
         std = np.sqrt(np.maximum(squares / counts[:, None] - mean ** 2, 1e-12))
         norm = {f"Fold_{f + 1}": {"mean": mean[f].tolist(), "std": std[f].tolist()} for f in range(FOLDS)}
         (tmp / "NORM_S2_patch.json").write_text(json.dumps(norm, indent=1))
-        if root.exists():
-            raise FileExistsError(f"{root} appeared while the dataset was being written")
-        try:
-            os.replace(tmp, root)
-        except OSError as e:  # another process renamed its copy first (non-empty target directory)
-            if root.exists():
-                raise FileExistsError(f"{root} appeared while the dataset was being written") from e
-            raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return root

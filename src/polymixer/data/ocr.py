@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+
+from .cache import cache_dir
 import torch
 
 __all__ = ["IAM_CHARSET", "Charset", "LineRecord", "LineSet", "AugmentConfig", "list_split", "read_transcription",
@@ -379,7 +381,7 @@ def collate(images: Sequence[np.ndarray]) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 def _cache_root() -> Path:
-    return Path(os.environ.get("POLYMIXER_CACHE", Path.home() / ".cache" / "polymixer")) / "ocr"
+    return cache_dir("ocr")
 
 
 def default_data(name: str = "synthetic", seed: int = 0, counts: Optional[Dict[str, int]] = None,

@@ -19,15 +19,14 @@ import ast
 import functools
 import os
 import re
-import shutil
 import sysconfig
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .cache import build_folder
 from .ocr import IAM_CHARSET
 
 __all__ = ["IAM_CHARSET", "SPLITS", "fonts", "sentences", "digit_pools", "render_synthetic_lines",
@@ -67,12 +66,7 @@ def _write_dataset(root: Union[str, Path], counts: Dict[str, int], prefix: str, 
     """Write pages from ``make_page(split, page, max_lines)`` until every split has its count of lines, into a
     temporary sibling folder that is renamed to ``root`` at the end."""
     root = Path(root)
-    if root.exists():
-        raise FileExistsError(f"{root} already exists; remove it to regenerate the dataset")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.partial-", dir=root.parent))
-    try:
-        os.chmod(tmp, 0o755)
+    with build_folder(root) as tmp:
         (tmp / "lines").mkdir()
         bar = None
         if progress:
@@ -97,17 +91,6 @@ def _write_dataset(root: Union[str, Path], counts: Dict[str, int], prefix: str, 
         finally:
             if bar is not None:
                 bar.close()
-        if root.exists():
-            raise FileExistsError(f"{root} appeared while the dataset was being written")
-        try:
-            os.replace(tmp, root)
-        except OSError as e:  # another process renamed its copy first (non-empty target directory)
-            if root.exists():
-                raise FileExistsError(f"{root} appeared while the dataset was being written") from e
-            raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return root
 
 

@@ -25,6 +25,8 @@ from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Union
 import numpy as np
 import torch
 
+from . import cache
+
 EOT_TEXT = "<|endoftext|>"
 
 __all__ = [
@@ -249,7 +251,7 @@ class Corpus:
 
 
 def _cache_root() -> Path:
-    return Path(os.environ.get("POLYMIXER_CACHE", Path.home() / ".cache" / "polymixer"))
+    return cache.cache_dir()
 
 
 def prepare_corpus(paths: Optional[Sequence[Union[str, Path]]] = None, tokenizer: Optional[Tokenizer] = None,

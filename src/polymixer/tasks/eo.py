@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -22,7 +22,8 @@ from ..data.eo import NUM_CLASSES, PASTIS_CLASSES, PASTIS_COLORS, PIXEL_KM2, RGB
 from ..metrics import ConfusionMatrix
 from ..models import create_model, list_models, model_config
 from ..train.checkpoint import load_model, read_config, resolve_checkpoint
-from ..train.loop import TrainConfig, train
+from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, \
+    train_config_from_args
 
 __all__ = ["EOTask", "masked_cross_entropy", "predict_patch", "evaluate_eo", "train_eo", "load_segmenter",
            "rgb_composite", "draw_confusion", "draw_tiles", "colorize"]
@@ -298,9 +299,6 @@ def train_eo(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, fo
 # Command line
 # ----------------------------------------------------------------------------------------------------------------
 
-_TRAIN_FIELDS = ("steps", "batch_size", "grad_accum", "lr", "min_lr", "warmup", "weight_decay", "beta2", "grad_clip",
-                 "eval_every", "ckpt_every", "keep", "log_every", "seed", "ema")
-
 
 def train_defaults() -> TrainConfig:
     """TSViT's recipe (AdamW, lr 1e-3, no weight decay, warm-up then cosine) at 2-core CPU scale."""
@@ -334,17 +332,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-frames", type=int, default=None, help="keep the first N dates of longer series")
     p.add_argument("--no-augment", action="store_true", help="no flips / rotations of the training windows")
     p.add_argument("--eval-limit", type=int, default=None, help="validate on the first N patches only")
-    for name in _TRAIN_FIELDS:
-        default = getattr(t, name)
-        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
-    p.add_argument("--stop-after", type=int, default=None)
-    p.add_argument("--init-from", default=None, metavar="RUN",
-                   help="start from the weights of this run or checkpoint (fine-tuning; not when resuming)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
-    p.add_argument("--compile", action="store_true")
-    p.add_argument("--out", default=None, help="run folder (default: runs/eo/<preset>)")
-    p.add_argument("--no-resume", action="store_true")
-    p.add_argument("--quiet", action="store_true")
+    add_train_config_arguments(p, t, "run folder (default: runs/eo/<preset>)", TRAIN_FLAGS)
 
 
 def main_train(args: argparse.Namespace) -> int:
@@ -352,12 +340,7 @@ def main_train(args: argparse.Namespace) -> int:
     for name in ("mixer", "hybrid_pom", "spatial_position", "max_frames"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
-    base = train_defaults()
-    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name in _TRAIN_FIELDS}
-    tcfg = TrainConfig(**{**asdict(base), **values, "stop_after": args.stop_after, "init_from": args.init_from,
-                          "dtype": args.dtype,
-                          "compile": args.compile, "resume": not args.no_resume, "progress": not args.quiet,
-                          "out": args.out or f"runs/eo/{args.preset}"})
+    tcfg = train_config_from_args(args, train_defaults(), f"runs/eo/{args.preset}")
     res = train_eo(args.preset, tcfg, args.data, args.fold, args.crop, args.norm, not args.no_augment,
                    args.eval_limit, progress=not args.quiet, **overrides)
     if res["rank"] == 0:

@@ -24,11 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.cache import cache_dir
 from ..data.images import ImageDataset, load_images, save_grid
 from ..diffusion import make_objective
 from ..models import create_model, list_models, model_config
 from ..train.checkpoint import load_model, read_config
-from ..train.loop import TrainConfig, train
+from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
 
 __all__ = ["ImageTask", "Classifier", "get_classifier", "frechet_distance", "sample_images", "evaluate_generator",
            "train_image"]
@@ -57,7 +58,7 @@ class Classifier(nn.Module):
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("POLYMIXER_CACHE", Path.home() / ".cache" / "polymixer")) / "classifiers"
+    return cache_dir("classifiers")
 
 
 def get_classifier(data: ImageDataset, seed: int = 0, epochs: int = 30, progress: bool = False) -> tuple:
@@ -248,23 +249,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learn-sigma", action="store_true", help="learn the DDPM variance (DiT)")
     p.add_argument("--position", choices=["sincos", "rope"], default=None)
     p.add_argument("--eval-samples", type=int, default=100, help="samples scored at each evaluation")
-    for name in ("steps", "batch_size", "grad_accum", "lr", "min_lr", "warmup", "weight_decay", "grad_clip",
-                 "eval_every", "ckpt_every", "keep", "log_every", "seed", "ema"):
-        default = getattr(t, name)
-        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
-    p.add_argument("--stop-after", type=int, default=None)
-    p.add_argument("--init-from", default=None, metavar="RUN",
-                   help="start from the weights of this run or checkpoint (fine-tuning; not when resuming)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
-    p.add_argument("--compile", action="store_true")
-    p.add_argument("--out", default=None, help="run folder (default: runs/image/<preset>-<objective>)")
-    p.add_argument("--no-resume", action="store_true")
-    p.add_argument("--quiet", action="store_true")
+    add_train_config_arguments(p, t, "run folder (default: runs/image/<preset>-<objective>)",
+                               tuple(n for n in TRAIN_FLAGS if n != "beta2"))
 
 
 def main_train(args: argparse.Namespace) -> int:
-    from dataclasses import fields
-
     overrides: Dict[str, Any] = {}
     for flag, name in (("mixer", "mixer"), ("image_size", "input_size"), ("position", "position")):
         if getattr(args, flag) is not None:
@@ -272,10 +261,7 @@ def main_train(args: argparse.Namespace) -> int:
     if args.learn_sigma:
         overrides["learn_sigma"] = True
     tag = args.preset.replace("/", "_")
-    tcfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)
-                          if hasattr(args, f.name) and f.name not in ("out", "resume", "progress", "compile")},
-                       compile=args.compile, out=args.out or f"runs/image/{tag}-{args.objective}",
-                       resume=not args.no_resume, progress=not args.quiet)
+    tcfg = train_config_from_args(args, TrainConfig(), f"runs/image/{tag}-{args.objective}")
     res = train_image(args.preset, tcfg, args.objective, args.data, args.eval_samples, **overrides)
     if res["rank"] == 0:
         print(json.dumps({"run": tcfg.out, **res["metrics"]}, indent=2))

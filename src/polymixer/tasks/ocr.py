@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -20,7 +20,8 @@ from ..metrics import ErrorRates, edit_distance
 from ..models import create_model, list_models, model_config
 from ..models.htr import ctc_greedy_decode, ctc_loss
 from ..train.checkpoint import load_model, read_config, resolve_checkpoint
-from ..train.loop import TrainConfig, train
+from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, \
+    train_config_from_args
 
 __all__ = ["OCRTask", "PageSpec", "examples_of", "evaluate_ocr", "transcribe", "train_ocr", "load_recognizer"]
 
@@ -223,9 +224,6 @@ def train_ocr(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, s
 # Command line
 # ----------------------------------------------------------------------------------------------------------------
 
-_TRAIN_FIELDS = ("steps", "batch_size", "grad_accum", "lr", "min_lr", "warmup", "weight_decay", "beta2", "grad_clip",
-                 "eval_every", "ckpt_every", "keep", "log_every", "seed", "ema", "sam_rho")
-
 
 def train_defaults() -> TrainConfig:
     """HTR-VT's recipe (AdamW β = (0.9, 0.99), weight decay 0.5, SAM ρ = 0.05, EMA), at 2-core CPU scale."""
@@ -245,29 +243,16 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mixer", default=None, help="override the preset's layer pattern (attention, pom, hybrid, AP…)")
     p.add_argument("--no-augment", action="store_true", help="turn HTR-VT's augmentations off")
     p.add_argument("--eval-limit", type=int, default=None, help="validate on the first N examples only")
-    for name in _TRAIN_FIELDS:
-        default = getattr(t, name)
-        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
-    p.add_argument("--stop-after", type=int, default=None)
-    p.add_argument("--init-from", default=None, metavar="RUN",
-                   help="start from the weights of this run or checkpoint (fine-tuning; not when resuming)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
-    p.add_argument("--compile", action="store_true")
-    p.add_argument("--out", default=None, help="run folder (default: runs/ocr/<preset>[-multiline])")
-    p.add_argument("--no-resume", action="store_true")
-    p.add_argument("--quiet", action="store_true")
+    add_train_config_arguments(p, t, "run folder (default: runs/ocr/<preset>[-multiline])",
+                               TRAIN_FLAGS + ("sam_rho",))
 
 
 def main_train(args: argparse.Namespace) -> int:
     overrides: Dict[str, Any] = {}
     if args.mixer is not None:
         overrides["mixer"] = args.mixer
-    base = train_defaults()
-    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name in _TRAIN_FIELDS}
-    tcfg = TrainConfig(**{**asdict(base), **values, "stop_after": args.stop_after, "init_from": args.init_from,
-                          "dtype": args.dtype,
-                          "compile": args.compile, "resume": not args.no_resume, "progress": not args.quiet,
-                          "out": args.out or f"runs/ocr/{args.preset}{'-multiline' if args.multiline else ''}"})
+    tcfg = train_config_from_args(args, train_defaults(),
+                                  f"runs/ocr/{args.preset}{'-multiline' if args.multiline else ''}")
     spec = PageSpec(multiline=args.multiline, max_lines=args.max_lines)
     res = train_ocr(args.preset, tcfg, args.data, spec, augmentations=not args.no_augment,
                     eval_limit=args.eval_limit, progress=not args.quiet, **overrides)

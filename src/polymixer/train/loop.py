@@ -18,16 +18,20 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+if TYPE_CHECKING:
+    import argparse
+
 from .checkpoint import config_diff, load_trainer_state, load_weights, read_config, resolve_checkpoint, rng_state, \
     save_checkpoint, set_rng_state
 
-__all__ = ["TrainConfig", "Task", "train", "configure_optimizer", "lr_at", "distributed_context"]
+__all__ = ["TrainConfig", "Task", "train", "configure_optimizer", "lr_at", "distributed_context", "TRAIN_FLAGS",
+           "add_train_config_arguments", "train_config_from_args"]
 
 
 @dataclass
@@ -58,6 +62,38 @@ class TrainConfig:
     stop_after: Optional[int] = None  # end this invocation after that step (with a checkpoint): time-limited jobs
     progress: bool = True
     extra: Dict[str, Any] = field(default_factory=dict)
+
+
+# the TrainConfig fields every `polymixer train <family>` command exposes as --flags
+TRAIN_FLAGS = ("steps", "batch_size", "grad_accum", "lr", "min_lr", "warmup", "weight_decay", "beta2", "grad_clip",
+               "eval_every", "ckpt_every", "keep", "log_every", "seed", "ema")
+
+
+def add_train_config_arguments(p: "argparse.ArgumentParser", defaults: TrainConfig, out_help: str,
+                               names: Sequence[str] = TRAIN_FLAGS) -> None:
+    """The shared-loop options of a train command: ``names`` as --flags defaulting to the family's recipe
+    ``defaults``, then --stop-after, --init-from, --dtype, --compile, --out, --no-resume, --quiet."""
+    for name in names:
+        default = getattr(defaults, name)
+        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    p.add_argument("--stop-after", type=int, default=None)
+    p.add_argument("--init-from", default=None, metavar="RUN",
+                   help="start from the weights of this run or checkpoint (fine-tuning; not when resuming)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--out", default=None, help=out_help)
+    p.add_argument("--no-resume", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+
+
+def train_config_from_args(args: "argparse.Namespace", defaults: TrainConfig, out: str) -> TrainConfig:
+    """The TrainConfig of a train command parsed with :func:`add_train_config_arguments` (``out``: the default run
+    folder)."""
+    from dataclasses import fields, replace
+
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
+              if hasattr(args, f.name) and f.name not in ("out", "resume", "progress")}
+    return replace(defaults, **values, out=args.out or out, resume=not args.no_resume, progress=not args.quiet)
 
 
 class Task(Protocol):
