@@ -11,7 +11,7 @@ from . import functional as Fn
 from .attention import Attention, AttentionState
 from .mixer import PoM, PoMState
 
-__all__ = ["MLP", "PolyMorpher", "MIXERS", "LETTERS", "build_mixer", "layer_pattern"]
+__all__ = ["MLP", "DropPath", "PolyMorpher", "MIXERS", "LETTERS", "build_mixer", "layer_pattern"]
 
 MixerState = Union[PoMState, AttentionState]
 
@@ -85,14 +85,37 @@ class MLP(nn.Module):
         return self.drop(self.fc2(self.act(self.fc1(x))))
 
 
+class DropPath(nn.Module):
+    """Stochastic depth: in training, zero a residual branch for a random subset of the rows of its first axis (rate
+    ``p``; samples of a (B, N, C) batch, points of a packed (N, C) cloud as in PTv3) and scale the rest by 1/(1-p)."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"drop-path rate must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
 class PolyMorpher(nn.Module):
     """Residual token mixer + residual feed-forward.
 
-    Pre-norm (``norm_first=True``): ``x = x + drop(mixer(norm1(x)))``, ``x = x + mlp(norm2(x))``.
-    Post-norm: ``x = norm1(x + drop(mixer(x)))``, ``x = norm2(x + mlp(x))``.
+    Pre-norm (``norm_first=True``): ``x = x + dp(drop(mixer(norm1(x))))``, ``x = x + dp(mlp(norm2(x)))``.
+    Post-norm: ``x = norm1(x + drop(mixer(x)))``, ``x = norm2(x + mlp(x))``. ``dp`` is stochastic depth
+    (:class:`DropPath`, off unless ``drop_path`` > 0).
 
-    Every keyword of the mixer's forward (mask, causal, block_size, cu_seqlens, positions, …) is passed through, and
-    ``init_state`` / ``step`` stream through whatever mixer the block holds.
+    Every keyword of the mixer's forward (mask, causal, block_size, cu_seqlens, positions, … and any keyword a
+    custom mixer module takes) is passed through, and ``init_state`` / ``step`` stream through whatever mixer the
+    block holds.
 
     Args:
         dim: model width.
@@ -104,6 +127,7 @@ class PolyMorpher(nn.Module):
         mixer_bias: biases of the mixer's projections (default: the mixer's own default).
         norm_affine: learned scale / shift in the norms (off when a conditioning supplies them, as adaLN).
         mlp_activation: the feed-forward's non-linearity (a module factory; GELU by default).
+        drop_path: stochastic-depth rate of both residual branches (PTv3, Swin).
         **mixer_kwargs: passed to the mixer's constructor (e.g. degree, expand, heads, window, rope).
     """
 
@@ -119,6 +143,7 @@ class PolyMorpher(nn.Module):
         mixer_bias: Optional[bool] = None,
         norm_affine: bool = True,
         mlp_activation: Callable[[], nn.Module] = nn.GELU,
+        drop_path: float = 0.0,
         **mixer_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -135,6 +160,7 @@ class PolyMorpher(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps, elementwise_affine=norm_affine, bias=bias)
         self.mlp = MLP(dim, int(round(mlp_ratio * dim)), bias=bias, dropout=dropout, activation=mlp_activation)
+        self.drop_path = DropPath(drop_path)
 
     def forward(
         self,
@@ -147,15 +173,17 @@ class PolyMorpher(nn.Module):
         cu_seqlens: Optional[Fn.CuSeqlens] = None,
         positions: Optional[Tensor] = None,
         context_positions: Optional[Tensor] = None,
+        **mixer_kwargs: Any,
     ) -> Tensor:
         kw = dict(mask=mask, causal=causal, block_size=block_size, cu_seqlens=cu_seqlens, positions=positions,
-                  context_positions=context_positions)
+                  context_positions=context_positions, **mixer_kwargs)
         kw = {k: v for k, v in kw.items() if v is not None}
+        dp = self.drop_path
         if self.norm_first:
-            x = x + self.drop(self.mixer(self.norm1(x), context, **kw))
-            return x + self.mlp(self.norm2(x))
-        x = self.norm1(x + self.drop(self.mixer(x, context, **kw)))
-        return self.norm2(x + self.mlp(x))
+            x = x + dp(self.drop(self.mixer(self.norm1(x), context, **kw)))
+            return x + dp(self.mlp(self.norm2(x)))
+        x = self.norm1(x + dp(self.drop(self.mixer(x, context, **kw))))
+        return self.norm2(x + dp(self.mlp(x)))
 
     def init_state(self, batch_size: int, device: Optional[torch.device] = None,
                    dtype: Optional[torch.dtype] = None) -> MixerState:

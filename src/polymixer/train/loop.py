@@ -125,15 +125,29 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 def configure_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices and embeddings (≥ 2-D), none on biases, norms, gate biases, and parameters
-    marked ``no_weight_decay`` (PoM's polynomial coefficients)."""
-    seen, decay, no_decay = set(), [], []
-    for p in model.parameters():
+    marked ``no_weight_decay`` (PoM's polynomial coefficients).
+
+    A model may scale the learning rate of some parameters: ``model.lr_scale(name) -> float`` (e.g. PTv3 trains
+    its transformer blocks at 0.1× the rate of the stem, pooling and head). Each parameter group then carries its
+    ``lr_scale`` and the loop sets ``lr = schedule · lr_scale``.
+    """
+    scale_of = getattr(model, "lr_scale", None)
+    seen = set()
+    groups: Dict[tuple, List[nn.Parameter]] = {}
+    for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (decay if p.dim() >= 2 and not getattr(p, "no_weight_decay", False) else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+        decay = p.dim() >= 2 and not getattr(p, "no_weight_decay", False)
+        scale = float(scale_of(name)) if scale_of is not None else 1.0
+        if not scale > 0:
+            raise ValueError(f"lr_scale of parameter {name!r} must be positive, got {scale}")
+        groups.setdefault((scale, decay), []).append(p)
+    # the two full-rate groups always exist, first (the layout of every checkpoint before lr scales existed)
+    order = [(1.0, True), (1.0, False)] + sorted(k for k in groups if k[0] != 1.0)
+    param_groups = [{"params": groups.get(k, []), "weight_decay": cfg.weight_decay if k[1] else 0.0,
+                     "lr_scale": k[0]} for k in order]
+    return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
 @dataclass
@@ -312,7 +326,7 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str
     for step in range(start, cfg.steps):
         lr = lr_at(step, cfg)
         for g in optimizer.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g.get("lr_scale", 1.0)
         loss_sum = torch.zeros((), device=ctx.device)
         batches = []
         for micro in range(cfg.grad_accum):
