@@ -17,6 +17,10 @@
     polymixer eval eo --ckpt RUN                OA, mIoU, per-class IoU, km²/s, confusion and tiles PNGs
     polymixer segment --ckpt RUN --data D --patch ID   the class map of a whole patch (.npy and .png)
     polymixer bench eo [--quick]                km²/s vs window side, quality at equal budget, whole patches
+    polymixer train 3d --preset tiny-ppomv3     train a point-cloud segmenter (default data: synthetic rooms)
+    polymixer eval 3d --ckpt RUN                mIoU, per-class IoU, OA, 10⁶ points/s, scene PNGs
+    polymixer segment3d --ckpt RUN SCENE...     per-point labels of scenes (.npy, coloured .ply, PNG)
+    polymixer bench 3d [--quick]                10⁶ points/s vs scene size and patch, quality at equal budget
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
                "polymixer.tasks.eo:train",
                "Train a Sentinel-2 time-series segmenter on PASTIS-layout data (default: a synthetic PASTIS written "
                "offline; --data DIR for PASTIS itself), on 24×24 windows or whole patches."),
+        "3d": ("train a point-cloud segmenter (PTv3 / PPoMv3 / hybrid)", "polymixer.tasks.ptv3:train",
+               "Train a 3-D semantic segmenter on ScanNet-layout scenes, SemanticKITTI or .ply files (default: "
+               "synthetic indoor rooms generated offline in ScanNet's layout)."),
     },
     "sample": {
         "": ("sample an image grid from a trained generator", "polymixer.tasks.image:sample",
@@ -50,6 +57,11 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
         "": ("segment whole patches of a PASTIS-layout folder with a trained segmenter", "polymixer.tasks.eo:segment",
              "Write the class map of each patch as <ID>_classes.npy (uint8) and a PNG in the PASTIS colour map; the "
              "whole patch in one forward call by default."),
+    },
+    "segment3d": {
+        "": ("segment point clouds with a trained 3-D segmenter", "polymixer.tasks.ptv3:segment3d",
+             "Write each scene's per-point labels as <name>_labels.npy, a .ply coloured by class and a top-view PNG; "
+             "the whole scene in one forward call."),
     },
     "read": {
         "": ("transcribe line images with a trained recogniser", "polymixer.tasks.ocr:read",
@@ -70,6 +82,10 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
         "eo": ("overall accuracy, per-class IoU, mIoU and km²/s of a crop-type segmenter", "polymixer.tasks.eo:eval",
                "Evaluate a segmenter on a PASTIS fold's split over every non-void pixel: OA, per-class IoU, mIoU, "
                "throughput in km²/s, a confusion-matrix PNG and a PNG of tiles (RGB, truth, prediction)."),
+        "3d": ("mIoU, per-class IoU, overall accuracy and 10⁶ points/s of a point-cloud segmenter",
+               "polymixer.tasks.ptv3:eval",
+               "Evaluate a 3-D segmenter on a split as PTv3 does (intersection and union over every original point, "
+               "predictions mapped back through the voxels), throughput, and top-view PNGs of scenes."),
     },
     "bench": {
         "mixer": ("PoM vs attention across sequence lengths at a fixed token budget", "polymixer.bench.mixer",
@@ -87,6 +103,11 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
                "polymixer.bench.eo",
                "Throughput of TSViT / TSViPoM / hybrid at paper size on windows of 24 to 128 pixels, and OA / mIoU "
                "of the tiny presets trained with equal steps, evaluated on windows and whole patches."),
+        "3d": ("point clouds: 10⁶ points/s vs scene size and patch size, sparse conv, quality at equal budget",
+               "polymixer.bench.ptv3",
+               "Throughput of PTv3 / PPoMv3 / hybrid at paper size on scenes of 10k to 160k voxels with patches of "
+               "1,024 to the whole scene, the sparse convolution's backward, and mIoU of the tiny presets trained "
+               "with equal steps."),
     },
 }
 

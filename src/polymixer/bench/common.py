@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -264,3 +264,45 @@ def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+_NONE = ("none", "None", "scene")
+
+
+def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
+    """``"tiny-tsvipom+spatial_position=rope+sel_heads=1"`` → ("tiny-tsvipom", {"spatial_position": "rope",
+    "sel_heads": 1}): a preset and overrides of its config, each value converted to the type of the field (an
+    untyped field takes an int when the value is one; "none" / "scene" is None where the field allows it)."""
+    import typing
+
+    from ..models import model_config
+
+    preset, *parts = spec.split("+")
+    config = model_config(preset)
+    defaults, hints = asdict(config), typing.get_type_hints(type(config))
+    overrides: Dict[str, Any] = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq or key not in defaults:
+            raise ValueError(f"variant {spec!r}: {part!r} is not field=value with a field of {preset}'s config")
+        hint = hints.get(key)
+        nullable = hint is Any or type(None) in typing.get_args(hint)
+        if value in _NONE and nullable:
+            overrides[key] = None
+            continue
+        base = [a for a in typing.get_args(hint) if a is not type(None)]
+        kind = hint if hint in (bool, int, float, str) else base[0] if len(base) == 1 else type(defaults[key])
+        if hint is Any:
+            kind = int if value.lstrip("-").isdigit() else str
+        try:
+            overrides[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
+        except ValueError as e:
+            raise ValueError(f"variant {spec!r}: {key} must be a {kind.__name__}, got {value!r}") from e
+    return preset, overrides
+
+
+def describe_variant(spec: str, names: Dict[str, str]) -> str:
+    """A variant's display name: the preset's (from ``names``) and its overrides in brackets."""
+    preset, overrides = parse_variant(spec)
+    extra = ", ".join(f"{k}={'whole scene' if v is None else v}" for k, v in overrides.items())
+    return names.get(preset, preset) + (f" ({extra})" if extra else "")

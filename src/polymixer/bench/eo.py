@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import time
-import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -24,9 +23,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..data.eo import PIXEL_KM2
-from ..models import count_parameters, create_model, model_config
-from .common import apply_overrides, format_table, keep_freed_memory, new_figure, save_figure, \
-    plot_speed_vs_baseline, resume_point, run_parts, time_interleaved, training_minutes
+from ..models import count_parameters, create_model
+from .common import apply_overrides, describe_variant, format_table, keep_freed_memory, new_figure, parse_variant, \
+    plot_speed_vs_baseline, resume_point, run_parts, save_figure, time_interleaved, training_minutes
 
 __all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdicts", "report", "plot", "run", "main",
            "add_arguments"]
@@ -69,29 +68,8 @@ QUICK = dict(presets=("tsvit", "tsvipom"), sides=(24, 48), frames=24, budget=230
              eval_windows=(24, 0), eval_limit=2)
 
 
-def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
-    """``"tiny-tsvipom+spatial_position=rope+sel_heads=1"`` → ("tiny-tsvipom", {"spatial_position": "rope",
-    "sel_heads": 1}); values are converted to the type of the config field's default."""
-    preset, *parts = spec.split("+")
-    config = model_config(preset)
-    defaults, hints = asdict(config), typing.get_type_hints(type(config))
-    overrides: Dict[str, Any] = {}
-    for part in parts:
-        key, eq, value = part.partition("=")
-        if not eq or key not in defaults:
-            raise ValueError(f"variant {spec!r}: {part!r} is not field=value with a field of {preset}'s config")
-        kind = hints[key] if hints.get(key) in (bool, int, float, str) else type(defaults[key])  # expand: float = 2
-        try:
-            overrides[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
-        except ValueError as e:
-            raise ValueError(f"variant {spec!r}: {key} must be a {kind.__name__}, got {value!r}") from e
-    return preset, overrides
-
-
 def variant_name(spec: str) -> str:
-    preset, overrides = parse_variant(spec)
-    extra = ", ".join(f"{k}={v}" for k, v in overrides.items())
-    return NAMES.get(preset, preset) + (f" ({extra})" if extra else "")
+    return describe_variant(spec, NAMES)
 
 
 @torch.inference_mode()
