@@ -45,7 +45,9 @@ class PointBenchConfig:
     conv_points: int = 40_000
     conv_channels: Tuple[int, ...] = (32, 64, 128)
     quality_models: Tuple[str, ...] = ("tiny-ptv3", "tiny-ppomv3", "tiny-ppomv3-hybrid",
+                                       "tiny-ppomv3+pom_patch_size=1024", "tiny-ppomv3+pom_patch_size=4096",
                                        "tiny-ppomv3+pom_patch_size=scene")
+    picture_model: str = "tiny-ppomv3"  # whose prediction of a test room is drawn (else the last quality model)
     quality_steps: int = 300
     quality_batch: int = 2
     quality_points: int = 12_000  # sphere crop of each training room (PTv3's point budget, scaled to 2 cores)
@@ -153,13 +155,15 @@ def run_conv(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
 def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from ..data.ptv3 import AugmentConfig, PointDataset
     from ..data.ptv3_synth import resolve_data
-    from ..tasks.ptv3 import PointTask, evaluate_3d
+    from ..tasks.ptv3 import PointTask, draw_scene, evaluate_3d
     from ..train.loop import TrainConfig, train
 
     root = resolve_data(cfg.data_dir, progress=progress)
     train_set, val_set = PointDataset(root, "train", "scannet"), PointDataset(root, "val", "scannet")
     test_set = PointDataset(root, cfg.eval_split, "scannet")
     rows = []
+    pictures: Dict[str, str] = {}
+    drawn = cfg.picture_model if cfg.picture_model in cfg.quality_models else cfg.quality_models[-1]
     for spec in cfg.quality_models:
         preset, overrides = parse_variant(spec)
         overrides = {**cfg.model_overrides, **overrides}
@@ -180,14 +184,21 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
         t0 = time.perf_counter()
         res = train(model, task, tcfg, meta)
         minutes = training_minutes(out, t0, finished, res["history"], cfg.quality_batch)
-        m = evaluate_3d(model, test_set, limit=cfg.eval_limit or None, progress=progress)
+        m = evaluate_3d(model, test_set, limit=cfg.eval_limit or None, progress=progress,
+                        keep_predictions=1 if spec == drawn else 0)
+        if m["predictions"]:
+            scene, pred = m["predictions"][0]
+            title = (f"{describe_variant(spec, NAMES)}, {scene.name}: {cfg.eval_split} mIoU "
+                     f"{100 * m['miou']:.1f}%")
+            pictures["scene"] = draw_scene(scene, pred, test_set.format.class_names, Path(cfg.out) / "3d_scene.png",
+                                           title).name
         rows.append({"model": describe_variant(spec, NAMES), "spec": spec, "preset": preset,
                      "params": count_parameters(model), "pattern": model.config.pattern,
                      "steps": cfg.quality_steps, "batch": cfg.quality_batch, "train_min": minutes,
                      "final_loss": next((h["loss"] for h in reversed(res["history"]) if "loss" in h), None),
                      "miou": m["miou"], "oa": m["oa"], "scenes": m["scenes"], "points": m["points"],
                      "per_class": {r["name"]: r["iou"] for r in m["per_class"] if r["iou"] is not None}})
-    return {"rows": rows, "data": str(root), "split": cfg.eval_split}
+    return {"rows": rows, "data": str(root), "split": cfg.eval_split, "pictures": pictures}
 
 
 def _asdict(config: Any) -> Dict[str, Any]:
