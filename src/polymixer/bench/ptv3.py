@@ -336,6 +336,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-limit", type=int, default=None, help="test rooms scored (0: all)")
     p.add_argument("--data", default=None, help="a ScanNet-layout folder for the quality part (default: the "
                                                 "synthetic rooms)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the training runs (their init and batches) and "
+                                                          "of the speed scenes; use another --out per seed")
     p.add_argument("--out", default=d.out)
 
 
@@ -343,7 +345,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = PointBenchConfig(parts=tuple(args.parts), out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {n: n for n in ("presets", "sizes", "patch_models", "patch_scene", "repeats", "quality_models",
-                                    "quality_steps", "quality_batch", "quality_points", "eval_limit")})
+                                    "quality_steps", "quality_batch", "quality_points", "eval_limit", "seed")})
     if args.data is not None:
         cfg.data_dir = args.data
     for spec in cfg.quality_models + cfg.patch_models:
