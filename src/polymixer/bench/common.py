@@ -142,6 +142,15 @@ def format_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str], headers
     return "\n".join([line(headers), sep] + [line(b) for b in body])
 
 
+def per_class_table(scores: Dict[str, Any], unit: str) -> str:
+    """The per-class table of a segmentation evaluation (``ConfusionMatrix.as_dict()``): IoU and recall in %,
+    support and predictions counted in ``unit`` (pixels, points)."""
+    rows = [{**r, "iou": None if r["iou"] is None else 100 * r["iou"],
+             "recall": None if r["recall"] is None else 100 * r["recall"]} for r in scores["per_class"]]
+    return format_table(rows, ["class", "name", "iou", "recall", "support", "predicted"],
+                        ["class", "name", "IoU %", "recall %", unit, "predicted"])
+
+
 def apply_overrides(cfg: Any, quick: Optional[Dict[str, Any]], args: Any, fields: Dict[str, str]) -> Any:
     """Set ``quick``'s values on the config (``--quick``), then every command-line option that was given
     (``fields`` maps argument names to config fields; lists become tuples)."""

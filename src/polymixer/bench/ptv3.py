@@ -99,27 +99,25 @@ def run_speed(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     params: Dict[str, int] = {}
     jobs = [(n, list(cfg.presets)) for n in cfg.sizes]
     if cfg.patch_models:
-        jobs.append((cfg.patch_scene, [cfg.presets[0]] + [p for p in cfg.presets[1:2]] + list(cfg.patch_models)))
+        jobs.append((cfg.patch_scene, list(cfg.presets[:2]) + list(cfg.patch_models)))
     bar = tqdm(total=sum(len(specs) for _, specs in jobs) * (cfg.repeats + 1), disable=not progress,
                desc="bench 3d speed", unit="call")
     for group, (n, specs) in enumerate(jobs):
         feat, grid = make_scene(n, cfg.seed + n)
         offset = torch.tensor([len(grid)])
-        fns = {}
+        fns, configs = {}, {}
         for spec in specs:
             preset, overrides = parse_variant(spec)
             model = create_model(preset, **{**cfg.model_overrides, **overrides}).eval()
-            params[spec] = count_parameters(model)
+            params[spec], configs[spec] = count_parameters(model), model.config
             fns[spec] = (lambda m=model: m(feat, grid, offset))
         timing = time_interleaved(fns, warmup=1, repeats=cfg.repeats, on_sample=lambda name: bar.update(1))
         bar.update(len(fns))
         base = timing[specs[0]].median
         for spec in specs:
-            preset, overrides = parse_variant(spec)
-            model_cfg = create_model(preset, device="meta", **{**cfg.model_overrides, **overrides}).config
-            t = timing[spec].median
+            model_cfg, t = configs[spec], timing[spec].median
             rows.append({"set": "contexts" if group == len(cfg.sizes) else "sizes", "voxels": n, "spec": spec,
-                         "preset": preset, "model": describe_variant(spec, NAMES),
+                         "preset": spec.split("+")[0], "model": describe_variant(spec, NAMES),
                          "attn_patch": model_cfg.patch_size if "A" in model_cfg.pattern else None,
                          "pom_patch": "scene" if "P" in model_cfg.pattern and model_cfg.pom_patch(0) is None
                          else model_cfg.pom_patch(0) if "P" in model_cfg.pattern else None,
@@ -155,12 +153,12 @@ def run_conv(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
 def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from ..data.ptv3 import AugmentConfig, PointDataset
     from ..data.ptv3_synth import resolve_data
-    from ..tasks.ptv3 import PointTask, draw_scene, evaluate_3d
-    from ..train.loop import TrainConfig, train
+    from ..tasks.ptv3 import draw_scene, evaluate_3d, train_3d
+    from ..train.loop import TrainConfig
 
     root = resolve_data(cfg.data_dir, progress=progress)
-    train_set, val_set = PointDataset(root, "train", "scannet"), PointDataset(root, "val", "scannet")
     test_set = PointDataset(root, cfg.eval_split, "scannet")
+    augment = replace(AugmentConfig.for_format("scannet"), max_points=cfg.quality_points)
     rows = []
     pictures: Dict[str, str] = {}
     drawn = cfg.picture_model if cfg.picture_model in cfg.quality_models else cfg.quality_models[-1]
@@ -173,16 +171,10 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
                            eval_every=cfg.quality_steps, ckpt_every=cfg.quality_steps, out=str(out),
                            progress=progress, seed=cfg.seed + 11)
         finished = resume_point(out, tcfg)
-        torch.manual_seed(tcfg.seed)
-        model = create_model(preset, **overrides)
-        task = PointTask(train_set, val_set, cfg.quality_batch, tcfg.seed,
-                         replace(AugmentConfig.for_format("scannet"), max_points=cfg.quality_points),
-                         eval_limit=cfg.eval_limit or None)
-        meta = {"family": "ptv3", "preset": preset, "model": _asdict(model.config),
-                "data": {"path": str(root), "name": "rooms", "format": "scannet", "grid_size": task.grid_size,
-                         "classes": list(train_set.format.class_names)}}
         t0 = time.perf_counter()
-        res = train(model, task, tcfg, meta)
+        res = train_3d(preset, tcfg, str(root), "scannet", augment, eval_limit=cfg.eval_limit or None,
+                       progress=progress, **overrides)
+        model = res["model"]
         minutes = training_minutes(out, t0, finished, res["history"], cfg.quality_batch)
         m = evaluate_3d(model, test_set, limit=cfg.eval_limit or None, progress=progress,
                         keep_predictions=1 if spec == drawn else 0)
@@ -199,12 +191,6 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
                      "miou": m["miou"], "oa": m["oa"], "scenes": m["scenes"], "points": m["points"],
                      "per_class": {r["name"]: r["iou"] for r in m["per_class"] if r["iou"] is not None}})
     return {"rows": rows, "data": str(root), "split": cfg.eval_split, "pictures": pictures}
-
-
-def _asdict(config: Any) -> Dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(config)
 
 
 def verdicts(payload: Dict[str, Any]) -> List[str]:

@@ -538,7 +538,6 @@ class PTv3(nn.Module):
     def __init__(self, config: PTv3Config) -> None:
         super().__init__()
         cfg = self.config = config
-        self.family = "ptv3"
         pattern = iter(cfg.pattern)
         self.stem_conv = SubMConv3d(cfg.in_channels, cfg.enc_channels[0], cfg.stem_kernel, bias=False)
         self.stem_norm = _bn(cfg, cfg.enc_channels[0])

@@ -359,8 +359,6 @@ def load_segmenter(ckpt: Union[str, Path], ema: Optional[bool] = None,
         raise ValueError(f"{ckpt} holds a {cfg.get('family')!r} model, not a time-series segmenter")
     if "normalization" not in cfg:
         raise ValueError(f"{ckpt} has no band normalisation in its config.json")
-    if ema is None:
-        ema = (resolve_checkpoint(ckpt) / "ema.safetensors").is_file()
     model = load_model(ckpt, family="tsvit", ema=ema).eval()
     if dtype == "bf16":
         model.to(torch.bfloat16)
@@ -391,16 +389,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
 
 
-def per_class_table(scores: Dict[str, Any]) -> str:
-    from ..bench.common import format_table
-
-    rows = [{**r, "iou": None if r["iou"] is None else 100 * r["iou"],
-             "recall": None if r["recall"] is None else 100 * r["recall"]} for r in scores["per_class"]]
-    return format_table(rows, ["class", "name", "iou", "recall", "support", "predicted"],
-                        ["class", "name", "IoU %", "recall %", "pixels", "predicted"])
-
-
 def main_eval(args: argparse.Namespace) -> int:
+    from ..bench.common import per_class_table
+
     model, stats, cfg = load_segmenter(args.ckpt, ema=False if args.no_ema else None, dtype=args.dtype)
     data = cfg.get("data", {})
     root = resolve_data(args.data or data.get("path"))
@@ -415,7 +406,7 @@ def main_eval(args: argparse.Namespace) -> int:
     print(json.dumps({"ckpt": str(args.ckpt), "preset": cfg.get("preset"), "step": cfg.get("step"), "data": str(root),
                       "fold": fold, "split": args.split, "folds": list(folds),
                       "window": window or "whole patches", **summary}, indent=2))
-    print(per_class_table(m))
+    print(per_class_table(m, "pixels"))
     prefix = Path(args.png) if args.png else resolve_checkpoint(args.ckpt).parent.parent / f"eval_{args.split}"
     title = (f"{cfg.get('preset')} — {root.name} fold {fold} {args.split}: OA {100 * m['oa']:.1f}%, "
              f"mIoU {100 * m['miou']:.1f}%")

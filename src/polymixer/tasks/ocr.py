@@ -272,8 +272,6 @@ def load_recognizer(ckpt: Union[str, Path], ema: Optional[bool] = None,
         raise ValueError(f"{ckpt} holds a {cfg.get('family')!r} model, not a text recogniser")
     if "charset" not in cfg:
         raise ValueError(f"{ckpt} has no charset in its config.json")
-    if ema is None:
-        ema = (resolve_checkpoint(ckpt) / "ema.safetensors").is_file()
     model = load_model(ckpt, family="htr", ema=ema)
     model.optimize_for_inference(torch.bfloat16 if dtype == "bf16" else None)
     charset = Charset(cfg["charset"])

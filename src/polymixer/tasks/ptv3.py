@@ -20,7 +20,7 @@ from ..data.ptv3 import FORMATS, AugmentConfig, PointDataset, PointFormat, Scene
     load_ply, load_scannet_scene, load_semantickitti_scan, voxelize, write_ply
 from ..data.ptv3_synth import resolve_data
 from ..metrics import ConfusionMatrix
-from ..models import create_model, list_models, model_config
+from ..models import create_model, list_models
 from ..train.checkpoint import load_model, read_config, resolve_checkpoint
 from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
 
@@ -33,13 +33,14 @@ Batch = Dict[str, Any]
 
 
 def collate(scenes: Sequence[Scene], grid_size: float, mode: str = "train",
-            rng: Optional[np.random.Generator] = None) -> Batch:
-    """Voxelise each scene (train: a random point per voxel; test: the first) and concatenate them in PTv3's layout:
+            rngs: Optional[Sequence[np.random.Generator]] = None) -> Batch:
+    """Voxelise each scene (train: a random point per voxel, drawn with the scene's generator in ``rngs``; test: the
+    first) and concatenate them in PTv3's layout:
     feat (N, C), grid (N, 3) int64, offset (B,) running counts, segment (N,) or None, and for mapping predictions back
     ``inverse`` (the voxel of every original point, per scene) and ``points`` (original point counts)."""
     feats, grids, segs, inverses, counts, points = [], [], [], [], [], []
-    for s in scenes:
-        grid, index, inverse = voxelize(s.coord, grid_size, mode, rng)
+    for i, s in enumerate(scenes):
+        grid, index, inverse = voxelize(s.coord, grid_size, mode, None if rngs is None else rngs[i])
         feats.append(torch.from_numpy(np.ascontiguousarray(s.feat[index], dtype=np.float32)))
         grids.append(torch.from_numpy(grid.astype(np.int64)))
         segs.append(None if s.segment is None else torch.from_numpy(s.segment[index].astype(np.int64)))
@@ -107,18 +108,16 @@ class PointTask:
     def batch(self, step: int, share: int, shares: int, device: torch.device) -> Batch:
         picks = np.random.default_rng([self.seed, step]).integers(0, len(self.train_set), self.batch_size)
         n = self.batch_size // shares
-        scenes = []
+        scenes, rngs = [], []
         for k in range(share * n, (share + 1) * n):
             rng = np.random.default_rng([self.seed, step, k])
             s = self.train_set[int(picks[k])]
             if self.augment_cfg is not None:
                 s = augment(s, rng, self.augment_cfg, self.train_set.format.name)
-            scenes.append((s, rng))
-        parts = [collate([s], self.grid_size, "train", rng) for s, rng in scenes]
-        b = {"feat": torch.cat([p["feat"] for p in parts]), "grid": torch.cat([p["grid"] for p in parts]),
-             "offset": torch.tensor([p["voxels"] for p in parts]).cumsum(0),
-             "segment": torch.cat([p["segment"] for p in parts])}
-        return {k: v.to(device) for k, v in b.items()}
+            scenes.append(s)
+            rngs.append(rng)
+        b = collate(scenes, self.grid_size, "train", rngs)
+        return {k: b[k].to(device) for k in ("feat", "grid", "offset", "segment")}
 
     def count(self, batch: Batch) -> int:
         return int(batch["feat"].shape[0])
@@ -181,10 +180,11 @@ def evaluate_3d(model: nn.Module, dataset: PointDataset, batch: int = 4, limit: 
 
 
 def train_3d(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, format: Optional[str] = None,
-             augment_data: bool = True, lovasz: float = 1.0, eval_limit: Optional[int] = None,
+             augment_data: Union[bool, AugmentConfig] = True, lovasz: float = 1.0, eval_limit: Optional[int] = None,
              progress: bool = True, **overrides: Any) -> Dict[str, Any]:
     """Train ``preset`` on a point-cloud dataset (default: the offline synthetic rooms in ScanNet's layout) with the
-    shared loop; the model's input channels and classes follow the format."""
+    shared loop; the model's input channels and classes follow the format. ``augment_data``: PTv3's augmentations
+    for the format (True), none (False), or a given :class:`AugmentConfig`."""
     root = resolve_data(data, progress=progress)
     fmt_name = format or detect_format(root)
     fmt = FORMATS[fmt_name]
@@ -192,15 +192,17 @@ def train_3d(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, fo
     val_set = PointDataset(root, "val", fmt_name)
     overrides.setdefault("in_channels", fmt.in_channels)
     overrides.setdefault("num_classes", len(fmt.class_names))
-    cfg = model_config(preset, **overrides)
     torch.manual_seed(train_cfg.seed)
     model = create_model(preset, **overrides)
-    task = PointTask(train_set, val_set, train_cfg.batch_size, train_cfg.seed,
-                     AugmentConfig.for_format(fmt_name) if augment_data else None, lovasz, eval_limit)
-    meta = {"family": "ptv3", "preset": preset, "model": asdict(cfg),
+    if isinstance(augment_data, AugmentConfig):
+        augment_cfg: Optional[AugmentConfig] = augment_data
+    else:
+        augment_cfg = AugmentConfig.for_format(fmt_name) if augment_data else None
+    task = PointTask(train_set, val_set, train_cfg.batch_size, train_cfg.seed, augment_cfg, lovasz, eval_limit)
+    meta = {"family": "ptv3", "preset": preset, "model": asdict(model.config),
             "data": {"path": str(root), "name": data or "rooms", "format": fmt_name, "grid_size": fmt.grid_size,
                      "classes": list(fmt.class_names), "train_scenes": len(train_set), "val_scenes": len(val_set),
-                     "augment": augment_data, "lovasz": lovasz}}
+                     "augment": None if augment_cfg is None else augment_cfg.to_dict(), "lovasz": lovasz}}
     return {**train(model, task, train_cfg, meta), "model": model}
 
 
@@ -329,8 +331,6 @@ def load_segmenter(ckpt: Union[str, Path], ema: Optional[bool] = None,
     cfg = read_config(ckpt)
     if cfg.get("family") != "ptv3":
         raise ValueError(f"{ckpt} holds a {cfg.get('family')!r} model, not a point-cloud segmenter")
-    if ema is None:
-        ema = (resolve_checkpoint(ckpt) / "ema.safetensors").is_file()
     model = load_model(ckpt, family="ptv3", ema=ema).eval()
     if dtype == "bf16":
         model.to(torch.bfloat16)
@@ -355,7 +355,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main_eval(args: argparse.Namespace) -> int:
-    from .eo import per_class_table
+    from ..bench.common import per_class_table
 
     model, cfg = load_segmenter(args.ckpt, ema=False if args.no_ema else None, dtype=args.dtype)
     data = cfg.get("data", {})
@@ -367,7 +367,7 @@ def main_eval(args: argparse.Namespace) -> int:
                                  "counted", "classes_present")}
     print(json.dumps({"ckpt": str(args.ckpt), "preset": cfg.get("preset"), "step": cfg.get("step"),
                       "data": str(root), "format": fmt, "split": args.split, **summary}, indent=2))
-    print(per_class_table(m))
+    print(per_class_table(m, "points"))
     prefix = Path(args.png) if args.png else resolve_checkpoint(args.ckpt).parent.parent / f"eval_{args.split}"
     written = []
     for i, (scene, pred) in enumerate(m["predictions"]):

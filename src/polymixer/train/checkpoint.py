@@ -151,9 +151,10 @@ def load_weights(model: nn.Module, path: Union[str, Path], ema: bool = False) ->
                          f"{sorted(unexpected)}")
 
 
-def load_model(path: Union[str, Path], device: Optional[Union[str, torch.device]] = None, ema: bool = False,
-               **expect: Any) -> nn.Module:
-    """Rebuild the model a checkpoint was trained with and load its weights (the EMA weights with ``ema=True``).
+def load_model(path: Union[str, Path], device: Optional[Union[str, torch.device]] = None,
+               ema: Optional[bool] = False, **expect: Any) -> nn.Module:
+    """Rebuild the model a checkpoint was trained with and load its weights (the EMA weights with ``ema=True``;
+    ``ema=None``: the EMA weights when the checkpoint has them).
 
     ``expect`` lists config values the caller relies on (e.g. ``family="lm"``); any difference raises a ValueError
     that lists the differing keys.
@@ -166,6 +167,8 @@ def load_model(path: Union[str, Path], device: Optional[Union[str, torch.device]
         raise ValueError(f"checkpoint {path} holds a {family!r} model, not {expect['family']!r}")
     model = build_from_config(family, cfg["model"], device)
     model.preset = cfg.get("preset")
+    if ema is None:
+        ema = (resolve_checkpoint(path) / "ema.safetensors").is_file()
     load_weights(model, path, ema=ema)
     return model
 

@@ -247,14 +247,20 @@ def _sam_second_pass(raw: nn.Module, model: nn.Module, task: Task, batches: List
             p.sub_(e)
 
 
-def _init_weights(model: nn.Module, ema: Optional["_Ema"], source: str, model_config: Dict[str, Any]) -> None:
-    """Start a new run from the weights of another one (its EMA weights when saved), after checking that the model
-    configurations agree."""
-    ck = resolve_checkpoint(source)
+def _model_diff(ck: Path, model_config: Dict[str, Any]) -> Dict[str, Any]:
+    """{key: (checkpoint's value, this run's)} where the model (family included) saved in ``ck`` differs."""
     saved = read_config(ck)
     diff = config_diff(saved.get("model", {}), model_config.get("model", {}))
     if saved.get("family") != model_config.get("family"):
         diff["family"] = (saved.get("family"), model_config.get("family"))
+    return diff
+
+
+def _init_weights(model: nn.Module, ema: Optional["_Ema"], source: str, model_config: Dict[str, Any]) -> None:
+    """Start a new run from the weights of another one (its EMA weights when saved), after checking that the model
+    configurations agree."""
+    ck = resolve_checkpoint(source)
+    diff = _model_diff(ck, model_config)
     if diff:
         listing = "; ".join(f"{k}: {ck} has {a!r}, this run {b!r}" for k, (a, b) in diff.items())
         raise ValueError(f"cannot start from {ck}: the model configurations differ — {listing}")
@@ -293,10 +299,7 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str
         except FileNotFoundError:
             ck = None
         if ck is not None:
-            saved = read_config(ck)
-            diff = config_diff(saved.get("model", {}), model_config.get("model", {}))
-            if saved.get("family") != model_config.get("family"):
-                diff["family"] = (saved.get("family"), model_config.get("family"))
+            diff = _model_diff(ck, model_config)
             if diff:
                 listing = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
                 raise ValueError(f"cannot resume from {ck}: its model config differs — {listing}")
