@@ -5,6 +5,9 @@
     polymixer eval lm --ckpt RUN                val loss, bits per byte, length generalisation
     polymixer bench mixer [--quick]             PoM vs attention across sequence lengths (table, JSON, PNG)
     polymixer bench lm [--quick]                language models: throughput, decoding, quality
+    polymixer export hf --ckpt RUN --out DIR    a language model as a transformers folder (and import hf back)
+    polymixer distill lm --teacher RUN --pattern LPLP   convert attention → hybrid / PoM and distil it
+    polymixer bench distill [--quick]           distilled vs from-scratch students at an equal token budget
     polymixer train image --preset tiny-sipom   train a diffusion transformer (default data: digits)
     polymixer sample --ckpt RUN --cfg 4         a class-conditional sample grid
     polymixer eval image --ckpt RUN             conditional accuracy and Fréchet distance
@@ -71,6 +74,23 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
         "": ("sample text from a trained language model", "polymixer.tasks.lm:generate",
              "Prefill the prompt in parallel, then decode token by token with per-layer state."),
     },
+    "export": {
+        "hf": ("a language-model checkpoint as a transformers folder", "polymixer.tasks.lm:export",
+               "Write model.safetensors, config.json and the tokenizer: AutoModelForCausalLM.from_pretrained(DIR) "
+               "loads it once polymixer is imported (needs the [hf] extra)."),
+    },
+    "import": {
+        "hf": ("a transformers folder of a polymixer language model as a polymixer run", "polymixer.tasks.lm:import",
+               "The reverse of export hf: a checkpoint that generate, eval lm, train lm --init-from and distill lm "
+               "take."),
+    },
+    "distill": {
+        "lm": ("convert an attention LM to PoM / hybrid and distil it (attention transfer, then fine-tuning)",
+               "polymixer.tasks.distill:lm",
+               "Replace the attention of the layers a pattern marks (P = PoM, L = local attention) in a polymixer "
+               "run or a transformers GPT-2 / Llama-family folder, train the new mixers to match each replaced "
+               "layer (stage 1), then fine-tune the whole student on the language-modelling loss (stage 2)."),
+    },
     "eval": {
         "lm": ("validation loss, bits per byte and length generalisation", "polymixer.tasks.lm:eval",
                "Evaluate a language-model checkpoint at its training context and at multiples of it."),
@@ -93,6 +113,11 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
         "lm": ("language models: throughput, decoding cost vs context, quality at equal budget", "polymixer.bench.lm",
                "Forward throughput, per-token decoding time and memory, and trained quality of attention / PoM / "
                "hybrid language models."),
+        "distill": ("attention LM converted to hybrid / all-PoM and distilled vs trained from scratch",
+                    "polymixer.bench.distill",
+                    "Train the tiny attention teacher, distil it into the hybrid and all-PoM patterns within a quarter "
+                    "of its training tokens, and train the same students from scratch on that budget; val loss vs "
+                    "tokens."),
         "image": ("diffusion transformers: seconds per image vs image side, quality at equal budget",
                   "polymixer.bench.image",
                   "Forward time of SiT vs SiPoM across image sizes, and SiT vs SiPoM trained with equal steps."),

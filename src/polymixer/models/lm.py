@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import functional as Fn
-from ..blocks import LETTERS, PolyMorpher, layer_pattern
+from ..blocks import LETTERS, PolyMorpher, build_mixer, layer_pattern
 from ..mixer import Index, _batch_index
 
 __all__ = ["LMConfig", "GPT", "LMState", "pad_left"]
@@ -115,17 +115,8 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(c.vocab_size, c.n_embd)
         self.wpe = nn.Embedding(c.block_size, c.n_embd) if c.position == "learned" else None
         self.drop = nn.Dropout(c.dropout)
-        rope = "1d" if c.position == "rope" else None
-        self.blocks = nn.ModuleList()
-        for letter in self.pattern:
-            if letter == "P":
-                kw = dict(degree=c.degree, expand=c.expand, sel_heads=c.sel_heads, rope=rope, rope_base=c.rope_base)
-            else:
-                kw = dict(heads=c.n_head, causal=True, rope=rope, rope_base=c.rope_base)
-                if letter == "L":
-                    kw["window"] = c.window
-            self.blocks.append(PolyMorpher(c.n_embd, mixer=LETTERS[letter], mlp_ratio=4.0, dropout=c.dropout,
-                                           bias=c.bias, mixer_bias=c.bias, **kw))
+        self.blocks = nn.ModuleList(PolyMorpher(c.n_embd, mixer=self.build_mixer(letter), mlp_ratio=4.0,
+                                                dropout=c.dropout, bias=c.bias) for letter in self.pattern)
         self.ln_f = nn.LayerNorm(c.n_embd, bias=c.bias)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
@@ -135,6 +126,18 @@ class GPT(nn.Module):
             for p in (getattr(blk.mixer, "proj", None), getattr(blk.mixer, "out_proj", None), blk.mlp.fc2):
                 if p is not None:
                     nn.init.normal_(p.weight, mean=0.0, std=scaled)
+
+    def build_mixer(self, letter: str) -> nn.Module:
+        """A fresh mixer for a layer of pattern letter P / A / L, as this model's config defines it."""
+        c = self.config
+        rope = "1d" if c.position == "rope" else None
+        if letter == "P":
+            kw = dict(degree=c.degree, expand=c.expand, sel_heads=c.sel_heads)
+        elif letter in "AL":
+            kw = dict(heads=c.n_head, causal=True, dropout=c.dropout, window=c.window if letter == "L" else None)
+        else:
+            raise ValueError(f"unknown layer letter {letter!r}: use P, A or L")
+        return build_mixer(LETTERS[letter], c.n_embd, rope=rope, rope_base=c.rope_base, bias=c.bias, **kw)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

@@ -241,3 +241,34 @@ def main_eval(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
     return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# polymixer export hf / import hf (transformers is imported only when these run)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def add_export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ckpt", required=True, help="polymixer run or checkpoint folder (a language model)")
+    p.add_argument("--out", required=True, help="transformers folder to write")
+    p.add_argument("--no-ema", action="store_true", help="export the raw weights even if the run kept an EMA")
+
+
+def main_export(args: argparse.Namespace) -> int:
+    from ..hf import export_hf
+
+    out = export_hf(args.ckpt, args.out, ema=False if args.no_ema else None)
+    print(f"wrote {out} (load it with: import polymixer; AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+    return 0
+
+
+def add_import_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--src", required=True, help="transformers folder written by export hf or save_pretrained")
+    p.add_argument("--out", required=True, help="polymixer run folder to write")
+
+
+def main_import(args: argparse.Namespace) -> int:
+    from ..hf import import_hf
+
+    print(f"wrote {import_hf(args.src, args.out)}")
+    return 0
