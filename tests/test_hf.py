@@ -200,3 +200,15 @@ def test_auto_classes_know_polymixer_after_import_in_either_order(tmp_path):
         assert res.returncode == 0, res.stderr
         assert res.stdout.strip().endswith("PolymixerForCausalLM")
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "polymixer"
+
+
+def test_bench_lm_decoding_through_transformers(tmp_path):
+    from polymixer.bench.lm import LMBenchConfig, report, run
+
+    cfg = LMBenchConfig(n_layer=2, n_embd=32, n_head=2, window=8, hf_decode_contexts=(16, 48), decode_steps=3,
+                        parts=("hf_decode",), out=str(tmp_path))
+    rows = run(cfg, progress=False)["hf_decode"]["rows"]
+    pom = [r for r in rows if r["model"] == "pom"]
+    att = [r for r in rows if r["model"] == "attention"]
+    assert pom[0]["state_mb"] == pom[1]["state_mb"] and att[1]["state_mb"] > att[0]["state_mb"]
+    assert "decoding through transformers" in report(run(cfg, progress=False))

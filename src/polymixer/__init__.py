@@ -1,12 +1,14 @@
 """polymixer — the Polynomial Mixer (PoM), a linear-time drop-in replacement for self-attention.
 
     from polymixer import PoM, PolyMorpher, Attention, PoMState
+    from polymixer import pomify        # attention → PoM / hybrid in a trained model (polymixer or transformers)
 """
 
 from . import functional
 from .attention import Attention, AttentionState
 from .blocks import MLP, PolyMorpher, build_mixer
 from .mixer import PoM, PoMState
+from .pomify import pomify
 
 __version__ = "0.1.0"
 
@@ -35,4 +37,4 @@ def _register_with_transformers() -> None:
 
 _register_with_transformers()
 
-__all__ = ["PoM", "PoMState", "PolyMorpher", "Attention", "AttentionState", "MLP", "build_mixer", "functional"]
+__all__ = ["PoM", "PoMState", "PolyMorpher", "Attention", "AttentionState", "MLP", "build_mixer", "functional", "pomify"]

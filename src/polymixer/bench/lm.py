@@ -16,14 +16,14 @@ import argparse
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
 from ..models import count_parameters, create_model
 from .common import apply_overrides, format_table, new_figure, save_figure, run_parts, time_interleaved
 
-__all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_quality", "main", "add_arguments"]
+__all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]
 
 KINDS = {"attention": "attention", "pom": "pom", "hybrid": "hybrid"}
 
@@ -40,18 +40,19 @@ class LMBenchConfig:
     repeats: int = 3
     decode_contexts: Tuple[int, ...] = (1024, 4096, 16384, 32768, 65536)
     decode_steps: int = 64
+    hf_decode_contexts: Tuple[int, ...] = (1024, 4096, 16384)
     quality_presets: Tuple[str, ...] = ("tiny-attention", "tiny-pom", "tiny-hybrid")
     quality_steps: int = 1500
     quality_batch: int = 32
     quality_eval_windows: int = 1024
-    parts: Tuple[str, ...] = ("throughput", "decode", "quality")
+    parts: Tuple[str, ...] = ("throughput", "decode", "quality")  # and "hf_decode" (the [hf] extra)
     seed: int = 0
     out: str = "runs/bench/lm"
     extra: Dict[str, Any] = field(default_factory=dict)
 
 
 QUICK = dict(throughput_lengths=(1024, 4096), tokens=8192, repeats=2, decode_contexts=(1024, 8192), decode_steps=8,
-             quality_steps=60, quality_eval_windows=64)
+             hf_decode_contexts=(1024, 8192), quality_steps=60, quality_eval_windows=64)
 
 
 def _model(cfg: LMBenchConfig, kind: str) -> torch.nn.Module:
@@ -89,33 +90,32 @@ def run_throughput(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return {"rows": rows, "params": params}
 
 
-@torch.no_grad()
-def run_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    """Per-token decoding time and state memory after a prefilled context of each length (batch 1)."""
+def _decode_rows(cfg: LMBenchConfig, models: Dict[str, Any], contexts: Tuple[int, ...], prefill: Any, step: Any,
+                 memory: Any, progress: bool, desc: str) -> List[Dict[str, Any]]:
+    """Per-token decoding time (median over ``decode_steps`` after two warm-up steps) and state memory after a
+    prefilled context of each length (batch 1); ``prefill(model, prompt) → state``, ``step(model, token, state) →
+    state``, ``memory(state) → bytes``."""
     from tqdm.auto import tqdm
 
-    torch.manual_seed(cfg.seed)
-    models = {k: _model(cfg, k) for k in KINDS}
     rows = []
-    bar = tqdm(total=len(cfg.decode_contexts) * len(models), disable=not progress, desc="bench lm decode",
-               unit="context")
-    for n in cfg.decode_contexts:
+    bar = tqdm(total=len(contexts) * len(models), disable=not progress, desc=desc, unit="context")
+    for n in contexts:
         prompt = torch.randint(0, 257, (1, n))
         for k, m in models.items():
             bar.set_postfix_str(f"{k} @ {n}")
             t0 = time.perf_counter()
-            _, state = m.step(prompt, m.init_state(1))
-            prefill = time.perf_counter() - t0
+            state = prefill(m, prompt)
+            elapsed = time.perf_counter() - t0
             tok = torch.randint(0, 257, (1, 1))
             times = []
             for i in range(cfg.decode_steps + 2):
                 t0 = time.perf_counter()
-                _, state = m.step(tok, state)
+                state = step(m, tok, state)
                 if i >= 2:  # two warm-up steps (first growth of caches, allocator)
                     times.append(time.perf_counter() - t0)
             times.sort()
             rows.append({"context": n, "model": k, "ms_per_token": 1e3 * times[len(times) // 2],
-                         "state_mb": state.memory_bytes / 2**20, "prefill_s": prefill})
+                         "state_mb": memory(state) / 2**20, "prefill_s": elapsed})
             del state
             bar.update(1)
     bar.close()
@@ -123,6 +123,34 @@ def run_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
         mine = [r for r in rows if r["model"] == k]
         for r in mine:
             r["vs_first_context"] = r["ms_per_token"] / mine[0]["ms_per_token"]
+    return rows
+
+
+@torch.no_grad()
+def run_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Per-token decoding time and state memory after a prefilled context of each length (batch 1)."""
+    torch.manual_seed(cfg.seed)
+    models = {k: _model(cfg, k) for k in KINDS}
+    rows = _decode_rows(cfg, models, cfg.decode_contexts, lambda m, p: m.step(p, m.init_state(1))[1],
+                        lambda m, t, s: m.step(t, s)[1], lambda s: s.memory_bytes, progress, "bench lm decode")
+    return {"rows": rows}
+
+
+@torch.no_grad()
+def run_hf_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """The same through transformers: the models as ``PolymixerForCausalLM``, one forward per token with the
+    ``PolymixerCache`` — the loop ``generate()`` runs (needs the [hf] extra)."""
+    from ..hf import to_hf
+
+    torch.manual_seed(cfg.seed)
+    models = {k: to_hf(_model(cfg, k)).eval() for k in KINDS}
+
+    def step(m: Any, tok: torch.Tensor, cache: Any) -> Any:
+        m(tok, past_key_values=cache, use_cache=True)
+        return cache
+
+    rows = _decode_rows(cfg, models, cfg.hf_decode_contexts, lambda m, p: m(p, use_cache=True).past_key_values,
+                        step, lambda c: c.memory_bytes, progress, "bench lm hf_decode")
     return {"rows": rows}
 
 
@@ -180,6 +208,15 @@ def report(payload: Dict[str, Any]) -> str:
                      f"(target ≤ 1.2: {'met' if pom_growth <= 1.2 else 'MISSED'})")
         lines.append(f"attention per-token time ÷ pom at {target}: {att_ratio:.2f}× "
                      f"(target ≥ 5: {'met' if att_ratio >= 5 else 'MISSED'})\n")
+    if "hf_decode" in payload:
+        rows = payload["hf_decode"]["rows"]
+        lines += ["decoding through transformers (PolymixerForCausalLM + PolymixerCache, the loop of generate())",
+                  format_table(rows, ["context", "model", "ms_per_token", "vs_first_context", "state_mb"],
+                               ["context", "model", "ms / token", "÷ first context", "state MB"])]
+        pom = [r for r in rows if r["model"] == "pom"]
+        growth = pom[-1]["ms_per_token"] / pom[0]["ms_per_token"]
+        lines.append(f"pom per-token time at {pom[-1]['context']} vs {pom[0]['context']}: {growth:.2f}× "
+                     f"(flat: {'met' if growth <= 1.2 else 'MISSED'})\n")
     if "quality" in payload:
         rows = payload["quality"]["rows"]
         lines += ["quality at equal steps (default corpus: the Python standard library, byte-level)",
@@ -238,7 +275,7 @@ def run(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Run the parts asked for, keeping the other parts of an earlier run in the same folder."""
     out = Path(cfg.out)
     payload = run_parts(cfg, out / "lm.json", {"throughput": run_throughput, "decode": run_decode,
-                                               "quality": run_quality}, progress)
+                                               "hf_decode": run_hf_decode, "quality": run_quality}, progress)
     plot(payload, out / "lm.png")
     return payload
 
@@ -246,7 +283,8 @@ def run(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = LMBenchConfig()
     p.add_argument("--quick", action="store_true", help="a few-minute version of every part")
-    p.add_argument("--parts", nargs="+", choices=["throughput", "decode", "quality"], default=list(d.parts))
+    p.add_argument("--parts", nargs="+", choices=["throughput", "decode", "hf_decode", "quality"],
+                   default=list(d.parts))
     p.add_argument("--n-layer", type=int, default=d.n_layer)
     p.add_argument("--n-embd", type=int, default=d.n_embd)
     p.add_argument("--n-head", type=int, default=d.n_head)
