@@ -150,11 +150,12 @@ def test_bench_distill_toy(tmp_path, corpus_dir):
                              out=str(tmp_path / "bench"))
     payload = run(cfg, progress=False)
     rows = payload["quality"]["rows"]
-    assert [(r["model"], r["method"]) for r in rows] == [("teacher (attention)", "trained"),
-                                                        ("hybrid", "distilled"), ("hybrid", "from scratch")]
-    assert rows[1]["tokens"] == rows[2]["tokens"] == 3 * 4 * 32  # 25% of 12 steps, both stages together
+    assert [(r["model"], r["method"]) for r in rows] == [("teacher (attention)", "trained"), ("hybrid", "distilled"),
+                                                        ("hybrid", "fine-tuned only"), ("hybrid", "from scratch")]
+    assert rows[1]["tokens"] == rows[2]["tokens"] == rows[3]["tokens"] == 3 * 4 * 32  # 25% of 12 steps in all
     text = report(payload)
     assert "distilled hybrid vs teacher val loss" in text and "target ahead" in text
     assert (tmp_path / "bench" / "distill.png").stat().st_size > 10_000
     curve = payload["quality"]["curves"]["distilled hybrid"]
-    assert [p["tokens"] for p in curve] == [128, 256, 384]
+    assert [p["tokens"] for p in curve] == [128, 256, 384]  # stage 1 (1 step), then stage 2
+    assert [p["tokens"] for p in payload["quality"]["curves"]["fine-tuned only hybrid"]] == [128, 256, 384]

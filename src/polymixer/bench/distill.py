@@ -36,11 +36,12 @@ class DistillBenchConfig:
     teacher_steps: int = 1500
     batch: int = 32
     budget: float = 0.25  # of the teacher's training tokens, for each student (both stages together)
-    stage1_steps: int = 100
+    stage1_steps: int = 50
     stage1_lr: float = 1e-3
-    finetune_lr: float = 5e-4
-    kl: float = 0.0
+    finetune_lr: float = 1e-3
+    kl: float = 1.0
     students: Tuple[str, ...] = ("hybrid", "pom")
+    ablate_stage1: bool = True  # also distil the hybrid with fine-tuning alone (the whole budget in stage 2)
     eval_every: int = 50
     eval_windows: int = 1024
     data: Optional[Tuple[str, ...]] = None  # default corpus
@@ -100,13 +101,14 @@ def run_quality(cfg: DistillBenchConfig, progress: bool = True) -> Dict[str, Any
                                    "params": count_parameters(create_model(cfg.teacher_preset, device="meta",
                                                                            **cfg.model_overrides))}]
     curves: Dict[str, List[Dict[str, float]]] = {}
-    for pattern in cfg.students:
-        # distilled: stage 1 + stage 2 within the budget
-        out = root / f"distill-{pattern}"
-        s2_steps = cfg.budget_steps - cfg.stage1_steps
+
+    def distil(pattern: str, stage1: int, name: str, label: str) -> None:
+        """Stage 1 + stage 2 within the budget; a row and a curve."""
+        out = root / name
+        s2_steps = cfg.budget_steps - stage1
         if s2_steps < 1:
-            raise ValueError(f"stage 1 ({cfg.stage1_steps} steps) leaves nothing of a {cfg.budget_steps}-step budget")
-        dcfg = DistillConfig(pattern=pattern, stage1_steps=cfg.stage1_steps, stage1_lr=cfg.stage1_lr, kl=cfg.kl)
+            raise ValueError(f"stage 1 ({stage1} steps) leaves nothing of a {cfg.budget_steps}-step budget")
+        dcfg = DistillConfig(pattern=pattern, stage1_steps=stage1, stage1_lr=cfg.stage1_lr, kl=cfg.kl)
         tcfg = TrainConfig(steps=s2_steps, batch_size=cfg.batch, lr=cfg.finetune_lr, min_lr=cfg.finetune_lr / 10,
                            warmup=max(1, s2_steps // 10), eval_every=cfg.eval_every, ckpt_every=s2_steps,
                            out=str(out), progress=progress, seed=cfg.seed)
@@ -114,21 +116,25 @@ def run_quality(cfg: DistillBenchConfig, progress: bool = True) -> Dict[str, Any
         t0 = time.perf_counter()
         res = distill_lm(str(teacher_dir), dcfg, tcfg, list(cfg.data) if cfg.data else None,
                          eval_windows=cfg.eval_windows)
-        s1 = _evals(_history(out / "stage1"), per_step)
-        s2 = _evals(_history(out), per_step, offset=cfg.stage1_steps * per_step)
-        curves[f"distilled {pattern}"] = s1 + s2
-        params = count_parameters(res["student"])
-        rows.append({"model": f"{pattern}", "method": "distilled", "steps": cfg.budget_steps,
+        s1 = _evals(_history(out / "stage1"), per_step) if stage1 else []
+        s2 = _evals(_history(out), per_step, offset=stage1 * per_step)
+        curves[f"{label} {pattern}"] = s1 + s2
+        rows.append({"model": pattern, "method": label, "steps": cfg.budget_steps,
                      "tokens": cfg.budget_steps * per_step, "val_loss": s2[-1]["val_loss"],
                      "val_bpb": s2[-1]["val_bpb"], "after_stage1": s1[-1]["val_loss"] if s1 else None,
                      "transfer": s1[-1].get("transfer") if s1 else None,
-                     "train_min": training_minutes(out, t0, finished, [], cfg.batch), "params": params})
-        # from scratch, same architecture and budget
+                     "train_min": training_minutes(out, t0, finished, [], cfg.batch),
+                     "params": count_parameters(res["student"])})
+
+    for pattern in cfg.students:
+        distil(pattern, cfg.stage1_steps, f"distill-{pattern}", "distilled")
+        if cfg.ablate_stage1 and pattern == "hybrid" and cfg.stage1_steps:
+            distil(pattern, 0, f"distill-{pattern}-finetune-only", "fine-tuned only")
         sc = _train_scratch(cfg, PATTERNS[pattern], cfg.budget_steps, root / f"scratch-{pattern}", progress,
                             cfg.eval_every)
         ev = _evals(sc["history"], per_step)
         curves[f"scratch {pattern}"] = ev
-        rows.append({"model": f"{pattern}", "method": "from scratch", "steps": cfg.budget_steps,
+        rows.append({"model": pattern, "method": "from scratch", "steps": cfg.budget_steps,
                      "tokens": cfg.budget_steps * per_step, "val_loss": ev[-1]["val_loss"],
                      "val_bpb": ev[-1]["val_bpb"], "train_min": sc["minutes"],
                      "params": count_parameters(create_model(PATTERNS[pattern], device="meta",
@@ -150,6 +156,10 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
     if d and s:
         lines.append(f"distilled hybrid vs from-scratch hybrid at equal budget: {d['val_loss']:.4f} vs "
                      f"{s['val_loss']:.4f} (target ahead: {'met' if d['val_loss'] < s['val_loss'] else 'MISSED'})")
+    f = by.get(("hybrid", "fine-tuned only"))
+    if d and f:
+        lines.append(f"hybrid fine-tuned alone (no attention transfer) on the same budget: {f['val_loss']:.4f} "
+                     f"({100 * (f['vs_teacher'] - 1):+.2f}% vs the teacher)")
     p, ps = by.get(("pom", "distilled")), by.get(("pom", "from scratch"))
     if p:
         lines.append(f"distilled all-PoM: val loss {p['val_loss']:.4f} ({100 * (p['vs_teacher'] - 1):+.1f}% vs the "
@@ -179,10 +189,10 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
         return
     q = payload["quality"]
     fig, (ax, ax2) = new_figure(2)
-    styles = {"distilled": "-", "scratch": "--"}
+    styles = {"distilled": "-", "fine-tuned only": ":", "scratch": "--"}
     colours = {"hybrid": "tab:green", "pom": "tab:orange"}
     for name, pts in q["curves"].items():
-        method, pattern = name.split(" ", 1)
+        method, pattern = name.rsplit(" ", 1)
         if pts:
             ax.plot([p["tokens"] / 1e6 for p in pts], [p["val_loss"] for p in pts], styles[method], marker="o",
                     ms=3, color=colours.get(pattern), label=name)
@@ -197,11 +207,13 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     rows = [r for r in q["rows"]]
-    labels = [f"{r['model']}\n{r['method']}" if r["method"] != "trained" else "teacher" for r in rows]
+    labels = [f"{r['model']}\n{r['method'].replace(' only', '')}" if r["method"] != "trained" else "teacher"
+              for r in rows]
     bars = ax2.bar(range(len(rows)), [r["val_bpb"] for r in rows],
                    color=[colours.get(r["model"], "grey") for r in rows])
     for b, r in zip(bars, rows):
         b.set_hatch("" if r["method"] != "from scratch" else "//")
+        b.set_alpha(0.6 if r["method"] == "fine-tuned only" else 1.0)
         ax2.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{r['val_bpb']:.3f}", ha="center", va="bottom",
                  fontsize=7)
     ax2.set_xticks(range(len(rows)))
