@@ -47,7 +47,7 @@ class DistillBenchConfig:
     data: Optional[Tuple[str, ...]] = None  # default corpus
     model_overrides: Dict[str, Any] = field(default_factory=dict)  # for the teacher and the scratch students
     parts: Tuple[str, ...] = ("quality",)
-    seed: int = 0
+    seed: int = 0  # runs use seed + 1337, as bench lm and the train commands do
     out: str = "runs/bench/distill"
 
     @property
@@ -76,7 +76,7 @@ def _train_scratch(cfg: DistillBenchConfig, preset: str, steps: int, out: Path, 
 
     tcfg = TrainConfig(steps=steps, batch_size=cfg.batch, lr=2e-3, min_lr=2e-4, warmup=max(1, steps // 20),
                        eval_every=eval_every, ckpt_every=min(500, steps), out=str(out), progress=progress,
-                       seed=cfg.seed)
+                       seed=cfg.seed + 1337)
     finished = resume_point(out, tcfg)
     t0 = time.perf_counter()
     train_lm(preset, tcfg, data=list(cfg.data) if cfg.data else None, eval_windows=cfg.eval_windows,
@@ -111,7 +111,7 @@ def run_quality(cfg: DistillBenchConfig, progress: bool = True) -> Dict[str, Any
         dcfg = DistillConfig(pattern=pattern, stage1_steps=stage1, stage1_lr=cfg.stage1_lr, kl=cfg.kl)
         tcfg = TrainConfig(steps=s2_steps, batch_size=cfg.batch, lr=cfg.finetune_lr, min_lr=cfg.finetune_lr / 10,
                            warmup=max(1, s2_steps // 10), eval_every=cfg.eval_every, ckpt_every=s2_steps,
-                           out=str(out), progress=progress, seed=cfg.seed)
+                           out=str(out), progress=progress, seed=cfg.seed + 1337)
         finished = resume_point(out, tcfg)
         t0 = time.perf_counter()
         res = distill_lm(str(teacher_dir), dcfg, tcfg, list(cfg.data) if cfg.data else None,
