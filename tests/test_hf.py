@@ -212,3 +212,30 @@ def test_bench_lm_decoding_through_transformers(tmp_path):
     att = [r for r in rows if r["model"] == "attention"]
     assert pom[0]["state_mb"] == pom[1]["state_mb"] and att[1]["state_mb"] > att[0]["state_mb"]
     assert "decoding through transformers" in report(run(cfg, progress=False))
+
+
+def test_export_import_with_a_gpt2_bpe_tokenizer(tmp_path):
+    pytest.importorskip("regex")
+    from polymixer.data.text import load_tokenizer
+
+    b2u = _bytes_to_unicode()
+    encoder = {b2u[b]: b for b in range(256)}
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]
+    for a, b in merges:
+        encoder[a + b] = len(encoder)
+    encoder["<|endoftext|>"] = len(encoder)
+    tdir = tmp_path / "bpe"
+    tdir.mkdir()
+    (tdir / "encoder.json").write_text(json.dumps(encoder))
+    (tdir / "vocab.bpe").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
+    gpt = create_model("tiny-pom", **{**TOY, "vocab_size": len(encoder)}).eval()
+    meta = {"family": "lm", "preset": "tiny-pom", "model": {**vars(gpt.config)}, "data": {"tokenizer": str(tdir)}}
+    save_checkpoint(tmp_path / "run", 1, gpt, meta)
+    assert main(["export", "hf", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "the theme then"
+    assert hf_tok(text)["input_ids"] == load_tokenizer(str(tdir)).encode(text)
+    assert main(["import", "hf", "--src", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    cfg = json.loads((tmp_path / "back" / "checkpoints" / "step_00000000" / "config.json").read_text())
+    back_tok = load_tokenizer(cfg["data"]["tokenizer"])
+    assert back_tok.encode(text) == load_tokenizer(str(tdir)).encode(text) and back_tok.eot_id == 259
