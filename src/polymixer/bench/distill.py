@@ -38,8 +38,8 @@ class DistillBenchConfig:
     budget: float = 0.25  # of the teacher's training tokens, for each student (both stages together)
     stage1_steps: int = 50
     stage1_lr: float = 1e-3
-    finetune_lr: float = 1e-3
-    kl: float = 1.0
+    finetune_lr: float = 4e-3  # measured on the hybrid: 1e-3 → +4.2%, 2e-3 → +2.9%, 4e-3 → +2.6% vs the teacher
+    kl: float = 1.0  # at 4e-3: without KL +4.6%; at 1e-3: KL weight 4 worse than 1
     students: Tuple[str, ...] = ("hybrid", "pom")
     ablate_stage1: bool = True  # also distil the hybrid with fine-tuning alone (the whole budget in stage 2)
     eval_every: int = 50
@@ -82,7 +82,8 @@ def _train_scratch(cfg: DistillBenchConfig, preset: str, steps: int, out: Path, 
     train_lm(preset, tcfg, data=list(cfg.data) if cfg.data else None, eval_windows=cfg.eval_windows,
              **cfg.model_overrides)
     history = _history(out)
-    return {"minutes": training_minutes(out, t0, finished, history, cfg.batch), "history": history}
+    units = cfg.batch * model_config(preset, **cfg.model_overrides).block_size  # the loop counts tokens
+    return {"minutes": training_minutes(out, t0, finished, history, units), "history": history}
 
 
 def run_quality(cfg: DistillBenchConfig, progress: bool = True) -> Dict[str, Any]:
