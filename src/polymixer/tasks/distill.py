@@ -367,7 +367,7 @@ def distill_lm(teacher: str, cfg: DistillConfig, train_cfg: TrainConfig, data: O
 # ----------------------------------------------------------------------------------------------------------------
 
 # the recipe of bench distill: a quarter of the tiny teacher's 1,500 steps in all (50 of them in stage 1)
-DEFAULTS = TrainConfig(steps=325, batch_size=32, lr=1e-3, min_lr=1e-4, warmup=32, eval_every=50, ckpt_every=100)
+DEFAULTS = TrainConfig(steps=325, batch_size=32, lr=4e-3, min_lr=4e-4, warmup=32, eval_every=50, ckpt_every=100)
 
 
 def add_lm_arguments(p: argparse.ArgumentParser) -> None:
