@@ -39,7 +39,7 @@ from ..models.lm import GPT
 from ..pomify import pomify, replaced_layers
 from ..train.checkpoint import load_model, read_config, resolve_checkpoint
 from ..train.loop import TrainConfig, add_train_config_arguments, train, train_config_from_args
-from .lm import evaluate_lm
+from .lm import LMTask, evaluate_lm
 
 __all__ = ["DistillConfig", "Teacher", "load_teacher", "MixerBank", "AttentionTransferTask", "DistillLMTask",
            "distill_lm"]
@@ -206,28 +206,17 @@ class MixerBank(nn.Module):
         return torch.stack(list(errors.values())).mean()
 
 
-class _WindowsTask:
-    """Random training windows of the corpus and the student's validation loss (shared by both stages)."""
-
-    unit = "tok"
+class _WindowsTask(LMTask):
+    """The language-modelling task's windows and batches, with a teacher, a student and the student's validation
+    loss (shared by both stages). Documents are packed (never attend into one another) for polymixer models;
+    transformers models see raw windows."""
 
     def __init__(self, teacher: Teacher, student: nn.Module, corpus: Any, batch_size: int, seed: int,
                  eval_windows: int, pack: bool) -> None:
+        super().__init__(corpus, teacher.tokenizer.token_bytes(), teacher.block_size, batch_size, seed,
+                         pack and teacher.kind == "polymixer", eval_windows)
         self.teacher, self.student = teacher, student
-        self.train_windows = TokenWindows(corpus.train, teacher.block_size)
-        self.val_windows = TokenWindows(corpus.val, teacher.block_size)
-        self.batch_size, self.seed, self.eval_windows = batch_size, seed, eval_windows
-        self.token_bytes = torch.from_numpy(teacher.tokenizer.token_bytes())
-        # documents are packed (never attend into one another) for polymixer models; transformers models see raw
-        # windows
-        self.sep = corpus.eot_id if pack and teacher.kind == "polymixer" else None
-
-    def batch(self, step: int, share: int, shares: int, device: torch.device) -> tuple:
-        x, y = self.train_windows.random(step, self.batch_size, self.seed, share, shares)
-        return x.to(device), y.to(device)
-
-    def count(self, batch: tuple) -> int:
-        return batch[0].numel()
+        self.sep = self.eot if self.pack else None
 
     def evaluate_student(self) -> Dict[str, float]:
         view = self.student if isinstance(self.student, GPT) else CausalLMView(self.student)
