@@ -6,24 +6,81 @@ Layout of a run folder::
     <run>/checkpoints/latest          name of the newest complete checkpoint
 
 A checkpoint is written into a temporary folder and renamed into place only when complete, then ``latest`` is
-replaced atomically: a crash at any moment leaves the previous checkpoint intact and pointed to.
+replaced atomically: a crash at any moment leaves the previous checkpoint intact and pointed to. Its last file is
+``manifest.json`` (every other file's size and SHA-256): its presence means the checkpoint is complete, and loading
+verifies it. A run folder resolves to its newest checkpoint that verifies — a damaged newer one is skipped with a
+warning saying why — and retention counts only intact checkpoints. A failed write (disk full, permissions) leaves
+every earlier checkpoint and ``latest`` as they were and raises :class:`CheckpointError` naming the path and the
+OS error. Checkpoints from before manifests existed load unverified.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 from torch import nn
 
 __all__ = ["save_checkpoint", "resolve_checkpoint", "read_config", "load_weights", "load_model", "load_trainer_state",
-           "rng_state", "set_rng_state", "config_diff"]
+           "rng_state", "set_rng_state", "config_diff", "verify_checkpoint", "CheckpointError"]
+
+MANIFEST = "manifest.json"
+_WARNED: set = set()
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is damaged, incomplete or could not be written; the message names the file and the cause."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_manifest(folder: Path) -> None:
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)} for f in sorted(folder.iterdir())
+             if f.is_file() and f.name != MANIFEST}
+    tmp = folder / (MANIFEST + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump({"files": files}, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, folder / MANIFEST)
+
+
+def verify_checkpoint(ck: Union[str, Path]) -> Optional[str]:
+    """None if the checkpoint folder is complete and every file matches its manifest, else what is wrong.
+    A folder without a manifest but with weights (written before manifests existed) passes unverified."""
+    ck = Path(ck)
+    m = ck / MANIFEST
+    if not m.is_file():
+        return None if (ck / "model.safetensors").is_file() and (ck / "config.json").is_file() else \
+            f"{ck}: incomplete (no {MANIFEST})"
+    try:
+        files = json.loads(m.read_text())["files"]
+    except (ValueError, KeyError, OSError) as e:
+        return f"{m}: unreadable manifest ({e})"
+    for name, info in files.items():
+        f = ck / name
+        if not f.is_file():
+            return f"{f}: missing"
+        size = f.stat().st_size
+        if size != info["bytes"]:
+            return f"{f}: {size} bytes, the manifest says {info['bytes']} (truncated or overwritten)"
+        if _sha256(f) != info["sha256"]:
+            return f"{f}: checksum mismatch (corrupted)"
+    return None
 
 
 def rng_state() -> Dict[str, Any]:
@@ -67,63 +124,108 @@ def save_checkpoint(run_dir: Union[str, Path], step: int, model: nn.Module, conf
     from safetensors.torch import save_model
 
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:08d}"
     final = root / name
     tmp = root / f".{name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    if ema is not None:
-        save_model(ema, str(tmp / "ema.safetensors"))
-    (tmp / "config.json").write_text(json.dumps({**config, "step": step}, indent=2, default=str))
-    if trainer_state is not None:
-        torch.save(trainer_state, tmp / "trainer.pt")
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    if final.exists():  # re-saving the same step (e.g. the last step after a resume): replace it
-        old = root / f".{name}.old-{os.getpid()}"
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, final)
-    _fsync_dir(root)
-    latest_tmp = root / f".latest.tmp-{os.getpid()}"
-    latest_tmp.write_text(name)
-    os.replace(latest_tmp, root / "latest")
-    _fsync_dir(root)
-    steps = sorted(p for p in root.glob("step_*") if p.is_dir())
-    for old in steps[: max(0, len(steps) - keep)]:
-        if old != final:
-            shutil.rmtree(old, ignore_errors=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        save_model(model, str(tmp / "model.safetensors"))
+        if ema is not None:
+            save_model(ema, str(tmp / "ema.safetensors"))
+        (tmp / "config.json").write_text(json.dumps({**config, "step": step}, indent=2, default=str))
+        if trainer_state is not None:
+            torch.save(trainer_state, tmp / "trainer.pt")
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        _write_manifest(tmp)  # last: its presence means the checkpoint is complete
+        if final.exists():  # re-saving the same step (e.g. the last step after a resume): replace it
+            old = root / f".{name}.old-{os.getpid()}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, final)
+        _fsync_dir(root)
+        latest_tmp = root / f".latest.tmp-{os.getpid()}"
+        latest_tmp.write_text(name)
+        os.replace(latest_tmp, root / "latest")
+        _fsync_dir(root)
+    except Exception as e:  # OSError (disk full, permissions) or a writer's own error wrapping one
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = getattr(e, "strerror", None) or str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"could not write checkpoint {final}: {why} ({type(e).__name__}); the earlier "
+                              f"checkpoints and 'latest' are unchanged") from e
+    _prune(root, keep, final)
     return final
 
 
+def _prune(root: Path, keep: int, newest: Path) -> None:
+    """Keep the newest ``keep`` intact checkpoints; remove older intact ones and damaged ones older than those kept
+    (a damaged checkpoint newer than every intact one stays, for inspection)."""
+    steps = sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True)
+    intact = [p for p in steps if p == newest or verify_checkpoint(p) is None]
+    kept = set(intact[:max(keep, 1)])
+    oldest_kept = min(kept) if kept else None
+    for p in steps:
+        if p in kept:
+            continue
+        if p in intact or (oldest_kept is not None and p < oldest_kept):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _candidates(p: Path) -> List[Path]:
+    """Checkpoint folders of a run (or its checkpoints folder), newest first, the one ``latest`` names leading."""
+    for root in (p / "checkpoints", p):
+        steps = sorted((q for q in root.glob("step_*") if q.is_dir()), reverse=True)
+        latest = root / "latest"
+        if latest.is_file():
+            named = root / latest.read_text().strip()
+            if named in steps:
+                steps.remove(named)
+                steps.insert(0, named)
+        if steps:
+            return steps
+    return []
+
+
 def resolve_checkpoint(path: Union[str, Path]) -> Path:
-    """Accept a run folder, its ``checkpoints`` folder, or one checkpoint folder; return the checkpoint folder."""
+    """Accept a run folder, its ``checkpoints`` folder, or one checkpoint folder; return the checkpoint folder.
+
+    A run folder gives its newest checkpoint that verifies: damaged ones are skipped with a warning saying which and
+    why. A checkpoint folder named directly must verify, else :class:`CheckpointError`."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"checkpoint {p} does not exist")
-    if (p / "model.safetensors").is_file():
+    if (p / "model.safetensors").is_file() or (p / MANIFEST).is_file():
+        problem = verify_checkpoint(p)
+        if problem:
+            raise CheckpointError(f"checkpoint {problem}")
         return p
-    for root in (p / "checkpoints", p):
-        latest = root / "latest"
-        if latest.is_file():
-            ck = root / latest.read_text().strip()
-            if (ck / "model.safetensors").is_file():
-                return ck
-        steps = sorted(q for q in root.glob("step_*") if (q / "model.safetensors").is_file())
-        if steps:
-            return steps[-1]
+    skipped: List[Tuple[Path, str]] = []
+    for ck in _candidates(p):
+        problem = verify_checkpoint(ck)
+        if problem is None:
+            for bad, why in skipped:
+                if (bad, why) not in _WARNED:  # once per process, however often the run is resolved
+                    _WARNED.add((bad, why))
+                    warnings.warn(f"skipping checkpoint {bad.name}: {why}; using {ck.name}", stacklevel=2)
+            return ck
+        skipped.append((ck, problem))
+    if skipped:
+        raise CheckpointError(f"no intact checkpoint in {p}: " + "; ".join(why for _, why in skipped))
     raise FileNotFoundError(f"no checkpoint found in {p} (expected model.safetensors or checkpoints/latest)")
 
 
 def read_config(path: Union[str, Path]) -> Dict[str, Any]:
     ck = resolve_checkpoint(path)
-    return json.loads((ck / "config.json").read_text())
+    try:
+        return json.loads((ck / "config.json").read_text())
+    except (ValueError, OSError) as e:
+        raise CheckpointError(f"{ck / 'config.json'}: unreadable ({e})") from e
 
 
 def config_diff(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, tuple]:
@@ -146,6 +248,8 @@ def load_weights(model: nn.Module, path: Union[str, Path], ema: bool = False) ->
         missing, unexpected = load_model(model, str(f), strict=False)
     except RuntimeError as e:  # shape mismatch
         raise ValueError(f"checkpoint {ck} does not fit this model: {e}") from e
+    except Exception as e:  # safetensors' own errors on a damaged file
+        raise CheckpointError(f"{f}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
     if missing or unexpected:
         raise ValueError(f"checkpoint {ck} does not fit this model: missing {sorted(missing)}, unexpected "
                          f"{sorted(unexpected)}")
@@ -178,4 +282,7 @@ def load_trainer_state(path: Union[str, Path]) -> Dict[str, Any]:
     f = ck / "trainer.pt"
     if not f.is_file():
         raise FileNotFoundError(f"{f} not found: this checkpoint holds weights only and cannot resume training")
-    return torch.load(f, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{f}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e

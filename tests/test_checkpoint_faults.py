@@ -1,0 +1,155 @@
+"""Verified checkpoints: a manifest written last, verification on load, fallback to the newest intact checkpoint,
+retention of intact ones only, write failures that leave earlier checkpoints alone, one-line errors in the commands."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from polymixer.cli import main
+from polymixer.models import create_model
+from polymixer.train.checkpoint import (CheckpointError, load_model, load_trainer_state, resolve_checkpoint,
+                                        save_checkpoint, verify_checkpoint)
+
+MODEL = dict(n_layer=2, n_embd=32, n_head=2, block_size=32, window=8, sel_heads=2)
+
+
+def _run(tmp_path, steps=(1, 2, 3), keep=5):
+    model = create_model("tiny-pom", **MODEL)
+    meta = {"family": "lm", "preset": "tiny-pom", "model": {**vars(model.config)}, "data": {"tokenizer": "bytes"}}
+    out = tmp_path / "run"
+    for s in steps:
+        with torch.no_grad():
+            model.wte.weight.fill_(float(s))
+        save_checkpoint(out, s, model, meta, {"step": s, "optimizer": {}, "rng": {}}, keep=keep)
+    return out
+
+
+def _damage(f, how):
+    if how == "truncated":
+        data = f.read_bytes()
+        f.write_bytes(data[: len(data) // 2])
+    elif how == "missing":
+        f.unlink()
+    else:  # garbage of the same size
+        f.write_bytes(os.urandom(f.stat().st_size))
+
+
+def test_manifest_is_written_and_verifies(tmp_path):
+    ck = resolve_checkpoint(_run(tmp_path, steps=(1,)))
+    files = json.loads((ck / "manifest.json").read_text())["files"]
+    assert set(files) == {"model.safetensors", "config.json", "trainer.pt"}
+    assert verify_checkpoint(ck) is None
+
+
+@pytest.mark.parametrize("how", ["truncated", "missing", "garbage"])
+@pytest.mark.parametrize("name", ["model.safetensors", "trainer.pt", "config.json"])
+def test_a_damaged_newest_checkpoint_falls_back(tmp_path, how, name):
+    run = _run(tmp_path)
+    _damage(run / "checkpoints" / "step_00000003" / name, how)
+    problem = verify_checkpoint(run / "checkpoints" / "step_00000003")
+    assert problem and name in problem
+    with pytest.warns(UserWarning, match=f"skipping checkpoint step_00000003: .*{name}"):
+        ck = resolve_checkpoint(run)
+    assert ck.name == "step_00000002"
+    assert float(load_model(run).wte.weight[0, 0]) == 2.0
+    assert load_trainer_state(run)["step"] == 2
+    with pytest.raises(CheckpointError, match=name):
+        resolve_checkpoint(run / "checkpoints" / "step_00000003")
+
+
+def test_use_commands_give_one_line_errors(tmp_path, capsys):
+    run = _run(tmp_path, steps=(1,))
+    _damage(run / "checkpoints" / "step_00000001" / "model.safetensors", "truncated")
+    for args in (["generate", "--ckpt", str(run), "--max-new-tokens", "2"],
+                 ["eval", "lm", "--ckpt", str(run / "checkpoints" / "step_00000001")]):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "model.safetensors" in err and "Traceback" not in err
+
+
+def test_an_unverified_legacy_file_error_names_the_file(tmp_path, capsys):
+    run = _run(tmp_path, steps=(1,))
+    ck = run / "checkpoints" / "step_00000001"
+    (ck / "manifest.json").unlink()  # a checkpoint from before manifests existed
+    _damage(ck / "model.safetensors", "truncated")
+    assert main(["generate", "--ckpt", str(run), "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "model.safetensors: unreadable" in err and "Traceback" not in err
+
+
+def test_retention_counts_only_intact_checkpoints(tmp_path):
+    run = _run(tmp_path, steps=(1, 2), keep=2)
+    _damage(run / "checkpoints" / "step_00000002" / "model.safetensors", "truncated")
+    model = create_model("tiny-pom", **MODEL)
+    save_checkpoint(run, 3, model, {"family": "lm", "model": {**vars(model.config)}}, keep=2)
+    names = sorted(p.name for p in (run / "checkpoints").glob("step_*"))
+    # the damaged step 2 does not count: the intact step 1 stays as the second kept checkpoint
+    assert names == ["step_00000001", "step_00000002", "step_00000003"]
+    save_checkpoint(run, 4, model, {"family": "lm", "model": {**vars(model.config)}}, keep=2)
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_00000003", "step_00000004"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
+def test_a_failing_write_leaves_earlier_checkpoints_intact(tmp_path):
+    run = _run(tmp_path, steps=(1,))
+    root = run / "checkpoints"
+    before = {p.name: p.stat().st_mtime_ns for p in root.rglob("*")}
+    os.chmod(root, 0o555)
+    try:
+        model = create_model("tiny-pom", **MODEL)
+        with pytest.raises(CheckpointError, match="could not write checkpoint .*step_00000002.*unchanged"):
+            save_checkpoint(run, 2, model, {"family": "lm", "model": {**vars(model.config)}})
+    finally:
+        os.chmod(root, 0o755)
+    assert {p.name: p.stat().st_mtime_ns for p in root.rglob("*")} == before
+    assert resolve_checkpoint(run).name == "step_00000001"
+
+
+def test_a_failing_write_of_a_file_leaves_earlier_checkpoints_intact(tmp_path, monkeypatch):
+    """Disk full while writing (simulated: the optimizer-state writer raises ENOSPC), for root too."""
+    import errno
+
+    run = _run(tmp_path, steps=(1,))
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    model = create_model("tiny-pom", **MODEL)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        save_checkpoint(run, 2, model, {"family": "lm", "model": {**vars(model.config)}}, {"step": 2})
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_00000001"]
+    assert resolve_checkpoint(run).name == "step_00000001" and verify_checkpoint(resolve_checkpoint(run)) is None
+
+
+@pytest.mark.parametrize("how", ["truncated", "missing", "garbage"])
+def test_training_resumes_from_the_newest_intact_checkpoint_bit_exact(tmp_path, how):
+    import random
+
+    from polymixer.tasks.lm import train_lm
+    from polymixer.train.loop import TrainConfig
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(0)
+    for i in range(6):
+        (corpus / f"d{i}.py").write_text("\n".join(" ".join(rng.choice(["def", "x", "(", ")", "return"])
+                                                            for _ in range(10)) for _ in range(30)))
+    os.environ["POLYMIXER_CACHE"] = str(tmp_path / "cache")
+
+    def cfg(out, steps):
+        return TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup=2, eval_every=100, ckpt_every=3, log_every=1,
+                           out=str(out), progress=False, seed=7)
+
+    ref = train_lm("tiny-hybrid", cfg(tmp_path / "ref", 9), [str(corpus)], eval_windows=4, **MODEL)["model"]
+    train_lm("tiny-hybrid", cfg(tmp_path / "cut", 6), [str(corpus)], eval_windows=4, **MODEL)
+    _damage(tmp_path / "cut" / "checkpoints" / "step_00000006" / "model.safetensors", how)
+    with pytest.warns(UserWarning, match="skipping checkpoint step_00000006"):
+        res = train_lm("tiny-hybrid", cfg(tmp_path / "cut", 9), [str(corpus)], eval_windows=4, **MODEL)
+    assert [r["step"] for r in res["history"] if "loss" in r] == list(range(1, 10))  # resumed after step 3
+    for k, v in ref.state_dict().items():
+        assert torch.equal(v, res["model"].state_dict()[k]), k
