@@ -153,3 +153,81 @@ def test_training_resumes_from_the_newest_intact_checkpoint_bit_exact(tmp_path, 
     assert [r["step"] for r in res["history"] if "loss" in r] == list(range(1, 10))  # resumed after step 3
     for k, v in ref.state_dict().items():
         assert torch.equal(v, res["model"].state_dict()[k]), k
+
+
+class _NaNAt:
+    """A toy regression task whose loss is NaN at the given steps."""
+
+    unit = "ex"
+
+    def __init__(self, bad_steps):
+        self.bad = set(bad_steps)
+        self.step = 0
+
+    def batch(self, step, share, shares, device):
+        self.step = step
+        g = torch.Generator().manual_seed(step)
+        return torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
+
+    def count(self, batch):
+        return batch[0].shape[0]
+
+    def loss(self, model, batch):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        return loss * float("nan") if self.step in self.bad else loss
+
+    def evaluate(self, model, step, out_dir):
+        return {}
+
+
+def _snapshot(model, opt_state):
+    return ({k: v.clone() for k, v in model.state_dict().items()},
+            {k: {n: t.clone() for n, t in v.items() if isinstance(t, torch.Tensor)} for k, v in opt_state.items()})
+
+
+def test_a_non_finite_step_is_skipped_and_leaves_the_optimizer_state_unchanged(tmp_path):
+    from polymixer.train import loop
+
+    seen = {}
+    real_step = torch.optim.AdamW.step
+
+    def spy(self, *a, **k):
+        before = _snapshot(model, self.state)
+        out = real_step(self, *a, **k)
+        seen.setdefault("calls", []).append((before, _snapshot(model, self.state)))
+        return out
+
+    model = torch.nn.Linear(4, 1)
+    cfg = loop.TrainConfig(steps=4, batch_size=8, lr=1e-2, warmup=1, eval_every=10, ckpt_every=10, log_every=1,
+                           out=str(tmp_path / "run"), progress=False, ema=0.9)
+    torch.optim.AdamW.step = spy
+    try:
+        res = loop.train(model, _NaNAt({2}), cfg, {"family": "toy", "model": {}})
+    finally:
+        torch.optim.AdamW.step = real_step
+    assert len(seen["calls"]) == 3  # steps 1, 2 and 4 stepped; step 3 (index 2) was skipped
+    (_, (w2, m2)), ((w4, m4), _) = seen["calls"][1], seen["calls"][2]
+    # what step 4 started from = what step 2 left: the skipped step changed neither weights nor Adam's moments
+    assert all(torch.equal(w2[k], w4[k]) for k in w2)
+    assert m2.keys() == m4.keys() and all(torch.equal(m2[p][n], m4[p][n]) for p in m2 for n in m2[p])
+    hist = [r for r in res["history"] if "loss" in r]
+    assert [r["skipped"] for r in hist] == [0, 0, 1, 1]
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_consecutive_non_finite_steps_stop_the_run_with_the_checkpoint_intact(tmp_path, capsys):
+    from polymixer.train import loop
+
+    model = torch.nn.Linear(4, 1)
+    cfg = loop.TrainConfig(steps=20, batch_size=8, lr=1e-2, warmup=1, eval_every=100, ckpt_every=2,
+                           out=str(tmp_path / "run"), progress=False, max_nonfinite=3)
+    with pytest.raises(FloatingPointError, match="3 consecutive steps .* step 7.*intact"):
+        loop.train(model, _NaNAt({4, 5, 6}), cfg, {"family": "toy", "model": {}})
+    ck = resolve_checkpoint(tmp_path / "run")  # step 6: skipped steps 5–6 left the step-4 weights in it
+    assert ck.name == "step_00000006" and verify_checkpoint(ck) is None
+    from polymixer.train.checkpoint import load_weights
+
+    saved = torch.nn.Linear(4, 1)
+    load_weights(saved, ck)
+    assert all(torch.isfinite(p).all() for p in saved.parameters())

@@ -175,7 +175,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     _, run = _load(args._module)
     try:
         return int(run(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError, FileNotFoundError, FloatingPointError) as e:
         print(f"polymixer {args.verb}{' ' + args.noun if args.noun else ''}: error: {e}", file=sys.stderr)
         return 2
 

@@ -106,7 +106,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--eval-windows", type=int, default=256, help="validation windows per evaluation")
     o = p.add_argument_group("optimisation")
     for name in ("steps", "batch_size", "grad_accum", "lr", "min_lr", "warmup", "weight_decay", "grad_clip",
-                 "eval_every", "ckpt_every", "keep", "log_every", "seed", "ema"):
+                 "eval_every", "ckpt_every", "keep", "log_every", "seed", "ema", "max_nonfinite"):
         default = getattr(t, name)
         o.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     o.add_argument("--stop-after", type=int, default=None, help="end this invocation after that step (resumable)")

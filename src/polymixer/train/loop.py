@@ -61,12 +61,13 @@ class TrainConfig:
     #                                  weights when it has them): fine-tuning, curricula. Ignored when resuming.
     stop_after: Optional[int] = None  # end this invocation after that step (with a checkpoint): time-limited jobs
     progress: bool = True
+    max_nonfinite: int = 10  # a step whose loss or gradient norm is not finite is skipped; this many in a row stop
     extra: Dict[str, Any] = field(default_factory=dict)
 
 
 # the TrainConfig fields every `polymixer train <family>` command exposes as --flags
 TRAIN_FLAGS = ("steps", "batch_size", "grad_accum", "lr", "min_lr", "warmup", "weight_decay", "beta2", "grad_clip",
-               "eval_every", "ckpt_every", "keep", "log_every", "seed", "ema")
+               "eval_every", "ckpt_every", "keep", "log_every", "seed", "ema", "max_nonfinite")
 
 
 def add_train_config_arguments(p: "argparse.ArgumentParser", defaults: TrainConfig, out_help: str,
@@ -325,6 +326,8 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str
                dynamic_ncols=True)
     metrics: Dict[str, float] = {}
     t_last, units = time.perf_counter(), 0
+    skipped = next((r["skipped"] for r in reversed(history) if "skipped" in r), 0)  # non-finite steps so far
+    nonfinite_run = 0
     fwd_model.train()
     for step in range(start, cfg.steps):
         lr = lr_at(step, cfg)
@@ -340,11 +343,26 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str
             loss_sum += _forward_backward(fwd_model, task, batch, micro == cfg.grad_accum - 1, cfg, ctx, amp)
         if cfg.sam_rho > 0:
             _sam_second_pass(raw, fwd_model, task, batches, optimizer, cfg, ctx, amp)
-        grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip) if cfg.grad_clip > 0 else None
-        optimizer.step()
+        grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else
+                                                   float("inf"))
+        # gradients are all-reduced, so every rank sees the same norm and takes the same decision
+        finite = bool(torch.isfinite(grad_norm)) and (ctx.world > 1 or bool(torch.isfinite(loss_sum)))
+        if finite:
+            optimizer.step()
+            nonfinite_run = 0
+        else:  # weights, optimizer state and EMA untouched
+            skipped += 1
+            nonfinite_run += 1
+            bar.write(f"step {step + 1}: non-finite loss or gradient norm — step skipped ({skipped} so far)")
         optimizer.zero_grad(set_to_none=True)
-        if ema is not None:
+        if ema is not None and finite:
             ema.update(raw, step)
+        if nonfinite_run >= cfg.max_nonfinite:
+            bar.close()
+            raise FloatingPointError(
+                f"{nonfinite_run} consecutive steps (up to step {step + 1}) had a non-finite loss or gradient norm; "
+                f"stopping. The last checkpoint in {out / 'checkpoints'} is intact: resume with a lower learning "
+                f"rate, fp32, or raise max_nonfinite")
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
             if ctx.world > 1:
@@ -354,10 +372,11 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str
             rate = units * ctx.world / max(now - t_last, 1e-9)
             t_last, units = now, 0
             rec = {"step": done, "loss": float(loss_sum), "lr": lr, f"{task.unit}_s": rate,
-                   "grad_norm": None if grad_norm is None else float(grad_norm)}
+                   "grad_norm": float(grad_norm), "skipped": skipped}
             history.append(rec)
             if ctx.main:
-                bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", **{f"{task.unit}/s": f"{rate:,.0f}"})
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", **{f"{task.unit}/s": f"{rate:,.0f}"},
+                                **({"skipped": skipped} if skipped else {}))
                 if on_log:
                     on_log(rec)
         bar.update(1)
