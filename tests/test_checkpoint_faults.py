@@ -231,3 +231,104 @@ def test_consecutive_non_finite_steps_stop_the_run_with_the_checkpoint_intact(tm
     saved = torch.nn.Linear(4, 1)
     load_weights(saved, ck)
     assert all(torch.isfinite(p).all() for p in saved.parameters())
+
+
+def test_sigterm_checkpoints_exits_75_and_resumes_bit_exact(tmp_path):
+    """A real process: SIGTERM mid-run → the step in flight finishes, a checkpoint, status 75; the same command
+    resumes and ends with the weights of an uninterrupted run."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from polymixer.train.loop import EXIT_PREEMPTED
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(0)
+    for i in range(6):
+        (corpus / f"d{i}.py").write_text("\n".join(" ".join(rng.choice(["def", "x", "(", ")", "return"])
+                                                            for _ in range(10)) for _ in range(30)))
+    env = {**os.environ, "POLYMIXER_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+
+    def cmd(out):
+        return [sys.executable, "-m", "polymixer.cli", "train", "lm", "--preset", "tiny-hybrid", "--n-layer", "2",
+                "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--window", "8", "--sel-heads", "2",
+                "--steps", "300", "--batch-size", "4", "--warmup", "2", "--eval-every", "1000", "--ckpt-every", "5",
+                "--eval-windows", "4", "--data", str(corpus), "--out", str(out), "--quiet"]
+
+    proc = subprocess.Popen(cmd(tmp_path / "cut"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    latest = tmp_path / "cut" / "checkpoints" / "latest"
+    deadline = time.time() + 120
+    while not latest.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert "SIGTERM: stopped after step" in out
+    step = int(out.split("stopped after step ")[1].split()[0])
+    assert 5 <= step < 300 and resolve_checkpoint(tmp_path / "cut").name == f"step_{step:08d}"
+    assert subprocess.run(cmd(tmp_path / "cut"), env=env, capture_output=True, timeout=300).returncode == 0
+    assert subprocess.run(cmd(tmp_path / "ref"), env=env, capture_output=True, timeout=300).returncode == 0
+    a, b = load_model(tmp_path / "cut"), load_model(tmp_path / "ref")
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k
+
+
+DDP_SIGTERM_SCRIPT = """
+import os, signal, sys
+import torch
+from polymixer.train.loop import Preempted, TrainConfig, train
+
+rank = int(os.environ.get("RANK", 0))
+
+
+class Task:
+    unit = "ex"
+
+    def batch(self, step, share, shares, device):
+        if step == 6 and rank == 1:  # only rank 1 is told to stop, in the middle of step 7
+            os.kill(os.getpid(), signal.SIGTERM)
+        g = torch.Generator().manual_seed(step * 100 + share)
+        return torch.randn(4, 4, generator=g), torch.randn(4, 1, generator=g)
+
+    def count(self, batch):
+        return 4
+
+    def loss(self, model, batch):
+        return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+
+    def evaluate(self, model, step, out_dir):
+        return {}
+
+
+torch.manual_seed(0)
+out = sys.argv[1]
+cfg = TrainConfig(steps=50, batch_size=8, lr=1e-2, warmup=1, eval_every=1000, ckpt_every=1000, out=out,
+                  progress=False)
+try:
+    train(torch.nn.Linear(4, 1), Task(), cfg, {"family": "toy", "model": {}})
+except Preempted as e:
+    open(os.path.join(out, f"stopped_rank{rank}"), "w").write(str(e.step))
+    raise
+"""
+
+
+def test_sigterm_on_one_torchrun_rank_stops_every_rank_after_the_same_step(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "ddp_sigterm.py"
+    script.write_text(DDP_SIGTERM_SCRIPT)
+    out = tmp_path / "run"
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29531",
+                          str(script), str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0  # the workers exit with the preemption status
+    steps = [(out / f"stopped_rank{r}").read_text() for r in (0, 1)]
+    assert steps == ["7", "7"], res.stderr[-2000:]
+    assert [p.name for p in (out / "checkpoints").glob("step_*")] == ["step_00000007"]  # written once
+    assert verify_checkpoint(out / "checkpoints" / "step_00000007") is None

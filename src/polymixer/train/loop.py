@@ -31,7 +31,7 @@ from .checkpoint import config_diff, load_trainer_state, load_weights, read_conf
     save_checkpoint, set_rng_state
 
 __all__ = ["TrainConfig", "Task", "train", "configure_optimizer", "lr_at", "distributed_context", "TRAIN_FLAGS",
-           "add_train_config_arguments", "train_config_from_args"]
+           "EXIT_PREEMPTED", "Preempted", "add_train_config_arguments", "train_config_from_args"]
 
 
 @dataclass
@@ -270,13 +270,61 @@ def _init_weights(model: nn.Module, ema: Optional["_Ema"], source: str, model_co
         ema.model.load_state_dict(model.state_dict())
 
 
+EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL, "try again later": requeue and run the same command; it resumes
+
+
+class Preempted(SystemExit):
+    """Raised by :func:`train` after SIGTERM / SIGUSR1: the step in flight finished, a checkpoint was written, and
+    the process exits with :data:`EXIT_PREEMPTED` unless the caller catches it."""
+
+    def __init__(self, step: int, signal_name: str) -> None:
+        super().__init__(EXIT_PREEMPTED)
+        self.step, self.signal_name = step, signal_name
+
+
+@contextlib.contextmanager
+def _preemption_signals():
+    """While training, SIGTERM and SIGUSR1 (what schedulers such as SLURM send before killing a job) only set a
+    flag; the previous handlers come back afterwards. Only the main thread can install handlers."""
+    import signal
+    import threading
+
+    flag: Dict[str, Any] = {"signal": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    sigs = [signal.SIGTERM] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
+    previous = {s: signal.getsignal(s) for s in sigs}
+
+    def handler(signum: int, frame: Any) -> None:
+        flag["signal"] = signal.Signals(signum).name
+
+    for s in sigs:
+        signal.signal(s, handler)
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
 def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str, Any],
           on_log: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
     """Train ``model`` on ``task``; returns the final evaluation and the logged history.
 
     ``model_config`` is what a checkpoint must reproduce the model from (``{"family", "preset", "model": {...}}``);
     resuming from a checkpoint whose model config differs raises a ValueError listing the differing keys.
+
+    On SIGTERM or SIGUSR1 the step in flight finishes, every rank agrees to stop after that same step (an all-reduce
+    of the flag each step), a checkpoint is written, and :class:`Preempted` is raised: the process exits with status
+    :data:`EXIT_PREEMPTED` (75) and the same command resumes.
     """
+    with _preemption_signals() as flag:
+        return _train(model, task, cfg, model_config, on_log, flag)
+
+
+def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str, Any],
+           on_log: Optional[Callable[[Dict[str, Any]], None]], flag: Dict[str, Any]) -> Dict[str, Any]:
     from tqdm.auto import tqdm
 
     ctx = distributed_context()
@@ -328,6 +376,7 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str
     t_last, units = time.perf_counter(), 0
     skipped = next((r["skipped"] for r in reversed(history) if "skipped" in r), 0)  # non-finite steps so far
     nonfinite_run = 0
+    preempted = False
     fwd_model.train()
     for step in range(start, cfg.steps):
         lr = lr_at(step, cfg)
@@ -387,7 +436,12 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str
                     history.append({"step": done, **{f"eval_{k}": v for k, v in metrics.items()}})
                     bar.write(f"step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                 raw.train()
-        stop = cfg.stop_after is not None and done >= cfg.stop_after
+        preempted = flag["signal"] is not None
+        if ctx.world > 1:  # stop after the same step everywhere, whichever rank got the signal
+            f = torch.tensor([float(preempted)], device=ctx.device)
+            dist.all_reduce(f, op=dist.ReduceOp.MAX)
+            preempted = bool(f.item())
+        stop = preempted or (cfg.stop_after is not None and done >= cfg.stop_after)
         if done % cfg.ckpt_every == 0 or done == cfg.steps or stop:
             rngs: Any = rng_state()
             if ctx.world > 1:  # every rank's generators, so that dropout resumes exactly everywhere
@@ -409,4 +463,9 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str
         (out / "history.json").write_text(json.dumps(history, indent=1))
     if ctx.world > 1:
         dist.barrier()
+    if preempted:
+        if ctx.main:
+            print(f"{flag['signal'] or 'a signal on another rank'}: stopped after step {done} with a checkpoint in "
+                  f"{out / 'checkpoints'}; exit status {EXIT_PREEMPTED} — run the same command to resume", flush=True)
+        raise Preempted(done, flag["signal"] or "")
     return {"metrics": metrics, "history": history, "rank": ctx.rank, "world": ctx.world}
