@@ -17,6 +17,25 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    """A small text corpus (Python-like lines) for language-model training tests."""
+    import random
+
+    d = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    words = ["def", "return", "self", "import", "class", "for", "in", "if", "else", "None", "x", "y", "(", ")", ":"]
+    for i in range(12):
+        (d / f"doc{i}.py").write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(40)))
+    return d
+
+
+@pytest.fixture
+def polymixer_cache(tmp_path, monkeypatch):
+    """Tokenised corpora go to the test's own folder."""
+    monkeypatch.setenv("POLYMIXER_CACHE", str(tmp_path / "cache"))
+
+
 @pytest.fixture(params=[True, False], ids=["fused", "modular"])
 def fused(request):
     """Run a test on both the fused CPU path and the modular path."""

@@ -127,19 +127,11 @@ def test_a_failing_write_of_a_file_leaves_earlier_checkpoints_intact(tmp_path, m
 
 
 @pytest.mark.parametrize("how", ["truncated", "missing", "garbage"])
-def test_training_resumes_from_the_newest_intact_checkpoint_bit_exact(tmp_path, how):
-    import random
-
+def test_training_resumes_from_the_newest_intact_checkpoint_bit_exact(tmp_path, how, corpus_dir, polymixer_cache):
     from polymixer.tasks.lm import train_lm
     from polymixer.train.loop import TrainConfig
 
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    rng = random.Random(0)
-    for i in range(6):
-        (corpus / f"d{i}.py").write_text("\n".join(" ".join(rng.choice(["def", "x", "(", ")", "return"])
-                                                            for _ in range(10)) for _ in range(30)))
-    os.environ["POLYMIXER_CACHE"] = str(tmp_path / "cache")
+    corpus = corpus_dir
 
     def cfg(out, steps):
         return TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup=2, eval_every=100, ckpt_every=3, log_every=1,
@@ -233,10 +225,9 @@ def test_consecutive_non_finite_steps_stop_the_run_with_the_checkpoint_intact(tm
     assert all(torch.isfinite(p).all() for p in saved.parameters())
 
 
-def test_sigterm_checkpoints_exits_75_and_resumes_bit_exact(tmp_path):
+def test_sigterm_checkpoints_exits_75_and_resumes_bit_exact(tmp_path, corpus_dir):
     """A real process: SIGTERM mid-run → the step in flight finishes, a checkpoint, status 75; the same command
     resumes and ends with the weights of an uninterrupted run."""
-    import random
     import signal
     import subprocess
     import sys
@@ -244,12 +235,7 @@ def test_sigterm_checkpoints_exits_75_and_resumes_bit_exact(tmp_path):
 
     from polymixer.train.loop import EXIT_PREEMPTED
 
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    rng = random.Random(0)
-    for i in range(6):
-        (corpus / f"d{i}.py").write_text("\n".join(" ".join(rng.choice(["def", "x", "(", ")", "return"])
-                                                            for _ in range(10)) for _ in range(30)))
+    corpus = corpus_dir
     env = {**os.environ, "POLYMIXER_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
 
     def cmd(out):

@@ -19,21 +19,7 @@ from polymixer.train.loop import TrainConfig, lr_at
 MODEL = dict(n_layer=2, n_embd=32, n_head=2, block_size=32, window=8, sel_heads=2)
 
 
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    import random
-
-    rng = random.Random(0)
-    words = ["def", "return", "self", "import", "class", "for", "in", "if", "else", "None", "x", "y", "(", ")", ":"]
-    for i in range(12):
-        (d / f"doc{i}.py").write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(40)))
-    return d
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("POLYMIXER_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("polymixer_cache")
 
 
 def _cfg(tmp_path, **kw):

@@ -34,6 +34,7 @@ __all__ = ["save_checkpoint", "resolve_checkpoint", "read_config", "load_weights
 
 MANIFEST = "manifest.json"
 _WARNED: set = set()
+_VERIFIED: Dict[tuple, Optional[str]] = {}
 
 
 class CheckpointError(ValueError):
@@ -61,8 +62,24 @@ def _write_manifest(folder: Path) -> None:
 
 def verify_checkpoint(ck: Union[str, Path]) -> Optional[str]:
     """None if the checkpoint folder is complete and every file matches its manifest, else what is wrong.
-    A folder without a manifest but with weights (written before manifests existed) passes unverified."""
+    A folder without a manifest but with weights (written before manifests existed) passes unverified.
+
+    Checksums are computed once per state of the folder (names, sizes, modification times): loading a model
+    resolves the same checkpoint several times, and every save re-checks the ones it keeps."""
     ck = Path(ck)
+    try:
+        key = (ck.resolve(), tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in ck.iterdir())))
+    except OSError:
+        key = None
+    if key is not None and key in _VERIFIED:
+        return _VERIFIED[key]
+    problem = _verify(ck)
+    if key is not None:
+        _VERIFIED[key] = problem
+    return problem
+
+
+def _verify(ck: Path) -> Optional[str]:
     m = ck / MANIFEST
     if not m.is_file():
         return None if (ck / "model.safetensors").is_file() and (ck / "config.json").is_file() else \
