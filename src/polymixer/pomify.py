@@ -20,8 +20,6 @@ projections (grouped key-value heads repeated), so it is exact for every query w
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -300,7 +298,7 @@ def _pomify_hf(model: nn.Module, pattern: str, window: Optional[int], degree: Op
     previous = getattr(cfg, "polymixer_pomify", None)
     if previous is not None:
         raise ValueError(f"this model was already converted (pattern {previous['pattern']!r})")
-    rope_base, rotary = 10000.0, False
+    rope_base = 10000.0
     if kind == "llama":
         rp = getattr(cfg, "rope_parameters", None) or {}
         if "L" in new and rp.get("rope_type", "default") != "default":

@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .cache import cache_dir
+from .faults import READ_ERRORS, SampleError, SampleFaults, as_sample_error
 import torch
 
 __all__ = ["PASTIS_CLASSES", "PASTIS_COLORS", "S2_BANDS", "RGB_BANDS", "NUM_CLASSES", "VOID", "PIXEL_KM2", "FOLDS",
@@ -232,7 +233,8 @@ def read_metadata(root: Union[str, Path]) -> List[PatchRecord]:
 
 
 def read_array_shape(path: Path) -> Tuple[Tuple[int, ...], np.dtype]:
-    """Shape and dtype of a ``.npy`` file from its header alone (nothing is loaded)."""
+    """Shape and dtype of a ``.npy`` file from its header alone (nothing is loaded); a file shorter than its header
+    says (truncated) is a ValueError."""
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found")
     try:
@@ -240,9 +242,30 @@ def read_array_shape(path: Path) -> Tuple[Tuple[int, ...], np.dtype]:
             version = np.lib.format.read_magic(f)
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, _, dtype = read(f)
+            offset = f.tell()
     except ValueError as e:
         raise ValueError(f"{path} is not a .npy array: {e}") from e
-    return tuple(shape), np.dtype(dtype)
+    dtype = np.dtype(dtype)
+    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = path.stat().st_size
+    if size < need:
+        raise ValueError(f"{path} is truncated: {size:,} bytes, its header promises {need:,}")
+    return tuple(shape), dtype
+
+
+def _header(path: Path) -> Tuple[Tuple[int, ...], np.dtype]:
+    try:
+        return read_array_shape(path)
+    except READ_ERRORS as e:
+        raise as_sample_error(path, e) from e
+
+
+def _open(path: Path) -> np.ndarray:
+    """A memory-mapped .npy array; a missing, truncated or malformed file is a SampleError naming it."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except READ_ERRORS as e:
+        raise as_sample_error(path, e) from e
 
 
 class PastisSplit:
@@ -250,12 +273,13 @@ class PastisSplit:
 
     At construction every patch's arrays are checked from their headers: the data array must be (T, bands, H, W)
     with T the number of its dates in the metadata, the target (C, H, W) or (H, W) of the same H × W. ``max_frames``
-    keeps the first frames by date of longer series (TSViT's cut).
+    keeps the first frames by date of longer series (TSViT's cut). A bad file is a :class:`SampleError` naming it,
+    here or when read; with ``faults`` skipping bad samples, patches failing the check are left out.
     """
 
     def __init__(self, root: Union[str, Path], folds: Sequence[int], num_bands: int = 10,
                  max_frames: Optional[int] = None, records: Optional[List[PatchRecord]] = None,
-                 patches: Optional[Sequence[int]] = None) -> None:
+                 patches: Optional[Sequence[int]] = None, faults: Optional[SampleFaults] = None) -> None:
         self.root = Path(root)
         records = read_metadata(self.root) if records is None else records
         folds = tuple(int(f) for f in folds)
@@ -271,26 +295,40 @@ class PastisSplit:
             absent = sorted(wanted - {r.patch_id for r in chosen})
             if absent:
                 raise ValueError(f"{path} has no patch {absent[0]} in fold(s) {', '.join(map(str, folds))}")
-        self.records = chosen
         self.folds = folds
         self.num_bands = num_bands
         self.max_frames = max_frames
+        faults = faults if faults is not None else SampleFaults()
+        self.records: List[PatchRecord] = []
         self.sizes: List[Tuple[int, int]] = []
-        for r in self.records:
-            shape, dtype = read_array_shape(r.s2_path)
-            if len(shape) != 4 or shape[1] != num_bands or shape[0] != len(r.dates):
-                raise ValueError(f"{r.s2_path} has shape {shape}; expected (T, {num_bands}, H, W) with T = "
-                                 f"{len(r.dates)} (the dates of patch {r.patch_id} in metadata.geojson)")
-            if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
-                raise ValueError(f"{r.s2_path} holds {dtype}, not numbers")
-            tshape, tdtype = read_array_shape(r.target_path)
-            hw = tuple(shape[2:])
-            if not ((len(tshape) == 3 and tuple(tshape[1:]) == hw) or tuple(tshape) == hw):
-                raise ValueError(f"{r.target_path} has shape {tshape}; expected (C, {hw[0]}, {hw[1]}) like its data "
-                                 f"{r.s2_path.name}")
-            if not np.issubdtype(tdtype, np.integer) and not np.issubdtype(tdtype, np.floating):
-                raise ValueError(f"{r.target_path} holds {tdtype}, not class ids")
-            self.sizes.append((int(hw[0]), int(hw[1])))
+        for r in chosen:
+            try:
+                self.sizes.append(self._check(r))
+            except SampleError as e:
+                faults.record(e)
+                continue
+            self.records.append(r)
+        if not self.records:
+            raise ValueError(f"none of the {len(chosen)} patches of fold(s) {', '.join(map(str, folds))} of "
+                             f"{self.root} is readable")
+
+    def _check(self, r: PatchRecord) -> Tuple[int, int]:
+        """H × W of a patch whose arrays' headers agree with each other and with the metadata."""
+        data, target = r.s2_path, r.target_path
+        shape, dtype = _header(data)
+        if len(shape) != 4 or shape[1] != self.num_bands or shape[0] != len(r.dates):
+            raise SampleError(data, f"{data} has shape {shape}; expected (T, {self.num_bands}, H, W) with T = "
+                                    f"{len(r.dates)} (the dates of patch {r.patch_id} in metadata.geojson)")
+        if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
+            raise SampleError(data, f"{data} holds {dtype}, not numbers")
+        tshape, tdtype = _header(target)
+        hw = tuple(shape[2:])
+        if not ((len(tshape) == 3 and tuple(tshape[1:]) == hw) or tuple(tshape) == hw):
+            raise SampleError(target, f"{target} has shape {tshape}; expected (C, {hw[0]}, {hw[1]}) like its data "
+                                      f"{data.name}")
+        if not np.issubdtype(tdtype, np.integer) and not np.issubdtype(tdtype, np.floating):
+            raise SampleError(target, f"{target} holds {tdtype}, not class ids")
+        return int(hw[0]), int(hw[1])
 
     def __len__(self) -> int:
         return len(self.records)
@@ -311,21 +349,22 @@ class PastisSplit:
     def labels(self, i: int, top: int = 0, left: int = 0, size: Optional[int] = None) -> np.ndarray:
         """(h, w) int64 classes of a window (the whole patch when ``size`` is None)."""
         r = self.records[i]
-        t = np.load(r.target_path, mmap_mode="r")
+        t = _open(r.target_path)
         t = t[0] if t.ndim == 3 else t
         H, W = t.shape
         hs, ws = (H, W) if size is None else (size, size)
         out = np.asarray(t[top:top + hs, left:left + ws]).astype(np.int64)
         if out.size and (out.min() < 0 or out.max() > VOID):
-            raise ValueError(f"{r.target_path} holds class {int(out.min() if out.min() < 0 else out.max())}, outside "
-                             f"0 … {VOID} (0 background, 1–18 crops, 19 void)")
+            bad = int(out.min() if out.min() < 0 else out.max())
+            raise SampleError(r.target_path, f"{r.target_path} holds class {bad}, outside 0 … {VOID} (0 background, "
+                                             f"1–18 crops, 19 void)")
         return out
 
     def bands(self, i: int, top: int = 0, left: int = 0, size: Optional[int] = None,
               stats: Optional[BandStats] = None) -> np.ndarray:
         """(T, h, w, bands) float32 of a window, frames sorted by date, normalised with ``stats`` when given."""
         r = self.records[i]
-        a = np.load(r.s2_path, mmap_mode="r")
+        a = _open(r.s2_path)
         H, W = a.shape[2:]
         hs, ws = (H, W) if size is None else (size, size)
         if top < 0 or left < 0 or top + hs > H or left + ws > W:
@@ -406,7 +445,7 @@ def compute_band_stats(split: PastisSplit, max_patches: int = 64, stride: int = 
     s2 = np.zeros(split.num_bands)
     count = 0
     for i in pick:
-        a = np.load(split.records[i].s2_path, mmap_mode="r")
+        a = _open(split.records[i].s2_path)
         x = np.asarray(a[:, :, ::stride, ::stride], dtype=np.float64)
         s += x.sum((0, 2, 3))
         s2 += np.square(x).sum((0, 2, 3))

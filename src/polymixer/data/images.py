@@ -11,6 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .faults import SampleFaults
+
 __all__ = ["ImageDataset", "digits", "image_folder", "load_images", "save_grid", "IMAGE_SUFFIXES"]
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -58,9 +60,24 @@ def digits(size: int = 16) -> ImageDataset:
                         [str(i) for i in range(10)], f"digits{size}")
 
 
-def image_folder(root: Union[str, Path], size: int, channels: int = 3) -> ImageDataset:
-    """Every image under ``root/<class>/`` (Pillow), resized so the short side is ``size`` and centre-cropped."""
+def _read_image(path: Path, size: int, mode: str) -> np.ndarray:
+    """(size, size[, 3]) float32 in [0, 1]: the short side resized to ``size``, centre-cropped."""
     from PIL import Image
+
+    with Image.open(path) as im:
+        im = im.convert(mode)
+        w, h = im.size
+        s = size / min(w, h)
+        im = im.resize((max(size, round(w * s)), max(size, round(h * s))), Image.BICUBIC)
+        w, h = im.size
+        left, top = (w - size) // 2, (h - size) // 2
+        return np.asarray(im.crop((left, top, left + size, top + size)), dtype=np.float32) / 255.0
+
+
+def image_folder(root: Union[str, Path], size: int, channels: int = 3,
+                 faults: Optional[SampleFaults] = None) -> ImageDataset:
+    """Every image under ``root/<class>/`` (Pillow), resized so the short side is ``size`` and centre-cropped. An
+    unreadable image stops with its name, or is left out when ``faults`` skips bad samples."""
 
     root = Path(root)
     if not root.is_dir():
@@ -74,27 +91,26 @@ def image_folder(root: Union[str, Path], size: int, channels: int = 3) -> ImageD
     mode = {1: "L", 3: "RGB"}.get(channels)
     if mode is None:
         raise ValueError(f"image folders load 1 or 3 channels, got {channels}")
-    out = np.empty((len(files), channels, size, size), dtype=np.float32)
-    for k, (f, _) in enumerate(files):
-        with Image.open(f) as im:
-            im = im.convert(mode)
-            w, h = im.size
-            s = size / min(w, h)
-            im = im.resize((max(size, round(w * s)), max(size, round(h * s))), Image.BICUBIC)
-            w, h = im.size
-            left, top = (w - size) // 2, (h - size) // 2
-            a = np.asarray(im.crop((left, top, left + size, top + size)), dtype=np.float32) / 255.0
-        out[k] = a[None] if channels == 1 else a.transpose(2, 0, 1)
-    return ImageDataset(torch.from_numpy(out) * 2 - 1, torch.tensor([c for _, c in files]), classes, str(root))
+    faults = faults if faults is not None else SampleFaults()
+    arrays, labels = [], []
+    for f, c in files:
+        a = faults.call(f, _read_image, f, size, mode)
+        if a is not None:
+            arrays.append(a[None] if channels == 1 else a.transpose(2, 0, 1))
+            labels.append(c)
+    if not arrays:
+        raise ValueError(f"none of the {len(files)} images in {root} is readable")
+    return ImageDataset(torch.from_numpy(np.stack(arrays)) * 2 - 1, torch.tensor(labels), classes, str(root))
 
 
-def load_images(path: Optional[Union[str, Path]], size: int, channels: int) -> ImageDataset:
+def load_images(path: Optional[Union[str, Path]], size: int, channels: int,
+                faults: Optional[SampleFaults] = None) -> ImageDataset:
     """An image folder, or the digits default when ``path`` is None (single channel)."""
     if path is None:
         if channels != 1:
             raise ValueError(f"the digits default is single-channel, but the model expects {channels} channels")
         return digits(size)
-    return image_folder(path, size, channels)
+    return image_folder(path, size, channels, faults)
 
 
 def save_grid(images: torch.Tensor, path: Union[str, Path], nrow: int, upscale: int = 4) -> Path:

@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .cache import cache_dir
+from .faults import READ_ERRORS, SampleError, SampleFaults, as_sample_error
 import torch
 
 __all__ = ["IAM_CHARSET", "Charset", "LineRecord", "LineSet", "AugmentConfig", "list_split", "read_transcription",
@@ -273,18 +274,35 @@ class LineSet:
 
 
 def load_split(root: Union[str, Path], split: str, height: int, max_width: Optional[int],
-               progress: bool = False) -> LineSet:
-    """Read and resize every line of a split, on every core (Pillow decodes without the GIL), with a progress bar."""
+               progress: bool = False, faults: Optional[SampleFaults] = None) -> LineSet:
+    """Read and resize every line of a split, on every core (Pillow decodes without the GIL), with a progress bar.
+    An unreadable line image stops with its name, or is left out when ``faults`` skips bad samples."""
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm.auto import tqdm
 
+    def read(r: LineRecord) -> Union[np.ndarray, SampleError]:
+        try:
+            return load_line_image(r.image, height, max_width)
+        except READ_ERRORS as e:
+            return as_sample_error(r.image, e)
+
+    faults = faults if faults is not None else SampleFaults()
     records = list_split(root, split)
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        jobs = pool.map(lambda r: load_line_image(r.image, height, max_width), records)
-        images = list(tqdm(jobs, total=len(records), desc=f"load {Path(root).name}/{split}", disable=not progress,
+        jobs = pool.map(read, records)
+        loaded = list(tqdm(jobs, total=len(records), desc=f"load {Path(root).name}/{split}", disable=not progress,
                            unit="line"))
-    return LineSet(records, images, f"{Path(root).name}/{split}")
+    kept, images = [], []
+    for r, im in zip(records, loaded):  # in order, so that the first bad line is the one reported
+        if isinstance(im, SampleError):
+            faults.record(im)
+        else:
+            kept.append(r)
+            images.append(im)
+    if not kept:
+        raise ValueError(f"none of the {len(records)} line images of split {split!r} of {root} is readable")
+    return LineSet(kept, images, f"{Path(root).name}/{split}")
 
 
 def compose_page(images: Sequence[np.ndarray], gap: int) -> np.ndarray:

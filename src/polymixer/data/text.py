@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from . import cache
+from .faults import SampleFaults
 
 EOT_TEXT = "<|endoftext|>"
 
@@ -210,8 +211,11 @@ def default_corpus_files() -> List[Path]:
 
 
 def _is_text(path: Path) -> bool:
-    with open(path, "rb") as f:
-        head = f.read(8192)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8192)
+    except OSError:
+        return True  # kept, so that reading it fails with its name (or is skipped) like any bad document
     return b"\x00" not in head
 
 
@@ -256,11 +260,13 @@ def _cache_root() -> Path:
 
 def prepare_corpus(paths: Optional[Sequence[Union[str, Path]]] = None, tokenizer: Optional[Tokenizer] = None,
                    cache_dir: Optional[Union[str, Path]] = None, val_fraction: float = 0.1,
-                   progress: bool = True) -> Corpus:
+                   progress: bool = True, faults: Optional[SampleFaults] = None) -> Corpus:
     """Tokenise a corpus once (cached by file list, sizes, modification times and tokenizer) and memory-map it.
 
     Files go to val when a hash of their path falls below ``val_fraction`` (deterministic on every machine); a
-    single file is split by position instead. Documents (files) are separated by end-of-text.
+    single file is split by position instead. Documents (files) are separated by end-of-text. A file that cannot be
+    read stops with its name, or with ``faults`` skipping is left out (such a corpus is tokenised again next time,
+    in case the file was repaired).
     """
     from tqdm.auto import tqdm
 
@@ -274,7 +280,8 @@ def prepare_corpus(paths: Optional[Sequence[Union[str, Path]]] = None, tokenizer
     root = Path(cache_dir) if cache_dir else _cache_root() / "corpora"
     out = root / key[:16]
     meta_path = out / "meta.json"
-    if not meta_path.exists():
+    faults = faults if faults is not None else SampleFaults()
+    if not meta_path.exists() or json.loads(meta_path.read_text()).get("skipped"):
         out.mkdir(parents=True, exist_ok=True)
         common = os.path.commonpath([str(f.resolve()) for f in files]) if len(files) > 1 else str(files[0].parent)
         is_val = [zlib.crc32(os.path.relpath(str(f.resolve()), common).encode()) % 10_000 < val_fraction * 10_000
@@ -288,11 +295,18 @@ def prepare_corpus(paths: Optional[Sequence[Union[str, Path]]] = None, tokenizer
         parts: Dict[str, List[np.ndarray]] = {"train": [], "val": []}
         counts = {"train": 0, "val": 0}
         eot = np.array([tokenizer.eot_id], dtype=dtype)
+        skipped: Dict[str, str] = {}
         for f, v in tqdm(list(zip(files, is_val)), desc="tokenising", disable=not progress, unit="file"):
-            toks = np.concatenate([tokenizer.encode_bytes(f.read_bytes()).astype(dtype), eot])
+            data = faults.call(f, f.read_bytes)
+            if data is None:
+                skipped[str(f)] = faults.bad[str(f)]
+                continue
+            toks = np.concatenate([tokenizer.encode_bytes(data).astype(dtype), eot])
             split = "val" if v else "train"
             parts[split].append(toks)
             counts[split] += 1
+        if len(skipped) == len(files):
+            raise ValueError(f"no readable file in the corpus ({len(files)} skipped)")
         if len(files) == 1:
             toks = parts["train"][0]
             cut = int(len(toks) * (1 - val_fraction))
@@ -307,10 +321,10 @@ def prepare_corpus(paths: Optional[Sequence[Union[str, Path]]] = None, tokenizer
         tb = tokenizer.token_bytes()
         meta = {
             "name": name, "tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size,
-            "eot_id": tokenizer.eot_id, "dtype": np.dtype(dtype).name, "files": len(files),
+            "eot_id": tokenizer.eot_id, "dtype": np.dtype(dtype).name, "files": len(files) - len(skipped),
             "files_per_split": counts, "tokens": sizes,
             "val_bytes": int(tb[np.fromfile(out / "val.bin", dtype=dtype)].sum()),
-            "val_fraction": val_fraction,
+            "val_fraction": val_fraction, "skipped": skipped,
         }
         tmp = out / "meta.json.tmp"
         tmp.write_text(json.dumps(meta, indent=2))

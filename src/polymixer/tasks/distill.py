@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import Attention
-from ..data.text import Tokenizer, TokenWindows, load_tokenizer, prepare_corpus
+from ..data.faults import SampleFaults
+from ..data.text import Tokenizer, load_tokenizer, prepare_corpus
 from ..models.lm import GPT
 from ..pomify import pomify, replaced_layers
 from ..train.checkpoint import load_model, read_config, resolve_checkpoint
@@ -212,9 +213,9 @@ class _WindowsTask(LMTask):
     transformers models see raw windows."""
 
     def __init__(self, teacher: Teacher, student: nn.Module, corpus: Any, batch_size: int, seed: int,
-                 eval_windows: int, pack: bool) -> None:
+                 eval_windows: int, pack: bool, faults: Optional[SampleFaults] = None) -> None:
         super().__init__(corpus, teacher.tokenizer.token_bytes(), teacher.block_size, batch_size, seed,
-                         pack and teacher.kind == "polymixer", eval_windows)
+                         pack and teacher.kind == "polymixer", eval_windows, faults=faults)
         self.teacher, self.student = teacher, student
         self.sep = self.eot if self.pack else None
 
@@ -315,12 +316,13 @@ def distill_lm(teacher: str, cfg: DistillConfig, train_cfg: TrainConfig, data: O
         raise ValueError(f"stage1_steps must be ≥ 0, got {cfg.stage1_steps}")
     t = load_teacher(teacher, block_size=block_size)
     t.model.requires_grad_(False)
+    faults = SampleFaults.training(train_cfg.skip_bad_samples)
     corpus = prepare_corpus(data if data is not None else t.meta["data"].get("paths"), t.tokenizer,
-                            val_fraction=val_fraction, progress=train_cfg.progress)
+                            val_fraction=val_fraction, progress=train_cfg.progress, faults=faults)
     torch.manual_seed(train_cfg.seed)
     student = make_student(t, cfg).requires_grad_(True)
     out = Path(train_cfg.out)
-    common = (t, student, corpus, train_cfg.batch_size, train_cfg.seed, eval_windows, pack)
+    common = (t, student, corpus, train_cfg.batch_size, train_cfg.seed, eval_windows, pack, faults)
     described = {"teacher": t.source, "teacher_kind": t.kind, **asdict(cfg)}
     results: Dict[str, Any] = {"student": student, "teacher": t}
     if cfg.stage1_steps:

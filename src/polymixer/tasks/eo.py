@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ..data.eo import NUM_CLASSES, PASTIS_CLASSES, PASTIS_COLORS, PIXEL_KM2, RGB_BANDS, VOID, BandStats, \
     PastisSplit, band_stats, collate, fold_splits, read_metadata, resolve_data, windows
+from ..data.faults import SampleError, SampleFaults
 from ..metrics import ConfusionMatrix
 from ..models import create_model, list_models, model_config
 from ..train.checkpoint import load_model, read_config, resolve_checkpoint
@@ -56,8 +57,9 @@ class EOTask:
 
     def __init__(self, train_split: PastisSplit, val_split: PastisSplit, stats: BandStats, batch_size: int,
                  seed: int, crop: Optional[int] = 24, augment: bool = True, eval_limit: Optional[int] = None,
-                 eval_batch: int = 16) -> None:
+                 eval_batch: int = 16, faults: Optional[SampleFaults] = None) -> None:
         self.train_split, self.val_split, self.stats = train_split, val_split, stats
+        self.faults = faults if faults is not None else SampleFaults()
         self.batch_size, self.seed, self.crop, self.augment = batch_size, seed, crop, augment
         self.windows = windows(train_split, crop)
         if crop is None and len(set(train_split.sizes)) > 1:
@@ -71,13 +73,16 @@ class EOTask:
         n = self.batch_size // shares
         samples = []
         for k in range(share * n, (share + 1) * n):
-            i, top, left = self.windows[picks[k]]
-            x, doy, y = self.train_split.sample(i, top, left, self.crop, self.stats)
+            x, doy, y = self.faults.pick(int(picks[k]), len(self.windows), self._window)
             x, y = _flip(x, y, int(flips[k]))
             samples.append((x, doy, y))
         x, doy, mask, labels = collate(samples)
         return {"x": x.to(device), "doy": doy.to(device), "mask": mask.to(device), "labels": labels.to(device),
                 "pixels": int(labels.numel())}
+
+    def _window(self, j: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        i, top, left = self.windows[j]
+        return self.train_split.sample(i, top, left, self.crop, self.stats)
 
     def count(self, batch: Dict[str, Any]) -> int:
         return batch["pixels"]
@@ -87,7 +92,7 @@ class EOTask:
 
     def evaluate(self, model: nn.Module, step: int, out_dir: Path) -> Dict[str, float]:
         m = evaluate_eo(model, self.val_split, self.stats, window=self.crop, batch=self.eval_batch,
-                        limit=self.eval_limit)
+                        limit=self.eval_limit, faults=self.faults)
         return {"loss": m["loss"], "oa": m["oa"], "miou": m["miou"]}
 
 
@@ -128,12 +133,14 @@ def predict_patch(model: nn.Module, x: Tensor, doy: Tensor, mask: Optional[Tenso
 
 @torch.no_grad()
 def evaluate_eo(model: nn.Module, split: PastisSplit, stats: BandStats, window: Optional[int] = 24, batch: int = 16,
-                limit: Optional[int] = None, progress: bool = False, keep_predictions: int = 0) -> Dict[str, Any]:
+                limit: Optional[int] = None, progress: bool = False, keep_predictions: int = 0,
+                faults: Optional[SampleFaults] = None) -> Dict[str, Any]:
     """Scores over every pixel of the first ``limit`` patches of ``split`` whose label is not void: overall accuracy,
     per-class IoU, mIoU (classes absent from both truth and prediction excluded), the confusion matrix, the mean
     cross-entropy, and the model's throughput in km²/s (10 m pixels; model time only, data loading excluded).
     Patches are predicted whole (``window=None``) or by windows covering them (:func:`predict_patch`). The first
-    ``keep_predictions`` patches' predictions are returned too (for pictures)."""
+    ``keep_predictions`` patches' predictions are returned too (for pictures). A bad patch stops with its file's
+    name, unless ``faults`` skips bad samples."""
     from tqdm.auto import tqdm
 
     was = model.training
@@ -143,7 +150,13 @@ def evaluate_eo(model: nn.Module, split: PastisSplit, stats: BandStats, window: 
     loss_sum, valid, seconds, pixels = 0.0, 0, 0.0, 0
     kept: List[Dict[str, Any]] = []
     for i in tqdm(range(n), desc="eval eo", disable=not progress, unit="patch"):
-        x, doy, y = split.sample(i, stats=stats)
+        try:
+            x, doy, y = split.sample(i, stats=stats)
+        except SampleError as e:
+            if faults is None:
+                raise
+            faults.record(e)
+            continue
         t0 = time.perf_counter()
         logits = predict_patch(model, torch.from_numpy(x), torch.from_numpy(doy), window=window, batch=batch)
         seconds += time.perf_counter() - t0
@@ -267,8 +280,9 @@ def train_eo(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, fo
     splits = fold_splits(fold)
     records = read_metadata(root)
     base = model_config(preset, **overrides)
-    train_split = PastisSplit(root, splits["train"], base.num_bands, base.max_frames, records)
-    val_split = PastisSplit(root, splits["val"], base.num_bands, base.max_frames, records)
+    faults = SampleFaults.training(train_cfg.skip_bad_samples)
+    train_split = PastisSplit(root, splits["train"], base.num_bands, base.max_frames, records, faults=faults)
+    val_split = PastisSplit(root, splits["val"], base.num_bands, base.max_frames, records, faults=faults)
     size = crop if crop is not None else train_split.sizes[0][0]
     if "image_size" in overrides and overrides["image_size"] != size:
         raise ValueError(f"image_size={overrides['image_size']} differs from the training windows ({size} pixels)")
@@ -286,7 +300,8 @@ def train_eo(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, fo
     stats = BandStats.from_dict(saved) if saved is not None else band_stats(train_split, norm)
     torch.manual_seed(train_cfg.seed)
     model = create_model(preset, **overrides)
-    task = EOTask(train_split, val_split, stats, train_cfg.batch_size, train_cfg.seed, crop, augment, eval_limit)
+    task = EOTask(train_split, val_split, stats, train_cfg.batch_size, train_cfg.seed, crop, augment, eval_limit,
+                  faults=faults)
     meta = {"family": "tsvit", "preset": preset, "model": asdict(cfg), "normalization": stats.to_dict(),
             "classes": list(PASTIS_CLASSES[:NUM_CLASSES]), "void": VOID,
             "data": {"path": str(root), "name": data or "synthetic", "fold": fold, "folds": splits,

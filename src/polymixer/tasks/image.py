@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.cache import cache_dir
+from ..data.faults import SampleFaults
 from ..data.images import ImageDataset, load_images, save_grid
 from ..diffusion import make_objective
 from ..models import create_model, list_models, model_config
@@ -181,8 +182,9 @@ class ImageTask:
     unit = "img"
 
     def __init__(self, data: ImageDataset, objective: str, learn_sigma: bool, batch_size: int, seed: int,
-                 eval_samples: int = 100, guidance: float = 2.0, steps: int = 25) -> None:
-        self.data, self.objective_name = data, objective
+                 eval_samples: int = 100, guidance: float = 2.0, steps: int = 25,
+                 faults: Optional[SampleFaults] = None) -> None:
+        self.data, self.objective_name, self.faults = data, objective, faults
         self.objective = make_objective(objective, learn_sigma)
         self.batch_size, self.seed = batch_size, seed
         self.eval_samples, self.guidance, self.steps = eval_samples, guidance, steps
@@ -218,7 +220,8 @@ def train_image(preset: str, train_cfg: TrainConfig, objective: str = "flow", da
     cfg = model_config(preset, **overrides)
     if objective == "flow" and cfg.learn_sigma:
         raise ValueError(f"{preset} learns σ (a DDPM model): train it with --objective ddpm, or pass learn_sigma=False")
-    images = load_images(data, cfg.input_size, cfg.in_channels)
+    faults = SampleFaults.training(train_cfg.skip_bad_samples)
+    images = load_images(data, cfg.input_size, cfg.in_channels, faults)
     if images.num_classes != cfg.num_classes:
         if "num_classes" in overrides:
             raise ValueError(f"the data has {images.num_classes} classes but num_classes={cfg.num_classes}")
@@ -226,7 +229,8 @@ def train_image(preset: str, train_cfg: TrainConfig, objective: str = "flow", da
         cfg = model_config(preset, **overrides)
     torch.manual_seed(train_cfg.seed)
     model = create_model(preset, **overrides)
-    task = ImageTask(images, objective, cfg.learn_sigma, train_cfg.batch_size, train_cfg.seed, eval_samples)
+    task = ImageTask(images, objective, cfg.learn_sigma, train_cfg.batch_size, train_cfg.seed, eval_samples,
+                     faults=faults)
     meta = {"family": "dit", "preset": preset, "model": asdict(cfg), "objective": objective,
             "data": {"path": data, "name": images.name, "images": len(images.labels)}}
     return {**train(model, task, train_cfg, meta), "model": model}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -14,11 +14,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..data.faults import SampleFaults
 from ..data.text import Corpus, TokenWindows, load_tokenizer, prepare_corpus
 from ..models import create_model, list_models, model_config
 from ..models.lm import pad_left
 from ..train.checkpoint import load_model, read_config
-from ..train.loop import TrainConfig, train
+from ..train.loop import TrainConfig, add_train_config_arguments, train, train_config_from_args
 
 __all__ = ["LMTask", "evaluate_lm", "train_lm"]
 
@@ -31,8 +32,9 @@ class LMTask:
     unit = "tok"
 
     def __init__(self, corpus: Corpus, token_bytes: np.ndarray, block_size: int, batch_size: int, seed: int,
-                 pack: bool = True, eval_windows: int = 256, eval_batch: int = 32) -> None:
-        self.corpus = corpus
+                 pack: bool = True, eval_windows: int = 256, eval_batch: int = 32,
+                 faults: Optional[SampleFaults] = None) -> None:
+        self.corpus, self.faults = corpus, faults
         self.train_windows = TokenWindows(corpus.train, block_size)
         self.val_windows = TokenWindows(corpus.val, block_size)
         self.batch_size, self.seed, self.pack = batch_size, seed, pack
@@ -104,19 +106,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--val-fraction", type=float, default=0.1)
     d.add_argument("--no-pack", action="store_true", help="let windows attend across end-of-text")
     d.add_argument("--eval-windows", type=int, default=256, help="validation windows per evaluation")
-    o = p.add_argument_group("optimisation")
-    for name in ("steps", "batch_size", "grad_accum", "lr", "min_lr", "warmup", "weight_decay", "grad_clip",
-                 "eval_every", "ckpt_every", "keep", "log_every", "seed", "ema", "max_nonfinite"):
-        default = getattr(t, name)
-        o.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
-    o.add_argument("--stop-after", type=int, default=None, help="end this invocation after that step (resumable)")
-    o.add_argument("--init-from", default=None, metavar="RUN",
-                   help="start from the weights of this run or checkpoint (fine-tuning; not when resuming)")
-    o.add_argument("--dtype", default=t.dtype, choices=["auto", "fp32", "bf16"])
-    o.add_argument("--compile", action="store_true")
-    o.add_argument("--out", default=None, help="run folder (default: runs/lm/<preset>)")
-    o.add_argument("--no-resume", action="store_true", help="start over even if the run folder has a checkpoint")
-    o.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_train_config_arguments(p.add_argument_group("optimisation"), t, "run folder (default: runs/lm/<preset>)")
 
 
 def train_lm(preset: str, train_cfg: TrainConfig, data: Optional[List[str]] = None, tokenizer: str = "bytes",
@@ -128,11 +118,12 @@ def train_lm(preset: str, train_cfg: TrainConfig, data: Optional[List[str]] = No
     if cfg.vocab_size < tok.vocab_size:
         raise ValueError(f"{preset} has a vocabulary of {cfg.vocab_size} but the {tok.name!r} tokenizer needs "
                          f"{tok.vocab_size}; pass --vocab-size {tok.vocab_size}")
-    corpus = prepare_corpus(data, tok, val_fraction=val_fraction, progress=train_cfg.progress)
+    faults = SampleFaults.training(train_cfg.skip_bad_samples)
+    corpus = prepare_corpus(data, tok, val_fraction=val_fraction, progress=train_cfg.progress, faults=faults)
     torch.manual_seed(train_cfg.seed)  # the initial weights are part of the run's reproducible state
     model = create_model(preset, **overrides)
     task = LMTask(corpus, tok.token_bytes(), cfg.block_size, train_cfg.batch_size, train_cfg.seed, pack,
-                  eval_windows)
+                  eval_windows, faults=faults)
     meta = {"family": "lm", "preset": preset, "model": asdict(cfg),
             "data": {"paths": data, "corpus": corpus.meta["name"], "tokenizer": tokenizer,
                      "val_fraction": val_fraction, "tokens": corpus.meta["tokens"], "pack": pack}}
@@ -141,10 +132,7 @@ def train_lm(preset: str, train_cfg: TrainConfig, data: Optional[List[str]] = No
 
 def main_train(args: argparse.Namespace) -> int:
     overrides = {k[2:]: v for k, v in vars(args).items() if k.startswith("m_") and v is not None}
-    tcfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)
-                          if hasattr(args, f.name) and f.name not in ("out", "resume", "progress", "compile")},
-                       compile=args.compile, out=args.out or f"runs/lm/{args.preset}", resume=not args.no_resume,
-                       progress=not args.quiet)
+    tcfg = train_config_from_args(args, TrainConfig(), f"runs/lm/{args.preset}")
     res = train_lm(args.preset, tcfg, args.data, args.tokenizer, args.val_fraction, not args.no_pack,
                    args.eval_windows, **overrides)
     if res["rank"] == 0:

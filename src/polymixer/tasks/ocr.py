@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..data.faults import SampleFaults
 from ..data.ocr import AugmentConfig, Charset, LineSet, augment, collate, compose_page, load_line_image, load_split, \
     resolve_data
 from ..metrics import ErrorRates, edit_distance
@@ -70,8 +71,8 @@ class OCRTask:
 
     def __init__(self, train_set: LineSet, val_set: LineSet, charset: Charset, batch_size: int, seed: int,
                  spec: Optional[PageSpec] = None, aug: Optional[AugmentConfig] = None, eval_limit: Optional[int] = None,
-                 eval_batch: int = 16, bucket: Optional[int] = None) -> None:
-        self.train_set, self.val_set, self.charset = train_set, val_set, charset
+                 eval_batch: int = 16, bucket: Optional[int] = None, faults: Optional[SampleFaults] = None) -> None:
+        self.train_set, self.val_set, self.charset, self.faults = train_set, val_set, charset, faults
         self.spec = spec or PageSpec()
         self.aug = aug
         self.batch_size, self.seed = batch_size, seed
@@ -193,8 +194,9 @@ def train_ocr(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, s
     spec = spec or PageSpec()
     root = resolve_data(data, progress=progress)
     cfg = model_config(preset, **overrides)
-    train_set = load_split(root, "train", cfg.height, cfg.max_width, progress)
-    val_set = load_split(root, "val", cfg.height, cfg.max_width, progress)
+    faults = SampleFaults.training(train_cfg.skip_bad_samples)
+    train_set = load_split(root, "train", cfg.height, cfg.max_width, progress, faults)
+    val_set = load_split(root, "val", cfg.height, cfg.max_width, progress, faults)
     charset = Charset.from_texts(train_set.texts)
     if "num_classes" in overrides and overrides["num_classes"] != charset.num_classes:
         raise ValueError(f"the training transcriptions hold {len(charset)} characters (+ blank = "
@@ -212,7 +214,7 @@ def train_ocr(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, s
     torch.manual_seed(train_cfg.seed)
     model = create_model(preset, **overrides)
     task = OCRTask(train_set, val_set, charset, train_cfg.batch_size, train_cfg.seed, spec,
-                   AugmentConfig() if augmentations else None, eval_limit)
+                   AugmentConfig() if augmentations else None, eval_limit, faults=faults)
     meta = {"family": "htr", "preset": preset, "model": asdict(cfg), "charset": charset.chars,
             "data": {"path": str(root), "name": data or "synthetic", "train_lines": len(train_set),
                      "val_lines": len(val_set), "examples": len(task.examples)},

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..data.faults import SampleError, SampleFaults
 from ..data.ptv3 import FORMATS, AugmentConfig, PointDataset, PointFormat, Scene, augment, detect_format, \
     load_ply, load_scannet_scene, load_semantickitti_scan, voxelize, write_ply
 from ..data.ptv3_synth import resolve_data
@@ -97,7 +98,8 @@ class PointTask:
 
     def __init__(self, train_set: PointDataset, val_set: PointDataset, batch_size: int, seed: int,
                  augment_cfg: Optional[AugmentConfig] = None, lovasz: float = 1.0,
-                 eval_limit: Optional[int] = None, eval_batch: int = 4) -> None:
+                 eval_limit: Optional[int] = None, eval_batch: int = 4, faults: Optional[SampleFaults] = None) -> None:
+        self.faults = faults if faults is not None else SampleFaults()
         if len(train_set) == 0:
             raise ValueError(f"no training scenes in {train_set}")
         self.train_set, self.val_set = train_set, val_set
@@ -111,7 +113,7 @@ class PointTask:
         scenes, rngs = [], []
         for k in range(share * n, (share + 1) * n):
             rng = np.random.default_rng([self.seed, step, k])
-            s = self.train_set[int(picks[k])]
+            s = self.faults.pick(int(picks[k]), len(self.train_set), self.train_set.__getitem__)
             if self.augment_cfg is not None:
                 s = augment(s, rng, self.augment_cfg, self.train_set.format.name)
             scenes.append(s)
@@ -126,7 +128,7 @@ class PointTask:
         return segmentation_loss(model(batch["feat"], batch["grid"], batch["offset"]), batch["segment"], self.lovasz)
 
     def evaluate(self, model: nn.Module, step: int, out_dir: Path) -> Dict[str, float]:
-        m = evaluate_3d(model, self.val_set, batch=self.eval_batch, limit=self.eval_limit)
+        m = evaluate_3d(model, self.val_set, batch=self.eval_batch, limit=self.eval_limit, faults=self.faults)
         return {"miou": m["miou"], "oa": m["oa"]}
 
 
@@ -149,10 +151,12 @@ def predict_scene(model: nn.Module, scenes: Sequence[Scene], grid_size: float
 
 @torch.no_grad()
 def evaluate_3d(model: nn.Module, dataset: PointDataset, batch: int = 4, limit: Optional[int] = None,
-                progress: bool = False, keep_predictions: int = 0) -> Dict[str, Any]:
+                progress: bool = False, keep_predictions: int = 0,
+                faults: Optional[SampleFaults] = None) -> Dict[str, Any]:
     """mIoU as PTv3 computes it — intersection and union accumulated over every original point of the split (ignore
     −1), IoU per class, mean over the classes present — plus overall accuracy and throughput (voxels and original
-    points per second of model forward)."""
+    points per second of model forward). A bad scene stops with its file's name, unless ``faults`` skips bad
+    samples."""
     from tqdm.auto import tqdm
 
     was_training = model.training
@@ -162,7 +166,16 @@ def evaluate_3d(model: nn.Module, dataset: PointDataset, batch: int = 4, limit: 
     n = len(dataset) if limit is None else min(limit, len(dataset))
     seconds, points, voxels, kept = 0.0, 0, 0, []
     for s in tqdm(range(0, n, batch), disable=not progress, desc="eval 3d", dynamic_ncols=True):
-        scenes = [dataset[i] for i in range(s, min(n, s + batch))]
+        scenes = []
+        for i in range(s, min(n, s + batch)):
+            try:
+                scenes.append(dataset[i])
+            except SampleError as e:
+                if faults is None:
+                    raise
+                faults.record(e)
+        if not scenes:
+            continue
         preds, sec, vox = predict_scene(model, scenes, fmt.grid_size)
         seconds += sec
         voxels += vox
@@ -190,6 +203,7 @@ def train_3d(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, fo
     fmt = FORMATS[fmt_name]
     train_set = PointDataset(root, "train", fmt_name)
     val_set = PointDataset(root, "val", fmt_name)
+    faults = SampleFaults.training(train_cfg.skip_bad_samples)
     overrides.setdefault("in_channels", fmt.in_channels)
     overrides.setdefault("num_classes", len(fmt.class_names))
     torch.manual_seed(train_cfg.seed)
@@ -198,7 +212,8 @@ def train_3d(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, fo
         augment_cfg: Optional[AugmentConfig] = augment_data
     else:
         augment_cfg = AugmentConfig.for_format(fmt_name) if augment_data else None
-    task = PointTask(train_set, val_set, train_cfg.batch_size, train_cfg.seed, augment_cfg, lovasz, eval_limit)
+    task = PointTask(train_set, val_set, train_cfg.batch_size, train_cfg.seed, augment_cfg, lovasz, eval_limit,
+                     faults=faults)
     meta = {"family": "ptv3", "preset": preset, "model": asdict(model.config),
             "data": {"path": str(root), "name": data or "rooms", "format": fmt_name, "grid_size": fmt.grid_size,
                      "classes": list(fmt.class_names), "train_scenes": len(train_set), "val_scenes": len(val_set),

@@ -182,7 +182,11 @@ def save_checkpoint(run_dir: Union[str, Path], step: int, model: nn.Module, conf
 
 def _prune(root: Path, keep: int, newest: Path) -> None:
     """Keep the newest ``keep`` intact checkpoints; remove older intact ones and damaged ones older than those kept
-    (a damaged checkpoint newer than every intact one stays, for inspection)."""
+    (a damaged checkpoint newer than every intact one stays, for inspection), and the temporary folders and files of
+    writes that a killed process left behind (a run has one writer, and its own write has just finished)."""
+    for p in root.glob(".*"):
+        if ".tmp-" in p.name or ".old-" in p.name:
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     steps = sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True)
     intact = [p for p in steps if p == newest or verify_checkpoint(p) is None]
     kept = set(intact[:max(keep, 1)])

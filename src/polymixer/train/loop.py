@@ -27,6 +27,7 @@ from torch import nn
 if TYPE_CHECKING:
     import argparse
 
+from ..data.faults import SampleError
 from .checkpoint import config_diff, load_trainer_state, load_weights, read_config, resolve_checkpoint, rng_state, \
     save_checkpoint, set_rng_state
 
@@ -62,6 +63,7 @@ class TrainConfig:
     stop_after: Optional[int] = None  # end this invocation after that step (with a checkpoint): time-limited jobs
     progress: bool = True
     max_nonfinite: int = 10  # a step whose loss or gradient norm is not finite is skipped; this many in a row stop
+    skip_bad_samples: bool = False  # unreadable / malformed samples: stop naming the file (False), or skip and count
     extra: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -73,18 +75,21 @@ TRAIN_FLAGS = ("steps", "batch_size", "grad_accum", "lr", "min_lr", "warmup", "w
 def add_train_config_arguments(p: "argparse.ArgumentParser", defaults: TrainConfig, out_help: str,
                                names: Sequence[str] = TRAIN_FLAGS) -> None:
     """The shared-loop options of a train command: ``names`` as --flags defaulting to the family's recipe
-    ``defaults``, then --stop-after, --init-from, --dtype, --compile, --out, --no-resume, --quiet."""
+    ``defaults``, then --skip-bad-samples, --stop-after, --init-from, --dtype, --compile, --out, --no-resume,
+    --quiet."""
     for name in names:
         default = getattr(defaults, name)
         p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
-    p.add_argument("--stop-after", type=int, default=None)
+    p.add_argument("--skip-bad-samples", action="store_true",
+                   help="skip unreadable or malformed samples (listed in <out>/bad_samples.json) instead of stopping")
+    p.add_argument("--stop-after", type=int, default=None, help="end this invocation after that step (resumable)")
     p.add_argument("--init-from", default=None, metavar="RUN",
                    help="start from the weights of this run or checkpoint (fine-tuning; not when resuming)")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
     p.add_argument("--compile", action="store_true")
     p.add_argument("--out", default=None, help=out_help)
-    p.add_argument("--no-resume", action="store_true")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--no-resume", action="store_true", help="start over even if the run folder has a checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def train_config_from_args(args: "argparse.Namespace", defaults: TrainConfig, out: str) -> TrainConfig:
@@ -98,7 +103,9 @@ def train_config_from_args(args: "argparse.Namespace", defaults: TrainConfig, ou
 
 
 class Task(Protocol):
-    """What a model family brings to the loop."""
+    """What a model family brings to the loop. A task may also carry ``faults``, the
+    :class:`~polymixer.data.faults.SampleFaults` its data was read with: the loop then reports the bad samples skipped
+    (progress bar, history, ``<out>/bad_samples.json``) and keeps them in its checkpoints."""
 
     unit: str  # what a batch counts, for throughput ("tok", "img")
 
@@ -270,6 +277,12 @@ def _init_weights(model: nn.Module, ema: Optional["_Ema"], source: str, model_co
         ema.model.load_state_dict(model.state_dict())
 
 
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL, "try again later": requeue and run the same command; it resumes
 
 
@@ -341,6 +354,7 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
     optimizer = configure_optimizer(raw, cfg)
     start = 0
     history: List[Dict[str, Any]] = []
+    faults = getattr(task, "faults", None)  # a SampleFaults: the policy for bad samples and those skipped
     meta = {**model_config, "train": asdict(cfg)}
     if cfg.resume and (out / "checkpoints").exists():
         try:
@@ -360,6 +374,8 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
             set_rng_state(state["rng"][ctx.rank] if isinstance(state["rng"], list) else state["rng"])
             start = int(state["step"])
             history = state.get("history", [])
+            if faults is not None:
+                faults.restore(state.get("bad_samples", {}))
     if start == 0 and cfg.init_from:
         _init_weights(raw, ema, cfg.init_from, model_config)
     fwd_model: nn.Module = raw
@@ -377,18 +393,52 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
     skipped = next((r["skipped"] for r in reversed(history) if "skipped" in r), 0)  # non-finite steps so far
     nonfinite_run = 0
     preempted = False
+    saved = start
+
+    def save(done: int) -> None:
+        """A checkpoint of the state after ``done`` steps (every rank calls it)."""
+        nonlocal saved
+        rngs: Any = rng_state()
+        bad = dict(faults.bad) if faults is not None else {}
+        if ctx.world > 1:  # every rank's generators, so that dropout resumes exactly everywhere
+            gathered: List[Any] = [None] * ctx.world
+            dist.all_gather_object(gathered, (rngs, bad))
+            rngs = [g[0] for g in gathered]
+            for _, b in gathered:
+                for path, reason in b.items():
+                    bad.setdefault(path, reason)
+        if ctx.main:
+            trainer_state = {"optimizer": optimizer.state_dict(), "step": done, "rng": rngs, "history": history,
+                             "bad_samples": bad}
+            save_checkpoint(out, done, raw, {**meta, "metrics": metrics}, trainer_state,
+                            ema.model if ema is not None else None, keep=cfg.keep)
+            if bad:
+                _write_json(out / "bad_samples.json", bad)
+        if ctx.world > 1:
+            dist.barrier()
+        saved = done
+
     fwd_model.train()
     for step in range(start, cfg.steps):
         lr = lr_at(step, cfg)
         for g in optimizer.param_groups:
             g["lr"] = lr * g.get("lr_scale", 1.0)
         loss_sum = torch.zeros((), device=ctx.device)
-        batches = []
-        for micro in range(cfg.grad_accum):
-            batch = task.batch(step, micro * ctx.world + ctx.rank, shares, ctx.device)
+        try:  # every micro-batch first: a bad sample then stops the run before this step changed anything
+            batches = [task.batch(step, micro * ctx.world + ctx.rank, shares, ctx.device)
+                       for micro in range(cfg.grad_accum)]
+        except SampleError as e:
+            bar.close()
+            if ctx.world == 1 and step > saved:  # under torchrun the other ranks are elsewhere: no collective save
+                save(step)
+            raise SampleError(e.path, e.reason, f"stopped before step {step + 1}; the checkpoint of step {saved} in "
+                              f"{out / 'checkpoints'} resumes: fix or remove the file, or resume with "
+                              f"--skip-bad-samples") from e
+        if faults is not None:
+            for path, reason in faults.unreported():
+                bar.write(f"step {step + 1}: skipped bad sample {path} — {reason} ({len(faults)} so far)")
+        for micro, batch in enumerate(batches):
             units += task.count(batch)
-            if cfg.sam_rho > 0:
-                batches.append(batch)
             loss_sum += _forward_backward(fwd_model, task, batch, micro == cfg.grad_accum - 1, cfg, ctx, amp)
         if cfg.sam_rho > 0:
             _sam_second_pass(raw, fwd_model, task, batches, optimizer, cfg, ctx, amp)
@@ -422,10 +472,13 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
             t_last, units = now, 0
             rec = {"step": done, "loss": float(loss_sum), "lr": lr, f"{task.unit}_s": rate,
                    "grad_norm": float(grad_norm), "skipped": skipped}
+            if faults:
+                rec["bad_samples"] = len(faults)
             history.append(rec)
             if ctx.main:
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", **{f"{task.unit}/s": f"{rate:,.0f}"},
-                                **({"skipped": skipped} if skipped else {}))
+                                **({"skipped": skipped} if skipped else {}),
+                                **({"bad": len(faults)} if faults else {}))
                 if on_log:
                     on_log(rec)
         bar.update(1)
@@ -443,24 +496,16 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
             preempted = bool(f.item())
         stop = preempted or (cfg.stop_after is not None and done >= cfg.stop_after)
         if done % cfg.ckpt_every == 0 or done == cfg.steps or stop:
-            rngs: Any = rng_state()
-            if ctx.world > 1:  # every rank's generators, so that dropout resumes exactly everywhere
-                gathered: List[Any] = [None] * ctx.world
-                dist.all_gather_object(gathered, rngs)
-                rngs = gathered
-            if ctx.main:
-                trainer_state = {"optimizer": optimizer.state_dict(), "step": done, "rng": rngs,
-                                 "history": history}
-                save_checkpoint(out, done, raw, {**meta, "metrics": metrics}, trainer_state,
-                                ema.model if ema is not None else None, keep=cfg.keep)
-            if ctx.world > 1:
-                dist.barrier()
+            save(done)
         if stop:
             break
     bar.close()
     if ctx.main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "history.json").write_text(json.dumps(history, indent=1))
+        if faults:
+            print(f"skipped {len(faults)} unreadable or malformed sample file(s), listed in "
+                  f"{out / 'bad_samples.json'}", flush=True)
     if ctx.world > 1:
         dist.barrier()
     if preempted:

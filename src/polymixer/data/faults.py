@@ -1,0 +1,97 @@
+"""Unreadable or malformed training samples: stop with the file's name (the default), or skip them and count.
+
+A loader reads one sample through :meth:`SampleFaults.call` (eager loaders: images, text files, OCR lines) or
+draws one through :meth:`SampleFaults.pick` (lazy loaders, at batch time: EO patches, point clouds). A failure
+becomes a :class:`SampleError` naming the file. Under the default policy it propagates, so the run stops with that
+message. With ``skip=True`` it is recorded once per file, and the loader leaves the sample out (eager) or draws the
+next good sample in order (lazy). Both are deterministic, so a resumed run draws the same batches. The shared
+training loop reports the skipped files: progress bar, history, ``<out>/bad_samples.json``, and the checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar, Union
+
+__all__ = ["SampleError", "SampleFaults", "READ_ERRORS", "SKIP_HINT"]
+
+T = TypeVar("T")
+
+# what reading a bad file raises: I/O errors (incl. Pillow's UnidentifiedImageError), format and content checks
+# (every loader of this package turns a parser's own exception into a ValueError naming the file), truncation
+READ_ERRORS = (OSError, ValueError, EOFError)
+
+SKIP_HINT = "--skip-bad-samples skips such samples and counts them"
+
+
+class SampleError(ValueError):
+    """A sample that cannot be read or is malformed: ``path`` names its file, ``reason`` says what is wrong."""
+
+    def __init__(self, path: Union[str, Path], reason: str, hint: str = "") -> None:
+        self.path, self.reason = str(path), reason
+        text = reason if self.path in reason else f"{self.path}: {reason}"
+        super().__init__(text + (f" ({hint})" if hint else ""))
+
+
+def as_sample_error(path: Union[str, Path], error: BaseException) -> SampleError:
+    if isinstance(error, SampleError):
+        return error
+    return SampleError(path, str(error) or type(error).__name__)
+
+
+class SampleFaults:
+    """The policy for bad samples and the record of those skipped (file → reason, in the order met)."""
+
+    def __init__(self, skip: bool = False, hint: str = "") -> None:
+        self.skip, self.hint = skip, hint
+        self.bad: Dict[str, str] = {}
+        self._unreported: List[str] = []
+
+    @classmethod
+    def training(cls, skip: bool) -> "SampleFaults":
+        """The policy of a train command: its stop message says how to skip instead."""
+        return cls(skip, SKIP_HINT)
+
+    def __len__(self) -> int:
+        return len(self.bad)
+
+    def record(self, error: SampleError) -> None:
+        """Stop (raise ``error``, with the hint) unless skipping; then remember the file once."""
+        if not self.skip:
+            if not self.hint:
+                raise error
+            raise SampleError(error.path, error.reason, self.hint) from error
+        if error.path not in self.bad:
+            self.bad[error.path] = error.reason
+            self._unreported.append(error.path)
+
+    def restore(self, bad: Dict[str, str]) -> None:
+        """Files skipped before a resume (from the checkpoint): counted, not reported again."""
+        for path, reason in bad.items():
+            self.bad.setdefault(path, reason)
+
+    def unreported(self) -> List[Tuple[str, str]]:
+        """(file, reason) of the files skipped since the last call."""
+        out = [(p, self.bad[p]) for p in self._unreported]
+        self._unreported = []
+        return out
+
+    def call(self, path: Union[str, Path], fn: Callable[..., T], *args: object) -> Optional[T]:
+        """``fn(*args)``, the reading of the sample in file ``path``; None when it fails and bad samples are
+        skipped."""
+        try:
+            return fn(*args)
+        except READ_ERRORS as e:
+            self.record(as_sample_error(path, e))
+            return None
+
+    def pick(self, index: int, count: int, load: Callable[[int], T]) -> T:
+        """Sample ``index`` of ``count`` from ``load`` (which raises :class:`SampleError` for a bad one); when
+        skipping, the next good sample in cyclic order takes the place of a bad one."""
+        for k in range(count):
+            try:
+                return load((index + k) % count)
+            except SampleError as e:
+                self.record(e)
+        raise ValueError(f"all {count} training samples are unreadable; skipped: "
+                         + "; ".join(f"{p}: {r}" for p, r in list(self.bad.items())[:3]))
