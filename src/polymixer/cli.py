@@ -24,6 +24,7 @@
     polymixer eval 3d --ckpt RUN                mIoU, per-class IoU, OA, 10⁶ points/s, scene PNGs
     polymixer segment3d --ckpt RUN SCENE...     per-point labels of scenes (.npy, coloured .ply, PNG)
     polymixer bench 3d [--quick]                10⁶ points/s vs scene size and patch, quality at equal budget
+    polymixer bench faults [--quick]            SIGKILL / SIGTERM / truncated checkpoint / NaN in every family
 """
 
 from __future__ import annotations
@@ -118,6 +119,12 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
                     "Train the tiny attention teacher, distil it into the hybrid and all-PoM patterns within a quarter "
                     "of its training tokens, and train the same students from scratch on that budget; val loss vs "
                     "tokens."),
+        "faults": ("fault injection into training: SIGKILL, SIGTERM, truncated checkpoint, NaN loss; every family",
+                   "polymixer.bench.faults",
+                   "Train a tiny preset of each family once uninterrupted and again under faults (SIGKILL at random "
+                   "moments, some inside a checkpoint write; SIGTERM; a truncated newest checkpoint; a NaN loss), "
+                   "resuming each time; report faults survived, steps lost and whether the final weights are "
+                   "bit-identical."),
         "image": ("diffusion transformers: seconds per image vs image side, quality at equal budget",
                   "polymixer.bench.image",
                   "Forward time of SiT vs SiPoM across image sizes, and SiT vs SiPoM trained with equal steps."),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
