@@ -178,7 +178,8 @@ def _snapshot(model, opt_state):
             {k: {n: t.clone() for n, t in v.items() if isinstance(t, torch.Tensor)} for k, v in opt_state.items()})
 
 
-def test_a_non_finite_step_is_skipped_and_leaves_the_optimizer_state_unchanged(tmp_path):
+@pytest.mark.parametrize("sam", [0.0, 0.05], ids=["adamw", "sam"])  # SAM must not climb along a NaN gradient
+def test_a_non_finite_step_is_skipped_and_leaves_the_optimizer_state_unchanged(tmp_path, sam):
     from polymixer.train import loop
 
     seen = {}
@@ -192,7 +193,7 @@ def test_a_non_finite_step_is_skipped_and_leaves_the_optimizer_state_unchanged(t
 
     model = torch.nn.Linear(4, 1)
     cfg = loop.TrainConfig(steps=4, batch_size=8, lr=1e-2, warmup=1, eval_every=10, ckpt_every=10, log_every=1,
-                           out=str(tmp_path / "run"), progress=False, ema=0.9)
+                           out=str(tmp_path / "run"), progress=False, ema=0.9, sam_rho=sam)
     torch.optim.AdamW.step = spy
     try:
         res = loop.train(model, _NaNAt({2}), cfg, {"family": "toy", "model": {}})

@@ -243,6 +243,8 @@ def _sam_second_pass(raw: nn.Module, model: nn.Module, task: Task, batches: List
         return
     with torch.no_grad():
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        if not bool(torch.isfinite(norm)):  # climbing along a NaN gradient would poison the weights; the loop
+            return                           # skips this step as non-finite (the gradient is all-reduced: every rank)
         scale = cfg.sam_rho / (norm + 1e-12)
         climbs = [p.grad * scale for p in params]
         for p, e in zip(params, climbs):
@@ -431,9 +433,9 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
             bar.close()
             if ctx.world == 1 and step > saved:  # under torchrun the other ranks are elsewhere: no collective save
                 save(step)
-            raise SampleError(e.path, e.reason, f"stopped before step {step + 1}; the checkpoint of step {saved} in "
-                              f"{out / 'checkpoints'} resumes: fix or remove the file, or resume with "
-                              f"--skip-bad-samples") from e
+            resume = f"the checkpoint of step {saved} in {out / 'checkpoints'} resumes" if saved else "nothing to lose"
+            raise SampleError(e.path, e.reason, f"stopped before step {step + 1}; {resume}: fix or remove the file, or "
+                              f"run with --skip-bad-samples") from e
         if faults is not None:
             for path, reason in faults.unreported():
                 bar.write(f"step {step + 1}: skipped bad sample {path} — {reason} ({len(faults)} so far)")
