@@ -116,8 +116,10 @@ def test_bad_attention_config():
 def test_bad_block_config():
     with pytest.raises(ValueError, match="unknown mixer"):
         PolyMorpher(8, mixer="mamba")
+    with pytest.raises(ValueError, match="pass value_dim as well"):
+        PolyMorpher(8, mixer="pom", heads=2)  # only the value-carrying PoM has heads: the slip surfaces
     with pytest.raises(TypeError):
-        PolyMorpher(8, mixer="pom", heads=2)  # PoM has no heads: the typo surfaces
+        PolyMorpher(8, mixer="pom", n_head=2)
 
 
 def test_reference_loading_errors():

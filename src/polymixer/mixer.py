@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torch.utils import _pytree
 
 from . import functional as Fn
+from . import values as Fv
 
 __all__ = ["PoM", "PoMState"]
 
@@ -27,17 +28,21 @@ def _batch_index(index: Index, device: torch.device) -> Union[slice, Tensor]:
 
 @dataclass
 class PoMState:
-    """Everything a causal PoM needs to continue a stream: O(D) per sequence, whatever its length.
+    """Everything a causal PoM needs to continue a stream, whatever its length: O(D) per sequence, or
+    O(D·dv/heads + D + dv) for the value-carrying PoM.
 
     Attributes:
-        sum: (B, D) running sum of the (rotated) polynomial features, fp32 (fp64 for fp64 streams).
+        sum: (B, D) running sum of the (rotated) polynomial features, fp32 (fp64 for fp64 streams); for the
+            value-carrying PoM (B, heads, D/heads, dv/heads), the running sum of key features ⊗ values.
         count: (B,) number of tokens that took part so far (masked tokens are not counted).
         offset: (B,) int64 index of the next token in the stream (its default rotary position).
+        prev: (B, D + dv) the last token's key / value projection (the token shift's memory), or None.
     """
 
     sum: Tensor
     count: Tensor
     offset: Tensor
+    prev: Optional[Tensor] = None
 
     @property
     def batch_size(self) -> int:
@@ -49,24 +54,28 @@ class PoMState:
     def __getitem__(self, index: Index) -> "PoMState":
         """Select / reorder sequences along the batch (beam search, batch compaction); the batch dim is kept."""
         i = _batch_index(index, self.sum.device)
-        return PoMState(self.sum[i], self.count[i], self.offset[i])
+        return self._map(lambda t: t[i])
 
     def index_select(self, index: Tensor) -> "PoMState":
-        return PoMState(self.sum.index_select(0, index), self.count.index_select(0, index), self.offset.index_select(0, index))
+        return self._map(lambda t: t.index_select(0, index))
+
+    def _map(self, fn: Any) -> "PoMState":
+        return PoMState(*(None if t is None else fn(t) for t in (getattr(self, f.name) for f in fields(PoMState))))
 
     @staticmethod
     def cat(states: Sequence["PoMState"]) -> "PoMState":
         """Concatenate states along the batch (e.g. to add new requests to a running batch)."""
-        return PoMState(*(torch.cat([getattr(s, f.name) for s in states]) for f in fields(PoMState)))
+        parts = [[getattr(s, f.name) for s in states] for f in fields(PoMState)]
+        return PoMState(*(None if p[0] is None else torch.cat(p) for p in parts))
 
     def to(self, *args: Any, **kwargs: Any) -> "PoMState":
         """Move to a device; the accumulation dtype is kept (the state never drops below fp32)."""
         kwargs.pop("dtype", None)
         args = tuple(a for a in args if not isinstance(a, torch.dtype))
-        return PoMState(self.sum.to(*args, **kwargs), self.count.to(*args, **kwargs), self.offset.to(*args, **kwargs))
+        return self._map(lambda t: t.to(*args, **kwargs))
 
     def detach(self) -> "PoMState":
-        return PoMState(self.sum.detach(), self.count.detach(), self.offset)
+        return self._map(lambda t: t.detach())
 
 
 _pytree.register_dataclass(PoMState)
@@ -93,6 +102,13 @@ class PoM(nn.Module):
         bias: bias of the output projection W_o.
         rope: None, "1d" (sequences) or "2d" (grids, positions (row, col)).
         rope_base: rotary frequency base.
+        value_dim: None (PoM) or dv: the value-carrying PoM (:mod:`polymixer.values`). Its state binds each token's
+            value to its key features, S = mean_j φ_j ⊗ v_j, read by the query's own polynomial features ψ_i and
+            normalised per head: y = W_o (gate ⊙ RMSNorm(ψᵀ S)). The gate then has dv channels.
+        heads: with value_dim, the heads that split D and dv. The state is D·dv/heads floats per sequence.
+        token_shift: with value_dim (default on), keys and values mix each token's projection with the previous
+            token's (learned weights per channel), so that a value can bind to the key before it.
+        chunk_size: tokens per chunk of the value-carrying PoM's causal form.
     """
 
     def __init__(
@@ -107,11 +123,18 @@ class PoM(nn.Module):
         bias: bool = False,
         rope: Optional[str] = None,
         rope_base: float = 10000.0,
+        value_dim: Optional[int] = None,
+        heads: int = 1,
+        token_shift: Optional[bool] = None,
+        chunk_size: int = Fv.CHUNK,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
-        for name, value in (("dim", dim), ("degree", degree), ("sel_heads", sel_heads)):
+        ints = {"dim": dim, "degree": degree, "sel_heads": sel_heads, "heads": heads, "chunk_size": chunk_size}
+        if value_dim is not None:
+            ints["value_dim"] = value_dim
+        for name, value in ints.items():
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
         if dim < 1:
@@ -125,16 +148,29 @@ class PoM(nn.Module):
         D = round(expand * dim)
         if abs(D - expand * dim) > 1e-9 or D < 1:
             raise ValueError(f"expand·dim must be a positive integer, got {expand}·{dim} = {expand * dim}")
-        if D % sel_heads != 0:
-            raise ValueError(f"expand·dim = {D} is not divisible by sel_heads = {sel_heads}")
+        if value_dim is None:
+            if heads != 1 or token_shift:
+                raise ValueError("heads and token_shift belong to the value-carrying PoM: pass value_dim as well")
+        else:
+            if value_dim < 1:
+                raise ValueError(f"value_dim must be ≥ 1, got {value_dim}")
+            if heads < 1 or D % heads or value_dim % heads:
+                raise ValueError(f"heads = {heads} must divide expand·dim = {D} and value_dim = {value_dim}")
+            if chunk_size < 1:
+                raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
+        width = D if value_dim is None else value_dim  # the channels the gate selects
+        if width % sel_heads != 0:
+            raise ValueError(f"{'expand·dim' if value_dim is None else 'value_dim'} = {width} is not divisible by "
+                             f"sel_heads = {sel_heads}")
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
         if rope not in (None, "1d", "2d"):
             raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
-        if rope == "1d" and D % 2:
-            raise ValueError(f"1-D rotary needs an even expand·dim, got {D}")
-        if rope == "2d" and D % 4:
-            raise ValueError(f"2-D rotary needs expand·dim divisible by 4, got {D}")
+        rot = D // heads
+        if rope == "1d" and rot % 2:
+            raise ValueError(f"1-D rotary needs an even expand·dim{' / heads' if heads > 1 else ''}, got {rot}")
+        if rope == "2d" and rot % 4:
+            raise ValueError(f"2-D rotary needs expand·dim{' / heads' if heads > 1 else ''} divisible by 4, got {rot}")
         Fn._resolve(Fn.GATES, gate, "gate")
         Fn._resolve(Fn.ACTIVATIONS, activation, "activation")
 
@@ -143,7 +179,11 @@ class PoM(nn.Module):
         self.expand = expand
         self.sel_heads = sel_heads
         self.poly_dim = D
-        self.gate_dim = D if sel_heads == 1 else sel_heads
+        self.value_dim = value_dim
+        self.heads = heads
+        self.token_shift = value_dim is not None and token_shift is not False
+        self.chunk_size = chunk_size
+        self.gate_dim = width if sel_heads == 1 else sel_heads
         self.gate = gate
         self.activation = activation
         self.reduction = reduction
@@ -151,33 +191,67 @@ class PoM(nn.Module):
         self.rope_base = float(rope_base)
 
         fk = {"device": device, "dtype": dtype}
-        self.in_proj = nn.Linear(dim, D + self.gate_dim, bias=False, **fk)  # W_h stacked over W_s
+        # PoM: W_h over W_s. Value-carrying: W_k over W_v over W_q over W_s (one matrix product when self-mixing)
+        rows = D + self.gate_dim if value_dim is None else 2 * D + value_dim + self.gate_dim
+        self.in_proj = nn.Linear(dim, rows, bias=False, **fk)
         self.gate_bias = nn.Parameter(torch.zeros(self.gate_dim, **fk))
         self.coeff = nn.Parameter(torch.empty(D, degree, **fk))
         self.coeff.no_weight_decay = True  # polynomial coefficients are gains, not a matrix: never decayed
-        self.out_proj = nn.Linear(D, dim, bias=bias, **fk)
+        if value_dim is not None:
+            self.coeff_q = nn.Parameter(torch.empty(D, degree, **fk))
+            self.coeff_q.no_weight_decay = True
+            self.norm_weight = nn.Parameter(torch.ones(value_dim, **fk))
+            if self.token_shift:
+                self.shift = nn.Parameter(torch.empty(2, D + value_dim, **fk))
+                self.shift.no_weight_decay = True
+        self.out_proj = nn.Linear(width, dim, bias=bias, **fk)
         self._reset_coeff()
 
     def _reset_coeff(self) -> None:
         with torch.no_grad():
-            if self.coeff.device.type != "meta":
+            if self.coeff.device.type == "meta":
+                return
+            if self.value_dim is None:
                 self.coeff.uniform_(-1e-3, 1e-3)
+                return
+            for c in (self.coeff, self.coeff_q):  # features start near act(z): the readout's scale is O(1)
+                c.uniform_(-1e-3, 1e-3)
+                c[:, 0] = 1.0
+            if self.token_shift:
+                self.shift.fill_(0.5)
 
     def reset_parameters(self) -> None:
         self.in_proj.reset_parameters()
         self.out_proj.reset_parameters()
         nn.init.zeros_(self.gate_bias)
+        if self.value_dim is not None:
+            nn.init.ones_(self.norm_weight)
         self._reset_coeff()
+
+    @property
+    def state_floats(self) -> int:
+        """Floats of streaming state per sequence (besides the count and offset)."""
+        if self.value_dim is None:
+            return self.poly_dim
+        return self.poly_dim * self.value_dim // self.heads + (self.poly_dim + self.value_dim) * self.token_shift
 
     def extra_repr(self) -> str:
         s = f"dim={self.dim}, degree={self.degree}, expand={self.expand}, D={self.poly_dim}, gate_dim={self.gate_dim}"
+        if self.value_dim is not None:
+            s += f", value_dim={self.value_dim}, heads={self.heads}, token_shift={self.token_shift}"
         s += f", gate={self.gate!r}, activation={self.activation!r}, reduction={self.reduction!r}"
         return s + (f", rope={self.rope!r}" if self.rope else "")
 
     def _op_kwargs(self) -> dict:
-        return dict(
-            activation=self.activation, gate=self.gate, reduction=self.reduction, rope=self.rope, rope_base=self.rope_base
-        )
+        kw = dict(activation=self.activation, gate=self.gate, reduction=self.reduction, rope=self.rope,
+                  rope_base=self.rope_base)
+        if self.value_dim is not None:
+            kw.update(heads=self.heads, chunk=self.chunk_size)
+        return kw
+
+    def _value_weights(self) -> tuple:
+        return (self.in_proj.weight, self.gate_bias, self.coeff, self.coeff_q,
+                self.shift if self.token_shift else None, self.norm_weight, self.out_proj.weight, self.out_proj.bias)
 
     def forward(
         self,
@@ -195,8 +269,13 @@ class PoM(nn.Module):
 
         x: (B, M, dim); context: (B, N, dim) for cross-mixing; mask: (B, N) key padding or (B, M, N) bool
         (True = takes part); causal / block_size: (block-)causal; cu_seqlens: packed int32 offsets (B = 1).
-        Cost O((M + N)·dim·D) — except a (B, M, N) mask, O(M·N·D).
+        Cost O((M + N)·dim·D) — except a (B, M, N) mask, O(M·N·D). The value-carrying PoM: O(N·D·dv/heads) in full
+        mode, O(N·chunk·D + N·D·dv/heads) causal.
         """
+        if self.value_dim is not None:
+            return Fv.value_pom(x, context, *self._value_weights(), mask=mask, causal=causal, block_size=block_size,
+                                cu_seqlens=cu_seqlens, positions=positions, context_positions=context_positions,
+                                **self._op_kwargs())
         return Fn.pom(
             x,
             context,
@@ -222,11 +301,14 @@ class PoM(nn.Module):
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         device = self.coeff.device if device is None else device
         acc = Fn._compute_dtype(self.coeff.dtype if dtype is None else dtype)
-        return PoMState(
-            sum=torch.zeros(batch_size, self.poly_dim, dtype=acc, device=device),
-            count=torch.zeros(batch_size, dtype=acc, device=device),
-            offset=torch.zeros(batch_size, dtype=torch.int64, device=device),
-        )
+        B, D = batch_size, self.poly_dim
+        count = torch.zeros(B, dtype=acc, device=device)
+        offset = torch.zeros(B, dtype=torch.int64, device=device)
+        if self.value_dim is None:
+            return PoMState(torch.zeros(B, D, dtype=acc, device=device), count, offset)
+        H, dv = self.heads, self.value_dim
+        return PoMState(torch.zeros(B, H, D // H, dv // H, dtype=acc, device=device), count, offset,
+                        torch.zeros(B, D + dv, dtype=acc, device=device))
 
     def step(
         self,
@@ -244,6 +326,13 @@ class PoM(nn.Module):
         """
         if not isinstance(state, PoMState):
             raise TypeError(f"state must be a PoMState (from init_state), got {type(state).__name__}")
+        if self.value_dim is not None:
+            if state.prev is None:
+                raise ValueError("this state belongs to a plain PoM; the value-carrying PoM needs its own init_state")
+            y, s, c, o, p = Fv.value_pom_step(x, state.sum, state.count, state.offset, state.prev,
+                                              *self._value_weights(), causal=causal, mask=mask, positions=positions,
+                                              **self._op_kwargs())
+            return y, PoMState(s, c, o, p)
         y, s, c, o = Fn.pom_step(
             x,
             state.sum,
@@ -281,6 +370,8 @@ class PoM(nn.Module):
         layer inside a whole model's state dict. Any missing, unexpected or mis-shaped tensor raises a ValueError
         that names it; nothing is loaded in that case.
         """
+        if self.value_dim is not None:
+            raise ValueError("the reference implementation has no value-carrying PoM; load into PoM(value_dim=None)")
         own = self.state_dict()
         keys = {k[len(prefix):]: k for k in state_dict if k.startswith(prefix)}
         if "po_proj.weight" in keys or "se_proj.weight" in keys:

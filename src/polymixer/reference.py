@@ -16,7 +16,7 @@ from torch import Tensor
 
 from . import functional as Fn
 
-__all__ = ["visibility", "reference_pom", "reference_attention"]
+__all__ = ["visibility", "reference_pom", "reference_value_pom", "shift_validity", "reference_attention"]
 
 
 def visibility(
@@ -134,6 +134,109 @@ def reference_pom(
         count = visf.sum(-1, keepdim=True)
         H = torch.where(count > 0, H / count.clamp_min(1.0), torch.zeros_like(H))
     y = (s * H) @ out_weight.to(f64).T
+    if out_bias is not None:
+        y = y + out_bias.to(f64)
+    return y
+
+
+def shift_validity(batch: int, num_tokens: int, key_mask: Optional[Tensor] = None,
+                   cu_seqlens: Optional[Tensor] = None) -> Tensor:
+    """(B, N) bool: token j has a previous token for the token shift, i.e. j is not the first of its sequence and
+    token j − 1 takes part."""
+    valid = torch.ones(batch, num_tokens, dtype=torch.bool)
+    valid[:, 0] = False
+    if cu_seqlens is not None:
+        valid[:, cu_seqlens[:-1].long().clamp(max=num_tokens - 1)] = False
+    if key_mask is not None:
+        valid[:, 1:] &= key_mask[:, :-1].cpu()
+    return valid
+
+
+def reference_value_pom(
+    x: Tensor,
+    context: Optional[Tensor],
+    in_weight: Tensor,
+    gate_bias: Tensor,
+    coeff: Tensor,
+    coeff_q: Tensor,
+    shift_weight: Optional[Tensor],
+    norm_weight: Tensor,
+    out_weight: Tensor,
+    out_bias: Optional[Tensor],
+    vis: Tensor,
+    *,
+    heads: int = 1,
+    has_prev: Optional[Tensor] = None,
+    activation: str = "leaky_clamp",
+    gate: str = "hardsigmoid",
+    reduction: str = "mean",
+    rope: Optional[str] = None,
+    rope_base: float = 10000.0,
+    positions: Optional[Tensor] = None,
+    context_positions: Optional[Tensor] = None,
+    eps: float = 1e-6,
+) -> Tensor:
+    """The value-carrying PoM, literally, in float64: per head h,
+    o_i = Σ_j vis_ij (ψ_i · R(p_j − p_i) φ_j) v_j [/ Σ_j vis_ij], y_i = W_o (s_i ⊙ g ⊙ o_i / rms(o_i)).
+
+    ``has_prev`` (B, N): whether token j's shift sees token j − 1 (:func:`shift_validity`); default: every j > 0.
+    """
+    f64 = torch.float64
+    x = x.to(f64)
+    c = x if context is None else context.to(f64)
+    D, k = coeff.shape
+    dv = out_weight.shape[1]
+    W = in_weight.to(f64)
+    B, N = c.shape[:2]
+    zkv = c @ W[:D + dv].T
+    if shift_weight is not None:
+        if has_prev is None:
+            has_prev = shift_validity(B, N)
+        prev = torch.zeros_like(zkv)
+        for j in range(1, N):
+            prev[:, j] = zkv[:, j - 1] * has_prev[:, j, None].to(f64)
+        t = shift_weight.to(f64)
+        zkv = t[0] * zkv + t[1] * prev
+
+    def poly(z: Tensor, a: Tensor) -> Tensor:
+        h = Fn.activation(z, activation)
+        return sum(a[:, p - 1].to(f64) * h**p for p in range(1, k + 1))
+
+    phi = poly(zkv[..., :D], coeff)
+    v = zkv[..., D:]
+    psi = poly(x @ W[D + dv:2 * D + dv].T, coeff_q)
+    s = Fn.gate_fn(x @ W[2 * D + dv:].T + gate_bias.to(f64), gate)
+    if s.shape[-1] != dv:
+        s = s.repeat_interleave(dv // s.shape[-1], dim=-1)
+    visf = vis.to(f64)
+    M = x.shape[1]
+    H, Dh, e = heads, D // heads, dv // heads
+    out = torch.zeros(B, M, dv, dtype=f64)
+    for h in range(H):
+        ph, qh, vh = phi[..., h * Dh:(h + 1) * Dh], psi[..., h * Dh:(h + 1) * Dh], v[..., h * e:(h + 1) * e]
+        if rope is None:
+            score = torch.einsum("bmd,bnd->bmn", qh, ph)
+        else:
+            two_d = rope == "2d"
+            qp = positions.to(f64)
+            kp = (positions if context_positions is None else context_positions).to(f64)
+            if qp.dim() == (2 if two_d else 1):
+                qp = qp.unsqueeze(0).expand(B, *qp.shape)
+            if kp.dim() == (2 if two_d else 1):
+                kp = kp.unsqueeze(0).expand(B, *kp.shape)
+            ang = _rotation_angles(kp.unsqueeze(1) - qp.unsqueeze(2), Dh, rope_base, two_d)  # (B, M, N, Dh/2)
+            cos, sin = ang.cos(), ang.sin()
+            half = Dh // 2
+            p1, p2 = ph[..., :half].unsqueeze(1), ph[..., half:].unsqueeze(1)
+            rot = torch.cat([p1 * cos - p2 * sin, p2 * cos + p1 * sin], dim=-1)  # R(p_j − p_i) φ_j: (B, M, N, Dh)
+            score = torch.einsum("bmd,bmnd->bmn", qh, rot)
+        o = torch.einsum("bmn,bne->bme", visf * score, vh)
+        if reduction == "mean":
+            count = visf.sum(-1, keepdim=True)
+            o = torch.where(count > 0, o / count.clamp_min(1.0), torch.zeros_like(o))
+        o = o / torch.sqrt((o**2).mean(-1, keepdim=True) + eps)
+        out[..., h * e:(h + 1) * e] = o
+    y = (s * out * norm_weight.to(f64)) @ out_weight.to(f64).T
     if out_bias is not None:
         y = y + out_bias.to(f64)
     return y
