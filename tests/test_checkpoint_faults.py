@@ -345,3 +345,30 @@ def test_bench_faults_kills_inside_a_checkpoint_write_and_every_fault_is_survive
     assert rows["truncated"]["steps_lost"] == 2 and rows["nan"]["skipped_step_no_op"]
     assert "target (every row survived, final weights identical): met" in report(payload)
     assert (tmp_path / "bench" / "faults.png").is_file()
+
+
+def test_a_skipped_step_restores_batchnorm_running_statistics(tmp_path):
+    """A forward in training mode updates BatchNorm's running statistics; a skipped step must not keep them."""
+    from polymixer.train import loop
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = torch.nn.BatchNorm1d(4)
+            self.fc = torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.fc(self.bn(x))
+
+    def run(out, bad, stop_after):
+        torch.manual_seed(0)
+        model = Net()
+        cfg = loop.TrainConfig(steps=6, batch_size=8, lr=1e-2, warmup=1, eval_every=100, ckpt_every=100,
+                               out=str(out), progress=False, stop_after=stop_after)
+        loop.train(model, _NaNAt(bad), cfg, {"family": "toy", "model": {}})
+        return model
+
+    before = run(tmp_path / "a", set(), 2)  # the state after step 2
+    after = run(tmp_path / "b", {2}, 3)  # steps 1, 2, then step 3 (index 2) skipped
+    for k, v in before.state_dict().items():
+        assert torch.equal(v, after.state_dict()[k]), k

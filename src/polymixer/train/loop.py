@@ -257,6 +257,14 @@ def _sam_second_pass(raw: nn.Module, model: nn.Module, task: Task, batches: List
             p.sub_(e)
 
 
+def _running_stats(model: nn.Module) -> List[torch.Tensor]:
+    """The buffers a training forward changes: BatchNorm-style running statistics (a skipped step restores them)."""
+    from torch.nn.modules.batchnorm import _NormBase
+
+    return [b for m in model.modules() if isinstance(m, _NormBase) and m.track_running_stats
+            for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
+
+
 def _model_diff(ck: Path, model_config: Dict[str, Any]) -> Dict[str, Any]:
     """{key: (checkpoint's value, this run's)} where the model (family included) saved in ``ck`` differs."""
     saved = read_config(ck)
@@ -396,6 +404,7 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
     nonfinite_run = 0
     preempted = False
     saved = start
+    stats = _running_stats(raw)
 
     def save(done: int) -> None:
         """A checkpoint of the state after ``done`` steps (every rank calls it)."""
@@ -439,6 +448,7 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
         if faults is not None:
             for path, reason in faults.unreported():
                 bar.write(f"step {step + 1}: skipped bad sample {path} — {reason} ({len(faults)} so far)")
+        stats_before = [b.clone() for b in stats]
         for micro, batch in enumerate(batches):
             units += task.count(batch)
             loss_sum += _forward_backward(fwd_model, task, batch, micro == cfg.grad_accum - 1, cfg, ctx, amp)
@@ -451,7 +461,10 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
         if finite:
             optimizer.step()
             nonfinite_run = 0
-        else:  # weights, optimizer state and EMA untouched
+        else:  # weights, optimizer state, EMA and running statistics untouched
+            with torch.no_grad():
+                for b, before in zip(stats, stats_before):
+                    b.copy_(before)
             skipped += 1
             nonfinite_run += 1
             bar.write(f"step {step + 1}: non-finite loss or gradient norm — step skipped ({skipped} so far)")
