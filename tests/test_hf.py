@@ -22,7 +22,7 @@ from polymixer.models.lm import pad_left  # noqa: E402
 from polymixer.train.checkpoint import load_model, save_checkpoint  # noqa: E402
 
 TOY = dict(n_layer=4, n_embd=32, n_head=2, window=4, sel_heads=2, block_size=64)
-PATTERNS = ["attention", "pom", "hybrid", "PAL"]
+PATTERNS = ["attention", "pom", "hybrid", "PAL", "VL"]
 
 
 def _model(mixer: str, **kw) -> PolymixerForCausalLM:

@@ -57,7 +57,7 @@ def test_patterns():
         create_model("tiny-pom", n_layers=2)
 
 
-@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "PALP", "LLPA"])
+@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "PALP", "LLPA", "VLPV"])
 @pytest.mark.parametrize("position", ["learned", "rope", "none"])
 def test_prefill_then_decode_reproduces_forward(mixer, position):
     m = _tiny(mixer, position)
@@ -75,7 +75,7 @@ def test_prefill_then_decode_reproduces_forward(mixer, position):
     assert rel <= 1e-5, rel
 
 
-@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid"])
+@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "VL"])
 @pytest.mark.parametrize("position", ["learned", "rope"])
 def test_left_padded_batch_decodes_like_single_prompts(mixer, position):
     m = _tiny(mixer, position)
@@ -101,7 +101,7 @@ def test_left_padded_batch_decodes_like_single_prompts(mixer, position):
             assert (full_b[i, -len(p):] - ref[0]).norm() / ref.norm() <= 1e-5
 
 
-@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid"])
+@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "VL"])
 def test_packed_documents_do_not_see_each_other(mixer):
     m = _tiny(mixer, "learned")
     docs = [torch.randint(0, 256, (n,)).tolist() + [SEP] for n in (9, 20, 14, 30)]

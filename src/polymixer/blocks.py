@@ -27,15 +27,22 @@ def _local_attention(dim: int, **kw: Any) -> Attention:
     return _attention(dim, **kw)
 
 
-MIXERS: Dict[str, Callable[..., nn.Module]] = {"pom": PoM, "attention": _attention, "local_attention": _local_attention}
+def _value_pom(dim: int, **kw: Any) -> PoM:
+    kw.setdefault("value_dim", dim)
+    return PoM(dim, **kw)
+
+
+MIXERS: Dict[str, Callable[..., nn.Module]] = {"pom": PoM, "attention": _attention, "local_attention": _local_attention,
+                                                "value_pom": _value_pom}
 
 
 # one letter per layer in a model's mixer pattern
-LETTERS: Dict[str, str] = {"P": "pom", "A": "attention", "L": "local_attention"}
+LETTERS: Dict[str, str] = {"P": "pom", "A": "attention", "L": "local_attention", "V": "value_pom"}
 
 
 def layer_pattern(mixer: str, n_layers: int, hybrid: str, allowed: str = "PAL") -> str:
-    """One letter per layer (P = PoM, A = attention, L = local attention) for a model of ``n_layers`` blocks.
+    """One letter per layer (P = PoM, A = attention, L = local attention, V = value-carrying PoM) for a model of
+    ``n_layers`` blocks.
 
     ``mixer`` is "attention", "pom", "hybrid" (the family's ``hybrid`` unit, tiled) or an explicit pattern such as
     "PPA", tiled to ``n_layers``; ``allowed`` lists the letters the family supports.
@@ -49,7 +56,8 @@ def layer_pattern(mixer: str, n_layers: int, hybrid: str, allowed: str = "PAL") 
             raise ValueError(f"the hybrid repeats {hybrid!r}: the number of layers must be a multiple of "
                              f"{len(hybrid)}, got {n_layers}")
         return hybrid * (n_layers // len(hybrid))
-    names = {"P": "P (PoM)", "A": "A (attention)", "L": "L (local attention)"}
+    names = {"P": "P (PoM)", "A": "A (attention)", "L": "L (local attention)", "V": "V (value-carrying PoM)",
+             "I": "I (linear attention)", "B": "B (Based)"}
     bad = sorted(set(mixer) - set(allowed))
     if not mixer or bad:
         raise ValueError(f"unknown mixer {mixer!r}: use 'attention', 'pom', 'hybrid' or a pattern over "
@@ -60,7 +68,7 @@ def layer_pattern(mixer: str, n_layers: int, hybrid: str, allowed: str = "PAL") 
 
 
 def build_mixer(kind: Union[str, nn.Module], dim: int, **kwargs: Any) -> nn.Module:
-    """A token mixer by name ("pom", "attention", "local_attention") or an already-built module."""
+    """A token mixer by name ("pom", "attention", "local_attention", "value_pom") or an already-built module."""
     if isinstance(kind, nn.Module):
         if kwargs:
             raise ValueError(f"mixer keyword arguments {sorted(kwargs)} given with an already-built mixer module")

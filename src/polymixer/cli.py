@@ -25,6 +25,7 @@
     polymixer segment3d --ckpt RUN SCENE...     per-point labels of scenes (.npy, coloured .ply, PNG)
     polymixer bench 3d [--quick]                10⁶ points/s vs scene size and patch, quality at equal budget
     polymixer bench faults [--quick]            SIGKILL / SIGTERM / truncated checkpoint / NaN in every family
+    polymixer bench recall [--quick]            MQAR recall accuracy vs state size across mixers
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
                    "moments, some inside a checkpoint write; SIGTERM; a truncated newest checkpoint; a NaN loss), "
                    "resuming each time; report faults survived, steps lost and whether the final weights are "
                    "bit-identical."),
+        "recall": ("MQAR recall: accuracy vs state size for PoM, value-carrying PoM, attention, Based, …",
+                   "polymixer.bench.recall",
+                   "Zoology's multi-query associative recall: 2-layer models of many mixers trained on MQAR, accuracy "
+                   "against state floats per layer (L = 64, K = 16) and against sequence length, several seeds."),
         "image": ("diffusion transformers: seconds per image vs image side, quality at equal budget",
                   "polymixer.bench.image",
                   "Forward time of SiT vs SiPoM across image sizes, and SiT vs SiPoM trained with equal steps."),

@@ -66,6 +66,8 @@ class PolymixerConfig(PreTrainedConfig):
     degree: int = 2
     expand: float | int = 2
     sel_heads: int = 1
+    value_dim: int | None = None
+    value_heads: int = 1
     position: str = "rope"
     dropout: float | int = 0.0
     bias: bool = True

@@ -106,4 +106,4 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
 
 
 # families register their presets on import
-from . import dit, htr, lm, ptv3, tsvit  # noqa: E402,F401
+from . import dit, htr, lm, ptv3, recall, tsvit  # noqa: E402,F401

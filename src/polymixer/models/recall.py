@@ -1,0 +1,128 @@
+"""The small language models of the recall benchmark (Zoology's MQAR setting): token and learned position
+embeddings, a stack of pre-norm ``PolyMorpher`` blocks whose mixers a pattern names, a final norm and a tied head.
+
+Pattern letters: ``A`` causal attention, ``L`` sliding-window attention, ``P`` PoM, ``V`` the value-carrying PoM,
+``I`` linear attention (identity feature map), ``B`` Based (linear attention with the 2nd-order Taylor map). Each
+mixer's recurrent state per layer and sequence (:meth:`RecallLM.state_floats`) is the x-axis of the benchmark:
+``2·L·d`` for attention's KV cache, ``2·window·d`` for a sliding window, D for PoM, D·dv/H (+ D + dv for the token
+shift) for the value-carrying PoM, f·dv for linear attention, and (1 + f + f²)·(dv + H) for Based.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..blocks import PolyMorpher, build_mixer, layer_pattern
+from ..data.recall import IGNORE
+from ..linear_attention import LinearAttention
+from ..mixer import PoM
+
+__all__ = ["RecallConfig", "RecallLM", "LETTERS"]
+
+LETTERS = {"A": "attention", "L": "sliding-window attention", "P": "PoM", "V": "value-carrying PoM",
+           "I": "linear attention (identity map)", "B": "Based (Taylor map)"}
+
+
+@dataclass
+class RecallConfig:
+    vocab_size: int = 2048
+    seq_len: int = 64
+    n_layer: int = 2
+    d_model: int = 64
+    mixer: str = "VV"  # a pattern over A / L / P / V / I / B, tiled to n_layer
+    heads: int = 2  # attention heads
+    window: int = 16  # L layers
+    degree: int = 2  # P and V layers
+    expand: float = 4  # P and V layers: D = expand·d_model
+    value_dim: int = 64  # V, I and B layers: dv
+    value_heads: int = 1  # V, I and B layers: the heads splitting D (or f) and dv
+    feature_dim: int = 16  # I and B layers: f per head
+    mlp_ratio: float = 4.0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "seq_len", "n_layer", "d_model", "heads", "window", "degree", "value_dim",
+                     "value_heads", "feature_dim"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        self.layer_pattern()
+
+    def layer_pattern(self) -> str:
+        return layer_pattern(self.mixer, self.n_layer, hybrid="LV", allowed="ALPVIB")
+
+
+class RecallLM(nn.Module):
+    """A causal LM over a pattern of mixers (see the module docstring)."""
+
+    def __init__(self, config: RecallConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.wte = nn.Embedding(c.vocab_size, c.d_model)
+        self.wpe = nn.Embedding(c.seq_len, c.d_model)
+        self.blocks = nn.ModuleList(PolyMorpher(c.d_model, self.build_mixer(letter), mlp_ratio=c.mlp_ratio)
+                                    for letter in c.layer_pattern())
+        self.ln_f = nn.LayerNorm(c.d_model)
+        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.head.weight = self.wte.weight
+        for name, p in self.named_parameters():
+            if name.endswith("weight") and p.dim() == 2 and "coeff" not in name and "shift" not in name:
+                nn.init.normal_(p, std=0.02)
+
+    def build_mixer(self, letter: str) -> nn.Module:
+        c = self.config
+        if letter == "A":
+            return build_mixer("attention", c.d_model, heads=c.heads, causal=True)
+        if letter == "L":
+            return build_mixer("local_attention", c.d_model, heads=c.heads, window=c.window)
+        if letter == "P":
+            return PoM(c.d_model, degree=c.degree, expand=c.expand)
+        if letter == "V":
+            return PoM(c.d_model, degree=c.degree, expand=c.expand, value_dim=c.value_dim, heads=c.value_heads)
+        if letter in "IB":
+            return LinearAttention(c.d_model, heads=c.value_heads, feature_dim=c.feature_dim, value_dim=c.value_dim,
+                                   feature_map="identity" if letter == "I" else "taylor")
+        raise ValueError(f"unknown layer letter {letter!r}: use {', '.join(LETTERS)}")
+
+    def state_floats(self) -> int:
+        """Recurrent state per sequence of the largest layer (what a decoder keeps per layer at this seq_len)."""
+        c = self.config
+        sizes = []
+        for letter, block in zip(c.layer_pattern(), self.blocks):
+            m = block.mixer
+            if letter == "A":
+                sizes.append(2 * c.seq_len * c.d_model)
+            elif letter == "L":
+                sizes.append(2 * min(c.window, c.seq_len) * c.d_model)
+            else:
+                sizes.append(m.state_floats)
+        return max(sizes)
+
+    def forward(self, idx: Tensor, targets: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        """Logits (B, N, vocab) and, given targets (−100 = ignored), the mean cross-entropy over the rest."""
+        if idx.dim() != 2 or idx.shape[1] > self.config.seq_len:
+            raise ValueError(f"idx must be (batch, ≤ {self.config.seq_len}) token ids, got {tuple(idx.shape)}")
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x, causal=True)
+        logits = self.head(self.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+        return logits, loss
+
+
+def _register() -> None:
+    from . import register_model
+
+    for letter, name in (("A", "attention"), ("L", "swa"), ("P", "pom"), ("V", "vpom"), ("I", "linear"),
+                         ("B", "based")):
+        register_model(f"mqar-{name}", "recall", RecallConfig, RecallLM,
+                       f"2-layer MQAR model, {LETTERS[letter]}", mixer=letter * 2)
+
+
+_register()
