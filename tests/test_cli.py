@@ -43,13 +43,16 @@ def test_bench_lm_timing_parts(tmp_path, capsys):
                         decode_contexts=(16, 48), decode_steps=3, parts=("throughput", "decode"), out=str(tmp_path))
     payload = run(cfg, progress=False)
     rows = payload["throughput"]["rows"]
-    assert {(r["N"], r["model"]) for r in rows} == {(n, k) for n in (32, 64) for k in ("attention", "pom", "hybrid")}
+    kinds = ("attention", "pom", "hybrid", "vpom", "vhybrid")
+    assert {(r["N"], r["model"]) for r in rows} == {(n, k) for n in (32, 64) for k in kinds}
     assert all(r["ms"] > 0 and r["batch"] * r["N"] == 128 for r in rows)
     assert all(r["vs_attention"] == 1.0 for r in rows if r["model"] == "attention")
     dec = payload["decode"]["rows"]
     pom = [r for r in dec if r["model"] == "pom"]
     att = [r for r in dec if r["model"] == "attention"]
     assert pom[0]["state_mb"] == pom[1]["state_mb"]  # O(D) state whatever the context
+    vpom = [r for r in dec if r["model"] == "vpom"]
+    assert vpom[0]["state_mb"] == vpom[1]["state_mb"] > pom[0]["state_mb"]  # O(D·dv), also constant
     assert att[1]["state_mb"] > att[0]["state_mb"]  # the KV cache grows with it
     text = report(payload)
     assert "pom per-token time at 48 vs 16" in text and "forward throughput" in text

@@ -13,6 +13,7 @@ Each part prints a table and writes ``lm_<part>.json``; ``lm.png`` plots parts 1
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from .common import apply_overrides, format_table, new_figure, save_figure, run_
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]
 
-KINDS = {"attention": "attention", "pom": "pom", "hybrid": "hybrid"}
+KINDS = ("attention", "pom", "hybrid", "vpom", "vhybrid")  # the tiny-<kind> presets
 
 
 @dataclass
@@ -41,7 +42,8 @@ class LMBenchConfig:
     decode_contexts: Tuple[int, ...] = (1024, 4096, 16384, 32768, 65536)
     decode_steps: int = 64
     hf_decode_contexts: Tuple[int, ...] = (1024, 4096, 16384)
-    quality_presets: Tuple[str, ...] = ("tiny-attention", "tiny-pom", "tiny-hybrid")
+    kinds: Tuple[str, ...] = KINDS  # models of the throughput and decoding parts
+    quality_presets: Tuple[str, ...] = tuple(f"tiny-{k}" for k in KINDS)
     quality_steps: int = 1500
     quality_batch: int = 32
     quality_eval_windows: int = 1024
@@ -66,7 +68,7 @@ def run_throughput(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from tqdm.auto import tqdm
 
     torch.manual_seed(cfg.seed)
-    models = {k: _model(cfg, k) for k in KINDS}
+    models = {k: _model(cfg, k) for k in cfg.kinds}
     rows = []
     bar = tqdm(total=len(cfg.throughput_lengths) * len(models) * (cfg.repeats + 1), disable=not progress,
                desc="bench lm throughput", unit="call")
@@ -130,7 +132,7 @@ def _decode_rows(cfg: LMBenchConfig, models: Dict[str, Any], contexts: Tuple[int
 def run_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Per-token decoding time and state memory after a prefilled context of each length (batch 1)."""
     torch.manual_seed(cfg.seed)
-    models = {k: _model(cfg, k) for k in KINDS}
+    models = {k: _model(cfg, k) for k in cfg.kinds}
     rows = _decode_rows(cfg, models, cfg.decode_contexts, lambda m, p: m.step(p, m.init_state(1))[1],
                         lambda m, t, s: m.step(t, s)[1], lambda s: s.memory_bytes, progress, "bench lm decode")
     return {"rows": rows}
@@ -143,7 +145,7 @@ def run_hf_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from ..hf import to_hf
 
     torch.manual_seed(cfg.seed)
-    models = {k: to_hf(_model(cfg, k)).eval() for k in KINDS}
+    models = {k: to_hf(_model(cfg, k)).eval() for k in cfg.kinds}
 
     def step(m: Any, tok: torch.Tensor, cache: Any) -> Any:
         m(tok, past_key_values=cache, use_cache=True)
@@ -159,7 +161,9 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from ..tasks.lm import train_lm
     from ..train.loop import TrainConfig
 
-    rows = []
+    path = Path(cfg.out) / "lm.json"
+    earlier = json.loads(path.read_text()).get("quality", {}).get("rows", []) if path.is_file() else []
+    rows = [r for r in earlier if r["model"] not in cfg.quality_presets]  # presets not trained again are kept
     for preset in cfg.quality_presets:
         out = Path(cfg.out) / "quality" / preset
         tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=2e-3, min_lr=2e-4,
@@ -241,7 +245,7 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     if "throughput" in payload:
         ax = axes[i]
         i += 1
-        for k in KINDS:
+        for k in dict.fromkeys(r["model"] for r in payload["throughput"]["rows"]):
             pts = [(r["N"], r["ktok_s"]) for r in payload["throughput"]["rows"] if r["model"] == k]
             ax.plot(*zip(*pts), marker="o", label=k)
         ax.set_xscale("log", base=2)
@@ -255,7 +259,7 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
                                   ("state_mb", "state MB", "decoding state memory")):
             ax = axes[i]
             i += 1
-            for k in KINDS:
+            for k in dict.fromkeys(r["model"] for r in payload["decode"]["rows"]):
                 pts = [(r["context"], r[key]) for r in payload["decode"]["rows"] if r["model"] == k]
                 ax.plot(*zip(*pts), marker="o", label=k)
             ax.set_xscale("log", base=2)
@@ -293,6 +297,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=None, help="throughput sequence lengths")
     p.add_argument("--contexts", type=int, nargs="+", default=None, help="decoding contexts")
     p.add_argument("--quality-steps", type=int, default=None)
+    p.add_argument("--kinds", nargs="+", choices=list(KINDS), default=None,
+                   help="models of the throughput and decoding parts (tiny-<kind>)")
+    p.add_argument("--presets", nargs="+", default=None,
+                   help="presets of the quality part (those not given keep their earlier rows)")
     p.add_argument("--out", default=d.out)
 
 
@@ -301,7 +309,7 @@ def main(args: argparse.Namespace) -> int:
                         parts=tuple(args.parts), out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {"tokens": "tokens", "lengths": "throughput_lengths", "contexts": "decode_contexts",
-                     "quality_steps": "quality_steps"})
+                     "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets"})
     payload = run(cfg)
     print(report(payload))
     print(f"\nwrote {Path(cfg.out) / 'lm.json'}" + (f" and {Path(cfg.out) / 'lm.png'}" if "quality" not in cfg.parts
