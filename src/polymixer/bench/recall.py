@@ -86,9 +86,9 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
     key = {"tcfg": asdict(tcfg), "overrides": overrides, "preset": preset, "pairs": pairs, "seq_len": seq_len,
            "vocab": cfg.vocab_size, "d_model": cfg.d_model, "test": cfg.test_examples}
     record = out / "result.json"
-    if record.is_file():
+    if record.is_file():  # where the run folder sits and whether it showed progress change nothing
         saved = json.loads(record.read_text())
-        if saved.get("key") == json.loads(json.dumps(key)):
+        if _comparable(saved.get("key", {})) == _comparable(json.loads(json.dumps(key))):
             return saved["result"]
     t0 = time.perf_counter()
     res = train_recall(preset, tcfg, num_kv_pairs=pairs, test_examples=cfg.test_examples, seq_len=seq_len,
@@ -100,6 +100,11 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
               "minutes": (time.perf_counter() - t0) / 60}
     record.write_text(json.dumps({"key": key, "result": result}, indent=1))
     return result
+
+
+def _comparable(key: Dict[str, Any]) -> Dict[str, Any]:
+    tcfg = {k: v for k, v in key.get("tcfg", {}).items() if k not in ("out", "progress")}
+    return {**key, "tcfg": tcfg}
 
 
 def _summarise(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
