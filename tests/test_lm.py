@@ -127,7 +127,7 @@ def test_packed_documents_do_not_see_each_other(mixer):
 
 
 def test_training_step_lowers_loss():
-    for mixer in ("attention", "pom", "hybrid"):
+    for mixer in ("attention", "pom", "hybrid", "VL"):
         m = _tiny(mixer).train()
         x = torch.randint(0, 256, (4, 32))
         opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
