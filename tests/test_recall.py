@@ -134,5 +134,10 @@ def test_bench_recall_on_a_toy(tmp_path):
     stamp = record.stat().st_mtime_ns
     run(cfg, progress=False)  # finished runs are read back, not trained again
     assert record.stat().st_mtime_ns == stamp
+    from dataclasses import replace
+
+    more = replace(cfg, seeds=(0, 1, 2), train=False)  # --collect: seed 2 was never trained, so it is left out
+    rows = run(more, progress=False)["state"]["rows"]
+    assert all(r["seeds"] == 2 for r in rows) and not (tmp_path / "quality" / "recall" / "pom-L16-K2-s2").exists()
     assert json.loads((tmp_path / "recall.json").read_text())["state"]["rows"]
     assert (tmp_path / "recall.png").is_file() and "state floats / layer" in report(payload)

@@ -25,7 +25,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .common import apply_overrides, format_table, new_figure, run_parts, save_figure
 
@@ -64,6 +64,7 @@ class RecallBenchConfig:
     length_variants: Tuple[str, ...] = ("attention", "vpom-16k", "based-16k")
     test_examples: int = 1000
     parts: Tuple[str, ...] = ("state", "length")
+    train: bool = True  # False (--collect): report the runs that have finished, train nothing
     out: str = "runs/bench/recall"
 
 
@@ -72,8 +73,9 @@ QUICK = dict(steps=150, seeds=(0,), state_point=(32, 4), state_variants=("attent
 
 
 def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: int, progress: bool
-         ) -> Dict[str, Any]:
-    """Train one (variant, point, seed), or read the result a finished earlier run left."""
+         ) -> Optional[Dict[str, Any]]:
+    """Train one (variant, point, seed), or read the result a finished earlier run left (None: not run yet and
+    ``cfg.train`` is off)."""
     from ..tasks.recall import train_recall
     from ..train.loop import TrainConfig
 
@@ -90,6 +92,8 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
         saved = json.loads(record.read_text())
         if _comparable(saved.get("key", {})) == _comparable(json.loads(json.dumps(key))):
             return saved["result"]
+    if not cfg.train:
+        return None
     t0 = time.perf_counter()
     res = train_recall(preset, tcfg, num_kv_pairs=pairs, test_examples=cfg.test_examples, seq_len=seq_len,
                        vocab_size=cfg.vocab_size, d_model=cfg.d_model, **overrides)
@@ -123,6 +127,7 @@ def _summarise(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 def _part(points: List[Tuple[int, int]], variants: Tuple[str, ...]):
     def part(cfg: RecallBenchConfig, progress: bool) -> Dict[str, Any]:
         results = [_run(cfg, v, L, K, s, progress) for (L, K) in points for v in variants for s in cfg.seeds]
+        results = [r for r in results if r is not None]
         return {"runs": results, "rows": _summarise(results)}
     return part
 
@@ -224,11 +229,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None,
                    help="mixers of the state sweep (default: all)")
     p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--collect", action="store_true",
+                   help="report the runs that have finished (e.g. trained elsewhere and copied in); train nothing")
     p.add_argument("--out", default=d.out)
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = RecallBenchConfig(parts=tuple(args.parts), out=args.out)
+    cfg = RecallBenchConfig(parts=tuple(args.parts), train=not args.collect, out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {"steps": "steps", "seeds": "seeds", "variants": "state_variants", "lr": "lr"})
     payload = run(cfg)
