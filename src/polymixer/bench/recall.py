@@ -153,7 +153,8 @@ def report(payload: Dict[str, Any]) -> str:
         if name in payload:
             rows = sorted(payload[name]["rows"], key=lambda r: (r["seq_len"], r["pairs"], r["family"],
                                                                   r["state_floats"]))
-            out.append(f"{name}:\n" + format_table(rows, cols, heads))
+            shown = [{**r, **{k: f"{r[k]:.4f}" for k in ("median", "low", "high")}} for r in rows]
+            out.append(f"{name}:\n" + format_table(shown, cols, heads))
     out += _targets(payload)
     return "\n\n".join(out)
 
@@ -165,7 +166,7 @@ def _targets(payload: Dict[str, Any]) -> List[str]:
     v = by.get(("vpom-16k", 64, 16))
     if v:
         ok = v["seeds"] >= 3 and v["low"] >= 0.99
-        lines.append(f"value PoM, 16k state, K = 16, L = 64: {', '.join(f'{a:.3f}' for a in v['accuracies'])} "
+        lines.append(f"value PoM, 16k state, K = 16, L = 64: {', '.join(f'{a:.4f}' for a in v['accuracies'])} "
                      f"(target ≥ 0.99 on 3 of 3 seeds: {'met' if ok else 'MISSED'})")
     v = by.get(("vpom-16k", 256, 64))
     if v:
@@ -174,7 +175,7 @@ def _targets(payload: Dict[str, Any]) -> List[str]:
     for size in ("1k", "4k", "16k"):
         a, b = by.get((f"vpom-{size}", 64, 16)), by.get((f"based-{size}", 64, 16))
         if a and b:
-            lines.append(f"{size} state at K = 16, L = 64: value PoM {a['median']:.3f} vs Based {b['median']:.3f} "
+            lines.append(f"{size} state at K = 16, L = 64: value PoM {a['median']:.4f} vs Based {b['median']:.4f} "
                          f"(target at least level: {'met' if a['median'] >= b['median'] - 0.01 else 'MISSED'})")
     return ["\n".join(lines)] if lines else []
 
@@ -213,10 +214,13 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     ax2.set_xscale("log", base=2)
     ax2.set_xlabel("sequence length L (K pairs annotated)")
     ax2.set_title("longer sequences, more pairs", fontsize=9)
+    if not length:
+        ax2.text(0.5, 0.5, "not measured yet", ha="center", va="center", transform=ax2.transAxes)
     for a in (ax, ax2):
         a.set_ylim(-0.02, 1.02)
         a.grid(True, which="both", alpha=0.3)
-        a.legend(fontsize=7)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7)
     save_figure(fig, path)
 
 
