@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from polymixer.cli import main
-from polymixer.data.faults import READ_ERRORS, SampleError, SampleFaults, as_sample_error
+from polymixer.data.faults import SampleError, SampleFaults, reading
 from polymixer.train.checkpoint import load_trainer_state, load_weights, resolve_checkpoint, verify_checkpoint
 from polymixer.train.loop import TrainConfig, train
 
@@ -61,10 +61,8 @@ class FileTask:
         self.faults = SampleFaults.training(skip)
 
     def _load(self, j):
-        try:
+        with reading(self.files[j]):
             return torch.from_numpy(np.load(self.files[j])).float()
-        except READ_ERRORS as e:
-            raise as_sample_error(self.files[j], e) from e
 
     def batch(self, step, share, shares, device):
         if step == self.break_at:

@@ -984,6 +984,15 @@ def _default_positions(n: int, device: torch.device, two_d: bool, name: str) -> 
     return torch.arange(n, device=device)
 
 
+def batch_packed(x: Tensor, context: Optional[Tensor], cu_seqlens: Optional[CuSeqlens]
+                 ) -> Tuple[Tensor, Optional[Tensor], bool]:
+    """Packed tokens may come as (T, d): give them the batch dimension of one; the flag says to take it off again."""
+    if cu_seqlens is None or not isinstance(x, Tensor) or x.dim() != 2:
+        return x, context, False
+    context = context.unsqueeze(0) if isinstance(context, Tensor) and context.dim() == 2 else context
+    return x.unsqueeze(0), context, True
+
+
 def check_mix_inputs(
     x: Tensor,
     context: Optional[Tensor],
@@ -1091,11 +1100,7 @@ def pom(
     Ds = in_weight.shape[0] - D
     if Ds <= 0 or D % Ds != 0:
         raise ValueError(f"in_weight of shape {tuple(in_weight.shape)} does not stack W_h ({D} rows) over W_s")
-    squeeze = False
-    if cu_seqlens is not None and isinstance(x, Tensor) and x.dim() == 2:
-        x = x.unsqueeze(0)
-        context = context.unsqueeze(0) if isinstance(context, Tensor) and context.dim() == 2 else context
-        squeeze = True
+    x, context, squeeze = batch_packed(x, context, cu_seqlens)
     self_mix = context is None
     ctx = x if self_mix else context
     B, M, N, key_mask, general, cu_q, cu_k = check_mix_inputs(x, context, d, mask, causal, block_size, cu_seqlens)

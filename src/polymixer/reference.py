@@ -79,6 +79,37 @@ def _rotation_angles(rel: Tensor, D: int, base: float, two_d: bool) -> Tensor:
     return rel.unsqueeze(-1) * inv
 
 
+def _poly(z: Tensor, coeff: Tensor, activation: str) -> Tensor:
+    """Σ_p α_p act(z)^p, one power at a time, in float64."""
+    h = Fn.activation(z.to(torch.float64), activation)
+    return sum(coeff[:, p - 1].to(torch.float64) * h**p for p in range(1, coeff.shape[1] + 1))
+
+
+def _gate(x: Tensor, weight: Tensor, bias: Tensor, gate: str, width: int) -> Tensor:
+    """gate(W_s x + b), one scalar per head repeated over its channels when the gate is narrower than ``width``."""
+    s = Fn.gate_fn(x @ weight.to(torch.float64).T + bias.to(torch.float64), gate)
+    return s if s.shape[-1] == width else s.repeat_interleave(width // s.shape[-1], dim=-1)
+
+
+def _rotated_pairs(feat: Tensor, rope: str, base: float, positions: Tensor,
+                   context_positions: Optional[Tensor]) -> Tensor:
+    """R(p_j − p_i) feat_j for every (query i, context token j): (B, M, N, C) from (B, N, C) context features."""
+    f64 = torch.float64
+    B, C = feat.shape[0], feat.shape[-1]
+    two_d = rope == "2d"
+    qp = positions.to(f64)
+    kp = (positions if context_positions is None else context_positions).to(f64)
+    if qp.dim() == (2 if two_d else 1):
+        qp = qp.unsqueeze(0).expand(B, *qp.shape)
+    if kp.dim() == (2 if two_d else 1):
+        kp = kp.unsqueeze(0).expand(B, *kp.shape)
+    ang = _rotation_angles(kp.unsqueeze(1) - qp.unsqueeze(2), C, base, two_d)  # (B, M, N, C/2)
+    cos, sin = ang.cos(), ang.sin()
+    half = C // 2
+    p1, p2 = feat[..., :half].unsqueeze(1), feat[..., half:].unsqueeze(1)
+    return torch.cat([p1 * cos - p2 * sin, p2 * cos + p1 * sin], dim=-1)
+
+
 def reference_pom(
     x: Tensor,
     context: Optional[Tensor],
@@ -101,34 +132,15 @@ def reference_pom(
     f64 = torch.float64
     x = x.to(f64)
     c = x if context is None else context.to(f64)
-    D, k = coeff.shape
+    D = coeff.shape[0]
     W = in_weight.to(f64)
-    h = Fn.activation(c @ W[:D].T, activation)
-    poly = torch.zeros_like(h)
-    for p in range(1, k + 1):
-        poly = poly + coeff[:, p - 1].to(f64) * h**p
-    s = Fn.gate_fn(x @ W[D:].T + gate_bias.to(f64), gate)
-    if s.shape[-1] != D:
-        s = s.repeat_interleave(D // s.shape[-1], dim=-1)
+    poly = _poly(c @ W[:D].T, coeff, activation)
+    s = _gate(x, W[D:], gate_bias, gate, D)
     visf = vis.to(f64)
-    B, M, N = visf.shape
     if rope is None:
         H = torch.einsum("bmn,bnd->bmd", visf, poly)
     else:
-        two_d = rope == "2d"
-        qp = positions.to(f64)
-        kp = (positions if context_positions is None else context_positions).to(f64)
-        if qp.dim() == (2 if two_d else 1):
-            qp = qp.unsqueeze(0).expand(B, *qp.shape)
-        if kp.dim() == (2 if two_d else 1):
-            kp = kp.unsqueeze(0).expand(B, *kp.shape)
-        rel = kp.unsqueeze(1) - qp.unsqueeze(2)  # (B, M, N[, 2]): p_j − p_i
-        ang = _rotation_angles(rel, D, rope_base, two_d)  # (B, M, N, D/2)
-        cos, sin = ang.cos(), ang.sin()
-        half = D // 2
-        p1 = poly[..., :half].unsqueeze(1)
-        p2 = poly[..., half:].unsqueeze(1)
-        rot = torch.cat([p1 * cos - p2 * sin, p2 * cos + p1 * sin], dim=-1)  # (B, M, N, D)
+        rot = _rotated_pairs(poly, rope, rope_base, positions, context_positions)  # (B, M, N, D)
         H = (visf.unsqueeze(-1) * rot).sum(2)
     if reduction == "mean":
         count = visf.sum(-1, keepdim=True)
@@ -184,7 +196,7 @@ def reference_value_pom(
     f64 = torch.float64
     x = x.to(f64)
     c = x if context is None else context.to(f64)
-    D, k = coeff.shape
+    D = coeff.shape[0]
     dv = out_weight.shape[1]
     W = in_weight.to(f64)
     B, N = c.shape[:2]
@@ -197,17 +209,10 @@ def reference_value_pom(
             prev[:, j] = zkv[:, j - 1] * has_prev[:, j, None].to(f64)
         t = shift_weight.to(f64)
         zkv = t[0] * zkv + t[1] * prev
-
-    def poly(z: Tensor, a: Tensor) -> Tensor:
-        h = Fn.activation(z, activation)
-        return sum(a[:, p - 1].to(f64) * h**p for p in range(1, k + 1))
-
-    phi = poly(zkv[..., :D], coeff)
+    phi = _poly(zkv[..., :D], coeff, activation)
     v = zkv[..., D:]
-    psi = poly(x @ W[D + dv:2 * D + dv].T, coeff_q)
-    s = Fn.gate_fn(x @ W[2 * D + dv:].T + gate_bias.to(f64), gate)
-    if s.shape[-1] != dv:
-        s = s.repeat_interleave(dv // s.shape[-1], dim=-1)
+    psi = _poly(x @ W[D + dv:2 * D + dv].T, coeff_q, activation)
+    s = _gate(x, W[2 * D + dv:], gate_bias, gate, dv)
     visf = vis.to(f64)
     M = x.shape[1]
     H, Dh, e = heads, D // heads, dv // heads
@@ -217,18 +222,7 @@ def reference_value_pom(
         if rope is None:
             score = torch.einsum("bmd,bnd->bmn", qh, ph)
         else:
-            two_d = rope == "2d"
-            qp = positions.to(f64)
-            kp = (positions if context_positions is None else context_positions).to(f64)
-            if qp.dim() == (2 if two_d else 1):
-                qp = qp.unsqueeze(0).expand(B, *qp.shape)
-            if kp.dim() == (2 if two_d else 1):
-                kp = kp.unsqueeze(0).expand(B, *kp.shape)
-            ang = _rotation_angles(kp.unsqueeze(1) - qp.unsqueeze(2), Dh, rope_base, two_d)  # (B, M, N, Dh/2)
-            cos, sin = ang.cos(), ang.sin()
-            half = Dh // 2
-            p1, p2 = ph[..., :half].unsqueeze(1), ph[..., half:].unsqueeze(1)
-            rot = torch.cat([p1 * cos - p2 * sin, p2 * cos + p1 * sin], dim=-1)  # R(p_j − p_i) φ_j: (B, M, N, Dh)
+            rot = _rotated_pairs(ph, rope, rope_base, positions, context_positions)  # R(p_j − p_i) φ_j
             score = torch.einsum("bmd,bmnd->bmn", qh, rot)
         o = torch.einsum("bmn,bne->bme", visf * score, vh)
         if reduction == "mean":

@@ -147,22 +147,19 @@ def value_mix(
     return o, cnt, final_state, final_count
 
 
-def _readout(o: Tensor, cnt: Tensor, norm_weight: Tensor, reduction: str) -> Tensor:
-    """(B, H, M, dv_h) sums → mean (or sum) → RMSNorm per head with gain → (B, M, dv)."""
+def _output(o: Tensor, cnt: Tensor, zs: Tensor, gate_bias: Tensor, norm_weight: Tensor, out_weight: Tensor,
+            out_bias: Optional[Tensor], reduction: str, gate: Fn.ActivationLike) -> Tensor:
+    """(B, H, M, dv_h) sums → mean (or sum) → RMSNorm per head with gain → gate → W_o: (B, M, d)."""
     if reduction == "mean":
         o = o * Fn._safe_inverse(cnt).unsqueeze(1).unsqueeze(-1)
     o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + EPS)
     B, H, M, e = o.shape
-    return o.transpose(1, 2).reshape(B, M, H * e) * norm_weight.to(o.dtype)
-
-
-def _split(in_weight: Tensor, D: int, dv: int) -> Tuple[Tensor, Tensor]:
-    """in_weight stacks [W_k (D); W_v (dv); W_q (D); W_s (Ds)]: the context rows and the query rows."""
-    return in_weight[:D + dv], in_weight[D + dv:]
+    h = o.transpose(1, 2).reshape(B, M, H * e) * norm_weight.to(o.dtype)
+    return F.linear(Fn.gate_mix(zs, gate_bias, h, gate), out_weight, out_bias)
 
 
 def _check_layout(in_weight: Tensor, coeff: Tensor, coeff_q: Tensor, out_weight: Tensor, heads: int
-                  ) -> Tuple[int, int, int]:
+                  ) -> Tuple[int, int]:
     D, dv = coeff.shape[0], out_weight.shape[1]
     Ds = in_weight.shape[0] - 2 * D - dv
     if coeff_q.shape != coeff.shape:
@@ -172,7 +169,7 @@ def _check_layout(in_weight: Tensor, coeff: Tensor, coeff_q: Tensor, out_weight:
                          f"W_q ({D}) and a gate whose width divides {dv}")
     if D % heads or dv % heads:
         raise ValueError(f"heads = {heads} must divide D = {D} and value_dim = {dv}")
-    return D, dv, Ds
+    return D, dv
 
 
 def _features(ctx: Tensor, x: Tensor, in_weight: Tensor, coeff: Tensor, coeff_q: Tensor, dv: int,
@@ -182,12 +179,11 @@ def _features(ctx: Tensor, x: Tensor, in_weight: Tensor, coeff: Tensor, coeff_q:
 
     Self-mixing does one matrix product for all four projections."""
     D = coeff.shape[0]
-    kv_w, q_w = _split(in_weight, D, dv)
-    if self_mix:
+    if self_mix:  # in_weight stacks [W_k (D); W_v (dv); W_q (D); W_s (Ds)]: context rows, then query rows
         z = F.linear(x, in_weight)
         zkv, zq = z[..., :D + dv], z[..., D + dv:]
     else:
-        zkv, zq = F.linear(ctx, kv_w), F.linear(x, q_w)
+        zkv, zq = F.linear(ctx, in_weight[:D + dv]), F.linear(x, in_weight[D + dv:])
     if shift is not None:
         zkv, last = token_shift(zkv, shift, key_mask, prev)
     else:
@@ -274,17 +270,13 @@ def value_pom(
         (B, M, d), or (T, d) for a 2-D packed input.
     """
     d = out_weight.shape[0]
-    D, dv, _ = _check_layout(in_weight, coeff, coeff_q, out_weight, heads)
+    D, dv = _check_layout(in_weight, coeff, coeff_q, out_weight, heads)
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     _check_rope(rope, D, heads)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive int, got {chunk!r}")
-    squeeze = False
-    if cu_seqlens is not None and isinstance(x, Tensor) and x.dim() == 2:
-        x = x.unsqueeze(0)
-        context = context.unsqueeze(0) if isinstance(context, Tensor) and context.dim() == 2 else context
-        squeeze = True
+    x, context, squeeze = Fn.batch_packed(x, context, cu_seqlens)
     self_mix = context is None
     B, M, N, key_mask, general, cu_q, cu_k = Fn.check_mix_inputs(x, context, d, mask, causal, block_size, cu_seqlens)
     kw = dict(heads=heads, causal=causal, block_size=block_size, activation=activation, gate=gate,
@@ -323,8 +315,7 @@ def value_pom(
         k = _rotate_heads(k, _positions(context_positions, B, N, two_d, kname, x.device), rope_base, two_d)
         q = _rotate_heads(q, _positions(positions, B, M, two_d, "positions", x.device), rope_base, two_d)
     o, cnt, _, _ = value_mix(q, k, vh, w, causal=causal, block_size=block_size, mask=general, chunk=chunk)
-    g = Fn.gate_mix(zs, gate_bias, _readout(o, cnt, norm_weight, reduction), gate)
-    y = F.linear(g, out_weight, out_bias)
+    y = _output(o, cnt, zs, gate_bias, norm_weight, out_weight, out_bias, reduction, gate)
     return y.squeeze(0) if squeeze else y
 
 
@@ -361,7 +352,7 @@ def value_pom_step(
     makes the chunk one block (block-causal streaming). Returns (y, state, count, offset, prev).
     """
     d = out_weight.shape[0]
-    D, dv, _ = _check_layout(in_weight, coeff, coeff_q, out_weight, heads)
+    D, dv = _check_layout(in_weight, coeff, coeff_q, out_weight, heads)
     Fn._check_tokens(x, d, "x")
     B, T, _ = x.shape
     H = heads
@@ -385,6 +376,5 @@ def value_pom_step(
         k, q = _rotate_heads(k, pos, rope_base, two_d), _rotate_heads(q, pos, rope_base, two_d)
     o, cnt, new_state, new_count = value_mix(q, k, vh, w, causal=True, block_size=None if causal else T,
                                              chunk=chunk, state=state, count=count)
-    g = Fn.gate_mix(zs, gate_bias, _readout(o, cnt, norm_weight, reduction), gate)
-    y = F.linear(g, out_weight, out_bias)
+    y = _output(o, cnt, zs, gate_bias, norm_weight, out_weight, out_bias, reduction, gate)
     return y, new_state, new_count, offset + T, last.to(prev.dtype)

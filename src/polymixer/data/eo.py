@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .cache import cache_dir
-from .faults import READ_ERRORS, SampleError, SampleFaults, as_sample_error
+from .faults import SampleError, SampleFaults, reading
 import torch
 
 __all__ = ["PASTIS_CLASSES", "PASTIS_COLORS", "S2_BANDS", "RGB_BANDS", "NUM_CLASSES", "VOID", "PIXEL_KM2", "FOLDS",
@@ -254,18 +254,14 @@ def read_array_shape(path: Path) -> Tuple[Tuple[int, ...], np.dtype]:
 
 
 def _header(path: Path) -> Tuple[Tuple[int, ...], np.dtype]:
-    try:
+    with reading(path):
         return read_array_shape(path)
-    except READ_ERRORS as e:
-        raise as_sample_error(path, e) from e
 
 
 def _open(path: Path) -> np.ndarray:
     """A memory-mapped .npy array; a missing, truncated or malformed file is a SampleError naming it."""
-    try:
+    with reading(path):
         return np.load(path, mmap_mode="r")
-    except READ_ERRORS as e:
-        raise as_sample_error(path, e) from e
 
 
 class PastisSplit:

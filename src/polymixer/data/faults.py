@@ -10,10 +10,11 @@ training loop reports the skipped files: progress bar, history, ``<out>/bad_samp
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple, TypeVar, Union
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
-__all__ = ["SampleError", "SampleFaults", "READ_ERRORS", "SKIP_HINT"]
+__all__ = ["SampleError", "SampleFaults", "READ_ERRORS", "SKIP_HINT", "reading"]
 
 T = TypeVar("T")
 
@@ -37,6 +38,17 @@ def as_sample_error(path: Union[str, Path], error: BaseException) -> SampleError
     if isinstance(error, SampleError):
         return error
     return SampleError(path, str(error) or type(error).__name__)
+
+
+@contextlib.contextmanager
+def reading(path: Union[str, Path]) -> Iterator[None]:
+    """Inside: a read error (:data:`READ_ERRORS`) is a :class:`SampleError` naming ``path``."""
+    try:
+        yield
+    except SampleError:
+        raise
+    except READ_ERRORS as e:
+        raise as_sample_error(path, e) from e
 
 
 class SampleFaults:
@@ -80,9 +92,10 @@ class SampleFaults:
         """``fn(*args)``, the reading of the sample in file ``path``; None when it fails and bad samples are
         skipped."""
         try:
-            return fn(*args)
-        except READ_ERRORS as e:
-            self.record(as_sample_error(path, e))
+            with reading(path):
+                return fn(*args)
+        except SampleError as e:
+            self.record(e)
             return None
 
     def pick(self, index: int, count: int, load: Callable[[int], T]) -> T:

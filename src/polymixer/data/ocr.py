@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .cache import cache_dir
-from .faults import READ_ERRORS, SampleError, SampleFaults, as_sample_error
+from .faults import SampleError, SampleFaults, reading
 import torch
 
 __all__ = ["IAM_CHARSET", "Charset", "LineRecord", "LineSet", "AugmentConfig", "list_split", "read_transcription",
@@ -283,9 +283,10 @@ def load_split(root: Union[str, Path], split: str, height: int, max_width: Optio
 
     def read(r: LineRecord) -> Union[np.ndarray, SampleError]:
         try:
-            return load_line_image(r.image, height, max_width)
-        except READ_ERRORS as e:
-            return as_sample_error(r.image, e)
+            with reading(r.image):
+                return load_line_image(r.image, height, max_width)
+        except SampleError as e:  # kept, so that the first bad line in order is the one reported
+            return e
 
     faults = faults if faults is not None else SampleFaults()
     records = list_split(root, split)

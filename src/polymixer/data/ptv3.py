@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .faults import READ_ERRORS, as_sample_error
+from .faults import reading
 
 __all__ = ["Scene", "PointFormat", "FORMATS", "IGNORE", "SCANNET20_CLASSES", "SEMANTICKITTI_CLASSES",
            "SEMANTICKITTI_LEARNING_MAP", "SEMANTICKITTI_SPLITS", "SPLITS", "load_scannet_scene",
@@ -460,14 +460,12 @@ class PointDataset:
         """Scene ``i`` read from disk (no cache); a missing, unreadable or malformed file is a
         :class:`~polymixer.data.faults.SampleError` naming it."""
         path, label = self.paths[i]
-        try:
+        with reading(path):
             if self.format.name == "scannet":
                 return load_scannet_scene(path)
             if self.format.name == "semantickitti":
                 return load_semantickitti_scan(path, label)
             return load_ply(path, "scannet")
-        except READ_ERRORS as e:
-            raise as_sample_error(path, e) from e
 
     def __getitem__(self, i: int) -> Scene:
         n = len(self)
