@@ -46,15 +46,24 @@ def test_mqar_rejects_impossible_settings():
         mqar(2, 64, 8, 16)
 
 
-def _oracle(la, x, vis):
-    """y_i = W_o Σ_j vis_ij (φ(q_i)·φ(k_j)) v_j / normaliser, per head, in float64."""
+def _oracle(la, x, vis, key_mask):
+    """y_i = W_o Σ_j vis_ij (φ(q_i)·φ(k_j)) v_j / normaliser, per head, in float64; with the token shift, key j and
+    value j are w₀ ⊙ W x_j + w₁ ⊙ W x_{j−1} (a padded token counts as zero)."""
     B, N, _ = x.shape
     H, f = la.heads, la.feature_dim
     qk = (x @ la.qk.weight.T).view(B, N, 2, H, f)
     q, k = qk[:, :, 0], qk[:, :, 1]
+    v = (x @ la.v.weight.T).view(B, N, H, -1)
+    if la.token_shift:
+        w = la.shift.double()
+        zk, zv = k.reshape(B, N, H * f), v.reshape(B, N, -1)
+        prev = torch.zeros_like(torch.cat([zk, zv], -1))
+        for j in range(1, N):
+            prev[:, j] = torch.cat([zk[:, j - 1], zv[:, j - 1]], -1) * key_mask[:, j - 1, None]
+        k = (w[0, :H * f] * zk + w[1, :H * f] * prev[..., :H * f]).view(B, N, H, f)
+        v = (w[0, H * f:] * zv + w[1, H * f:] * prev[..., H * f:]).view(B, N, H, -1)
     if la.feature_map == "taylor":
         q, k = taylor_features(q), taylor_features(k)
-    v = (x @ la.v.weight.T).view(B, N, H, -1)
     scores = torch.einsum("bihf,bjhf->bhij", q, k) * vis[:, None].double()
     o = torch.einsum("bhij,bjhe->bihe", scores, v)
     if la.feature_map == "taylor":
@@ -69,14 +78,19 @@ def _oracle(la, x, vis):
 
 @pytest.mark.parametrize("feature_map", ["identity", "taylor"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_linear_attention_matches_the_oracle(feature_map, causal):
-    la = LinearAttention(8, heads=2, feature_dim=3, value_dim=6, feature_map=feature_map, chunk_size=4).double()
+@pytest.mark.parametrize("shift", [False, True])
+def test_linear_attention_matches_the_oracle(feature_map, causal, shift):
+    la = LinearAttention(8, heads=2, feature_dim=3, value_dim=6, feature_map=feature_map, chunk_size=4,
+                         token_shift=shift).double()
+    if shift:
+        with torch.no_grad():
+            la.shift.uniform_(-1, 1)
     B, N = 2, 21
     x = torch.randn(B, N, 8, dtype=torch.float64)
     km = torch.ones(B, N, dtype=torch.bool)
     km[1, :5] = False
     y = la(x, mask=km, causal=causal)
-    ref = _oracle(la, x, visibility(B, N, N, causal=causal, key_mask=km))
+    ref = _oracle(la, x, visibility(B, N, N, causal=causal, key_mask=km), km)
     torch.testing.assert_close(y[km], ref[km], rtol=1e-9, atol=1e-10)
 
 
@@ -130,14 +144,17 @@ def test_bench_recall_on_a_toy(tmp_path):
     rows = {(r["variant"], r["seq_len"]): r for r in payload["state"]["rows"] + payload["length"]["rows"]}
     assert rows[("vpom-1k", 16)]["seeds"] == 2 and ("vpom-1k", 32) in rows
     assert rows[("vpom-1k", 16)]["low"] <= rows[("vpom-1k", 16)]["median"] <= rows[("vpom-1k", 16)]["high"]
-    record = tmp_path / "quality" / "recall" / "vpom-1k-L16-K2-s0" / "result.json"
+    # a budget other than the default (2,000 steps, lr 1e-3) is part of the run's folder and of every row
+    record = tmp_path / "quality" / "recall" / "vpom-1k-L16-K2-s0-3steps-lr0.001" / "result.json"
+    assert all(r["steps"] == 3 and r["lr"] == 1e-3 for r in payload["state"]["rows"])
     stamp = record.stat().st_mtime_ns
     run(cfg, progress=False)  # finished runs are read back, not trained again
     assert record.stat().st_mtime_ns == stamp
     from dataclasses import replace
 
-    more = replace(cfg, seeds=(0, 1, 2), train=False)  # --collect: seed 2 was never trained, so it is left out
+    more = replace(cfg, seeds=(0, 1, 2), train=False, compile=True)  # --collect: seed 2 was never trained, so it
+    # is left out; compiling changes nothing in what a run is
     rows = run(more, progress=False)["state"]["rows"]
-    assert all(r["seeds"] == 2 for r in rows) and not (tmp_path / "quality" / "recall" / "pom-L16-K2-s2").exists()
+    assert all(r["seeds"] == 2 for r in rows) and not (tmp_path / "quality" / "recall" / "pom-L16-K2-s2-3steps-lr0.001").exists()
     assert json.loads((tmp_path / "recall.json").read_text())["state"]["rows"]
     assert (tmp_path / "recall.png").is_file() and "state floats / layer" in report(payload)

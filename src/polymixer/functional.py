@@ -131,8 +131,22 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _leaky_clamp_backward(x: Tensor, grad: Tensor) -> Tensor:
+    # two fused ATen kernels instead of five masks (≈ 10× faster on CPU); at the exact bounds x = −10 and x = 6 the
+    # gradient is 0 here where the masks passed it: both are subgradients at a kink
+    return torch.ops.aten.hardtanh_backward(torch.ops.aten.leaky_relu_backward(grad, x, 0.01, False), x, -10.0, 6.0)
+
+
+# fused backward kernels, keyed by the forward function: grad_in = bwd(u, grad_out)
+_FUSED_BACKWARD: dict = {_leaky_clamp: _leaky_clamp_backward,
+                         F.hardsigmoid: lambda u, g: torch.ops.aten.hardsigmoid_backward(g, u)}
+
+
 def _elementwise_backward(fn, grad_fn, u: Tensor, grad_out: Tensor) -> Tensor:
-    """d(fn)/du · grad_out, by closed form when known, else by autograd on a recomputation."""
+    """d(fn)/du · grad_out: by a fused kernel or a closed form when known, else by autograd on a recomputation."""
+    fused = _FUSED_BACKWARD.get(fn)
+    if fused is not None:
+        return fused(u, grad_out.to(u.dtype) if grad_out.dtype != u.dtype else grad_out)
     if grad_fn is not None:
         return grad_out * grad_fn(u)
     with torch.enable_grad():
@@ -805,7 +819,7 @@ class _FusedSelfMix(torch.autograd.Function):
                 grad_rows[p] += (gp * hp).sum((0, 1))
                 if p + 1 < k:
                     hp = hp * h
-            return gp * _horner_derivative(h, rows) * plan.act_d(zh)
+            return _elementwise_backward(plan.act_fn, plan.act_d, zh, gp * _horner_derivative(h, rows))
 
         if not causal:
             H = aux  # (B, D), rotated frame
@@ -817,7 +831,7 @@ class _FusedSelfMix(torch.autograd.Function):
                 Hq = H[b0:b1, None] if plan.rot is None else plan.unrotate(H[b0:b1, None].expand(b1 - b0, n1 - n0, D),
                                                                           t)
                 gH[b0:b1] += plan.rotate(_gate_times(plan.gate_fn(u), g), t).sum(1)
-                gu = _head_sum(g * Hq, Ds) * plan.gate_d(u)
+                gu = _elementwise_backward(plan.gate_fn, plan.gate_d, u, _head_sum(g * Hq, Ds))
                 grad_bias += gu.sum((0, 1))
                 grad_z[b0:b1, n0:n1, D:] = gu
             if mean:
@@ -842,7 +856,7 @@ class _FusedSelfMix(torch.autograd.Function):
                     c *= inv[n0:n1]
                 u = z[b0:b1, n0:n1, D:].to(cd) + plan.bias
                 g = grad[b0:b1, n0:n1].to(cd)
-                gu = _head_sum(g * plan.unrotate(c, t), Ds) * plan.gate_d(u)
+                gu = _elementwise_backward(plan.gate_fn, plan.gate_d, u, _head_sum(g * plan.unrotate(c, t), Ds))
                 grad_bias += gu.sum((0, 1))
                 grad_z[b0:b1, n0:n1, D:] = gu
                 gc = plan.rotate(_gate_times(plan.gate_fn(u), g), t)

@@ -9,7 +9,9 @@ Per head, with q_i, k_j ∈ R^f (feature width f) and v_j ∈ R^{dv/H}:
   The readout is divided by Σ_j φ(q_i)·φ(k_j), like softmax. State: (1 + f + f²) × dv/H per head.
 
 Both run on the value-carrying PoM's chunked form (:func:`polymixer.values.value_mix`), so causal mixing never
-builds an N × N tensor.
+builds an N × N tensor. ``token_shift=True`` gives the key and value projections the value-carrying PoM's learned
+causal shift (each token mixed with the previous one), the role Based's short convolution plays: with it, a recall
+comparison differs only in the feature map and the state.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from . import functional as Fn
-from .values import CHUNK, EPS, value_mix
+from .values import CHUNK, EPS, token_shift, value_mix
 
 __all__ = ["LinearAttention", "taylor_features"]
 
@@ -38,10 +40,13 @@ class LinearAttention(nn.Module):
     Args:
         dim: model width; heads: H; feature_dim: f, the query / key width per head; value_dim: dv (default dim).
         feature_map: "identity" or "taylor" (Based); causal: the default masking; bias: of the projections.
+        token_shift: mix each token's key and value projections with the previous token's (learned per channel,
+            initialised 0.5 / 0.5, like the value-carrying PoM's shift).
     """
 
     def __init__(self, dim: int, heads: int = 1, feature_dim: int = 16, value_dim: Optional[int] = None,
-                 feature_map: str = "taylor", causal: bool = True, bias: bool = False, chunk_size: int = CHUNK) -> None:
+                 feature_map: str = "taylor", causal: bool = True, bias: bool = False, chunk_size: int = CHUNK,
+                 token_shift: bool = False) -> None:
         super().__init__()
         value_dim = dim if value_dim is None else value_dim
         for name, v in (("dim", dim), ("heads", heads), ("feature_dim", feature_dim), ("value_dim", value_dim),
@@ -54,21 +59,27 @@ class LinearAttention(nn.Module):
             raise ValueError(f"feature_map must be 'identity' or 'taylor', got {feature_map!r}")
         self.dim, self.heads, self.feature_dim, self.value_dim = dim, heads, feature_dim, value_dim
         self.feature_map, self.causal, self.chunk_size = feature_map, causal, chunk_size
+        self.token_shift = bool(token_shift)
         self.qk = nn.Linear(dim, 2 * heads * feature_dim, bias=bias)
         self.v = nn.Linear(dim, value_dim, bias=bias)
         self.out = nn.Linear(value_dim, dim, bias=bias)
         if feature_map == "identity":
             self.norm_weight = nn.Parameter(torch.ones(value_dim))
+        if self.token_shift:  # over the key and value projections: (current, previous) × (H·f + dv) channels
+            self.shift = nn.Parameter(torch.full((2, heads * feature_dim + value_dim), 0.5))
+            self.shift.no_weight_decay = True
 
     @property
     def state_floats(self) -> int:
         """Floats of recurrent state per sequence."""
         f = self.feature_dim if self.feature_map == "identity" else 1 + self.feature_dim + self.feature_dim ** 2
-        return f * self.value_dim + (f * self.heads if self.feature_map == "taylor" else 0)  # + the normaliser
+        normaliser = f * self.heads if self.feature_map == "taylor" else 0
+        shift = (self.heads * self.feature_dim + self.value_dim) if self.token_shift else 0  # the previous token
+        return f * self.value_dim + normaliser + shift
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, heads={self.heads}, feature_dim={self.feature_dim}, value_dim={self.value_dim}, "
-                f"feature_map={self.feature_map!r}, causal={self.causal}")
+                f"feature_map={self.feature_map!r}, causal={self.causal}, token_shift={self.token_shift}")
 
     def forward(self, x: Tensor, context: Optional[Tensor] = None, *, mask: Optional[Tensor] = None,
                 causal: Optional[bool] = None, **unused: Optional[Tensor]) -> Tensor:
@@ -80,11 +91,15 @@ class LinearAttention(nn.Module):
         causal = self.causal if causal is None else causal
         B, N, _ = Fn.check_mix_inputs(x, None, self.dim, mask, causal, None, None)[:3]
         H, f = self.heads, self.feature_dim
-        qk = self.qk(x).view(B, N, 2, H, f).permute(2, 0, 3, 1, 4)  # (2, B, H, N, f)
+        qk, v = self.qk(x), self.v(x)
+        if self.token_shift:
+            kv = token_shift(torch.cat([qk[..., H * f:], v], dim=-1), self.shift, mask)[0]
+            qk, v = torch.cat([qk[..., :H * f], kv[..., :H * f]], dim=-1), kv[..., H * f:]
+        qk = qk.view(B, N, 2, H, f).permute(2, 0, 3, 1, 4)  # (2, B, H, N, f)
         q, k = qk[0], qk[1]
         if self.feature_map == "taylor":
             q, k = taylor_features(q), taylor_features(k)
-        v = self.v(x).view(B, N, H, -1).transpose(1, 2)
+        v = v.reshape(B, N, H, -1).transpose(1, 2)
         w = mask.to(x.dtype) if mask is not None else x.new_ones(B, N)
         k = k * w[:, None, :, None]
         o = value_mix(q, k, v, w, causal=causal, chunk=self.chunk_size)[0]

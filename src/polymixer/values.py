@@ -97,9 +97,10 @@ def value_mix(
     """
     B, H, M, Dh = q.shape
     N = k.shape[2]
-    total = torch.einsum("bhnd,bhne->bhde", k, v)
-    final_state = total if state is None else state + total
     final_count = w.sum(1) if count is None else count + w.sum(1)
+    if mask is not None or not causal:
+        total = torch.einsum("bhnd,bhne->bhde", k, v)
+        final_state = total if state is None else state + total
     if mask is not None:
         vis = mask
         if causal:
@@ -125,20 +126,25 @@ def value_mix(
     nc = L // C
     qc, kc, vc = (t.reshape(B, H, nc, C, t.shape[-1]) for t in (qp, kp, vp))
     U = torch.einsum("bhctd,bhcte->bhcde", kc, vc)  # each chunk's contribution to the state
+    final_state = U.sum(2) if state is None else state + U.sum(2)
     if C == K:  # one block per chunk: a query sees its whole chunk, so no quadratic part at all
         S = torch.cumsum(U, dim=2)
         if state is not None:
             S = S + state.unsqueeze(2)
         o = torch.einsum("bhctd,bhcde->bhcte", qc, S)
     else:
-        S = torch.cumsum(U, dim=2) - U  # the state before each chunk
-        if state is not None:
-            S = S + state.unsqueeze(2)
-        o = torch.einsum("bhctd,bhcde->bhcte", qc, S)
+        if nc == 1 and state is None:  # one chunk and nothing before it: no state part
+            o = None
+        else:
+            S = torch.cumsum(U, dim=2) - U  # the state before each chunk
+            if state is not None:
+                S = S + state.unsqueeze(2)
+            o = torch.einsum("bhctd,bhcde->bhcte", qc, S)
         blk = torch.arange(C, device=q.device) // K
         intra = (blk.unsqueeze(0) <= blk.unsqueeze(1)).to(q.dtype)  # (C queries, C keys) within a chunk
         scores = torch.einsum("bhctd,bhcsd->bhcts", qc, kc) * intra
-        o = o + torch.einsum("bhcts,bhcse->bhcte", scores, vc)
+        intra_o = torch.einsum("bhcts,bhcse->bhcte", scores, vc)
+        o = intra_o if o is None else o + intra_o
     o = o.reshape(B, H, L, -1)[:, :, :M]
     cw = torch.cumsum(wp.view(B, L // K, K).sum(-1), dim=1)  # visible tokens up to each block's end
     cnt = cw.repeat_interleave(K, dim=1)[:, :M]

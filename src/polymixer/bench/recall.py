@@ -34,6 +34,7 @@ __all__ = ["RecallBenchConfig", "VARIANTS", "run", "report", "plot", "main", "ad
 # name → (preset, RecallConfig overrides, mixer family for the plot)
 VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
     "attention": ("mqar-attention", {}, "attention"),
+    "attention-rope": ("mqar-attention", {"rope": True}, "attention (rotary)"),
     "swa-8": ("mqar-swa", {"window": 8}, "sliding window"),
     "swa-32": ("mqar-swa", {"window": 32}, "sliding window"),
     "pom": ("mqar-pom", {"expand": 4}, "PoM"),
@@ -41,12 +42,15 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
     "vpom-4k": ("mqar-vpom", {"expand": 2, "value_dim": 32}, "value PoM"),
     "vpom-16k": ("mqar-vpom", {"expand": 4, "value_dim": 64}, "value PoM"),
     "hybrid-LV": ("mqar-vpom", {"mixer": "LV", "expand": 4, "value_dim": 64, "window": 16}, "hybrid (L + value PoM)"),
-    "based-1k": ("mqar-based", {"feature_dim": 4, "value_dim": 48}, "Based"),
-    "based-4k": ("mqar-based", {"feature_dim": 8, "value_dim": 56}, "Based"),
-    "based-16k": ("mqar-based", {"feature_dim": 16, "value_dim": 60}, "Based"),
-    "linear-1k": ("mqar-linear", {"feature_dim": 16, "value_dim": 64}, "linear attention"),
-    "linear-4k": ("mqar-linear", {"feature_dim": 64, "value_dim": 64}, "linear attention"),
-    "linear-16k": ("mqar-linear", {"feature_dim": 256, "value_dim": 64}, "linear attention"),
+    # Based and linear attention with the value PoM's token shift (Based's short convolution): a comparison of the
+    # feature map and the state, all else equal
+    "based-1k": ("mqar-based", {"feature_dim": 4, "value_dim": 48, "token_shift": True}, "Based"),
+    "based-4k": ("mqar-based", {"feature_dim": 8, "value_dim": 56, "token_shift": True}, "Based"),
+    "based-16k": ("mqar-based", {"feature_dim": 16, "value_dim": 60, "token_shift": True}, "Based"),
+    "based-noshift-16k": ("mqar-based", {"feature_dim": 16, "value_dim": 60}, "Based, no shift"),
+    "linear-1k": ("mqar-linear", {"feature_dim": 16, "value_dim": 64, "token_shift": True}, "linear attention"),
+    "linear-4k": ("mqar-linear", {"feature_dim": 64, "value_dim": 64, "token_shift": True}, "linear attention"),
+    "linear-16k": ("mqar-linear", {"feature_dim": 256, "value_dim": 64, "token_shift": True}, "linear attention"),
 }
 
 
@@ -65,6 +69,7 @@ class RecallBenchConfig:
     test_examples: int = 1000
     parts: Tuple[str, ...] = ("state", "length")
     train: bool = True  # False (--collect): report the runs that have finished, train nothing
+    compile: bool = False  # torch.compile the models (the same runs, faster on CPU)
     out: str = "runs/bench/recall"
 
 
@@ -80,11 +85,12 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
     from ..train.loop import TrainConfig
 
     preset, overrides, family = VARIANTS[variant]
-    out = Path(cfg.out) / "quality" / "recall" / f"{variant}-L{seq_len}-K{pairs}-s{seed}"
+    budget = "" if (cfg.steps, cfg.lr) == (2000, 1e-3) else f"-{cfg.steps}steps-lr{cfg.lr:g}"
+    out = Path(cfg.out) / "quality" / "recall" / f"{variant}-L{seq_len}-K{pairs}-s{seed}{budget}"
     tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch, lr=cfg.lr, min_lr=cfg.lr / 10,
                        warmup=max(1, cfg.steps // 20), weight_decay=0.1, beta2=0.98, eval_every=cfg.steps,
                        ckpt_every=max(1, cfg.steps // 4), log_every=50, seed=1337 + seed, out=str(out),
-                       progress=progress)
+                       progress=progress, compile=cfg.compile)
     key = {"tcfg": asdict(tcfg), "overrides": overrides, "preset": preset, "pairs": pairs, "seq_len": seq_len,
            "vocab": cfg.vocab_size, "d_model": cfg.d_model, "test": cfg.test_examples}
     record = out / "result.json"
@@ -99,6 +105,7 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
                        vocab_size=cfg.vocab_size, d_model=cfg.d_model, **overrides)
     model = res["model"]
     result = {"variant": variant, "family": family, "seq_len": seq_len, "pairs": pairs, "seed": seed,
+              "steps": cfg.steps, "lr": cfg.lr,
               "accuracy": res["metrics"]["accuracy"], "loss": res["metrics"]["loss"],
               "state_floats": model.state_floats(), "params": sum(p.numel() for p in model.parameters()),
               "minutes": (time.perf_counter() - t0) / 60}
@@ -107,16 +114,17 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
 
 
 def _comparable(key: Dict[str, Any]) -> Dict[str, Any]:
-    tcfg = {k: v for k, v in key.get("tcfg", {}).items() if k not in ("out", "progress")}
+    tcfg = {k: v for k, v in key.get("tcfg", {}).items() if k not in ("out", "progress", "compile")}
     return {**key, "tcfg": tcfg}
 
 
 def _summarise(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     rows: Dict[Tuple[str, int, int], Dict[str, Any]] = {}
     for r in results:
-        row = rows.setdefault((r["variant"], r["seq_len"], r["pairs"]),
-                              {k: r[k] for k in ("variant", "family", "seq_len", "pairs", "state_floats", "params")}
-                              | {"accuracies": []})
+        r = {"steps": 2000, "lr": 1e-3, **r}  # runs recorded before the budget was
+        row = rows.setdefault((r["variant"], r["seq_len"], r["pairs"], r["steps"], r["lr"]),
+                              {k: r[k] for k in ("variant", "family", "seq_len", "pairs", "state_floats", "params",
+                                                 "steps", "lr")} | {"accuracies": []})
         row["accuracies"].append(r["accuracy"])
     for row in rows.values():
         a = row["accuracies"]
@@ -146,45 +154,53 @@ def run(cfg: RecallBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
 
 def report(payload: Dict[str, Any]) -> str:
-    cols = ["variant", "family", "seq_len", "pairs", "state_floats", "median", "low", "high", "seeds"]
-    heads = ["variant", "mixer", "L", "K", "state floats / layer", "accuracy (median)", "min", "max", "seeds"]
+    cols = ["variant", "family", "seq_len", "pairs", "state_floats", "steps", "lr", "median", "low", "high", "seeds"]
+    heads = ["variant", "mixer", "L", "K", "state floats / layer", "steps", "lr", "accuracy (median)", "min", "max",
+             "seeds"]
     out = []
     for name in ("state", "length"):
         if name in payload:
             rows = sorted(payload[name]["rows"], key=lambda r: (r["seq_len"], r["pairs"], r["family"],
                                                                   r["state_floats"]))
-            shown = [{**r, **{k: f"{r[k]:.4f}" for k in ("median", "low", "high")}} for r in rows]
+            shown = [{**r, "lr": f"{r['lr']:g}", **{k: f"{r[k]:.4f}" for k in ("median", "low", "high")}}
+                     for r in rows]
             out.append(f"{name}:\n" + format_table(shown, cols, heads))
     out += _targets(payload)
     return "\n\n".join(out)
 
 
 def _targets(payload: Dict[str, Any]) -> List[str]:
+    """The issue's targets, each judged on the rows trained with the same budget (steps, lr)."""
     rows = [r for name in ("state", "length") for r in payload.get(name, {}).get("rows", [])]
-    by = {(r["variant"], r["seq_len"], r["pairs"]): r for r in rows}
+    by = {(r["variant"], r["seq_len"], r["pairs"], r["steps"], r["lr"]): r for r in rows}
     lines = []
-    v = by.get(("vpom-16k", 64, 16))
-    if v:
-        ok = v["seeds"] >= 3 and v["low"] >= 0.99
-        lines.append(f"value PoM, 16k state, K = 16, L = 64: {', '.join(f'{a:.4f}' for a in v['accuracies'])} "
-                     f"(target ≥ 0.99 on 3 of 3 seeds: {'met' if ok else 'MISSED'})")
-    v = by.get(("vpom-16k", 256, 64))
-    if v:
-        lines.append(f"value PoM, 16k state, K = 64, L = 256: median {v['median']:.3f} (target ≥ 0.9: "
-                     f"{'met' if v['median'] >= 0.9 else 'MISSED'})")
-    for size in ("1k", "4k", "16k"):
-        a, b = by.get((f"vpom-{size}", 64, 16)), by.get((f"based-{size}", 64, 16))
-        if a and b:
-            lines.append(f"{size} state at K = 16, L = 64: value PoM {a['median']:.4f} vs Based {b['median']:.4f} "
-                         f"(target at least level: {'met' if a['median'] >= b['median'] - 0.01 else 'MISSED'})")
+    for steps, lr in sorted({(r["steps"], r["lr"]) for r in rows}):
+        budget = f"{steps} steps, lr {lr:g}"
+        v = by.get(("vpom-16k", 64, 16, steps, lr))
+        if v:
+            ok = v["seeds"] >= 3 and v["low"] >= 0.99
+            lines.append(f"value PoM, 16k state, K = 16, L = 64 ({budget}): "
+                         f"{', '.join(f'{a:.4f}' for a in v['accuracies'])} "
+                         f"(target ≥ 0.99 on 3 of 3 seeds: {'met' if ok else 'MISSED'})")
+        v = by.get(("vpom-16k", 256, 64, steps, lr))
+        if v:
+            lines.append(f"value PoM, 16k state, K = 64, L = 256 ({budget}): median {v['median']:.3f} over "
+                         f"{v['seeds']} seed(s) (target ≥ 0.9: {'met' if v['median'] >= 0.9 else 'MISSED'})")
+        for size in ("1k", "4k", "16k"):
+            a, b = by.get((f"vpom-{size}", 64, 16, steps, lr)), by.get((f"based-{size}", 64, 16, steps, lr))
+            if a and b:
+                ok = a["median"] >= b["median"] - 0.01
+                lines.append(f"{size} state at K = 16, L = 64 ({budget}): value PoM {a['median']:.4f} "
+                             f"({a['seeds']} seeds) vs Based {b['median']:.4f} ({b['seeds']} seeds) "
+                             f"(target at least level: {'met' if ok else 'MISSED'})")
     return ["\n".join(lines)] if lines else []
 
 
 def plot(payload: Dict[str, Any], path: Path) -> None:
     """Accuracy against state floats per layer (state sweep) and against sequence length (length sweep)."""
     fig, axes = new_figure(2, width=5.4, height=4.0)
-    markers = {"attention": "*", "sliding window": "s", "PoM": "v", "value PoM": "o", "hybrid (L + value PoM)": "D",
-               "Based": "^", "linear attention": "x"}
+    markers = {"attention": "*", "attention (rotary)": "P", "sliding window": "s", "PoM": "v", "value PoM": "o",
+               "hybrid (L + value PoM)": "D", "Based": "^", "Based, no shift": "<", "linear attention": "x"}
     ax = axes[0]
     for k, fam in enumerate(markers):
         rows = sorted((r for r in payload.get("state", {}).get("rows", []) if r["family"] == fam),
@@ -233,13 +249,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None,
                    help="mixers of the state sweep (default: all)")
     p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--compile", action="store_true", help="torch.compile the models (same runs, same results key)")
     p.add_argument("--collect", action="store_true",
                    help="report the runs that have finished (e.g. trained elsewhere and copied in); train nothing")
     p.add_argument("--out", default=d.out)
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = RecallBenchConfig(parts=tuple(args.parts), train=not args.collect, out=args.out)
+    cfg = RecallBenchConfig(parts=tuple(args.parts), train=not args.collect, compile=args.compile, out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {"steps": "steps", "seeds": "seeds", "variants": "state_variants", "lr": "lr"})
     payload = run(cfg)

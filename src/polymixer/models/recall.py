@@ -5,7 +5,8 @@ Pattern letters: ``A`` causal attention, ``L`` sliding-window attention, ``P`` P
 ``I`` linear attention (identity feature map), ``B`` Based (linear attention with the 2nd-order Taylor map). Each
 mixer's recurrent state per layer and sequence (:meth:`RecallLM.state_floats`) is the x-axis of the benchmark:
 ``2·L·d`` for attention's KV cache, ``2·window·d`` for a sliding window, D for PoM, D·dv/H (+ D + dv for the token
-shift) for the value-carrying PoM, f·dv for linear attention, and (1 + f + f²)·(dv + H) for Based.
+shift) for the value-carrying PoM, f·dv for linear attention, and (1 + f + f²)·(dv + H) for Based (+ H·f + dv with
+``token_shift``, the previous token's keys and values).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class RecallConfig:
     value_dim: int = 64  # V, I and B layers: dv
     value_heads: int = 1  # V, I and B layers: the heads splitting D (or f) and dv
     feature_dim: int = 16  # I and B layers: f per head
+    token_shift: bool = False  # I and B layers: the value PoM's causal token shift on keys and values
+    rope: bool = False  # A and L layers: rotary positions on queries and keys (on top of the learned positions)
     mlp_ratio: float = 4.0
 
     def __post_init__(self) -> None:
@@ -50,6 +53,9 @@ class RecallConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        for name in ("token_shift", "rope"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self.layer_pattern()
 
     def layer_pattern(self) -> str:
@@ -76,16 +82,17 @@ class RecallLM(nn.Module):
     def build_mixer(self, letter: str) -> nn.Module:
         c = self.config
         if letter == "A":
-            return build_mixer("attention", c.d_model, heads=c.heads, causal=True)
+            return build_mixer("attention", c.d_model, heads=c.heads, causal=True, rope="1d" if c.rope else None)
         if letter == "L":
-            return build_mixer("local_attention", c.d_model, heads=c.heads, window=c.window)
+            return build_mixer("local_attention", c.d_model, heads=c.heads, window=c.window,
+                               rope="1d" if c.rope else None)
         if letter == "P":
             return PoM(c.d_model, degree=c.degree, expand=c.expand)
         if letter == "V":
             return PoM(c.d_model, degree=c.degree, expand=c.expand, value_dim=c.value_dim, heads=c.value_heads)
         if letter in "IB":
             return LinearAttention(c.d_model, heads=c.value_heads, feature_dim=c.feature_dim, value_dim=c.value_dim,
-                                   feature_map="identity" if letter == "I" else "taylor")
+                                   feature_map="identity" if letter == "I" else "taylor", token_shift=c.token_shift)
         raise ValueError(f"unknown layer letter {letter!r}: use {', '.join(LETTERS)}")
 
     def state_floats(self) -> int:
