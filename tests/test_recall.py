@@ -155,6 +155,7 @@ def test_bench_recall_on_a_toy(tmp_path):
     more = replace(cfg, seeds=(0, 1, 2), train=False, compile=True)  # --collect: seed 2 was never trained, so it
     # is left out; compiling changes nothing in what a run is
     rows = run(more, progress=False)["state"]["rows"]
-    assert all(r["seeds"] == 2 for r in rows) and not (tmp_path / "quality" / "recall" / "pom-L16-K2-s2-3steps-lr0.001").exists()
+    assert all(r["seeds"] == 2 for r in rows)
+    assert not (tmp_path / "quality" / "recall" / "pom-L16-K2-s2-3steps-lr0.001").exists()
     assert json.loads((tmp_path / "recall.json").read_text())["state"]["rows"]
     assert (tmp_path / "recall.png").is_file() and "state floats / layer" in report(payload)
