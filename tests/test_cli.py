@@ -11,10 +11,12 @@ from polymixer.cli import main
 def test_bench_mixer_small_sweep(tmp_path, capsys):
     out = tmp_path / "bench"
     rc = main(["bench", "mixer", "--dim", "32", "--heads", "4", "--tokens", "256", "--lengths", "64", "128",
-               "--pom-lengths", "512", "--repeats", "2", "--no-compile", "--out", str(out)])
+               "--pom-lengths", "512", "--repeats", "2", "--no-compile", "--value-dim", "32", "--value-heads", "2",
+               "--out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "crossover" in text and "pom full" in text and "sdpa causal" in text
+    assert "value pom causal ÷ its matrix-product floor" in text
     payload = json.loads((out / "mixer.json").read_text())
     assert (out / "mixer.png").stat().st_size > 10_000
     mixers = {(r["N"], r["mixer"]) for r in payload["rows"]}
@@ -23,6 +25,15 @@ def test_bench_mixer_small_sweep(tmp_path, capsys):
         assert r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0 and r["fwd_peak_mb"] is not None
         assert r["batch"] * r["N"] >= 256
     assert payload["summary"]["predicted_crossover"] == predicted_crossover(32, 64, 2)
+    assert (512, "value pom causal") in mixers and (512, "value pom matmuls (floor)") in mixers
+    before = {(r["N"], r["mixer"]): r["fwd_ms"] for r in payload["rows"]}
+    # timing one mixer again keeps the other mixers' rows
+    assert main(["bench", "mixer", "--dim", "32", "--tokens", "256", "--lengths", "64", "128", "--pom-lengths", "512",
+                 "--repeats", "1", "--no-compile", "--value-dim", "32", "--value-heads", "2", "--mixers", "value_pom",
+                 "--out", str(out)]) == 0
+    after = {(r["N"], r["mixer"]): r["fwd_ms"] for r in json.loads((out / "mixer.json").read_text())["rows"]}
+    assert after.keys() == before.keys()
+    assert all(after[k] == v for k, v in before.items() if not k[1].startswith("value pom"))
 
 
 def test_predicted_crossover_is_d_plus_3_for_defaults():

@@ -3,11 +3,17 @@
 Every configuration mixes the same number of tokens (batch = budget / N), so a linear-time mixer draws a flat line
 and attention a rising one — the paper's Figure 1a, measured on this machine. Timings are interleaved round-robin
 with warm-up and the median of several repeats; ratios are taken within one run.
+
+Each PoM is also timed against its own floor, its matrix products alone: for PoM the two projections, for the
+value-carrying PoM (causal, ``value_dim`` × ``value_heads``) the projections and the chunked state products of
+:func:`polymixer.values.value_mix` on the raw projections (no polynomial, shift, norm or gate). ``--mixers`` runs a
+subset and keeps the rows of the others from the earlier ``mixer.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import Attention, PoM
+from ..values import value_mix
 from .common import (apply_overrides, format_table, machine, new_figure, peak_memory_mb, save_figure, time_interleaved,
                      write_json)
 
@@ -37,6 +44,9 @@ class MixerBenchConfig:
     compile: bool = True
     backward: bool = True
     naive_max_gb: float = 2.5  # skip naive attention when its N×N score tensors would exceed this
+    value_dim: int = 512  # the value-carrying PoM: dv, split over value_heads (state D·dv/H per head... and layer)
+    value_heads: int = 8
+    mixers: Tuple[str, ...] = ("pom", "value_pom", "attention")
     seed: int = 0
     out: str = "runs/bench/mixer"
     extra: Dict[str, Any] = field(default_factory=dict)
@@ -69,20 +79,39 @@ class _NaiveAttention(torch.nn.Module):
         return a._merge(torch.softmax(s, dim=-1) @ v)
 
 
-def _configs(cfg: MixerBenchConfig, N: int, B: int, pom: PoM, pom_c: Optional[torch.nn.Module], att: Attention,
-             naive: _NaiveAttention) -> Dict[str, Tuple[Callable[[torch.Tensor], torch.Tensor], bool]]:
+def _value_floor(vpom: PoM, x: torch.Tensor) -> torch.Tensor:
+    """The value-carrying PoM's matrix products alone: the stacked projection, the causal chunked state products on
+    the raw key / value / query slices, and W_o."""
+    D, dv, H = vpom.poly_dim, vpom.value_dim, vpom.heads
+    B, N, _ = x.shape
+    z = F.linear(x, vpom.in_proj.weight)
+    heads = lambda t: t.reshape(B, N, H, -1).transpose(1, 2)  # noqa: E731
+    k, v, q = heads(z[..., :D]), heads(z[..., D:D + dv]), heads(z[..., D + dv:2 * D + dv])
+    o = value_mix(q, k, v, x.new_ones(B, N), causal=True, chunk=vpom.chunk_size)[0]
+    return F.linear(o.transpose(1, 2).reshape(B, N, dv), vpom.out_proj.weight)
+
+
+def _configs(cfg: MixerBenchConfig, N: int, B: int, pom: PoM, pom_c: Optional[torch.nn.Module], vpom: PoM,
+             vpom_c: Optional[torch.nn.Module], att: Attention, naive: _NaiveAttention
+             ) -> Dict[str, Tuple[Callable[[torch.Tensor], torch.Tensor], bool]]:
     """name → (forward function of x, allowed with backward)."""
     D = pom.poly_dim
     w_in, w_out = pom.in_proj.weight, pom.out_proj.weight
     out: Dict[str, Tuple[Callable, bool]] = {}
-    # PoM's own matrix products alone — its floor: x → [W_h x; W_s x] (d → D + Ds), then (B, N, D) → d
-    out["pom matmuls (floor)"] = (lambda x: F.linear(F.linear(x, w_in)[..., :D], w_out), True)
-    out["pom full"] = (lambda x: pom(x), True)
-    out["pom causal"] = (lambda x: pom(x, causal=True), True)
-    if pom_c is not None:
-        out["pom full compiled"] = (lambda x: pom_c(x), True)
-        out["pom causal compiled"] = (lambda x: pom_c(x, causal=True), True)
-    if N in cfg.lengths:
+    if "pom" in cfg.mixers:
+        # PoM's own matrix products alone — its floor: x → [W_h x; W_s x] (d → D + Ds), then (B, N, D) → d
+        out["pom matmuls (floor)"] = (lambda x: F.linear(F.linear(x, w_in)[..., :D], w_out), True)
+        out["pom full"] = (lambda x: pom(x), True)
+        out["pom causal"] = (lambda x: pom(x, causal=True), True)
+        if pom_c is not None:
+            out["pom full compiled"] = (lambda x: pom_c(x), True)
+            out["pom causal compiled"] = (lambda x: pom_c(x, causal=True), True)
+    if "value_pom" in cfg.mixers:
+        out["value pom matmuls (floor)"] = (lambda x: _value_floor(vpom, x), True)
+        out["value pom causal"] = (lambda x: vpom(x, causal=True), True)
+        if vpom_c is not None:
+            out["value pom causal compiled"] = (lambda x: vpom_c(x, causal=True), True)
+    if N in cfg.lengths and "attention" in cfg.mixers:
         out["sdpa full"] = (lambda x: att(x), True)
         out["sdpa causal"] = (lambda x: att(x, causal=True), True)
         score_gb = B * cfg.heads * N * N * 4 / 1e9
@@ -99,9 +128,10 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
     torch.manual_seed(cfg.seed)
     d = cfg.dim
     pom = PoM(d, degree=cfg.degree, expand=cfg.expand)
+    vpom = PoM(d, degree=cfg.degree, expand=cfg.expand, value_dim=cfg.value_dim, heads=cfg.value_heads)
     att = Attention(d, heads=cfg.heads)
     naive = _NaiveAttention(att)
-    for p in list(pom.parameters()) + list(att.parameters()):
+    for p in list(pom.parameters()) + list(vpom.parameters()) + list(att.parameters()):
         p.requires_grad_(True)
     lengths = sorted(set(cfg.lengths) | set(cfg.pom_lengths))
 
@@ -109,18 +139,19 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
     for N in lengths:
         B = max(1, cfg.tokens // N)
         plans.append((N, B))
-    n_configs = lambda N: 7 + (2 if cfg.compile else 0)  # noqa: E731  (upper bound, for the progress bar)
+    n_configs = lambda N: 9 + (3 if cfg.compile else 0)  # noqa: E731  (upper bound, for the progress bar)
     total = sum(n_configs(N) * (cfg.repeats + cfg.warmup) * (2 if cfg.backward else 1) for N, _ in plans)
     bar = tqdm(total=total, disable=not progress, desc="bench mixer", unit="call", dynamic_ncols=True)
 
     rows: List[Dict[str, Any]] = []
     for N, B in plans:
-        pom_c = None
+        pom_c = vpom_c = None
         if cfg.compile:
             torch._dynamo.reset()  # fresh static graphs for every shape: the best case, and no recompile limit
             pom_c = torch.compile(pom, fullgraph=True, dynamic=False)
+            vpom_c = torch.compile(vpom, fullgraph=True, dynamic=False)
         x = torch.randn(B, N, d)
-        configs = _configs(cfg, N, B, pom, pom_c, att, naive)
+        configs = _configs(cfg, N, B, pom, pom_c, vpom, vpom_c, att, naive)
 
         def tick(name: str) -> None:
             bar.set_postfix_str(f"N={N} {name}")
@@ -135,7 +166,7 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
         mem_bwd: Dict[str, Optional[float]] = {}
         if cfg.backward:
             xg = x.clone().requires_grad_(True)
-            params = list(pom.parameters()) + list(att.parameters())
+            params = list(pom.parameters()) + list(vpom.parameters()) + list(att.parameters())
 
             def train_step(f: Callable) -> Callable[[], None]:
                 def step() -> None:
@@ -149,9 +180,10 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
             t_bwd = time_interleaved(bwd, warmup=cfg.warmup + (1 if cfg.compile else 0), repeats=cfg.repeats,
                                      on_sample=tick)
             mem_bwd = {k: peak_memory_mb(f) for k, f in bwd.items()}
-        floor = t_fwd["pom matmuls (floor)"].median
-        floor_b = t_bwd["pom matmuls (floor)"].median if cfg.backward else None
         for k in configs:
+            base = "value pom matmuls (floor)" if k.startswith("value pom") else "pom matmuls (floor)"
+            floor = t_fwd[base].median if base in t_fwd else float("nan")
+            floor_b = t_bwd[base].median if base in t_bwd else float("nan")
             tf = t_fwd[k].median
             tb = t_bwd[k].median if k in t_bwd else None
             rows.append({
@@ -165,11 +197,22 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
         bar.total = bar.n + sum(n_configs(n) * (cfg.repeats + cfg.warmup) * (2 if cfg.backward else 1)
                                 for n, _ in plans if n > N)
     bar.close()
-    payload = {"config": asdict(cfg), "machine": machine(), "rows": rows, "summary": summarize(cfg, rows)}
     out = Path(cfg.out)
+    if set(cfg.mixers) != {"pom", "value_pom", "attention"} and (out / "mixer.json").is_file():
+        kept = [r for r in json.loads((out / "mixer.json").read_text()).get("rows", []) if _owner(r["mixer"])
+                not in cfg.mixers]  # the rows of mixers not run again
+        rows = sorted(kept + rows, key=lambda r: r["N"])
+    payload = {"config": asdict(cfg), "machine": machine(), "rows": rows, "summary": summarize(cfg, rows)}
     write_json(out / "mixer.json", payload)
     plot(payload, out / "mixer.png")
     return payload
+
+
+def _owner(name: str) -> str:
+    """The mixer a row belongs to: "pom", "value_pom" or "attention"."""
+    if name.startswith("value pom"):
+        return "value_pom"
+    return "pom" if name.startswith("pom") else "attention"
 
 
 def _lookup(rows: List[Dict[str, Any]], N: int, mixer: str, key: str) -> Optional[float]:
@@ -206,8 +249,13 @@ def summarize(cfg: MixerBenchConfig, rows: List[Dict[str, Any]]) -> Dict[str, An
         speedups = {}
         for n in sorted({r["N"] for r in rows if r["mixer"] == f"sdpa {mode}"}):
             p, a = _lookup(rows, n, f"pom {mode}", "fwd_ms"), _lookup(rows, n, f"sdpa {mode}", "fwd_ms")
-            speedups[n] = a / p
+            if p is not None and a is not None:
+                speedups[n] = a / p
         s[f"sdpa/pom {mode} speedup by N"] = speedups
+    for variant in ("", " compiled"):
+        key = f"value pom causal{variant}"
+        s[f"{key} / floor by N"] = {r["N"]: (r["fwd_vs_floor"], r["fwdbwd_vs_floor"]) for r in rows
+                                    if r["mixer"] == key}
     return s
 
 
@@ -232,6 +280,12 @@ def report(payload: Dict[str, Any]) -> str:
     for name, v, target in checks:
         if v is not None:
             lines.append(f"{name}: {v:.3f}  (target ≤ {target}: {'met' if v <= target else 'MISSED'})")
+    for variant in ("", " compiled"):
+        by_n = {int(k): v for k, v in s.get(f"value pom causal{variant} / floor by N", {}).items()}
+        if by_n:
+            txt = ", ".join(f"{n}: {f:.2f} / {b:.2f}" if b is not None else f"{n}: {f:.2f}"
+                            for n, (f, b) in sorted(by_n.items()))
+            lines.append(f"value pom causal{variant} ÷ its matrix-product floor (fwd / fwd+bwd) by N: {txt}")
     for mode in ("full", "causal"):
         sp = {int(k): v for k, v in s[f"sdpa/pom {mode} speedup by N"].items()}
         if sp:
@@ -293,6 +347,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile columns")
     p.add_argument("--no-backward", action="store_true", help="time the forward pass only")
     p.add_argument("--naive-max-gb", type=float, default=d.naive_max_gb)
+    p.add_argument("--mixers", nargs="+", choices=["pom", "value_pom", "attention"], default=None,
+                   help="mixers to time (default all); the rows of the others are kept from the earlier mixer.json")
+    p.add_argument("--value-dim", type=int, default=d.value_dim, help="value-carrying PoM: dv")
+    p.add_argument("--value-heads", type=int, default=d.value_heads, help="value-carrying PoM: heads")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--out", default=d.out, help="folder for mixer.json and mixer.png")
 
@@ -301,9 +359,9 @@ def main(args: argparse.Namespace) -> int:
     cfg = MixerBenchConfig(dim=args.dim, expand=int(args.expand) if float(args.expand).is_integer() else args.expand,
                            degree=args.degree, heads=args.heads, tokens=args.tokens, compile=not args.no_compile,
                            backward=not args.no_backward, naive_max_gb=args.naive_max_gb, seed=args.seed,
-                           out=args.out)
+                           value_dim=args.value_dim, value_heads=args.value_heads, out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
-                    {name: name for name in ("lengths", "pom_lengths", "repeats", "warmup")})
+                    {name: name for name in ("lengths", "pom_lengths", "repeats", "warmup", "mixers")})
     if any(n < 1 for n in cfg.lengths + cfg.pom_lengths) or cfg.tokens < 1 or cfg.repeats < 1:
         raise ValueError("lengths, tokens and repeats must be positive")
     payload = run(cfg)
