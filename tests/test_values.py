@@ -125,6 +125,33 @@ def test_padded_equals_packed_equals_per_sequence(causal):
                          positions=torch.cat([torch.arange(n) for n in lens])))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_short_sequences_with_key_padding(causal):
+    # causal packing mixes in place (chunks straddle sequences, the state restarts); a key mask applies as well
+    m = vpom(chunk_size=4, rope="1d")
+    lens = [3, 1, 9, 2, 7, 5, 1, 1, 4]
+    T = sum(lens)
+    x = torch.randn(1, T, 8, dtype=f64)
+    km = torch.rand(1, T) > 0.3
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    packed = m(x, cu_seqlens=cu, mask=km, causal=causal)
+    parts = [m(x[:, a:b], mask=km[:, a:b], causal=causal) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
+    close(packed, torch.cat(parts, 1))
+
+
+def test_packed_causal_gradcheck():
+    torch.manual_seed(2)
+    m = vpom(dim=4, value_dim=4, heads=2, degree=2, expand=2, rope="1d")
+    x = torch.randn(1, 9, 4, dtype=f64, requires_grad=True)
+    cu = torch.tensor([0, 2, 3, 7, 9], dtype=torch.int32)
+    params = [m.in_proj.weight, m.coeff, m.coeff_q, m.shift]
+
+    def f(x, w, c, cq, sh):
+        return value_pom(x, None, w, m.gate_bias, c, cq, sh, m.norm_weight, m.out_proj.weight, m.out_proj.bias,
+                         heads=2, rope="1d", chunk=2, gate="sigmoid", causal=True, cu_seqlens=cu)
+    assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-5)
+
+
 def test_packed_cross_mixing_equals_per_sequence():
     m = vpom()
     lq, lk = [4, 9], [7, 3]
@@ -202,7 +229,9 @@ def test_gradcheck():
 
 
 @pytest.mark.parametrize("kw", [dict(causal=True), dict(causal=True, block_size=64), dict(),
-                                dict(causal=True, cu_seqlens=True)], ids=["causal", "block", "full", "packed"])
+                                dict(causal=True, cu_seqlens=[0, 100, 1500, 2048]),
+                                dict(causal=True, cu_seqlens=[0, 1500, *range(1501, 2049)])],
+                         ids=["causal", "block", "full", "packed", "packed-short"])
 def test_nothing_quadratic(kw):
     """No N × N tensor, forward or backward: the chunked form's largest tensors are (chunk × chunk) per chunk."""
     from test_functional import _Largest
@@ -211,11 +240,11 @@ def test_nothing_quadratic(kw):
     m = PoM(16, value_dim=16, heads=2)
     x = torch.randn(B, N, 16, requires_grad=True)
     kw = dict(kw)
-    if kw.get("cu_seqlens"):
-        kw["cu_seqlens"] = torch.tensor([0, 100, 1500, N], dtype=torch.int32)
+    if kw.get("cu_seqlens"):  # causal packing never pads (548 one-token documents beside one of 1,500)
+        kw["cu_seqlens"] = torch.tensor(kw["cu_seqlens"], dtype=torch.int32)
     with _Largest() as rec:
         m(x, **kw).sum().backward()
-    assert rec.largest <= 3 * N * m.chunk_size * m.heads < N * N, rec.shape  # packing pads: S × L_max ≤ 1.4 N
+    assert rec.largest <= 3 * N * m.chunk_size * m.heads < N * N, rec.shape
 
 
 def test_compiled_equals_eager():

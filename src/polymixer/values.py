@@ -13,8 +13,9 @@ into ``heads`` heads of D_h = D/H and dv_h = dv/H channels:
 
 PoM's vector state is the special case where every token carries the same value. The cost is O(N·D·dv/H) for the
 state form. Causal and block-causal mixing use the chunked form: quadratic inside a chunk of C tokens, with the state
-carried between chunks, O(N·C·D + N·D·dv/H), and never an N × N tensor. Only an explicit (B, M, N) mask is
-quadratic, as in PoM.
+carried between chunks, O(N·C·D + N·D·dv/H), and never an N × N tensor. Packed causal sequences (``cu_seqlens``,
+LM packing) mix in place, the state restarting at each sequence's first token; other packed modes pad one row per
+sequence. Only an explicit (B, M, N) mask is quadratic, as in PoM.
 """
 
 from __future__ import annotations
@@ -27,22 +28,25 @@ from torch import Tensor
 
 from . import functional as Fn
 
-__all__ = ["value_pom", "value_pom_step", "value_mix", "token_shift", "CHUNK"]
+__all__ = ["value_pom", "value_pom_step", "value_mix", "packed_causal_mix", "token_shift", "CHUNK"]
 
 CHUNK = 64  # tokens per chunk of the causal form: the quadratic part is C / (dv/H) of the state part's work
 EPS = 1e-6
 
 
-def token_shift(z: Tensor, weight: Tensor, key_mask: Optional[Tensor] = None, prev: Optional[Tensor] = None
-                ) -> Tuple[Tensor, Tensor]:
+def token_shift(z: Tensor, weight: Tensor, key_mask: Optional[Tensor] = None, prev: Optional[Tensor] = None,
+                starts: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """``weight[0] ⊙ z_j + weight[1] ⊙ z_{j−1}`` along the tokens of (B, N, C) ``z``.
 
     The token before the first is ``prev`` (B, C) (a stream's last token) or zero; a masked token (``key_mask``
-    False) counts as zero. Returns the mixed tensor and the last token's (masked) projection: the stream state.
+    False) counts as zero, and so does the token before a sequence's first (``starts`` (B, N) True, packed
+    sequences). Returns the mixed tensor and the last token's (masked) projection: the stream state.
     """
     zm = z if key_mask is None else z * key_mask.unsqueeze(-1).to(z.dtype)
     first = torch.zeros_like(zm[:, :1]) if prev is None else prev.unsqueeze(1).to(zm.dtype)
     before = torch.cat([first, zm[:, :-1]], dim=1)
+    if starts is not None:
+        before = before * (~starts).unsqueeze(-1).to(before.dtype)
     return weight[0] * z + weight[1] * before, zm[:, -1]
 
 
@@ -153,6 +157,51 @@ def value_mix(
     return o, cnt, final_state, final_count
 
 
+def packed_causal_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, seg: Tensor, starts: Tensor, chunk: int = CHUNK
+                      ) -> Tuple[Tensor, Tensor]:
+    """Causal :func:`value_mix` over packed sequences, without padding them to one length.
+
+    Args:
+        q, k, v: (1, H, T, ·) features of the packed stream (k already zero where ``w`` is 0); w: (1, T) key weights;
+            seg: (T,) the sequence of each token; starts: (T,) bool, True at each sequence's first token.
+
+    Chunks of C tokens run over the stream as it is. Inside a chunk the quadratic part also requires the same
+    sequence; between chunks the carried state restarts wherever a sequence starts: the state entering chunk c+1 is
+    a_c·S_c + T_c, with T_c the chunk's contribution from its last sequence and a_c = 0 when a sequence starts in
+    chunk c. That segmented prefix sum is a float64 cumulative sum less its value before the last restart (exact to
+    float64 rounding). O(T·C·D + T·D·dv/H). Returns (o (1, H, T, dv_h) unnormalised, counts (1, T)).
+    """
+    _, H, T, Dh = q.shape
+    C = chunk
+    L = -(-T // C) * C
+    qp, kp, vp = _pad_tokens(q, L, 2), _pad_tokens(k, L, 2), _pad_tokens(v, L, 2)
+    nc = L // C
+    segp = torch.cat([seg, seg.new_full((L - T,), -1)]).view(nc, C)  # padding: a sequence of its own
+    stp = torch.cat([starts, starts.new_ones(L - T)]).view(nc, C)
+    qc, kc, vc = (t.reshape(1, H, nc, C, t.shape[-1]) for t in (qp, kp, vp))
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    same = (segp.unsqueeze(2) == segp.unsqueeze(1)) & causal  # (nc, C queries, C keys)
+    scores = torch.einsum("bhctd,bhcsd->bhcts", qc, kc) * same.to(q.dtype)
+    o = torch.einsum("bhcts,bhcse->bhcte", scores, vc)
+    if nc > 1:
+        tail = (segp == segp[:, -1:]).to(q.dtype)  # the tokens of each chunk's last sequence
+        Tc = torch.einsum("bhctd,bhcte->bhcde", kc * tail[None, None, :, :, None], vc)
+        keep = (segp[:, 0] == segp[:, -1]) & ~stp[:, 0]  # a_c: no sequence starts inside chunk c
+        idx = torch.arange(nc, device=q.device)
+        last_restart = torch.cummax(torch.where(keep, -1, idx), dim=0).values.clamp(min=0)
+        P = torch.cumsum(Tc.to(torch.float64), dim=2)
+        before = torch.cat([torch.zeros_like(P[:, :, :1]), P[:, :, :-1]], dim=2)
+        after = (P - before[:, :, last_restart]).to(q.dtype)  # the state after chunk c, of its last sequence
+        state_in = torch.cat([torch.zeros_like(after[:, :, :1]), after[:, :, :-1]], dim=2)
+        open_seq = (torch.cumsum(stp.to(torch.int32), dim=1) == 0).to(q.dtype)  # no start in [cC, i]
+        o = o + torch.einsum("bhctd,bhcde->bhcte", qc * open_seq[None, None, :, :, None], state_in)
+    o = o.reshape(1, H, L, -1)[:, :, :T]
+    cw = torch.cumsum(w[0].to(torch.float64), dim=0)  # visible tokens: those of the sequence up to i
+    first = torch.cummax(torch.where(starts, torch.arange(T, device=q.device), 0), dim=0).values
+    cnt = cw - (cw - w[0].to(torch.float64))[first]
+    return o, cnt.to(q.dtype).unsqueeze(0)
+
+
 def _output(o: Tensor, cnt: Tensor, zs: Tensor, gate_bias: Tensor, norm_weight: Tensor, out_weight: Tensor,
             out_bias: Optional[Tensor], reduction: str, gate: Fn.ActivationLike) -> Tensor:
     """(B, H, M, dv_h) sums → mean (or sum) → RMSNorm per head with gain → gate → W_o: (B, M, d)."""
@@ -180,7 +229,8 @@ def _check_layout(in_weight: Tensor, coeff: Tensor, coeff_q: Tensor, out_weight:
 
 def _features(ctx: Tensor, x: Tensor, in_weight: Tensor, coeff: Tensor, coeff_q: Tensor, dv: int,
               shift: Optional[Tensor], key_mask: Optional[Tensor], prev: Optional[Tensor], self_mix: bool,
-              activation: Fn.ActivationLike) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+              activation: Fn.ActivationLike, starts: Optional[Tensor] = None
+              ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(φ (B, N, D), v (B, N, dv), ψ (B, M, D), z_s (B, M, Ds), the last key/value projection (B, D + dv)).
 
     Self-mixing does one matrix product for all four projections."""
@@ -191,7 +241,7 @@ def _features(ctx: Tensor, x: Tensor, in_weight: Tensor, coeff: Tensor, coeff_q:
     else:
         zkv, zq = F.linear(ctx, in_weight[:D + dv]), F.linear(x, in_weight[D + dv:])
     if shift is not None:
-        zkv, last = token_shift(zkv, shift, key_mask, prev)
+        zkv, last = token_shift(zkv, shift, key_mask, prev, starts)
     else:
         last = zkv[:, -1] if key_mask is None else zkv[:, -1] * key_mask[:, -1:].to(zkv.dtype)
     phi = Fn.poly_features(zkv[..., :D], coeff, activation)
@@ -290,10 +340,15 @@ def value_pom(
     weights = (in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight, out_bias)
     two_d = rope == "2d"
 
-    if cu_k is not None:  # packed: one row per sequence, the same computation, and back
+    if cu_k is not None and self_mix and causal and block_size is None:  # packed causal (LM packing): in place
+        return _packed_causal(x, weights, cu_k, key_mask, positions, dv, heads, activation, gate, reduction, rope,
+                              rope_base, chunk, squeeze)
+    if cu_k is not None:  # other packed modes: one row per sequence, the same computation, and back
         cq = cu_k if cu_q is None else cu_q
         xs, valid_q = _unpack(x, cq)
         cs, valid_k = (xs, valid_q) if self_mix else _unpack(context, cu_k)
+        if key_mask is not None:  # a (1, T) key padding mask of the packed stream applies as well
+            valid_k = valid_k & _unpack(key_mask.unsqueeze(-1), cu_k)[0].squeeze(-1)
         pos = cpos = None
         if rope is not None:
             if positions is not None:
@@ -321,6 +376,33 @@ def value_pom(
         k = _rotate_heads(k, _positions(context_positions, B, N, two_d, kname, x.device), rope_base, two_d)
         q = _rotate_heads(q, _positions(positions, B, M, two_d, "positions", x.device), rope_base, two_d)
     o, cnt, _, _ = value_mix(q, k, vh, w, causal=causal, block_size=block_size, mask=general, chunk=chunk)
+    y = _output(o, cnt, zs, gate_bias, norm_weight, out_weight, out_bias, reduction, gate)
+    return y.squeeze(0) if squeeze else y
+
+
+def _packed_causal(x: Tensor, weights: Tuple, cu: Tensor, key_mask: Optional[Tensor], positions: Optional[Tensor],
+                   dv: int, heads: int, activation: Fn.ActivationLike, gate: Fn.ActivationLike, reduction: str,
+                   rope: Optional[str], rope_base: float, chunk: int, squeeze: bool) -> Tensor:
+    """Causal self-mixing of packed sequences (1, T, d) by :func:`packed_causal_mix`: no padding, the token shift and
+    the state restart at each sequence's first token, and default rotary positions count within each sequence."""
+    in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight, out_bias = weights
+    T = x.shape[1]
+    cu64 = cu.to(torch.int64)
+    starts = torch.zeros(T, dtype=torch.bool, device=x.device)
+    starts[cu64[:-1]] = True  # the first token of every sequence (cu_seqlens holds no empty one)
+    seg = torch.cumsum(starts.to(torch.int64), 0) - 1
+    phi, v, psi, zs, _ = _features(x, x, in_weight, coeff, coeff_q, dv, shift_weight, key_mask, None, True,
+                                   activation, starts.unsqueeze(0))
+    w = key_mask.to(phi.dtype) if key_mask is not None else phi.new_ones(1, T)
+    k, q, vh = _heads(phi * w.unsqueeze(-1), heads), _heads(psi, heads), _heads(v, heads)
+    if rope is not None:
+        two_d = rope == "2d"
+        if positions is None and not two_d:
+            ar = torch.arange(T, device=x.device)
+            positions = (ar - torch.cummax(torch.where(starts, ar, 0), dim=0).values).unsqueeze(0)
+        pos = _positions(positions, 1, T, two_d, "positions", x.device)
+        k, q = _rotate_heads(k, pos, rope_base, two_d), _rotate_heads(q, pos, rope_base, two_d)
+    o, cnt = packed_causal_mix(q, k, vh, w, seg, starts, chunk)
     y = _output(o, cnt, zs, gate_bias, norm_weight, out_weight, out_bias, reduction, gate)
     return y.squeeze(0) if squeeze else y
 
