@@ -68,6 +68,15 @@ def test_bench_lm_timing_parts(tmp_path, capsys):
     text = report(payload)
     assert "pom per-token time at 48 vs 16" in text and "forward throughput" in text
     assert (tmp_path / "lm.json").is_file() and (tmp_path / "lm.png").stat().st_size > 10_000
+    # timing some kinds again keeps the others' rows; attention, the baseline of the ratios, is always re-timed
+    from dataclasses import replace
+
+    again = run(replace(cfg, kinds=("vpom",)), progress=False)
+    old = {(r["N"], r["model"]): r["ms"] for r in rows}
+    new = {(r["N"], r["model"]): r["ms"] for r in again["throughput"]["rows"]}
+    assert new.keys() == old.keys() and all(new[k] == v for k, v in old.items() if k[1] in ("pom", "hybrid"))
+    assert {r["model"] for r in again["decode"]["rows"]} == set(kinds)
+    assert [r["state_mb"] for r in again["decode"]["rows"] if r["model"] == "pom"] == [r["state_mb"] for r in pom]
 
 
 def test_bench_image_both_parts(tmp_path):

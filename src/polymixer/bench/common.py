@@ -183,7 +183,8 @@ def run_parts(cfg: Any, path: Path, parts: Dict[str, Callable[[Any, bool], Dict[
     payload: Dict[str, Any] = {"config": asdict(cfg), "machine": machine()}
     if path.is_file():
         old = json.loads(path.read_text())
-        payload.update({name: old[name] for name in parts if name not in cfg.parts and name in old})
+        # every earlier part stays until this run replaces it (a part may read its own earlier rows to keep some)
+        payload.update({name: old[name] for name in parts if name in old})
     for name, fn in parts.items():
         if name in cfg.parts:
             result = {**fn(cfg, progress), "machine": machine(), "config": asdict(cfg)}

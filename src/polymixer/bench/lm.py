@@ -59,16 +59,26 @@ QUICK = dict(throughput_lengths=(1024, 4096), tokens=8192, repeats=2, decode_con
 
 def _model(cfg: LMBenchConfig, kind: str) -> torch.nn.Module:
     m = create_model("tiny-" + kind, n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, window=cfg.window,
-                     sel_heads=cfg.n_head, position="rope", block_size=max(cfg.decode_contexts + cfg.throughput_lengths))
+                     sel_heads=cfg.n_head, position="rope",
+                     block_size=max(cfg.decode_contexts + cfg.throughput_lengths))
     return m.eval()
 
 
+def _earlier_rows(cfg: LMBenchConfig, part: str, run: Tuple[str, ...]) -> List[Dict[str, Any]]:
+    """The rows of ``part`` in the earlier lm.json whose model this run does not measure again (kept)."""
+    path = Path(cfg.out) / "lm.json"
+    earlier = json.loads(path.read_text()).get(part, {}).get("rows", []) if path.is_file() else []
+    return [r for r in earlier if r["model"] not in run]
+
+
 def run_throughput(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    """Forward tokens/s at each length for a fixed token budget (batch = budget / length)."""
+    """Forward tokens/s at each length for a fixed token budget (batch = budget / length). Attention, the
+    baseline of the ratios, is always timed in the same run; other kinds not given keep their earlier rows."""
     from tqdm.auto import tqdm
 
     torch.manual_seed(cfg.seed)
-    models = {k: _model(cfg, k) for k in cfg.kinds}
+    kinds = tuple(dict.fromkeys(("attention",) + tuple(cfg.kinds)))
+    models = {k: _model(cfg, k) for k in kinds}
     rows = []
     bar = tqdm(total=len(cfg.throughput_lengths) * len(models) * (cfg.repeats + 1), disable=not progress,
                desc="bench lm throughput", unit="call")
@@ -88,8 +98,12 @@ def run_throughput(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
         for r in rows:
             if r["N"] == n:
                 r["vs_attention"] = r["ktok_s"] / att["ktok_s"]
+    kept = [r for r in _earlier_rows(cfg, "throughput", kinds) if r["N"] in cfg.throughput_lengths]
     params = {k: count_parameters(m) for k, m in models.items()}
-    return {"rows": rows, "params": params}
+    path = Path(cfg.out) / "lm.json"
+    if kept and path.is_file():
+        params = {**json.loads(path.read_text())["throughput"].get("params", {}), **params}
+    return {"rows": sorted(kept + rows, key=lambda r: r["N"]), "params": params}
 
 
 def _decode_rows(cfg: LMBenchConfig, models: Dict[str, Any], contexts: Tuple[int, ...], prefill: Any, step: Any,
@@ -135,7 +149,8 @@ def run_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     models = {k: _model(cfg, k) for k in cfg.kinds}
     rows = _decode_rows(cfg, models, cfg.decode_contexts, lambda m, p: m.step(p, m.init_state(1))[1],
                         lambda m, t, s: m.step(t, s)[1], lambda s: s.memory_bytes, progress, "bench lm decode")
-    return {"rows": rows}
+    kept = [r for r in _earlier_rows(cfg, "decode", tuple(cfg.kinds)) if r["context"] in cfg.decode_contexts]
+    return {"rows": sorted(kept + rows, key=lambda r: r["context"])}
 
 
 @torch.no_grad()
