@@ -26,6 +26,9 @@ def test_bench_mixer_small_sweep(tmp_path, capsys):
         assert r["batch"] * r["N"] >= 256
     assert payload["summary"]["predicted_crossover"] == predicted_crossover(32, 64, 2)
     assert (512, "value pom causal") in mixers and (512, "value pom matmuls (floor)") in mixers
+    packed = {(r["layout"], r["mode"]) for r in payload["packed"]}
+    assert ("1 × 1024 + 64 × 16", "padded batch") in packed and ("16 × 128", "in place") in packed
+    assert "packed causal sequences" in text
     before = {(r["N"], r["mixer"]): r["fwd_ms"] for r in payload["rows"]}
     # timing one mixer again keeps the other mixers' rows
     assert main(["bench", "mixer", "--dim", "32", "--tokens", "256", "--lengths", "64", "128", "--pom-lengths", "512",

@@ -13,6 +13,7 @@ subset and keeps the rows of the others from the earlier ``mixer.json``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -47,6 +48,8 @@ class MixerBenchConfig:
     value_dim: int = 512  # the value-carrying PoM: dv, split over value_heads (state D·dv/H per head... and layer)
     value_heads: int = 8
     mixers: Tuple[str, ...] = ("pom", "value_pom", "attention")
+    # packed causal sequences of the value PoM (fwd + bwd): mixed in place against the same sequences as a padded batch
+    packed_layouts: Tuple[Tuple[int, ...], ...] = ((128,) * 16, (1024,) + (16,) * 64)
     seed: int = 0
     out: str = "runs/bench/mixer"
     extra: Dict[str, Any] = field(default_factory=dict)
@@ -197,15 +200,50 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
         bar.total = bar.n + sum(n_configs(n) * (cfg.repeats + cfg.warmup) * (2 if cfg.backward else 1)
                                 for n, _ in plans if n > N)
     bar.close()
+    packed = run_packed(cfg, vpom) if "value_pom" in cfg.mixers and cfg.packed_layouts else None
     out = Path(cfg.out)
     if set(cfg.mixers) != {"pom", "value_pom", "attention"} and (out / "mixer.json").is_file():
         kept = [r for r in json.loads((out / "mixer.json").read_text()).get("rows", []) if _owner(r["mixer"])
                 not in cfg.mixers]  # the rows of mixers not run again
         rows = sorted(kept + rows, key=lambda r: r["N"])
     payload = {"config": asdict(cfg), "machine": machine(), "rows": rows, "summary": summarize(cfg, rows)}
+    if packed is not None:
+        payload["packed"] = packed
     write_json(out / "mixer.json", payload)
     plot(payload, out / "mixer.png")
     return payload
+
+
+def run_packed(cfg: MixerBenchConfig, vpom: PoM) -> List[Dict[str, Any]]:
+    """Causal packed sequences (``cu_seqlens``) through the value PoM, forward + backward: in place, as the same
+    sequences padded into a (S, L_max) batch with a key mask, and as one unpacked sequence of the same tokens."""
+    from ..values import _unpack
+
+    rows = []
+    for lens in cfg.packed_layouts:
+        T = sum(lens)
+        cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+        x = torch.randn(1, T, cfg.dim, requires_grad=True)
+        rows_x, valid = _unpack(x.detach(), cu)
+        padded = rows_x.clone().requires_grad_(True)
+
+        def step(f: Callable[[], torch.Tensor]) -> Callable[[], None]:
+            return lambda: f().sum().backward()
+
+        t = time_interleaved({"in place": step(lambda: vpom(x, cu_seqlens=cu, causal=True)),
+                              "padded batch": step(lambda: vpom(padded, mask=valid, causal=True)),
+                              "one sequence": step(lambda: vpom(x, causal=True))},
+                             warmup=cfg.warmup, repeats=cfg.repeats)
+        name = " + ".join(f"{c} × {n}" for n, c in _runs(lens))  # count × length
+        for k, v in t.items():
+            rows.append({"layout": name, "tokens": T, "sequences": len(lens), "mode": k,
+                         "fwdbwd_ms": 1e3 * v.median, "vs_one_sequence": v.median / t["one sequence"].median})
+    return rows
+
+
+def _runs(lens: Tuple[int, ...]) -> List[Tuple[int, int]]:
+    """(length, count) runs of a layout, for its name."""
+    return [(n, len(list(g))) for n, g in itertools.groupby(lens)]
 
 
 def _owner(name: str) -> str:
@@ -286,6 +324,10 @@ def report(payload: Dict[str, Any]) -> str:
             txt = ", ".join(f"{n}: {f:.2f} / {b:.2f}" if b is not None else f"{n}: {f:.2f}"
                             for n, (f, b) in sorted(by_n.items()))
             lines.append(f"value pom causal{variant} ÷ its matrix-product floor (fwd / fwd+bwd) by N: {txt}")
+    if payload.get("packed"):
+        lines += ["", "value PoM, packed causal sequences, forward + backward:",
+                  format_table(payload["packed"], ["layout", "tokens", "mode", "fwdbwd_ms", "vs_one_sequence"],
+                               ["sequences", "tokens", "mixed", "fwd+bwd ms", "÷ one sequence"]), ""]
     for mode in ("full", "causal"):
         sp = {int(k): v for k, v in s[f"sdpa/pom {mode} speedup by N"].items()}
         if sp:
