@@ -206,7 +206,7 @@ class _PolyFeatures(torch.autograd.Function):
         fn, dfn = _resolve(ACTIVATIONS, ctx.act, "activation")
         zc = z.to(cd)
         rows = coeff.to(cd).t().contiguous()
-        g = grad.to(cd)
+        g = grad.to(cd).contiguous()  # a permuted gradient (from a heads split) makes every elementwise loop ~10× slower
         h = fn(zc)
         grad_z = grad_coeff = None
         if ctx.needs_input_grad[1]:

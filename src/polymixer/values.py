@@ -235,18 +235,21 @@ def _features(ctx: Tensor, x: Tensor, in_weight: Tensor, coeff: Tensor, coeff_q:
 
     Self-mixing does one matrix product for all four projections."""
     D = coeff.shape[0]
+    Ds = in_weight.shape[0] - 2 * D - dv
+    # split, not slices: the backward of a split is one concatenation, that of each slice a zero-filled full copy
     if self_mix:  # in_weight stacks [W_k (D); W_v (dv); W_q (D); W_s (Ds)]: context rows, then query rows
-        z = F.linear(x, in_weight)
-        zkv, zq = z[..., :D + dv], z[..., D + dv:]
+        zkv, zq = F.linear(x, in_weight).split([D + dv, D + Ds], dim=-1)
     else:
         zkv, zq = F.linear(ctx, in_weight[:D + dv]), F.linear(x, in_weight[D + dv:])
     if shift is not None:
         zkv, last = token_shift(zkv, shift, key_mask, prev, starts)
     else:
         last = zkv[:, -1] if key_mask is None else zkv[:, -1] * key_mask[:, -1:].to(zkv.dtype)
-    phi = Fn.poly_features(zkv[..., :D], coeff, activation)
-    psi = Fn.poly_features(zq[..., :D], coeff_q, activation)
-    return phi, zkv[..., D:].to(phi.dtype), psi, zq[..., D:], last
+    zk, zv = zkv.split([D, dv], dim=-1)
+    zqq, zs = zq.split([D, Ds], dim=-1)
+    phi = Fn.poly_features(zk, coeff, activation)
+    psi = Fn.poly_features(zqq, coeff_q, activation)
+    return phi, zv.to(phi.dtype), psi, zs, last
 
 
 def _unpack(t: Tensor, cu: Tensor) -> Tuple[Tensor, Tensor]:
