@@ -110,6 +110,13 @@ def test_recall_models_and_state_sizes():
     assert sizes["mqar-attention"] == 2 * 16 * 16 and sizes["mqar-swa"] == 2 * 16 * 16  # window 16 ≥ seq_len
     assert sizes["mqar-pom"] == 64 and sizes["mqar-vpom"] == 64 * 16 + 64 + 16
     assert sizes["mqar-linear"] == 4 * 16 and sizes["mqar-based"] == 21 * 16 + 21
+    shifted = create_model("mqar-attention", vocab_size=64, seq_len=16, d_model=16, token_shift=True)
+    assert shifted.state_floats() == 2 * 16 * 16 + 16  # the KV cache and the previous token
+    x = mqar(2, 16, 2, 64, seed=1)[0]
+    x2 = x.clone()
+    x2[:, 9] = (x2[:, 9] + 1) % 64
+    a, b = shifted(x)[0], shifted(x2)[0]  # the shift stays causal
+    assert torch.equal(a[:, :9], b[:, :9]) and not torch.equal(a[:, 9:], b[:, 9:])
     m = create_model("mqar-vpom", vocab_size=64, seq_len=16, d_model=16, mixer="LV")
     logits, loss = m(*mqar(3, 16, 2, 64, seed=0))
     assert logits.shape == (3, 16, 64) and torch.isfinite(loss)
@@ -137,7 +144,8 @@ def test_bench_recall_on_a_toy(tmp_path):
     from polymixer.bench.recall import RecallBenchConfig, report, run
 
     cfg = RecallBenchConfig(vocab_size=64, d_model=16, steps=3, batch=8, seeds=(0, 1), state_point=(16, 2),
-                            state_variants=("attention", "vpom-1k", "based-1k", "linear-1k", "pom", "hybrid-LV"),
+                            state_variants=("attention", "attention-shift", "vpom-1k", "based-1k", "linear-1k", "pom",
+                                            "hybrid-LV"),
                             length_points=((16, 2), (32, 4)), length_variants=("vpom-1k",), test_examples=16,
                             out=str(tmp_path))
     payload = run(cfg, progress=False)

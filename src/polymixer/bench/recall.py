@@ -35,6 +35,7 @@ __all__ = ["RecallBenchConfig", "VARIANTS", "run", "report", "plot", "main", "ad
 VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
     "attention": ("mqar-attention", {}, "attention"),
     "attention-rope": ("mqar-attention", {"rope": True}, "attention (rotary)"),
+    "attention-shift": ("mqar-attention", {"token_shift": True}, "attention + shift"),
     "swa-8": ("mqar-swa", {"window": 8}, "sliding window"),
     "swa-32": ("mqar-swa", {"window": 32}, "sliding window"),
     "pom": ("mqar-pom", {"expand": 4}, "PoM"),
@@ -199,8 +200,9 @@ def _targets(payload: Dict[str, Any]) -> List[str]:
 def plot(payload: Dict[str, Any], path: Path) -> None:
     """Accuracy against state floats per layer (state sweep) and against sequence length (length sweep)."""
     fig, axes = new_figure(2, width=5.4, height=4.0)
-    markers = {"attention": "*", "attention (rotary)": "P", "sliding window": "s", "PoM": "v", "value PoM": "o",
-               "hybrid (L + value PoM)": "D", "Based": "^", "Based, no shift": "<", "linear attention": "x"}
+    markers = {"attention": "*", "attention (rotary)": "P", "attention + shift": "X", "sliding window": "s",
+               "PoM": "v", "value PoM": "o", "hybrid (L + value PoM)": "D", "Based": "^", "Based, no shift": "<",
+               "linear attention": "x"}
     ax = axes[0]
     for k, fam in enumerate(markers):
         rows = sorted((r for r in payload.get("state", {}).get("rows", []) if r["family"] == fam),

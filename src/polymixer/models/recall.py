@@ -2,7 +2,9 @@
 embeddings, a stack of pre-norm ``PolyMorpher`` blocks whose mixers a pattern names, a final norm and a tied head.
 
 Pattern letters: ``A`` causal attention, ``L`` sliding-window attention, ``P`` PoM, ``V`` the value-carrying PoM,
-``I`` linear attention (identity feature map), ``B`` Based (linear attention with the 2nd-order Taylor map). Each
+``I`` linear attention (identity feature map), ``B`` Based (linear attention with the 2nd-order Taylor map).
+``token_shift`` gives the A, L, I and B layers the value-carrying PoM's short causal token shift on their keys and
+values, so that a comparison isolates the mixer. Each
 mixer's recurrent state per layer and sequence (:meth:`RecallLM.state_floats`) is the x-axis of the benchmark:
 ``2·L·d`` for attention's KV cache, ``2·window·d`` for a sliding window, D for PoM, D·dv/H (+ D + dv for the token
 shift) for the value-carrying PoM, f·dv for linear attention, and (1 + f + f²)·(dv + H) for Based (+ H·f + dv with
@@ -22,6 +24,7 @@ from ..blocks import PolyMorpher, build_mixer, layer_pattern
 from ..data.recall import IGNORE
 from ..linear_attention import LinearAttention
 from ..mixer import PoM
+from ..values import token_shift
 
 __all__ = ["RecallConfig", "RecallLM", "LETTERS"]
 
@@ -43,7 +46,7 @@ class RecallConfig:
     value_dim: int = 64  # V, I and B layers: dv
     value_heads: int = 1  # V, I and B layers: the heads splitting D (or f) and dv
     feature_dim: int = 16  # I and B layers: f per head
-    token_shift: bool = False  # I and B layers: the value PoM's causal token shift on keys and values
+    token_shift: bool = False  # A, L, I and B layers: the value PoM's causal token shift on keys and values
     rope: bool = False  # A and L layers: rotary positions on queries and keys (on top of the learned positions)
     mlp_ratio: float = 4.0
 
@@ -81,11 +84,11 @@ class RecallLM(nn.Module):
 
     def build_mixer(self, letter: str) -> nn.Module:
         c = self.config
-        if letter == "A":
-            return build_mixer("attention", c.d_model, heads=c.heads, causal=True, rope="1d" if c.rope else None)
-        if letter == "L":
-            return build_mixer("local_attention", c.d_model, heads=c.heads, window=c.window,
-                               rope="1d" if c.rope else None)
+        if letter in "AL":
+            kw = dict(heads=c.heads, rope="1d" if c.rope else None)
+            att = (build_mixer("attention", c.d_model, causal=True, **kw) if letter == "A"
+                   else build_mixer("local_attention", c.d_model, window=c.window, **kw))
+            return _ShiftedKeysValues(att) if c.token_shift else att
         if letter == "P":
             return PoM(c.d_model, degree=c.degree, expand=c.expand)
         if letter == "V":
@@ -101,10 +104,9 @@ class RecallLM(nn.Module):
         sizes = []
         for letter, block in zip(c.layer_pattern(), self.blocks):
             m = block.mixer
-            if letter == "A":
-                sizes.append(2 * c.seq_len * c.d_model)
-            elif letter == "L":
-                sizes.append(2 * min(c.window, c.seq_len) * c.d_model)
+            if letter in "AL":
+                kv = 2 * (c.seq_len if letter == "A" else min(c.window, c.seq_len)) * c.d_model
+                sizes.append(kv + c.d_model * c.token_shift)  # + the previous token, with the shift
             else:
                 sizes.append(m.state_floats)
         return max(sizes)
@@ -121,6 +123,24 @@ class RecallLM(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
         return logits, loss
+
+
+class _ShiftedKeysValues(nn.Module):
+    """An attention layer whose keys and values read the value PoM's learned causal token shift of its input,
+    t₀ ⊙ x_j + t₁ ⊙ x_{j−1} (initialised 0.5 / 0.5), while its queries read x_i: the short convolution the other
+    recall mixers have, so that a comparison isolates the mixer."""
+
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__()
+        self.attention = attention
+        self.shift = nn.Parameter(torch.full((2, attention.dim), 0.5))
+        self.shift.no_weight_decay = True
+
+    def forward(self, x: Tensor, context: Optional[Tensor] = None, *, causal: Optional[bool] = None,
+                **kwargs: Optional[Tensor]) -> Tensor:
+        if context is not None:
+            raise ValueError("the shifted attention of the recall models mixes a sequence with itself")
+        return self.attention(x, token_shift(x, self.shift)[0], causal=causal, **kwargs)
 
 
 def _register() -> None:
