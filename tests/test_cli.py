@@ -171,3 +171,22 @@ def test_bench_eo_both_parts(tmp_path):
     assert (out / "eo_confusion.png").stat().st_size > 10_000 and (out / "eo_tiles.png").stat().st_size > 10_000
     assert parse_variant("tiny-tsvit+sel_heads=1+spatial_position=rope") == (
         "tiny-tsvit", {"sel_heads": 1, "spatial_position": "rope"})
+
+
+def test_bench_lm_quality_keeps_finished_runs(tmp_path):
+    """The quality part trains each preset once: a run trained to the end is only evaluated again, and presets not
+    given keep their rows."""
+    from dataclasses import replace
+
+    from polymixer.bench.lm import LMBenchConfig, run
+
+    cfg = LMBenchConfig(quality_presets=("tiny-pom",), quality_steps=2, quality_batch=2, quality_eval_windows=4,
+                        parts=("quality",), out=str(tmp_path))
+    first = run(cfg, progress=False)["quality"]["rows"]
+    ckpt = next((tmp_path / "quality" / "tiny-pom").rglob("model.safetensors"))
+    stamp = ckpt.stat().st_mtime_ns
+    again = run(cfg, progress=False)["quality"]["rows"]
+    assert ckpt.stat().st_mtime_ns == stamp  # not trained again
+    assert again[0]["val_loss"] == first[0]["val_loss"] and again[0]["train_min"] == first[0]["train_min"]
+    both = run(replace(cfg, quality_presets=("tiny-attention",)), progress=False)["quality"]["rows"]
+    assert [r["model"] for r in both] == ["tiny-pom", "tiny-attention"] and both[1]["loss_vs_attention"] == 1.0

@@ -22,7 +22,8 @@ from typing import Any, Dict, List, Tuple
 import torch
 
 from ..models import count_parameters, create_model
-from .common import apply_overrides, format_table, new_figure, save_figure, run_parts, time_interleaved
+from .common import (apply_overrides, format_table, new_figure, resume_point, run_parts, save_figure, time_interleaved,
+                     training_minutes)
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]
 
@@ -183,14 +184,15 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
         out = Path(cfg.out) / "quality" / preset
         tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=2e-3, min_lr=2e-4,
                            warmup=max(1, cfg.quality_steps // 20), eval_every=cfg.quality_steps,
-                           ckpt_every=cfg.quality_steps, out=str(out), resume=False, progress=progress,
-                           seed=cfg.seed + 1337)
+                           ckpt_every=cfg.quality_steps, out=str(out), progress=progress, seed=cfg.seed + 1337)
+        finished = resume_point(out, tcfg)  # a run trained to the end (here or copied in) is only evaluated
         t0 = time.perf_counter()
         res = train_lm(preset, tcfg, eval_windows=cfg.quality_eval_windows)
         model = create_model(preset, device="meta")
         rows.append({"model": preset, "params": count_parameters(model), "steps": cfg.quality_steps,
                      "tokens": cfg.quality_steps * cfg.quality_batch * model.config.block_size,
-                     "train_min": (time.perf_counter() - t0) / 60, **res["metrics"]})
+                     "train_min": training_minutes(out, t0, finished, res.get("history", []), cfg.quality_batch),
+                     **res["metrics"]})
     att = next((r for r in rows if r["model"].endswith("attention")), None)
     for r in rows:
         r["loss_vs_attention"] = r["val_loss"] / att["val_loss"] if att else None

@@ -364,6 +364,7 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
     optimizer = configure_optimizer(raw, cfg)
     start = 0
     history: List[Dict[str, Any]] = []
+    metrics: Dict[str, float] = {}  # the latest evaluation (a resumed run starts with its checkpoint's)
     faults = getattr(task, "faults", None)  # a SampleFaults: the policy for bad samples and those skipped
     meta = {**model_config, "train": asdict(cfg)}
     if cfg.resume and (out / "checkpoints").exists():
@@ -384,6 +385,7 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
             set_rng_state(state["rng"][ctx.rank] if isinstance(state["rng"], list) else state["rng"])
             start = int(state["step"])
             history = state.get("history", [])
+            metrics = read_config(ck).get("metrics", {})  # a run resumed at its end reports its final evaluation
             if faults is not None:
                 faults.restore(state.get("bad_samples", {}))
     if start == 0 and cfg.init_from:
@@ -398,7 +400,6 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
     amp = _autocast_dtype(cfg, ctx.device)
     bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and ctx.main), desc=f"train {out.name}",
                dynamic_ncols=True)
-    metrics: Dict[str, float] = {}
     t_last, units = time.perf_counter(), 0
     skipped = next((r["skipped"] for r in reversed(history) if "skipped" in r), 0)  # non-finite steps so far
     nonfinite_run = 0
