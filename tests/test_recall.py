@@ -167,3 +167,24 @@ def test_bench_recall_on_a_toy(tmp_path):
     assert not (tmp_path / "quality" / "recall" / "pom-L16-K2-s2-3steps-lr0.001").exists()
     assert json.loads((tmp_path / "recall.json").read_text())["state"]["rows"]
     assert (tmp_path / "recall.png").is_file() and "state floats / layer" in report(payload)
+
+
+def test_resume_a_run_saved_before_a_config_field_existed(tmp_path):
+    """A checkpoint written before a model-config field was added resumes when the run keeps that field's default,
+    and is refused when it does not."""
+    from polymixer.tasks.recall import train_recall
+    from polymixer.train.checkpoint import _write_manifest
+    from polymixer.train.loop import TrainConfig
+
+    kw = dict(num_kv_pairs=2, test_examples=8, seq_len=16, vocab_size=64, d_model=16)
+    cfg = TrainConfig(steps=2, batch_size=4, eval_every=2, ckpt_every=1, out=str(tmp_path), progress=False)
+    train_recall("mqar-based", cfg, **kw)
+    for path in (tmp_path / "checkpoints").rglob("config.json"):  # as an older version wrote it
+        saved = json.loads(path.read_text())
+        del saved["model"]["token_shift"]
+        path.write_text(json.dumps(saved))
+        _write_manifest(path.parent)
+    cfg4 = TrainConfig(steps=4, batch_size=4, eval_every=2, ckpt_every=1, out=str(tmp_path), progress=False)
+    assert train_recall("mqar-based", cfg4, **kw)["history"]
+    with pytest.raises(ValueError, match="token_shift"):
+        train_recall("mqar-based", TrainConfig(**{**cfg4.__dict__, "steps": 6}), token_shift=True, **kw)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -265,10 +266,17 @@ def _running_stats(model: nn.Module) -> List[torch.Tensor]:
             for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
 
 
-def _model_diff(ck: Path, model_config: Dict[str, Any]) -> Dict[str, Any]:
-    """{key: (checkpoint's value, this run's)} where the model (family included) saved in ``ck`` differs."""
+def _model_diff(ck: Path, model_config: Dict[str, Any], model: Optional[nn.Module] = None) -> Dict[str, Any]:
+    """{key: (checkpoint's value, this run's)} where the model (family included) saved in ``ck`` differs. A field
+    the checkpoint does not know (added to the model's config class since) agrees when this run keeps its default,
+    which is the model the checkpoint was trained as."""
     saved = read_config(ck)
-    diff = config_diff(saved.get("model", {}), model_config.get("model", {}))
+    old = saved.get("model", {})
+    diff = config_diff(old, model_config.get("model", {}))
+    config = getattr(model, "config", None)
+    if dataclasses.is_dataclass(config):
+        defaults = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
+        diff = {k: v for k, v in diff.items() if not (k not in old and k in defaults and v[1] == defaults[k])}
     if saved.get("family") != model_config.get("family"):
         diff["family"] = (saved.get("family"), model_config.get("family"))
     return diff
@@ -278,7 +286,7 @@ def _init_weights(model: nn.Module, ema: Optional["_Ema"], source: str, model_co
     """Start a new run from the weights of another one (its EMA weights when saved), after checking that the model
     configurations agree."""
     ck = resolve_checkpoint(source)
-    diff = _model_diff(ck, model_config)
+    diff = _model_diff(ck, model_config, model)
     if diff:
         listing = "; ".join(f"{k}: {ck} has {a!r}, this run {b!r}" for k, (a, b) in diff.items())
         raise ValueError(f"cannot start from {ck}: the model configurations differ — {listing}")
@@ -373,7 +381,7 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
         except FileNotFoundError:
             ck = None
         if ck is not None:
-            diff = _model_diff(ck, model_config)
+            diff = _model_diff(ck, model_config, raw)
             if diff:
                 listing = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
                 raise ValueError(f"cannot resume from {ck}: its model config differs — {listing}")
