@@ -18,7 +18,7 @@ def test_bench_mixer_small_sweep(tmp_path, capsys):
     assert "crossover" in text and "pom full" in text and "sdpa causal" in text
     assert "value pom causal ÷ its matrix-product floor" in text
     payload = json.loads((out / "mixer.json").read_text())
-    assert (out / "mixer.png").stat().st_size > 10_000
+    assert (out / "mixer.png").stat().st_size > 10_000 and "crossover" in (out / "mixer.txt").read_text()
     mixers = {(r["N"], r["mixer"]) for r in payload["rows"]}
     assert (512, "pom causal") in mixers and (512, "sdpa full") not in mixers  # attention stops at --lengths
     for r in payload["rows"]:

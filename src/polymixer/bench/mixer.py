@@ -210,6 +210,7 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
     if packed is not None:
         payload["packed"] = packed
     write_json(out / "mixer.json", payload)
+    (out / "mixer.txt").write_text(report(payload) + "\n")
     plot(payload, out / "mixer.png")
     return payload
 
@@ -408,5 +409,5 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("lengths, tokens and repeats must be positive")
     payload = run(cfg)
     print(report(payload))
-    print(f"\nwrote {Path(cfg.out) / 'mixer.json'} and {Path(cfg.out) / 'mixer.png'}")
+    print(f"\nwrote {Path(cfg.out) / 'mixer.json'}, mixer.txt and mixer.png")
     return 0
