@@ -369,9 +369,6 @@ def _register() -> None:
     register_model("tiny-vpom", "lm", LMConfig, GPT, "tiny LM, every layer a value-carrying PoM", mixer="V", **tiny_v)
     register_model("tiny-vhybrid", "lm", LMConfig, GPT, "tiny LM, local attention + value-carrying PoM pairs",
                    mixer="LV", **tiny_v)
-    # the same with attention's 4 heads: four 32 × 32 states (4k floats per layer), same parameters
-    register_model("tiny-vpom-h4", "lm", LMConfig, GPT, "tiny LM, every layer a 4-head value-carrying PoM",
-                   mixer="V", **{**tiny_v, "value_heads": 4})
 
 
 _register()
