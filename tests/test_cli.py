@@ -70,6 +70,7 @@ def test_bench_lm_timing_parts(tmp_path, capsys):
     assert att[1]["state_mb"] > att[0]["state_mb"]  # the KV cache grows with it
     text = report(payload)
     assert "pom per-token time at 48 vs 16" in text and "forward throughput" in text
+    assert "vpom per-token time at 48 vs 16" in text and "state" in text
     assert (tmp_path / "lm.json").is_file() and (tmp_path / "lm.png").stat().st_size > 10_000
     # timing some kinds again keeps the others' rows; attention, the baseline of the ratios, is always re-timed
     from dataclasses import replace

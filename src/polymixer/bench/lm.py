@@ -228,7 +228,15 @@ def report(payload: Dict[str, Any]) -> str:
         lines.append(f"pom per-token time at {target} vs {base}: {pom_growth:.2f}× "
                      f"(target ≤ 1.2: {'met' if pom_growth <= 1.2 else 'MISSED'})")
         lines.append(f"attention per-token time ÷ pom at {target}: {att_ratio:.2f}× "
-                     f"(target ≥ 5: {'met' if att_ratio >= 5 else 'MISSED'})\n")
+                     f"(target ≥ 5: {'met' if att_ratio >= 5 else 'MISSED'})")
+        for k in ("vpom", "vhybrid"):
+            if (k, target) in by and (k, base) in by:
+                a, b = by[(k, base)], by[(k, target)]
+                g = b["ms_per_token"] / a["ms_per_token"]
+                lines.append(f"{k} per-token time at {target} vs {base}: {g:.2f}× (flat: "
+                             f"{'yes' if g <= 1.2 else 'NO'}), state {b['state_mb']:.3g} MB at every context: "
+                             f"{'yes' if b['state_mb'] == a['state_mb'] else 'NO'}")
+        lines.append("")
     if "hf_decode" in payload:
         rows = payload["hf_decode"]["rows"]
         lines += ["decoding through transformers (PolymixerForCausalLM + PolymixerCache, the loop of generate())",
@@ -245,11 +253,12 @@ def report(payload: Dict[str, Any]) -> str:
                                       "train_min"],
                                ["model", "params", "steps", "tokens", "val loss", "val bpb", "÷ attention",
                                 "train min"])]
-        hyb = next((r for r in rows if r["model"].endswith("hybrid")), None)
-        if hyb and hyb["loss_vs_attention"] is not None:
-            gap = hyb["loss_vs_attention"] - 1
-            lines.append(f"hybrid val loss vs attention: {100 * gap:+.2f}% (target within 3%: "
-                         f"{'met' if gap <= 0.03 else 'MISSED'})")
+        for name, label, limit in (("tiny-hybrid", "hybrid", 0.03), ("tiny-vpom", "value-carrying PoM", 0.10)):
+            r = next((r for r in rows if r["model"] == name), None)
+            if r and r["loss_vs_attention"] is not None:
+                gap = r["loss_vs_attention"] - 1
+                lines.append(f"{label} val loss vs attention: {100 * gap:+.2f}% (target within {100 * limit:.0f}%: "
+                             f"{'met' if gap <= limit else 'MISSED'})")
     return "\n".join(lines)
 
 
