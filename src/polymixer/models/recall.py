@@ -4,8 +4,8 @@ embeddings, a stack of pre-norm ``PolyMorpher`` blocks whose mixers a pattern na
 Pattern letters: ``A`` causal attention, ``L`` sliding-window attention, ``P`` PoM, ``V`` the value-carrying PoM,
 ``I`` linear attention (identity feature map), ``B`` Based (linear attention with the 2nd-order Taylor map).
 ``token_shift`` gives the A, L, I and B layers the value-carrying PoM's short causal token shift on their keys and
-values, so that a comparison isolates the mixer. Each
-mixer's recurrent state per layer and sequence (:meth:`RecallLM.state_floats`) is the x-axis of the benchmark:
+values, so that a comparison isolates the mixer. Each mixer's recurrent state per layer and sequence
+(:meth:`RecallLM.state_floats`) is the x-axis of the benchmark:
 ``2·L·d`` for attention's KV cache, ``2·window·d`` for a sliding window, D for PoM, D·dv/H (+ D + dv for the token
 shift) for the value-carrying PoM, f·dv for linear attention, and (1 + f + f²)·(dv + H) for Based (+ H·f + dv with
 ``token_shift``, the previous token's keys and values).
