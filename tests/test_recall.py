@@ -188,3 +188,15 @@ def test_resume_a_run_saved_before_a_config_field_existed(tmp_path):
     assert train_recall("mqar-based", cfg4, **kw)["history"]
     with pytest.raises(ValueError, match="token_shift"):
         train_recall("mqar-based", TrainConfig(**{**cfg4.__dict__, "steps": 6}), token_shift=True, **kw)
+
+
+def test_bench_recall_length_points_from_the_command_line():
+    import argparse
+
+    from polymixer.bench.recall import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args(["--length-points", "64:8", "512:64"]).length_points == [(64, 8), (512, 64)]
+    with pytest.raises(SystemExit):
+        p.parse_args(["--length-points", "512"])

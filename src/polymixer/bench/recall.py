@@ -11,7 +11,7 @@ two baselines, linear attention with the identity feature map and Based (the Tay
 come at about 1k, 4k and 16k floats of state per layer. Two parts:
 
 - ``state``: accuracy against state floats per layer at (L, K) = (64, 16), the plot people expect from Zoology.
-- ``length``: the 16k-state mixers and attention as the sequence and the number of pairs grow, up to (256, 64).
+- ``length``: the 16k-state mixers and attention as the sequence and the number of pairs grow, up to (512, 64).
 
 Runs live in ``<out>/quality/recall/<variant>-L<L>-K<K>-s<seed>``, and each finished run leaves ``result.json``,
 so an interrupted bench continues where it stopped. Outputs: ``recall.txt``, ``recall.json``, ``recall.png``.
@@ -65,7 +65,7 @@ class RecallBenchConfig:
     seeds: Tuple[int, ...] = (0, 1, 2)
     state_point: Tuple[int, int] = (64, 16)  # (seq_len, num_kv_pairs) of the state sweep
     state_variants: Tuple[str, ...] = tuple(VARIANTS)
-    length_points: Tuple[Tuple[int, int], ...] = ((64, 8), (128, 32), (256, 64))
+    length_points: Tuple[Tuple[int, int], ...] = ((64, 8), (128, 32), (256, 64), (512, 64))
     length_variants: Tuple[str, ...] = ("attention", "vpom-16k", "based-16k")
     test_examples: int = 1000
     parts: Tuple[str, ...] = ("state", "length")
@@ -242,6 +242,15 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
+def _point(text: str) -> Tuple[int, int]:
+    """``"L:K"`` → (L, K)."""
+    try:
+        L, K = (int(t) for t in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a length point is L:K (e.g. 256:64), got {text!r}") from None
+    return L, K
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = RecallBenchConfig()
     p.add_argument("--quick", action="store_true", help="a few-minute version (150 steps, 1 seed, 4 mixers)")
@@ -251,6 +260,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None,
                    help="mixers of the state sweep (default: all)")
     p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--length-points", nargs="+", type=_point, default=None, metavar="L:K",
+                   help="(sequence length, pairs) of the length sweep, e.g. 64:8 512:64")
+    p.add_argument("--length-variants", nargs="+", choices=list(VARIANTS), default=None,
+                   help="mixers of the length sweep (default: attention, vpom-16k, based-16k)")
     p.add_argument("--compile", action="store_true", help="torch.compile the models (same runs, same results key)")
     p.add_argument("--collect", action="store_true",
                    help="report the runs that have finished (e.g. trained elsewhere and copied in); train nothing")
@@ -260,7 +273,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = RecallBenchConfig(parts=tuple(args.parts), train=not args.collect, compile=args.compile, out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
-                    {"steps": "steps", "seeds": "seeds", "variants": "state_variants", "lr": "lr"})
+                    {"steps": "steps", "seeds": "seeds", "variants": "state_variants", "lr": "lr",
+                     "length_points": "length_points", "length_variants": "length_variants"})
     payload = run(cfg)
     print(report(payload))
     print(f"\nwrote {Path(cfg.out) / 'recall.json'}, recall.txt and recall.png")
