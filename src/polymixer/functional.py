@@ -146,7 +146,7 @@ def _elementwise_backward(fn, grad_fn, u: Tensor, grad_out: Tensor) -> Tensor:
     """d(fn)/du · grad_out: by a fused kernel or a closed form when known, else by autograd on a recomputation."""
     fused = _FUSED_BACKWARD.get(fn)
     if fused is not None:
-        return fused(u, grad_out.to(u.dtype) if grad_out.dtype != u.dtype else grad_out)
+        return fused(u, grad_out.to(u.dtype))
     if grad_fn is not None:
         return grad_out * grad_fn(u)
     with torch.enable_grad():

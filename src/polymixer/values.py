@@ -157,13 +157,13 @@ def value_mix(
     return o, cnt, final_state, final_count
 
 
-def packed_causal_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, seg: Tensor, starts: Tensor, chunk: int = CHUNK
+def packed_causal_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, first: Tensor, chunk: int = CHUNK
                       ) -> Tuple[Tensor, Tensor]:
     """Causal :func:`value_mix` over packed sequences, without padding them to one length.
 
     Args:
         q, k, v: (1, H, T, ·) features of the packed stream (k already zero where ``w`` is 0); w: (1, T) key weights;
-            seg: (T,) the sequence of each token; starts: (T,) bool, True at each sequence's first token.
+            first: (T,) int64, the index of each token's sequence's first token (it names the sequence).
 
     Chunks of C tokens run over the stream as it is. Inside a chunk the quadratic part also requires the same
     sequence; between chunks the carried state restarts wherever a sequence starts: the state entering chunk c+1 is
@@ -172,11 +172,12 @@ def packed_causal_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, seg: Tensor, s
     float64 rounding). O(T·C·D + T·D·dv/H). Returns (o (1, H, T, dv_h) unnormalised, counts (1, T)).
     """
     _, H, T, Dh = q.shape
+    starts = first == torch.arange(T, device=q.device)
     C = chunk
     L = -(-T // C) * C
     qp, kp, vp = _pad_tokens(q, L, 2), _pad_tokens(k, L, 2), _pad_tokens(v, L, 2)
     nc = L // C
-    segp = torch.cat([seg, seg.new_full((L - T,), -1)]).view(nc, C)  # padding: a sequence of its own
+    segp = torch.cat([first, first.new_full((L - T,), -1)]).view(nc, C)  # padding: a sequence of its own
     stp = torch.cat([starts, starts.new_ones(L - T)]).view(nc, C)
     qc, kc, vc = (t.reshape(1, H, nc, C, t.shape[-1]) for t in (qp, kp, vp))
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
@@ -197,7 +198,6 @@ def packed_causal_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, seg: Tensor, s
         o = o + torch.einsum("bhctd,bhcde->bhcte", qc * open_seq[None, None, :, :, None], state_in)
     o = o.reshape(1, H, L, -1)[:, :, :T]
     cw = torch.cumsum(w[0].to(torch.float64), dim=0)  # visible tokens: those of the sequence up to i
-    first = torch.cummax(torch.where(starts, torch.arange(T, device=q.device), 0), dim=0).values
     cnt = cw - (cw - w[0].to(torch.float64))[first]
     return o, cnt.to(q.dtype).unsqueeze(0)
 
@@ -393,7 +393,8 @@ def _packed_causal(x: Tensor, weights: Tuple, cu: Tensor, key_mask: Optional[Ten
     cu64 = cu.to(torch.int64)
     starts = torch.zeros(T, dtype=torch.bool, device=x.device)
     starts[cu64[:-1]] = True  # the first token of every sequence (cu_seqlens holds no empty one)
-    seg = torch.cumsum(starts.to(torch.int64), 0) - 1
+    ar = torch.arange(T, device=x.device)
+    first = torch.cummax(torch.where(starts, ar, 0), dim=0).values  # each token's sequence start
     phi, v, psi, zs, _ = _features(x, x, in_weight, coeff, coeff_q, dv, shift_weight, key_mask, None, True,
                                    activation, starts.unsqueeze(0))
     w = key_mask.to(phi.dtype) if key_mask is not None else phi.new_ones(1, T)
@@ -401,11 +402,10 @@ def _packed_causal(x: Tensor, weights: Tuple, cu: Tensor, key_mask: Optional[Ten
     if rope is not None:
         two_d = rope == "2d"
         if positions is None and not two_d:
-            ar = torch.arange(T, device=x.device)
-            positions = (ar - torch.cummax(torch.where(starts, ar, 0), dim=0).values).unsqueeze(0)
+            positions = (ar - first).unsqueeze(0)
         pos = _positions(positions, 1, T, two_d, "positions", x.device)
         k, q = _rotate_heads(k, pos, rope_base, two_d), _rotate_heads(q, pos, rope_base, two_d)
-    o, cnt = packed_causal_mix(q, k, vh, w, seg, starts, chunk)
+    o, cnt = packed_causal_mix(q, k, vh, w, first, chunk)
     y = _output(o, cnt, zs, gate_bias, norm_weight, out_weight, out_bias, reduction, gate)
     return y.squeeze(0) if squeeze else y
 

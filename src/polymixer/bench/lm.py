@@ -65,11 +65,12 @@ def _model(cfg: LMBenchConfig, kind: str) -> torch.nn.Module:
     return m.eval()
 
 
-def _earlier_rows(cfg: LMBenchConfig, part: str, run: Tuple[str, ...]) -> List[Dict[str, Any]]:
-    """The rows of ``part`` in the earlier lm.json whose model this run does not measure again (kept)."""
+def _earlier(cfg: LMBenchConfig, part: str, run: Tuple[str, ...]) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """The rows of ``part`` in the earlier lm.json whose model this run does not measure again (kept), and that
+    part as a whole."""
     path = Path(cfg.out) / "lm.json"
-    earlier = json.loads(path.read_text()).get(part, {}).get("rows", []) if path.is_file() else []
-    return [r for r in earlier if r["model"] not in run]
+    earlier = json.loads(path.read_text()).get(part, {}) if path.is_file() else {}
+    return [r for r in earlier.get("rows", []) if r["model"] not in run], earlier
 
 
 def run_throughput(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
@@ -99,11 +100,11 @@ def run_throughput(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
         for r in rows:
             if r["N"] == n:
                 r["vs_attention"] = r["ktok_s"] / att["ktok_s"]
-    kept = [r for r in _earlier_rows(cfg, "throughput", kinds) if r["N"] in cfg.throughput_lengths]
+    kept, earlier = _earlier(cfg, "throughput", kinds)
+    kept = [r for r in kept if r["N"] in cfg.throughput_lengths]
     params = {k: count_parameters(m) for k, m in models.items()}
-    path = Path(cfg.out) / "lm.json"
-    if kept and path.is_file():
-        params = {**json.loads(path.read_text())["throughput"].get("params", {}), **params}
+    if kept:
+        params = {**earlier.get("params", {}), **params}
     return {"rows": sorted(kept + rows, key=lambda r: r["N"]), "params": params}
 
 
@@ -150,7 +151,7 @@ def run_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     models = {k: _model(cfg, k) for k in cfg.kinds}
     rows = _decode_rows(cfg, models, cfg.decode_contexts, lambda m, p: m.step(p, m.init_state(1))[1],
                         lambda m, t, s: m.step(t, s)[1], lambda s: s.memory_bytes, progress, "bench lm decode")
-    kept = [r for r in _earlier_rows(cfg, "decode", tuple(cfg.kinds)) if r["context"] in cfg.decode_contexts]
+    kept = [r for r in _earlier(cfg, "decode", tuple(cfg.kinds))[0] if r["context"] in cfg.decode_contexts]
     return {"rows": sorted(kept + rows, key=lambda r: r["context"])}
 
 
@@ -177,9 +178,7 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from ..tasks.lm import train_lm
     from ..train.loop import TrainConfig
 
-    path = Path(cfg.out) / "lm.json"
-    earlier = json.loads(path.read_text()).get("quality", {}).get("rows", []) if path.is_file() else []
-    rows = [r for r in earlier if r["model"] not in cfg.quality_presets]  # presets not trained again are kept
+    rows = _earlier(cfg, "quality", tuple(cfg.quality_presets))[0]  # presets not trained again are kept
     for preset in cfg.quality_presets:
         out = Path(cfg.out) / "quality" / preset
         tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=2e-3, min_lr=2e-4,
