@@ -191,6 +191,7 @@ def test_a_non_finite_step_is_skipped_and_leaves_the_optimizer_state_unchanged(t
         seen.setdefault("calls", []).append((before, _snapshot(model, self.state)))
         return out
 
+    torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     cfg = loop.TrainConfig(steps=4, batch_size=8, lr=1e-2, warmup=1, eval_every=10, ckpt_every=10, log_every=1,
                            out=str(tmp_path / "run"), progress=False, ema=0.9, sam_rho=sam)
@@ -207,6 +208,53 @@ def test_a_non_finite_step_is_skipped_and_leaves_the_optimizer_state_unchanged(t
     hist = [r for r in res["history"] if "loss" in r]
     assert [r["skipped"] for r in hist] == [0, 0, 1, 1]
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+class _NaNInSecondPass(_NaNAt):
+    """Finite on the first forward of every step; NaN on the second forward (SAM's) of the given steps."""
+
+    def __init__(self, bad_steps):
+        super().__init__(bad_steps)
+        self.calls = {}
+
+    def loss(self, model, batch):
+        x, y = batch
+        n = self.calls[self.step] = self.calls.get(self.step, 0) + 1
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        return loss * float("nan") if self.step in self.bad and n == 2 else loss
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sam_restores_the_exact_weights_it_climbed_from(tmp_path, seed):
+    """SAM puts back the very weights it climbed from (not (w + e) − e): a step whose second pass is NaN is skipped
+    with every weight bit-identical, and the weights an optimizer step starts from are those of the step before."""
+    from polymixer.train import loop
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    starts, ends = [], []
+    real_step = torch.optim.AdamW.step
+
+    def spy(self, *a, **k):
+        starts.append([p.detach().clone() for p in model.parameters()])
+        out = real_step(self, *a, **k)
+        ends.append([p.detach().clone() for p in model.parameters()])
+        return out
+
+    task = _NaNInSecondPass({2})
+    cfg = loop.TrainConfig(steps=4, batch_size=8, lr=3e-2, warmup=1, eval_every=10, ckpt_every=10, log_every=1,
+                           out=str(tmp_path / "run"), progress=False, sam_rho=0.5, seed=seed)
+    torch.optim.AdamW.step = spy
+    try:
+        res = loop.train(model, task, cfg, {"family": "toy", "model": {}})
+    finally:
+        torch.optim.AdamW.step = real_step
+    assert task.calls == {0: 2, 1: 2, 2: 2, 3: 2}  # two passes per step: SAM ran every time
+    assert len(starts) == 3  # step index 2 was skipped for its NaN second pass
+    # each optimizer step starts from exactly what the previous one left (the skipped step in between included)
+    for before, after in ((starts[1], ends[0]), (starts[2], ends[1])):
+        assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert [r["skipped"] for r in res["history"] if "loss" in r] == [0, 0, 1, 1]
 
 
 def test_consecutive_non_finite_steps_stop_the_run_with_the_checkpoint_intact(tmp_path, capsys):

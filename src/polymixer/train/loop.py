@@ -238,7 +238,11 @@ def _sam_second_pass(raw: nn.Module, model: nn.Module, task: Task, batches: List
                      optimizer: torch.optim.Optimizer, cfg: TrainConfig, ctx: DistContext,
                      amp: Optional[torch.dtype]) -> None:
     """Sharpness-aware minimisation (Foret et al. 2021): climb to w + ρ·g/‖g‖ along the (all-reduced) gradient,
-    take the gradient there on the same batches, come back to w; the optimizer then steps with that gradient."""
+    take the gradient there on the same batches, come back to w; the optimizer then steps with that gradient.
+
+    The weights w are kept and copied back, not recomputed as (w + e) − e: in floating point that round trip is not
+    exact, so every step would start from slightly wrong weights and a step skipped for a non-finite second pass
+    would change the weights it promises to leave alone."""
     params = [p for p in raw.parameters() if p.grad is not None]
     if not params:
         return
@@ -247,15 +251,17 @@ def _sam_second_pass(raw: nn.Module, model: nn.Module, task: Task, batches: List
         if not bool(torch.isfinite(norm)):  # climbing along a NaN gradient would poison the weights; the loop
             return                           # skips this step as non-finite (the gradient is all-reduced: every rank)
         scale = cfg.sam_rho / (norm + 1e-12)
-        climbs = [p.grad * scale for p in params]
-        for p, e in zip(params, climbs):
-            p.add_(e)
+        origin = [p.detach().clone() for p in params]
+        for p in params:
+            p.add_(p.grad * scale)
     optimizer.zero_grad(set_to_none=True)
-    for micro, batch in enumerate(batches):
-        _forward_backward(model, task, batch, micro == len(batches) - 1, cfg, ctx, amp)
-    with torch.no_grad():
-        for p, e in zip(params, climbs):
-            p.sub_(e)
+    try:
+        for micro, batch in enumerate(batches):
+            _forward_backward(model, task, batch, micro == len(batches) - 1, cfg, ctx, amp)
+    finally:  # an exception in the second pass (a bad sample, an interrupt) leaves w, not w + e
+        with torch.no_grad():
+            for p, w in zip(params, origin):
+                p.copy_(w)
 
 
 def _running_stats(model: nn.Module) -> List[torch.Tensor]:
