@@ -191,15 +191,30 @@ def test_export_import_round_trip(tmp_path, capsys):
     assert "only language models" in capsys.readouterr().err
 
 
-def test_auto_classes_know_polymixer_after_import_in_either_order(tmp_path):
+@pytest.mark.parametrize("wrapt", ["wrapt hidden", "wrapt importable"])
+def test_auto_classes_know_polymixer_after_import_in_either_order(tmp_path, wrapt):
+    """Registration needs nothing beyond transformers: a fresh process, either import order, with wrapt importable
+    or made unimportable, and the exported folder loads through the Auto classes."""
     _model("pom").save_pretrained(tmp_path)
+    hide = "import sys; sys.modules['wrapt'] = None\n" if wrapt == "wrapt hidden" else ""
     for first, second in (("polymixer", "transformers"), ("transformers", "polymixer")):
-        code = (f"import {first}, {second}\nfrom transformers import AutoModelForCausalLM\n"
+        code = (f"{hide}import {first}, {second}\nfrom transformers import AutoModelForCausalLM\n"
                 f"m = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\nprint(type(m).__name__)")
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr
         assert res.stdout.strip().endswith("PolymixerForCausalLM")
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "polymixer"
+
+
+def test_import_polymixer_does_not_import_transformers_and_the_hook_leaves_nothing_behind():
+    code = ("import sys, polymixer\nassert 'transformers' not in sys.modules and 'polymixer.hf' not in sys.modules\n"
+            "hooks = [f for f in sys.meta_path if type(f).__module__ == 'polymixer.import_hooks']\n"
+            "assert len(hooks) == 1, sys.meta_path\n"
+            "import transformers\nassert 'polymixer.hf' in sys.modules\n"
+            "assert transformers.__spec__.loader.__module__ != 'polymixer.import_hooks'\n"
+            "assert not [f for f in sys.meta_path if type(f).__module__ == 'polymixer.import_hooks']\nprint('ok')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
 def test_bench_lm_decoding_through_transformers(tmp_path):

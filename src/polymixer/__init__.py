@@ -16,9 +16,9 @@ __version__ = "0.1.0"
 def _register_with_transformers() -> None:
     """Register polymixer's language models with transformers' Auto classes whenever transformers gets imported
     (now or later), without importing it here: ``import polymixer`` stays fast and transformers stays optional."""
-    import sys
+    from .import_hooks import when_imported
 
-    def hook(_module: object = None) -> None:
+    def hook(_module: object) -> None:
         try:
             from . import hf  # noqa: F401  (registers on import)
         except Exception as e:  # never break the user's `import transformers`
@@ -26,13 +26,7 @@ def _register_with_transformers() -> None:
 
             warnings.warn(f"polymixer could not register with transformers: {e}", stacklevel=2)
 
-    try:
-        import wrapt
-    except ImportError:  # without the [hf] extra: register only if transformers is already loaded
-        if "transformers" in sys.modules:
-            hook()
-        return
-    wrapt.register_post_import_hook(hook, "transformers")
+    when_imported("transformers", hook)
 
 
 _register_with_transformers()
