@@ -126,7 +126,7 @@ def test_a_bad_sample_met_in_training_stops_after_a_checkpoint_and_resumes_skipp
 
 
 def test_images_stop_naming_the_file_or_skip_it(tmp_path, capsys, polymixer_cache):
-    from polymixer.data.images import image_folder
+    from polymixer.data.image import image_folder
 
     root = tmp_path / "imgs"
     for c in ("a", "b"):
@@ -144,6 +144,9 @@ def test_images_stop_naming_the_file_or_skip_it(tmp_path, capsys, polymixer_cach
            "--batch-size", "4", "--eval-samples", "0", "--eval-every", "100", "--out", str(tmp_path / "run"),
            "--quiet"]
     assert main(cmd) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "b/1.png" in err and "--skip-bad-samples" in err, err
+    assert main(cmd + ["--no-data-check"]) == 2  # the loader itself stops at the file, as before the upfront check
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "b/1.png" in err and "--skip-bad-samples" in err, err
     assert main(cmd + ["--skip-bad-samples"]) == 0
@@ -205,9 +208,9 @@ def test_eo_patches_stop_naming_the_file_or_skip_it(tmp_path):
 
 
 def test_point_clouds_stop_naming_the_file_or_skip_it(tmp_path):
-    from polymixer.data.ptv3 import PointDataset
-    from polymixer.data.ptv3_synth import write_synthetic_rooms
-    from polymixer.tasks.ptv3 import PointTask
+    from polymixer.data.points import PointDataset
+    from polymixer.data.points_synth import write_synthetic_rooms
+    from polymixer.tasks.points import PointTask
 
     root = write_synthetic_rooms(tmp_path / "rooms", train=3, val=1, test=1, points=600, seed=1, progress=False)
     data = PointDataset(root, "train")
@@ -225,7 +228,7 @@ def test_point_clouds_stop_naming_the_file_or_skip_it(tmp_path):
 
 
 def test_text_files_stop_naming_the_file_or_skip_it(tmp_path, monkeypatch, polymixer_cache):
-    from polymixer.data.text import prepare_corpus
+    from polymixer.data.lm import prepare_corpus
 
     folder = tmp_path / "corpus"
     folder.mkdir()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from polymixer.cli import main
-from polymixer.data.text import ByteTokenizer, prepare_corpus
+from polymixer.data.lm import ByteTokenizer, prepare_corpus
 from polymixer.tasks.distill import (AttentionTransferTask, DistillConfig, DistillLMTask, MixerBank, load_teacher,
                                      make_student)
 from polymixer.tasks.lm import train_lm

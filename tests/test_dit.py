@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from polymixer.data.images import digits, image_folder, save_grid
+from polymixer.data.image import digits, image_folder, save_grid
 from polymixer.diffusion import FlowMatching, GaussianDiffusion, make_objective
 from polymixer.models import count_parameters, create_model
-from polymixer.models.dit import AdaLNPolyMorpher, DiT, DiTConfig
+from polymixer.models.image import AdaLNPolyMorpher, DiT, DiTConfig
 from polymixer.tasks.image import frechet_distance
 
 

@@ -318,7 +318,7 @@ def test_train_checkpoint_round_trip_and_commands(pastis, tmp_path, capsys):
     raw, _, _ = load_segmenter(run, ema=False)
     with torch.no_grad():
         torch.testing.assert_close(raw(x, doy), res["model"].eval()(x, doy))
-        ema = load_model(run, family="tsvit", ema=True).eval()
+        ema = load_model(run, family="eo", ema=True).eval()
         torch.testing.assert_close(model(x, doy), ema(x, doy))  # the EMA weights by default when present
     # the commands
     capsys.readouterr()

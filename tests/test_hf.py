@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, pipeline  # noqa: E402
 
 from polymixer.cli import main  # noqa: E402
-from polymixer.data.text import ByteTokenizer, GPT2BPE, _bytes_to_unicode  # noqa: E402
+from polymixer.data.lm import ByteTokenizer, GPT2BPE, bytes_to_unicode  # noqa: E402
 from polymixer.hf import PolymixerCache, PolymixerConfig, PolymixerForCausalLM, hf_tokenizer, to_hf  # noqa: E402
 from polymixer.models import create_model  # noqa: E402
 from polymixer.models.lm import pad_left  # noqa: E402
@@ -158,7 +158,7 @@ def test_byte_tokenizer_same_ids_and_pipeline(tmp_path):
 
 def test_gpt2_bpe_tokenizer_converts_with_the_same_ids():
     pytest.importorskip("regex")
-    b2u = _bytes_to_unicode()
+    b2u = bytes_to_unicode()
     encoder = {b2u[b]: b for b in range(256)}
     merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n")]
     for a, b in merges:
@@ -231,9 +231,9 @@ def test_bench_lm_decoding_through_transformers(tmp_path):
 
 def test_export_import_with_a_gpt2_bpe_tokenizer(tmp_path):
     pytest.importorskip("regex")
-    from polymixer.data.text import load_tokenizer
+    from polymixer.data.lm import load_tokenizer
 
-    b2u = _bytes_to_unicode()
+    b2u = bytes_to_unicode()
     encoder = {b2u[b]: b for b in range(256)}
     merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]
     for a, b in merges:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from polymixer.models import count_parameters, create_model
-from polymixer.models.htr import HTR, HTRConfig, MaskedBatchNorm2d, ResNetStem, ctc_greedy_decode, ctc_loss, \
+from polymixer.models.ocr import HTR, HTRConfig, MaskedBatchNorm2d, ResNetStem, ctc_greedy_decode, ctc_loss, \
     span_mask, token_lengths
 
 SMALL = dict(dim=32, heads=2, stem_channels=(8, 16, 32), depth=2, sel_heads=2)
@@ -198,7 +198,7 @@ def test_reference_state_dict_loads_htr_vt_names():
 
 def test_eval_fast_paths_equal_the_plain_layers():
     """Evaluation folds BatchNorm into the convolution and splits the 3×3 max-pool into 3×1 and 1×3."""
-    from polymixer.models.htr import _conv_bn, _max_pool
+    from polymixer.models.ocr import _conv_bn, _max_pool
 
     torch.manual_seed(0)
     x = torch.randn(2, 4, 9, 13, dtype=torch.float64)

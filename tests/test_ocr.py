@@ -16,7 +16,7 @@ from polymixer.cli import main as cli
 from polymixer.data.ocr import AugmentConfig, Charset, augment, collate, compose_page, list_split, load_line_image, \
     load_split, page_of
 from polymixer.metrics import error_rates, wer_words
-from polymixer.tasks.ocr import OCRTask, PageSpec, _make, evaluate_ocr, load_recognizer, train_ocr
+from polymixer.tasks.ocr import OCRTask, PageSpec, make_example, evaluate_ocr, load_recognizer, train_ocr
 from polymixer.train.loop import TrainConfig
 
 SMALL = dict(dim=32, heads=2, stem_channels=(8, 16, 32), depth=2, sel_heads=2)
@@ -140,7 +140,7 @@ def test_pages_and_multiline_examples(dataset):
     assert len(lines.pages(max_lines=2)) == 8  # pages of 3 lines → chunks of 2 + 1
     assert page_of("002_02_00") == ("002_02", 0) and page_of("train_7") == ("train", 7) and page_of("x") == (None, None)
     spec = PageSpec(multiline=True, gap=5)
-    image, text = _make(lines, pages[0], spec)
+    image, text = make_example(lines, pages[0], spec)
     parts = [lines.images[i] for i in pages[0]]
     assert text == " ".join(lines.records[i].text for i in pages[0])
     assert image.shape == (32, sum(p.shape[1] for p in parts) + 2 * 5)
@@ -315,6 +315,6 @@ def test_multiline_training_and_cli_errors(dataset, tmp_path, capsys):
     assert res["metrics"]["cer"] >= 0
     cfg = json.loads((tmp_path / "run" / "checkpoints" / "latest").read_text() and
                      (tmp_path / "run" / "checkpoints" / "step_00000001" / "config.json").read_text())
-    assert cfg["pages"]["multiline"] is True and cfg["family"] == "htr"
+    assert cfg["pages"]["multiline"] is True and cfg["family"] == "ocr"
     assert cli(["read", "--ckpt", str(tmp_path / "nothing"), "x.png"]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from polymixer import PoM
 from polymixer.attention import Attention
 from polymixer.models import count_parameters, create_model
-from polymixer.models.ptv3 import ORDERS, PointLevel, SerializedMixer, encode, hilbert_encode, kernel_offsets, \
+from polymixer.models.points import ORDERS, PointLevel, SerializedMixer, encode, hilbert_encode, kernel_offsets, \
     neighbour_map, submconv3d, z_order_encode
 from polymixer.train.loop import TrainConfig, configure_optimizer
 

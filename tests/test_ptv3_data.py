@@ -10,10 +10,10 @@ from typing import Optional
 import numpy as np
 import pytest
 
-from polymixer.data import ptv3_synth
-from polymixer.data.ptv3 import FORMATS, SCANNET20_CLASSES, AugmentConfig, PointDataset, Scene, augment, \
+from polymixer.data import points_synth
+from polymixer.data.points import FORMATS, SCANNET20_CLASSES, AugmentConfig, PointDataset, Scene, augment, \
     detect_format, load_ply, load_scannet_scene, load_semantickitti_scan, voxelize, write_ply
-from polymixer.data.ptv3_synth import default_rooms, make_room, resolve_data, write_synthetic_rooms
+from polymixer.data.points_synth import default_data, make_room, resolve_data, write_synthetic_rooms
 
 
 def unit(v: np.ndarray) -> np.ndarray:
@@ -392,19 +392,19 @@ def test_synthetic_deterministic(rooms, tmp_path):
         write_synthetic_rooms(again, progress=False, **TINY)
 
 
-def test_default_rooms_and_resolve(tmp_path, monkeypatch):
+def test_default_data_and_resolve(tmp_path, monkeypatch):
     monkeypatch.setenv("POLYMIXER_CACHE", str(tmp_path / "cache"))
     sizes = dict(train=1, val=1, test=0, points=500)
-    root = default_rooms(seed=2, progress=False, **sizes)
-    assert root.parent == tmp_path / "cache" / "ptv3" and (root / "meta.json").is_file()
-    assert default_rooms(seed=2, progress=False, **sizes) == root  # reused
+    root = default_data(seed=2, progress=False, **sizes)
+    assert root.parent == tmp_path / "cache" / "points" and (root / "meta.json").is_file()
+    assert default_data(seed=2, progress=False, **sizes) == root  # reused
 
     def racing(root, **kw):  # another process publishes the folder first
         Path(root).mkdir(parents=True)
         raise FileExistsError(root)
 
-    monkeypatch.setattr(ptv3_synth, "write_synthetic_rooms", racing)
-    assert default_rooms(seed=3, progress=False, **sizes).is_dir()
+    monkeypatch.setattr(points_synth, "write_synthetic_rooms", racing)
+    assert default_data(seed=3, progress=False, **sizes).is_dir()
     assert resolve_data(str(root)) == root
-    with pytest.raises(ValueError, match="no-such-folder"):
+    with pytest.raises(FileNotFoundError, match="no-such-folder"):
         resolve_data(str(tmp_path / "no-such-folder"))

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from polymixer.cli import main
-from polymixer.data.ptv3 import PointDataset, Scene
-from polymixer.data.ptv3_synth import write_synthetic_rooms
+from polymixer.data.points import PointDataset
+from polymixer.data.points_synth import write_synthetic_rooms
 from polymixer.models import create_model
-from polymixer.tasks.ptv3 import PointTask, collate, evaluate_3d, lovasz_softmax, predict_scene, segmentation_loss
+from polymixer.data.points import collate
+from polymixer.tasks.points import PointTask, evaluate_points, lovasz_softmax, predict_scene
 from polymixer.train.checkpoint import load_weights, resolve_checkpoint
 from polymixer.train.loop import TrainConfig, configure_optimizer
 
@@ -91,7 +92,7 @@ def test_training_steps_lower_the_loss(rooms):
 def test_evaluation_counts_every_point(rooms):
     model = create_model("tiny-ptv3", **TOY)
     ds = PointDataset(rooms, "test")
-    m = evaluate_3d(model, ds)
+    m = evaluate_points(model, ds)
     labelled = sum(int((ds[i].segment >= 0).sum()) for i in range(len(ds)))
     assert m["counted"] == labelled and m["points"] == sum(len(ds[i].coord) for i in range(len(ds)))
     assert 0 <= m["miou"] <= 1 and 0 <= m["oa"] <= 1 and m["mpts_per_s"] > 0
@@ -99,14 +100,14 @@ def test_evaluation_counts_every_point(rooms):
 
 def test_train_eval_segment_commands_and_checkpoint_round_trip(rooms, tmp_path, capsys):
     run = tmp_path / "run"
-    args = ["train", "3d", "--preset", "tiny-ppomv3-hybrid", "--data", str(rooms), "--steps", "2", "--batch-size",
+    args = ["train", "points", "--preset", "tiny-ppomv3-hybrid", "--data", str(rooms), "--steps", "2", "--batch-size",
             "2", "--eval-every", "2", "--ckpt-every", "2", "--out", str(run), "--quiet", "--warmup", "1"]
     assert main(args) == 0
     ck = resolve_checkpoint(run)
     cfg = json.loads((ck / "config.json").read_text())
-    assert cfg["family"] == "ptv3" and cfg["data"]["format"] == "scannet"
+    assert cfg["family"] == "points" and cfg["data"]["format"] == "scannet"
     # the weights load back into a fresh model bit for bit
-    from polymixer.tasks.ptv3 import load_segmenter
+    from polymixer.tasks.points import load_segmenter
 
     model, _ = load_segmenter(run)
     fresh = create_model("tiny-ppomv3-hybrid")
@@ -114,7 +115,7 @@ def test_train_eval_segment_commands_and_checkpoint_round_trip(rooms, tmp_path, 
     for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
         assert torch.equal(a, b)
     capsys.readouterr()
-    assert main(["eval", "3d", "--ckpt", str(run), "--split", "test", "--scenes", "1"]) == 0
+    assert main(["eval", "points", "--ckpt", str(run), "--split", "test", "--scenes", "1"]) == 0
     out = capsys.readouterr().out
     assert '"miou"' in out and "IoU %" in out and (run / "eval_test_scene0.png").is_file()
     scene_dir = next((rooms / "test").iterdir())
@@ -139,8 +140,8 @@ def test_segment3d_names_a_bad_scene(rooms, tmp_path, capsys):
     assert "coord.npy" in capsys.readouterr().err
 
 
-def test_bench_3d_runs_every_part(rooms, tmp_path):
-    from polymixer.bench.ptv3 import PointBenchConfig, report, run
+def test_bench_points_runs_every_part(rooms, tmp_path):
+    from polymixer.bench.points import PointBenchConfig, report, run
 
     cfg = PointBenchConfig(presets=("ptv3", "ppomv3"), sizes=(600,), patch_models=("ppomv3+pom_patch_size=scene",),
                            patch_scene=600, repeats=1, conv_points=600, conv_channels=(4,),
@@ -152,18 +153,18 @@ def test_bench_3d_runs_every_part(rooms, tmp_path):
     assert "PPoMv3 ÷ PTv3 at 600 voxels" in text and "whole scene" in text and "tiny PPoMv3" in text
     assert {r["spec"] for r in payload["speed"]["rows"]} >= {"ptv3", "ppomv3", "ppomv3+pom_patch_size=scene"}
     assert payload["conv"]["rows"][0]["speedup"] > 0
-    assert (tmp_path / "bench" / "3d.png").is_file()
+    assert (tmp_path / "bench" / "points.png").is_file()
 
 
 DDP_SCRIPT = """
 import sys, torch
-from polymixer.tasks.ptv3 import train_3d
+from polymixer.tasks.points import train_points
 from polymixer.train.loop import TrainConfig
 cfg = TrainConfig(steps=2, batch_size=2, lr=1e-3, warmup=1, eval_every=100, ckpt_every=100, out=sys.argv[1] + "/run",
                   progress=False, seed=5)
 toy = dict(enc_depths=(1, 1, 2), enc_channels=(8, 16, 16), enc_heads=(1, 2, 2), dec_depths=(1, 1),
            dec_channels=(8, 16), dec_heads=(1, 2), patch_size=64, drop_path=0.0)
-res = train_3d("tiny-ppomv3-hybrid", cfg, sys.argv[2], progress=False, **toy, pom_patch_size=None)
+res = train_points("tiny-ppomv3-hybrid", cfg, sys.argv[2], progress=False, **toy, pom_patch_size=None)
 flat = torch.cat([p.detach().flatten() for p in res["model"].parameters()])
 torch.save(flat, f"{sys.argv[1]}/params_rank{res['rank']}_of_{res['world']}.pt")
 """

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from polymixer.data.text import ByteTokenizer, GPT2BPE, TokenWindows, _bytes_to_unicode, default_corpus_files, \
+from polymixer.data.lm import ByteTokenizer, GPT2BPE, TokenWindows, bytes_to_unicode, default_corpus_files, \
     load_tokenizer, prepare_corpus
 from polymixer.functional import documents_cu_seqlens
 
@@ -26,7 +26,7 @@ def test_byte_tokenizer_roundtrip():
 
 def _tiny_bpe(tmp_path):
     """A GPT-2-format vocabulary: the 256 byte symbols, a few merges, and end-of-text."""
-    b2u = _bytes_to_unicode()
+    b2u = bytes_to_unicode()
     symbols = [b2u[b] for b in range(256)]
     merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("Ġ", "w"), ("o", "r")]
     vocab = symbols + ["".join(m) for m in merges] + ["<|endoftext|>"]

@@ -10,7 +10,7 @@ from torch import nn
 
 from polymixer import PoM
 from polymixer.models import count_parameters, create_model
-from polymixer.models.tsvit import TSViT, TSViTConfig, patchify, unpack_dates, unpatchify
+from polymixer.models.eo import TSViT, TSViTConfig, patchify, unpack_dates, unpatchify
 
 TOY = dict(dim=16, heads=2, temporal_depth=1, spatial_depth=1, sel_heads=2, image_size=8, num_classes=5)
 

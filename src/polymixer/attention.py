@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import functional as Fn
-from .mixer import Index, _batch_index
+from .mixer import Index, batch_index
 
 __all__ = ["Attention", "AttentionState", "sdpa"]
 
@@ -55,7 +55,7 @@ class AttentionState:
 
     def __getitem__(self, index: Index) -> "AttentionState":
         """Select / reorder sequences along the batch (copies the cache of the selected rows)."""
-        i = _batch_index(index, self.k.device)
+        i = batch_index(index, self.k.device)
         return AttentionState(
             self.k[i], self.v[i], self.index[i], self.valid[i], self.offset[i], self.filled, self.window, self.ptr
         )

@@ -20,101 +20,63 @@
     polymixer eval eo --ckpt RUN                OA, mIoU, per-class IoU, km²/s, confusion and tiles PNGs
     polymixer segment --ckpt RUN --data D --patch ID   the class map of a whole patch (.npy and .png)
     polymixer bench eo [--quick]                km²/s vs window side, quality at equal budget, whole patches
-    polymixer train 3d --preset tiny-ppomv3     train a point-cloud segmenter (default data: synthetic rooms)
-    polymixer eval 3d --ckpt RUN                mIoU, per-class IoU, OA, 10⁶ points/s, scene PNGs
+    polymixer train points --preset tiny-ppomv3 train a point-cloud segmenter (default data: synthetic rooms)
+    polymixer eval points --ckpt RUN            mIoU, per-class IoU, OA, 10⁶ points/s, scene PNGs
     polymixer segment3d --ckpt RUN SCENE...     per-point labels of scenes (.npy, coloured .ply, PNG)
-    polymixer bench 3d [--quick]                10⁶ points/s vs scene size and patch, quality at equal budget
+    polymixer bench points [--quick]            10⁶ points/s vs scene size and patch, quality at equal budget
     polymixer bench faults [--quick]            SIGKILL / SIGTERM / truncated checkpoint / NaN in every family
     polymixer bench recall [--quick]            MQAR recall accuracy vs state size across mixers
+    polymixer check-data <family> --data DIR    every bad file of a dataset with its reason, in one pass
+    polymixer plot RUN [RUN ...]                training curves (loss, learning rate, evaluations) as a PNG
+
+The families (lm, image, ocr, eo, points, recall) and their commands come from :mod:`polymixer.families`; a
+family's earlier name (``3d`` for points) still works as a noun.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Dict, List, Optional, Tuple
+import warnings
+from typing import Dict, List, Optional, Tuple
 
-# verb → noun → (help, add_arguments, main); each entry imports its module lazily so the CLI starts fast
+from .families import FAMILIES, load_command, run_command, task_target
+
+# verb → noun → (help, target, description); the family verbs (train / eval / check-data / bench <family>) come from
+# the families table, each entry imports its module lazily so the CLI starts fast
 Command = Tuple[str, str, str]
-COMMANDS: Dict[str, Dict[str, Command]] = {
-    "train": {
-        "lm": ("train a language model (GPT-2 / GPPoM2 / hybrid)", "polymixer.tasks.lm:train",
-               "Train a language model preset on text files (default: the Python standard library's sources)."),
-        "image": ("train a class-conditional diffusion transformer (SiT / SiPoM / DiT / DiPoM)",
-                  "polymixer.tasks.image:train",
-                  "Train an image generator with flow matching or DDPM (default data: scikit-learn's digits)."),
-        "ocr": ("train a handwriting recogniser (HTR-VT / HTR-VPoM / hybrid)", "polymixer.tasks.ocr:train",
-                "Train a CTC text-line recogniser on lines or multi-line pages (default data: synthetic lines "
-                "rendered offline; --data DIR for IAM / READ2016 / LAM in HTR-VT's layout or IAM's own)."),
-        "eo": ("train a crop-type segmenter of satellite time series (TSViT / TSViPoM / hybrid)",
-               "polymixer.tasks.eo:train",
-               "Train a Sentinel-2 time-series segmenter on PASTIS-layout data (default: a synthetic PASTIS written "
-               "offline; --data DIR for PASTIS itself), on 24×24 windows or whole patches."),
-        "3d": ("train a point-cloud segmenter (PTv3 / PPoMv3 / hybrid)", "polymixer.tasks.ptv3:train",
-               "Train a 3-D semantic segmenter on ScanNet-layout scenes, SemanticKITTI or .ply files (default: "
-               "synthetic indoor rooms generated offline in ScanNet's layout)."),
-    },
-    "sample": {
-        "": ("sample an image grid from a trained generator", "polymixer.tasks.image:sample",
-             "Class-conditional samples with classifier-free guidance, written as a PNG grid."),
-    },
-    "segment": {
-        "": ("segment whole patches of a PASTIS-layout folder with a trained segmenter", "polymixer.tasks.eo:segment",
-             "Write the class map of each patch as <ID>_classes.npy (uint8) and a PNG in the PASTIS colour map; the "
-             "whole patch in one forward call by default."),
-    },
-    "segment3d": {
-        "": ("segment point clouds with a trained 3-D segmenter", "polymixer.tasks.ptv3:segment3d",
-             "Write each scene's per-point labels as <name>_labels.npy, a .ply coloured by class and a top-view PNG; "
-             "the whole scene in one forward call."),
-    },
-    "read": {
-        "": ("transcribe line images with a trained recogniser", "polymixer.tasks.ocr:read",
+USE_VERBS: Dict[str, Command] = {  # verbs that use a trained model of one family
+    "generate": ("sample text from a trained language model", "polymixer.tasks.lm:generate",
+                 "Prefill the prompt in parallel, then decode token by token with per-layer state."),
+    "sample": ("sample an image grid from a trained generator", "polymixer.tasks.image:sample",
+               "Class-conditional samples with classifier-free guidance, written as a PNG grid."),
+    "read": ("transcribe line images with a trained recogniser", "polymixer.tasks.ocr:read",
              "Print the greedy CTC transcription of each image (resized like the training lines)."),
-    },
-    "generate": {
-        "": ("sample text from a trained language model", "polymixer.tasks.lm:generate",
-             "Prefill the prompt in parallel, then decode token by token with per-layer state."),
-    },
-    "export": {
-        "hf": ("a language-model checkpoint as a transformers folder", "polymixer.tasks.lm:export",
-               "Write model.safetensors, config.json and the tokenizer: AutoModelForCausalLM.from_pretrained(DIR) "
-               "loads it once polymixer is imported (needs the [hf] extra)."),
-    },
-    "import": {
-        "hf": ("a transformers folder of a polymixer language model as a polymixer run", "polymixer.tasks.lm:import",
-               "The reverse of export hf: a checkpoint that generate, eval lm, train lm --init-from and distill lm "
-               "take."),
-    },
-    "distill": {
-        "lm": ("convert an attention LM to PoM / hybrid and distil it (attention transfer, then fine-tuning)",
-               "polymixer.tasks.distill:lm",
-               "Replace the attention of the layers a pattern marks (P = PoM, L = local attention) in a polymixer "
-               "run or a transformers GPT-2 / Llama-family folder, train the new mixers to match each replaced "
-               "layer (stage 1), then fine-tune the whole student on the language-modelling loss (stage 2)."),
-    },
-    "eval": {
-        "lm": ("validation loss, bits per byte and length generalisation", "polymixer.tasks.lm:eval",
-               "Evaluate a language-model checkpoint at its training context and at multiples of it."),
-        "image": ("conditional accuracy and Fréchet distance of generated images", "polymixer.tasks.image:eval",
-                  "Score generated images with a small classifier trained once on the real data."),
-        "ocr": ("character and word error rates, lines/s, sample lines", "polymixer.tasks.ocr:eval",
-                "Evaluate a recogniser on a split: CER and WER over the set, throughput, and a PNG of sample lines "
-                "with reference and prediction."),
-        "eo": ("overall accuracy, per-class IoU, mIoU and km²/s of a crop-type segmenter", "polymixer.tasks.eo:eval",
-               "Evaluate a segmenter on a PASTIS fold's split over every non-void pixel: OA, per-class IoU, mIoU, "
-               "throughput in km²/s, a confusion-matrix PNG and a PNG of tiles (RGB, truth, prediction)."),
-        "3d": ("mIoU, per-class IoU, overall accuracy and 10⁶ points/s of a point-cloud segmenter",
-               "polymixer.tasks.ptv3:eval",
-               "Evaluate a 3-D segmenter on a split as PTv3 does (intersection and union over every original point, "
-               "predictions mapped back through the voxels), throughput, and top-view PNGs of scenes."),
-    },
-    "bench": {
+    "segment": ("segment whole patches of a PASTIS-layout folder with a trained segmenter", "polymixer.tasks.eo:segment",
+                "Write the class map of each patch as <ID>_classes.npy (uint8) and a PNG in the PASTIS colour map; the "
+                "whole patch in one forward call by default."),
+    "segment3d": ("segment point clouds with a trained 3-D segmenter", "polymixer.tasks.points:segment3d",
+                  "Write each scene's per-point labels as <name>_labels.npy, a .ply coloured by class and a top-view "
+                  "PNG; the whole scene in one forward call."),
+    "plot": ("training curves of one or more runs as a PNG", "polymixer.report:plot",
+             "Overlay the loss, learning rate and evaluation metrics of runs (their history.json) in one PNG."),
+}
+
+
+def _commands() -> Dict[str, Dict[str, Command]]:
+    out: Dict[str, Dict[str, Command]] = {"train": {}, "eval": {}, "check-data": {}}
+    for name, fam in FAMILIES.items():
+        for verb, (short, desc) in fam.commands.items():
+            out.setdefault(verb, {})[name] = (short, task_target(name, verb), desc)
+        if fam.default_data is not None:
+            out["check-data"][name] = (
+                f"check every file of {fam.title.split(' ', 1)[1]} dataset and list the bad ones",
+                "polymixer.tasks.check",
+                f"Read the headers and lengths of every file of a {name} dataset (default: the offline default, "
+                f"'{fam.default_data}') and list each bad file with its reason, in one pass; status 1 if any.")
+    out["bench"].update({
         "mixer": ("PoM vs attention across sequence lengths at a fixed token budget", "polymixer.bench.mixer",
                   "Time forward and forward+backward of PoM (eager and compiled) against SDPA and naive attention."),
-        "lm": ("language models: throughput, decoding cost vs context, quality at equal budget", "polymixer.bench.lm",
-               "Forward throughput, per-token decoding time and memory, and trained quality of attention / PoM / "
-               "hybrid language models."),
         "distill": ("attention LM converted to hybrid / all-PoM and distilled vs trained from scratch",
                     "polymixer.bench.distill",
                     "Train the tiny attention teacher, distil it into the hybrid and all-PoM patterns within a quarter "
@@ -126,38 +88,37 @@ COMMANDS: Dict[str, Dict[str, Command]] = {
                    "moments, some inside a checkpoint write; SIGTERM; a truncated newest checkpoint; a NaN loss), "
                    "resuming each time; report faults survived, steps lost and whether the final weights are "
                    "bit-identical."),
-        "recall": ("MQAR recall: accuracy vs state size for PoM, value-carrying PoM, attention, Based, …",
-                   "polymixer.bench.recall",
-                   "Zoology's multi-query associative recall: 2-layer models of many mixers trained on MQAR, accuracy "
-                   "against state floats per layer (L = 64, K = 16) and against sequence length, several seeds."),
-        "image": ("diffusion transformers: seconds per image vs image side, quality at equal budget",
-                  "polymixer.bench.image",
-                  "Forward time of SiT vs SiPoM across image sizes, and SiT vs SiPoM trained with equal steps."),
-        "ocr": ("handwriting recognition: lines/s vs page length, quality at equal budget", "polymixer.bench.ocr",
-                "Throughput of HTR-VT / HTR-VPoM / hybrid at paper size on lines and pages of 2 to 16 lines, and "
-                "CER / WER of the tiny presets trained with equal steps."),
-        "eo": ("satellite time series: km²/s vs window side, quality at equal budget, whole patches",
-               "polymixer.bench.eo",
-               "Throughput of TSViT / TSViPoM / hybrid at paper size on windows of 24 to 128 pixels, and OA / mIoU "
-               "of the tiny presets trained with equal steps, evaluated on windows and whole patches."),
-        "3d": ("point clouds: 10⁶ points/s vs scene size and patch size, sparse conv, quality at equal budget",
-               "polymixer.bench.ptv3",
-               "Throughput of PTv3 / PPoMv3 / hybrid at paper size on scenes of 10k to 160k voxels with patches of "
-               "1,024 to the whole scene, the sparse convolution's backward, and mIoU of the tiny presets trained "
-               "with equal steps."),
-    },
-}
+    })
+    out["export"] = {"hf": ("a language-model checkpoint as a transformers folder", "polymixer.tasks.lm:export",
+                            "Write model.safetensors, config.json and the tokenizer: AutoModelForCausalLM."
+                            "from_pretrained(DIR) loads it once polymixer is imported (needs the [hf] extra).")}
+    out["import"] = {"hf": ("a transformers folder of a polymixer language model as a polymixer run",
+                            "polymixer.tasks.lm:import",
+                            "The reverse of export hf: a checkpoint that generate, eval lm, train lm --init-from and "
+                            "distill lm take.")}
+    out["distill"] = {"lm": ("convert an attention LM to PoM / hybrid and distil it (attention transfer, then "
+                             "fine-tuning)", "polymixer.tasks.distill:lm",
+                             "Replace the attention of the layers a pattern marks (P = PoM, L = local attention) in a "
+                             "polymixer run or a transformers GPT-2 / Llama-family folder, train the new mixers to "
+                             "match each replaced layer (stage 1), then fine-tune the whole student on the "
+                             "language-modelling loss (stage 2).")}
+    for verb, entry in USE_VERBS.items():
+        out[verb] = {"": entry}
+    return out
 
 
-def _load(target: str) -> Tuple[Callable, Callable]:
-    """``module`` (functions add_arguments / main) or ``module:name`` (add_<name>_arguments / main_<name>)."""
-    import importlib
+COMMANDS: Dict[str, Dict[str, Command]] = _commands()
 
-    module, _, name = target.partition(":")
-    mod = importlib.import_module(module)
-    if name:
-        return getattr(mod, f"add_{name}_arguments"), getattr(mod, f"main_{name}")
-    return mod.add_arguments, mod.main
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in every option's help (not "(default: None)" or "(default: False)"), and metavars named after
+    the option (``--n-layer N_LAYER``, not ``M_MIXER``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_ = action.help or ""
+        if "%(default)" in help_ or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return help_
+        return f"{help_} (default: %(default)s)" if help_ else "default: %(default)s"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,29 +128,51 @@ def build_parser() -> argparse.ArgumentParser:
     for verb, nouns in COMMANDS.items():
         if "" in nouns:  # a verb without a noun, e.g. `polymixer generate`
             short, module, desc = nouns[""]
-            vp = verbs.add_parser(verb, help=short, description=desc,
-                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-            _load(module)[0](vp)
+            vp = verbs.add_parser(verb, help=short, description=desc, formatter_class=_HelpFormatter)
+            load_command(module)[0](vp)
             vp.set_defaults(_module=module, noun="")
             continue
         vp = verbs.add_parser(verb, help=f"{verb} ({', '.join(nouns)})")
         sub = vp.add_subparsers(dest="noun", metavar="<what>", required=True)
         for noun, (short, module, desc) in nouns.items():
-            np_ = sub.add_parser(noun, help=short, description=desc,
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-            _load(module)[0](np_)
-            np_.set_defaults(_module=module)
+            aliases = list(FAMILIES[noun].aliases) if noun in FAMILIES else []  # earlier names keep working
+            np_ = sub.add_parser(noun, aliases=aliases, help=short, description=desc, formatter_class=_HelpFormatter)
+            load_command(module)[0](np_)
+            np_.set_defaults(_module=module, noun=noun)
     return parser
 
 
+def _format_warning(message: Warning | str, category: type, filename: str, lineno: int,
+                    line: Optional[str] = None) -> str:
+    """polymixer's own warnings (their categories live in polymixer's modules) as one line, without the source line
+    that raised them; every other warning as Python formats it."""
+    if category.__module__.startswith("polymixer."):
+        return f"polymixer: warning: {message}\n"
+    return _PLAIN_FORMAT(message, category, filename, lineno, line)
+
+
+_PLAIN_FORMAT = warnings.formatwarning
+
+
+def install_warning_format() -> None:
+    """polymixer's own warnings print as one line (``polymixer: warning: …``), as the command line shows them."""
+    warnings.formatwarning = _format_warning
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    install_warning_format()
     args = build_parser().parse_args(argv)
-    _, run = _load(args._module)
-    try:
-        return int(run(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError, FloatingPointError) as e:
-        print(f"polymixer {args.verb}{' ' + args.noun if args.noun else ''}: error: {e}", file=sys.stderr)
-        return 2
+    _, run = load_command(args._module)
+    name = f"{args.verb}{' ' + args.noun if args.noun else ''}"
+    if args.verb != "bench":
+        return run_command(run, args, name)
+    from .bench.common import MachineLoad
+
+    with MachineLoad() as load:
+        status = run_command(run, args, name)
+    if load.warning():
+        print(f"polymixer {name}: warning: {load.warning()}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

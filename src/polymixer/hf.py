@@ -35,7 +35,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("polymixer.hf needs transformers ≥ 5: pip install 'polymixer[hf]'") from e
 
-from .data.text import EOT_TEXT, ByteTokenizer, GPT2BPE, Tokenizer, _bytes_to_unicode, load_tokenizer
+from .data.lm import EOT_TEXT, GPT2BPE, ByteTokenizer, Tokenizer, bytes_to_unicode, load_tokenizer
 from .models.lm import GPT, LMConfig, LMState
 
 __all__ = ["PolymixerConfig", "PolymixerForCausalLM", "MixerCacheLayer", "PolymixerCache", "hf_tokenizer",
@@ -320,12 +320,13 @@ def hf_tokenizer(tok: Union[Tokenizer, str, None] = None) -> Any:
     The byte-level tokenizer becomes a byte-level BPE with no merges (token b = byte b, 256 = end-of-text); GPT-2's
     BPE keeps its vocabulary, merges and pre-tokenisation.
     """
-    from tokenizers import Tokenizer as RawTokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     if tok is None or isinstance(tok, str):
         tok = load_tokenizer(tok)
-    b2u = _bytes_to_unicode()
+    b2u = bytes_to_unicode()
     if isinstance(tok, ByteTokenizer):
         raw = RawTokenizer(models.BPE(vocab={b2u[b]: b for b in range(256)}, merges=[]))
         raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -345,7 +346,7 @@ def hf_tokenizer(tok: Union[Tokenizer, str, None] = None) -> Any:
 
 
 class HFTokenizer:
-    """A transformers tokenizer behind polymixer's :class:`~polymixer.data.text.Tokenizer` protocol (corpora,
+    """A transformers tokenizer behind polymixer's :class:`~polymixer.data.lm.Tokenizer` protocol (corpora,
     bits per byte), for teachers that come as transformers folders."""
 
     def __init__(self, tok: Any, name: str) -> None:

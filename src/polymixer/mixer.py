@@ -12,12 +12,12 @@ from torch.utils import _pytree
 from . import functional as Fn
 from . import values as Fv
 
-__all__ = ["PoM", "PoMState"]
+__all__ = ["PoM", "PoMState", "Index", "batch_index"]
 
 Index = Union[int, slice, Sequence[int], Tensor]
 
 
-def _batch_index(index: Index, device: torch.device) -> Union[slice, Tensor]:
+def batch_index(index: Index, device: torch.device) -> Union[slice, Tensor]:
     """Normalise a batch index so that the batch dimension is always kept."""
     if isinstance(index, int):
         return slice(index, index + 1) if index != -1 else slice(-1, None)
@@ -53,7 +53,7 @@ class PoMState:
 
     def __getitem__(self, index: Index) -> "PoMState":
         """Select / reorder sequences along the batch (beam search, batch compaction); the batch dim is kept."""
-        i = _batch_index(index, self.sum.device)
+        i = batch_index(index, self.sum.device)
         return self._map(lambda t: t[i])
 
     def index_select(self, index: Tensor) -> "PoMState":

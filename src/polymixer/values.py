@@ -28,7 +28,7 @@ from torch import Tensor
 
 from . import functional as Fn
 
-__all__ = ["value_pom", "value_pom_step", "value_mix", "packed_causal_mix", "token_shift", "CHUNK"]
+__all__ = ["value_pom", "value_pom_step", "value_mix", "packed_causal_mix", "token_shift", "pad_packed", "CHUNK"]
 
 CHUNK = 64  # tokens per chunk of the causal form: the quadratic part is C / (dv/H) of the state part's work
 EPS = 1e-6
@@ -252,7 +252,7 @@ def _features(ctx: Tensor, x: Tensor, in_weight: Tensor, coeff: Tensor, coeff_q:
     return phi, zv.to(phi.dtype), psi, zs, last
 
 
-def _unpack(t: Tensor, cu: Tensor) -> Tuple[Tensor, Tensor]:
+def pad_packed(t: Tensor, cu: Tensor) -> Tuple[Tensor, Tensor]:
     """(1, T, …) packed → (S, L_max, …) one row per sequence (zero padding on the right), and the (S, L_max)
     validity mask."""
     cu64 = cu.to(torch.int64)
@@ -266,8 +266,8 @@ def _unpack(t: Tensor, cu: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 def _unpack_positions(pos: Tensor, n: int, cu: Tensor, two_d: bool) -> Tensor:
-    """Positions of packed tokens ((T,) / (1, T), or (…, T, 2)) → (S, L_max[, 2]) like :func:`_unpack`."""
-    rows = _unpack(pos.reshape(1, n, -1), cu)[0]
+    """Positions of packed tokens ((T,) / (1, T), or (…, T, 2)) → (S, L_max[, 2]) like :func:`pad_packed`."""
+    rows = pad_packed(pos.reshape(1, n, -1), cu)[0]
     return rows if two_d else rows.squeeze(-1)
 
 
@@ -348,10 +348,10 @@ def value_pom(
                               rope_base, chunk, squeeze)
     if cu_k is not None:  # other packed modes: one row per sequence, the same computation, and back
         cq = cu_k if cu_q is None else cu_q
-        xs, valid_q = _unpack(x, cq)
-        cs, valid_k = (xs, valid_q) if self_mix else _unpack(context, cu_k)
+        xs, valid_q = pad_packed(x, cq)
+        cs, valid_k = (xs, valid_q) if self_mix else pad_packed(context, cu_k)
         if key_mask is not None:  # a (1, T) key padding mask of the packed stream applies as well
-            valid_k = valid_k & _unpack(key_mask.unsqueeze(-1), cu_k)[0].squeeze(-1)
+            valid_k = valid_k & pad_packed(key_mask.unsqueeze(-1), cu_k)[0].squeeze(-1)
         pos = cpos = None
         if rope is not None:
             if positions is not None:

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -102,6 +102,62 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
+def _cpu_jiffies() -> Optional[Tuple[float, float]]:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat (None where there is none)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest time is inside user)
+    return (total - idle) / hz, total / hz
+
+
+def _own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class MachineLoad:
+    """How busy the machine was with *other* work while a benchmark ran: the share of all cores' time used by other
+    processes (the machine's busy time from /proc/stat minus this process's and its children's), and the load average
+    before. Two heavy jobs at once make timings 5–20× slower, so a bench on a busy machine says so."""
+
+    BUSY_SHARE = 0.10  # others used more than this share of the machine's cores
+    BUSY_LOAD = 0.5  # or the 1-minute load average per core was above this when the bench started
+
+    def __enter__(self) -> "MachineLoad":
+        self.load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        self._start = (_cpu_jiffies(), _own_cpu_seconds())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        end = _cpu_jiffies()
+        self.other_share: Optional[float] = None
+        if end is not None and self._start[0] is not None:
+            busy, total = end[0] - self._start[0][0], end[1] - self._start[0][1]
+            own = _own_cpu_seconds() - self._start[1]
+            self.other_share = max(0.0, busy - own) / total if total > 0 else None
+
+    def warning(self) -> Optional[str]:
+        """A sentence when the machine was busy with other work (None when it was quiet)."""
+        cores = os.cpu_count() or 1
+        busy_before = self.load_before is not None and self.load_before / cores > self.BUSY_LOAD
+        busy_during = self.other_share is not None and self.other_share > self.BUSY_SHARE
+        if not (busy_before or busy_during):
+            return None
+        parts = []
+        if busy_before:
+            parts.append(f"the load average was {self.load_before:.1f} on {cores} cores when it started")
+        if busy_during:
+            parts.append(f"other processes used {100 * self.other_share:.0f}% of the machine's CPU time while it ran")
+        return ("the machine was busy — " + "; ".join(parts) + ". Timings and speed ratios measured now are not "
+                "trustworthy: run benchmarks alone")
+
+
 def machine() -> Dict[str, Any]:
     """Facts that make a benchmark figure reproducible."""
     cpu = platform.processor() or ""
@@ -122,33 +178,6 @@ def machine() -> Dict[str, Any]:
         "platform": platform.platform(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-
-
-def format_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str], headers: Optional[Sequence[str]] = None) -> str:
-    """A plain aligned text table (also valid Markdown)."""
-    headers = list(headers or columns)
-
-    def cell(v: Any) -> str:
-        if v is None:
-            return "—"
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
-        return str(v)
-
-    body = [[cell(r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
-    line = lambda cells: "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(headers), sep] + [line(b) for b in body])
-
-
-def per_class_table(scores: Dict[str, Any], unit: str) -> str:
-    """The per-class table of a segmentation evaluation (``ConfusionMatrix.as_dict()``): IoU and recall in %,
-    support and predictions counted in ``unit`` (pixels, points)."""
-    rows = [{**r, "iou": None if r["iou"] is None else 100 * r["iou"],
-             "recall": None if r["recall"] is None else 100 * r["recall"]} for r in scores["per_class"]]
-    return format_table(rows, ["class", "name", "iou", "recall", "support", "predicted"],
-                        ["class", "name", "IoU %", "recall %", unit, "predicted"])
 
 
 def apply_overrides(cfg: Any, quick: Optional[Dict[str, Any]], args: Any, fields: Dict[str, str]) -> Any:
@@ -230,50 +259,6 @@ def training_minutes(out: Path, started: float, resumed_finished: bool, history:
             seconds += (rec["step"] - last) * batch / rate
             last = rec["step"]
     return seconds / 60 if seconds else None
-
-
-def new_figure(ncols: int, width: float = 5.2, height: float = 4.0, nrows: int = 1):
-    """A matplotlib figure on the non-interactive backend (benchmarks run headless) and its axes, row by row;
-    ``width`` and ``height`` are per panel."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
-    return fig, [ax for row in axes for ax in row]
-
-
-def plot_speed_vs_baseline(ax, ax2, rows: Sequence[Dict[str, Any]], x: str, y: str, names: Dict[str, str],
-                           xlabel: str, ylabel: str, baseline: str) -> None:
-    """Throughput (``ax``, log-log) and ratio to the baseline (``ax2``) of each preset, one line per preset and dtype
-    (fp32 solid, bf16 dashed): the speed panel of the model-family benches."""
-    styles = {"fp32": "-", "bf16": "--"}
-    for dtype in dict.fromkeys(r["dtype"] for r in rows):
-        for k, preset in enumerate(dict.fromkeys(r["preset"] for r in rows)):
-            pts = [r for r in rows if r["preset"] == preset and r["dtype"] == dtype]
-            kw = dict(marker="o", ls=styles.get(dtype, ":"), color=f"C{k}",
-                      label=f"{names.get(preset, preset)} {dtype}")
-            ax.plot([r[x] for r in pts], [r[y] for r in pts], **kw)
-            ax2.plot([r[x] for r in pts], [r["speedup"] for r in pts], **kw)
-    for a in (ax, ax2):
-        a.set_xscale("log", base=2)
-        a.set_xlabel(xlabel)
-        a.grid(True, which="both", alpha=0.3)
-        a.legend(fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel(ylabel)
-    ax2.set_ylabel(f"speed ÷ {baseline} (same dtype)")
-    ax2.axhline(1.0, color="gray", lw=0.8)
-
-
-def save_figure(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
 
 
 _NONE = ("none", "None", "scene")

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..models import count_parameters, create_model, model_config
-from .common import (apply_overrides, format_table, new_figure, resume_point, run_parts, save_figure,
-                     training_minutes)
+from ..report import format_table, new_figure, save_figure
+from .common import apply_overrides, resume_point, run_parts, training_minutes
 
 __all__ = ["DistillBenchConfig", "run_quality", "report", "plot", "run", "main", "add_arguments"]
 

@@ -24,8 +24,17 @@ import torch
 
 from ..data.eo import PIXEL_KM2
 from ..models import count_parameters, create_model
-from .common import apply_overrides, describe_variant, format_table, keep_freed_memory, new_figure, parse_variant, \
-    plot_speed_vs_baseline, resume_point, run_parts, save_figure, time_interleaved, training_minutes
+from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
+from .common import (
+    apply_overrides,
+    describe_variant,
+    keep_freed_memory,
+    parse_variant,
+    resume_point,
+    run_parts,
+    time_interleaved,
+    training_minutes,
+)
 
 __all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdicts", "report", "plot", "run", "main",
            "add_arguments"]
@@ -112,7 +121,8 @@ def run_speed(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
 
 def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    from ..data.eo import PastisSplit, fold_splits, resolve_data
+    from ..data.eo import PastisSplit, fold_splits
+    from ..data.eo_synth import resolve_data
     from ..tasks.eo import draw_confusion, draw_tiles, evaluate_eo, train_eo
     from ..train.loop import TrainConfig
 

@@ -41,27 +41,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .common import apply_overrides, format_table, machine, new_figure, save_figure, write_json
+from ..report import format_table, new_figure, save_figure
+from ..families import FAMILIES as FAMILY_TABLE
+from ..families import run_family_command
+from .common import apply_overrides, machine, write_json
 
 __all__ = ["FaultsBenchConfig", "FAMILIES", "run", "report", "plot", "main", "add_arguments"]
 
-# a tiny preset of each family that trains, with the family's own recipe (EMA, SAM, dropout where it has them)
-FAMILIES: Dict[str, List[str]] = {
-    "lm": ["lm", "--preset", "tiny-hybrid", "--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--block-size", "64",
+# every family of the families table that trains: its tiny preset, with the family's own recipe (EMA, SAM,
+# dropout where it has them), at sizes a run of a few dozen steps affords
+FAMILIES: Tuple[str, ...] = tuple(name for name, f in FAMILY_TABLE.items() if f.tiny is not None)
+SIZES: Dict[str, List[str]] = {
+    "lm": ["--mixer", "hybrid", "--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--block-size", "64",
            "--window", "16", "--dropout", "0.1", "--batch-size", "8", "--eval-windows", "8", "--ema", "0.99"],
-    "image": ["image", "--preset", "tiny-sipom", "--image-size", "8", "--batch-size", "16", "--eval-samples", "0",
-              "--ema", "0.99"],
-    "ocr": ["ocr", "--preset", "tiny-htr-vpom", "--batch-size", "4", "--eval-limit", "4"],
-    "eo": ["eo", "--preset", "tiny-tsvipom", "--batch-size", "4", "--eval-limit", "1"],
-    "3d": ["3d", "--preset", "tiny-ppomv3", "--batch-size", "2", "--eval-limit", "1"],
+    "image": ["--image-size", "8", "--batch-size", "16", "--eval-samples", "0", "--ema", "0.99"],
+    "ocr": ["--batch-size", "4", "--eval-limit", "4"],
+    "eo": ["--batch-size", "4", "--eval-limit", "1"],
+    "points": ["--batch-size", "2", "--eval-limit", "1"],
 }
+
+
+def train_args(family: str) -> List[str]:
+    """``polymixer train`` arguments of a family's fault runs: its noun and tiny preset, from the families table."""
+    fam = FAMILY_TABLE[family]
+    return [fam.name, "--preset", str(fam.tiny), *SIZES.get(fam.name, [])]
 
 PROGRESS, WRITING = ".bench-progress", ".bench-writing"
 
 
 @dataclass
 class FaultsBenchConfig:
-    families: Tuple[str, ...] = tuple(FAMILIES)
+    families: Tuple[str, ...] = FAMILIES
     steps: int = 40
     ckpt_every: int = 4
     kills: int = 10
@@ -117,7 +127,7 @@ def _worker(argv: Sequence[str]) -> None:
     def train(model: Any, task: Any, cfg: Any, model_config: Any, on_log: Any = None) -> Any:
         return real_train(model, _Probe(task, Path(cfg.out), spec.get("nan_step")), cfg, model_config, on_log)
 
-    for name in ("lm", "image", "ocr", "eo", "ptv3"):
+    for name in FAMILIES:
         importlib.import_module(f"polymixer.tasks.{name}").train = train
     if spec.get("hold_from") is not None:
         import safetensors.torch as st
@@ -135,9 +145,9 @@ def _worker(argv: Sequence[str]) -> None:
             return result
 
         st.save_model = save_model
-    from ..cli import main as cli_main
-
-    sys.exit(cli_main(args))
+    if args[:1] != ["train"] or len(args) < 2:
+        raise SystemExit(f"the fault probe runs `polymixer train <family> …`, got {' '.join(args)!r}")
+    sys.exit(run_family_command("train", args[1], args[2:]))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -154,7 +164,7 @@ class _Job:
         out.mkdir(parents=True, exist_ok=True)
         for name in (PROGRESS, WRITING):
             (out / name).unlink(missing_ok=True)
-        args = ["train", *FAMILIES[family], *cfg.extra.get(family, []), "--steps", str(steps or cfg.steps),
+        args = ["train", *train_args(family), *cfg.extra.get(family, []), "--steps", str(steps or cfg.steps),
                 "--ckpt-every", str(cfg.ckpt_every), "--eval-every", "1000000", "--log-every", "1", "--keep", "3",
                 "--seed", str(1337 + cfg.seed), "--out", str(out), "--quiet"]
         if stop_after is not None:
@@ -382,9 +392,9 @@ def _nan_row(cfg: FaultsBenchConfig, family: str, base: Path, rng: random.Random
 def _small_data(cfg: FaultsBenchConfig, family: str) -> None:
     """The 3-D default rooms hold 40,000 points each (minutes per run on a CPU); this bench trains on 6 rooms of
     4,000 points, generated once, unless ``extra`` names data."""
-    if family != "3d" or "--data" in cfg.extra.get(family, []):
+    if family != "points" or "--data" in cfg.extra.get(family, []):
         return
-    from ..data.ptv3_synth import write_synthetic_rooms
+    from ..data.points_synth import write_synthetic_rooms
 
     root = Path(cfg.out) / "faults" / "rooms-4k"
     if not (root / "meta.json").is_file():

@@ -18,7 +18,8 @@ from typing import Any, Dict, Tuple
 import torch
 
 from ..models import count_parameters, create_model
-from .common import apply_overrides, format_table, new_figure, save_figure, run_parts, time_interleaved
+from ..report import format_table, new_figure, save_figure
+from .common import apply_overrides, run_parts, time_interleaved
 
 __all__ = ["ImageBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
 
@@ -99,7 +100,7 @@ def run_speed(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
 
 def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    from ..data.images import digits, save_grid
+    from ..data.image import digits, save_grid
     from ..tasks.image import evaluate_generator, sample_images, train_image
     from ..train.checkpoint import load_weights
     from ..train.loop import TrainConfig

@@ -22,8 +22,8 @@ from typing import Any, Dict, List, Tuple
 import torch
 
 from ..models import count_parameters, create_model
-from .common import (apply_overrides, format_table, new_figure, resume_point, run_parts, save_figure, time_interleaved,
-                     training_minutes)
+from ..report import format_table, new_figure, save_figure
+from .common import apply_overrides, resume_point, run_parts, time_interleaved, training_minutes
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]
 

@@ -23,10 +23,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .. import Attention, PoM
+from ..attention import Attention
+from ..mixer import PoM
+from ..report import format_table, new_figure, save_figure
 from ..values import value_mix
-from .common import (apply_overrides, format_table, machine, new_figure, peak_memory_mb, save_figure, time_interleaved,
-                     write_json)
+from .common import apply_overrides, machine, peak_memory_mb, time_interleaved, write_json
 
 __all__ = ["MixerBenchConfig", "run", "predicted_crossover", "add_arguments", "main"]
 
@@ -218,14 +219,14 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
 def run_packed(cfg: MixerBenchConfig, vpom: PoM) -> List[Dict[str, Any]]:
     """Causal packed sequences (``cu_seqlens``) through the value PoM, forward + backward: in place, as the same
     sequences padded into a (S, L_max) batch with a key mask, and as one unpacked sequence of the same tokens."""
-    from ..values import _unpack
+    from ..values import pad_packed
 
     rows = []
     for lens in cfg.packed_layouts:
         T = sum(lens)
         cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
         x = torch.randn(1, T, cfg.dim, requires_grad=True)
-        rows_x, valid = _unpack(x.detach(), cu)
+        rows_x, valid = pad_packed(x.detach(), cu)
         padded = rows_x.clone().requires_grad_(True)
 
         def step(f: Callable[[], torch.Tensor]) -> Callable[[], None]:

@@ -19,8 +19,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..models import count_parameters, create_model
-from .common import apply_overrides, format_table, keep_freed_memory, new_figure, save_figure, \
-    plot_speed_vs_baseline, resume_point, run_parts, time_interleaved, training_minutes
+from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
+from .common import apply_overrides, keep_freed_memory, resume_point, run_parts, time_interleaved, training_minutes
 
 __all__ = ["OCRBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
 
@@ -114,8 +114,9 @@ def run_speed(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
 
 def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    from ..data.ocr import load_split, resolve_data
-    from ..tasks.ocr import PageSpec, _make, draw_samples, evaluate_ocr, examples_of, train_ocr
+    from ..data.ocr import load_split
+    from ..data.ocr_synth import resolve_data
+    from ..tasks.ocr import PageSpec, make_example, draw_samples, evaluate_ocr, examples_of, train_ocr
     from ..train.checkpoint import load_weights
     from ..train.loop import TrainConfig
 
@@ -158,7 +159,7 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
                 examples = examples_of(test, spec)[:cfg.eval_limit or None]
                 pick = sorted(set(int(i) for i in torch.linspace(0, len(examples) - 1, min(6, len(examples)))))
                 sample_png = Path(cfg.out) / f"ocr_samples_{task}.png"
-                draw_samples([_make(test, examples[i], spec)[0] for i in pick], [m["references"][i] for i in pick],
+                draw_samples([make_example(test, examples[i], spec)[0] for i in pick], [m["references"][i] for i in pick],
                              [m["predictions"][i] for i in pick], sample_png,
                              title=f"{NAMES.get(preset, preset)}, {task}: test CER {100 * m['cer']:.2f}%")
             rows.append({"task": task, "model": NAMES.get(preset, preset), "preset": preset,

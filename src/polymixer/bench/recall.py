@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from .common import apply_overrides, format_table, new_figure, run_parts, save_figure
+from ..report import format_table, new_figure, save_figure
+from .common import apply_overrides, run_parts
 
 __all__ = ["RecallBenchConfig", "VARIANTS", "run", "report", "plot", "main", "add_arguments"]
 

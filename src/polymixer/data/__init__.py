@@ -1,5 +1,5 @@
 """Loaders for real formats and the offline defaults."""
 
-from .text import ByteTokenizer, Corpus, GPT2BPE, TokenWindows, load_tokenizer, prepare_corpus
+from .lm import GPT2BPE, ByteTokenizer, Corpus, TokenWindows, load_tokenizer, prepare_corpus
 
 __all__ = ["ByteTokenizer", "GPT2BPE", "Corpus", "TokenWindows", "load_tokenizer", "prepare_corpus"]

@@ -33,15 +33,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-
-from .cache import cache_dir
-from .faults import SampleError, SampleFaults, reading
 import torch
+
+from .faults import READ_ERRORS, SampleError, SampleFaults, check_files, read_array_shape, reading
 
 __all__ = ["PASTIS_CLASSES", "PASTIS_COLORS", "S2_BANDS", "RGB_BANDS", "NUM_CLASSES", "VOID", "PIXEL_KM2", "FOLDS",
            "TSVIT_PASTIS_STATS", "BandStats", "PatchRecord", "PastisSplit", "fold_splits", "parse_date",
-           "day_of_year", "read_metadata", "read_array_shape", "windows", "collate", "band_stats", "compute_band_stats",
-           "read_norm_file", "default_data", "resolve_data", "DEFAULTS"]
+           "day_of_year", "read_metadata", "windows", "collate", "band_stats", "compute_band_stats",
+           "read_norm_file", "DEFAULTS", "metadata_path", "check_data"]
 
 PASTIS_CLASSES = ("Background", "Meadow", "Soft winter wheat", "Corn", "Winter barley", "Winter rapeseed",
                   "Spring barley", "Sunflower", "Grapevine", "Beet", "Winter triticale", "Winter durum wheat",
@@ -164,7 +163,7 @@ class PatchRecord:
         return np.array([day_of_year(self.dates[i]) for i in self.order], dtype=np.int64)
 
 
-def _metadata_path(root: Path) -> Path:
+def metadata_path(root: Path) -> Path:
     if not root.is_dir():
         raise FileNotFoundError(f"dataset folder {root} does not exist")
     path = root / "metadata.geojson"
@@ -178,7 +177,7 @@ def read_metadata(root: Union[str, Path]) -> List[PatchRecord]:
     """Every patch of ``<root>/metadata.geojson`` (sorted by id); a malformed file, a feature without ID_PATCH /
     Fold / dates-S2, or a date that does not parse is a ValueError naming the file and the patch."""
     root = Path(root)
-    path = _metadata_path(root)
+    path = metadata_path(root)
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -232,27 +231,6 @@ def read_metadata(root: Union[str, Path]) -> List[PatchRecord]:
     return sorted(records, key=lambda r: r.patch_id)
 
 
-def read_array_shape(path: Path) -> Tuple[Tuple[int, ...], np.dtype]:
-    """Shape and dtype of a ``.npy`` file from its header alone (nothing is loaded); a file shorter than its header
-    says (truncated) is a ValueError."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found")
-    try:
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, dtype = read(f)
-            offset = f.tell()
-    except ValueError as e:
-        raise ValueError(f"{path} is not a .npy array: {e}") from e
-    dtype = np.dtype(dtype)
-    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    size = path.stat().st_size
-    if size < need:
-        raise ValueError(f"{path} is truncated: {size:,} bytes, its header promises {need:,}")
-    return tuple(shape), dtype
-
-
 def _header(path: Path) -> Tuple[Tuple[int, ...], np.dtype]:
     with reading(path):
         return read_array_shape(path)
@@ -262,6 +240,42 @@ def _open(path: Path) -> np.ndarray:
     """A memory-mapped .npy array; a missing, truncated or malformed file is a SampleError naming it."""
     with reading(path):
         return np.load(path, mmap_mode="r")
+
+
+def _check_s2(r: PatchRecord, num_bands: int) -> Tuple[int, int]:
+    """H × W of a patch's data array, from its header: (T, ``num_bands``, H, W) numbers, T its dates in the
+    metadata; else a SampleError naming the file."""
+    data = r.s2_path
+    shape, dtype = _header(data)
+    if len(shape) != 4 or shape[1] != num_bands or shape[0] != len(r.dates):
+        raise SampleError(data, f"{data} has shape {shape}; expected (T, {num_bands}, H, W) with T = "
+                                f"{len(r.dates)} (the dates of patch {r.patch_id} in metadata.geojson)")
+    if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
+        raise SampleError(data, f"{data} holds {dtype}, not numbers")
+    return int(shape[2]), int(shape[3])
+
+
+def _check_target(r: PatchRecord, hw: Optional[Tuple[int, int]]) -> None:
+    """A patch's target from its header: (C, H, W) or (H, W) numbers, H × W = ``hw`` (its data's; None when the data
+    array is unreadable: any H × W); else a SampleError naming the file."""
+    target = r.target_path
+    tshape, tdtype = _header(target)
+    if hw is None:
+        if len(tshape) not in (2, 3):
+            raise SampleError(target, f"{target} has shape {tshape}; expected (C, H, W) or (H, W)")
+    elif not ((len(tshape) == 3 and tuple(tshape[1:]) == hw) or tuple(tshape) == hw):
+        raise SampleError(target, f"{target} has shape {tshape}; expected (C, {hw[0]}, {hw[1]}) like its data "
+                                  f"{r.s2_path.name}")
+    if not np.issubdtype(tdtype, np.integer) and not np.issubdtype(tdtype, np.floating):
+        raise SampleError(target, f"{target} holds {tdtype}, not class ids")
+
+
+def _check_classes(labels: np.ndarray, path: Path) -> None:
+    """Class ids (int64, as :meth:`PastisSplit.labels` reads them) must lie in 0 … VOID; else a SampleError naming
+    the target file."""
+    if labels.size and (labels.min() < 0 or labels.max() > VOID):
+        bad = int(labels.min() if labels.min() < 0 else labels.max())
+        raise SampleError(path, f"{path} holds class {bad}, outside 0 … {VOID} (0 background, 1–18 crops, 19 void)")
 
 
 class PastisSplit:
@@ -310,21 +324,9 @@ class PastisSplit:
 
     def _check(self, r: PatchRecord) -> Tuple[int, int]:
         """H × W of a patch whose arrays' headers agree with each other and with the metadata."""
-        data, target = r.s2_path, r.target_path
-        shape, dtype = _header(data)
-        if len(shape) != 4 or shape[1] != self.num_bands or shape[0] != len(r.dates):
-            raise SampleError(data, f"{data} has shape {shape}; expected (T, {self.num_bands}, H, W) with T = "
-                                    f"{len(r.dates)} (the dates of patch {r.patch_id} in metadata.geojson)")
-        if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
-            raise SampleError(data, f"{data} holds {dtype}, not numbers")
-        tshape, tdtype = _header(target)
-        hw = tuple(shape[2:])
-        if not ((len(tshape) == 3 and tuple(tshape[1:]) == hw) or tuple(tshape) == hw):
-            raise SampleError(target, f"{target} has shape {tshape}; expected (C, {hw[0]}, {hw[1]}) like its data "
-                                      f"{data.name}")
-        if not np.issubdtype(tdtype, np.integer) and not np.issubdtype(tdtype, np.floating):
-            raise SampleError(target, f"{target} holds {tdtype}, not class ids")
-        return int(hw[0]), int(hw[1])
+        hw = _check_s2(r, self.num_bands)
+        _check_target(r, hw)
+        return hw
 
     def __len__(self) -> int:
         return len(self.records)
@@ -350,10 +352,7 @@ class PastisSplit:
         H, W = t.shape
         hs, ws = (H, W) if size is None else (size, size)
         out = np.asarray(t[top:top + hs, left:left + ws]).astype(np.int64)
-        if out.size and (out.min() < 0 or out.max() > VOID):
-            bad = int(out.min() if out.min() < 0 else out.max())
-            raise SampleError(r.target_path, f"{r.target_path} holds class {bad}, outside 0 … {VOID} (0 background, "
-                                             f"1–18 crops, 19 void)")
+        _check_classes(out, r.target_path)
         return out
 
     def bands(self, i: int, top: int = 0, left: int = 0, size: Optional[int] = None,
@@ -476,38 +475,40 @@ def band_stats(split: PastisSplit, mode: str = "auto") -> BandStats:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Offline default
+# Upfront check
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _cache_root() -> Path:
-    return cache_dir("eo")
+def check_data(data: Union[str, Path], progress: bool = True, num_bands: int = len(S2_BANDS)
+               ) -> List[Tuple[str, str]]:
+    """Every bad file of a PASTIS folder with its reason, in one pass (``polymixer check-data eo`` and the scan
+    before ``train``), so that a run fails in its first minute instead of when the sampler draws the patch.
 
-
-def default_data(name: str = "synthetic", seed: int = 0, progress: bool = True, **sizes: Any) -> Path:
-    """The folder of the offline default (generated on first use into the cache, then reused): synthetic Sentinel-2
-    series of field parcels in the PASTIS layout (see :mod:`polymixer.data.eo_synth`); ``sizes`` are keyword
-    arguments of :func:`~polymixer.data.eo_synth.write_synthetic_pastis` (each combination is its own folder)."""
-    from . import eo_synth
-
-    if name not in DEFAULTS:
-        raise ValueError(f"unknown default dataset {name!r}; expected one of {', '.join(DEFAULTS)} or a folder")
-    tag = "".join(f"-{k}{'x'.join(map(str, v)) if isinstance(v, (tuple, list)) else v}"
-                  for k, v in sorted(sizes.items()))
-    root = _cache_root() / f"{name}-v{eo_synth.VERSION}-s{seed}{tag}"
-    if not root.is_dir():
-        try:
-            eo_synth.write_synthetic_pastis(root, seed=seed, progress=progress, **sizes)
-        except FileExistsError:  # another process finished it first
-            pass
-    return root
-
-
-def resolve_data(data: Optional[str], seed: int = 0, progress: bool = True) -> Path:
-    """``None`` or ``synthetic`` → the offline default's folder; anything else is a PASTIS folder."""
-    if data is None or data in DEFAULTS:
-        return default_data(data or "synthetic", seed=seed, progress=progress)
+    metadata.geojson must parse; each patch's data and target arrays must exist with readable ``.npy`` headers and
+    all the bytes their headers promise, agree in shape with each other and with the patch's dates (the checks
+    :class:`PastisSplit` makes, on every patch of every fold), and the target's class channel must hold 0 … 19 (the
+    only array read, and the smallest). The bands are read from no file.
+    """
     root = Path(data)
-    _metadata_path(root)
-    return root
+    try:
+        records = read_metadata(root)
+    except READ_ERRORS as e:
+        where = root / "metadata.geojson" if root.is_dir() else root
+        return [(str(where), str(e))]
 
+    def check(item: Tuple[PatchRecord, bool]) -> None:
+        r, is_target = item
+        if not is_target:
+            _check_s2(r, num_bands)
+            return
+        try:
+            hw: Optional[Tuple[int, int]] = _check_s2(r, num_bands)
+        except SampleError:
+            hw = None  # reported for the data file; the target is checked on its own
+        _check_target(r, hw)
+        t = _open(r.target_path)
+        _check_classes(np.asarray(t[0] if t.ndim == 3 else t).astype(np.int64), r.target_path)
+
+    items = [(r, t) for r in records for t in (False, True)]
+    return check_files(items, check, lambda it: str(it[0].target_path if it[1] else it[0].s2_path), progress,
+                       desc=f"check {root.name}")

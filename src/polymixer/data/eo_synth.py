@@ -39,14 +39,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .cache import build_folder
-from .eo import FOLDS, NUM_CLASSES, VOID
+from .cache import build_folder, cached_default, resolve_folder
+from .eo import DEFAULTS, FOLDS, NUM_CLASSES, VOID, metadata_path
 
-__all__ = ["VERSION", "write_synthetic_pastis", "make_patch", "CLASS_CURVES", "ENDMEMBERS"]
+__all__ = ["VERSION", "write_synthetic_pastis", "make_patch", "CLASS_CURVES", "ENDMEMBERS", "default_data",
+           "resolve_data"]
 
 VERSION = 1
 YEAR = 2019
@@ -307,4 +308,21 @@ def write_synthetic_pastis(root: Union[str, Path], patches_per_fold: int = 10, s
         std = np.sqrt(np.maximum(squares / counts[:, None] - mean ** 2, 1e-12))
         norm = {f"Fold_{f + 1}": {"mean": mean[f].tolist(), "std": std[f].tolist()} for f in range(FOLDS)}
         (tmp / "NORM_S2_patch.json").write_text(json.dumps(norm, indent=1))
+    return root
+
+
+def default_data(name: str = "synthetic", seed: int = 0, progress: bool = True, **sizes: Any) -> Path:
+    """The folder of the offline default (generated on first use into the cache, then reused): synthetic Sentinel-2
+    series of field parcels in the PASTIS layout; ``sizes`` are keyword arguments of :func:`write_synthetic_pastis`
+    (each combination is its own folder)."""
+    if name not in DEFAULTS:
+        raise ValueError(f"unknown default dataset {name!r}; expected one of {', '.join(DEFAULTS)} or a folder")
+    return cached_default("eo", name, VERSION, write_synthetic_pastis, seed=seed, progress=progress, **sizes)
+
+
+def resolve_data(data: Optional[str], seed: int = 0, progress: bool = True) -> Path:
+    """``None`` or ``synthetic`` → the offline default's folder; anything else is a PASTIS folder (it must exist
+    and hold metadata.geojson)."""
+    root = resolve_folder(data, DEFAULTS, lambda name: default_data(name, seed=seed, progress=progress))
+    metadata_path(root)
     return root

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
-__all__ = ["SampleError", "SampleFaults", "READ_ERRORS", "SKIP_HINT", "reading"]
+import numpy as np
+
+__all__ = ["SampleError", "SampleFaults", "DataCheckError", "READ_ERRORS", "SKIP_HINT", "reading", "check_files",
+           "read_array_shape"]
 
 T = TypeVar("T")
 
@@ -32,6 +35,45 @@ class SampleError(ValueError):
         self.path, self.reason = str(path), reason
         text = reason if self.path in reason else f"{self.path}: {reason}"
         super().__init__(text + (f" ({hint})" if hint else ""))
+
+
+class DataCheckError(ValueError):
+    """The upfront check of a dataset found bad files: ``bad`` lists (file, reason) for every one of them."""
+
+    SHOWN = 20
+
+    def __init__(self, where: str, bad: List[Tuple[str, str]]) -> None:
+        self.where, self.bad = where, list(bad)
+        if len(self.bad) == 1:  # one line: the file and what is wrong with it
+            p, r = self.bad[0]
+            super().__init__(f"{r if p in r else f'{p}: {r}'} — fix or remove it, or train with --skip-bad-samples")
+            return
+        lines = [f"{len(self.bad)} bad file{'s' if len(self.bad) != 1 else ''} in {where} — fix or remove "
+                 f"{'them' if len(self.bad) != 1 else 'it'}, or train with --skip-bad-samples:"]
+        lines += [f"  {p}: {r}" if p not in r else f"  {r}" for p, r in self.bad[:self.SHOWN]]
+        if len(self.bad) > self.SHOWN:
+            lines.append(f"  … and {len(self.bad) - self.SHOWN} more (polymixer check-data lists them all)")
+        super().__init__("\n".join(lines))
+
+
+def check_files(items: Sequence[T], check: Callable[[T], Optional[str]], name: Callable[[T], str],
+                progress: bool = True, desc: str = "check data") -> List[Tuple[str, str]]:
+    """Run ``check(item)`` on every item (a reason string when the item is bad, None when it is good; a read error
+    it raises counts as bad too) and return (name, reason) of every bad one — with a progress bar on large sets."""
+    from tqdm.auto import tqdm
+
+    bad: List[Tuple[str, str]] = []
+    for item in tqdm(items, desc=desc, disable=not progress or len(items) < 200, dynamic_ncols=True, leave=False):
+        try:
+            reason = check(item)
+        except SampleError as e:
+            bad.append((e.path, e.reason))
+            continue
+        except READ_ERRORS as e:
+            reason = str(e) or type(e).__name__
+        if reason:
+            bad.append((name(item), reason))
+    return bad
 
 
 def as_sample_error(path: Union[str, Path], error: BaseException) -> SampleError:
@@ -108,3 +150,24 @@ class SampleFaults:
                 self.record(e)
         raise ValueError(f"all {count} training samples are unreadable; skipped: "
                          + "; ".join(f"{p}: {r}" for p, r in list(self.bad.items())[:3]))
+
+
+def read_array_shape(path: Path) -> Tuple[Tuple[int, ...], np.dtype]:
+    """Shape and dtype of a ``.npy`` file from its header alone (nothing is loaded); a file shorter than its header
+    says (truncated) is a ValueError."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+            offset = f.tell()
+    except ValueError as e:
+        raise ValueError(f"{path} is not a .npy array: {e}") from e
+    dtype = np.dtype(dtype)
+    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = path.stat().st_size
+    if size < need:
+        raise ValueError(f"{path} is truncated: {size:,} bytes, its header promises {need:,}")
+    return tuple(shape), dtype

@@ -26,18 +26,19 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-
-from .cache import cache_dir
-from .faults import SampleError, SampleFaults, reading
 import torch
 
+from .faults import READ_ERRORS, SampleError, SampleFaults, check_files, reading
+from .image import verify_image
+
 __all__ = ["IAM_CHARSET", "Charset", "LineRecord", "LineSet", "AugmentConfig", "list_split", "read_transcription",
-           "load_line_image", "load_split", "compose_page", "augment", "collate", "default_data", "resolve_data",
-           "page_of", "IMAGE_SUFFIXES", "DEFAULTS"]
+           "load_line_image", "load_split", "compose_page", "augment", "collate", "check_data", "page_of",
+           "IMAGE_SUFFIXES", "DEFAULTS", "PIXELS_PER_TOKEN"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 IAM_CHARSET = " !\"#&'()*+,-./0123456789:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 DEFAULTS = ("synthetic", "digits")
+PIXELS_PER_TOKEN = 4  # line pixels per token: the recognisers' stems halve the width twice
 # a line's page: everything before its last "-" or "_" followed by digits (IAM a01-000u-00, LAM 002_02_00)
 PAGE_PATTERN = re.compile(r"^(?P<page>.+)[-_](?P<line>\d+)$")
 _SPACES = re.compile(r"\s+")
@@ -166,43 +167,87 @@ def _iam_lines(root: Path) -> Dict[str, str]:
     return out
 
 
+def _split_sources(root: Path, layout: str, split: str) -> List[Path]:
+    """The split list(s) of ``split``: ``<split>.ln``, or in IAM's layout its task files; [] when there is none."""
+    listing = root / f"{split}.ln"
+    if listing.is_file():
+        return [listing]
+    if layout == "iam":
+        return [root / f for f in _IAM_TASK_FILES.get(split, ()) if (root / f).is_file()]
+    return []
+
+
+def _split_lines(root: Path, layout: str, split: str
+                 ) -> Tuple[List[LineRecord], List[Tuple[Path, Exception]], List[Path]]:
+    """The lines of a split whose image file and transcription were found; (file, error) for every missing image or
+    transcription, in the order of the split list (a line may have both); and every image file found."""
+    sources = _split_sources(root, layout, split)
+    if not sources:
+        if layout == "htrvt":
+            raise FileNotFoundError(f"split list {root / f'{split}.ln'} does not exist (one image name per line)")
+        raise FileNotFoundError(f"no split list for {split!r} in {root}: expected {split}.ln or IAM's "
+                                f"{' / '.join(_IAM_TASK_FILES.get(split, ()))}")
+    records: List[LineRecord] = []
+    problems: List[Tuple[Path, Exception]] = []
+    found: List[Path] = []
+    if layout == "htrvt":
+        lines = root / "lines"
+        for entry in _read_list(sources[0]):
+            image: Optional[Path] = None
+            try:
+                image = _image_in(lines, entry, sources[0])
+                found.append(image)
+            except FileNotFoundError as e:
+                problems.append((lines / entry, e))
+            base = entry[:-len(Path(entry).suffix)] if Path(entry).suffix.lower() in IMAGE_SUFFIXES else entry
+            txt = image.with_suffix(".txt") if image is not None else lines / (base + ".txt")
+            try:
+                text = read_transcription(txt)
+            except ValueError as e:
+                problems.append((txt, e))
+                continue
+            if image is not None:
+                page, line = page_of(image.stem)
+                records.append(LineRecord(image.stem, image, text, page, line))
+    else:
+        texts = _iam_lines(root)
+        lines_txt = root / "lines.txt"
+        if sources[0].suffix == ".ln":
+            names = [Path(e).stem if Path(e).suffix.lower() in IMAGE_SUFFIXES else e for e in _read_list(sources[0])]
+        else:
+            names = [e for s in sources for e in _read_list(s)]
+        for name in names:
+            ok = True
+            if name not in texts:
+                problems.append((lines_txt, ValueError(f"{sources[0]} names {name}, which {lines_txt} does not "
+                                                       f"transcribe")))
+                ok = False
+            elif not texts[name]:
+                problems.append((lines_txt, ValueError(f"empty transcription for {name} in {lines_txt}")))
+                ok = False
+            parts = name.split("-")
+            folder = root / "lines" / parts[0] / "-".join(parts[:2])
+            try:
+                image = _image_in(folder, name, sources[0])
+                found.append(image)
+            except FileNotFoundError as e:
+                problems.append((folder / name, e))
+                continue
+            if ok:
+                page, line = page_of(name)
+                records.append(LineRecord(name, image, texts[name], page, line))
+    return records, problems, found
+
+
 def list_split(root: Union[str, Path], split: str) -> List[LineRecord]:
-    """The lines of one split (``train``, ``val`` or ``test``) of a dataset in either layout."""
+    """The lines of one split (``train``, ``val`` or ``test``) of a dataset in either layout; the first missing image
+    or transcription is an error naming it."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"dataset folder {root} does not exist")
-    layout = _layout(root)
-    listing = root / f"{split}.ln"
-    records: List[LineRecord] = []
-    if layout == "htrvt":
-        if not listing.is_file():
-            raise FileNotFoundError(f"split list {listing} does not exist (one image name per line)")
-        for entry in _read_list(listing):
-            image = _image_in(root / "lines", entry, listing)
-            name = image.stem
-            page, line = page_of(name)
-            records.append(LineRecord(name, image, read_transcription(image.with_suffix(".txt")), page, line))
-    else:
-        texts = _iam_lines(root)
-        if listing.is_file():
-            names = [Path(e).stem if Path(e).suffix.lower() in IMAGE_SUFFIXES else e for e in _read_list(listing)]
-            sources = [listing]
-        else:
-            sources = [root / f for f in _IAM_TASK_FILES.get(split, ()) if (root / f).is_file()]
-            if not sources:
-                raise FileNotFoundError(f"no split list for {split!r} in {root}: expected {split}.ln or IAM's "
-                                        f"{' / '.join(_IAM_TASK_FILES.get(split, ()))}")
-            names = [e for s in sources for e in _read_list(s)]
-        for name in names:
-            if name not in texts:
-                raise ValueError(f"{sources[0]} names {name}, which {root / 'lines.txt'} does not transcribe")
-            if not texts[name]:
-                raise ValueError(f"empty transcription for {name} in {root / 'lines.txt'}")
-            parts = name.split("-")
-            folder = root / "lines" / parts[0] / "-".join(parts[:2])
-            image = _image_in(folder, name, sources[0])
-            page, line = page_of(name)
-            records.append(LineRecord(name, image, texts[name], page, line))
+    records, problems, _ = _split_lines(root, _layout(root), split)
+    if problems:
+        raise problems[0][1]
     if not records:
         raise ValueError(f"split {split!r} of {root} is empty")
     return records
@@ -214,8 +259,6 @@ def load_line_image(path: Union[str, Path], height: int, max_width: Optional[int
     (4 pixels) after resizing, is a ValueError naming the file."""
     from PIL import Image, UnidentifiedImageError
 
-    from ..models.htr import PIXELS_PER_TOKEN
-
     path = Path(path)
     try:
         with Image.open(path) as im:
@@ -225,7 +268,14 @@ def load_line_image(path: Union[str, Path], height: int, max_width: Optional[int
         raise
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise ValueError(f"cannot read image {path}: {e}") from e
-    w, h = gray.size
+    nw = _line_width(path, gray.size, height, max_width)
+    return np.asarray(gray.resize((nw, height), Image.BICUBIC), dtype=np.uint8)
+
+
+def _line_width(path: Path, size: Tuple[int, int], height: int, max_width: Optional[int]) -> int:
+    """The width of a line image of ``size`` (w, h) resized to ``height`` and capped at ``max_width``; an empty image
+    or one narrower than one token is a ValueError naming the file."""
+    w, h = size
     if w < 1 or h < 1:
         raise ValueError(f"image {path} is empty ({w}×{h})")
     nw = int(round(w * height / h))
@@ -234,7 +284,7 @@ def load_line_image(path: Union[str, Path], height: int, max_width: Optional[int
     if nw < PIXELS_PER_TOKEN:
         raise ValueError(f"image {path} ({w}×{h}) is {nw} pixels wide at height {height}: too narrow for one "
                          f"token ({PIXELS_PER_TOKEN} pixels)")
-    return np.asarray(gray.resize((nw, height), Image.BICUBIC), dtype=np.uint8)
+    return nw
 
 
 @dataclass
@@ -304,6 +354,49 @@ def load_split(root: Union[str, Path], split: str, height: int, max_width: Optio
     if not kept:
         raise ValueError(f"none of the {len(records)} line images of split {split!r} of {root} is readable")
     return LineSet(kept, images, f"{Path(root).name}/{split}")
+
+
+def check_data(data: Union[str, Path], progress: bool = True, height: Optional[int] = None,
+               max_width: Optional[int] = None) -> List[Tuple[str, str]]:
+    """Every bad file of a line dataset (either layout) with its reason, in one pass over every split present
+    (``polymixer check-data ocr`` and the scan before ``train``): a split list naming a line whose image or
+    transcription is missing, a transcription that is empty or not UTF-8, and a line image that Pillow cannot open
+    and verify from its header or that has no pixels. With the model's ``height`` (and ``max_width``), a line too
+    narrow for one token at that height is bad too, as :func:`load_line_image` would find."""
+    root = Path(data)
+    if not root.is_dir():
+        return [(str(root), f"dataset folder {root} does not exist")]
+    try:
+        layout = _layout(root)
+        if layout == "iam":
+            _iam_lines(root)
+    except READ_ERRORS as e:
+        return [(str(root / "lines.txt") if (root / "lines.txt").is_file() else str(root), str(e))]
+    splits = [s for s in ("train", "val", "test") if _split_sources(root, layout, s)]
+    if not splits:
+        return [(str(root), f"{root} has no split list (train.ln / val.ln / test.ln"
+                            f"{', or IAM task files' if layout == 'iam' else ''})")]
+    bad: List[Tuple[str, str]] = []
+    images: Dict[Path, None] = {}
+    for split in splits:
+        sources = _split_sources(root, layout, split)
+        try:
+            records, problems, found = _split_lines(root, layout, split)
+        except READ_ERRORS as e:
+            bad.append((str(sources[0]), str(e)))
+            continue
+        bad += [(str(path), str(e)) for path, e in problems]
+        if not records and not problems:
+            bad.append((str(sources[0]), f"split {split!r} of {root} is empty"))
+        images.update((f, None) for f in found)
+
+    def check(path: Path) -> None:
+        size = verify_image(path)
+        if height is not None:
+            _line_width(path, size, height, max_width)
+
+    bad += check_files(list(images), check, str, progress, desc=f"check {root.name}")
+    return list(dict.fromkeys(bad))  # a line listed in two splits is reported once
 
 
 def compose_page(images: Sequence[np.ndarray], gap: int) -> np.ndarray:
@@ -392,41 +485,3 @@ def collate(images: Sequence[np.ndarray]) -> Tuple[torch.Tensor, torch.Tensor]:
             raise ValueError(f"lines of a batch must share a height, got {h} and {im.shape[0]}")
         out[b, 0, :, :im.shape[1]] = im
     return torch.from_numpy(out).float().div_(255.0), widths
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Offline defaults
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _cache_root() -> Path:
-    return cache_dir("ocr")
-
-
-def default_data(name: str = "synthetic", seed: int = 0, counts: Optional[Dict[str, int]] = None,
-                 progress: bool = True) -> Path:
-    """The folder of an offline default (generated on first use into the cache, then reused): ``synthetic``
-    lines rendered from fonts, or ``digits`` lines of real handwritten digits."""
-    from . import ocr_synth
-
-    if name not in DEFAULTS:
-        raise ValueError(f"unknown default dataset {name!r}; expected one of {', '.join(DEFAULTS)} or a folder")
-    tag = "" if counts is None else "-" + "-".join(f"{k}{v}" for k, v in sorted(counts.items()))
-    root = _cache_root() / f"{name}-v1-s{seed}{tag}"
-    if not root.is_dir():
-        render = ocr_synth.render_synthetic_lines if name == "synthetic" else ocr_synth.render_digit_lines
-        try:
-            render(root, counts=counts, seed=seed, progress=progress)
-        except FileExistsError:  # another process finished it first
-            pass
-    return root
-
-
-def resolve_data(data: Optional[str], seed: int = 0, progress: bool = True) -> Path:
-    """``None`` or ``synthetic`` / ``digits`` → the offline default's folder; anything else is a dataset folder."""
-    if data is None or data in DEFAULTS:
-        return default_data(data or "synthetic", seed=seed, progress=progress)
-    root = Path(data)
-    if not root.is_dir():
-        raise FileNotFoundError(f"dataset folder {root} does not exist (or use --data synthetic / digits)")
-    return root

@@ -26,11 +26,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .cache import build_folder
-from .ocr import IAM_CHARSET
+from .cache import build_folder, cached_default, resolve_folder
+from .ocr import DEFAULTS, IAM_CHARSET
 
 __all__ = ["IAM_CHARSET", "SPLITS", "fonts", "sentences", "digit_pools", "render_synthetic_lines",
-           "render_digit_lines"]
+           "render_digit_lines", "default_data", "resolve_data"]
 
 SPLITS = ("train", "val", "test")
 SYNTHETIC_COUNTS = {"train": 12000, "val": 600, "test": 1000}
@@ -650,3 +650,18 @@ def render_digit_lines(root: Union[str, Path], counts: Optional[Dict[str, int]] 
         return [_digit_line(rng, w, by_split[split], height) for _ in range(n_lines)]
 
     return _write_dataset(root, counts, "dig", progress, "digit lines", make_page)
+
+
+def default_data(name: str = "synthetic", seed: int = 0, counts: Optional[Dict[str, int]] = None,
+                 progress: bool = True) -> Path:
+    """The folder of an offline default (generated on first use into the cache, then reused): ``synthetic``
+    lines rendered from fonts, or ``digits`` lines of real handwritten digits."""
+    if name not in DEFAULTS:
+        raise ValueError(f"unknown default dataset {name!r}; expected one of {', '.join(DEFAULTS)} or a folder")
+    render = render_synthetic_lines if name == "synthetic" else render_digit_lines
+    return cached_default("ocr", name, 1, render, seed=seed, progress=progress, counts=counts)
+
+
+def resolve_data(data: Optional[str], seed: int = 0, progress: bool = True) -> Path:
+    """``None`` or ``synthetic`` / ``digits`` → the offline default's folder; anything else is a dataset folder."""
+    return resolve_folder(data, DEFAULTS, lambda name: default_data(name, seed=seed, progress=progress))

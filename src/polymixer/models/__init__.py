@@ -1,109 +1,23 @@
-"""One registry for every model family (timm-style): ``create_model(name, **overrides)``, ``list_models()``.
+"""One registry for every model family (timm-style): ``create_model(name, **overrides)``, ``list_models()``
+(:mod:`polymixer.models.registry`), and one model file per family of :data:`polymixer.families.FAMILIES`, each
+registering its presets on import."""
 
-Each family file (``lm.py``, ``dit.py``, …) registers named presets: a config dataclass holding every
-hyper-parameter, and a constructor. Overrides are fields of that dataclass; ``device="meta"`` builds the module
-without allocating a single weight (parameter counting of paper-scale presets).
-"""
+import importlib
 
-from __future__ import annotations
-
-import contextlib
-import dataclasses
-import difflib
-import fnmatch
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Union
-
-import torch
-from torch import nn
+from ..families import FAMILIES
+from .registry import (
+    ModelEntry,
+    build_from_config,
+    count_parameters,
+    create_model,
+    list_models,
+    model_config,
+    preset_of,
+    register_model,
+)
 
 __all__ = ["register_model", "create_model", "list_models", "model_config", "build_from_config", "count_parameters",
-           "ModelEntry"]
+           "ModelEntry", "preset_of"]
 
-
-@dataclass(frozen=True)
-class ModelEntry:
-    name: str
-    family: str
-    config_cls: type
-    defaults: Dict[str, Any]
-    builder: Callable[[Any], nn.Module]
-    description: str = ""
-
-
-_REGISTRY: Dict[str, ModelEntry] = {}
-_FAMILIES: Dict[str, tuple] = {}
-
-
-def register_model(name: str, family: str, config_cls: type, builder: Callable[[Any], nn.Module],
-                   description: str = "", **defaults: Any) -> None:
-    """Register a preset: ``name`` builds ``builder(config_cls(**defaults, **overrides))``."""
-    if name in _REGISTRY:
-        raise ValueError(f"model {name!r} is already registered")
-    _REGISTRY[name] = ModelEntry(name, family, config_cls, dict(defaults), builder, description)
-    _FAMILIES[family] = (config_cls, builder)
-
-
-def list_models(pattern: Optional[str] = None, family: Optional[str] = None) -> List[str]:
-    """Registered preset names, optionally filtered by a glob pattern and a family."""
-    names = [n for n, e in _REGISTRY.items() if family is None or e.family == family]
-    return sorted(n for n in names if pattern is None or fnmatch.fnmatch(n, pattern))
-
-
-def model_config(name: str, **overrides: Any) -> Any:
-    """The config dataclass of a preset with overrides applied (unknown fields raise a TypeError naming them)."""
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"unknown model {name!r}{hint} (see polymixer.models.list_models())")
-    entry = _REGISTRY[name]
-    valid = {f.name for f in dataclasses.fields(entry.config_cls)}
-    bad = sorted(set(overrides) - valid)
-    if bad:
-        raise TypeError(f"{', '.join(bad)} {'is not a field' if len(bad) == 1 else 'are not fields'} of "
-                        f"{entry.config_cls.__name__}; valid overrides: {', '.join(sorted(valid))}")
-    return entry.config_cls(**{**entry.defaults, **overrides})
-
-
-def build_from_config(family: str, config: Union[Dict[str, Any], Any], device: Optional[Union[str, torch.device]] = None
-                      ) -> nn.Module:
-    """Rebuild a model of ``family`` from its config (a dataclass or the dict saved in a checkpoint)."""
-    if family not in _FAMILIES:
-        raise ValueError(f"unknown model family {family!r}; known: {', '.join(sorted(_FAMILIES))}")
-    config_cls, builder = _FAMILIES[family]
-    if isinstance(config, dict):
-        valid = {f.name for f in dataclasses.fields(config_cls)}
-        bad = sorted(set(config) - valid)
-        if bad:
-            raise ValueError(f"checkpoint config has fields {bad} that {config_cls.__name__} does not know")
-        config = config_cls(**config)
-    with torch.device(device) if device is not None else contextlib.nullcontext():
-        return builder(config)
-
-
-def create_model(name: str, device: Optional[Union[str, torch.device]] = None, dtype: Optional[torch.dtype] = None,
-                 **overrides: Any) -> nn.Module:
-    """Build a registered preset; ``device="meta"`` allocates nothing. The module keeps ``.config`` (its dataclass),
-    ``.family`` and ``.preset``."""
-    config = model_config(name, **overrides)
-    entry = _REGISTRY[name]
-    model = build_from_config(entry.family, config, device)
-    if dtype is not None:
-        model = model.to(dtype)
-    model.preset = name
-    return model
-
-
-def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
-    """Number of distinct parameters (tied weights counted once); works on the meta device."""
-    seen, total = set(), 0
-    for p in model.parameters():
-        if id(p) in seen or (trainable_only and not p.requires_grad):
-            continue
-        seen.add(id(p))
-        total += p.numel()
-    return total
-
-
-# families register their presets on import
-from . import dit, htr, lm, ptv3, recall, tsvit  # noqa: E402,F401
+for _name in FAMILIES:  # each family's presets register on import
+    importlib.import_module(f"{__name__}.{_name}")

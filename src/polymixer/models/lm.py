@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .. import functional as Fn
 from ..blocks import LETTERS, PolyMorpher, build_mixer, layer_pattern
-from ..mixer import Index, _batch_index
+from ..mixer import Index, batch_index
 
 __all__ = ["LMConfig", "GPT", "LMState", "pad_left"]
 
@@ -77,7 +77,7 @@ class LMState:
         return self.pos.shape[0]
 
     def __getitem__(self, index: Index) -> "LMState":
-        i = _batch_index(index, self.pos.device)
+        i = batch_index(index, self.pos.device)
         return LMState([s[i] for s in self.layers], self.pos[i])
 
     @property
@@ -346,7 +346,7 @@ def _sample(logits: Tensor, temperature: float, top_k: Optional[int], top_p: Opt
 
 
 def _register() -> None:
-    from . import register_model
+    from .registry import register_model
 
     small = dict(vocab_size=50304, block_size=1024, n_layer=12, n_embd=768, n_head=12, position="learned")
     register_model("gpt2-small", "lm", LMConfig, GPT, "GPT-2 124M (nanoGPT)", mixer="attention", **small)

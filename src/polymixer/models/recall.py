@@ -68,6 +68,8 @@ class RecallConfig:
 class RecallLM(nn.Module):
     """A causal LM over a pattern of mixers (see the module docstring)."""
 
+    family = "recall"
+
     def __init__(self, config: RecallConfig) -> None:
         super().__init__()
         self.config = c = config
@@ -144,7 +146,7 @@ class _ShiftedKeysValues(nn.Module):
 
 
 def _register() -> None:
-    from . import register_model
+    from .registry import register_model
 
     for letter, name in (("A", "attention"), ("L", "swa"), ("P", "pom"), ("V", "vpom"), ("I", "linear"),
                          ("B", "based")):

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ..attention import Attention
 from ..data.faults import SampleFaults
-from ..data.text import Tokenizer, load_tokenizer, prepare_corpus
+from ..data.lm import Tokenizer, load_tokenizer, prepare_corpus
 from ..models.lm import GPT
 from ..pomify import pomify, replaced_layers
 from ..train.checkpoint import load_model, read_config, resolve_checkpoint

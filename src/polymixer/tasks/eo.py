@@ -17,14 +17,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data.eo import NUM_CLASSES, PASTIS_CLASSES, PASTIS_COLORS, PIXEL_KM2, RGB_BANDS, VOID, BandStats, \
-    PastisSplit, band_stats, collate, fold_splits, read_metadata, resolve_data, windows
+from ..data.eo import (
+    NUM_CLASSES,
+    PASTIS_CLASSES,
+    PASTIS_COLORS,
+    PIXEL_KM2,
+    RGB_BANDS,
+    VOID,
+    BandStats,
+    PastisSplit,
+    band_stats,
+    collate,
+    fold_splits,
+    read_metadata,
+    windows,
+)
+from ..data.eo_synth import resolve_data
 from ..data.faults import SampleError, SampleFaults
 from ..metrics import ConfusionMatrix
-from ..models import create_model, list_models, model_config
+from ..models import create_model, model_config
 from ..train.checkpoint import load_model, read_config, resolve_checkpoint
-from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, \
-    train_config_from_args
+from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
+from .common import add_preset_argument, check_dataset, check_preset
 
 __all__ = ["EOTask", "masked_cross_entropy", "predict_patch", "evaluate_eo", "train_eo", "load_segmenter",
            "rgb_composite", "draw_confusion", "draw_tiles", "colorize"]
@@ -202,7 +216,7 @@ def rgb_composite(split: PastisSplit, i: int) -> Tuple[np.ndarray, str]:
 
 def draw_confusion(cm: ConfusionMatrix, path: Union[str, Path], title: str = "") -> Path:
     """A PNG of the row-normalised confusion matrix (each true class's pixels spread over the predictions)."""
-    from ..bench.common import new_figure, save_figure
+    from ..report import new_figure, save_figure
 
     m = cm.matrix.astype(np.float64)
     rows = m / np.maximum(m.sum(1, keepdims=True), 1)
@@ -235,7 +249,7 @@ def draw_tiles(split: PastisSplit, predictions: Sequence[Dict[str, Any]], path: 
     in the PASTIS colour map (void white), and a legend of the classes shown."""
     from matplotlib.patches import Patch
 
-    from ..bench.common import new_figure, save_figure
+    from ..report import new_figure, save_figure
 
     if not predictions:
         raise ValueError("no predictions to draw")
@@ -276,7 +290,10 @@ def train_eo(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, fo
     :func:`~polymixer.data.eo.band_stats`; a resumed run keeps its checkpoint's), build ``preset`` for its bands and
     crop size, and train on the training folds of ``fold`` with the shared loop, validating on its validation
     fold."""
+    check_preset("eo", preset)
     root = resolve_data(data, progress=progress)
+    if train_cfg.check_data:
+        check_dataset("eo", root, progress=progress, skip_bad_samples=train_cfg.skip_bad_samples)
     splits = fold_splits(fold)
     records = read_metadata(root)
     base = model_config(preset, **overrides)
@@ -302,7 +319,7 @@ def train_eo(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, fo
     model = create_model(preset, **overrides)
     task = EOTask(train_split, val_split, stats, train_cfg.batch_size, train_cfg.seed, crop, augment, eval_limit,
                   faults=faults)
-    meta = {"family": "tsvit", "preset": preset, "model": asdict(cfg), "normalization": stats.to_dict(),
+    meta = {"family": "eo", "preset": preset, "model": asdict(cfg), "normalization": stats.to_dict(),
             "classes": list(PASTIS_CLASSES[:NUM_CLASSES]), "void": VOID,
             "data": {"path": str(root), "name": data or "synthetic", "fold": fold, "folds": splits,
                      "train_patches": len(train_split), "val_patches": len(val_split), "windows": len(task.windows),
@@ -330,9 +347,7 @@ def _crop_arg(value: str) -> Optional[int]:
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     t = train_defaults()
-    p.add_argument("--preset", default="tiny-tsvipom",
-                   help=f"tiny-tsvit, tiny-tsvipom, tiny-tsvipom-hybrid, tsvit, … "
-                        f"({len(list_models(family='tsvit'))} presets)")
+    add_preset_argument(p, "eo")
     p.add_argument("--data", default=None, help="PASTIS folder (metadata.geojson, DATA_S2/, ANNOTATIONS/), or "
                                                 "'synthetic' (default) — the offline set, generated on first use")
     p.add_argument("--fold", type=int, default=1, help="PASTIS fold: train on folds f…f+2, validate on f+3")
@@ -370,11 +385,11 @@ def load_segmenter(ckpt: Union[str, Path], ema: Optional[bool] = None,
     if dtype not in ("fp32", "bf16"):
         raise ValueError(f"dtype must be 'fp32' or 'bf16', got {dtype!r}")
     cfg = read_config(ckpt)
-    if cfg.get("family") != "tsvit":
+    if cfg.get("family") != "eo":
         raise ValueError(f"{ckpt} holds a {cfg.get('family')!r} model, not a time-series segmenter")
     if "normalization" not in cfg:
         raise ValueError(f"{ckpt} has no band normalisation in its config.json")
-    model = load_model(ckpt, family="tsvit", ema=ema).eval()
+    model = load_model(ckpt, family="eo", ema=ema).eval()
     if dtype == "bf16":
         model.to(torch.bfloat16)
     return model, BandStats.from_dict(cfg["normalization"]), cfg
@@ -405,7 +420,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main_eval(args: argparse.Namespace) -> int:
-    from ..bench.common import per_class_table
+    from ..report import per_class_table
 
     model, stats, cfg = load_segmenter(args.ckpt, ema=False if args.no_ema else None, dtype=args.dtype)
     data = cfg.get("data", {})

@@ -26,11 +26,12 @@ from torch import nn
 
 from ..data.cache import cache_dir
 from ..data.faults import SampleFaults
-from ..data.images import ImageDataset, load_images, save_grid
+from ..data.image import ImageDataset, load_images, save_grid
 from ..diffusion import make_objective
-from ..models import create_model, list_models, model_config
+from ..models import create_model, model_config
 from ..train.checkpoint import load_model, read_config
 from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
+from .common import add_preset_argument, check_dataset, check_preset
 
 __all__ = ["ImageTask", "Classifier", "get_classifier", "frechet_distance", "sample_images", "evaluate_generator",
            "train_image"]
@@ -64,7 +65,8 @@ def _cache_dir() -> Path:
 
 def get_classifier(data: ImageDataset, seed: int = 0, epochs: int = 30, progress: bool = False) -> tuple:
     """(classifier, held-out accuracy, held-out split). Trained once on 80% of the real data and cached."""
-    from safetensors.torch import load_model as load_st, save_model as save_st
+    from safetensors.torch import load_model as load_st
+    from safetensors.torch import save_model as save_st
 
     C, S = data.images.shape[1], data.images.shape[-1]
     train_set, test_set = data.split(0.2, seed=seed)
@@ -183,8 +185,8 @@ class ImageTask:
 
     def __init__(self, data: ImageDataset, objective: str, learn_sigma: bool, batch_size: int, seed: int,
                  eval_samples: int = 100, guidance: float = 2.0, steps: int = 25,
-                 faults: Optional[SampleFaults] = None) -> None:
-        self.data, self.objective_name, self.faults = data, objective, faults
+                 faults: Optional[SampleFaults] = None, progress: bool = False) -> None:
+        self.data, self.objective_name, self.faults, self.progress = data, objective, faults, progress
         self.objective = make_objective(objective, learn_sigma)
         self.batch_size, self.seed = batch_size, seed
         self.eval_samples, self.guidance, self.steps = eval_samples, guidance, steps
@@ -205,22 +207,27 @@ class ImageTask:
 
     def evaluate(self, model: nn.Module, step: int, out_dir: Path) -> Dict[str, float]:
         k = self.data.num_classes
-        x, _ = sample_images(model, self.objective_name, list(range(k)), 8, self.guidance, self.steps, seed=0)
+        x, _ = sample_images(model, self.objective_name, list(range(k)), 8, self.guidance, self.steps, seed=0,
+                             progress=self.progress)
         save_grid(x.view(k, 8, *x.shape[1:]).transpose(0, 1).reshape(-1, *x.shape[1:]),
                   out_dir / "samples" / f"step_{step:08d}.png", nrow=k)
         if self.eval_samples <= 0:
             return {}
-        m = evaluate_generator(model, self.objective_name, self.data, self.eval_samples, self.guidance, self.steps)
+        m = evaluate_generator(model, self.objective_name, self.data, self.eval_samples, self.guidance, self.steps,
+                               progress=self.progress)
         return {"cond_accuracy": m["cond_accuracy"], "fd": m["fd"]}
 
 
 def train_image(preset: str, train_cfg: TrainConfig, objective: str = "flow", data: Optional[str] = None,
                 eval_samples: int = 100, **overrides: Any) -> Dict[str, Any]:
     """Build ``preset`` (with overrides), load the images (default: digits), and train with the shared loop."""
+    check_preset("image", preset)
     cfg = model_config(preset, **overrides)
     if objective == "flow" and cfg.learn_sigma:
         raise ValueError(f"{preset} learns σ (a DDPM model): train it with --objective ddpm, or pass learn_sigma=False")
     faults = SampleFaults.training(train_cfg.skip_bad_samples)
+    if data is not None and train_cfg.check_data:
+        check_dataset("image", data, progress=train_cfg.progress, skip_bad_samples=train_cfg.skip_bad_samples)
     images = load_images(data, cfg.input_size, cfg.in_channels, faults)
     if images.num_classes != cfg.num_classes:
         if "num_classes" in overrides:
@@ -230,8 +237,8 @@ def train_image(preset: str, train_cfg: TrainConfig, objective: str = "flow", da
     torch.manual_seed(train_cfg.seed)
     model = create_model(preset, **overrides)
     task = ImageTask(images, objective, cfg.learn_sigma, train_cfg.batch_size, train_cfg.seed, eval_samples,
-                     faults=faults)
-    meta = {"family": "dit", "preset": preset, "model": asdict(cfg), "objective": objective,
+                     faults=faults, progress=train_cfg.progress)
+    meta = {"family": "image", "preset": preset, "model": asdict(cfg), "objective": objective,
             "data": {"path": data, "name": images.name, "images": len(images.labels)}}
     return {**train(model, task, train_cfg, meta), "model": model}
 
@@ -244,8 +251,7 @@ def train_image(preset: str, train_cfg: TrainConfig, objective: str = "flow", da
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     t = TrainConfig(lr=3e-4, min_lr=3e-5, weight_decay=0.0, warmup=200, ema=0.999, batch_size=128, steps=4000,
                     eval_every=1000, ckpt_every=1000)
-    p.add_argument("--preset", default="tiny-sipom", help=f"e.g. tiny-sit, tiny-sipom, sipom-xl/2 "
-                   f"({len(list_models(family='dit'))} presets)")
+    add_preset_argument(p, "image")
     p.add_argument("--mixer", choices=["attention", "pom"], default=None, help="override the preset's mixer")
     p.add_argument("--objective", choices=["flow", "ddpm"], default="flow")
     p.add_argument("--data", default=None, help="image folder (class = sub-folder); default: scikit-learn's digits")
@@ -295,12 +301,12 @@ def add_sample_arguments(p: argparse.ArgumentParser) -> None:
 
 def _load_generator(ckpt: str, no_ema: bool = False) -> tuple:
     cfg = read_config(ckpt)
-    if cfg.get("family") != "dit":
+    if cfg.get("family") != "image":
         raise ValueError(f"{ckpt} holds a {cfg.get('family')!r} model, not an image generator")
     from ..train.checkpoint import resolve_checkpoint
 
     ema = not no_ema and (resolve_checkpoint(ckpt) / "ema.safetensors").is_file()
-    return load_model(ckpt, family="dit", ema=ema), cfg
+    return load_model(ckpt, family="image", ema=ema), cfg
 
 
 def main_sample(args: argparse.Namespace) -> int:

@@ -15,11 +15,12 @@ import torch
 from torch import nn
 
 from ..data.faults import SampleFaults
-from ..data.text import Corpus, TokenWindows, load_tokenizer, prepare_corpus
-from ..models import create_model, list_models, model_config
+from ..data.lm import Corpus, TokenWindows, load_tokenizer, prepare_corpus
+from ..models import create_model, model_config
 from ..models.lm import pad_left
 from ..train.checkpoint import load_model, read_config
 from ..train.loop import TrainConfig, add_train_config_arguments, train, train_config_from_args
+from .common import add_preset_argument, check_dataset, check_preset
 
 __all__ = ["LMTask", "evaluate_lm", "train_lm"]
 
@@ -61,19 +62,22 @@ class LMTask:
 
 @torch.no_grad()
 def evaluate_lm(model: nn.Module, windows: TokenWindows, token_bytes: torch.Tensor, sep_token: Optional[int],
-                count: int = 256, batch: int = 32) -> Dict[str, float]:
+                count: int = 256, batch: int = 32, progress: bool = False, desc: str = "eval") -> Dict[str, float]:
     """Mean loss (nats per token) and bits per byte over ``count`` evenly spaced windows of a split.
 
     Bits per byte = total nats / ln 2 / the number of UTF-8 bytes the predicted tokens stand for (end-of-text counts
     zero bytes): comparable across tokenizers.
     """
+    from tqdm.auto import tqdm
+
     was = model.training
     model.eval()
     device = next(model.parameters()).device
     nats = 0.0
     tokens = 0
     nbytes = 0
-    for x, y in windows.fixed(count, batch):
+    for x, y in tqdm(windows.fixed(count, batch), total=-(-count // batch), desc=desc,
+                     disable=not progress, dynamic_ncols=True, leave=False):
         x, y = x.to(device), y.to(device)
         logits, _ = model(x, sep_token=sep_token)
         ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
@@ -93,12 +97,13 @@ def evaluate_lm(model: nn.Module, windows: TokenWindows, token_bytes: torch.Tens
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     t = TrainConfig()
-    p.add_argument("--preset", default="tiny-pom", help=f"one of {', '.join(list_models(family='lm'))}")
+    add_preset_argument(p, "lm")
     g = p.add_argument_group("model overrides (fields of LMConfig)")
     for name in ("mixer", "position", "n_layer", "n_embd", "n_head", "block_size", "window", "degree", "expand",
                  "sel_heads", "dropout", "vocab_size"):
         kind = {"mixer": str, "position": str, "dropout": float, "expand": float}.get(name, int)
-        g.add_argument("--" + name.replace("_", "-"), dest="m_" + name, type=kind, default=None)
+        g.add_argument("--" + name.replace("_", "-"), dest="m_" + name, type=kind, default=None,
+                       metavar=name.upper(), help=f"override the preset's {name} (LMConfig.{name})")
     d = p.add_argument_group("data")
     d.add_argument("--data", nargs="*", default=None,
                    help="text files or folders (default: the Python standard library's sources)")
@@ -113,12 +118,15 @@ def train_lm(preset: str, train_cfg: TrainConfig, data: Optional[List[str]] = No
              val_fraction: float = 0.1, pack: bool = True, eval_windows: int = 256,
              **overrides: Any) -> Dict[str, Any]:
     """Build ``preset`` (with overrides), prepare the corpus, and train it with the shared loop."""
+    check_preset("lm", preset)
     tok = load_tokenizer(tokenizer)
     cfg = model_config(preset, **overrides)
     if cfg.vocab_size < tok.vocab_size:
         raise ValueError(f"{preset} has a vocabulary of {cfg.vocab_size} but the {tok.name!r} tokenizer needs "
                          f"{tok.vocab_size}; pass --vocab-size {tok.vocab_size}")
     faults = SampleFaults.training(train_cfg.skip_bad_samples)
+    if data and train_cfg.check_data:  # (the standard library's sources, the default, are known good)
+        check_dataset("lm", list(data), progress=train_cfg.progress, skip_bad_samples=train_cfg.skip_bad_samples)
     corpus = prepare_corpus(data, tok, val_fraction=val_fraction, progress=train_cfg.progress, faults=faults)
     torch.manual_seed(train_cfg.seed)  # the initial weights are part of the run's reproducible state
     model = create_model(preset, **overrides)
@@ -192,10 +200,11 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=float, nargs="+", default=[1, 2, 4],
                    help="context lengths as multiples of the training context")
     p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def evaluate_checkpoint(ckpt: str, data: Optional[List[str]] = None, windows: int = 512,
-                        lengths: Iterable[float] = (1, 2, 4)) -> Dict[str, Any]:
+                        lengths: Iterable[float] = (1, 2, 4), progress: bool = False) -> Dict[str, Any]:
     """Validation loss and bits per byte at the training context and at multiples of it (length generalisation;
     learned positions cannot go beyond the training context and report None there)."""
     cfg = read_config(ckpt)
@@ -203,7 +212,7 @@ def evaluate_checkpoint(ckpt: str, data: Optional[List[str]] = None, windows: in
     d = cfg.get("data", {})
     tok = load_tokenizer(d.get("tokenizer", "bytes"))
     pack = d.get("pack", True)
-    corpus = prepare_corpus(data or d.get("paths"), tok, val_fraction=d.get("val_fraction", 0.1), progress=False)
+    corpus = prepare_corpus(data or d.get("paths"), tok, val_fraction=d.get("val_fraction", 0.1), progress=progress)
     T = model.config.block_size
     rows = []
     for mult in lengths:
@@ -212,13 +221,14 @@ def evaluate_checkpoint(ckpt: str, data: Optional[List[str]] = None, windows: in
             rows.append({"context": n, "x_train": mult, "val_loss": None, "val_bpb": None})
             continue
         m = evaluate_lm(model, TokenWindows(corpus.val, n), torch.from_numpy(tok.token_bytes()),
-                        tok.eot_id if pack else None, windows, max(1, 32 * T // n))
+                        tok.eot_id if pack else None, windows, max(1, 32 * T // n), progress=progress,
+                        desc=f"eval lm, context {n}")
         rows.append({"context": n, "x_train": mult, **m})
     return {"ckpt": str(ckpt), "preset": cfg.get("preset"), "step": cfg.get("step"), "lengths": rows}
 
 
 def main_eval(args: argparse.Namespace) -> int:
-    res = evaluate_checkpoint(args.ckpt, args.data, args.windows, args.lengths)
+    res = evaluate_checkpoint(args.ckpt, args.data, args.windows, args.lengths, progress=not args.quiet)
     print(f"{res['preset']} at step {res['step']} ({res['ckpt']})")
     print("| context | × train | val loss | val bpb |\n|---|---|---|---|")
     for r in res["lengths"]:

@@ -15,16 +15,17 @@ import torch
 from torch import nn
 
 from ..data.faults import SampleFaults
-from ..data.ocr import AugmentConfig, Charset, LineSet, augment, collate, compose_page, load_line_image, load_split, \
-    resolve_data
+from ..data.ocr import AugmentConfig, Charset, LineSet, augment, collate, compose_page, load_line_image, load_split
+from ..data.ocr_synth import resolve_data
 from ..metrics import ErrorRates, edit_distance
-from ..models import create_model, list_models, model_config
-from ..models.htr import ctc_greedy_decode, ctc_loss
+from ..models import create_model, model_config
+from ..models.ocr import ctc_greedy_decode, ctc_loss
 from ..train.checkpoint import load_model, read_config, resolve_checkpoint
-from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, \
-    train_config_from_args
+from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
+from .common import add_preset_argument, check_dataset, check_preset
 
-__all__ = ["OCRTask", "PageSpec", "examples_of", "evaluate_ocr", "transcribe", "train_ocr", "load_recognizer"]
+__all__ = ["OCRTask", "PageSpec", "examples_of", "make_example", "evaluate_ocr", "transcribe", "train_ocr",
+           "load_recognizer"]
 
 
 @dataclass
@@ -44,8 +45,10 @@ def examples_of(lines: LineSet, spec: PageSpec) -> List[List[int]]:
     return lines.pages(spec.max_lines) if spec.multiline else [[i] for i in range(len(lines))]
 
 
-def _make(lines: LineSet, idx: Sequence[int], spec: PageSpec, rng: Optional[np.random.Generator] = None,
-          aug: Optional[AugmentConfig] = None) -> Tuple[np.ndarray, str]:
+def make_example(lines: LineSet, idx: Sequence[int], spec: PageSpec, rng: Optional[np.random.Generator] = None,
+                 aug: Optional[AugmentConfig] = None) -> Tuple[np.ndarray, str]:
+    """(image, text) of one example: the lines ``idx`` (one line, or a page of lines side by side per ``spec``),
+    augmented with ``rng`` and ``aug`` when given."""
     imgs = [lines.images[i] for i in idx]
     if rng is not None:
         imgs = [augment(im, rng, aug) for im in imgs]
@@ -98,7 +101,7 @@ class OCRTask:
         for k in range(share * n, (share + 1) * n):
             rng = np.random.default_rng([self.seed, step, k]) if self.aug is not None else None
             idx = self.examples[picks[k]]
-            image, text = _make(self.train_set, idx, self.spec, rng, self.aug)
+            image, text = make_example(self.train_set, idx, self.spec, rng, self.aug)
             images.append(image)
             texts.append(text)
             lines += len(idx)
@@ -155,7 +158,7 @@ def evaluate_ocr(model: nn.Module, lines: LineSet, charset: Charset, spec: Optio
     model.eval()
     device = next(model.parameters()).device
     examples = examples_of(lines, spec)[:limit]
-    made = [_make(lines, idx, spec) for idx in examples]
+    made = [make_example(lines, idx, spec) for idx in examples]
     order = sorted(range(len(made)), key=lambda i: made[i][0].shape[1])
     preds: List[str] = [""] * len(made)
     loss_sum, seconds = 0.0, 0.0
@@ -191,8 +194,11 @@ def train_ocr(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, s
               **overrides: Any) -> Dict[str, Any]:
     """Load a dataset (default: the offline synthetic lines), build the charset from its training transcriptions,
     build ``preset`` with one class per character + the blank, and train with the shared loop."""
+    check_preset("ocr", preset)
     spec = spec or PageSpec()
     root = resolve_data(data, progress=progress)
+    if train_cfg.check_data:
+        check_dataset("ocr", root, progress=progress, skip_bad_samples=train_cfg.skip_bad_samples)
     cfg = model_config(preset, **overrides)
     faults = SampleFaults.training(train_cfg.skip_bad_samples)
     train_set = load_split(root, "train", cfg.height, cfg.max_width, progress, faults)
@@ -215,7 +221,7 @@ def train_ocr(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, s
     model = create_model(preset, **overrides)
     task = OCRTask(train_set, val_set, charset, train_cfg.batch_size, train_cfg.seed, spec,
                    AugmentConfig() if augmentations else None, eval_limit, faults=faults)
-    meta = {"family": "htr", "preset": preset, "model": asdict(cfg), "charset": charset.chars,
+    meta = {"family": "ocr", "preset": preset, "model": asdict(cfg), "charset": charset.chars,
             "data": {"path": str(root), "name": data or "synthetic", "train_lines": len(train_set),
                      "val_lines": len(val_set), "examples": len(task.examples)},
             "pages": asdict(spec), "augment": augmentations}
@@ -235,9 +241,7 @@ def train_defaults() -> TrainConfig:
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     t = train_defaults()
-    p.add_argument("--preset", default="tiny-htr-vpom",
-                   help=f"tiny-htr-vt, tiny-htr-vpom, tiny-htr-vpom-hybrid, htr-vt, … "
-                        f"({len(list_models(family='htr'))} presets)")
+    add_preset_argument(p, "ocr")
     p.add_argument("--data", default=None, help="dataset folder (HTR-VT layout or IAM's), or 'synthetic' (default) / "
                                                 "'digits' — the offline sets, generated on first use")
     p.add_argument("--multiline", action="store_true", help="train on pages: the lines of a page side by side")
@@ -270,11 +274,11 @@ def load_recognizer(ckpt: Union[str, Path], ema: Optional[bool] = None,
     if dtype not in ("fp32", "bf16"):
         raise ValueError(f"dtype must be 'fp32' or 'bf16', got {dtype!r}")
     cfg = read_config(ckpt)
-    if cfg.get("family") != "htr":
+    if cfg.get("family") != "ocr":
         raise ValueError(f"{ckpt} holds a {cfg.get('family')!r} model, not a text recogniser")
     if "charset" not in cfg:
         raise ValueError(f"{ckpt} has no charset in its config.json")
-    model = load_model(ckpt, family="htr", ema=ema)
+    model = load_model(ckpt, family="ocr", ema=ema)
     model.optimize_for_inference(torch.bfloat16 if dtype == "bf16" else None)
     charset = Charset(cfg["charset"])
     if charset.num_classes != model.config.num_classes:
@@ -318,7 +322,7 @@ def main_eval(args: argparse.Namespace) -> int:
         examples = examples_of(lines, pages)[:args.limit]
         k = min(args.samples, len(examples))
         pick = np.linspace(0, len(examples) - 1, k).round().astype(int) if k else []
-        images = [_make(lines, examples[i], pages)[0] for i in pick]
+        images = [make_example(lines, examples[i], pages)[0] for i in pick]
         draw_samples(images, [m["references"][i] for i in pick], [m["predictions"][i] for i in pick], png,
                      title=f"{cfg.get('preset')} — {root.name}/{args.split}: CER {100 * m['cer']:.2f}%, "
                            f"WER {100 * m['wer']:.2f}%")
@@ -333,7 +337,7 @@ def draw_samples(images: Sequence[np.ndarray], references: Sequence[str], predic
                  path: Union[str, Path], title: str = "", max_width: int = 1536) -> Path:
     """A PNG: each line image (wide pages cut at ``max_width`` pixels), its reference and the prediction, with the
     line's character errors."""
-    from ..bench.common import new_figure, save_figure
+    from ..report import new_figure, save_figure
 
     if not images:
         raise ValueError("no sample lines to draw")

@@ -29,8 +29,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..families import canonical_family
+
 __all__ = ["save_checkpoint", "resolve_checkpoint", "read_config", "load_weights", "load_model", "load_trainer_state",
-           "rng_state", "set_rng_state", "config_diff", "verify_checkpoint", "CheckpointError"]
+           "rng_state", "set_rng_state", "config_diff", "verify_checkpoint", "CheckpointError",
+           "CheckpointWarning"]
 
 MANIFEST = "manifest.json"
 _WARNED: set = set()
@@ -121,6 +124,17 @@ def set_rng_state(state: Dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class CheckpointWarning(UserWarning):
+    """A damaged checkpoint was skipped (the command line prints the message alone)."""
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, so set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -155,7 +169,9 @@ def save_checkpoint(run_dir: Union[str, Path], step: int, model: nn.Module, conf
         (tmp / "config.json").write_text(json.dumps({**config, "step": step}, indent=2, default=str))
         if trainer_state is not None:
             torch.save(trainer_state, tmp / "trainer.pt")
+        mode = 0o666 & ~_umask()  # safetensors writes 0600: others on a shared machine could not read a model
         for f in tmp.iterdir():
+            os.chmod(f, mode)
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         _write_manifest(tmp)  # last: its presence means the checkpoint is complete
@@ -233,7 +249,8 @@ def resolve_checkpoint(path: Union[str, Path]) -> Path:
             for bad, why in skipped:
                 if (bad, why) not in _WARNED:  # once per process, however often the run is resolved
                     _WARNED.add((bad, why))
-                    warnings.warn(f"skipping checkpoint {bad.name}: {why}; using {ck.name}", stacklevel=2)
+                    warnings.warn(f"skipping checkpoint {bad.name}: {why}; using {ck.name}", CheckpointWarning,
+                                  stacklevel=2)
             return ck
         skipped.append((ck, problem))
     if skipped:
@@ -242,11 +259,16 @@ def resolve_checkpoint(path: Union[str, Path]) -> Path:
 
 
 def read_config(path: Union[str, Path]) -> Dict[str, Any]:
+    """A checkpoint's ``config.json``, its ``family`` under the family's current name (a checkpoint written when
+    the image family was called ``dit`` reads as ``image``)."""
     ck = resolve_checkpoint(path)
     try:
-        return json.loads((ck / "config.json").read_text())
+        cfg = json.loads((ck / "config.json").read_text())
     except (ValueError, OSError) as e:
         raise CheckpointError(f"{ck / 'config.json'}: unreadable ({e})") from e
+    if isinstance(cfg, dict) and isinstance(cfg.get("family"), str):
+        cfg["family"] = canonical_family(cfg["family"])
+    return cfg
 
 
 def config_diff(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, tuple]:
@@ -288,7 +310,7 @@ def load_model(path: Union[str, Path], device: Optional[Union[str, torch.device]
 
     cfg = read_config(path)
     family = cfg.get("family")
-    if "family" in expect and family != expect["family"]:
+    if "family" in expect and family != canonical_family(expect["family"]):
         raise ValueError(f"checkpoint {path} holds a {family!r} model, not {expect['family']!r}")
     model = build_from_config(family, cfg["model"], device)
     model.preset = cfg.get("preset")

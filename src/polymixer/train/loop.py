@@ -29,10 +29,20 @@ if TYPE_CHECKING:
     import argparse
 
 from ..data.faults import SampleError
-from .checkpoint import config_diff, load_trainer_state, load_weights, read_config, resolve_checkpoint, rng_state, \
-    save_checkpoint, set_rng_state
+from ..report import plot_history
+from .checkpoint import (
+    config_diff,
+    load_trainer_state,
+    load_weights,
+    read_config,
+    resolve_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 
 __all__ = ["TrainConfig", "Task", "train", "configure_optimizer", "lr_at", "distributed_context", "TRAIN_FLAGS",
+           "TRAIN_HELP",
            "EXIT_PREEMPTED", "Preempted", "add_train_config_arguments", "train_config_from_args"]
 
 
@@ -64,13 +74,37 @@ class TrainConfig:
     stop_after: Optional[int] = None  # end this invocation after that step (with a checkpoint): time-limited jobs
     progress: bool = True
     max_nonfinite: int = 10  # a step whose loss or gradient norm is not finite is skipped; this many in a row stop
+    curves: bool = True  # <out>/curves.png at each evaluation and at the end (loss, learning rate, evaluations)
     skip_bad_samples: bool = False  # unreadable / malformed samples: stop naming the file (False), or skip and count
+    check_data: bool = True  # the task scans every data file's header and length before training (--no-data-check)
     extra: Dict[str, Any] = field(default_factory=dict)
 
 
 # the TrainConfig fields every `polymixer train <family>` command exposes as --flags
 TRAIN_FLAGS = ("steps", "batch_size", "grad_accum", "lr", "min_lr", "warmup", "weight_decay", "beta2", "grad_clip",
                "eval_every", "ckpt_every", "keep", "log_every", "seed", "ema", "max_nonfinite")
+
+
+# what each of those flags means, for --help (the default shown is the family's recipe)
+TRAIN_HELP = {
+    "steps": "optimizer steps of the whole run (a resumed run continues to this count)",
+    "batch_size": "examples per optimizer step, over all processes and accumulation steps",
+    "grad_accum": "micro-batches accumulated per step (the batch is split into this many)",
+    "lr": "peak learning rate, reached after the warm-up",
+    "min_lr": "learning rate at the last step (cosine decay from lr)",
+    "warmup": "steps of linear warm-up from 0 to lr",
+    "weight_decay": "AdamW weight decay of matrices and embeddings (none on biases, norms, PoM coefficients)",
+    "beta2": "AdamW's second-moment decay",
+    "grad_clip": "clip the gradient norm to this (0: no clipping)",
+    "eval_every": "evaluate every N steps (and at the last)",
+    "ckpt_every": "write a checkpoint every N steps (and at the last)",
+    "keep": "intact checkpoints kept",
+    "log_every": "log loss, learning rate and throughput every N steps",
+    "seed": "seed of the initial weights and of every batch (batches are a pure function of seed and step)",
+    "ema": "EMA decay of the weights, evaluated and saved beside them (0: off)",
+    "max_nonfinite": "stop after this many consecutive steps with a non-finite loss or gradient",
+    "sam_rho": "sharpness-aware minimisation radius (0: off; two forward/backward passes per step)",
+}
 
 
 def add_train_config_arguments(p: "argparse.ArgumentParser", defaults: TrainConfig, out_help: str,
@@ -80,14 +114,19 @@ def add_train_config_arguments(p: "argparse.ArgumentParser", defaults: TrainConf
     --quiet."""
     for name in names:
         default = getattr(defaults, name)
-        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
+                       help=TRAIN_HELP.get(name, name.replace("_", " ")))
     p.add_argument("--skip-bad-samples", action="store_true",
                    help="skip unreadable or malformed samples (listed in <out>/bad_samples.json) instead of stopping")
+    p.add_argument("--no-data-check", action="store_true",
+                   help="skip the scan of every data file's header and length before training (a bad file then stops "
+                        "the run only when it is drawn)")
     p.add_argument("--stop-after", type=int, default=None, help="end this invocation after that step (resumable)")
     p.add_argument("--init-from", default=None, metavar="RUN",
                    help="start from the weights of this run or checkpoint (fine-tuning; not when resuming)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
-    p.add_argument("--compile", action="store_true")
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
+                   help="autocast dtype: auto = bf16 on GPUs that support it, fp32 on CPU")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model's forward")
     p.add_argument("--out", default=None, help=out_help)
     p.add_argument("--no-resume", action="store_true", help="start over even if the run folder has a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -100,7 +139,8 @@ def train_config_from_args(args: "argparse.Namespace", defaults: TrainConfig, ou
 
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
               if hasattr(args, f.name) and f.name not in ("out", "resume", "progress")}
-    return replace(defaults, **values, out=args.out or out, resume=not args.no_resume, progress=not args.quiet)
+    return replace(defaults, **values, out=args.out or out, resume=not args.no_resume, progress=not args.quiet,
+                   check_data=not getattr(args, "no_data_check", False))
 
 
 class Task(Protocol):
@@ -444,6 +484,21 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
             dist.barrier()
         saved = done
 
+    def write_history() -> None:
+        """history.json and curves.png (loss, learning rate, evaluations) of the run so far."""
+        out.mkdir(parents=True, exist_ok=True)
+        _write_json(out / "history.json", history)
+        if cfg.curves and history:
+            try:
+                plot_history([(out.name, history)], out / "curves.png", title=f"{model_config.get('preset') or ''} "
+                             f"{out.name}".strip(), warmup=cfg.warmup)
+            except Exception as e:  # a plot must never stop a run
+                bar.write(f"could not draw {out / 'curves.png'}: {e}")
+
+    if ctx.main and start == 0 and cfg.steps <= cfg.warmup:
+        bar.write(f"note: steps ({cfg.steps}) ≤ warmup ({cfg.warmup}): the learning rate only climbs towards lr "
+                  f"({cfg.lr:g}) and never decays — a run this short tests the plumbing, not the model (its samples "
+                  f"look like noise); pass --warmup to shorten the warm-up")
     fwd_model.train()
     for step in range(start, cfg.steps):
         lr = lr_at(step, cfg)
@@ -514,10 +569,17 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
         bar.update(1)
         if done % cfg.eval_every == 0 or done == cfg.steps:
             if ctx.main:
+                if cfg.progress:
+                    bar.write(f"step {done}: evaluating{' the EMA weights' if ema is not None else ''} …")
+                t_eval = time.perf_counter()
                 metrics = task.evaluate(ema.model if ema is not None else raw, done, out)
+                took = time.perf_counter() - t_eval
+                t_last += took  # throughput counts training time only
                 if metrics:  # a task may only save artefacts (e.g. a sample grid) and report nothing
                     history.append({"step": done, **{f"eval_{k}": v for k, v in metrics.items()}})
-                    bar.write(f"step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                    bar.write(f"step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) +
+                              f" ({took:.0f} s)")
+                write_history()
                 raw.train()
         preempted = flag["signal"] is not None
         if ctx.world > 1:  # stop after the same step everywhere, whichever rank got the signal
@@ -531,8 +593,7 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
             break
     bar.close()
     if ctx.main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "history.json").write_text(json.dumps(history, indent=1))
+        write_history()
         if faults:
             print(f"skipped {len(faults)} unreadable or malformed sample file(s), listed in "
                   f"{out / 'bad_samples.json'}", flush=True)

@@ -29,12 +29,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..blocks import LETTERS, PolyMorpher, layer_pattern
+from ..data.ocr import PIXELS_PER_TOKEN
 from ..positions import sincos_1d, sincos_2d
 
 __all__ = ["HTRConfig", "HTR", "ResNetStem", "MaskedBatchNorm2d", "ctc_greedy_decode", "ctc_loss", "span_mask",
            "token_lengths", "PIXELS_PER_TOKEN"]
-
-PIXELS_PER_TOKEN = 4  # the stem halves the width twice
 
 
 @dataclass
@@ -250,7 +249,7 @@ class HTR(nn.Module):
     ``log_probs[b, :lengths[b]]``, with lengths = ⌈widths / 4⌉; class 0 is the CTC blank.
     """
 
-    family = "htr"
+    family = "ocr"
 
     def __init__(self, config: HTRConfig) -> None:
         super().__init__()
@@ -393,22 +392,22 @@ def ctc_greedy_decode(log_probs: Tensor, lengths: Optional[Tensor] = None, blank
 
 
 def _register() -> None:
-    from . import register_model
+    from .registry import register_model
 
     # HTR-VPoM: PoM of degree 2 and expand 2 with one gate scalar per head (sel_heads = heads = 6). A PoM layer then
     # holds 2·d·D + D + 2·D + 6 + 6 + d = 2,367,750 parameters against attention's 4·d² + 4·d = 2,362,368, so the
     # all-PoM model is +0.04% and the hybrid +0.02% over HTR-VT (counts in docs/ocr.md).
     pom = dict(degree=2, expand=2, sel_heads=6)
-    register_model("htr-vt", "htr", HTRConfig, HTR, "HTR-VT (ResNet stem + 4 attention blocks, CTC), 53.4M",
+    register_model("htr-vt", "ocr", HTRConfig, HTR, "HTR-VT (ResNet stem + 4 attention blocks, CTC), 53.4M",
                    mixer="attention")
-    register_model("htr-vpom", "htr", HTRConfig, HTR, "HTR-VPoM: every block full PoM", mixer="pom", **pom)
-    register_model("htr-vpom-hybrid", "htr", HTRConfig, HTR, "HTR-VPoM Hybrid: attention, PoM, attention, PoM",
+    register_model("htr-vpom", "ocr", HTRConfig, HTR, "HTR-VPoM: every block full PoM", mixer="pom", **pom)
+    register_model("htr-vpom-hybrid", "ocr", HTRConfig, HTR, "HTR-VPoM Hybrid: attention, PoM, attention, PoM",
                    mixer="hybrid", **pom)
     # 2-core CPU scale: height 32, stem 32/64/128 channels, 4 blocks × 128, 4 heads; one gate per head again
     tiny = dict(height=32, dim=128, heads=4, stem_channels=(32, 64, 128), sel_heads=4)
-    register_model("tiny-htr-vt", "htr", HTRConfig, HTR, "tiny HTR-VT for 2 CPU cores", mixer="attention", **tiny)
-    register_model("tiny-htr-vpom", "htr", HTRConfig, HTR, "tiny HTR-VPoM", mixer="pom", **tiny)
-    register_model("tiny-htr-vpom-hybrid", "htr", HTRConfig, HTR, "tiny HTR-VPoM Hybrid", mixer="hybrid", **tiny)
+    register_model("tiny-htr-vt", "ocr", HTRConfig, HTR, "tiny HTR-VT for 2 CPU cores", mixer="attention", **tiny)
+    register_model("tiny-htr-vpom", "ocr", HTRConfig, HTR, "tiny HTR-VPoM", mixer="pom", **tiny)
+    register_model("tiny-htr-vpom-hybrid", "ocr", HTRConfig, HTR, "tiny HTR-VPoM Hybrid", mixer="hybrid", **tiny)
 
 
 _register()

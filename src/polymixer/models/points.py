@@ -29,7 +29,7 @@ Sparse convolution is pure PyTorch (no spconv / torch_scatter): a neighbour map 
 sorted once, the k³ offsets looked up with ``searchsorted``, a missing neighbour pointing to a zero row), forward =
 gathered neighbours (N, k³·C) @ W (k³·C, C'), computed in row chunks; the backward is the same gather-GEMM with the
 flipped, transposed kernel, because on a submanifold the map is symmetric (j is i's neighbour at offset o exactly
-when i is j's at −o) — no scatter-add (see ``polymixer bench 3d --parts conv``).
+when i is j's at −o) — no scatter-add (see ``polymixer bench points --parts conv``).
 """
 
 from __future__ import annotations
@@ -535,6 +535,8 @@ class PTv3(nn.Module):
     feat: (N, in_channels) float; grid: (N, 3) integer voxel coordinates ≥ 0 (one point per voxel per scene);
     offset: (B,) running point counts of the B scenes concatenated along N (PTv3's batch layout)."""
 
+    family = "points"
+
     def __init__(self, config: PTv3Config) -> None:
         super().__init__()
         cfg = self.config = config
@@ -616,33 +618,33 @@ class PTv3(nn.Module):
 
 
 def _register() -> None:
-    from . import register_model
+    from .registry import register_model
 
     # PPoMv3's PoM (the paper gives the counts, not the configuration): degree 2, one gate per channel, bias on W_o,
     # expand 1.75 — D = 1.75·C is an integer at every width (56 … 896), and it is the configuration that puts both
     # published counts within reach: all-PoM 47,602,564 (paper 47.9M: −0.6%), hybrid 46,885,068 (46.8M: +0.2%).
     # (expand 2 gives 48.46M / 47.31M: +1.2% / +1.1%; one gate per head 46.18M / 46.17M.)
     pom = dict(degree=2, expand=1.75, sel_heads=1, pom_bias=True)
-    register_model("ptv3", "ptv3", PTv3Config, PTv3,
+    register_model("ptv3", "points", PTv3Config, PTv3,
                    "Point Transformer V3 (ScanNet, PT-v3m1): 5-stage U-Net, attention in patches of 1,024, 46.2M",
                    mixer="attention", **pom)
-    register_model("ppomv3", "ptv3", PTv3Config, PTv3, "PPoMv3: every block PoM in the same patches of 1,024, 47.6M",
+    register_model("ppomv3", "points", PTv3Config, PTv3, "PPoMv3: every block PoM in the same patches of 1,024, 47.6M",
                    mixer="pom", **pom)
     # The hybrid as the paper describes it: attention and PoM alternating (A first in every stage of the paper's
     # even depths), PoM reading 4,096 points in the two highest-resolution stages (encoder and decoder stages 0, 1)
     # and the usual 1,024 below.
-    register_model("ppomv3-hybrid", "ptv3", PTv3Config, PTv3,
+    register_model("ppomv3-hybrid", "points", PTv3Config, PTv3,
                    "PPoMv3 Hybrid: attention / PoM alternating, PoM context 4,096 in the two finest stages, 46.9M",
                    mixer="hybrid", pom_patch_size=(4096, 4096, 1024, 1024, 1024), **pom)
     # 2-core CPU scale: channels and depths cut, patches of 256 (PoM 1,024 in the finest two stages of the hybrid)
     tiny = dict(enc_depths=(1, 1, 1, 2, 1), enc_channels=(16, 32, 64, 96, 128), enc_heads=(1, 2, 4, 6, 8),
                 dec_depths=(1, 1, 1, 1), dec_channels=(32, 32, 64, 96), dec_heads=(2, 2, 4, 6), patch_size=256,
                 drop_path=0.1, **pom)
-    register_model("tiny-ptv3", "ptv3", PTv3Config, PTv3, "tiny PTv3 for 2 CPU cores (patches of 256)",
+    register_model("tiny-ptv3", "points", PTv3Config, PTv3, "tiny PTv3 for 2 CPU cores (patches of 256)",
                    mixer="attention", **tiny)
-    register_model("tiny-ppomv3", "ptv3", PTv3Config, PTv3, "tiny PPoMv3 (every block PoM, patches of 256)",
+    register_model("tiny-ppomv3", "points", PTv3Config, PTv3, "tiny PPoMv3 (every block PoM, patches of 256)",
                    mixer="pom", **tiny)
-    register_model("tiny-ppomv3-hybrid", "ptv3", PTv3Config, PTv3,
+    register_model("tiny-ppomv3-hybrid", "points", PTv3Config, PTv3,
                    "tiny PPoMv3 Hybrid (alternating; PoM context 1,024 in the two finest stages)", mixer="hybrid",
                    pom_patch_size=(1024, 1024, 256, 256, 256), **tiny)
 

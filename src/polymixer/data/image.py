@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Union
+from typing import List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .faults import SampleFaults
+from .faults import SampleFaults, check_files
 
-__all__ = ["ImageDataset", "digits", "image_folder", "load_images", "save_grid", "IMAGE_SUFFIXES"]
+__all__ = ["ImageDataset", "digits", "image_folder", "load_images", "save_grid", "IMAGE_SUFFIXES", "verify_image",
+           "check_data"]
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -74,20 +75,71 @@ def _read_image(path: Path, size: int, mode: str) -> np.ndarray:
         return np.asarray(im.crop((left, top, left + size, top + size)), dtype=np.float32) / 255.0
 
 
-def image_folder(root: Union[str, Path], size: int, channels: int = 3,
-                 faults: Optional[SampleFaults] = None) -> ImageDataset:
-    """Every image under ``root/<class>/`` (Pillow), resized so the short side is ``size`` and centre-cropped. An
-    unreadable image stops with its name, or is left out when ``faults`` skips bad samples."""
-
-    root = Path(root)
+def _list_images(root: Path) -> Tuple[List[str], List[Tuple[Path, int]]]:
+    """The class names (sub-folders) of an image folder and its (image, class index) pairs; none is an error."""
     if not root.is_dir():
         raise FileNotFoundError(f"image folder {root} does not exist")
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     files = [(f, i) for i, c in enumerate(classes) for f in sorted((root / c).rglob("*"))
              if f.suffix.lower() in IMAGE_SUFFIXES]
     if not files:
-        raise ValueError(f"no images found in {root} (expected {root}/<class>/<image> with suffixes "
-                         f"{', '.join(sorted(IMAGE_SUFFIXES))})")
+        raise ValueError(f"no images found in {root}{'' if classes else ', which has no class folders'} (expected "
+                         f"{root}/<class>/<image> with suffixes {', '.join(sorted(IMAGE_SUFFIXES))})")
+    return classes, files
+
+
+def verify_image(path: Union[str, Path]) -> Tuple[int, int]:
+    """(width, height) of an image file from its header, after Pillow's ``verify`` (a PNG's chunks and checksums are
+    read, no pixel is decoded): the upfront check of a file a loader will decode. A missing, empty, unreadable or
+    0-pixel image is an OSError / ValueError naming the file. ``verify`` is stricter than decoding (a PNG cut short
+    after its pixel data still decodes), so a file it rejects is decoded before it is called bad: bad means the
+    loaders cannot read it. (A JPEG whose scan data is cut short passes: Pillow reads that only when decoding.)"""
+    from PIL import Image
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path} is an empty file (0 bytes)")
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+            im.verify()
+    except Exception:  # Pillow raises several types on malformed files (OSError, SyntaxError, struct.error)
+        try:
+            with Image.open(path) as im:
+                w, h = im.size
+                im.load()
+        except Exception as e:
+            raise ValueError(f"cannot read image {path}: {e}") from e
+    if w < 1 or h < 1:
+        raise ValueError(f"image {path} is empty ({w}×{h})")
+    return w, h
+
+
+def check_data(data: Union[str, Path], progress: bool = True) -> List[Tuple[str, str]]:
+    """Every bad file of an image folder with its reason, in one pass over the headers (``polymixer check-data
+    image`` and the scan before ``train``): a missing folder or one without images, and each image the loader would
+    read that Pillow cannot open and verify, or that has no pixels."""
+    root = Path(data)
+    try:
+        _, files = _list_images(root)
+    except (OSError, ValueError) as e:
+        return [(str(root), str(e))]
+
+    def check(item: Tuple[Path, int]) -> None:
+        verify_image(item[0])
+
+    return check_files(files, check, lambda item: str(item[0]), progress, desc=f"check {root.name}")
+
+
+def image_folder(root: Union[str, Path], size: int, channels: int = 3,
+                 faults: Optional[SampleFaults] = None) -> ImageDataset:
+    """Every image under ``root/<class>/`` (Pillow), resized so the short side is ``size`` and centre-cropped. An
+    unreadable image stops with its name, or is left out when ``faults`` skips bad samples."""
+
+    root = Path(root)
+    classes, files = _list_images(root)
     mode = {1: "L", 3: "RGB"}.get(channels)
     if mode is None:
         raise ValueError(f"image folders load 1 or 3 channels, got {channels}")

@@ -1,4 +1,4 @@
-"""``polymixer bench 3d``: PTv3 vs PPoMv3 (and the hybrid) on this CPU.
+"""``polymixer bench points``: PTv3 vs PPoMv3 (and the hybrid) on this CPU.
 
 1. speed: 10⁶ points/s (voxels fed to the network) of the paper-sized models in evaluation under
    ``torch.inference_mode()``, round-robin in one run, on synthetic rooms cropped to 10k, 40k and 160k voxels
@@ -23,8 +23,17 @@ import numpy as np
 import torch
 
 from ..models import count_parameters, create_model
-from .common import apply_overrides, describe_variant, format_table, keep_freed_memory, new_figure, parse_variant, \
-    resume_point, run_parts, save_figure, time_interleaved, training_minutes
+from ..report import format_table, new_figure, save_figure
+from .common import (
+    apply_overrides,
+    describe_variant,
+    keep_freed_memory,
+    parse_variant,
+    resume_point,
+    run_parts,
+    time_interleaved,
+    training_minutes,
+)
 
 __all__ = ["PointBenchConfig", "make_scene", "run_speed", "run_conv", "run_quality", "verdicts", "report", "plot",
            "run", "main", "add_arguments"]
@@ -58,7 +67,7 @@ class PointBenchConfig:
     data_dir: Optional[str] = None
     model_overrides: Dict[str, Any] = field(default_factory=dict)  # applied to every model (tests: toy sizes)
     seed: int = 0
-    out: str = "runs/bench/3d"
+    out: str = "runs/bench/points"
     extra: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -70,8 +79,8 @@ QUICK = dict(presets=("ptv3", "ppomv3"), sizes=(4_000, 10_000), patch_models=("p
 def make_scene(voxels: int, seed: int = 0, grid_size: float = 0.02) -> Tuple[torch.Tensor, torch.Tensor]:
     """(feat (n, 6), grid (n, 3)) of a synthetic room voxelised on ``grid_size`` and cropped to the ``voxels``
     voxels nearest a random point (PTv3's sphere crop); rooms are generated until the scene is large enough."""
-    from ..data.ptv3 import voxelize
-    from ..data.ptv3_synth import make_room
+    from ..data.points import voxelize
+    from ..data.points_synth import make_room
 
     rng = np.random.default_rng(seed)
     points = voxels * 2
@@ -101,7 +110,7 @@ def run_speed(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     if cfg.patch_models:
         jobs.append((cfg.patch_scene, list(cfg.presets[:2]) + list(cfg.patch_models)))
     bar = tqdm(total=sum(len(specs) for _, specs in jobs) * (cfg.repeats + 1), disable=not progress,
-               desc="bench 3d speed", unit="call")
+               desc="bench points speed", unit="call")
     for group, (n, specs) in enumerate(jobs):
         feat, grid = make_scene(n, cfg.seed + n)
         offset = torch.tensor([len(grid)])
@@ -129,7 +138,7 @@ def run_speed(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
 def run_conv(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Forward + backward of one 3×3×3 submanifold conv: symmetric-map backward vs plain autograd."""
-    from ..models.ptv3 import neighbour_map, submconv3d
+    from ..models.points import neighbour_map, submconv3d
 
     _, grid = make_scene(cfg.conv_points, cfg.seed)
     nbr = neighbour_map(grid, torch.zeros(len(grid), dtype=torch.long), 3)
@@ -151,9 +160,9 @@ def run_conv(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
 
 def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    from ..data.ptv3 import AugmentConfig, PointDataset
-    from ..data.ptv3_synth import resolve_data
-    from ..tasks.ptv3 import draw_scene, evaluate_3d, train_3d
+    from ..data.points import AugmentConfig, PointDataset
+    from ..data.points_synth import resolve_data
+    from ..tasks.points import draw_scene, evaluate_points, train_points
     from ..train.loop import TrainConfig
 
     root = resolve_data(cfg.data_dir, progress=progress)
@@ -172,17 +181,17 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
                            progress=progress, seed=cfg.seed + 11)
         finished = resume_point(out, tcfg)
         t0 = time.perf_counter()
-        res = train_3d(preset, tcfg, str(root), "scannet", augment, eval_limit=cfg.eval_limit or None,
+        res = train_points(preset, tcfg, str(root), "scannet", augment, eval_limit=cfg.eval_limit or None,
                        progress=progress, **overrides)
         model = res["model"]
         minutes = training_minutes(out, t0, finished, res["history"], cfg.quality_batch)
-        m = evaluate_3d(model, test_set, limit=cfg.eval_limit or None, progress=progress,
+        m = evaluate_points(model, test_set, limit=cfg.eval_limit or None, progress=progress,
                         keep_predictions=1 if spec == drawn else 0)
         if m["predictions"]:
             scene, pred = m["predictions"][0]
             title = (f"{describe_variant(spec, NAMES)}, {scene.name}: {cfg.eval_split} mIoU "
                      f"{100 * m['miou']:.1f}%")
-            pictures["scene"] = draw_scene(scene, pred, test_set.format.class_names, Path(cfg.out) / "3d_scene.png",
+            pictures["scene"] = draw_scene(scene, pred, test_set.format.class_names, Path(cfg.out) / "points_scene.png",
                                            title).name
         rows.append({"model": describe_variant(spec, NAMES), "spec": spec, "preset": preset,
                      "params": count_parameters(model), "pattern": model.config.pattern,
@@ -296,10 +305,10 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 def run(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Run the parts asked for, keeping the other parts of an earlier run in the same folder."""
     out = Path(cfg.out)
-    payload = run_parts(cfg, out / "3d.json", {"speed": run_speed, "conv": run_conv, "quality": run_quality},
+    payload = run_parts(cfg, out / "points.json", {"speed": run_speed, "conv": run_conv, "quality": run_quality},
                         progress)
-    plot(payload, out / "3d.png")
-    (out / "3d.txt").write_text(report(payload) + "\n")
+    plot(payload, out / "points.png")
+    (out / "points.txt").write_text(report(payload) + "\n")
     return payload
 
 
@@ -338,5 +347,5 @@ def main(args: argparse.Namespace) -> int:
         parse_variant(spec)  # fail before the speed part, not an hour later
     payload = run(cfg)
     print(report(payload))
-    print(f"\nwrote {Path(cfg.out) / '3d.json'}, {Path(cfg.out) / '3d.txt'}, {Path(cfg.out) / '3d.png'}")
+    print(f"\nwrote {Path(cfg.out) / 'points.json'}, {Path(cfg.out) / 'points.txt'}, {Path(cfg.out) / 'points.png'}")
     return 0

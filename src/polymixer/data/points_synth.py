@@ -1,5 +1,5 @@
 """An offline, seeded dataset of indoor rooms as scanned point clouds, written in exactly Pointcept's ScanNet layout
-(so :func:`polymixer.data.ptv3.load_scannet_scene` reads it) with the ScanNet-20 class ids.
+(so :func:`polymixer.data.points.load_scannet_scene` reads it) with the ScanNet-20 class ids.
 
 What makes the task geometric rather than a colour lookup:
 
@@ -43,10 +43,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .cache import build_folder, cache_dir
-from .ptv3 import IGNORE, SCANNET20_CLASSES
+from .cache import build_folder, cached_default, resolve_folder
+from .points import IGNORE, SCANNET20_CLASSES
 
-__all__ = ["VERSION", "ROOM_KINDS", "make_room", "write_synthetic_rooms", "default_rooms", "resolve_data",
+__all__ = ["VERSION", "ROOM_KINDS", "make_room", "write_synthetic_rooms", "default_data", "resolve_data",
            "DEFAULTS"]
 
 VERSION = 1
@@ -1255,7 +1255,7 @@ def write_synthetic_rooms(root: Union[str, Path], train: int = 48, val: int = 8,
             counts += np.bincount(np.where(segment < 0, len(SCANNET20_CLASSES), segment),
                                   minlength=len(SCANNET20_CLASSES) + 1)
             scenes[split].append({"name": name, "kind": kind})
-        meta = {"generator": "polymixer.data.ptv3_synth", "version": VERSION, "format": "scannet", "seed": seed,
+        meta = {"generator": "polymixer.data.points_synth", "version": VERSION, "format": "scannet", "seed": seed,
                 "points": points, "rooms": {s: n for s, n in _splits(train, val, test)},
                 "class_names": list(SCANNET20_CLASSES),
                 "point_counts": {**{c: int(counts[i]) for i, c in enumerate(SCANNET20_CLASSES)},
@@ -1265,28 +1265,18 @@ def write_synthetic_rooms(root: Union[str, Path], train: int = 48, val: int = 8,
     return root
 
 
-def default_rooms(seed: int = 0, progress: bool = True, **sizes: int) -> Path:
+def default_data(name: str = "rooms", seed: int = 0, progress: bool = True, **sizes: int) -> Path:
     """The offline default's folder (generated on first use into the cache, then reused): synthetic rooms in the
     ScanNet layout; ``sizes`` are keyword arguments of :func:`write_synthetic_rooms` (train, val, test, points —
     each combination is its own folder)."""
+    if name not in DEFAULTS:
+        raise ValueError(f"unknown default dataset {name!r}; expected one of {', '.join(DEFAULTS)} or a folder")
     unknown = set(sizes) - {"train", "val", "test", "points"}
     if unknown:
         raise ValueError(f"unknown sizes {sorted(unknown)}; expected train, val, test, points")
-    tag = "".join(f"-{k}{v}" for k, v in sorted(sizes.items()))
-    root = cache_dir("ptv3", f"rooms-v{VERSION}-seed{seed}{tag}")
-    if not root.is_dir():
-        try:
-            write_synthetic_rooms(root, seed=seed, progress=progress, **sizes)
-        except FileExistsError:  # another process finished it first
-            pass
-    return root
+    return cached_default("points", name, VERSION, write_synthetic_rooms, seed=seed, progress=progress, **sizes)
 
 
 def resolve_data(data: Optional[str], seed: int = 0, progress: bool = True) -> Path:
     """``None`` or ``rooms`` → the offline default's folder; anything else must be an existing dataset folder."""
-    if data is None or data in DEFAULTS:
-        return default_rooms(seed=seed, progress=progress)
-    root = Path(data)
-    if not root.is_dir():
-        raise ValueError(f"dataset folder {root} does not exist (or use --data rooms for the synthetic default)")
-    return root
+    return resolve_folder(data, DEFAULTS, lambda name: default_data(name, seed=seed, progress=progress))

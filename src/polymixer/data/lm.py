@@ -20,13 +20,13 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Union
+from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from . import cache
-from .faults import SampleFaults
+from .faults import SampleFaults, check_files
 
 EOT_TEXT = "<|endoftext|>"
 
@@ -34,9 +34,11 @@ __all__ = [
     "Tokenizer",
     "ByteTokenizer",
     "GPT2BPE",
+    "bytes_to_unicode",
     "load_tokenizer",
     "default_corpus_files",
     "list_text_files",
+    "check_data",
     "prepare_corpus",
     "Corpus",
     "TokenWindows",
@@ -92,7 +94,7 @@ class ByteTokenizer:
 
 
 @lru_cache()
-def _bytes_to_unicode() -> Dict[int, str]:
+def bytes_to_unicode() -> Dict[int, str]:
     """GPT-2's reversible map from bytes to printable unicode characters."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -119,7 +121,7 @@ class GPT2BPE:
         self.encoder = encoder
         self.decoder = {v: k for k, v in encoder.items()}
         self.ranks = {pair: i for i, pair in enumerate(merges)}
-        self.byte_encoder = _bytes_to_unicode()
+        self.byte_encoder = bytes_to_unicode()
         self.byte_decoder = {v: k for k, v in self.byte_encoder.items()}
         self.pat = regex.compile(self._PATTERN)
         if EOT_TEXT not in encoder:
@@ -219,21 +221,59 @@ def _is_text(path: Path) -> bool:
     return b"\x00" not in head
 
 
+def _text_files_in(p: Path) -> List[Path]:
+    """``p`` itself when it is a file, else the text files found in it (recursively, sorted; hidden and binary files
+    skipped)."""
+    if not p.exists():
+        raise FileNotFoundError(f"corpus path {p} does not exist")
+    if p.is_file():
+        return [p]
+    return [f for f in sorted(p.rglob("*"))
+            if f.is_file() and not any(s.startswith(".") for s in f.relative_to(p).parts) and _is_text(f)]
+
+
 def list_text_files(paths: Sequence[Union[str, Path]]) -> List[Path]:
     """Every text file named, or found (recursively, sorted) in a folder named; binary files are skipped."""
     out: List[Path] = []
     for p in map(Path, paths):
-        if not p.exists():
-            raise FileNotFoundError(f"corpus path {p} does not exist")
-        if p.is_file():
-            out.append(p)
-        else:
-            out.extend(f for f in sorted(p.rglob("*")) if f.is_file() and not any(s.startswith(".") for s in
-                                                                                   f.relative_to(p).parts)
-                       and _is_text(f))
+        out.extend(_text_files_in(p))
     if not out:
         raise ValueError(f"no text files found in {', '.join(map(str, paths))}")
     return out
+
+
+def _check_text_file(path: Path) -> None:
+    """A corpus file the tokeniser can read: it opens and its first block reads (the tokenisers take any bytes, so
+    nothing is decoded)."""
+    with path.open("rb") as f:
+        f.read(8192)
+
+
+def check_data(data: Optional[Sequence[Union[str, Path]]], progress: bool = True) -> List[Tuple[str, str]]:
+    """Every bad path of a corpus with its reason, in one pass (``polymixer check-data lm`` and the scan before
+    ``train``): a path that does not exist, a file that cannot be opened and read, and no text file at all (reported
+    for each path given). ``data`` None → :func:`default_corpus_files`. The files are listed as
+    :func:`prepare_corpus` lists them; as it reads bytes, which the tokenisers take whatever they are (GPT-2's
+    decodes invalid UTF-8 to U+FFFD), no file is bad for its encoding."""
+    if isinstance(data, (str, Path)):
+        data = [data]
+    bad: List[Tuple[str, str]] = []
+    files: List[Path] = []
+    if not data:
+        try:
+            files = default_corpus_files()
+        except FileNotFoundError as e:
+            return [(sysconfig.get_paths()["stdlib"], str(e))]
+    else:
+        for p in map(Path, data):
+            try:
+                files.extend(_text_files_in(p))
+            except OSError as e:
+                bad.append((str(p), str(e)))
+        if not files and not bad:
+            bad = [(str(p), f"no text files found in {p} (binary and hidden files are skipped)")
+                   for p in map(Path, data)]
+    return bad + check_files(files, _check_text_file, str, progress, desc="check corpus")
 
 
 @dataclass

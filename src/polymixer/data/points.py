@@ -21,7 +21,7 @@ The formats, read with numpy (and plyfile for ``.ply``)::
 Model inputs: ScanNet and ``.ply`` → colour / 255 then normal (6 channels); SemanticKITTI → x, y, z, remission.
 Every loader checks what it reads and raises a ValueError naming the file and the problem.
 
-The offline default (no download) is written by :mod:`polymixer.data.ptv3_synth` in the ScanNet layout, so the one
+The offline default (no download) is written by :mod:`polymixer.data.points_synth` in the ScanNet layout, so the one
 loader reads both.
 """
 
@@ -30,17 +30,19 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, fields, replace
+from functools import partial
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import torch
 
-from .faults import reading
+from .faults import READ_ERRORS, check_files, read_array_shape, reading
 
 __all__ = ["Scene", "PointFormat", "FORMATS", "IGNORE", "SCANNET20_CLASSES", "SEMANTICKITTI_CLASSES",
            "SEMANTICKITTI_LEARNING_MAP", "SEMANTICKITTI_SPLITS", "SPLITS", "load_scannet_scene",
-           "load_semantickitti_scan", "load_ply", "write_ply", "PointDataset", "detect_format", "voxelize",
-           "AugmentConfig", "augment"]
+           "load_semantickitti_scan", "load_ply", "write_ply", "PointDataset", "detect_format", "voxelize", "collate",
+           "Batch", "AugmentConfig", "augment", "check_data"]
 
 PathLike = Union[str, Path]
 IGNORE = -1
@@ -166,14 +168,24 @@ def _load_npy(path: Path) -> np.ndarray:
         raise ValueError(f"{path} is not a readable .npy array: {e}") from e
 
 
+def _numbers(dtype: np.dtype) -> bool:
+    return bool(np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer))
+
+
+def _check_coord_header(shape: Tuple[int, ...], dtype: np.dtype, where: object) -> int:
+    """The number of points N of coordinates of this shape and dtype: (N ≥ 1, 3) numbers."""
+    if len(shape) != 2 or shape[1] != 3:
+        raise ValueError(f"{where}: coordinates have shape {shape}; expected (N, 3)")
+    if not _numbers(dtype):
+        raise ValueError(f"{where}: coordinates hold {dtype}, not numbers")
+    if shape[0] == 0:
+        raise ValueError(f"{where}: the scene is empty (0 points)")
+    return int(shape[0])
+
+
 def _check_coord(coord: np.ndarray, where: object) -> np.ndarray:
     coord = np.asarray(coord)
-    if coord.ndim != 2 or coord.shape[1] != 3:
-        raise ValueError(f"{where}: coordinates have shape {coord.shape}; expected (N, 3)")
-    if not (np.issubdtype(coord.dtype, np.floating) or np.issubdtype(coord.dtype, np.integer)):
-        raise ValueError(f"{where}: coordinates hold {coord.dtype}, not numbers")
-    if coord.shape[0] == 0:
-        raise ValueError(f"{where}: the scene is empty (0 points)")
+    _check_coord_header(coord.shape, coord.dtype, where)
     coord = coord.astype(np.float32)
     if not np.isfinite(coord).all():
         bad = int((~np.isfinite(coord)).any(1).sum())
@@ -181,14 +193,19 @@ def _check_coord(coord: np.ndarray, where: object) -> np.ndarray:
     return coord
 
 
+def _check_rows_header(shape: Tuple[int, ...], dtype: np.dtype, n: int, cols: int, what: str, where: object) -> None:
+    """Per-point rows of this shape and dtype: (n, cols) numbers."""
+    if len(shape) != 2 or shape[1] != cols:
+        raise ValueError(f"{where}: {what} have shape {shape}; expected ({n}, {cols})")
+    if shape[0] != n:
+        raise ValueError(f"{where}: {shape[0]} {what} for {n} points (lengths differ)")
+    if not _numbers(dtype):
+        raise ValueError(f"{where}: {what} hold {dtype}, not numbers")
+
+
 def _check_rows(a: np.ndarray, n: int, cols: int, what: str, where: object) -> np.ndarray:
     a = np.asarray(a)
-    if a.ndim != 2 or a.shape[1] != cols:
-        raise ValueError(f"{where}: {what} have shape {a.shape}; expected ({n}, {cols})")
-    if a.shape[0] != n:
-        raise ValueError(f"{where}: {a.shape[0]} {what} for {n} points (lengths differ)")
-    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
-        raise ValueError(f"{where}: {what} hold {a.dtype}, not numbers")
+    _check_rows_header(a.shape, a.dtype, n, cols, what, where)
     return a
 
 
@@ -273,12 +290,7 @@ def load_semantickitti_scan(bin_path: PathLike, label_path: Optional[PathLike] =
     """One SemanticKITTI scan: float32 (x, y, z, remission) from ``bin_path``; labels (when ``label_path`` is given)
     mapped through the official learning map to 0 … 18, ignored → −1. Features are x, y, z, remission."""
     bin_path = Path(bin_path)
-    if not bin_path.is_file():
-        raise FileNotFoundError(f"{bin_path} not found")
-    size = bin_path.stat().st_size
-    if size % 16:
-        raise ValueError(f"{bin_path} has {size} bytes, not a multiple of 16 (4 float32 per point: x, y, z, "
-                         f"remission)")
+    _kitti_points(bin_path)
     pts = np.fromfile(bin_path, dtype=np.float32).reshape(-1, 4)
     coord = _check_coord(pts[:, :3], bin_path)
     if not np.isfinite(pts[:, 3]).all():
@@ -287,23 +299,45 @@ def load_semantickitti_scan(bin_path: PathLike, label_path: Optional[PathLike] =
     segment = None
     if label_path is not None:
         label_path = Path(label_path)
-        if not label_path.is_file():
-            raise FileNotFoundError(f"{label_path} not found")
-        size = label_path.stat().st_size
-        if size % 4:
-            raise ValueError(f"{label_path} has {size} bytes, not a multiple of 4 (one uint32 per point)")
-        raw = np.fromfile(label_path, dtype=np.uint32)
-        if raw.shape[0] != n:
-            raise ValueError(f"{label_path} has {raw.shape[0]} labels for the {n} points of {bin_path.name} "
-                             f"(lengths differ)")
-        segment = _KITTI_LUT[(raw & 0xFFFF).astype(np.int64)]
-        bad = segment == _UNKNOWN
-        if bad.any():
-            vals = np.unique(raw[bad] & 0xFFFF)[:5].tolist()
-            raise ValueError(f"{label_path}: raw semantic ids {vals} are not in the SemanticKITTI learning map "
-                             f"({int(bad.sum())} point(s))")
+        _kitti_label_count(label_path, n, bin_path)
+        segment = _kitti_segment(np.fromfile(label_path, dtype=np.uint32), label_path)
     feat = np.concatenate([coord, pts[:, 3:4]], 1).astype(np.float32)
     return Scene(_kitti_name(bin_path), coord, feat, segment, None)
+
+
+def _kitti_points(bin_path: Path) -> int:
+    """The number of points of a SemanticKITTI scan from its file size (16 bytes a point), at least one."""
+    if not bin_path.is_file():
+        raise FileNotFoundError(f"{bin_path} not found")
+    size = bin_path.stat().st_size
+    if size % 16:
+        raise ValueError(f"{bin_path} has {size} bytes, not a multiple of 16 (4 float32 per point: x, y, z, "
+                         f"remission)")
+    return _check_coord_header((size // 16, 3), np.dtype(np.float32), bin_path)
+
+
+def _kitti_label_count(label_path: Path, n: Optional[int], bin_path: Path) -> None:
+    """A label file of one uint32 per point, ``n`` of them (any number when ``n`` is None: its scan is bad)."""
+    if not label_path.is_file():
+        raise FileNotFoundError(f"{label_path} not found")
+    size = label_path.stat().st_size
+    if size % 4:
+        raise ValueError(f"{label_path} has {size} bytes, not a multiple of 4 (one uint32 per point)")
+    if n is not None and size // 4 != n:
+        raise ValueError(f"{label_path} has {size // 4} labels for the {n} points of {bin_path.name} "
+                         f"(lengths differ)")
+
+
+def _kitti_segment(raw: np.ndarray, label_path: Path) -> np.ndarray:
+    """Raw SemanticKITTI labels mapped through the learning map (0 … 18, ignored → −1); an id outside the map is a
+    ValueError naming the file."""
+    segment = _KITTI_LUT[(raw & 0xFFFF).astype(np.int64)]
+    bad = segment == _UNKNOWN
+    if bad.any():
+        vals = np.unique(raw[bad] & 0xFFFF)[:5].tolist()
+        raise ValueError(f"{label_path}: raw semantic ids {vals} are not in the SemanticKITTI learning map "
+                         f"({int(bad.sum())} point(s))")
+    return segment
 
 
 def _ply_field(v: np.ndarray, names: Sequence[str]) -> Optional[str]:
@@ -313,15 +347,11 @@ def _ply_field(v: np.ndarray, names: Sequence[str]) -> Optional[str]:
     return None
 
 
-def load_ply(path: PathLike, format: str = "scannet") -> Scene:
-    """A ``.ply`` point cloud: vertex x, y, z, optional red/green/blue (missing → zeros), nx/ny/nz (missing → zeros)
-    and a label (label / class / segment / scalar_label; missing → unlabelled). ``format`` gives the classes and the
-    feature layout: ``scannet`` / ``ply`` → colour / 255, normal; ``semantickitti`` → x, y, z and the remission /
-    intensity property (missing → zeros)."""
+def _ply_vertices(path: Path) -> np.ndarray:
+    """The vertex records of a ``.ply`` file, with x, y and z (plyfile memory-maps binary vertex data: the header is
+    parsed and the length checked, no vertex is read)."""
     from plyfile import PlyData
 
-    fmt = _format(format)
-    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found")
     try:
@@ -334,6 +364,17 @@ def load_ply(path: PathLike, format: str = "scannet") -> Scene:
     missing = [k for k in "xyz" if k not in v.dtype.names]
     if missing:
         raise ValueError(f"{path}: the vertices lack {', '.join(missing)}")
+    return v
+
+
+def load_ply(path: PathLike, format: str = "scannet") -> Scene:
+    """A ``.ply`` point cloud: vertex x, y, z, optional red/green/blue (missing → zeros), nx/ny/nz (missing → zeros)
+    and a label (label / class / segment / scalar_label; missing → unlabelled). ``format`` gives the classes and the
+    feature layout: ``scannet`` / ``ply`` → colour / 255, normal; ``semantickitti`` → x, y, z and the remission /
+    intensity property (missing → zeros)."""
+    fmt = _format(format)
+    path = Path(path)
+    v = _ply_vertices(path)
     coord = _check_coord(np.stack([v["x"], v["y"], v["z"]], 1), path)
     n = coord.shape[0]
     color = None
@@ -487,6 +528,109 @@ class PointDataset:
 
     def __repr__(self) -> str:
         return f"PointDataset({str(self.root)!r}, {self.split!r}, format={self.format.name!r}, {len(self)} scenes)"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Upfront check
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _scannet_points(folder: Path) -> Optional[int]:
+    """N from the header of a scene's coord.npy; None when that file is bad (it is reported on its own)."""
+    path = folder / "coord.npy"
+    try:
+        shape, dtype = read_array_shape(path)
+        return _check_coord_header(shape, dtype, path)
+    except READ_ERRORS:
+        return None
+
+
+def _check_scannet_file(path: Path) -> None:
+    """One array of a ScanNet scene: a readable header, every byte it promises, the shape and dtype the loader
+    expects and one row per point of the scene; the labels (small) are read and checked as the loader does."""
+    shape, dtype = read_array_shape(path)
+    if path.name == "coord.npy":
+        _check_coord_header(shape, dtype, path)
+        return
+    n = _scannet_points(path.parent)  # None: coord.npy is bad (reported), so no length to compare with
+    if path.name in ("color.npy", "normal.npy"):
+        n = (shape[0] if shape else 0) if n is None else n
+        _check_rows_header(shape, dtype, n, 3, "colours" if path.name == "color.npy" else "normals", path)
+    else:
+        seg = _load_npy(path)
+        _check_segment(seg, (seg.shape[0] if seg.ndim else 0) if n is None else n, len(SCANNET20_CLASSES), path)
+
+
+def _check_kitti_labels(label_path: Path, bin_path: Path) -> None:
+    """A scan's label file: one uint32 per point of the scan (from the two file sizes), every id in the learning
+    map (the labels are read: a quarter of the scan's size)."""
+    try:
+        n: Optional[int] = _kitti_points(bin_path)
+    except READ_ERRORS:
+        n = None  # the scan is reported on its own
+    _kitti_label_count(label_path, n, bin_path)
+    _kitti_segment(np.fromfile(label_path, dtype=np.uint32), label_path)
+
+
+def _check_ply_file(path: Path) -> None:
+    """A ``.ply`` scene from its header (binary files: the length too): a vertex element with x, y, z, at least one
+    vertex."""
+    v = _ply_vertices(path)
+    _check_coord_header((len(v), 3), np.result_type(*(v.dtype[k] for k in "xyz")), path)
+
+
+def check_data(data: PathLike, progress: bool = True, format: Optional[str] = None) -> List[Tuple[str, str]]:
+    """Every bad file of a point-cloud dataset with its reason, in one pass over every scene of every split present
+    (``polymixer check-data points`` and the scan before ``train``), so that a run fails in its first minute instead
+    of when the sampler draws the scene. ``format`` None → :func:`detect_format`.
+
+    Headers and sizes are read, not the points: ScanNet's ``.npy`` files must be readable and hold every byte their
+    headers promise, coordinates (N ≥ 1, 3), colours and normals (N, 3); SemanticKITTI's ``.bin`` must hold 16 bytes
+    a point and its ``.label`` 4 bytes a point; ``.ply`` files must have a vertex element with x, y, z. The label
+    arrays are read (a fraction of a scene) and checked as the loaders do: one per point, classes in range. What the
+    loaders check in the data itself (finite coordinates, colour ranges) is left to them.
+    """
+    root = Path(data)
+    if not root.is_dir():
+        return [(str(root), f"dataset folder {root} does not exist")]
+    try:
+        name = detect_format(root) if format is None else format
+    except ValueError as e:
+        return [(str(root), str(e))]
+    _format(name)  # an unknown name is a usage error, not a bad file
+    bad: List[Tuple[str, str]] = []
+    items: List[Tuple[Path, Callable[[Path], object]]] = []
+    absent: List[str] = []
+    for split in SPLITS:
+        try:
+            ds = PointDataset(root, split, name, cache=0)
+        except FileNotFoundError as e:  # no such split
+            absent.append(str(e))
+            continue
+        except ValueError as e:
+            if name == "semantickitti":  # none of the split's sequences is present
+                absent.append(str(e))
+            else:  # a split folder without scenes
+                bad.append((str(root / split), str(e)))
+            continue
+        for path, label in ds.paths:
+            if name == "scannet":
+                seg = [path / f for f in ("segment20.npy", "segment.npy") if (path / f).is_file()][:1]
+                items += [(f, _check_scannet_file) for f in [path / "coord.npy", path / "color.npy",
+                                                               path / "normal.npy"] + seg]
+            elif name == "semantickitti":
+                items.append((path, _kitti_points))
+                if label is not None:
+                    items.append((label, partial(_check_kitti_labels, bin_path=path)))
+            else:
+                items.append((path, _check_ply_file))
+    if not items and not bad:
+        bad.append((str(root), absent[0] if absent else f"{root} holds no {name} scenes"))
+
+    def check(item: Tuple[Path, Callable[[Path], object]]) -> None:
+        item[1](item[0])  # raises for a bad file
+
+    return bad + check_files(items, check, lambda it: str(it[0]), progress, desc=f"check {root.name}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -712,3 +856,26 @@ def augment(scene: Scene, rng: np.random.Generator, cfg: Optional[AugmentConfig]
     else:
         new_feat = np.concatenate([coord32, extra], 1)  # type: ignore[list-item]
     return Scene(scene.name, coord32, new_feat.astype(np.float32), seg, color8)
+
+
+Batch = Dict[str, Any]
+
+
+def collate(scenes: Sequence[Scene], grid_size: float, mode: str = "train",
+            rngs: Optional[Sequence[np.random.Generator]] = None) -> Batch:
+    """Voxelise each scene (train: a random point per voxel, drawn with the scene's generator in ``rngs``; test: the
+    first) and concatenate them in PTv3's layout:
+    feat (N, C), grid (N, 3) int64, offset (B,) running counts, segment (N,) or None, and for mapping predictions back
+    ``inverse`` (the voxel of every original point, per scene) and ``points`` (original point counts)."""
+    feats, grids, segs, inverses, counts, points = [], [], [], [], [], []
+    for i, s in enumerate(scenes):
+        grid, index, inverse = voxelize(s.coord, grid_size, mode, None if rngs is None else rngs[i])
+        feats.append(torch.from_numpy(np.ascontiguousarray(s.feat[index], dtype=np.float32)))
+        grids.append(torch.from_numpy(grid.astype(np.int64)))
+        segs.append(None if s.segment is None else torch.from_numpy(s.segment[index].astype(np.int64)))
+        inverses.append(torch.from_numpy(inverse.astype(np.int64)))
+        counts.append(len(index))
+        points.append(len(s.coord))
+    segment = None if any(x is None for x in segs) else torch.cat(segs)
+    return {"feat": torch.cat(feats), "grid": torch.cat(grids), "offset": torch.tensor(counts).cumsum(0),
+            "segment": segment, "inverse": inverses, "points": points, "voxels": sum(counts)}

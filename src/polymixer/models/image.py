@@ -136,7 +136,7 @@ class DiT(nn.Module):
     """Diffusion transformer: ``model(x, t, y)`` with x (B, C, H, W), t (B,) in the objective's time units, y (B,)
     class ids (``num_classes`` = no class) → (B, out_channels, H, W)."""
 
-    family = "dit"
+    family = "image"
 
     def __init__(self, config: DiTConfig) -> None:
         super().__init__()
@@ -235,7 +235,7 @@ class DiT(nn.Module):
 
 
 def _register() -> None:
-    from . import register_model
+    from .registry import register_model
 
     sizes = {"s": (12, 384, 6), "b": (12, 768, 12), "l": (24, 1024, 16), "xl": (28, 1152, 16)}
     # SiPoM / DiPoM: PoM of degree 2 and expand 0.75 with the reference's per-channel gates. A PoM layer then holds
@@ -246,19 +246,19 @@ def _register() -> None:
         for patch in (2, 4, 8):
             arch = dict(depth=depth, hidden_size=hidden, num_heads=heads, patch_size=patch)
             tag = f"{size}/{patch}"
-            register_model(f"sit-{tag}", "dit", DiTConfig, DiT, "SiT (flow matching, attention)", learn_sigma=False,
+            register_model(f"sit-{tag}", "image", DiTConfig, DiT, "SiT (flow matching, attention)", learn_sigma=False,
                            mixer="attention", **arch)
-            register_model(f"dit-{tag}", "dit", DiTConfig, DiT, "DiT (DDPM, attention)", learn_sigma=True,
+            register_model(f"dit-{tag}", "image", DiTConfig, DiT, "DiT (DDPM, attention)", learn_sigma=True,
                            mixer="attention", **arch)
-            register_model(f"sipom-{tag}", "dit", DiTConfig, DiT, "SiPoM (flow matching, PoM)", learn_sigma=False,
+            register_model(f"sipom-{tag}", "image", DiTConfig, DiT, "SiPoM (flow matching, PoM)", learn_sigma=False,
                            **pom, **arch)
-            register_model(f"dipom-{tag}", "dit", DiTConfig, DiT, "DiPoM (DDPM, PoM)", learn_sigma=True, **pom, **arch)
+            register_model(f"dipom-{tag}", "image", DiTConfig, DiT, "DiPoM (DDPM, PoM)", learn_sigma=True, **pom, **arch)
     # 2-core CPU scale: 16×16 single-channel digits, 64 tokens of 128 channels, 6 blocks; SiPoM keeps the
     # paper-scale PoM settings, so it is the smaller model here too
     tiny = dict(input_size=16, patch_size=2, in_channels=1, hidden_size=128, depth=6, num_heads=4, num_classes=10,
                 learn_sigma=False)
-    register_model("tiny-sit", "dit", DiTConfig, DiT, "tiny SiT for the digits", mixer="attention", **tiny)
-    register_model("tiny-sipom", "dit", DiTConfig, DiT, "tiny SiPoM for the digits", **pom, **tiny)
+    register_model("tiny-sit", "image", DiTConfig, DiT, "tiny SiT for the digits", mixer="attention", **tiny)
+    register_model("tiny-sipom", "image", DiTConfig, DiT, "tiny SiPoM for the digits", **pom, **tiny)
 
 
 _register()

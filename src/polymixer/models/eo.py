@@ -158,7 +158,7 @@ class TSViT(nn.Module):
     pipeline sorts them by date.
     """
 
-    family = "tsvit"
+    family = "eo"
 
     def __init__(self, config: TSViTConfig) -> None:
         super().__init__()
@@ -322,28 +322,28 @@ class TSViT(nn.Module):
 
 
 def _register() -> None:
-    from . import register_model
+    from .registry import register_model
 
     # TSViPoM: PoM of degree 2 and expand 2 with one gate scalar per head (sel_heads = heads = 4) and a bias on W_o.
     # A PoM layer then holds d·(D + 4) + 4 + 2·D + D·d + d = 66,692 parameters against TSViT attention's
     # 3·d² + d² + d = 65,664, so the all-PoM model is +0.50% (1,665,700) and the hybrid +0.25% (1,661,588) over
     # TSViT's 1,657,476 (counts in docs/eo.md).
     pom = dict(degree=2, expand=2, sel_heads=4)
-    register_model("tsvit", "tsvit", TSViTConfig, TSViT,
+    register_model("tsvit", "eo", TSViTConfig, TSViT,
                    "TSViT (PASTIS: 4 temporal + 4 spatial attention blocks × 128, 19 class tokens), 1.66M",
                    mixer="attention")
-    register_model("tsvipom", "tsvit", TSViTConfig, TSViT, "TSViPoM: every block full PoM", mixer="pom", **pom)
+    register_model("tsvipom", "eo", TSViTConfig, TSViT, "TSViPoM: every block full PoM", mixer="pom", **pom)
     # The hybrid keeps attention where the class tokens read the series (temporal) and puts PoM where attention is
     # quadratic (spatial): at equal budget it beats TSViT, while PoM in the temporal encoder falls behind (docs/eo.md).
-    register_model("tsvipom-hybrid", "tsvit", TSViTConfig, TSViT,
+    register_model("tsvipom-hybrid", "eo", TSViTConfig, TSViT,
                    "TSViPoM Hybrid: attention in the temporal encoder, PoM in the spatial one", mixer="hybrid",
                    hybrid_pom="spatial", **pom)
     # 2-core CPU scale: width 64, 2 + 2 blocks of 2 heads × 32, one gate per head
     tiny = dict(dim=64, heads=2, temporal_depth=2, spatial_depth=2, sel_heads=2)
-    register_model("tiny-tsvit", "tsvit", TSViTConfig, TSViT, "tiny TSViT for 2 CPU cores", mixer="attention",
+    register_model("tiny-tsvit", "eo", TSViTConfig, TSViT, "tiny TSViT for 2 CPU cores", mixer="attention",
                    **tiny)
-    register_model("tiny-tsvipom", "tsvit", TSViTConfig, TSViT, "tiny TSViPoM", mixer="pom", **tiny)
-    register_model("tiny-tsvipom-hybrid", "tsvit", TSViTConfig, TSViT, "tiny TSViPoM Hybrid (PoM spatial)",
+    register_model("tiny-tsvipom", "eo", TSViTConfig, TSViT, "tiny TSViPoM", mixer="pom", **tiny)
+    register_model("tiny-tsvipom-hybrid", "eo", TSViTConfig, TSViT, "tiny TSViPoM Hybrid (PoM spatial)",
                    mixer="hybrid", hybrid_pom="spatial", **tiny)
 
 

@@ -1,13 +1,13 @@
 """3-D semantic segmentation: the task the shared loop trains (PTv3's cross-entropy + Lovász-softmax over voxelised,
 augmented scenes), evaluation as PTv3 computes it (intersection and union over the whole split, every original point
-through its voxel), and the ``polymixer train 3d`` / ``eval 3d`` / ``segment3d`` commands."""
+through its voxel), and the ``polymixer train points`` / ``eval points`` / ``segment3d`` commands."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -17,41 +17,31 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.faults import SampleError, SampleFaults
-from ..data.ptv3 import FORMATS, AugmentConfig, PointDataset, PointFormat, Scene, augment, detect_format, \
-    load_ply, load_scannet_scene, load_semantickitti_scan, voxelize, write_ply
-from ..data.ptv3_synth import resolve_data
+from ..data.points import (
+    FORMATS,
+    IGNORE,
+    AugmentConfig,
+    Batch,
+    PointDataset,
+    PointFormat,
+    Scene,
+    augment,
+    collate,
+    detect_format,
+    load_ply,
+    load_scannet_scene,
+    load_semantickitti_scan,
+    write_ply,
+)
+from ..data.points_synth import resolve_data
 from ..metrics import ConfusionMatrix
-from ..models import create_model, list_models
+from ..models import create_model
 from ..train.checkpoint import load_model, read_config, resolve_checkpoint
 from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
+from .common import add_preset_argument, check_dataset, check_preset
 
-__all__ = ["IGNORE", "PointTask", "Batch", "collate", "lovasz_softmax", "segmentation_loss", "predict_scene",
-           "evaluate_3d", "train_3d", "load_segmenter", "draw_scene", "class_colors", "read_scene"]
-
-IGNORE = -1
-
-Batch = Dict[str, Any]
-
-
-def collate(scenes: Sequence[Scene], grid_size: float, mode: str = "train",
-            rngs: Optional[Sequence[np.random.Generator]] = None) -> Batch:
-    """Voxelise each scene (train: a random point per voxel, drawn with the scene's generator in ``rngs``; test: the
-    first) and concatenate them in PTv3's layout:
-    feat (N, C), grid (N, 3) int64, offset (B,) running counts, segment (N,) or None, and for mapping predictions back
-    ``inverse`` (the voxel of every original point, per scene) and ``points`` (original point counts)."""
-    feats, grids, segs, inverses, counts, points = [], [], [], [], [], []
-    for i, s in enumerate(scenes):
-        grid, index, inverse = voxelize(s.coord, grid_size, mode, None if rngs is None else rngs[i])
-        feats.append(torch.from_numpy(np.ascontiguousarray(s.feat[index], dtype=np.float32)))
-        grids.append(torch.from_numpy(grid.astype(np.int64)))
-        segs.append(None if s.segment is None else torch.from_numpy(s.segment[index].astype(np.int64)))
-        inverses.append(torch.from_numpy(inverse.astype(np.int64)))
-        counts.append(len(index))
-        points.append(len(s.coord))
-    segment = None if any(x is None for x in segs) else torch.cat(segs)
-    return {"feat": torch.cat(feats), "grid": torch.cat(grids), "offset": torch.tensor(counts).cumsum(0),
-            "segment": segment, "inverse": inverses, "points": points, "voxels": sum(counts)}
-
+__all__ = ["PointTask", "lovasz_softmax", "segmentation_loss", "predict_scene",
+           "evaluate_points", "train_points", "load_segmenter", "draw_scene", "class_colors", "read_scene"]
 
 def _lovasz_grad(gt_sorted: Tensor) -> Tensor:
     """Gradient of the Lovász extension of the Jaccard loss w.r.t. sorted errors (Berman et al., CVPR 2018)."""
@@ -128,7 +118,7 @@ class PointTask:
         return segmentation_loss(model(batch["feat"], batch["grid"], batch["offset"]), batch["segment"], self.lovasz)
 
     def evaluate(self, model: nn.Module, step: int, out_dir: Path) -> Dict[str, float]:
-        m = evaluate_3d(model, self.val_set, batch=self.eval_batch, limit=self.eval_limit, faults=self.faults)
+        m = evaluate_points(model, self.val_set, batch=self.eval_batch, limit=self.eval_limit, faults=self.faults)
         return {"miou": m["miou"], "oa": m["oa"]}
 
 
@@ -150,7 +140,7 @@ def predict_scene(model: nn.Module, scenes: Sequence[Scene], grid_size: float
 
 
 @torch.no_grad()
-def evaluate_3d(model: nn.Module, dataset: PointDataset, batch: int = 4, limit: Optional[int] = None,
+def evaluate_points(model: nn.Module, dataset: PointDataset, batch: int = 4, limit: Optional[int] = None,
                 progress: bool = False, keep_predictions: int = 0,
                 faults: Optional[SampleFaults] = None) -> Dict[str, Any]:
     """mIoU as PTv3 computes it — intersection and union accumulated over every original point of the split (ignore
@@ -165,7 +155,7 @@ def evaluate_3d(model: nn.Module, dataset: PointDataset, batch: int = 4, limit: 
     cm = ConfusionMatrix(len(fmt.class_names), ignore_index=IGNORE, class_names=list(fmt.class_names))
     n = len(dataset) if limit is None else min(limit, len(dataset))
     seconds, points, voxels, kept = 0.0, 0, 0, []
-    for s in tqdm(range(0, n, batch), disable=not progress, desc="eval 3d", dynamic_ncols=True):
+    for s in tqdm(range(0, n, batch), disable=not progress, desc="eval points", dynamic_ncols=True):
         scenes = []
         for i in range(s, min(n, s + batch)):
             try:
@@ -192,13 +182,17 @@ def evaluate_3d(model: nn.Module, dataset: PointDataset, batch: int = 4, limit: 
             "confusion": cm, "predictions": kept}
 
 
-def train_3d(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, format: Optional[str] = None,
+def train_points(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, format: Optional[str] = None,
              augment_data: Union[bool, AugmentConfig] = True, lovasz: float = 1.0, eval_limit: Optional[int] = None,
-             progress: bool = True, **overrides: Any) -> Dict[str, Any]:
+             progress: bool = True, max_points: Optional[int] = None, **overrides: Any) -> Dict[str, Any]:
     """Train ``preset`` on a point-cloud dataset (default: the offline synthetic rooms in ScanNet's layout) with the
     shared loop; the model's input channels and classes follow the format. ``augment_data``: PTv3's augmentations
     for the format (True), none (False), or a given :class:`AugmentConfig`."""
+    check_preset("points", preset)
     root = resolve_data(data, progress=progress)
+    if train_cfg.check_data:
+        check_dataset("points", root, progress=progress, skip_bad_samples=train_cfg.skip_bad_samples,
+                      format=format)
     fmt_name = format or detect_format(root)
     fmt = FORMATS[fmt_name]
     train_set = PointDataset(root, "train", fmt_name)
@@ -212,9 +206,12 @@ def train_3d(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, fo
         augment_cfg: Optional[AugmentConfig] = augment_data
     else:
         augment_cfg = AugmentConfig.for_format(fmt_name) if augment_data else None
+    if max_points is not None:  # the training crop; evaluation always reads whole scenes
+        base = augment_cfg if augment_cfg is not None else AugmentConfig.off()
+        augment_cfg = replace(base, max_points=max_points or None)
     task = PointTask(train_set, val_set, train_cfg.batch_size, train_cfg.seed, augment_cfg, lovasz, eval_limit,
                      faults=faults)
-    meta = {"family": "ptv3", "preset": preset, "model": asdict(model.config),
+    meta = {"family": "points", "preset": preset, "model": asdict(model.config),
             "data": {"path": str(root), "name": data or "rooms", "format": fmt_name, "grid_size": fmt.grid_size,
                      "classes": list(fmt.class_names), "train_scenes": len(train_set), "val_scenes": len(val_set),
                      "augment": None if augment_cfg is None else augment_cfg.to_dict(), "lovasz": lovasz}}
@@ -237,7 +234,7 @@ def class_colors(num_classes: int) -> np.ndarray:
 def draw_scene(scene: Scene, prediction: np.ndarray, class_names: Sequence[str], path: Union[str, Path],
                title: str = "") -> Path:
     """Top view of a scene: colour (when it has one), ground truth, prediction side by side."""
-    from ..bench.common import new_figure, save_figure
+    from ..report import new_figure, save_figure
 
     colors = class_colors(len(class_names))
     order = np.argsort(scene.coord[:, 2])  # the highest points drawn last, as seen from above
@@ -287,11 +284,15 @@ def read_scene(path: Union[str, Path], format: str) -> Scene:
 # command line
 # ----------------------------------------------------------------------------------------------------------------
 
+TINY_MAX_POINTS = 12_000  # the tiny presets' training crop: PTv3's point budget scaled to 2 CPU cores
+
+
 def train_defaults() -> TrainConfig:
     """PTv3's ScanNet recipe (AdamW lr 0.006, weight decay 0.05, blocks at 0.1× the rate, warm-up 5% then cosine)
-    at 2-core CPU scale."""
-    return TrainConfig(steps=600, batch_size=4, lr=6e-3, min_lr=6e-5, warmup=30, weight_decay=0.05, beta2=0.999,
-                       grad_clip=1.0, eval_every=300, ckpt_every=300)
+    at 2-core CPU scale: 2 rooms per step (each sphere-cropped to 12,000 points for the tiny presets), 300 steps —
+    the setting of ``bench points``' quality part."""
+    return TrainConfig(steps=300, batch_size=2, lr=6e-3, min_lr=6e-5, warmup=15, weight_decay=0.05, beta2=0.999,
+                       grad_clip=1.0, eval_every=300, ckpt_every=100)
 
 
 def _patch_arg(value: str) -> Any:
@@ -305,9 +306,7 @@ def _patch_arg(value: str) -> Any:
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="tiny-ppomv3",
-                   help=f"tiny-ptv3, tiny-ppomv3, tiny-ppomv3-hybrid, ptv3, ppomv3, ppomv3-hybrid "
-                        f"({len(list_models(family='ptv3'))} presets)")
+    add_preset_argument(p, "points")
     p.add_argument("--data", default=None, help="dataset folder, or 'rooms' (default): synthetic indoor rooms in "
                                                 "ScanNet's layout, generated offline on first use")
     p.add_argument("--format", default=None, choices=sorted(FORMATS), help="dataset format (default: detected)")
@@ -319,7 +318,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-augment", action="store_true", help="no augmentation of the training scenes")
     p.add_argument("--lovasz", type=float, default=1.0, help="weight of the Lovász-softmax term (0: cross-entropy)")
     p.add_argument("--eval-limit", type=int, default=None, help="validate on the first N scenes only")
-    add_train_config_arguments(p, train_defaults(), "run folder (default: runs/3d/<preset>)", TRAIN_FLAGS)
+    p.add_argument("--max-points", type=int, default=None, metavar="N",
+                   help=f"sphere-crop each training scene to N points (0: whole scenes; default: "
+                        f"{TINY_MAX_POINTS:,} for the tiny presets, the format's own — PTv3's 102,400 indoors — for "
+                        f"the others); evaluation always reads whole scenes")
+    add_train_config_arguments(p, train_defaults(), "run folder (default: runs/points/<preset>)", TRAIN_FLAGS)
 
 
 def main_train(args: argparse.Namespace) -> int:
@@ -330,9 +333,11 @@ def main_train(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None:
             overrides[name] = None if value == "scene" else value
-    tcfg = train_config_from_args(args, train_defaults(), f"runs/3d/{args.preset}")
-    res = train_3d(args.preset, tcfg, args.data, args.format, not args.no_augment, args.lovasz, args.eval_limit,
-                   progress=not args.quiet, **overrides)
+    tcfg = train_config_from_args(args, train_defaults(), f"runs/points/{args.preset}")
+    max_points = args.max_points if args.max_points is not None else \
+        (TINY_MAX_POINTS if args.preset.startswith("tiny-") else None)
+    res = train_points(args.preset, tcfg, args.data, args.format, not args.no_augment, args.lovasz, args.eval_limit,
+                       progress=not args.quiet, max_points=max_points, **overrides)
     if res["rank"] == 0:
         print(json.dumps({"run": tcfg.out, **res["metrics"]}, indent=2))
     return 0
@@ -344,9 +349,9 @@ def load_segmenter(ckpt: Union[str, Path], ema: Optional[bool] = None,
     if dtype not in ("fp32", "bf16"):
         raise ValueError(f"dtype must be 'fp32' or 'bf16', got {dtype!r}")
     cfg = read_config(ckpt)
-    if cfg.get("family") != "ptv3":
+    if cfg.get("family") != "points":
         raise ValueError(f"{ckpt} holds a {cfg.get('family')!r} model, not a point-cloud segmenter")
-    model = load_model(ckpt, family="ptv3", ema=ema).eval()
+    model = load_model(ckpt, family="points", ema=ema).eval()
     if dtype == "bf16":
         model.to(torch.bfloat16)
     return model, cfg
@@ -359,7 +364,7 @@ def _format_of(cfg: Dict[str, Any]) -> PointFormat:
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="run folder or checkpoint folder")
     p.add_argument("--data", default=None, help="dataset folder (default: the one the model was trained on)")
-    p.add_argument("--split", default="val", choices=["train", "val", "test"])
+    p.add_argument("--split", default="test", choices=["train", "val", "test"])
     p.add_argument("--limit", type=int, default=None, help="the first N scenes only")
     p.add_argument("--batch", type=int, default=4, help="scenes per forward call")
     p.add_argument("--scenes", type=int, default=2, help="scenes drawn in the PNG (0: none)")
@@ -370,14 +375,14 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main_eval(args: argparse.Namespace) -> int:
-    from ..bench.common import per_class_table
+    from ..report import per_class_table
 
     model, cfg = load_segmenter(args.ckpt, ema=False if args.no_ema else None, dtype=args.dtype)
     data = cfg.get("data", {})
     root = resolve_data(args.data or data.get("path"))
     fmt = data.get("format") or detect_format(root)
     dataset = PointDataset(root, args.split, fmt)
-    m = evaluate_3d(model, dataset, batch=args.batch, limit=args.limit, progress=True, keep_predictions=args.scenes)
+    m = evaluate_points(model, dataset, batch=args.batch, limit=args.limit, progress=True, keep_predictions=args.scenes)
     summary = {k: m[k] for k in ("miou", "oa", "mpts_per_s", "mvoxels_per_s", "scenes", "points", "voxels",
                                  "counted", "classes_present")}
     print(json.dumps({"ckpt": str(args.ckpt), "preset": cfg.get("preset"), "step": cfg.get("step"),

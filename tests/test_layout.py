@@ -1,0 +1,157 @@
+"""The shape of the house, checked on the source: data flows one way (no module imports one on a floor above it), no
+two modules import each other (directly or through others), and no module imports another's private name.
+
+Every ``import`` and ``from … import`` of polymixer counts, at module level or inside a function (a lazy import is
+still a dependency). ``from pkg import name`` counts as an import of ``pkg.name`` when that is a module, else of
+``pkg`` itself (its ``__init__``)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+import pytest
+
+import polymixer
+
+SRC = Path(polymixer.__file__).parent
+
+# floors, lowest first: a module may import its own floor or lower ones. The package's __init__ (the public API,
+# re-exporting what users import) is above everything.
+FLOORS: List[Tuple[str, ...]] = [
+    ("families", "import_hooks", "report", "metrics", "diffusion"),  # tables, hooks, text tables and figures
+    ("functional", "reference", "positions"),  # the math and its float64 oracle
+    ("values", "mixer", "attention", "linear_attention"),  # the token mixers
+    ("blocks",),  # PolyMorpher and the mixer table
+    ("data",),  # loaders, offline defaults, dataset constants
+    ("models",),  # the registry and one file per family
+    ("train",),  # the one loop and checkpoints
+    ("hf", "pomify"),  # transformers integration and conversion of trained models
+    ("tasks",),  # each family's task and commands
+    ("bench",),  # the benchmark commands
+    ("cli",),  # the command line
+    ("__init__",),
+]
+
+
+def _modules() -> Dict[str, Tuple[Path, bool]]:
+    mods = {}
+    for p in SRC.rglob("*.py"):
+        parts = list(p.relative_to(SRC.parent).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        mods[".".join(parts[:-1] if is_pkg else parts)] = (p, is_pkg)
+    return mods
+
+
+def _graph() -> Tuple[Dict[str, Set[str]], List[str]]:
+    """{module: modules of polymixer it imports}, and the private names imported from another module."""
+    mods = _modules()
+    edges: Dict[str, Set[str]] = {}
+    private = []
+    for mod, (path, is_pkg) in mods.items():
+        out: Set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[:len(base) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if not target.startswith("polymixer"):
+                    continue
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    if sub in mods:
+                        out.add(sub)
+                        continue
+                    out.add(target)
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        private.append(f"{mod} imports {target}.{alias.name}")
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names if a.name.startswith("polymixer"))
+        out.discard(mod)
+        edges[mod] = out
+    return edges, private
+
+
+def _floor(mod: str) -> int:
+    if mod == "polymixer":
+        return len(FLOORS) - 1
+    top = mod.split(".")[1]
+    for i, names in enumerate(FLOORS):
+        if top in names:
+            return i
+    raise AssertionError(f"{mod} is on no floor of tests/test_layout.py: add it to FLOORS")
+
+
+def test_every_module_is_on_a_floor_and_imports_none_above_it():
+    edges, _ = _graph()
+    above = [f"{m} (floor {_floor(m)}) imports {t} (floor {_floor(t)})" for m, targets in sorted(edges.items())
+             for t in sorted(targets) if _floor(t) > _floor(m)]
+    assert not above, "\n".join(above)
+
+
+def test_no_two_modules_import_each_other():
+    edges, _ = _graph()
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on: Set[str] = set()
+    cycles: List[List[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in edges:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"modules that import each other: {cycles}"
+
+
+def test_no_module_imports_another_modules_private_name():
+    _, private = _graph()
+    assert not private, "\n".join(private)
+
+
+def test_the_checker_sees_lazy_relative_and_private_imports(tmp_path, monkeypatch):
+    """The graph is built right: a lazy import inside a function, ``from .. import x`` and a private name count."""
+    pkg = tmp_path / "polymixer"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "data" / "__init__.py").write_text("")
+    (pkg / "functional.py").write_text("def _helper():\n    pass\n")
+    (pkg / "data" / "lm.py").write_text("def f():\n    from ..tasks import lm\n    from ..functional import _helper\n")
+    (pkg / "tasks").mkdir()
+    (pkg / "tasks" / "__init__.py").write_text("")
+    (pkg / "tasks" / "lm.py").write_text("from ..data import lm\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", pkg)
+    edges, private = _graph()
+    assert edges["polymixer.data.lm"] == {"polymixer.tasks.lm", "polymixer.functional"}
+    assert private == ["polymixer.data.lm imports polymixer.functional._helper"]
+    with pytest.raises(AssertionError, match="data.lm .* imports polymixer.tasks.lm"):
+        test_every_module_is_on_a_floor_and_imports_none_above_it()
+    with pytest.raises(AssertionError, match="import each other"):
+        test_no_two_modules_import_each_other()
