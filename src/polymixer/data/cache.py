@@ -14,8 +14,8 @@ __all__ = ["cache_dir", "build_folder", "cached_default", "resolve_folder"]
 
 def cache_dir(*parts: str) -> Path:
     """``$POLYMIXER_CACHE`` (default ``~/.cache/polymixer``) joined with ``parts``. The offline defaults fill about
-    1.2 GB there once generated (OCR lines ~650 MB, point-cloud rooms ~300 MB, PASTIS ~200 MB); point the variable
-    elsewhere to move them."""
+    1.25 GB there once every family has run (OCR lines ~720 MB in 35,000 files, PASTIS ~420 MB, point-cloud rooms
+    ~90 MB); point the variable elsewhere to move them."""
     return Path(os.environ.get("POLYMIXER_CACHE", Path.home() / ".cache" / "polymixer")).joinpath(*parts)
 
 

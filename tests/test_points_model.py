@@ -1,5 +1,5 @@
 """PTv3 / PPoMv3: curve codes, patches, the pure-PyTorch sparse convolution, the network's batch invariance and
-bad inputs (the data loaders are in test_ptv3_data.py, the task and commands in test_ptv3_task.py)."""
+bad inputs (the data loaders are in test_points_data.py, the task and commands in test_points_task.py)."""
 
 import itertools
 
