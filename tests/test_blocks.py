@@ -93,3 +93,51 @@ def test_gradients_reach_every_parameter():
         b(torch.randn(2, 9, 16), causal=True).square().sum().backward()
         missing = [n for n, p in b.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
         assert not missing, missing
+
+
+# -- the mixer table -------------------------------------------------------------------------------------------
+
+def test_the_mixer_table_builds_every_mixer_by_name_and_letter_and_filters_model_options():
+    from polymixer.attention import Attention
+    from polymixer.blocks import LETTERS, MIXER_TABLE, mixer_spec
+    from polymixer.linear_attention import LinearAttention
+
+    options = dict(heads=4, causal=True, window=8, dropout=0.0, degree=3, expand=1, sel_heads=2, value_dim=16,
+                   value_heads=2, feature_dim=4, rope=None, bias=True)  # a model's whole set
+    kinds = {"P": PoM, "V": PoM, "A": Attention, "L": Attention, "I": LinearAttention, "B": LinearAttention}
+    assert set(LETTERS) == set(kinds) and len({m.name for m in MIXER_TABLE}) == len(MIXER_TABLE)
+    x = torch.randn(2, 9, 16)
+    for spec in MIXER_TABLE:
+        assert mixer_spec(spec.name) is mixer_spec(spec.letter) is spec
+        m = spec.make(16, **options)
+        assert isinstance(m, kinds[spec.letter]), spec.name
+        assert m(x, causal=True).shape == x.shape if spec.causal else True
+    assert mixer_spec("V").make(16, **options).value_dim == 16 and mixer_spec("P").make(16, **options).degree == 3
+    assert mixer_spec("L").make(16, **options).window == 8 and mixer_spec("A").make(16, **options).window is None
+    with pytest.raises(ValueError, match=r"unknown mixer 'X'; the mixers are pom \(P\), value_pom \(V\)"):
+        mixer_spec("X")
+
+
+def test_layer_patterns_read_the_table():
+    from polymixer.blocks import layer_pattern
+
+    assert layer_pattern("value_pom", 4, "AP", allowed="APV") == "VVVV"
+    assert layer_pattern("attention", 3, "AP") == "AAA" and layer_pattern("hybrid", 4, "AP") == "APAP"
+    with pytest.raises(ValueError, match=r"pattern over P \(PoM\), A \(attention\), V \(value-carrying PoM\)"):
+        layer_pattern("PQ", 2, "AP", allowed="PAV")
+
+
+VALUE_PRESETS = [("tiny-vpom", "tiny-attention"), ("tiny-sipom-value", "tiny-sit"),
+                 ("tiny-htr-vpom-value", "tiny-htr-vt"), ("tiny-tsvipom-value", "tiny-tsvit"),
+                 ("tiny-ppomv3-value", "tiny-ptv3"), ("gppom2-small-value", "gpt2-small"),
+                 ("sipom-value-xl/2", "sit-xl/2"), ("dipom-value-l/2", "dit-l/2"), ("htr-vpom-value", "htr-vt"),
+                 ("tsvipom-value", "tsvit"), ("ppomv3-value", "ptv3")]
+
+
+@pytest.mark.parametrize("value, attention", VALUE_PRESETS)
+def test_every_family_has_value_pom_presets_within_one_percent_of_attention(value, attention):
+    from polymixer.models import count_parameters, create_model
+
+    v, a = create_model(value, device="meta"), create_model(attention, device="meta")
+    assert set(v.config.layer_pattern()) == {"V"} and v.family == a.family
+    assert abs(count_parameters(v) / count_parameters(a) - 1) < 0.01, (count_parameters(v), count_parameters(a))

@@ -140,7 +140,7 @@ def test_reference_weights_give_the_original_outputs():
         toy("pom").load_reference_state_dict(ref.state_dict())
 
 
-@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid"])
+@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "value_pom", "AV"])
 @pytest.mark.parametrize("position", ["learned", "rope"])
 def test_shapes_for_any_frames_and_size(mixer, position):
     model = toy(mixer, spatial_position=position)
@@ -173,7 +173,7 @@ def test_unpatchify_puts_each_patch_on_its_own_pixels():
         torch.testing.assert_close(logits[0, k, 2 * i:2 * i + 2, 2 * j:2 * j + 2], y[0, k, i, j])
 
 
-@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid"])
+@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "value_pom", "AV"])
 def test_padded_series_in_a_batch_equal_the_series_alone(mixer):
     torch.manual_seed(0)
     model = pom_coefficients_of_order_one(toy(mixer)).double().eval()

@@ -58,7 +58,7 @@ def _trained_a_bit(mixer="pom", **kw):
     return m
 
 
-@pytest.mark.parametrize("mixer", ["attention", "pom"])
+@pytest.mark.parametrize("mixer", ["attention", "pom", "value_pom"])
 def test_cfg_scale_one_is_the_conditional_prediction(mixer):
     m = _trained_a_bit(mixer, learn_sigma=True).eval()
     x, t, y = torch.randn(4, 1, 8, 8), torch.rand(4) * 1000, torch.tensor([1, 2, 3, 4])
@@ -81,7 +81,7 @@ def test_label_dropout_only_in_training():
 
 
 @pytest.mark.parametrize("objective, learn_sigma", [("flow", False), ("ddpm", False), ("ddpm", True)])
-@pytest.mark.parametrize("mixer", ["attention", "pom"])
+@pytest.mark.parametrize("mixer", ["attention", "pom", "value_pom"])
 def test_training_step_lowers_loss(objective, learn_sigma, mixer):
     m = _tiny(mixer, learn_sigma=learn_sigma).train()
     obj = make_objective(objective, learn_sigma)

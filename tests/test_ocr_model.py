@@ -83,7 +83,7 @@ def _train_a_little(model: HTR) -> None:
     model.eval()
 
 
-@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "LP"])
+@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "LP", "value_pom", "AV"])
 def test_padded_in_batch_equals_alone(mixer):
     torch.manual_seed(0)
     model = small(mixer).double()

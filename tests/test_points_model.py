@@ -249,11 +249,12 @@ def test_duplicate_voxels_are_refused():
 
 # -- the network -------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid"])
+@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "value_pom", "value_pom-scene", "AV"])
 def test_scene_in_a_batch_equals_the_scene_alone(mixer):
     torch.manual_seed(0)
-    model = create_model("tiny-ptv3", **{**SMALL, "mixer": mixer,
-                                         "pom_patch_size": (None, 48, 24) if mixer == "hybrid" else "patch"})
+    pom_patch = (None, 48, 24) if mixer in ("hybrid", "AV") else None if mixer.endswith("-scene") else "patch"
+    model = create_model("tiny-ptv3", **{**SMALL, "mixer": mixer.removesuffix("-scene"), "pom_patch_size": pom_patch,
+                                         "sel_heads": 2})
     model = model.double().eval()
     grids = [surface_scene(700, 20, 0), surface_scene(150, 20, 1), surface_scene(40, 20, 2)]
     feat, grid, offset = batch_of(grids)

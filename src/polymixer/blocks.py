@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
@@ -9,11 +10,37 @@ from torch import Tensor, nn
 
 from . import functional as Fn
 from .attention import Attention, AttentionState
+from .linear_attention import LinearAttention
 from .mixer import PoM, PoMState
 
-__all__ = ["MLP", "DropPath", "PolyMorpher", "MIXERS", "LETTERS", "build_mixer", "layer_pattern"]
+__all__ = ["MLP", "DropPath", "PolyMorpher", "MixerSpec", "MIXER_TABLE", "MIXER_SPECS", "MIXERS", "LETTERS",
+           "mixer_spec", "build_mixer", "layer_pattern"]
 
 MixerState = Union[PoMState, AttentionState]
+
+
+@dataclass(frozen=True)
+class MixerSpec:
+    """One token mixer of the table: its name, its letter in a model's layer pattern, how to build it, which of a
+    model's mixer options it takes, and what it can do."""
+
+    name: str  # "pom"
+    letter: str  # "P": one letter per layer in a model's mixer pattern
+    title: str  # "PoM", for messages and tables
+    build: Callable[..., nn.Module]  # (dim, **options) → the module
+    options: Tuple[str, ...]  # the model options it takes (a model passes all of its own; the rest are left out)
+    causal: bool = True  # can mix causally (decoder language models)
+    streaming: str = "constant"  # what decoding keeps: "constant" state, a "window", or a cache that "grows"
+    global_context: bool = True  # every visible token reaches every query (not a local window)
+
+    def make(self, dim: int, **options: Any) -> nn.Module:
+        """Build with the options this mixer takes out of ``options`` (a model's whole set: heads, window, degree,
+        expand, value_dim, rope, …); None means the mixer's own default."""
+        return self.build(dim, **{k: v for k, v in options.items() if k in self.options and v is not None})
+
+
+_ATTENTION_OPTIONS = ("heads", "causal", "dropout", "rope", "rope_base", "bias", "qkv_bias")
+_POM_OPTIONS = ("degree", "expand", "sel_heads", "rope", "rope_base", "bias", "gate", "activation", "reduction")
 
 
 def _attention(dim: int, **kw: Any) -> Attention:
@@ -27,55 +54,81 @@ def _local_attention(dim: int, **kw: Any) -> Attention:
     return _attention(dim, **kw)
 
 
-def _value_pom(dim: int, **kw: Any) -> PoM:
+def _value_pom(dim: int, value_heads: int = 1, **kw: Any) -> PoM:
     kw.setdefault("value_dim", dim)
-    return PoM(dim, **kw)
+    return PoM(dim, heads=value_heads, **kw)
 
 
-MIXERS: Dict[str, Callable[..., nn.Module]] = {"pom": PoM, "attention": _attention, "local_attention": _local_attention,
-                                                "value_pom": _value_pom}
+def _linear_attention(feature_map: str) -> Callable[..., nn.Module]:
+    def build(dim: int, value_heads: int = 1, **kw: Any) -> nn.Module:
+        return LinearAttention(dim, heads=value_heads, feature_map=feature_map, **kw)
+    return build
 
 
+# The one table of token mixers: every family's layer pattern, pomify and the recall benchmark read it. Adding a
+# mixer is one entry here (and its module).
+MIXER_TABLE: Tuple[MixerSpec, ...] = (
+    MixerSpec("pom", "P", "PoM", PoM, _POM_OPTIONS),
+    MixerSpec("value_pom", "V", "value-carrying PoM", _value_pom,
+              _POM_OPTIONS + ("value_dim", "value_heads", "token_shift", "chunk_size")),
+    MixerSpec("attention", "A", "attention", _attention, _ATTENTION_OPTIONS, streaming="grows"),
+    MixerSpec("local_attention", "L", "local (sliding-window) attention", _local_attention, _ATTENTION_OPTIONS + ("window",),
+              streaming="window", global_context=False),
+    MixerSpec("linear_attention", "I", "linear attention (identity map)", _linear_attention("identity"),
+              ("value_heads", "feature_dim", "value_dim", "causal", "bias", "token_shift", "chunk_size")),
+    MixerSpec("based", "B", "Based (Taylor map)", _linear_attention("taylor"),
+              ("value_heads", "feature_dim", "value_dim", "causal", "bias", "token_shift", "chunk_size")),
+)
+MIXER_SPECS: Dict[str, MixerSpec] = {m.name: m for m in MIXER_TABLE}
+MIXERS: Dict[str, Callable[..., nn.Module]] = {m.name: m.build for m in MIXER_TABLE}
 # one letter per layer in a model's mixer pattern
-LETTERS: Dict[str, str] = {"P": "pom", "A": "attention", "L": "local_attention", "V": "value_pom"}
+LETTERS: Dict[str, str] = {m.letter: m.name for m in MIXER_TABLE}
+
+
+def mixer_spec(kind: str) -> MixerSpec:
+    """The table entry of a mixer by name ("pom") or pattern letter ("P")."""
+    spec = MIXER_SPECS.get(LETTERS.get(kind, kind))
+    if spec is None:
+        raise ValueError(f"unknown mixer {kind!r}; the mixers are "
+                         f"{', '.join(f'{m.name} ({m.letter})' for m in MIXER_TABLE)}")
+    return spec
 
 
 def layer_pattern(mixer: str, n_layers: int, hybrid: str, allowed: str = "PAL") -> str:
-    """One letter per layer (P = PoM, A = attention, L = local attention, V = value-carrying PoM) for a model of
-    ``n_layers`` blocks.
+    """One letter per layer of the mixer table (P = PoM, A = attention, L = local attention, V = value-carrying
+    PoM, I = linear attention, B = Based) for a model of ``n_layers`` blocks.
 
-    ``mixer`` is "attention", "pom", "hybrid" (the family's ``hybrid`` unit, tiled) or an explicit pattern such as
-    "PPA", tiled to ``n_layers``; ``allowed`` lists the letters the family supports.
+    ``mixer`` is "attention", "pom", "value_pom", "hybrid" (the family's ``hybrid`` unit, tiled) or an explicit
+    pattern such as "PPA", tiled to ``n_layers``; ``allowed`` lists the letters the family supports.
     """
-    if mixer == "attention":
-        return "A" * n_layers
-    if mixer == "pom":
-        return "P" * n_layers
+    if mixer in MIXER_SPECS and MIXER_SPECS[mixer].letter in allowed:
+        return MIXER_SPECS[mixer].letter * n_layers
     if mixer == "hybrid":
         if n_layers % len(hybrid):
             raise ValueError(f"the hybrid repeats {hybrid!r}: the number of layers must be a multiple of "
                              f"{len(hybrid)}, got {n_layers}")
         return hybrid * (n_layers // len(hybrid))
-    names = {"P": "P (PoM)", "A": "A (attention)", "L": "L (local attention)", "V": "V (value-carrying PoM)",
-             "I": "I (linear attention)", "B": "B (Based)"}
     bad = sorted(set(mixer) - set(allowed))
     if not mixer or bad:
-        raise ValueError(f"unknown mixer {mixer!r}: use 'attention', 'pom', 'hybrid' or a pattern over "
-                         f"{', '.join(names[c] for c in allowed)}" + (f"; unknown letters {bad}" if bad else ""))
+        names = ", ".join(f"{c} ({mixer_spec(c).title})" for c in allowed)
+        words = ", ".join(f"'{MIXER_SPECS[LETTERS[c]].name}'" for c in allowed if c in "PAV")
+        raise ValueError(f"unknown mixer {mixer!r}: use {words}, 'hybrid' or a pattern over {names}"
+                         + (f"; unknown letters {bad}" if bad else ""))
     if n_layers % len(mixer):
         raise ValueError(f"pattern {mixer!r} ({len(mixer)} letters) does not tile {n_layers} layers")
     return mixer * (n_layers // len(mixer))
 
 
 def build_mixer(kind: Union[str, nn.Module], dim: int, **kwargs: Any) -> nn.Module:
-    """A token mixer by name ("pom", "attention", "local_attention", "value_pom") or an already-built module."""
+    """A token mixer by name ("pom", "attention", "local_attention", "value_pom", "linear_attention", "based") or
+    pattern letter, with exactly these keyword arguments; or an already-built module."""
     if isinstance(kind, nn.Module):
         if kwargs:
             raise ValueError(f"mixer keyword arguments {sorted(kwargs)} given with an already-built mixer module")
         return kind
-    if kind not in MIXERS:
-        raise ValueError(f"unknown mixer {kind!r}; expected one of {sorted(MIXERS)} or an nn.Module")
-    return MIXERS[kind](dim, **kwargs)
+    if kind not in MIXER_SPECS and kind not in LETTERS:
+        raise ValueError(f"unknown mixer {kind!r}; expected one of {sorted(MIXER_SPECS)} or an nn.Module")
+    return mixer_spec(kind).build(dim, **kwargs)
 
 
 class MLP(nn.Module):
@@ -159,7 +212,7 @@ class PolyMorpher(nn.Module):
             raise ValueError(f"mlp_ratio must be positive, got {mlp_ratio}")
         if mixer_bias is not None:
             mixer_kwargs["bias"] = mixer_bias
-        if isinstance(mixer, str) and mixer != "pom":
+        if isinstance(mixer, str) and "dropout" in mixer_spec(mixer).options:
             mixer_kwargs.setdefault("dropout", dropout)
         self.kind = mixer if isinstance(mixer, str) else type(mixer).__name__
         self.norm_first = norm_first

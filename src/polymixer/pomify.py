@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from . import functional as Fn
 from .attention import Attention
-from .blocks import layer_pattern
+from .blocks import layer_pattern, mixer_spec
 from .mixer import PoM
 
 __all__ = ["pomify", "ConvertedMixer", "init_pom_from_attention", "replaced_layers", "load_pomified"]
@@ -120,8 +120,8 @@ def _local_from(proj: Tuple[Optional[Tensor], ...], dim: int, heads: int, window
     if wq.shape[0] != dim:
         raise ValueError(f"local attention needs heads·head_dim = hidden size; this layer has {wq.shape[0]} vs {dim}")
     qkv_bias = bq is not None
-    att = Attention(dim, heads=heads, causal=True, window=window, bias=bo is not None, qkv_bias=qkv_bias,
-                    rope=rope, rope_base=rope_base, dropout=dropout, device=wq.device, dtype=wq.dtype)
+    att = mixer_spec("L").make(dim, heads=heads, causal=True, window=window, bias=bo is not None, qkv_bias=qkv_bias,
+                               rope=rope, rope_base=rope_base, dropout=dropout).to(device=wq.device, dtype=wq.dtype)
     att.qkv.weight.copy_(torch.cat([wq, wk, wv]))
     if qkv_bias:
         zero = torch.zeros_like(bq)
@@ -317,8 +317,8 @@ def _pomify_hf(model: nn.Module, pattern: str, window: Optional[int], degree: Op
         w = next(attn.parameters())
         proj = _from_gpt2(attn) if kind == "gpt2" else _from_llama(attn)
         if letter == "P":
-            mixer = PoM(dim, degree=spec["degree"], expand=spec["expand"], sel_heads=spec["sel_heads"], bias=bias,
-                        device=w.device, dtype=w.dtype)
+            mixer = mixer_spec("P").make(dim, degree=spec["degree"], expand=spec["expand"],
+                                         sel_heads=spec["sel_heads"], bias=bias).to(device=w.device, dtype=w.dtype)
             if init:
                 init_pom_from_attention(mixer, proj[4], proj[5], proj[6], proj[7])
         else:

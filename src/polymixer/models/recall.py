@@ -20,16 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, build_mixer, layer_pattern
+from ..blocks import LETTERS, PolyMorpher, layer_pattern, mixer_spec
 from ..data.recall import IGNORE
-from ..linear_attention import LinearAttention
-from ..mixer import PoM
 from ..values import token_shift
 
-__all__ = ["RecallConfig", "RecallLM", "LETTERS"]
-
-LETTERS = {"A": "attention", "L": "sliding-window attention", "P": "PoM", "V": "value-carrying PoM",
-           "I": "linear attention (identity map)", "B": "Based (Taylor map)"}
+__all__ = ["RecallConfig", "RecallLM"]
 
 
 @dataclass
@@ -86,19 +81,15 @@ class RecallLM(nn.Module):
 
     def build_mixer(self, letter: str) -> nn.Module:
         c = self.config
-        if letter in "AL":
-            kw = dict(heads=c.heads, rope="1d" if c.rope else None)
-            att = (build_mixer("attention", c.d_model, causal=True, **kw) if letter == "A"
-                   else build_mixer("local_attention", c.d_model, window=c.window, **kw))
-            return _ShiftedKeysValues(att) if c.token_shift else att
-        if letter == "P":
-            return PoM(c.d_model, degree=c.degree, expand=c.expand)
-        if letter == "V":
-            return PoM(c.d_model, degree=c.degree, expand=c.expand, value_dim=c.value_dim, heads=c.value_heads)
-        if letter in "IB":
-            return LinearAttention(c.d_model, heads=c.value_heads, feature_dim=c.feature_dim, value_dim=c.value_dim,
-                                   feature_map="identity" if letter == "I" else "taylor", token_shift=c.token_shift)
-        raise ValueError(f"unknown layer letter {letter!r}: use {', '.join(LETTERS)}")
+        if letter not in LETTERS:  # every mixer of the table
+            raise ValueError(f"unknown layer letter {letter!r}: use {', '.join(LETTERS)}")
+        # the baselines' token shift (Based's short convolution) is a recall option; the value PoM keeps its own
+        shift = c.token_shift if letter in "IB" else None
+        mixer = mixer_spec(letter).make(c.d_model, heads=c.heads, causal=True, window=c.window,
+                                        rope="1d" if c.rope else None, degree=c.degree, expand=c.expand,
+                                        value_dim=c.value_dim, value_heads=c.value_heads, feature_dim=c.feature_dim,
+                                        token_shift=shift)
+        return _ShiftedKeysValues(mixer) if letter in "AL" and c.token_shift else mixer
 
     def state_floats(self) -> int:
         """Recurrent state per sequence of the largest layer (what a decoder keeps per layer at this seq_len)."""
@@ -151,7 +142,7 @@ def _register() -> None:
     for letter, name in (("A", "attention"), ("L", "swa"), ("P", "pom"), ("V", "vpom"), ("I", "linear"),
                          ("B", "based")):
         register_model(f"mqar-{name}", "recall", RecallConfig, RecallLM,
-                       f"2-layer MQAR model, {LETTERS[letter]}", mixer=letter * 2)
+                       f"2-layer MQAR model, {mixer_spec(letter).title}", mixer=letter * 2)
 
 
 _register()
