@@ -175,19 +175,31 @@ def test_bench_eo_both_parts(tmp_path):
 
 
 def test_bench_lm_quality_keeps_finished_runs(tmp_path):
-    """The quality part trains each preset once: a run trained to the end is only evaluated again, and presets not
-    given keep their rows."""
+    """The quality part trains each preset once per rate of its sweep: a run trained to the end is only evaluated
+    again, presets not given keep their rows, and each preset is reported at its best rate."""
     from dataclasses import replace
 
-    from polymixer.bench.lm import LMBenchConfig, run
+    from polymixer.bench.lm import LMBenchConfig, report, run
 
-    cfg = LMBenchConfig(quality_presets=("tiny-pom",), quality_steps=2, quality_batch=2, quality_eval_windows=4,
-                        parts=("quality",), out=str(tmp_path))
+    cfg = LMBenchConfig(quality_presets=("tiny-pom",), sweep=("tiny-pom",), quality_steps=2, quality_batch=2,
+                        quality_eval_windows=4, parts=("quality",), out=str(tmp_path), lrs=(2e-3,))
     first = run(cfg, progress=False)["quality"]["rows"]
+    assert [(r["model"], r["lr"]) for r in first] == [("tiny-pom", 2e-3)]  # --lrs: one rate of the grid only
     ckpt = next((tmp_path / "quality" / "tiny-pom").rglob("model.safetensors"))
     stamp = ckpt.stat().st_mtime_ns
-    again = run(cfg, progress=False)["quality"]["rows"]
+    swept = run(replace(cfg, lrs=()), progress=False)["quality"]
     assert ckpt.stat().st_mtime_ns == stamp  # not trained again
-    assert again[0]["val_loss"] == first[0]["val_loss"] and again[0]["train_min"] == first[0]["train_min"]
-    both = run(replace(cfg, quality_presets=("tiny-attention",)), progress=False)["quality"]["rows"]
-    assert [r["model"] for r in both] == ["tiny-pom", "tiny-attention"] and both[1]["loss_vs_attention"] == 1.0
+    assert sorted(r["lr"] for r in swept["rows"]) == [1e-3, 2e-3, 4e-3] == swept["grid"]
+    assert (tmp_path / "quality" / "tiny-pom-lr0.001").is_dir() and (tmp_path / "quality" / "tiny-pom-lr0.004").is_dir()
+    again = next(r for r in swept["rows"] if r["lr"] == 2e-3)
+    assert again["val_loss"] == first[0]["val_loss"] and again["train_min"] == first[0]["train_min"]
+    best = [r for r in swept["rows"] if r["best_lr"]]
+    assert len(best) == 1 and best[0]["val_loss"] == min(r["val_loss"] for r in swept["rows"])
+    both = run(replace(cfg, quality_presets=("tiny-attention",), sweep=(), lrs=()), progress=False)
+    rows = both["quality"]["rows"]
+    assert {r["model"] for r in rows} == {"tiny-pom", "tiny-attention"} and len(rows) == 4
+    att = next(r for r in rows if r["model"] == "tiny-attention")
+    assert att["loss_vs_attention"] == 1.0 and att["rates"] == 1
+    text = report(both)
+    assert "each model at its best learning rate" in text and "val loss at lr →" in text and "*" in text
+    assert "best all-PoM model (tiny-pom, lr" in text

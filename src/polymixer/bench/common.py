@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import os
 import platform
 import statistics
@@ -13,9 +14,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from ..report import format_table
 
 
 @dataclass
@@ -301,3 +304,63 @@ def describe_variant(spec: str, names: Dict[str, str]) -> str:
     preset, overrides = parse_variant(spec)
     extra = ", ".join(f"{k}={'whole scene' if v is None else v}" for k, v in overrides.items())
     return names.get(preset, preset) + (f" ({extra})" if extra else "")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# learning-rate sweeps: every model of a quality comparison at its own best rate
+# ----------------------------------------------------------------------------------------------------------------
+
+LR_FACTORS = (0.5, 1.0, 2.0)  # a sweep's rates: ×2 around a family's recipe rate
+
+
+def lr_grid(base: float, factors: Sequence[float] = LR_FACTORS) -> Tuple[float, ...]:
+    """The rates of a sweep around ``base`` (3 significant digits, ascending)."""
+    return tuple(sorted({float(f"{base * f:.3g}") for f in factors}))
+
+
+def sweep_folder(root: Path, slug: str, lr: float, base: float) -> Path:
+    """A sweep run's folder: ``root/slug`` at the recipe rate ``base`` (the folder of the runs made before sweeps
+    existed, so they are reused), ``root/slug-lr<rate>`` at the others."""
+    return root / slug if math.isclose(lr, base, rel_tol=1e-6) else root / f"{slug}-lr{lr:g}"
+
+
+def sweep_plan(models: Sequence[str], swept: Sequence[str], base: float,
+               factors: Sequence[float] = LR_FACTORS) -> List[Tuple[str, float]]:
+    """(model, rate) of every run: the ``swept`` models at every rate of the grid, the others at ``base``."""
+    grid = lr_grid(base, factors)
+    return [(m, lr) for m in models for lr in (grid if m in swept else (base,))]
+
+
+def mark_best(rows: List[Dict[str, Any]], metric: str, higher: bool, key: str = "spec") -> List[Dict[str, Any]]:
+    """Mark each model's run at its best rate (``best_lr`` True), chosen by ``metric`` (the selection metric: the
+    validation score where the family has a validation split), and give every row the model's number of rates."""
+    groups: Dict[Any, List[Dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r[key], []).append(r)
+    for runs in groups.values():
+        scored = [r for r in runs if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric])]
+        best = (max if higher else min)(scored, key=lambda r: r[metric]) if scored else None
+        for r in runs:
+            r["best_lr"] = r is best
+            r["rates"] = len(runs)
+    return rows
+
+
+def best_rows(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Each model once: its run at its best rate."""
+    return [r for r in rows if r.get("best_lr", True)]
+
+
+def sweep_table(rows: Sequence[Dict[str, Any]], metric: str, label: str, scale: float = 1.0, digits: int = 3,
+                key: str = "spec", name: str = "model") -> str:
+    """One line per model: every rate's ``metric`` (× ``scale``), the best marked with *, so the reader sees how
+    much the choice of rate moved each model."""
+    rates = sorted({r["lr"] for r in rows})
+    table: Dict[Any, Dict[str, Any]] = {}
+    for r in rows:
+        line = table.setdefault(r[key], {"model": r.get(name, r[key])})
+        v = r.get(metric)
+        cell = "—" if not isinstance(v, (int, float)) else f"{v * scale:.{digits}g}"
+        line[f"{r['lr']:g}"] = cell + ("*" if r.get("best_lr") and r.get("rates", 1) > 1 else "")
+    cols = ["model"] + [f"{lr:g}" for lr in rates]
+    return format_table(list(table.values()), cols, [f"{label} at lr →"] + [f"{lr:g}" for lr in rates])

@@ -23,7 +23,8 @@ import torch
 
 from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, save_figure
-from .common import apply_overrides, resume_point, run_parts, time_interleaved, training_minutes
+from .common import (LR_FACTORS, apply_overrides, best_rows, lr_grid, mark_best, resume_point, run_parts, sweep_folder,
+                     sweep_plan, sweep_table, time_interleaved, training_minutes)
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]
 
@@ -45,6 +46,10 @@ class LMBenchConfig:
     hf_decode_contexts: Tuple[int, ...] = (1024, 4096, 16384)
     kinds: Tuple[str, ...] = KINDS  # models of the throughput and decoding parts
     quality_presets: Tuple[str, ...] = tuple(f"tiny-{k}" for k in KINDS)
+    quality_lr: float = 2e-3  # the recipe's rate: the middle of each sweep
+    lr_factors: Tuple[float, ...] = LR_FACTORS
+    sweep: Tuple[str, ...] = tuple(f"tiny-{k}" for k in KINDS)  # presets trained at every rate of the grid
+    lrs: Tuple[float, ...] = ()  # run only these rates of the grid (several processes side by side); () = all
     quality_steps: int = 1500
     quality_batch: int = 32
     quality_eval_windows: int = 1024
@@ -174,28 +179,40 @@ def run_hf_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
 
 def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    """Train the tiny presets for the same steps on the default corpus; validation loss and bits per byte."""
+    """Train the tiny presets for the same steps on the default corpus, each swept preset at every rate of the
+    grid; validation loss and bits per byte, and each preset at its best rate (the lowest validation loss)."""
     from ..tasks.lm import train_lm
     from ..train.loop import TrainConfig
 
-    rows = _earlier(cfg, "quality", tuple(cfg.quality_presets))[0]  # presets not trained again are kept
-    for preset in cfg.quality_presets:
-        out = Path(cfg.out) / "quality" / preset
-        tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=2e-3, min_lr=2e-4,
+    plan = sweep_plan(cfg.quality_presets, cfg.sweep, cfg.quality_lr, cfg.lr_factors)
+    if cfg.lrs:
+        plan = [(p, lr) for p, lr in plan if any(abs(lr / x - 1) < 1e-6 for x in cfg.lrs)]
+    path = Path(cfg.out) / "lm.json"
+    earlier = json.loads(path.read_text()).get("quality", {}).get("rows", []) if path.is_file() else []
+    redo = {(p, lr) for p, lr in plan}
+    rows = [r for r in earlier if (r["model"], r.get("lr", 2e-3)) not in redo]  # runs not trained again are kept
+    for preset, lr in plan:
+        out = sweep_folder(Path(cfg.out) / "quality", preset, lr, cfg.quality_lr)
+        tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 10,
                            warmup=max(1, cfg.quality_steps // 20), eval_every=cfg.quality_steps,
                            ckpt_every=cfg.quality_steps, out=str(out), progress=progress, seed=cfg.seed + 1337)
         finished = resume_point(out, tcfg)  # a run trained to the end (here or copied in) is only evaluated
         t0 = time.perf_counter()
         res = train_lm(preset, tcfg, eval_windows=cfg.quality_eval_windows)
         model = create_model(preset, device="meta")
-        rows.append({"model": preset, "params": count_parameters(model), "steps": cfg.quality_steps,
+        rows.append({"model": preset, "spec": preset, "lr": lr, "params": count_parameters(model),
+                     "steps": cfg.quality_steps,
                      "tokens": cfg.quality_steps * cfg.quality_batch * model.config.block_size,
                      "train_min": training_minutes(out, t0, finished, res.get("history", []), cfg.quality_batch),
                      **res["metrics"]})
-    att = next((r for r in rows if r["model"].endswith("attention")), None)
+    for r in rows:  # rows of runs from before sweeps existed: the recipe's rate
+        r.setdefault("lr", 2e-3)
+        r.setdefault("spec", r["model"])
+    mark_best(rows, "val_loss", higher=False)
+    att = next((r for r in best_rows(rows) if r["model"].endswith("attention")), None)
     for r in rows:
         r["loss_vs_attention"] = r["val_loss"] / att["val_loss"] if att else None
-    return {"rows": rows}
+    return {"rows": rows, "grid": list(lr_grid(cfg.quality_lr, cfg.lr_factors)), "selected_by": "val_loss"}
 
 
 def report(payload: Dict[str, Any]) -> str:
@@ -246,17 +263,26 @@ def report(payload: Dict[str, Any]) -> str:
         lines.append(f"pom per-token time at {pom[-1]['context']} vs {pom[0]['context']}: {growth:.2f}× "
                      f"(flat: {'met' if growth <= 1.2 else 'MISSED'})\n")
     if "quality" in payload:
-        rows = payload["quality"]["rows"]
-        lines += ["quality at equal steps (default corpus: the Python standard library, byte-level)",
-                  format_table(rows, ["model", "params", "steps", "tokens", "val_loss", "val_bpb", "loss_vs_attention",
-                                      "train_min"],
-                               ["model", "params", "steps", "tokens", "val loss", "val bpb", "÷ attention",
-                                "train min"])]
-        for name, label, limit in (("tiny-hybrid", "hybrid", 0.03), ("tiny-vpom", "value-carrying PoM", 0.10)):
-            r = next((r for r in rows if r["model"] == name), None)
-            if r and r["loss_vs_attention"] is not None:
+        q = payload["quality"]
+        all_rows = q["rows"]
+        rows = best_rows(all_rows)
+        lines += ["quality at equal steps (default corpus: the Python standard library, byte-level), each model at its "
+                  "best learning rate (lowest validation loss)",
+                  format_table(rows, ["model", "params", "lr", "rates", "steps", "tokens", "val_loss", "val_bpb",
+                                      "loss_vs_attention", "train_min"],
+                               ["model", "params", "best lr", "rates tried", "steps", "tokens", "val loss", "val bpb",
+                                "÷ attention", "train min"]),
+                  "", "every rate (AdamW, warm-up then cosine to lr / 10; * = best)",
+                  sweep_table(all_rows, "val_loss", "val loss"), ""]
+        for label, names, limit in (
+                ("best model without full attention", ("tiny-pom", "tiny-vpom", "tiny-hybrid", "tiny-vhybrid"), 0.02),
+                ("best all-PoM model", ("tiny-pom", "tiny-vpom"), 0.10)):
+            cands = [r for r in rows if r["model"] in names and r.get("loss_vs_attention") is not None]
+            if cands:
+                r = min(cands, key=lambda r: r["loss_vs_attention"])
                 gap = r["loss_vs_attention"] - 1
-                lines.append(f"{label} val loss vs attention: {100 * gap:+.2f}% (target within {100 * limit:.0f}%: "
+                lines.append(f"{label} ({r['model']}, lr {r['lr']:g}) val loss vs attention at its best rate: "
+                             f"{100 * gap:+.2f}% (target within {100 * limit:.0f}%: "
                              f"{'met' if gap <= limit else 'MISSED'})")
     return "\n".join(lines)
 
@@ -326,6 +352,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="models of the throughput and decoding parts (tiny-<kind>)")
     p.add_argument("--presets", nargs="+", default=None,
                    help="presets of the quality part (those not given keep their earlier rows)")
+    p.add_argument("--sweep", nargs="*", default=None,
+                   help="presets trained at every rate of the grid (default: all; none: the recipe's rate only)")
+    p.add_argument("--lr-factors", type=float, nargs="+", default=None,
+                   help=f"the grid: the recipe's rate ({d.quality_lr:g}) times these (default: {' '.join(map(str, d.lr_factors))})")
+    p.add_argument("--lrs", type=float, nargs="+", default=None,
+                   help="run only these rates of the grid (to share a sweep among processes)")
     p.add_argument("--out", default=d.out)
 
 
@@ -334,7 +366,8 @@ def main(args: argparse.Namespace) -> int:
                         parts=tuple(args.parts), out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {"tokens": "tokens", "lengths": "throughput_lengths", "contexts": "decode_contexts",
-                     "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets"})
+                     "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets",
+                     "sweep": "sweep", "lr_factors": "lr_factors", "lrs": "lrs"})
     payload = run(cfg)
     print(report(payload))
     print(f"\nwrote {Path(cfg.out) / 'lm.json'}" + (f" and {Path(cfg.out) / 'lm.png'}" if "quality" not in cfg.parts
