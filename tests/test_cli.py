@@ -151,7 +151,9 @@ def test_bench_eo_both_parts(tmp_path):
     toy = dict(dim=16, heads=2, temporal_depth=1, spatial_depth=1, sel_heads=2)
     cfg = EOBenchConfig(sides=(8, 16), frames=3, budget=256, repeats=1, quality_models=(
         "tiny-tsvit", "tiny-tsvipom", "tiny-tsvipom+spatial_position=rope"), quality_steps=2, quality_batch=2,
-        crop=8, eval_windows=(8, 16, 0), data_dir=str(data), model_overrides=toy, out=str(tmp_path / "bench"))
+        crop=8, eval_windows=(8, 16, 0), data_dir=str(data), model_overrides=toy, out=str(tmp_path / "bench"),
+        sweep=("tiny-tsvit",), curve_models=("tiny-tsvit", "tiny-tsvipom"), curve_factor=2, curve_points=2,
+        parts=("speed", "quality", "curves"))
     payload = run(cfg, progress=False)
     rows = payload["speed"]["rows"]
     assert [(r["dtype"], r["side"], r["preset"]) for r in rows] == [(d, s, p) for d in ("fp32", "bf16")
@@ -159,13 +161,26 @@ def test_bench_eo_both_parts(tmp_path):
     assert all(r["km2_per_s"] > 0 and r["batch"] * r["side"] ** 2 >= 256 for r in rows)
     assert all(r["speedup"] == 1.0 for r in rows if r["preset"] == "tsvit")
     q = payload["quality"]["rows"]
-    assert [r["spec"] for r in q] == list(cfg.quality_models)
-    assert q[2]["spatial_position"] == "rope" and q[1]["pattern"] == "PP"
+    # the swept model at the three rates of the grid, the others at the recipe's; one best rate per model
+    assert [(r["spec"], r["lr"]) for r in q] == [("tiny-tsvit", 5e-4), ("tiny-tsvit", 1e-3), ("tiny-tsvit", 2e-3),
+                                                 ("tiny-tsvipom", 1e-3), ("tiny-tsvipom+spatial_position=rope", 1e-3)]
+    assert sum(r["best_lr"] for r in q if r["spec"] == "tiny-tsvit") == 1 and payload["quality"]["grid"] == [
+        5e-4, 1e-3, 2e-3]
+    assert q[4]["spatial_position"] == "rope" and q[3]["pattern"] == "PP"
+    assert (tmp_path / "bench" / "quality" / "tiny-tsvit-lr0.0005").is_dir()
+    # the curves: each model at its best rate, a checkpoint per point scored on the test fold, per-class IoU
+    best = next(r["lr"] for r in q if r["spec"] == "tiny-tsvit" and r["best_lr"])
+    curves = payload["curves"]["rows"]
+    assert [c["spec"] for c in curves] == ["tiny-tsvit", "tiny-tsvipom"] and curves[0]["lr"] == best
+    assert [pt["step"] for pt in curves[0]["points"]] == [2, 4] and curves[1]["lr"] == 1e-3
+    assert all(0 <= pt["miou"] <= 1 and pt["per_class_iou"] for c in curves for pt in c["points"])
     for r in q:
         assert set(r["windows"]) == {"8", "16", "whole"} and r["test_patches"] == 1
         assert all(0 <= w["miou"] <= 1 and 0 <= w["oa"] <= 1 for w in r["windows"].values())
     text = report(payload)
     assert "km²/s in evaluation" in text and "TSViPoM ÷ TSViT at 16×16" in text and "test mIoU at 8×8" in text
+    assert "val mIoU at lr →" in text and "learning curves" in text and "Soft winter wheat" in text
+    assert "best all-PoM model (tiny TSViPoM, lr 0.001)" in text
     assert "whole patches" in text
     out = tmp_path / "bench"
     assert (out / "eo.png").stat().st_size > 10_000 and (out / "eo.txt").is_file()

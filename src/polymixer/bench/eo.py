@@ -9,7 +9,12 @@
    with the same steps, batches and seed on 24 × 24 windows of the offline default (synthetic PASTIS, fold 1), then
    scored — OA and mIoU over every non-void pixel of the test fold — by windows of 24, 48, 96 pixels covering each
    patch and on whole 128 × 128 patches in one call: which spatial position keeps its accuracy beyond the training
-   size. A confusion matrix and a picture of test tiles are drawn for one model.
+   size. A confusion matrix and a picture of test tiles are drawn for one model. Attention, PoM, the value PoM
+   and the hybrid are trained at every rate of a learning-rate sweep (×2 around the recipe's), each reported at its
+   best rate by validation mIoU;
+3. curves: the same four models at their best rates for 5× the quality part's steps, with a checkpoint every tenth
+   of the run kept and scored on the test fold: test mIoU against steps (does the gap close with budget?) and the
+   per-class IoU of the classes the synthetic PASTIS separates only by timing (winter cereals, summer crops).
 """
 
 from __future__ import annotations
@@ -26,12 +31,19 @@ from ..data.eo import PIXEL_KM2
 from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from .common import (
+    LR_FACTORS,
     apply_overrides,
+    best_rows,
     describe_variant,
     keep_freed_memory,
+    lr_grid,
+    mark_best,
     parse_variant,
     resume_point,
     run_parts,
+    sweep_folder,
+    sweep_plan,
+    sweep_table,
     time_interleaved,
     training_minutes,
 )
@@ -40,7 +52,12 @@ __all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdic
            "add_arguments"]
 
 NAMES = {"tsvit": "TSViT", "tsvipom": "TSViPoM", "tsvipom-hybrid": "TSViPoM Hybrid", "tiny-tsvit": "tiny TSViT",
-         "tiny-tsvipom": "tiny TSViPoM", "tiny-tsvipom-hybrid": "tiny hybrid"}
+         "tiny-tsvipom": "tiny TSViPoM", "tiny-tsvipom-hybrid": "tiny hybrid", "tsvipom-value": "TSViPoM-value",
+         "tiny-tsvipom-value": "tiny TSViPoM-value"}
+# the classes of the synthetic PASTIS that share spectra and curve shapes and differ only in timing
+# (data/eo_synth.py): the winter cereals and the summer crops
+TIMING_CLASSES = {"winter cereals": (2, 4, 10, 11, 17), "summer crops": (3, 15, 18)}
+SWEPT = ("tiny-tsvit", "tiny-tsvipom", "tiny-tsvipom-value", "tiny-tsvipom-hybrid")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -53,12 +70,18 @@ class EOBenchConfig:
     repeats: int = 3
     dtypes: Tuple[str, ...] = ("fp32", "bf16")
     # each entry: a preset, optionally "+field=value" overrides of its config (variants)
-    quality_models: Tuple[str, ...] = ("tiny-tsvit", "tiny-tsvipom", "tiny-tsvipom-hybrid",
+    quality_models: Tuple[str, ...] = ("tiny-tsvit", "tiny-tsvipom", "tiny-tsvipom-value", "tiny-tsvipom-hybrid",
                                        "tiny-tsvipom-hybrid+hybrid_pom=temporal", "tiny-tsvit+spatial_position=rope",
                                        "tiny-tsvipom+spatial_position=rope")
     quality_steps: int = 800  # ≈ 10 min per tiny model on 2 free cores (estimated from per-step timings)
     quality_batch: int = 8
-    lr: float = 1e-3
+    lr: float = 1e-3  # the recipe's rate: the middle of each sweep
+    lr_factors: Tuple[float, ...] = LR_FACTORS
+    sweep: Tuple[str, ...] = SWEPT  # quality models trained at every rate of the grid (the others at lr)
+    lrs: Tuple[float, ...] = ()  # run only these rates of the grid (several processes side by side); () = all
+    curve_models: Tuple[str, ...] = SWEPT  # the curves part: these at their best rates …
+    curve_factor: int = 5  # … for this many times quality_steps …
+    curve_points: int = 10  # … scored on the test fold at this many checkpoints
     crop: int = 24  # training windows
     eval_windows: Tuple[int, ...] = (24, 48, 96, 0)  # 0: whole patches in one call
     eval_limit: int = 0  # test patches scored (0: all)
@@ -74,7 +97,8 @@ class EOBenchConfig:
 
 QUICK = dict(presets=("tsvit", "tsvipom"), sides=(24, 48), frames=24, budget=2304, repeats=2, dtypes=("bf16",),
              quality_models=("tiny-tsvit", "tiny-tsvipom"), quality_steps=40, quality_batch=4,
-             eval_windows=(24, 0), eval_limit=2)
+             eval_windows=(24, 0), eval_limit=2, sweep=(), curve_models=("tiny-tsvit", "tiny-tsvipom"), curve_factor=2,
+             curve_points=2)
 
 
 def variant_name(spec: str) -> str:
@@ -120,26 +144,42 @@ def run_speed(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return {"rows": rows, "params": params, "allocator_tuned": allocator}
 
 
+def _train_cfg(cfg: EOBenchConfig, out: Path, lr: float, steps: int, ckpt_every: int, keep: int,
+               progress: bool) -> Any:
+    from ..train.loop import TrainConfig
+
+    return TrainConfig(steps=steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 100,
+                       warmup=max(1, cfg.quality_steps // 20), weight_decay=0.0, beta2=0.999, grad_clip=1.0,
+                       eval_every=steps, ckpt_every=ckpt_every, keep=keep, out=str(out), progress=progress,
+                       seed=cfg.seed + 11)
+
+
 def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """The quality models trained with the same steps, batches and seed (the swept ones at every rate of the grid),
+    scored on the test fold by windows of each side and whole patches; each model's best rate by validation mIoU."""
+    import json
+
     from ..data.eo import PastisSplit, fold_splits
     from ..data.eo_synth import resolve_data
     from ..tasks.eo import draw_confusion, draw_tiles, evaluate_eo, train_eo
-    from ..train.loop import TrainConfig
 
     root = resolve_data(cfg.data_dir, progress=progress)
-    rows = []
-    pictures: Dict[str, str] = {}
+    plan = sweep_plan(cfg.quality_models, cfg.sweep, cfg.lr, cfg.lr_factors)
+    if cfg.lrs:
+        plan = [(m, lr) for m, lr in plan if any(abs(lr / x - 1) < 1e-6 for x in cfg.lrs)]
+    path = Path(cfg.out) / "eo.json"
+    earlier = json.loads(path.read_text()).get("quality", {}) if path.is_file() else {}
+    redo = set(plan)
+    rows = [r for r in earlier.get("rows", []) if (r["spec"], r.get("lr", cfg.lr)) not in redo]  # kept
+    pictures: Dict[str, str] = dict(earlier.get("pictures", {}))
     drawn = cfg.picture_model if cfg.picture_model in cfg.quality_models else cfg.quality_models[-1]
     draw_window = cfg.crop if cfg.crop in cfg.eval_windows else cfg.eval_windows[0]
-    for spec in cfg.quality_models:
+    for spec, lr in plan:
         preset, overrides = parse_variant(spec)
         overrides = {**cfg.model_overrides, **overrides}
         slug = spec.replace("+", "_").replace("=", "-")
-        out = Path(cfg.out) / "quality" / slug
-        tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=cfg.lr, min_lr=cfg.lr / 100,
-                           warmup=max(1, cfg.quality_steps // 20), weight_decay=0.0, beta2=0.999, grad_clip=1.0,
-                           eval_every=cfg.quality_steps, ckpt_every=cfg.quality_steps, out=str(out),
-                           progress=progress, seed=cfg.seed + 11)
+        out = sweep_folder(Path(cfg.out) / "quality", slug, lr, cfg.lr)
+        tcfg = _train_cfg(cfg, out, lr, cfg.quality_steps, cfg.quality_steps, 3, progress)
         finished = resume_point(out, tcfg)
         t0 = time.perf_counter()
         res = train_eo(preset, tcfg, str(root), cfg.fold, cfg.crop, eval_limit=cfg.eval_limit or None,
@@ -149,24 +189,82 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
         test = PastisSplit(root, fold_splits(cfg.fold)["test"], model.config.num_bands, model.config.max_frames)
         by_window: Dict[str, Dict[str, float]] = {}
         for w in cfg.eval_windows:
-            draw = spec == drawn and w == draw_window
+            draw = spec == drawn and w == draw_window and abs(lr / cfg.lr - 1) < 1e-6
             m = evaluate_eo(model, test, stats, window=w or None, limit=cfg.eval_limit or None, progress=progress,
                             keep_predictions=3 if draw else 0)
             key = str(w) if w else "whole"
             by_window[key] = {"oa": m["oa"], "miou": m["miou"], "km2_per_s": m["km2_per_s"], "pixels": m["pixels"],
                               "side": w or max(test.sizes[0])}
+            if w == cfg.crop:
+                per_class = {int(c["class"]): c["iou"] for c in m["per_class"]}
             if draw:  # one model's pictures: its confusion matrix and three test tiles
                 title = f"{variant_name(spec)}, test fold: OA {100 * m['oa']:.1f}%, mIoU {100 * m['miou']:.1f}%"
                 pictures["confusion"] = draw_confusion(m["confusion"], Path(cfg.out) / "eo_confusion.png", title).name
                 pictures["tiles"] = draw_tiles(test, m["predictions"], Path(cfg.out) / "eo_tiles.png", title).name
-        rows.append({"model": variant_name(spec), "spec": spec, "preset": preset, "params": count_parameters(model),
-                     "pattern": model.pattern, "spatial_position": model.config.spatial_position,
+        rows.append({"model": variant_name(spec), "spec": spec, "preset": preset, "lr": lr,
+                     "params": count_parameters(model), "pattern": model.pattern,
+                     "spatial_position": model.config.spatial_position,
                      "steps": cfg.quality_steps, "batch": cfg.quality_batch, "train_min": minutes,
                      "final_loss": res["history"][-1].get("loss") if res["history"] else None,
-                     "test_patches": m["patches"], "windows": by_window,
+                     "val_miou": res["metrics"].get("miou"), "test_patches": m["patches"], "windows": by_window,
+                     "per_class_iou": per_class if cfg.crop in cfg.eval_windows else None,
                      **{f"oa_{k}": v["oa"] for k, v in by_window.items()},
                      **{f"miou_{k}": v["miou"] for k, v in by_window.items()}})
-    return {"rows": rows, "data": str(root), "pictures": pictures}
+    for r in rows:  # rows of runs made before sweeps existed: the recipe's rate
+        r.setdefault("lr", cfg.lr)
+    mark_best(rows, "val_miou", higher=True)
+    return {"rows": rows, "data": str(root), "pictures": pictures, "grid": list(lr_grid(cfg.lr, cfg.lr_factors)),
+            "selected_by": "val_miou"}
+
+
+def best_rates(cfg: EOBenchConfig) -> Dict[str, float]:
+    """Each quality model's best rate from the quality part in ``<out>/eo.json`` (models not there: the recipe's)."""
+    import json
+
+    path = Path(cfg.out) / "eo.json"
+    rows = json.loads(path.read_text()).get("quality", {}).get("rows", []) if path.is_file() else []
+    return {r["spec"]: r["lr"] for r in rows if r.get("best_lr")}
+
+
+def run_curves(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Learning curves: each of ``curve_models`` at its best rate of the quality part, trained for ``curve_factor``
+    × the quality steps (same batch, seed, warm-up), a checkpoint every 1 / ``curve_points`` of the run kept and
+    scored on the test fold by windows of the training crop: mIoU, OA and per-class IoU against steps."""
+    from ..data.eo import PastisSplit, fold_splits
+    from ..data.eo_synth import resolve_data
+    from ..tasks.eo import evaluate_eo, train_eo
+    from ..train.checkpoint import load_weights, resolve_checkpoint
+
+    root = resolve_data(cfg.data_dir, progress=progress)
+    rates = best_rates(cfg)
+    steps = cfg.quality_steps * cfg.curve_factor
+    every = max(1, steps // cfg.curve_points)
+    rows = []
+    for spec in cfg.curve_models:
+        preset, overrides = parse_variant(spec)
+        overrides = {**cfg.model_overrides, **overrides}
+        lr = rates.get(spec, cfg.lr)
+        slug = spec.replace("+", "_").replace("=", "-")
+        out = Path(cfg.out) / "curves" / f"{slug}-lr{lr:g}-{steps}steps"
+        tcfg = _train_cfg(cfg, out, lr, steps, every, cfg.curve_points + 1, progress)
+        finished = resume_point(out, tcfg)
+        t0 = time.perf_counter()
+        res = train_eo(preset, tcfg, str(root), cfg.fold, cfg.crop, eval_limit=cfg.eval_limit or None,
+                       progress=progress, **overrides)
+        minutes = training_minutes(out, t0, finished, res["history"], cfg.quality_batch)
+        model, stats = res["model"], res["stats"]
+        test = PastisSplit(root, fold_splits(cfg.fold)["test"], model.config.num_bands, model.config.max_frames)
+        points = []
+        for ck in sorted((out / "checkpoints").glob("step_*")):
+            step = int(ck.name.split("_")[-1])
+            load_weights(model, resolve_checkpoint(ck))
+            m = evaluate_eo(model, test, stats, window=cfg.crop, limit=cfg.eval_limit or None, progress=False)
+            points.append({"step": step, "miou": m["miou"], "oa": m["oa"],
+                           "per_class_iou": {int(c["class"]): c["iou"] for c in m["per_class"]}})
+        rows.append({"model": variant_name(spec), "spec": spec, "lr": lr, "lr_from": "quality sweep"
+                     if spec in rates else "recipe (no sweep result)", "steps": steps, "train_min": minutes,
+                     "points": points})
+    return {"rows": rows, "timing_classes": {k: list(v) for k, v in TIMING_CLASSES.items()}}
 
 
 def verdicts(payload: Dict[str, Any]) -> List[str]:
@@ -187,14 +285,23 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
                 out.append(f"{dtype}: TSViPoM ÷ TSViT at {large}×{large}: {s:.2f}× "
                            f"({'met' if s >= 3.0 else 'MISSED'}: ≥ 3×; the paper: 3.65×)")
     if "quality" in payload:
-        rows = payload["quality"]["rows"]
+        rows = best_rows(payload["quality"]["rows"])
         by = {r["spec"]: r for r in rows}
         crop = str(payload["quality"].get("config", payload["config"])["crop"])
-        vt, pom = by.get("tiny-tsvit"), by.get("tiny-tsvipom")
-        if vt is not None and pom is not None and f"miou_{crop}" in vt:
-            a, b = 100 * vt[f"miou_{crop}"], 100 * pom[f"miou_{crop}"]
-            out.append(f"test mIoU at {crop}×{crop}: TSViT {a:.1f}, TSViPoM {b:.1f} ({b - a:+.1f} points, "
-                       f"{'met' if b >= a - 2 else 'MISSED'}: within 2 points)")
+        vt = by.get("tiny-tsvit")
+        if vt is not None and f"miou_{crop}" in vt:
+            a = 100 * vt[f"miou_{crop}"]
+            for label, names, limit in (
+                    ("best model without full attention", ("tiny-tsvipom", "tiny-tsvipom-value",
+                                                           "tiny-tsvipom-hybrid"), 1.0),
+                    ("best all-PoM model", ("tiny-tsvipom", "tiny-tsvipom-value"), 8.0)):
+                cands = [by[n] for n in names if n in by and f"miou_{crop}" in by[n]]
+                if cands:
+                    r = max(cands, key=lambda r: r[f"miou_{crop}"])
+                    b = 100 * r[f"miou_{crop}"]
+                    out.append(f"{label} ({r['model']}, lr {r['lr']:g}) test mIoU at {crop}×{crop}, each at its best "
+                               f"rate: {b:.1f} vs TSViT {a:.1f} at lr {vt['lr']:g} ({b - a:+.1f} points, "
+                               f"{'met' if b >= a - limit else 'MISSED'}: within {limit:g})")
         for r in rows:
             if f"miou_{crop}" in r and "miou_whole" in r:
                 keep = [f"{k}: {100 * v['miou']:.1f}" for k, v in r["windows"].items()]
@@ -217,7 +324,8 @@ def report(payload: Dict[str, Any]) -> str:
                                 "speedup"]),
                   "params: " + ", ".join(f"{NAMES.get(k, k)} {v:,}" for k, v in p["params"].items()), ""]
     if "quality" in payload:
-        rows = payload["quality"]["rows"]
+        all_rows = payload["quality"]["rows"]
+        rows = best_rows(all_rows)
         keys = list(dict.fromkeys(k for r in rows for k in r["windows"]))
         table = [{**r, **{f"o_{k}": 100 * r["windows"][k]["oa"] for k in keys if k in r["windows"]},
                   **{f"m_{k}": 100 * r["windows"][k]["miou"] for k in keys if k in r["windows"]}} for r in rows]
@@ -226,16 +334,70 @@ def report(payload: Dict[str, Any]) -> str:
         lines += [f"equal budget (same steps, batch, seed; trained on {crop}×{crop} windows); OA / mIoU % on every "
                   f"non-void pixel of the test fold, predicted by windows of each side covering the patch, or whole "
                   f"patches in one call",
-                  format_table(table, ["model", "pattern", "params", "steps", "train_min"] + [f"o_{k}" for k in keys]
-                               + [f"m_{k}" for k in keys],
-                               ["model", "blocks (temporal, spatial)", "params", "steps", "train min"]
-                               + [f"OA {label(k)}" for k in keys]
-                               + [f"mIoU {label(k)}" for k in keys]), ""]
+                  f"each model at its best learning rate (highest validation mIoU; {len(all_rows)} runs)",
+                  format_table(table, ["model", "pattern", "params", "lr", "rates", "steps", "train_min"]
+                               + [f"o_{k}" for k in keys] + [f"m_{k}" for k in keys],
+                               ["model", "blocks (temporal, spatial)", "params", "best lr", "rates tried", "steps",
+                                "train min"] + [f"OA {label(k)}" for k in keys]
+                               + [f"mIoU {label(k)}" for k in keys]), "",
+                  "every rate: validation mIoU % (the selection; * = best) and test mIoU % at the training crop",
+                  sweep_table(all_rows, "val_miou", "val mIoU", scale=100),
+                  sweep_table(all_rows, f"miou_{crop}", "test mIoU", scale=100), ""]
+        timing = [r for r in rows if r.get("per_class_iou")]
+        if timing:
+            cls = [c for group in TIMING_CLASSES.values() for c in group]
+            from ..data.eo import PASTIS_CLASSES
+
+            lines += ["per-class test IoU % of the classes that differ only by timing (winter cereals | summer crops)",
+                      format_table([{"model": r["model"], **{str(c): _pct(r["per_class_iou"].get(str(c), r[
+                          "per_class_iou"].get(c))) for c in cls}} for r in timing], ["model"] + [str(c) for c in cls],
+                          ["model"] + [PASTIS_CLASSES[c] for c in cls]), ""]
+    if "curves" in payload:
+        lines += _curves_report(payload["curves"])
     return "\n".join(lines + verdicts(payload))
 
 
+def _pct(v: Any) -> Optional[float]:
+    return None if v is None else 100 * v
+
+
+def _curves_report(p: Dict[str, Any]) -> List[str]:
+    """Test mIoU against steps for each curve model, the gap to attention at each point, and the timing-only classes
+    at the last point."""
+    rows = p["rows"]
+    if not rows:
+        return []
+    steps = sorted({pt["step"] for r in rows for pt in r["points"]})
+    table = [{"model": r["model"], "lr": r["lr"], **{str(pt["step"]): 100 * pt["miou"] for pt in r["points"]}}
+             for r in rows]
+    lines = [f"learning curves: test mIoU % at the training crop against steps (each model at its best rate of the "
+             f"quality sweep; {rows[0]['steps']} steps = {rows[0]['steps'] // max(1, steps[0]) if steps else 0} "
+             f"checkpoints)",
+             format_table(table, ["model", "lr"] + [str(s) for s in steps], ["model", "lr"] + [str(s) for s in steps])]
+    att = next((r for r in rows if r["spec"] == "tiny-tsvit"), None)
+    if att:
+        a = {pt["step"]: pt["miou"] for pt in att["points"]}
+        for r in rows:
+            if r is att:
+                continue
+            b = {pt["step"]: pt["miou"] for pt in r["points"]}
+            common = [s for s in steps if s in a and s in b]
+            if len(common) >= 2:
+                first, last = common[0], common[-1]
+                lines.append(f"{r['model']} − TSViT: {100 * (b[first] - a[first]):+.1f} points at step {first}, "
+                             f"{100 * (b[last] - a[last]):+.1f} at step {last}")
+    from ..data.eo import PASTIS_CLASSES
+
+    cls = [c for group in p["timing_classes"].values() for c in group]
+    last = [{"model": r["model"], **{str(c): _pct(r["points"][-1]["per_class_iou"].get(str(c)))
+                                     for c in cls}} for r in rows if r["points"]]
+    lines += ["", "per-class test IoU % at the last step of the curves (timing-only classes)",
+              format_table(last, ["model"] + [str(c) for c in cls], ["model"] + [PASTIS_CLASSES[c] for c in cls]), ""]
+    return lines
+
+
 def plot(payload: Dict[str, Any], path: Path) -> None:
-    panels = [k for k in ("speed", "quality") if k in payload]
+    panels = [k for k in ("speed", "quality", "curves") if k in payload]
     if not panels:
         return
     fig, axes = new_figure(len(panels) + ("speed" in payload), width=5.0)
@@ -246,7 +408,8 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
         k = 2
     if "quality" in payload:
         ax = axes[k]
-        rows = payload["quality"]["rows"]
+        k += 1
+        rows = best_rows(payload["quality"]["rows"])
         for j, r in enumerate(rows):
             keys = list(r["windows"])
             xs = [r["windows"][key]["side"] for key in keys]
@@ -257,6 +420,16 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
         ax.set_ylabel("test mIoU %")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=6)
+    if "curves" in payload:
+        ax = axes[k]
+        for j, r in enumerate(payload["curves"]["rows"]):
+            ax.plot([pt["step"] for pt in r["points"]], [100 * pt["miou"] for pt in r["points"]], marker="o",
+                    color=f"C{j}", label=f"{r['model']} (lr {r['lr']:g})")
+        ax.set_xlabel("training steps")
+        ax.set_ylabel("test mIoU % (training-crop windows)")
+        ax.set_title("learning curves")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
     fig.suptitle(f"TSViT vs TSViPoM — {payload['machine']['cpu']}", fontsize=9)
     save_figure(fig, path)
 
@@ -264,7 +437,8 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 def run(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Run the parts asked for, keeping the other part of an earlier run in the same folder."""
     out = Path(cfg.out)
-    payload = run_parts(cfg, out / "eo.json", {"speed": run_speed, "quality": run_quality}, progress)
+    payload = run_parts(cfg, out / "eo.json", {"speed": run_speed, "quality": run_quality, "curves": run_curves},
+                        progress)
     plot(payload, out / "eo.png")
     (out / "eo.txt").write_text(report(payload) + "\n")
     return payload
@@ -273,7 +447,8 @@ def run(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = EOBenchConfig()
     p.add_argument("--quick", action="store_true", help="a few-minute version of both parts")
-    p.add_argument("--parts", nargs="+", choices=["speed", "quality"], default=list(d.parts))
+    p.add_argument("--parts", nargs="+", choices=["speed", "quality", "curves"], default=list(d.parts),
+                   help="curves: the learning curves of the quality models at their best rates (5× the steps)")
     p.add_argument("--presets", nargs="+", default=None, help="models of the speed part (the first is the baseline)")
     p.add_argument("--sides", type=int, nargs="+", default=None, help="window sides of the speed part")
     p.add_argument("--frames", type=int, default=None, help="dates per series in the speed part")
@@ -288,6 +463,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-windows", type=int, nargs="+", default=None,
                    help="evaluation window sides of the quality part (0: whole patches)")
     p.add_argument("--eval-limit", type=int, default=None, help="test patches scored (0: all)")
+    p.add_argument("--sweep", nargs="*", default=None,
+                   help=f"quality models trained at every rate of the grid (default: {' '.join(d.sweep)})")
+    p.add_argument("--lr-factors", type=float, nargs="+", default=None,
+                   help=f"the grid: the recipe's rate ({d.lr:g}) times these (default: {' '.join(map(str, d.lr_factors))})")
+    p.add_argument("--lrs", type=float, nargs="+", default=None,
+                   help="run only these rates of the grid (to share a sweep among processes)")
+    p.add_argument("--curve-models", nargs="+", default=None, help="models of the curves part")
+    p.add_argument("--curve-factor", type=int, default=None, help="curves: this many times the quality steps")
     p.add_argument("--data", default=None, help="PASTIS folder for the quality part (default: the synthetic one)")
     p.add_argument("--out", default=d.out)
 
@@ -296,7 +479,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = EOBenchConfig(parts=tuple(args.parts), out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {n: n for n in ("presets", "sides", "frames", "budget", "repeats", "dtypes", "quality_models",
-                                    "quality_steps", "quality_batch", "eval_windows", "eval_limit")})
+                                    "quality_steps", "quality_batch", "eval_windows", "eval_limit", "sweep",
+                                    "lr_factors", "lrs", "curve_models", "curve_factor")})
     if args.data is not None:
         cfg.data_dir = args.data
     for spec in cfg.quality_models:
