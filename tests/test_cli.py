@@ -84,12 +84,18 @@ def test_bench_lm_timing_parts(tmp_path, capsys):
 
 
 def test_bench_image_both_parts(tmp_path):
-    """Speed and (a few steps of) quality on toy backbones: rows, ratios, scores, plot and sample grids."""
+    """Speed and (a few steps of) quality on toy backbones: rows, ratios, scores, plot and sample grids. The flow
+    objective is swept over the learning-rate grid (--lrs runs a subset; a run trained to the end is only evaluated
+    again), ddpm takes each model's best flow rate, and the targets are judged at the best rates."""
+    from dataclasses import asdict, replace
+
     from polymixer.bench.image import ImageBenchConfig, report, run
 
+    toy = dict(hidden_size=32, depth=1, num_heads=4)
     cfg = ImageBenchConfig(hidden=32, depth=1, heads=2, sides=(8, 16), pom_sides=(32,), tokens=128, repeats=1,
                            throughput_batch=2, quality_steps=2, quality_batch=8, quality_samples=20, sample_steps=2,
-                           objectives=("flow",), out=str(tmp_path))
+                           objectives=("flow",), quality_presets=("tiny-sit", "tiny-sipom"), sweep=("tiny-sipom",),
+                           lrs=(1e-3,), model_overrides=toy, out=str(tmp_path))
     payload = run(cfg, progress=False)
     rows = payload["speed"]["rows"]
     assert [(r["side"], r["model"]) for r in rows] == [(8, "SiT"), (8, "SiPoM"), (16, "SiT"), (16, "SiPoM"),
@@ -97,18 +103,53 @@ def test_bench_image_both_parts(tmp_path):
     assert all(r["s_per_image"] > 0 for r in rows)
     assert all(r["sit_over_sipom"] > 0 for r in rows if r["model"] == "SiPoM" and r["side"] < 32)
     q = payload["quality"]["rows"]
-    assert [(r["model"], r["objective"]) for r in q] == [("tiny-sit", "flow"), ("tiny-sipom", "flow")]
+    assert [(r["model"], r["objective"], r["lr"]) for r in q] == [("tiny-sit", "flow", 1e-3),
+                                                                 ("tiny-sipom", "flow", 1e-3)]  # --lrs: one rate
     for r in q:
         assert 0.0 <= r["cond_accuracy"] <= 1.0 and r["fd"] > 0 and r["fd_real_floor"] > 0 and r["steps"] == 2
         assert (tmp_path / r["grid"]).stat().st_size > 1_000
     assert "SiT ÷ SiPoM" in report(payload) and "flow: SiPoM accuracy" in report(payload)
     assert (tmp_path / "image.json").is_file() and (tmp_path / "image.png").stat().st_size > 10_000
+    # the sweep: SiPoM at every rate of the grid, its run at the recipe's rate kept (not trained again)
+    ckpt = next((tmp_path / "quality" / "tiny-sipom-flow").rglob("model.safetensors"))
+    stamp = ckpt.stat().st_mtime_ns
+    again = run(replace(cfg, parts=("quality",), lrs=()), progress=False)
+    assert ckpt.stat().st_mtime_ns == stamp and again["speed"] == payload["speed"]
+    swept = again["quality"]
+    assert swept["grid"] == [5e-4, 1e-3, 2e-3] and swept["selected_by"] == "fd"
+    pom = [r for r in swept["rows"] if r["model"] == "tiny-sipom"]
+    assert [r["lr"] for r in pom] == [5e-4, 1e-3, 2e-3] and all(r["rates"] == 3 for r in pom)
+    assert [r["lr"] for r in swept["rows"] if r["model"] == "tiny-sit"] == [1e-3]  # not swept
+    for lr in ("0.0005", "0.002"):
+        assert (tmp_path / "quality" / f"tiny-sipom-flow-lr{lr}").is_dir()
+        assert (tmp_path / f"samples_tiny-sipom_flow_lr{lr}.png").is_file()
+    old = next(r for r in q if r["model"] == "tiny-sipom")
+    new = next(r for r in pom if r["lr"] == 1e-3)
+    assert (new["fd"], new["train_min"]) == (old["fd"], old["train_min"])
+    best = [r for r in pom if r["best_lr"]]
+    assert len(best) == 1 and best[0]["fd"] == min(r["fd"] for r in pom)
+    # ddpm: a model at its best flow rate, the flow rows kept
+    both = run(replace(cfg, parts=("quality",), lrs=(), objectives=("ddpm",), quality_presets=("tiny-sipom",)),
+               progress=False)["quality"]
+    ddpm = [(r["model"], r["lr"], r["lr_from"]) for r in both["rows"] if r["objective"] == "ddpm"]
+    assert ddpm == [("tiny-sipom", best[0]["lr"], "best flow")] and len(both["rows"]) == 5
+    text = report({"config": asdict(cfg), "quality": both})
+    assert "best lr" in text and "flow FD at lr →" in text and "ddpm FD at lr →" in text and "*" in text
+    assert "no held-out split" in text and "best flow rate" in text
+    assert "flow: best model without full attention (tiny-sipom, lr" in text and "target within +10%" in text
+    assert "flow: FD ratio of the best all-PoM / value-PoM model (tiny-sipom" in text and "target ≤ 1.15" in text
 
 
 def test_bench_ocr_both_parts(tmp_path):
     """Speed and (a few steps of) quality on toy recognisers and a dataset the test writes: rows, ratios against
-    HTR-VT, CER/WER per task and model, verdict lines, plot."""
+    HTR-VT, CER/WER per task and model, verdict lines, plot. The quality part sweeps a model over the learning-rate
+    grid (--lrs runs a subset; a run trained to the end is only evaluated again), picks its best rate by validation CER
+    and fine-tunes its page run from its single-line run at that rate."""
+    from dataclasses import replace
+
+    from polymixer.bench.common import sweep_folder
     from polymixer.bench.ocr import OCRBenchConfig, report, run
+    from polymixer.train.checkpoint import read_config
     from test_ocr import TEXTS, write_dataset
 
     pages = {f"p{j:02d}": TEXTS[j % 5:j % 5 + 3] for j in range(5)}
@@ -116,6 +157,7 @@ def test_bench_ocr_both_parts(tmp_path):
     toy = dict(height=32, dim=32, heads=2, stem_channels=(8, 16, 32), depth=2, sel_heads=2)
     cfg = OCRBenchConfig(lines=(1, 2), budget=2, repeats=1, quality_steps=2, multiline_steps=1, quality_batch=4,
                          multiline_batch=2, max_lines=3, tasks=("synthetic", "synthetic-multiline"),
+                         quality_presets=("tiny-htr-vt", "tiny-htr-vpom"), sweep=("tiny-htr-vpom",), lrs=(1e-3,),
                          data_dir=str(data), model_overrides=toy, out=str(tmp_path / "bench"))
     payload = run(cfg, progress=False)
     rows = payload["speed"]["rows"]
@@ -124,8 +166,9 @@ def test_bench_ocr_both_parts(tmp_path):
     assert all(r["lines_per_s"] > 0 and 0 < r["stem_share"] for r in rows)
     assert all(r["speedup"] == 1.0 for r in rows if r["preset"] == "htr-vt")
     q = payload["quality"]["rows"]
-    assert [(r["task"], r["preset"]) for r in q] == [(t, p) for t in cfg.tasks for p in cfg.quality_presets]
-    assert all(0 <= r["cer"] and 0 <= r["wer"] for r in q)
+    assert [(r["task"], r["preset"], r["lr"]) for r in q] == [(t, p, 1e-3) for t in cfg.tasks
+                                                              for p in cfg.quality_presets]  # --lrs: one rate
+    assert all(0 <= r["cer"] and 0 <= r["wer"] and 0 <= r["val_cer"] for r in q)
     assert q[-1]["test_lines"] == 3 and q[-1]["test_examples"] == 1  # one page of three lines
     text = report(payload)
     assert "lines/s in evaluation" in text and "synthetic: HTR-VT CER" in text and "relative" in text
@@ -135,10 +178,31 @@ def test_bench_ocr_both_parts(tmp_path):
     cfg.parts, cfg.dtypes = ("speed",), ("bf16",)
     again = run(cfg, progress=False)
     assert again["quality"] == payload["quality"] and {r["dtype"] for r in again["speed"]["rows"]} == {"bf16"}
-    # an interrupted quality part is redone without retraining the runs it had finished: same scores, same times
-    cfg.parts = ("quality",)
-    redone = run(cfg, progress=False)["quality"]["rows"]
-    assert [(r["cer"], r["train_min"]) for r in redone] == [(r["cer"], r["train_min"]) for r in q]
+    # the sweep: HTR-VPoM's single lines at every rate; the runs it had finished are not trained again (same scores,
+    # same times), the page run takes its model's best single-line rate
+    quality = tmp_path / "bench" / "quality"
+    ckpt = next((quality / "synthetic-tiny-htr-vpom").rglob("model.safetensors"))
+    stamp = ckpt.stat().st_mtime_ns
+    swept = run(replace(cfg, parts=("quality",), lrs=()), progress=False)["quality"]
+    assert ckpt.stat().st_mtime_ns == stamp and swept["selected_by"] == "val_cer"
+    assert swept["grid"] == [5e-4, 1e-3, 2e-3]
+    rows = swept["rows"]
+    pom = [r for r in rows if (r["task"], r["preset"]) == ("synthetic", "tiny-htr-vpom")]
+    assert [r["lr"] for r in pom] == [5e-4, 1e-3, 2e-3] and all(r["rates"] == 3 for r in pom)
+    assert all((quality / f"synthetic-tiny-htr-vpom-lr{lr}").is_dir() for lr in ("0.0005", "0.002"))
+    best = [r for r in pom if r["best_lr"]]
+    assert len(best) == 1 and best[0]["val_cer"] == min(r["val_cer"] for r in pom)
+    assert [r["lr"] for r in rows if r["preset"] == "tiny-htr-vt"] == [1e-3, 1e-3]  # not swept
+    lr = best[0]["lr"]
+    page = {r["lr"]: r for r in rows if (r["task"], r["preset"]) == ("synthetic-multiline", "tiny-htr-vpom")}
+    assert page[lr]["lr_from"] == "best synthetic" and set(page) <= {1e-3, lr}
+    tuned = read_config(sweep_folder(quality, "synthetic-multiline-tiny-htr-vpom", lr, 1e-3))["train"]
+    assert (tuned["lr"], tuned["init_from"]) == (lr, str(sweep_folder(quality, "synthetic-tiny-htr-vpom", lr, 1e-3)))
+    again = {(r["task"], r["preset"], r["lr"]): (r["cer"], r["train_min"]) for r in rows}
+    assert all(again[(r["task"], r["preset"], r["lr"])] == (r["cer"], r["train_min"]) for r in q)
+    text = report({"config": payload["config"], "quality": swept})
+    assert "best lr" in text and "synthetic val CER % at lr →" in text and "synthetic test CER % at lr →" in text
+    assert "*" in text and "best model without full attention (tiny HTR-VPoM, lr" in text and "within +5%" in text
 
 
 def test_bench_eo_both_parts(tmp_path):

@@ -141,19 +141,51 @@ def test_segment3d_names_a_bad_scene(rooms, tmp_path, capsys):
 
 
 def test_bench_points_runs_every_part(rooms, tmp_path):
+    """Every part on toy models; the quality part sweeps PPoMv3 over the learning-rate grid (--lrs runs a subset; a
+    run trained to the end is only evaluated again), picks its best rate by validation mIoU, and trains its variant at
+    that rate."""
+    from dataclasses import replace
+
+    from polymixer.bench.common import sweep_folder
     from polymixer.bench.points import PointBenchConfig, report, run
 
     cfg = PointBenchConfig(presets=("ptv3", "ppomv3"), sizes=(600,), patch_models=("ppomv3+pom_patch_size=scene",),
                            patch_scene=600, repeats=1, conv_points=600, conv_channels=(4,),
-                           quality_models=("tiny-ptv3", "tiny-ppomv3+pom_patch_size=scene"), quality_steps=2,
-                           quality_batch=1, quality_points=1500, data_dir=str(rooms), model_overrides=TOY,
-                           out=str(tmp_path / "bench"))
+                           quality_models=("tiny-ptv3", "tiny-ppomv3", "tiny-ppomv3+pom_patch_size=scene"),
+                           sweep=("tiny-ppomv3",), lrs=(6e-3,), quality_steps=2, quality_batch=1, quality_points=1500,
+                           data_dir=str(rooms), model_overrides=TOY, out=str(tmp_path / "bench"))
     payload = run(cfg, progress=False)
     text = report(payload)
     assert "PPoMv3 ÷ PTv3 at 600 voxels" in text and "whole scene" in text and "tiny PPoMv3" in text
     assert {r["spec"] for r in payload["speed"]["rows"]} >= {"ptv3", "ppomv3", "ppomv3+pom_patch_size=scene"}
     assert payload["conv"]["rows"][0]["speedup"] > 0
     assert (tmp_path / "bench" / "points.png").is_file()
+    q = payload["quality"]["rows"]
+    assert [(r["spec"], r["lr"]) for r in q] == [(s, 6e-3) for s in cfg.quality_models]  # --lrs: one rate
+    assert all(0 <= r["val_miou"] <= 1 and 0 <= r["miou"] <= 1 for r in q)
+    # the sweep: PPoMv3 at every rate, its finished run kept (same scores and time), the variant at PPoMv3's best rate
+    quality = tmp_path / "bench" / "quality"
+    ckpt = next((quality / "tiny-ppomv3").rglob("model.safetensors"))
+    stamp = ckpt.stat().st_mtime_ns
+    swept = run(replace(cfg, parts=("quality",), lrs=()), progress=False)
+    assert ckpt.stat().st_mtime_ns == stamp and swept["speed"] == payload["speed"]
+    sq = swept["quality"]
+    assert sq["grid"] == [3e-3, 6e-3, 1.2e-2] and sq["selected_by"] == "val_miou"
+    pom = [r for r in sq["rows"] if r["spec"] == "tiny-ppomv3"]
+    assert [r["lr"] for r in pom] == [3e-3, 6e-3, 1.2e-2] and all(r["rates"] == 3 for r in pom)
+    assert (quality / "tiny-ppomv3-lr0.003").is_dir() and (quality / "tiny-ppomv3-lr0.012").is_dir()
+    best = [r for r in pom if r["best_lr"]]
+    assert len(best) == 1 and best[0]["val_miou"] == max(r["val_miou"] for r in pom)
+    lr = best[0]["lr"]
+    variant = {r["lr"]: r for r in sq["rows"] if r["spec"] == "tiny-ppomv3+pom_patch_size=scene"}
+    assert variant[lr]["lr_from"] == "best tiny-ppomv3" and set(variant) <= {6e-3, lr}
+    assert sweep_folder(quality, "tiny-ppomv3_pom_patch_size-scene", lr, 6e-3).is_dir()
+    assert [r["lr"] for r in sq["rows"] if r["spec"] == "tiny-ptv3"] == [6e-3]  # not swept
+    again = {(r["spec"], r["lr"]): (r["miou"], r["train_min"]) for r in sq["rows"]}
+    assert all(again[(r["spec"], r["lr"])] == (r["miou"], r["train_min"]) for r in q)
+    text = report(swept)
+    assert "best lr" in text and "val mIoU % at lr →" in text and "test mIoU % at lr →" in text and "*" in text
+    assert "best model without full attention (" in text and "target within −1 mIoU" in text
 
 
 DDP_SCRIPT = """

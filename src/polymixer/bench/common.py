@@ -340,6 +340,8 @@ def mark_best(rows: List[Dict[str, Any]], metric: str, higher: bool, key: str = 
     for runs in groups.values():
         scored = [r for r in runs if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric])]
         best = (max if higher else min)(scored, key=lambda r: r[metric]) if scored else None
+        if best is None and len(runs) == 1:  # one run only (e.g. from before sweeps, without the metric): itself
+            best = runs[0]
         for r in runs:
             r["best_lr"] = r is best
             r["rates"] = len(runs)

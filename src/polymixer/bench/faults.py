@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..report import format_table, new_figure, save_figure
 from ..families import FAMILIES as FAMILY_TABLE
 from ..families import run_family_command
+from ..report import format_table, new_figure, save_figure
 from .common import apply_overrides, machine, write_json
 
 __all__ = ["FaultsBenchConfig", "FAMILIES", "run", "report", "plot", "main", "add_arguments"]

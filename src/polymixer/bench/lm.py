@@ -23,8 +23,20 @@ import torch
 
 from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, save_figure
-from .common import (LR_FACTORS, apply_overrides, best_rows, lr_grid, mark_best, resume_point, run_parts, sweep_folder,
-                     sweep_plan, sweep_table, time_interleaved, training_minutes)
+from .common import (
+    LR_FACTORS,
+    apply_overrides,
+    best_rows,
+    lr_grid,
+    mark_best,
+    resume_point,
+    run_parts,
+    sweep_folder,
+    sweep_plan,
+    sweep_table,
+    time_interleaved,
+    training_minutes,
+)
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]
 
@@ -187,10 +199,7 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     plan = sweep_plan(cfg.quality_presets, cfg.sweep, cfg.quality_lr, cfg.lr_factors)
     if cfg.lrs:
         plan = [(p, lr) for p, lr in plan if any(abs(lr / x - 1) < 1e-6 for x in cfg.lrs)]
-    path = Path(cfg.out) / "lm.json"
-    earlier = json.loads(path.read_text()).get("quality", {}).get("rows", []) if path.is_file() else []
-    redo = {(p, lr) for p, lr in plan}
-    rows = [r for r in earlier if (r["model"], r.get("lr", 2e-3)) not in redo]  # runs not trained again are kept
+    rows: List[Dict[str, Any]] = []
     for preset, lr in plan:
         out = sweep_folder(Path(cfg.out) / "quality", preset, lr, cfg.quality_lr)
         tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 10,
@@ -205,6 +214,11 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
                      "tokens": cfg.quality_steps * cfg.quality_batch * model.config.block_size,
                      "train_min": training_minutes(out, t0, finished, res.get("history", []), cfg.quality_batch),
                      **res["metrics"]})
+    # the rows of runs not trained again are kept, read after training: processes sharing a sweep keep each other's
+    path = Path(cfg.out) / "lm.json"
+    earlier = json.loads(path.read_text()).get("quality", {}).get("rows", []) if path.is_file() else []
+    redo = {(p, lr) for p, lr in plan}
+    rows = [r for r in earlier if (r["model"], r.get("lr", 2e-3)) not in redo] + rows
     for r in rows:  # rows of runs from before sweeps existed: the recipe's rate
         r.setdefault("lr", 2e-3)
         r.setdefault("spec", r["model"])
