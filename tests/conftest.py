@@ -1,8 +1,17 @@
-"""Shared helpers: random mixers with non-trivial coefficients and the float64 oracle."""
+"""Shared helpers: the device the tests run on, random mixers with non-trivial coefficients and the float64 oracle.
+
+``POLYMIXER_TEST_DEVICE=cuda python -m pytest`` runs the device-aware tests on a GPU; by default they run on the CPU,
+and the Triton kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set here before Triton is imported).
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Optional
+
+DEVICE = os.environ.get("POLYMIXER_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
@@ -15,6 +24,15 @@ from polymixer.reference import reference_pom
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """The device of the device-aware tests: ``POLYMIXER_TEST_DEVICE`` (default cpu)."""
+    dev = torch.device(DEVICE)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        pytest.exit("POLYMIXER_TEST_DEVICE=cuda but no CUDA device is available", returncode=2)
+    return dev
 
 
 @pytest.fixture(scope="module")

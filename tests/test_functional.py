@@ -8,6 +8,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from polymixer import PoM
 from polymixer import functional as Fn
+from polymixer.ops.common import FUSED_BACKWARD, elementwise_backward
+from polymixer.ops.features import chunked_cumsum
 
 
 @pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 97, 2049, 5000])
@@ -15,7 +17,7 @@ def test_cumsum_matches_float64(n):
     x = torch.randn(3, n, 5)
     ref = x.double().cumsum(1)
     torch.testing.assert_close(Fn.cumsum(x).double(), ref, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(Fn._chunked_cumsum(x, reverse=True).double(), x.double().flip(1).cumsum(1).flip(1),
+    torch.testing.assert_close(chunked_cumsum(x, reverse=True).double(), x.double().flip(1).cumsum(1).flip(1),
                                rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(Fn.cumsum(x[..., 0]).double(), ref[..., 0], rtol=1e-5, atol=1e-4)
 
@@ -119,6 +121,6 @@ def test_fused_elementwise_backward_matches_autograd(table, name):
     u = (torch.randn(4, 7, 33, dtype=torch.float64) * 8).requires_grad_()
     g = torch.randn_like(u)
     (ref,) = torch.autograd.grad(fn(u), u, g)
-    assert fn in Fn._FUSED_BACKWARD
-    torch.testing.assert_close(Fn._elementwise_backward(fn, dfn, u.detach(), g), ref)
-    torch.testing.assert_close(Fn._elementwise_backward(fn, dfn, u.detach().float(), g.float()), ref.float())
+    assert fn in FUSED_BACKWARD
+    torch.testing.assert_close(elementwise_backward(fn, dfn, u.detach(), g), ref)
+    torch.testing.assert_close(elementwise_backward(fn, dfn, u.detach().float(), g.float()), ref.float())

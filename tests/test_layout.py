@@ -22,7 +22,8 @@ SRC = Path(polymixer.__file__).parent
 # re-exporting what users import) is above everything.
 FLOORS: List[Tuple[str, ...]] = [
     ("families", "import_hooks", "report", "metrics", "diffusion"),  # tables, hooks, text tables and figures
-    ("functional", "reference", "positions"),  # the math and its float64 oracle
+    ("ops",),  # the operations: every backend, the dispatcher, the float64 oracles
+    ("functional", "reference", "positions"),  # the public names of the ops kept where users import them
     ("values", "mixer", "attention", "linear_attention"),  # the token mixers
     ("blocks",),  # PolyMorpher and the mixer table
     ("data",),  # loaders, offline defaults, dataset constants
@@ -46,13 +47,35 @@ def _modules() -> Dict[str, Tuple[Path, bool]]:
 
 
 def _graph() -> Tuple[Dict[str, Set[str]], List[str]]:
-    """{module: modules of polymixer it imports}, and the private names imported from another module."""
+    """{module: modules of polymixer it imports}, and the private names another module imports or reads
+    (``from x import _name``, or ``alias._name`` where ``alias`` is an imported module of polymixer)."""
     mods = _modules()
     edges: Dict[str, Set[str]] = {}
     private = []
     for mod, (path, is_pkg) in mods.items():
         out: Set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        aliases: Dict[str, str] = {}  # local name → the polymixer module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[:len(base) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    if f"{target}.{alias.name}" in mods:
+                        aliases[alias.asname or alias.name] = f"{target}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in mods and alias.asname:
+                        aliases[alias.asname] = alias.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                private.append(f"{mod} reads {aliases[node.value.id]}.{node.attr}")
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = mod.split(".") if is_pkg else mod.split(".")[:-1]
@@ -143,14 +166,16 @@ def test_the_checker_sees_lazy_relative_and_private_imports(tmp_path, monkeypatc
     (pkg / "__init__.py").write_text("")
     (pkg / "data" / "__init__.py").write_text("")
     (pkg / "functional.py").write_text("def _helper():\n    pass\n")
-    (pkg / "data" / "lm.py").write_text("def f():\n    from ..tasks import lm\n    from ..functional import _helper\n")
+    (pkg / "data" / "lm.py").write_text("def f():\n    from ..tasks import lm\n    from ..functional import _helper\n"
+                                        "    from .. import functional as Fn\n    return Fn._helper\n")
     (pkg / "tasks").mkdir()
     (pkg / "tasks" / "__init__.py").write_text("")
     (pkg / "tasks" / "lm.py").write_text("from ..data import lm\n")
     monkeypatch.setattr(sys.modules[__name__], "SRC", pkg)
     edges, private = _graph()
     assert edges["polymixer.data.lm"] == {"polymixer.tasks.lm", "polymixer.functional"}
-    assert private == ["polymixer.data.lm imports polymixer.functional._helper"]
+    assert sorted(private) == ["polymixer.data.lm imports polymixer.functional._helper",
+                               "polymixer.data.lm reads polymixer.functional._helper"]
     with pytest.raises(AssertionError, match="data.lm .* imports polymixer.tasks.lm"):
         test_every_module_is_on_a_floor_and_imports_none_above_it()
     with pytest.raises(AssertionError, match="import each other"):

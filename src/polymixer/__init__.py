@@ -1,13 +1,15 @@
 """polymixer — the Polynomial Mixer (PoM), a linear-time drop-in replacement for self-attention.
 
     from polymixer import PoM, PolyMorpher, Attention, PoMState
+    with polymixer.backend("triton"): ...     # choose an op backend (reference / torch / cpu / triton), strictly
     from polymixer import pomify        # attention → PoM / hybrid in a trained model (polymixer or transformers)
 """
 
-from . import functional
+from . import functional, ops
 from .attention import Attention, AttentionState
 from .blocks import MLP, PolyMorpher, build_mixer
 from .mixer import PoM, PoMState
+from .ops import backend, backend_for
 from .pomify import pomify
 
 __version__ = "0.1.0"
@@ -31,4 +33,5 @@ def _register_with_transformers() -> None:
 
 _register_with_transformers()
 
-__all__ = ["PoM", "PoMState", "PolyMorpher", "Attention", "AttentionState", "MLP", "build_mixer", "functional", "pomify"]
+__all__ = ["PoM", "PoMState", "PolyMorpher", "Attention", "AttentionState", "MLP", "build_mixer", "functional", "ops",
+           "backend", "backend_for", "pomify"]

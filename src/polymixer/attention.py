@@ -15,8 +15,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import functional as Fn
 from .mixer import Index, batch_index
+from .ops.common import (
+    CuSeqlens,
+    check_bool_mask,
+    check_mix_inputs,
+    check_positions,
+    check_tokens,
+    default_positions,
+    rope_angles,
+    rotate,
+)
+from .ops.features import pattern_mask
 
 __all__ = ["Attention", "AttentionState", "sdpa"]
 
@@ -176,10 +186,10 @@ class Attention(nn.Module):
         return self._heads(q), self._heads(k), self._heads(v)
 
     def _rotate(self, t: Tensor, positions: Tensor) -> Tensor:
-        cos, sin = Fn.rope_angles(positions, self.head_dim, self.rope_base, self.rope == "2d", t.dtype)
+        cos, sin = rope_angles(positions, self.head_dim, self.rope_base, self.rope == "2d", t.dtype)
         if cos.dim() == 3:  # (B, N, hd/2) → broadcast over heads
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        return Fn.rotate(t, cos, sin)
+        return rotate(t, cos, sin)
 
     def _merge(self, o: Tensor) -> Tensor:
         B, H, N, dh = o.shape
@@ -195,7 +205,7 @@ class Attention(nn.Module):
         mask: Optional[Tensor] = None,
         causal: Optional[bool] = None,
         block_size: Optional[int] = None,
-        cu_seqlens: Optional[Fn.CuSeqlens] = None,
+        cu_seqlens: Optional[CuSeqlens] = None,
         positions: Optional[Tensor] = None,
         context_positions: Optional[Tensor] = None,
     ) -> Tensor:
@@ -206,7 +216,7 @@ class Attention(nn.Module):
             x = x.unsqueeze(0)
             context = context.unsqueeze(0) if isinstance(context, Tensor) and context.dim() == 2 else context
             squeeze = True
-        B, M, N, key_mask, general, cu_q, cu_k = Fn.check_mix_inputs(x, context, self.dim, mask, causal, block_size,
+        B, M, N, key_mask, general, cu_q, cu_k = check_mix_inputs(x, context, self.dim, mask, causal, block_size,
                                                                       cu_seqlens)
         if cu_k is not None:
             y = self._forward_packed(x, context, cu_q if cu_q is not None else cu_k, cu_k, causal, block_size,
@@ -217,12 +227,12 @@ class Attention(nn.Module):
         if self.rope is not None:
             two_d = self.rope == "2d"
             if positions is None:
-                positions = Fn._default_positions(M, x.device, two_d, "positions")
+                positions = default_positions(M, x.device, two_d, "positions")
             if context_positions is None:
-                context_positions = positions if context is None else Fn._default_positions(N, x.device, two_d,
+                context_positions = positions if context is None else default_positions(N, x.device, two_d,
                                                                                            "context_positions")
-            Fn._check_positions(positions, B, M, two_d, "positions")
-            Fn._check_positions(context_positions, B, N, two_d, "context_positions")
+            check_positions(positions, B, M, two_d, "positions")
+            check_positions(context_positions, B, N, two_d, "context_positions")
             q, k = self._rotate(q, positions), self._rotate(k, context_positions)
         o = self._attend(q, k, v, causal, block_size, key_mask, general)
         return self._merge(o)
@@ -238,7 +248,7 @@ class Attention(nn.Module):
             return sdpa(q, k, v, None, p, is_causal=causal)
         vis = torch.ones(M, N, dtype=torch.bool, device=q.device)
         if causal:
-            vis = Fn._pattern_mask(M, N, block_size, q.device)
+            vis = pattern_mask(M, N, block_size, q.device)
         if self.window is not None:
             i = torch.arange(M, device=q.device)[:, None]
             j = torch.arange(N, device=q.device)[None, :]
@@ -291,14 +301,14 @@ class Attention(nn.Module):
         """Consume a chunk with the KV cache: (y, state). Same contract as :meth:`polymixer.PoM.step`."""
         if not isinstance(state, AttentionState):
             raise TypeError(f"state must be an AttentionState (from init_state), got {type(state).__name__}")
-        Fn._check_tokens(x, self.dim, "x")
+        check_tokens(x, self.dim, "x")
         B, T, _ = x.shape
         if state.batch_size != B:
             raise ValueError(f"state holds batch {state.batch_size} but x has batch {B}; index or re-initialise it")
         if state.window != self.window:
             raise ValueError(f"state was made for window={state.window}, this layer has window={self.window}")
         if mask is not None:
-            Fn._check_bool_mask(mask, [(B, T)], f"a chunk of batch {B} × {T} tokens")
+            check_bool_mask(mask, [(B, T)], f"a chunk of batch {B} × {T} tokens")
         q, k, v = self._project(x, None)
         idx = state.offset[:, None] + torch.arange(T, device=x.device)  # (B, T) stream indices
         if self.rope is not None:
@@ -306,7 +316,7 @@ class Attention(nn.Module):
                 if self.rope == "2d":
                     raise ValueError("2-D rotary streaming needs explicit positions of shape (B, T, 2) or (T, 2)")
                 positions = idx
-            Fn._check_positions(positions, B, T, self.rope == "2d", "positions")
+            check_positions(positions, B, T, self.rope == "2d", "positions")
             q, k = self._rotate(q, positions), self._rotate(k, positions)
         valid_new = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
 

@@ -8,10 +8,10 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from . import functional as Fn
 from .attention import Attention, AttentionState
 from .linear_attention import LinearAttention
 from .mixer import PoM, PoMState
+from .ops.common import CuSeqlens
 
 __all__ = ["MLP", "DropPath", "PolyMorpher", "MixerSpec", "MIXER_TABLE", "MIXER_SPECS", "MIXERS", "LETTERS",
            "mixer_spec", "build_mixer", "layer_pattern"]
@@ -231,7 +231,7 @@ class PolyMorpher(nn.Module):
         mask: Optional[Tensor] = None,
         causal: Optional[bool] = None,
         block_size: Optional[int] = None,
-        cu_seqlens: Optional[Fn.CuSeqlens] = None,
+        cu_seqlens: Optional[CuSeqlens] = None,
         positions: Optional[Tensor] = None,
         context_positions: Optional[Tensor] = None,
         **mixer_kwargs: Any,

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import functional as Fn
+from .ops.common import check_mix_inputs
 from .values import CHUNK, EPS, token_shift, value_mix
 
 __all__ = ["LinearAttention", "taylor_features"]
@@ -89,7 +89,7 @@ class LinearAttention(nn.Module):
         if unused.get("cu_seqlens") is not None or unused.get("block_size") is not None:
             raise ValueError("LinearAttention supports full and causal self-mixing with key padding only")
         causal = self.causal if causal is None else causal
-        B, N, _ = Fn.check_mix_inputs(x, None, self.dim, mask, causal, None, None)[:3]
+        B, N, _ = check_mix_inputs(x, None, self.dim, mask, causal, None, None)[:3]
         H, f = self.heads, self.feature_dim
         qk, v = self.qk(x), self.v(x)
         if self.token_shift:

@@ -9,8 +9,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree
 
-from . import functional as Fn
-from . import values as Fv
+from .ops.common import ACTIVATIONS, GATES, ActivationLike, CuSeqlens, compute_dtype, resolve
+from .ops.pom import pom, pom_step
+from .ops.value_pom import value_pom, value_pom_step
+from .ops.value_pom.modular import CHUNK
 
 __all__ = ["PoM", "PoMState", "Index", "batch_index"]
 
@@ -117,8 +119,8 @@ class PoM(nn.Module):
         degree: int = 2,
         expand: Union[int, float] = 2,
         sel_heads: int = 1,
-        gate: Fn.ActivationLike = "hardsigmoid",
-        activation: Fn.ActivationLike = "leaky_clamp",
+        gate: ActivationLike = "hardsigmoid",
+        activation: ActivationLike = "leaky_clamp",
         reduction: str = "mean",
         bias: bool = False,
         rope: Optional[str] = None,
@@ -126,7 +128,7 @@ class PoM(nn.Module):
         value_dim: Optional[int] = None,
         heads: int = 1,
         token_shift: Optional[bool] = None,
-        chunk_size: int = Fv.CHUNK,
+        chunk_size: int = CHUNK,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
     ) -> None:
@@ -171,8 +173,8 @@ class PoM(nn.Module):
             raise ValueError(f"1-D rotary needs an even expand·dim{' / heads' if heads > 1 else ''}, got {rot}")
         if rope == "2d" and rot % 4:
             raise ValueError(f"2-D rotary needs expand·dim{' / heads' if heads > 1 else ''} divisible by 4, got {rot}")
-        Fn._resolve(Fn.GATES, gate, "gate")
-        Fn._resolve(Fn.ACTIVATIONS, activation, "activation")
+        resolve(GATES, gate, "gate")
+        resolve(ACTIVATIONS, activation, "activation")
 
         self.dim = dim
         self.degree = degree
@@ -249,7 +251,8 @@ class PoM(nn.Module):
             kw.update(heads=self.heads, chunk=self.chunk_size)
         return kw
 
-    def _value_weights(self) -> tuple:
+    def value_weights(self) -> tuple:
+        """The value-carrying PoM's weights in the order :func:`polymixer.ops.value_pom.value_pom` takes them."""
         return (self.in_proj.weight, self.gate_bias, self.coeff, self.coeff_q,
                 self.shift if self.token_shift else None, self.norm_weight, self.out_proj.weight, self.out_proj.bias)
 
@@ -261,7 +264,7 @@ class PoM(nn.Module):
         mask: Optional[Tensor] = None,
         causal: bool = False,
         block_size: Optional[int] = None,
-        cu_seqlens: Optional[Fn.CuSeqlens] = None,
+        cu_seqlens: Optional[CuSeqlens] = None,
         positions: Optional[Tensor] = None,
         context_positions: Optional[Tensor] = None,
     ) -> Tensor:
@@ -273,10 +276,10 @@ class PoM(nn.Module):
         mode, O(N·chunk·D + N·D·dv/heads) causal.
         """
         if self.value_dim is not None:
-            return Fv.value_pom(x, context, *self._value_weights(), mask=mask, causal=causal, block_size=block_size,
+            return value_pom(x, context, *self.value_weights(), mask=mask, causal=causal, block_size=block_size,
                                 cu_seqlens=cu_seqlens, positions=positions, context_positions=context_positions,
                                 **self._op_kwargs())
-        return Fn.pom(
+        return pom(
             x,
             context,
             self.in_proj.weight,
@@ -300,7 +303,7 @@ class PoM(nn.Module):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         device = self.coeff.device if device is None else device
-        acc = Fn._compute_dtype(self.coeff.dtype if dtype is None else dtype)
+        acc = compute_dtype(self.coeff.dtype if dtype is None else dtype)
         B, D = batch_size, self.poly_dim
         count = torch.zeros(B, dtype=acc, device=device)
         offset = torch.zeros(B, dtype=torch.int64, device=device)
@@ -329,11 +332,11 @@ class PoM(nn.Module):
         if self.value_dim is not None:
             if state.prev is None:
                 raise ValueError("this state belongs to a plain PoM; the value-carrying PoM needs its own init_state")
-            y, s, c, o, p = Fv.value_pom_step(x, state.sum, state.count, state.offset, state.prev,
-                                              *self._value_weights(), causal=causal, mask=mask, positions=positions,
+            y, s, c, o, p = value_pom_step(x, state.sum, state.count, state.offset, state.prev,
+                                              *self.value_weights(), causal=causal, mask=mask, positions=positions,
                                               **self._op_kwargs())
             return y, PoMState(s, c, o, p)
-        y, s, c, o = Fn.pom_step(
+        y, s, c, o = pom_step(
             x,
             state.sum,
             state.count,

@@ -26,10 +26,10 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from . import functional as Fn
 from .attention import Attention
 from .blocks import layer_pattern, mixer_spec
 from .mixer import PoM
+from .ops.common import ACTIVATIONS, GATES, resolve
 
 __all__ = ["pomify", "ConvertedMixer", "init_pom_from_attention", "replaced_layers", "load_pomified"]
 
@@ -49,8 +49,8 @@ def init_pom_from_attention(pom: PoM, w_v: Tensor, b_v: Optional[Tensor], w_o: T
         raise ValueError(f"value / output projections of shapes {tuple(w_v.shape)} / {tuple(w_o.shape)} do not "
                          f"match a PoM of width {d}")
     n = min(Dv, D // 2)
-    act = Fn._resolve(Fn.ACTIVATIONS, pom.activation, "activation")[0]
-    gate = Fn._resolve(Fn.GATES, pom.gate, "gate")[0]
+    act = resolve(ACTIVATIONS, pom.activation, "activation")[0]
+    gate = resolve(GATES, pom.gate, "gate")[0]
     one = torch.ones((), dtype=torch.float64)
     slope = float(act(one) - act(-one))  # act(x) − act(−x) = slope·x in the activation's linear range
     s = float(gate(torch.tensor(GATE_LOGIT, dtype=torch.float64)))

@@ -62,8 +62,9 @@ class TSViTConfig:
     spatial_depth: int = 4
     heads: int = 4
     mlp_ratio: float = 4.0
-    mixer: str = "attention"  # "attention" (TSViT) | "pom" (TSViPoM) | "value_pom" | "hybrid" | a pattern over A / P / V
-    #                           tiled over the blocks, temporal first (e.g. "AAVV": attention in time, value PoM in space)
+    # "attention" (TSViT) | "pom" (TSViPoM) | "value_pom" | "hybrid" | a pattern over A / P / V tiled over the blocks,
+    # temporal first (e.g. "AAVV": attention in time, the value PoM in space)
+    mixer: str = "attention"
     hybrid_pom: str = "spatial"  # mixer="hybrid": the encoder whose blocks are PoM (the other one keeps attention)
     spatial_position: str = "learned"  # "learned": TSViT's table, interpolated to any grid | "rope": 2-D rotary
     degree: int = 2  # PoM degree

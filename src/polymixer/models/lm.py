@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import functional as Fn
 from ..blocks import PolyMorpher, layer_pattern, mixer_spec
 from ..mixer import Index, batch_index
+from ..ops.common import documents_cu_seqlens, is_compiling, segments
 
 __all__ = ["LMConfig", "GPT", "LMState", "pad_left"]
 
@@ -162,7 +162,7 @@ class GPT(nn.Module):
             raise TypeError(f"idx must be an int64 tensor of token ids, got {getattr(idx, 'dtype', type(idx))}")
         if idx.dim() != 2 or idx.shape[1] == 0:
             raise ValueError(f"idx must have shape (batch, tokens) with at least one token, got {tuple(idx.shape)}")
-        if not Fn._is_compiling() and idx.numel():
+        if not is_compiling() and idx.numel():
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= self.config.vocab_size:
                 raise ValueError(f"token id {hi if hi >= self.config.vocab_size else lo} is outside the vocabulary "
@@ -171,7 +171,7 @@ class GPT(nn.Module):
     def _embed(self, idx: Tensor, positions: Tensor) -> Tensor:
         x = self.wte(idx)
         if self.wpe is not None:
-            if not Fn._is_compiling() and int(positions.max()) >= self.config.block_size:
+            if not is_compiling() and int(positions.max()) >= self.config.block_size:
                 raise ValueError(
                     f"position {int(positions.max())} is beyond this model's context of {self.config.block_size} "
                     f"tokens (learned positions); use a shorter input, or a model with position='rope' or 'none'")
@@ -203,7 +203,7 @@ class GPT(nn.Module):
             return self._forward_documents(idx, targets, sep_token)
         if positions is None:
             if cu_seqlens is not None:
-                _, start, _ = Fn._segments(cu_seqlens, T)
+                _, start, _ = segments(cu_seqlens, T)
                 positions = torch.arange(T, device=idx.device) - start
             elif mask is not None:
                 positions = (mask.long().cumsum(1) - 1).clamp_min(0)
@@ -226,7 +226,7 @@ class GPT(nn.Module):
             return self.forward(idx, targets)
         rows_p = torch.nonzero(multi).squeeze(1)
         rows_b = torch.nonzero(~multi).squeeze(1)
-        cu, pos = Fn.documents_cu_seqlens(idx[rows_p], sep)
+        cu, pos = documents_cu_seqlens(idx[rows_p], sep)
         lp, _ = self.forward(idx[rows_p].reshape(1, -1), cu_seqlens=cu, positions=pos)
         logits = lp.new_empty(B, T, lp.shape[-1])
         logits[rows_p] = lp.view(len(rows_p), T, -1)

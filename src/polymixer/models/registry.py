@@ -121,8 +121,9 @@ def preset_of(family: str, name: str) -> str:
     names = list_models(family=fam.name)
     tiny = [n for n in names if n.startswith("tiny-")]
     rest = [n for n in names if not n.startswith("tiny-")]
-    takes = ", ".join(tiny + rest) if len(names) <= 12 else \
-        f"{', '.join(tiny)} and {len(rest)} paper-size presets ({', '.join(rest[:3])}, …; list_models(family={fam.name!r}))"
+    takes = ", ".join(tiny + rest) if len(names) <= 12 else (
+        f"{', '.join(tiny)} and {len(rest)} paper-size presets ({', '.join(rest[:3])}, …; "
+        f"list_models(family={fam.name!r}))")
     verb = f"`polymixer train {fam.name}`" if fam.tiny else f"the {fam.name} family"
     if name in _REGISTRY:
         other = family_entry(_REGISTRY[name].family)

@@ -14,7 +14,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import functional as Fn
+from .common import activation as activation_fn
+from .common import gate_fn
 
 __all__ = ["visibility", "reference_pom", "reference_value_pom", "shift_validity", "reference_attention"]
 
@@ -81,13 +82,13 @@ def _rotation_angles(rel: Tensor, D: int, base: float, two_d: bool) -> Tensor:
 
 def _poly(z: Tensor, coeff: Tensor, activation: str) -> Tensor:
     """Σ_p α_p act(z)^p, one power at a time, in float64."""
-    h = Fn.activation(z.to(torch.float64), activation)
+    h = activation_fn(z.to(torch.float64), activation)
     return sum(coeff[:, p - 1].to(torch.float64) * h**p for p in range(1, coeff.shape[1] + 1))
 
 
 def _gate(x: Tensor, weight: Tensor, bias: Tensor, gate: str, width: int) -> Tensor:
     """gate(W_s x + b), one scalar per head repeated over its channels when the gate is narrower than ``width``."""
-    s = Fn.gate_fn(x @ weight.to(torch.float64).T + bias.to(torch.float64), gate)
+    s = gate_fn(x @ weight.to(torch.float64).T + bias.to(torch.float64), gate)
     return s if s.shape[-1] == width else s.repeat_interleave(width // s.shape[-1], dim=-1)
 
 

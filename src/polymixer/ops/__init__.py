@@ -1,0 +1,47 @@
+"""The operations of polymixer, each with its backends side by side (the oracle, the device-agnostic torch form, the
+fused CPU form, the Triton kernels) behind one dispatcher.
+
+    ops.pom: pom / pom_step                   the Polynomial Mixer, parallel (every mode) and streaming
+    ops.value_pom: value_pom / value_pom_step the value-carrying PoM
+    backend("triton") / backend_for(...)      choose a backend explicitly / ask which one a call gets
+
+(``polymixer.functional.pom`` and ``polymixer.values.value_pom`` are the same functions; ``ops.pom`` and
+``ops.value_pom`` are the packages of the two ops, each with its backends.)
+
+The building blocks (non-linearities, checks, packing, rotary positions, polynomial features, prefix sums,
+aggregation, gating) are public in :mod:`polymixer.ops.common` and :mod:`polymixer.ops.features`, and the float64
+oracles in :mod:`polymixer.ops.reference`.
+"""
+
+from .common import (
+    ACTIVATIONS,
+    GATES,
+    ActivationLike,
+    CuSeqlens,
+    activation,
+    batch_packed,
+    check_cu_seqlens,
+    check_mix_inputs,
+    documents_cu_seqlens,
+    gate_fn,
+    rope_angles,
+    rotate,
+)
+from .dispatch import BACKENDS, backend, current_backend, disabled_backends
+from .features import aggregate, cumsum, gate_mix, poly_features
+from . import pom, value_pom  # the ops' packages (registering their backends)
+
+__all__ = ["pom", "value_pom", "backend", "backend_for", "current_backend",
+           "disabled_backends", "BACKENDS", "ACTIVATIONS", "GATES", "ActivationLike", "CuSeqlens", "activation",
+           "gate_fn", "poly_features", "cumsum", "aggregate", "gate_mix", "rope_angles", "rotate", "check_cu_seqlens",
+           "check_mix_inputs", "batch_packed", "documents_cu_seqlens"]
+
+
+def backend_for(op: str, *args: object, **kwargs: object) -> dict:
+    """Which backend ``op`` ("pom" or "value_pom") would run these arguments on, and why the others were passed
+    over: {"backend", "explicit", "passed_over": {backend: reason}}."""
+    if op == "pom":
+        return pom.backend_for(*args, **kwargs)
+    if op == "value_pom":
+        return value_pom.backend_for(*args, **kwargs)
+    raise ValueError(f"unknown op {op!r}; backend_for knows 'pom' and 'value_pom'")

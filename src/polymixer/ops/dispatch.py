@@ -1,0 +1,161 @@
+"""One op, several backends: which implementation runs a call, and how a user chooses.
+
+Each op (``pom``, ``pom_step``, ``value_pom``, ``value_pom_step``) has backends side by side, each a module with
+``supports(call) -> None | str`` (None when it can take the call, else the reason it cannot) and ``forward(call)``:
+
+* ``reference`` — the float64 oracle, the paper's formula literally (an explicit visibility matrix: O(M·N));
+* ``torch`` — the device-agnostic modular form (every device, every mode, ``torch.compile``);
+* ``cpu`` — the fused, cache-tiled CPU path of the hot modes;
+* ``triton`` — the GPU kernels (CUDA tensors; CPU tensors too under ``TRITON_INTERPRET=1``, for testing).
+
+The automatic choice tries ``triton``, then ``cpu``, then ``torch`` — the first that supports the call — and never
+picks ``reference``. ``with polymixer.backend("cpu"):`` makes a choice explicit, in the style of
+``torch.nn.attention.sdpa_kernel``: an explicit choice is strict and raises ``NotImplementedError`` naming the case
+it cannot take. :func:`backend_for` says which backend a call would get and why the others were passed over; the
+logger ``polymixer.ops`` says the same at DEBUG level for every call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+from types import ModuleType
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+
+from .common import is_compiling
+
+__all__ = ["BACKENDS", "backend", "current_backend", "choose", "backend_for", "disabled_backends", "load_backend",
+           "register"]
+
+log = logging.getLogger("polymixer.ops")
+
+BACKENDS = ("reference", "torch", "cpu", "triton")
+AUTO_ORDER = ("triton", "cpu", "torch")
+
+# op → backend → its module, or the module's name while it is not imported yet (the Triton backends: imported only
+# when a call could run on them). Each op's package registers its backends (:func:`register`).
+_MODULES: Dict[str, Dict[str, Union[str, ModuleType]]] = {}
+# a check run before a lazy backend is imported (e.g. the Triton backends look at the device first, so that a CPU
+# call never imports Triton): (op, name) → call → None or why not
+_PRECHECKS: Dict[Tuple[str, str], Any] = {}
+
+# the explicit choice (a stack: nested ``backend()`` blocks) and the backends switched off for the automatic one
+_STATE: Dict[str, Any] = {"forced": [], "disabled": frozenset()}
+
+
+@contextlib.contextmanager
+def backend(name: str) -> Iterator[None]:
+    """Run every op inside the block on backend ``name`` ("reference", "torch", "cpu", "triton"). Strict: a call
+    the backend cannot take raises ``NotImplementedError`` saying why, instead of falling back."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; the backends are {', '.join(BACKENDS)}")
+    _STATE["forced"].append(name)
+    try:
+        yield
+    finally:
+        _STATE["forced"].pop()
+
+
+def current_backend() -> Optional[str]:
+    """The explicitly chosen backend (the innermost ``backend()`` block), or None: the automatic choice."""
+    forced = _STATE["forced"]
+    return forced[-1] if forced else None
+
+
+@contextlib.contextmanager
+def disabled_backends(*names: str) -> Iterator[None]:
+    """Leave ``names`` out of the automatic choice inside the block (e.g. to compare the fused CPU path with the
+    modular one on the same inputs)."""
+    bad = [n for n in names if n not in BACKENDS]
+    if bad:
+        raise ValueError(f"unknown backend(s) {bad}; the backends are {', '.join(BACKENDS)}")
+    previous = _STATE["disabled"]
+    _STATE["disabled"] = previous | frozenset(names)
+    try:
+        yield
+    finally:
+        _STATE["disabled"] = previous
+
+
+def register(op: str, name: str, module: Union[str, ModuleType], precheck: Any = None) -> None:
+    """Make ``module`` (or the module of that name, imported on first use) backend ``name`` of ``op``;
+    ``precheck(call)`` (None or why not) runs before a lazy module is imported."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; the backends are {', '.join(BACKENDS)}")
+    _MODULES.setdefault(op, {})[name] = module
+    if precheck is not None:
+        _PRECHECKS[(op, name)] = precheck
+
+
+def load_backend(op: str, name: str) -> Optional[ModuleType]:
+    """The module of backend ``name`` of ``op`` (None when the op has no such backend). Under ``torch.compile`` a
+    backend not imported yet is not imported (dynamo does not trace imports): ImportError."""
+    target = _MODULES[op].get(name)
+    if target is None or isinstance(target, ModuleType):
+        return target
+    if is_compiling():
+        raise ImportError("not imported before torch.compile traced this call")
+    module = importlib.import_module(target)
+    _MODULES[op][name] = module
+    return module
+
+
+def _reasons(op: str, call: Any) -> Tuple[Optional[str], List[Tuple[str, str]]]:
+    """(the backend the automatic choice takes, [(backend, why not) for those passed over])."""
+    passed: List[Tuple[str, str]] = []
+    for name in AUTO_ORDER:
+        if name not in _MODULES[op]:
+            continue
+        if name in _STATE["disabled"]:
+            passed.append((name, "switched off"))
+            continue
+        why = _probe(op, name, call)
+        if why is None:
+            return name, passed
+        passed.append((name, why))
+    return None, passed
+
+
+def _probe(op: str, name: str, call: Any, explicit: bool = False) -> Optional[str]:
+    pre = _PRECHECKS.get((op, name))
+    if pre is not None:
+        why = pre(call, explicit)
+        if why is not None:
+            return why
+    try:
+        module = load_backend(op, name)
+    except ImportError as e:  # Triton not installed: the [gpu] extra
+        return f"not installed ({e})"
+    assert module is not None
+    return module.supports(call)
+
+
+def choose(op: str, call: Any) -> ModuleType:
+    """The backend module that runs ``call`` of ``op``: the explicit choice (strict) or the automatic one."""
+    forced = current_backend()
+    if forced is not None:
+        if forced not in _MODULES[op]:
+            raise NotImplementedError(f"backend {forced!r} has no {op}; its backends are {', '.join(_MODULES[op])}")
+        why = _probe(op, forced, call, explicit=True)
+        if why is not None:
+            raise NotImplementedError(f"backend {forced!r} cannot take this {op} call: {why}")
+        return load_backend(op, forced)  # type: ignore[return-value]
+    name, passed = _reasons(op, call)
+    if name is None:  # the torch form takes every call: only a bug gets here
+        raise NotImplementedError(f"no backend can take this {op} call: " + "; ".join(f"{n}: {w}" for n, w in passed))
+    if not is_compiling() and log.isEnabledFor(logging.DEBUG):
+        log.debug("%s on %s%s", op, name, "".join(f"; {n} passed over: {w}" for n, w in passed))
+    return load_backend(op, name)  # type: ignore[return-value]
+
+
+def backend_for(op: str, call: Any) -> Dict[str, Any]:
+    """Which backend a call of ``op`` gets and why: {"backend": name, "explicit": bool, "passed_over": {name: why}}
+    (the ``call`` as :func:`polymixer.ops.pom.make_call` / the op's ``make_call`` builds it)."""
+    forced = current_backend()
+    if forced is not None:
+        why = _probe(op, forced, call, explicit=True) if forced in _MODULES[op] else f"{forced!r} has no {op}"
+        return {"backend": forced if why is None else None, "explicit": True,
+                "passed_over": {} if why is None else {forced: why}}
+    name, passed = _reasons(op, call)
+    return {"backend": name, "explicit": False, "passed_over": dict(passed)}

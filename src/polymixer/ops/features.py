@@ -1,0 +1,433 @@
+"""The building blocks of the modular (device-agnostic) PoM: polynomial features by Horner's scheme with a
+backward that recomputes, chunked prefix sums, aggregation over the visible tokens for every masking mode, and the
+gated selection. Each is a differentiable function on tensors, reused by the value-carrying PoM and the baselines.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .common import (
+    ACTIVATIONS,
+    GATES,
+    GATES_INPLACE,
+    ActivationLike,
+    compute_dtype,
+    elementwise_backward,
+    resolve,
+    segments,
+)
+
+__all__ = ["poly_features", "horner", "horner_derivative", "cumsum", "chunked_cumsum", "segment_prefix_sum",
+           "aggregate", "last_visible", "safe_inverse", "pattern_mask", "gate_mix", "expand_heads"]
+
+# ----------------------------------------------------------------------------------------------------------------
+# Polynomial features
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def horner(h: Tensor, rows: Tensor) -> Tensor:
+    """Σ_{p=1..k} α_p ⊙ h^p = h ⊙ (α_1 + h ⊙ (α_2 + … + h ⊙ α_k)), in place on a fresh buffer.
+
+    ``rows`` is the (k, D) transposed, contiguous coefficient table (contiguous rows keep the loops vectorised).
+    """
+    k = rows.shape[0]
+    if k == 1:
+        return h * rows[0]
+    acc = torch.addcmul(rows[k - 2], h, rows[k - 1])
+    for p in range(k - 3, -1, -1):
+        acc.mul_(h).add_(rows[p])
+    return acc.mul_(h)
+
+
+def horner_derivative(h: Tensor, rows: Tensor) -> Tensor:
+    """d/dh Σ_p α_p h^p = Σ_p p·α_p h^(p-1)."""
+    k = rows.shape[0]
+    if k == 1:
+        return rows[0].expand_as(h)
+    acc = torch.addcmul(rows[k - 2] * (k - 1), h, rows[k - 1] * k)
+    for p in range(k - 3, -1, -1):
+        acc.mul_(h).add_(rows[p] * (p + 1))
+    return acc
+
+
+class _PolyFeatures(torch.autograd.Function):
+    """poly(act(z)) with a backward that recomputes act(z) instead of saving powers."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, coeff: Tensor, act: ActivationLike) -> Tensor:  # type: ignore[override]
+        cd = compute_dtype(z.dtype)
+        fn, _ = resolve(ACTIVATIONS, act, "activation")
+        h = fn(z.to(cd))
+        out = horner(h, coeff.to(cd).t().contiguous())
+        ctx.act = act
+        ctx.save_for_backward(z, coeff)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        z, coeff = ctx.saved_tensors
+        cd = compute_dtype(z.dtype)
+        fn, dfn = resolve(ACTIVATIONS, ctx.act, "activation")
+        zc = z.to(cd)
+        rows = coeff.to(cd).t().contiguous()
+        # a permuted gradient (from a heads split) makes every elementwise loop ~10× slower
+        g = grad.to(cd).contiguous()
+        h = fn(zc)
+        grad_z = grad_coeff = None
+        if ctx.needs_input_grad[1]:
+            lead = tuple(range(h.dim() - 1))
+            cols = []
+            hp = h
+            for p in range(rows.shape[0]):
+                cols.append((g * hp).sum(lead))
+                if p + 1 < rows.shape[0]:
+                    hp = hp * h
+            grad_coeff = torch.stack(cols, dim=-1).to(coeff.dtype)
+        if ctx.needs_input_grad[0]:
+            grad_h = g * horner_derivative(h, rows)
+            grad_z = elementwise_backward(fn, dfn, zc, grad_h).to(z.dtype)
+        return grad_z, grad_coeff, None
+
+
+def poly_features(z: Tensor, coeff: Tensor, act: ActivationLike = "leaky_clamp") -> Tensor:
+    """Per-token polynomial features ``Σ_{p=1..k} α_p ⊙ act(z)^p``.
+
+    Args:
+        z: (..., D) pre-activation (may be a strided view, e.g. a slice of the fused input projection).
+        coeff: (D, k) coefficients, column ``p-1`` multiplies the p-th power.
+        act: activation name from :data:`ACTIVATIONS` or a callable.
+
+    Returns:
+        (..., D) in at least fp32 (bf16/fp16 inputs are expanded in fp32).
+    """
+    if coeff.dim() != 2 or coeff.shape[0] != z.shape[-1]:
+        raise ValueError(f"coeff must have shape (D, degree) with D={z.shape[-1]}, got {tuple(coeff.shape)}")
+    return _PolyFeatures.apply(z, coeff, act)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Prefix sums along the token axis
+# ----------------------------------------------------------------------------------------------------------------
+
+_CHUNK = 32
+
+
+def chunked_cumsum(x: Tensor, reverse: bool) -> Tensor:
+    """Inclusive (or reverse-inclusive) prefix sum along dim 1 of a (B, N, D) tensor.
+
+    Within chunks of 32 tokens the sum is a (32×32) triangular matrix product; chunk totals are carried by a
+    recursive call on the (B, N/32, D) totals. O(N·D·32) flops, but BLAS-fast and accurate (short fp32 sums).
+    """
+    B, N, D = x.shape
+    if N <= 2 * _CHUNK:
+        return x.flip(1).cumsum(1).flip(1) if reverse else x.cumsum(1)
+    C = _CHUNK
+    pad = (-N) % C
+    xp = F.pad(x, (0, 0, 0, pad)) if pad else x.contiguous()
+    nb = (N + pad) // C
+    tri = torch.ones(C, C, dtype=x.dtype, device=x.device)
+    tri = tri.triu() if reverse else tri.tril()
+    w = torch.matmul(tri, xp.view(B, nb, C, D))  # (B, nb, C, D): sums within each chunk
+    if reverse:
+        tot = w[:, :, 0]
+        carry = F.pad(chunked_cumsum(tot[:, 1:], True), (0, 0, 0, 1))  # sum of all later chunks
+    else:
+        tot = w[:, :, -1]
+        carry = F.pad(chunked_cumsum(tot[:, :-1], False), (0, 0, 1, 0))  # sum of all earlier chunks
+    w.add_(carry.unsqueeze(2))
+    out = w.view(B, nb * C, D)
+    return out[:, :N] if pad else out
+
+
+class _CumSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        return chunked_cumsum(x, reverse=False)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return chunked_cumsum(grad, reverse=True)
+
+
+def cumsum(x: Tensor) -> Tensor:
+    """Inclusive prefix sum along dim 1 of a (B, N) or (B, N, D) tensor (chunked, differentiable)."""
+    if x.dim() == 2:
+        return _CumSum.apply(x.unsqueeze(-1)).squeeze(-1)
+    if x.dim() != 3:
+        raise ValueError(f"cumsum expects a (B, N) or (B, N, D) tensor, got shape {tuple(x.shape)}")
+    return _CumSum.apply(x)
+
+
+
+def segment_prefix_sum(x: Tensor, seg: Tensor, starts: Tensor, nseg: int) -> Tensor:
+    """Inclusive prefix sum of a (1, T, D) tensor that restarts at every segment.
+
+    Before one global prefix sum, each segment's first token is offset by minus the previous segment's total, so
+    the running sum returns to (almost exactly) zero at every boundary: no long-range cancellation, no T×T work.
+    """
+    seg_sum = torch.zeros(x.shape[0], nseg, x.shape[-1], dtype=x.dtype, device=x.device).index_add(1, seg, x)
+    if nseg > 1:
+        x = x.index_add(1, starts[1:], -seg_sum[:, :-1])
+    return cumsum(x)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Aggregation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def last_visible(
+    num_queries: int,
+    num_keys: int,
+    block_size: Optional[int],
+    device: torch.device,
+    q_local: Optional[Tensor] = None,
+    k_len: Optional[Tensor] = None,
+    k_start: Optional[Tensor] = None,
+) -> Tensor:
+    """Index of the last context token each query may see under (block-)causal masking, top-left aligned.
+
+    Unpacked: query i sees context j ≤ i (causal) or j < (i//K + 1)·K (block-causal), clipped to the context.
+    Packed: the same with local indices inside each query's sequence, offset to global context indices.
+    """
+    if q_local is None:
+        q_local = torch.arange(num_queries, device=device)
+        k_len_v: Union[int, Tensor] = num_keys
+    else:
+        k_len_v = k_len  # type: ignore[assignment]
+    if block_size is None:
+        last = q_local
+    else:
+        last = (torch.div(q_local, block_size, rounding_mode="floor") + 1) * block_size - 1
+    last = torch.minimum(last, torch.as_tensor(k_len_v, device=device) - 1)
+    if k_start is not None:
+        last = last + k_start
+    return last
+
+
+def aggregate(
+    p: Tensor,
+    *,
+    num_queries: Optional[int] = None,
+    key_mask: Optional[Tensor] = None,
+    mask: Optional[Tensor] = None,
+    causal: bool = False,
+    block_size: Optional[int] = None,
+    cu_seqlens: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Aggregate per-token features over the context tokens each query may see.
+
+    Args:
+        p: (B, N, D) per-context-token features (already in the accumulation dtype).
+        num_queries: M, the number of queries (defaults to N: self-mixing).
+        key_mask: (B, N) bool, True = the context token takes part.
+        mask: (B, M, N) bool, general visibility (cost O(M·N·D), the only quadratic mode).
+        causal: query i sees context j ≤ i (top-left aligned when M ≠ N, as ``scaled_dot_product_attention``).
+        block_size: with ``causal``, query i sees every context token of its block of ``block_size`` and earlier.
+        cu_seqlens: (S+1,) offsets of packed context sequences (B must be 1); nothing crosses a boundary.
+        cu_seqlens_q: offsets of the packed queries for cross-mixing (defaults to ``cu_seqlens``).
+        reduction: "mean" divides by the number of visible tokens (0 visible → 0), "sum" does not.
+
+    Returns:
+        (B, 1, D) when every query sees the same tokens (full mode), else (B, M, D). Same dtype as ``p``.
+    """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    B, N, D = p.shape
+    M = N if num_queries is None else num_queries
+    mean = reduction == "mean"
+    if block_size is not None and not causal:
+        raise ValueError("block_size requires causal=True (block-causal masking)")
+
+    w = None
+    if key_mask is not None:
+        w = key_mask.to(p.dtype)
+        p = p * w.unsqueeze(-1)
+
+    if mask is not None:
+        if cu_seqlens is not None:
+            raise ValueError("mask of shape (B, M, N) and cu_seqlens cannot be combined; fold one into the other")
+        vis = mask
+        if causal:
+            vis = vis & pattern_mask(M, N, block_size, p.device)
+        if key_mask is not None:
+            vis = vis & key_mask.unsqueeze(1)
+        vf = vis.to(p.dtype)
+        h = torch.bmm(vf, p)
+        if mean:
+            count = vf.sum(-1, keepdim=True)
+            h = h * safe_inverse(count)
+        return h
+
+    if cu_seqlens is not None:
+        return _aggregate_packed(p, w, M, causal, block_size, cu_seqlens, cu_seqlens_q, mean)
+
+    if not causal:
+        if not mean:
+            return p.sum(1, keepdim=True)
+        if w is None:
+            return p.mean(1, keepdim=True)
+        return p.sum(1, keepdim=True) * safe_inverse(w.sum(1)).view(B, 1, 1)
+
+    s = cumsum(p)
+    if M == N and block_size is None:
+        if not mean:
+            return s
+        if w is not None:
+            count = cumsum(w)
+        else:
+            count = torch.arange(1, N + 1, device=p.device, dtype=p.dtype).expand(B, N)
+        return s * safe_inverse(count).unsqueeze(-1)
+
+    last = last_visible(M, N, block_size, p.device)  # (M,), ≥ 0 because N ≥ 1
+    h = s.index_select(1, last)
+    if not mean:
+        return h
+    if w is not None:
+        count = cumsum(w).index_select(1, last)
+    else:
+        count = (last + 1).to(p.dtype).expand(B, M)
+    return h * safe_inverse(count).unsqueeze(-1)
+
+
+def safe_inverse(count: Tensor) -> Tensor:
+    """1 / count, and 0 where nothing is visible (a query that sees no token gets H = 0, never NaN)."""
+    return torch.where(count > 0, 1.0 / count.clamp_min(1.0), torch.zeros((), dtype=count.dtype, device=count.device))
+
+
+def pattern_mask(M: int, N: int, block_size: Optional[int], device: torch.device) -> Tensor:
+    """(M, N) causal / block-causal visibility (only used together with an explicit (B, M, N) mask)."""
+    last = last_visible(M, N, block_size, device)
+    return torch.arange(N, device=device).unsqueeze(0) <= last.unsqueeze(1)
+
+
+def _aggregate_packed(
+    p: Tensor,
+    w: Optional[Tensor],
+    M: int,
+    causal: bool,
+    block_size: Optional[int],
+    cu_k: Tensor,
+    cu_q: Optional[Tensor],
+    mean: bool,
+) -> Tensor:
+    B, N, D = p.shape
+    if B != 1:
+        raise ValueError(f"packed sequences (cu_seqlens) need batch size 1, got {B}")
+    self_mix = cu_q is None
+    cu_q = cu_k if cu_q is None else cu_q
+    nseg = cu_k.numel() - 1
+    seg_k, start_k_tok, starts_k = segments(cu_k, N)
+    seg_q, start_q_tok, _ = (seg_k, start_k_tok, starts_k) if self_mix else segments(cu_q, M)
+    ones = None if w is not None else torch.ones(1, N, dtype=p.dtype, device=p.device)
+    weights = w if w is not None else ones
+
+    if not causal:
+        h = torch.zeros(1, nseg, D, dtype=p.dtype, device=p.device).index_add(1, seg_k, p)
+        h = h.index_select(1, seg_q)
+        if mean:
+            count = torch.zeros(1, nseg, dtype=p.dtype, device=p.device).index_add(1, seg_k, weights)
+            count = count.index_select(1, seg_q)
+            h = h * safe_inverse(count).unsqueeze(-1)
+        return h
+
+    s = segment_prefix_sum(p, seg_k, starts_k, nseg)
+    if self_mix and block_size is None:
+        last = None
+        h = s
+    else:
+        cu64 = cu_k.to(torch.int64)
+        k_len = (cu64[1:] - cu64[:-1])[seg_q]
+        q_local = torch.arange(M, device=p.device) - start_q_tok
+        last = last_visible(M, N, block_size, p.device, q_local, k_len, cu64[:-1][seg_q])
+        h = s.index_select(1, last)
+    if not mean:
+        return h
+    if w is not None:
+        count = segment_prefix_sum(w.unsqueeze(-1), seg_k, starts_k, nseg).squeeze(-1)
+        count = count if last is None else count.index_select(1, last)
+    else:
+        pos = torch.arange(N, device=p.device) if last is None else last
+        count = (pos - start_k_tok[pos] + 1).to(p.dtype).unsqueeze(0)
+    return h * safe_inverse(count).unsqueeze(-1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Selection
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def expand_heads(s: Tensor, D: int) -> Tensor:
+    """(…, Ds) gate → broadcastable against (…, D): Ds == D elementwise, else one scalar per head."""
+    Ds = s.shape[-1]
+    if Ds == D:
+        return s
+    return s.unsqueeze(-1).expand(*s.shape, D // Ds).reshape(*s.shape[:-1], D)
+
+
+class _GateMix(torch.autograd.Function):
+    """gate(z_s + b) ⊙ H with a backward that saves z_s (a view of the fused projection) and H only."""
+
+    @staticmethod
+    def forward(ctx, zs: Tensor, bias: Tensor, h: Tensor, gate: ActivationLike, out_dtype: torch.dtype):  # type: ignore[override]
+        fn, _ = resolve(GATES, gate, "gate")
+        cd = h.dtype
+        s = zs.to(cd) + bias.to(cd)  # fresh buffer
+        s = GATES_INPLACE[gate](s) if isinstance(gate, str) else fn(s)
+        if s.shape[-1] == h.shape[-1] and h.shape[1] in (1, s.shape[1]) and h.shape[0] == s.shape[0]:
+            out = s.mul_(h)
+        else:
+            out = expand_heads(s, h.shape[-1]) * h
+        ctx.gate = gate
+        ctx.save_for_backward(zs, bias, h)
+        return out.to(out_dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        zs, bias, h = ctx.saved_tensors
+        fn, dfn = resolve(GATES, ctx.gate, "gate")
+        cd = h.dtype
+        g = grad.to(cd)
+        u = zs.to(cd) + bias.to(cd)
+        D, Ds = h.shape[-1], zs.shape[-1]
+        grad_zs = grad_bias = grad_h = None
+        if ctx.needs_input_grad[2]:
+            grad_h = g * expand_heads(fn(u), D)
+            if h.shape[1] == 1 and grad_h.shape[1] != 1:
+                grad_h = grad_h.sum(1, keepdim=True)
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            gs = g * h
+            if Ds != D:
+                gs = gs.view(*gs.shape[:-1], Ds, D // Ds).sum(-1)
+            gu = elementwise_backward(fn, dfn, u, gs)
+            if ctx.needs_input_grad[0]:
+                grad_zs = gu.to(zs.dtype)
+            if ctx.needs_input_grad[1]:
+                grad_bias = gu.sum(tuple(range(gu.dim() - 1))).to(bias.dtype)
+        return grad_zs, grad_bias, grad_h, None, None
+
+
+def gate_mix(zs: Tensor, bias: Tensor, h: Tensor, gate: ActivationLike = "hardsigmoid", out_dtype=None) -> Tensor:
+    """Selection ``gate(z_s + b) ⊙ H``.
+
+    Args:
+        zs: (B, M, Ds) gate pre-activations; Ds == D (one gate per channel) or Ds | D (one per head).
+        bias: (Ds,) gate bias.
+        h: (B, 1 or M, D) aggregated features (accumulation dtype).
+        out_dtype: dtype of the result (defaults to ``zs.dtype``: the dtype the output projection runs in).
+    """
+    D, Ds = h.shape[-1], zs.shape[-1]
+    if D % Ds != 0:
+        raise ValueError(f"gate width {Ds} must divide the polynomial width {D}")
+    return _GateMix.apply(zs, bias, h, gate, zs.dtype if out_dtype is None else out_dtype)
+

@@ -1,0 +1,182 @@
+"""PoM as an op with several backends: :func:`pom` (parallel, every mode) and :func:`pom_step` (streaming).
+
+The front end validates a call once, normalises it into a :class:`PomCall` and hands it to the backend the dispatcher
+picks (:mod:`polymixer.ops.dispatch`): ``reference`` (float64 oracle), ``torch`` (modular, every device and mode),
+``cpu`` (fused tiles), ``triton`` (GPU kernels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+from torch import Tensor
+
+from .. import dispatch
+from ..common import ACTIVATIONS, GATES, ActivationLike, CuSeqlens, batch_packed, check_mix_inputs, resolve
+
+__all__ = ["PomCall", "make_call", "pom", "pom_step", "backend_for"]
+
+
+@dataclass
+class PomCall:
+    """A validated PoM call: (B, M, d) queries, (B, N, d) context (None: self-mixing), weights, and the mode."""
+
+    x: Tensor
+    context: Optional[Tensor]
+    in_weight: Tensor  # (D + Ds, d): W_h over W_s
+    gate_bias: Tensor  # (Ds,)
+    coeff: Tensor  # (D, k)
+    out_weight: Tensor  # (d, D)
+    out_bias: Optional[Tensor]
+    key_mask: Optional[Tensor]  # (B, N) bool
+    mask: Optional[Tensor]  # (B, M, N) bool, general visibility
+    causal: bool
+    block_size: Optional[int]
+    cu_q: Optional[Tensor]  # packed queries of cross-mixing (None: self-mixing packed, or no packing)
+    cu_k: Optional[Tensor]  # packed context offsets
+    positions: Optional[Tensor]
+    context_positions: Optional[Tensor]
+    activation: ActivationLike
+    gate: ActivationLike
+    reduction: str
+    rope: Optional[str]
+    rope_base: float
+    B: int
+    M: int
+    N: int
+
+    @property
+    def self_mix(self) -> bool:
+        return self.context is None
+
+    @property
+    def D(self) -> int:
+        return self.coeff.shape[0]
+
+    @property
+    def Ds(self) -> int:
+        return self.in_weight.shape[0] - self.D
+
+    def describe(self) -> str:
+        """The call in words, for messages: mode, packing, masks, rotary, dtype and device."""
+        mode = "block-causal" if self.block_size else "causal" if self.causal else "full"
+        parts = [mode, "self-mixing" if self.self_mix else "cross-mixing"]
+        if self.cu_k is not None:
+            parts.append("packed")
+        if self.key_mask is not None:
+            parts.append("key padding")
+        if self.mask is not None:
+            parts.append("(B, M, N) mask")
+        if self.rope:
+            parts.append(f"{self.rope} rotary")
+        parts.append(f"{self.x.dtype} on {self.x.device.type}")
+        return ", ".join(parts)
+
+
+def make_call(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias: Tensor, coeff: Tensor,
+              out_weight: Tensor, out_bias: Optional[Tensor] = None, *, mask: Optional[Tensor] = None,
+              causal: bool = False, block_size: Optional[int] = None, cu_seqlens: Optional[CuSeqlens] = None,
+              positions: Optional[Tensor] = None, context_positions: Optional[Tensor] = None,
+              activation: ActivationLike = "leaky_clamp", gate: ActivationLike = "hardsigmoid",
+              reduction: str = "mean", rope: Optional[str] = None, rope_base: float = 10000.0
+              ) -> Tuple[PomCall, bool]:
+    """Validate a call of :func:`pom` and normalise it: (call, whether a 2-D packed input must lose its batch dim)."""
+    d = out_weight.shape[0]
+    D = coeff.shape[0]
+    Ds = in_weight.shape[0] - D
+    if Ds <= 0 or D % Ds != 0:
+        raise ValueError(f"in_weight of shape {tuple(in_weight.shape)} does not stack W_h ({D} rows) over W_s")
+    if rope not in (None, "1d", "2d"):
+        raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    resolve(ACTIVATIONS, activation, "activation")
+    resolve(GATES, gate, "gate")
+    x, context, squeeze = batch_packed(x, context, cu_seqlens)
+    B, M, N, key_mask, general, cu_q, cu_k = check_mix_inputs(x, context, d, mask, causal, block_size, cu_seqlens)
+    call = PomCall(x, context, in_weight, gate_bias, coeff, out_weight, out_bias, key_mask, general, causal,
+                   block_size, cu_q, cu_k, positions, context_positions, activation, gate, reduction, rope,
+                   float(rope_base), B, M, N)
+    return call, squeeze
+
+
+def pom(
+    x: Tensor,
+    context: Optional[Tensor],
+    in_weight: Tensor,
+    gate_bias: Tensor,
+    coeff: Tensor,
+    out_weight: Tensor,
+    out_bias: Optional[Tensor] = None,
+    *,
+    mask: Optional[Tensor] = None,
+    causal: bool = False,
+    block_size: Optional[int] = None,
+    cu_seqlens: Optional[CuSeqlens] = None,
+    positions: Optional[Tensor] = None,
+    context_positions: Optional[Tensor] = None,
+    activation: ActivationLike = "leaky_clamp",
+    gate: ActivationLike = "hardsigmoid",
+    reduction: str = "mean",
+    rope: Optional[str] = None,
+    rope_base: float = 10000.0,
+) -> Tensor:
+    """The Polynomial Mixer: ``y = W_o (gate(W_s x + b) ⊙ agg_visible(poly(act(W_h c))))``, on the backend the
+    dispatcher picks (see :mod:`polymixer.ops.dispatch`).
+
+    Args:
+        x: (B, M, d) queries (and context when ``context`` is None). With ``cu_seqlens`` also (T, d).
+        context: (B, N, d) context for cross-mixing, or None for self-mixing.
+        in_weight: (D + Ds, d) — W_h stacked over W_s; self-mixing does one matrix product for both.
+        gate_bias: (Ds,); coeff: (D, k); out_weight: (d, D); out_bias: (d,) or None.
+        mask: (B, N) key padding or (B, M, N) general, bool, True = takes part.
+        causal / block_size: causal or block-causal masking (see :func:`polymixer.ops.features.aggregate`).
+        cu_seqlens: int32 offsets of packed sequences; a pair (cu_q, cu_k) for packed cross-mixing.
+        positions / context_positions: rotary positions of queries / context tokens
+            ((N,) or (B, N) for rope="1d"; (N, 2) or (B, N, 2) for rope="2d"). Default: token index (in its sequence).
+        rope: None, "1d" or "2d": rotate each context token's features by its position before aggregation and
+            read the aggregate in each query's own frame, so interactions depend on relative position only.
+
+    Returns:
+        (B, M, d) — or (T, d) when a 2-D packed input was given.
+    """
+    call, squeeze = make_call(x, context, in_weight, gate_bias, coeff, out_weight, out_bias, mask=mask,
+                              causal=causal, block_size=block_size, cu_seqlens=cu_seqlens, positions=positions,
+                              context_positions=context_positions, activation=activation, gate=gate,
+                              reduction=reduction, rope=rope, rope_base=rope_base)
+    y = dispatch.choose("pom", call).forward(call)
+    return y.squeeze(0) if squeeze else y
+
+
+def pom_step(x: Tensor, state_sum: Tensor, state_count: Tensor, state_offset: Tensor, in_weight: Tensor,
+             gate_bias: Tensor, coeff: Tensor, out_weight: Tensor, out_bias: Optional[Tensor] = None, *,
+             causal: bool = True, mask: Optional[Tensor] = None, positions: Optional[Tensor] = None,
+             activation: ActivationLike = "leaky_clamp", gate: ActivationLike = "hardsigmoid",
+             reduction: str = "mean", rope: Optional[str] = None, rope_base: float = 10000.0
+             ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Streaming PoM: consume a chunk given the running (sum, count, offset) of everything seen before; see
+    :func:`polymixer.ops.pom.modular_step.forward`. Returns (y, new_sum, new_count, new_offset)."""
+    call: Dict[str, Any] = dict(x=x, state_sum=state_sum, state_count=state_count, state_offset=state_offset,
+                                in_weight=in_weight, gate_bias=gate_bias, coeff=coeff, out_weight=out_weight,
+                                out_bias=out_bias, causal=causal, mask=mask, positions=positions,
+                                activation=activation, gate=gate, reduction=reduction, rope=rope,
+                                rope_base=rope_base)
+    return dispatch.choose("pom_step", call).forward(call)
+
+
+def backend_for(*args: Any, **kwargs: Any) -> Dict[str, Any]:
+    """Which backend :func:`pom` would run these arguments on, and why the others were passed over."""
+    call, _ = make_call(*args, **kwargs)
+    return dispatch.backend_for("pom", call)
+
+
+# the backends of pom and pom_step (the Triton one is imported only when a call could run on it)
+from ..common import triton_precheck  # noqa: E402
+from . import fused_cpu, modular, modular_step, reference  # noqa: E402
+
+dispatch.register("pom", "reference", reference)
+dispatch.register("pom", "torch", modular)
+dispatch.register("pom", "cpu", fused_cpu)
+dispatch.register("pom", "triton", "polymixer.ops.pom.triton_kernels", precheck=triton_precheck)
+dispatch.register("pom_step", "torch", modular_step)

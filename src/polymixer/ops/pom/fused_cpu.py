@@ -1,0 +1,314 @@
+"""The ``cpu`` backend of PoM: self-mixing, full or causal (rotary allowed), walked in cache-sized tiles."""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ..common import (
+    ACTIVATIONS,
+    GATES,
+    GATES_INPLACE,
+    check_positions,
+    compute_dtype,
+    default_positions,
+    elementwise_backward,
+    is_compiling,
+    rope_angles,
+    rotate,
+)
+from ..features import chunked_cumsum, horner, horner_derivative
+
+__all__ = ["supports", "forward"]
+
+#
+# On CPU the modular path's cost above the matrix products is not arithmetic but memory: every fresh (B, N, D)
+# buffer is a new mapping that page-faults on first touch. The fused path walks the fused projection z in tiles of
+# ~512 tokens that stay in cache, never materialises per-token features, and — like FlashAttention — saves only z
+# (plus a (B, N/512, D) table of running sums) for a backward that recomputes everything else tile by tile. Without
+# autograd it even writes its result into z's own polynomial half, so inference allocates nothing of size (B, N, D).
+
+_TILE = 512
+
+
+def _tiles(B: int, N: int):
+    """(b0, b1, n0, n1, j): row-range × token-range tiles of about _TILE tokens; j is the tile's index in its row."""
+    if N >= _TILE:
+        for b in range(B):
+            for j, n0 in enumerate(range(0, N, _TILE)):
+                yield b, b + 1, n0, min(N, n0 + _TILE), j
+    else:
+        bt = max(1, _TILE // N)
+        for b0 in range(0, B, bt):
+            yield b0, min(B, b0 + bt), 0, N, 0
+
+
+def _gate_times(s: Tensor, h: Tensor) -> Tensor:
+    """s ⊙ h with s of width Ds (one scalar per head when Ds < D)."""
+    D, Ds = h.shape[-1], s.shape[-1]
+    if Ds == D:
+        return s * h
+    hv = h.reshape(*h.shape[:-1], Ds, D // Ds)
+    return (s.unsqueeze(-1) * hv).flatten(-2)
+
+
+def _head_sum(g: Tensor, Ds: int) -> Tensor:
+    D = g.shape[-1]
+    return g if Ds == D else g.view(*g.shape[:-1], Ds, D // Ds).sum(-1)
+
+
+class _ProjectedTiles:
+    """Tiles of the fused projection z = [W_h x; W_s x] from a materialised z (training: autograd keeps z)."""
+
+    def __init__(self, z: Tensor, D: int) -> None:
+        self.z, self.D = z, D
+
+    def poly_part(self, t: Tuple[int, int, int, int]) -> Tensor:
+        return self.z[t[0]:t[1], t[2]:t[3], : self.D]
+
+    def gate_part(self, t: Tuple[int, int, int, int]) -> Tensor:
+        return self.z[t[0]:t[1], t[2]:t[3], self.D:]
+
+    def both(self, t: Tuple[int, int, int, int]) -> Tuple[Tensor, Tensor]:
+        return self.poly_part(t), self.gate_part(t)
+
+
+class _InputTiles(_ProjectedTiles):
+    """Tiles of z computed on the fly from x (inference): the projections run per tile and z never hits memory."""
+
+    def __init__(self, x: Tensor, weight: Tensor, D: int) -> None:
+        self.x, self.w, self.D = x, weight, D
+
+    def poly_part(self, t: Tuple[int, int, int, int]) -> Tensor:
+        return F.linear(self.x[t[0]:t[1], t[2]:t[3]], self.w[: self.D])
+
+    def gate_part(self, t: Tuple[int, int, int, int]) -> Tensor:
+        return F.linear(self.x[t[0]:t[1], t[2]:t[3]], self.w[self.D:])
+
+    def both(self, t: Tuple[int, int, int, int]) -> Tuple[Tensor, Tensor]:
+        z = F.linear(self.x[t[0]:t[1], t[2]:t[3]], self.w)  # ONE matrix product for W_h and W_s
+        return z[..., : self.D], z[..., self.D:]
+
+
+Tile = Tuple[int, int, int, int]
+Rot = Optional[Tuple[Tensor, Tensor]]
+
+
+class _Plan:
+    """Everything the fused tiles share: coefficients, gate bias, non-linearities, mode, and rotary tables."""
+
+    def __init__(self, coeff: Tensor, bias: Tensor, causal: bool, act: str, gate: str, mean: bool, rot: Rot,
+                 cd: torch.dtype) -> None:
+        self.D = coeff.shape[0]
+        self.rows = coeff.to(cd).t().contiguous()
+        self.bias = bias.to(cd)
+        self.causal, self.mean, self.cd = causal, mean, cd
+        self.act_fn, self.act_d = ACTIVATIONS[act]
+        self.gate_fn, self.gate_d = GATES[gate]
+        self.gate_ip = GATES_INPLACE[gate]
+        self.rot = rot  # (cos, sin) of shape (N, D/2) or (B, N, D/2), or None
+
+    def _cs(self, t: Tile) -> Tuple[Tensor, Tensor]:
+        cos, sin = self.rot  # type: ignore[misc]
+        if cos.dim() == 3:
+            return cos[t[0]:t[1], t[2]:t[3]], sin[t[0]:t[1], t[2]:t[3]]
+        return cos[t[2]:t[3]], sin[t[2]:t[3]]
+
+    def rotate(self, x: Tensor, t: Tile) -> Tensor:
+        """R(pos) x for the tokens of tile t (identity without rotary)."""
+        return x if self.rot is None else rotate(x, *self._cs(t))
+
+    def unrotate(self, x: Tensor, t: Tile) -> Tensor:
+        """R(pos)ᵀ x = R(−pos) x."""
+        return x if self.rot is None else rotate(x, *self._cs(t), inverse=True)
+
+
+def _fused_forward(src: _ProjectedTiles, B: int, N: int, plan: _Plan, put: Callable[[Tile, Tensor], None]) -> Tensor:
+    """Hand gate ⊙ H to ``put`` tile by tile; returns what the backward needs besides z:
+    H (B, D) in full mode, the running sum at the start of every tile (B, tiles, D) in causal mode."""
+    D, cd, dev = plan.D, plan.cd, plan.rows.device
+    if not plan.causal:
+        H = torch.zeros(B, D, dtype=cd, device=dev)
+        for b0, b1, n0, n1, _ in _tiles(B, N):
+            t = (b0, b1, n0, n1)
+            H[b0:b1] += plan.rotate(horner(plan.act_fn(src.poly_part(t).to(cd)), plan.rows), t).sum(1)
+        if plan.mean:
+            H /= N
+        for b0, b1, n0, n1, _ in _tiles(B, N):
+            t = (b0, b1, n0, n1)
+            s = plan.gate_ip(src.gate_part(t).to(cd) + plan.bias)
+            h = H[b0:b1, None] if plan.rot is None else plan.unrotate(H[b0:b1, None].expand(b1 - b0, n1 - n0, D), t)
+            put(t, _gate_times(s, h))
+        return H
+    ntiles = -(-N // _TILE) if N >= _TILE else 1
+    carries = torch.zeros(B, ntiles, D, dtype=cd, device=dev)
+    inv = 1.0 / torch.arange(1, N + 1, dtype=cd, device=dev).unsqueeze(-1)
+    for b0, b1, n0, n1, j in _tiles(B, N):
+        t = (b0, b1, n0, n1)
+        zh, zs = src.both(t)
+        c = chunked_cumsum(plan.rotate(horner(plan.act_fn(zh.to(cd)), plan.rows), t), reverse=False)
+        if j:
+            c += carries[b0:b1, j].unsqueeze(1)
+        if j + 1 < ntiles:
+            carries[b0:b1, j + 1] = c[:, -1]
+        if plan.mean:
+            c *= inv[n0:n1]
+        s = plan.gate_ip(zs.to(cd) + plan.bias)
+        put(t, _gate_times(s, plan.unrotate(c, t)))
+    return carries
+
+
+class _FusedSelfMix(torch.autograd.Function):
+    """z = [W_h x; W_s x] → gate(z_s + b) ⊙ H(poly(act(z_h))), full or causal, saving only z (and rotary tables)."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, coeff: Tensor, bias: Tensor, cos: Optional[Tensor], sin: Optional[Tensor],  # type: ignore[override]
+                causal: bool, act: str, gate: str, mean: bool):
+        B, N, _ = z.shape
+        plan = _Plan(coeff, bias, causal, act, gate, mean, None if cos is None else (cos, sin),
+                     compute_dtype(z.dtype))
+        out = torch.empty(B, N, plan.D, dtype=z.dtype, device=z.device)
+
+        def put(t: Tile, g: Tensor) -> None:
+            out[t[0]:t[1], t[2]:t[3]] = g
+
+        aux = _fused_forward(_ProjectedTiles(z, plan.D), B, N, plan, put)
+        ctx.save_for_backward(z, coeff, bias, aux, cos, sin)
+        ctx.cfg = (causal, act, gate, mean)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        z, coeff, bias, aux, cos, sin = ctx.saved_tensors
+        causal, act, gate, mean = ctx.cfg
+        B, N, _ = z.shape
+        cd = compute_dtype(z.dtype)
+        plan = _Plan(coeff, bias, causal, act, gate, mean, None if cos is None else (cos, sin), cd)
+        D, k = coeff.shape
+        Ds = z.shape[-1] - D
+        rows = plan.rows
+        grad_z = torch.empty_like(z)
+        grad_bias = torch.zeros(Ds, dtype=cd, device=z.device)
+        grad_rows = torch.zeros(k, D, dtype=cd, device=z.device)
+
+        def poly_grads(zh: Tensor, h: Tensor, gp: Tensor) -> Tensor:
+            """Accumulate dL/dα from dL/dp and return dL/dz_h for one tile."""
+            hp = h
+            for p in range(k):
+                grad_rows[p] += (gp * hp).sum((0, 1))
+                if p + 1 < k:
+                    hp = hp * h
+            return elementwise_backward(plan.act_fn, plan.act_d, zh, gp * horner_derivative(h, rows))
+
+        if not causal:
+            H = aux  # (B, D), rotated frame
+            gH = torch.zeros(B, D, dtype=cd, device=z.device)
+            for b0, b1, n0, n1, _ in _tiles(B, N):
+                t = (b0, b1, n0, n1)
+                u = z[b0:b1, n0:n1, D:].to(cd) + plan.bias
+                g = grad[b0:b1, n0:n1].to(cd)
+                Hq = H[b0:b1, None] if plan.rot is None else plan.unrotate(H[b0:b1, None].expand(b1 - b0, n1 - n0, D),
+                                                                          t)
+                gH[b0:b1] += plan.rotate(_gate_times(plan.gate_fn(u), g), t).sum(1)
+                gu = elementwise_backward(plan.gate_fn, plan.gate_d, u, _head_sum(g * Hq, Ds))
+                grad_bias += gu.sum((0, 1))
+                grad_z[b0:b1, n0:n1, D:] = gu
+            if mean:
+                gH /= N
+            for b0, b1, n0, n1, _ in _tiles(B, N):
+                t = (b0, b1, n0, n1)
+                zh = z[b0:b1, n0:n1, :D].to(cd)
+                gp = plan.unrotate(gH[b0:b1, None].expand(b1 - b0, n1 - n0, D), t)
+                grad_z[b0:b1, n0:n1, :D] = poly_grads(zh, plan.act_fn(zh), gp)
+        else:
+            carries = aux
+            inv = 1.0 / torch.arange(1, N + 1, dtype=cd, device=z.device).unsqueeze(-1)
+            suffix = torch.zeros(B, D, dtype=cd, device=z.device)
+            for b0, b1, n0, n1, j in reversed(list(_tiles(B, N))):
+                t = (b0, b1, n0, n1)
+                zh = z[b0:b1, n0:n1, :D].to(cd)
+                h = plan.act_fn(zh)
+                c = chunked_cumsum(plan.rotate(horner(h, rows), t), reverse=False)
+                if j:
+                    c += carries[b0:b1, j].unsqueeze(1)
+                if mean:
+                    c *= inv[n0:n1]
+                u = z[b0:b1, n0:n1, D:].to(cd) + plan.bias
+                g = grad[b0:b1, n0:n1].to(cd)
+                gu = elementwise_backward(plan.gate_fn, plan.gate_d, u, _head_sum(g * plan.unrotate(c, t), Ds))
+                grad_bias += gu.sum((0, 1))
+                grad_z[b0:b1, n0:n1, D:] = gu
+                gc = plan.rotate(_gate_times(plan.gate_fn(u), g), t)
+                if mean:
+                    gc *= inv[n0:n1]
+                gp = chunked_cumsum(gc, reverse=True)
+                gp += suffix[b0:b1, None]
+                suffix[b0:b1] = gp[:, 0]
+                grad_z[b0:b1, n0:n1, :D] = poly_grads(zh, h, plan.unrotate(gp, t))
+        return (grad_z, grad_rows.t().to(coeff.dtype), grad_bias.to(bias.dtype), None, None, None, None, None,
+                None)
+
+
+def supports(call) -> Optional[str]:
+    """Self-mixing, full or causal (rotary allowed), on CPU tensors, named non-linearities, eager mode."""
+    if call.x.device.type != "cpu":
+        return f"CPU tensors only (got {call.x.device.type})"
+    if not call.self_mix:
+        return "self-mixing only (cross-mixing given)"
+    for name, value in (("key padding", call.key_mask), ("a (B, M, N) mask", call.mask),
+                        ("packed sequences", call.cu_k), ("block-causal masking", call.block_size),
+                        ("context_positions", call.context_positions)):
+        if value is not None:
+            return f"{name} is not fused"
+    if not isinstance(call.activation, str) or not isinstance(call.gate, str):
+        return "a callable activation or gate is not fused"
+    if is_compiling():
+        return "torch.compile traces the modular form"
+    return None
+
+
+def forward(call) -> Tensor:
+    """The whole self-mixing PoM of ``call`` (a :class:`polymixer.ops.pom.PomCall`) on the fused path."""
+    rot = None
+    if call.rope is not None:
+        two_d = call.rope == "2d"
+        positions = call.positions
+        if positions is None:
+            positions = default_positions(call.N, call.x.device, two_d, "positions")
+        check_positions(positions, call.B, call.N, two_d, "positions")
+        rot = rope_angles(positions, call.D, call.rope_base, two_d, compute_dtype(call.x.dtype))
+    return _fused_self_mix(call.x, call.in_weight, call.coeff, call.gate_bias, call.out_weight, call.out_bias,
+                           call.causal, call.activation, call.gate, call.reduction == "mean", rot)
+
+
+def _fused_self_mix(x: Tensor, in_weight: Tensor, coeff: Tensor, bias: Tensor, out_weight: Tensor,
+                    out_bias: Optional[Tensor], causal: bool, act: str, gate: str, mean: bool, rot: Rot) -> Tensor:
+    """The whole self-mixing PoM on the fused CPU path (``rot``: rotary cos / sin tables of the tokens, or None)."""
+    params = (in_weight, coeff, bias, out_weight) + (() if out_bias is None else (out_bias,))
+    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
+        z = F.linear(x, in_weight)
+        cos, sin = rot if rot is not None else (None, None)
+        g = _FusedSelfMix.apply(z, coeff, bias, cos, sin, causal, act, gate, mean)
+        return F.linear(g, out_weight, out_bias)
+    # inference: per tile, project, mix and project out while the tile is in cache. (In full mode H must be complete
+    # before any gate is applied, so the W_h rows run in the first pass and the W_s rows in the second: the same
+    # flops as one stacked product, and re-reading x (d wide) costs less than storing z_s (Ds wide).)
+    B, N, _ = x.shape
+    x = x.contiguous()
+    out: List[Tensor] = []
+
+    def put(t: Tile, g: Tensor) -> None:
+        yt = F.linear(g.to(x.dtype), out_weight, out_bias)  # dtype as F.linear decides (autocast included)
+        if not out:
+            out.append(torch.empty(B, N, yt.shape[-1], dtype=yt.dtype, device=x.device))
+        out[0][t[0]:t[1], t[2]:t[3]] = yt
+
+    plan = _Plan(coeff, bias, causal, act, gate, mean, rot, compute_dtype(x.dtype))
+    _fused_forward(_InputTiles(x, in_weight, plan.D), B, N, plan, put)
+    return out[0]
+
