@@ -52,12 +52,16 @@ USE_VERBS: Dict[str, Command] = {  # verbs that use a trained model of one famil
                "Class-conditional samples with classifier-free guidance, written as a PNG grid."),
     "read": ("transcribe line images with a trained recogniser", "polymixer.tasks.ocr:read",
              "Print the greedy CTC transcription of each image (resized like the training lines)."),
-    "segment": ("segment whole patches of a PASTIS-layout folder with a trained segmenter", "polymixer.tasks.eo:segment",
+    "segment": ("segment whole patches of a PASTIS-layout folder with a trained segmenter",
+                "polymixer.tasks.eo:segment",
                 "Write the class map of each patch as <ID>_classes.npy (uint8) and a PNG in the PASTIS colour map; the "
                 "whole patch in one forward call by default."),
     "segment3d": ("segment point clouds with a trained 3-D segmenter", "polymixer.tasks.points:segment3d",
                   "Write each scene's per-point labels as <name>_labels.npy, a .ply coloured by class and a top-view "
                   "PNG; the whole scene in one forward call."),
+    "kernels": ("build the Triton kernels ahead of time for NVIDIA GPUs (no GPU needed)", "polymixer.ops.aot",
+                "Compile every Triton kernel at every launch configuration for the given architectures and report "
+                "registers, spills and shared memory per build (status 1 if any fails or spills)."),
     "plot": ("training curves of one or more runs as a PNG", "polymixer.report:plot",
              "Overlay the loss, learning rate and evaluation metrics of runs (their history.json) in one PNG."),
 }
@@ -82,6 +86,10 @@ def _commands() -> Dict[str, Dict[str, Command]]:
                     "Train the tiny attention teacher, distil it into the hybrid and all-PoM patterns within a quarter "
                     "of its training tokens, and train the same students from scratch on that budget; val loss vs "
                     "tokens."),
+        "roofline": ("a roofline MODEL of GPT-2 vs GPPoM2-S on a GPU: predicted tokens/s, not measured",
+                     "polymixer.bench.roofline",
+                     "Count each kernel's FLOPs and HBM bytes of one forward pass and predict its time on an H100 / "
+                     "H200 / A100 (GEMMs, FlashAttention-2, PoM's Triton mixing); beside the paper's measurements."),
         "faults": ("fault injection into training: SIGKILL, SIGTERM, truncated checkpoint, NaN loss; every family",
                    "polymixer.bench.faults",
                    "Train a tiny preset of each family once uninterrupted and again under faults (SIGKILL at random "
@@ -108,6 +116,8 @@ def _commands() -> Dict[str, Dict[str, Command]]:
 
 
 COMMANDS: Dict[str, Dict[str, Command]] = _commands()
+# benches that time nothing (a busy machine changes none of their figures): no warning about the load
+UNTIMED_BENCHES = ("roofline", "faults", "recall", "distill")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -164,7 +174,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     _, run = load_command(args._module)
     name = f"{args.verb}{' ' + args.noun if args.noun else ''}"
-    if args.verb != "bench":
+    if args.verb != "bench" or args.noun in UNTIMED_BENCHES:
         return run_command(run, args, name)
     from .bench.common import MachineLoad
 

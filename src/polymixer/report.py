@@ -17,7 +17,8 @@ __all__ = ["format_table", "per_class_table", "new_figure", "save_figure", "plot
            "plot_history", "add_plot_arguments", "main_plot"]
 
 
-def format_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str], headers: Optional[Sequence[str]] = None) -> str:
+def format_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str],
+                 headers: Optional[Sequence[str]] = None) -> str:
     """A plain aligned text table (also valid Markdown)."""
     headers = list(headers or columns)
 

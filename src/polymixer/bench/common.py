@@ -69,10 +69,32 @@ def _silent_fd(fd: int):
         os.close(saved)
 
 
-def peak_memory_mb(fn: Callable[[], Any]) -> Optional[float]:
+def synchronized(fn: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
+    """``fn`` followed by a device synchronisation on CUDA (kernels launch asynchronously: without it a timer measures
+    the launches, not the work); ``fn`` itself elsewhere."""
+    if device.type != "cuda":
+        return fn
+
+    def call() -> Any:
+        out = fn()
+        torch.cuda.synchronize(device)
+        return out
+
+    return call
+
+
+def peak_memory_mb(fn: Callable[[], Any], device: Optional[torch.device] = None) -> Optional[float]:
     """Peak of the tensor memory allocated during one call of ``fn`` (MB): every allocation and free that PyTorch's
     allocator reports to the profiler, replayed in time order. Tensors alive before the call (inputs, weights) are
-    not counted; neither are BLAS scratch buffers. Works for eager and compiled code alike, on any OS."""
+    not counted; neither are BLAS scratch buffers. Works for eager and compiled code alike, on any OS. On CUDA: the
+    caching allocator's peak above what was allocated before the call."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
     from torch.profiler import ProfilerActivity, profile
 
     gc.collect()

@@ -33,6 +33,7 @@ from .common import (
     sweep_folder,
     sweep_plan,
     sweep_table,
+    synchronized,
     time_interleaved,
     training_minutes,
 )
@@ -70,6 +71,7 @@ class ImageBenchConfig:
     sample_steps: int = 30
     objectives: Tuple[str, ...] = ("flow", "ddpm")
     parts: Tuple[str, ...] = ("speed", "quality")
+    device: str = "cpu"  # "cuda": the speed part on the GPU in bf16 (SiPoM on the Triton kernels, SiT on SDPA)
     seed: int = 0
     out: str = "runs/bench/image"
     extra: Dict[str, Any] = field(default_factory=dict)
@@ -81,8 +83,17 @@ QUICK = dict(sides=(32, 64), pom_sides=(128,), tokens=4096, repeats=2, throughpu
 
 def _backbone(cfg: ImageBenchConfig, mixer: str, side: int) -> torch.nn.Module:
     preset = "sipom-s/2" if mixer == "pom" else "sit-s/2"
-    return create_model(preset, input_size=side, hidden_size=cfg.hidden, depth=cfg.depth, num_heads=cfg.heads,
-                        patch_size=cfg.patch, in_channels=cfg.channels, num_classes=10).eval()
+    m = create_model(preset, input_size=side, hidden_size=cfg.hidden, depth=cfg.depth, num_heads=cfg.heads,
+                     patch_size=cfg.patch, in_channels=cfg.channels, num_classes=10).eval()
+    dev = torch.device(cfg.device)
+    return m.to(dev, torch.bfloat16) if dev.type == "cuda" else m
+
+
+def _inputs(cfg: ImageBenchConfig, b: int, side: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dev = torch.device(cfg.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return (torch.randn(b, cfg.channels, side, side, device=dev, dtype=dtype), torch.rand(b, device=dev) * 1000,
+            torch.randint(0, 10, (b,), device=dev))
 
 
 @torch.no_grad()
@@ -90,6 +101,9 @@ def run_speed(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from tqdm.auto import tqdm
 
     torch.manual_seed(cfg.seed)
+    dev = torch.device(cfg.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but PyTorch sees no CUDA device here")
     sides = sorted(set(cfg.sides) | set(cfg.pom_sides))
     bar = tqdm(total=sum((2 if s in cfg.sides else 1) * (cfg.repeats + 1) for s in sides), disable=not progress,
                desc="bench image speed", unit="call")
@@ -99,11 +113,9 @@ def run_speed(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
         b = max(1, cfg.tokens // tokens)
         mixers = ["attention", "pom"] if side in cfg.sides else ["pom"]
         models = {m: _backbone(cfg, m, side) for m in mixers}
-        x = torch.randn(b, cfg.channels, side, side)
-        t = torch.rand(b) * 1000
-        y = torch.randint(0, 10, (b,))
-        timing = time_interleaved({m: (lambda mod=mod: mod(x, t, y)) for m, mod in models.items()}, warmup=1,
-                                  repeats=cfg.repeats, on_sample=lambda name: bar.update(1))
+        x, t, y = _inputs(cfg, b, side)
+        timing = time_interleaved({m: synchronized(lambda mod=mod: mod(x, t, y), dev) for m, mod in models.items()},
+                                  warmup=1, repeats=cfg.repeats, on_sample=lambda name: bar.update(1))
         bar.update(len(models))
         for m in mixers:
             rows.append({"side": side, "tokens": tokens, "batch": b, "model": "SiPoM" if m == "pom" else "SiT",
@@ -116,10 +128,8 @@ def run_speed(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
     # images/s at a fixed batch, at the smallest side
     side = min(cfg.sides)
     models = {m: _backbone(cfg, m, side) for m in ("attention", "pom")}
-    x = torch.randn(cfg.throughput_batch, cfg.channels, side, side)
-    t = torch.rand(cfg.throughput_batch) * 1000
-    y = torch.randint(0, 10, (cfg.throughput_batch,))
-    tp = time_interleaved({m: (lambda mod=mod: mod(x, t, y)) for m, mod in models.items()}, warmup=1,
+    x, t, y = _inputs(cfg, cfg.throughput_batch, side)
+    tp = time_interleaved({m: synchronized(lambda mod=mod: mod(x, t, y), dev) for m, mod in models.items()}, warmup=1,
                           repeats=cfg.repeats)
     throughput = {("SiPoM" if m == "pom" else "SiT"): cfg.throughput_batch / tp[m].median for m in models}
     params = {("SiPoM" if m == "pom" else "SiT"): count_parameters(mod) for m, mod in models.items()}
@@ -340,6 +350,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ImageBenchConfig()
     p.add_argument("--quick", action="store_true", help="a few-minute version of both parts")
     p.add_argument("--parts", nargs="+", choices=["speed", "quality"], default=list(d.parts))
+    p.add_argument("--device", default=d.device,
+                   help="cuda: the speed part on the GPU in bf16 (SiPoM on the Triton kernels, SiT on SDPA)")
     p.add_argument("--sides", type=int, nargs="+", default=None)
     p.add_argument("--pom-sides", type=int, nargs="*", default=None)
     p.add_argument("--quality-steps", type=int, default=None)
@@ -361,7 +373,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = ImageBenchConfig(parts=tuple(args.parts), out=args.out, objectives=tuple(args.objectives))
+    cfg = ImageBenchConfig(parts=tuple(args.parts), out=args.out, objectives=tuple(args.objectives),
+                           device=args.device)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {**{name: name for name in ("sides", "pom_sides", "quality_steps", "sweep", "lr_factors", "lrs")},
                      "presets": "quality_presets"})

@@ -66,6 +66,10 @@ class LMBenchConfig:
     quality_batch: int = 32
     quality_eval_windows: int = 1024
     parts: Tuple[str, ...] = ("throughput", "decode", "quality")  # and "hf_decode" (the [hf] extra)
+    # "cuda": the throughput part on the GPU with the paper's models (GPT-2 small, GPPoM2-S, its hybrid and the value
+    # PoM; rotary positions so every length runs) in bf16, PoM on the Triton kernels, attention on FlashAttention
+    device: str = "cpu"
+    gpu_presets: Tuple[str, ...] = ("gpt2-small", "gppom2-small", "gppom2-small-hybrid", "gppom2-small-value")
     seed: int = 0
     out: str = "runs/bench/lm"
     extra: Dict[str, Any] = field(default_factory=dict)
@@ -95,25 +99,37 @@ def run_throughput(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     baseline of the ratios, is always timed in the same run; other kinds not given keep their earlier rows."""
     from tqdm.auto import tqdm
 
+    from .common import synchronized
+
     torch.manual_seed(cfg.seed)
-    kinds = tuple(dict.fromkeys(("attention",) + tuple(cfg.kinds)))
-    models = {k: _model(cfg, k) for k in kinds}
+    dev = torch.device(cfg.device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda, but PyTorch sees no CUDA device here")
+        longest = max(cfg.throughput_lengths)
+        kinds = tuple(cfg.gpu_presets)  # the first (GPT-2) is the baseline of the ratios
+        models = {p: create_model(p, position="rope", block_size=longest, vocab_size=50304).to(dev, torch.bfloat16)
+                  .eval() for p in kinds}
+    else:
+        kinds = tuple(dict.fromkeys(("attention",) + tuple(cfg.kinds)))
+        models = {k: _model(cfg, k) for k in kinds}
     rows = []
     bar = tqdm(total=len(cfg.throughput_lengths) * len(models) * (cfg.repeats + 1), disable=not progress,
                desc="bench lm throughput", unit="call")
     for n in cfg.throughput_lengths:
         b = max(1, cfg.tokens // n)
-        idx = torch.randint(0, 257, (b, n))
+        idx = torch.randint(0, 257, (b, n), device=dev)
         with torch.no_grad():
-            t = time_interleaved({k: (lambda m=m: m(idx)) for k, m in models.items()}, warmup=1,
+            t = time_interleaved({k: synchronized(lambda m=m: m(idx), dev) for k, m in models.items()}, warmup=1,
                                  repeats=cfg.repeats, on_sample=lambda name: bar.update(1))
         bar.update(len(models))
         for k in models:
             rows.append({"N": n, "batch": b, "model": k, "ms": 1e3 * t[k].median, "ktok_s": b * n / t[k].median / 1e3,
                          "spread": t[k].spread})
     bar.close()
+    base = kinds[0]
     for n in cfg.throughput_lengths:
-        att = next(r for r in rows if r["N"] == n and r["model"] == "attention")
+        att = next(r for r in rows if r["N"] == n and r["model"] == base)
         for r in rows:
             if r["N"] == n:
                 r["vs_attention"] = r["ktok_s"] / att["ktok_s"]
@@ -243,6 +259,13 @@ def report(payload: Dict[str, Any]) -> str:
             ok = all(pom[n] > 1 for n in ahead)
             lines.append(f"pom ahead of attention from 4k tokens on: {'met' if ok else 'MISSED'} "
                          f"({', '.join(f'{n}: {pom[n]:.2f}×' for n in sorted(pom))})\n")
+        paper = {1024: 1.74, 4096: 3.03, 16384: 6.30, 32768: 8.62}  # GPPoM2-S ÷ GPT-2 forward, the paper's H100
+        gppom = {r["N"]: r["vs_attention"] for r in p["rows"] if r["model"] == "gppom2-small"}
+        shared = [n for n in sorted(gppom) if n in paper]
+        if shared:
+            ok = all(gppom[n] >= paper[n] for n in shared)
+            lines.append(f"GPPoM2-S ÷ GPT-2 tokens/s at least the paper's ratios: {'met' if ok else 'MISSED'} ("
+                         + ", ".join(f"{n}: {gppom[n]:.2f}× vs {paper[n]:.2f}×" for n in shared) + ")\n")
     if "decode" in payload:
         rows = payload["decode"]["rows"]
         lines += ["decoding after a context of N tokens (batch 1)",
@@ -369,15 +392,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", nargs="*", default=None,
                    help="presets trained at every rate of the grid (default: all; none: the recipe's rate only)")
     p.add_argument("--lr-factors", type=float, nargs="+", default=None,
-                   help=f"the grid: the recipe's rate ({d.quality_lr:g}) times these (default: {' '.join(map(str, d.lr_factors))})")
+                   help=f"the grid: the recipe's rate ({d.quality_lr:g}) times these "
+                        f"(default: {' '.join(map(str, d.lr_factors))})")
     p.add_argument("--lrs", type=float, nargs="+", default=None,
                    help="run only these rates of the grid (to share a sweep among processes)")
+    p.add_argument("--device", default=d.device,
+                   help="cuda: the throughput part on the GPU with the paper's models in bf16 (GPT-2 small vs "
+                        "GPPoM2-S on the Triton kernels), the paper's protocol")
     p.add_argument("--out", default=d.out)
 
 
 def main(args: argparse.Namespace) -> int:
     cfg = LMBenchConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, window=args.window,
-                        parts=tuple(args.parts), out=args.out)
+                        parts=tuple(args.parts), device=args.device, out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {"tokens": "tokens", "lengths": "throughput_lengths", "contexts": "decode_contexts",
                      "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets",

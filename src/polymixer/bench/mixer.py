@@ -27,7 +27,8 @@ from ..attention import Attention
 from ..mixer import PoM
 from ..report import format_table, new_figure, save_figure
 from ..values import value_mix
-from .common import apply_overrides, machine, peak_memory_mb, time_interleaved, write_json
+from ..ops import backend
+from .common import apply_overrides, machine, peak_memory_mb, synchronized, time_interleaved, write_json
 
 __all__ = ["MixerBenchConfig", "run", "predicted_crossover", "add_arguments", "main"]
 
@@ -51,6 +52,8 @@ class MixerBenchConfig:
     mixers: Tuple[str, ...] = ("pom", "value_pom", "attention")
     # packed causal sequences of the value PoM (fwd + bwd): mixed in place against the same sequences as a padded batch
     packed_layouts: Tuple[Tuple[int, ...], ...] = ((128,) * 16, (1024,) + (16,) * 64)
+    device: str = "cpu"  # "cuda": every mixer on the GPU, with the Triton kernels' columns beside eager and compiled
+    dtype: str = "auto"  # "auto": fp32 on the CPU, bf16 on a GPU (SDPA then takes FlashAttention); "fp32", "bf16"
     seed: int = 0
     out: str = "runs/bench/mixer"
     extra: Dict[str, Any] = field(default_factory=dict)
@@ -95,10 +98,28 @@ def _value_floor(vpom: PoM, x: torch.Tensor) -> torch.Tensor:
     return F.linear(o.transpose(1, 2).reshape(B, N, dv), vpom.out_proj.weight)
 
 
+def _on(name: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``fn`` run on op backend ``name`` (strict)."""
+    def call(x: torch.Tensor) -> torch.Tensor:
+        with backend(name):
+            return fn(x)
+    return call
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _configs(cfg: MixerBenchConfig, N: int, B: int, pom: PoM, pom_c: Optional[torch.nn.Module], vpom: PoM,
              vpom_c: Optional[torch.nn.Module], att: Attention, naive: _NaiveAttention
              ) -> Dict[str, Tuple[Callable[[torch.Tensor], torch.Tensor], bool]]:
-    """name → (forward function of x, allowed with backward)."""
+    """name → (forward function of x, allowed with backward). On CUDA, "pom full" / "pom causal" are the torch form
+    (eager), beside the Triton kernels and the compiled module."""
+    gpu = cfg.device.startswith("cuda")
     D = pom.poly_dim
     w_in, w_out = pom.in_proj.weight, pom.out_proj.weight
     out: Dict[str, Tuple[Callable, bool]] = {}
@@ -107,12 +128,17 @@ def _configs(cfg: MixerBenchConfig, N: int, B: int, pom: PoM, pom_c: Optional[to
         out["pom matmuls (floor)"] = (lambda x: F.linear(F.linear(x, w_in)[..., :D], w_out), True)
         out["pom full"] = (lambda x: pom(x), True)
         out["pom causal"] = (lambda x: pom(x, causal=True), True)
+        if gpu and _triton_available():
+            out["pom full triton"] = (_on("triton", lambda x: pom(x)), True)
+            out["pom causal triton"] = (_on("triton", lambda x: pom(x, causal=True)), True)
         if pom_c is not None:
             out["pom full compiled"] = (lambda x: pom_c(x), True)
             out["pom causal compiled"] = (lambda x: pom_c(x, causal=True), True)
     if "value_pom" in cfg.mixers:
         out["value pom matmuls (floor)"] = (lambda x: _value_floor(vpom, x), True)
         out["value pom causal"] = (lambda x: vpom(x, causal=True), True)
+        if gpu and _triton_available():
+            out["value pom causal triton"] = (_on("triton", lambda x: vpom(x, causal=True)), True)
         if vpom_c is not None:
             out["value pom causal compiled"] = (lambda x: vpom_c(x, causal=True), True)
     if N in cfg.lengths and "attention" in cfg.mixers:
@@ -131,9 +157,14 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
     torch.manual_seed(cfg.seed)
     d = cfg.dim
-    pom = PoM(d, degree=cfg.degree, expand=cfg.expand)
-    vpom = PoM(d, degree=cfg.degree, expand=cfg.expand, value_dim=cfg.value_dim, heads=cfg.value_heads)
-    att = Attention(d, heads=cfg.heads)
+    dev = torch.device(cfg.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but PyTorch sees no CUDA device here")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(
+        cfg.dtype, torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    pom = PoM(d, degree=cfg.degree, expand=cfg.expand).to(dev, dtype)
+    vpom = PoM(d, degree=cfg.degree, expand=cfg.expand, value_dim=cfg.value_dim, heads=cfg.value_heads).to(dev, dtype)
+    att = Attention(d, heads=cfg.heads).to(dev, dtype)
     naive = _NaiveAttention(att)
     for p in list(pom.parameters()) + list(vpom.parameters()) + list(att.parameters()):
         p.requires_grad_(True)
@@ -154,7 +185,7 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
             torch._dynamo.reset()  # fresh static graphs for every shape: the best case, and no recompile limit
             pom_c = torch.compile(pom, fullgraph=True, dynamic=False)
             vpom_c = torch.compile(vpom, fullgraph=True, dynamic=False)
-        x = torch.randn(B, N, d)
+        x = torch.randn(B, N, d, device=dev, dtype=dtype)
         configs = _configs(cfg, N, B, pom, pom_c, vpom, vpom_c, att, naive)
 
         def tick(name: str) -> None:
@@ -162,10 +193,10 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
             bar.update(1)
 
         with torch.no_grad():
-            fwd = {k: (lambda f=f: f(x)) for k, (f, _) in configs.items()}
+            fwd = {k: synchronized(lambda f=f: f(x), dev) for k, (f, _) in configs.items()}
             t_fwd = time_interleaved(fwd, warmup=cfg.warmup + (1 if cfg.compile else 0), repeats=cfg.repeats,
                                      on_sample=tick)
-            mem_fwd = {k: peak_memory_mb(f) for k, f in fwd.items()}
+            mem_fwd = {k: peak_memory_mb(f, dev) for k, f in fwd.items()}
         t_bwd: Dict[str, Any] = {}
         mem_bwd: Dict[str, Optional[float]] = {}
         if cfg.backward:
@@ -180,10 +211,10 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
                     y.backward(torch.ones_like(y))
                 return step
 
-            bwd = {k: train_step(f) for k, (f, ok) in configs.items() if ok}
+            bwd = {k: synchronized(train_step(f), dev) for k, (f, ok) in configs.items() if ok}
             t_bwd = time_interleaved(bwd, warmup=cfg.warmup + (1 if cfg.compile else 0), repeats=cfg.repeats,
                                      on_sample=tick)
-            mem_bwd = {k: peak_memory_mb(f) for k, f in bwd.items()}
+            mem_bwd = {k: peak_memory_mb(f, dev) for k, f in bwd.items()}
         for k in configs:
             base = "value pom matmuls (floor)" if k.startswith("value pom") else "pom matmuls (floor)"
             floor = t_fwd[base].median if base in t_fwd else float("nan")
@@ -222,19 +253,21 @@ def run_packed(cfg: MixerBenchConfig, vpom: PoM) -> List[Dict[str, Any]]:
     from ..values import pad_packed
 
     rows = []
+    p = next(vpom.parameters())
     for lens in cfg.packed_layouts:
         T = sum(lens)
-        cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
-        x = torch.randn(1, T, cfg.dim, requires_grad=True)
+        cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=p.device)
+        x = torch.randn(1, T, cfg.dim, device=p.device, dtype=p.dtype, requires_grad=True)
         rows_x, valid = pad_packed(x.detach(), cu)
         padded = rows_x.clone().requires_grad_(True)
 
         def step(f: Callable[[], torch.Tensor]) -> Callable[[], None]:
             return lambda: f().sum().backward()
 
-        t = time_interleaved({"in place": step(lambda: vpom(x, cu_seqlens=cu, causal=True)),
-                              "padded batch": step(lambda: vpom(padded, mask=valid, causal=True)),
-                              "one sequence": step(lambda: vpom(x, causal=True))},
+        t = time_interleaved({"in place": synchronized(step(lambda: vpom(x, cu_seqlens=cu, causal=True)), p.device),
+                              "padded batch": synchronized(step(lambda: vpom(padded, mask=valid, causal=True)),
+                                                           p.device),
+                              "one sequence": synchronized(step(lambda: vpom(x, causal=True)), p.device)},
                              warmup=cfg.warmup, repeats=cfg.repeats)
         name = " + ".join(f"{c} × {n}" for n, c in _runs(lens))  # count × length
         for k, v in t.items():
@@ -396,6 +429,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--value-dim", type=int, default=d.value_dim, help="value-carrying PoM: dv")
     p.add_argument("--value-heads", type=int, default=d.value_heads, help="value-carrying PoM: heads")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--device", default=d.device,
+                   help="cpu, or cuda: time on the GPU, with the Triton kernels beside eager and compiled PoM and "
+                        "SDPA (FlashAttention in bf16)")
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default=d.dtype,
+                   help="auto: fp32 on the CPU, bf16 on a GPU")
     p.add_argument("--out", default=d.out, help="folder for mixer.json and mixer.png")
 
 
@@ -403,7 +441,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = MixerBenchConfig(dim=args.dim, expand=int(args.expand) if float(args.expand).is_integer() else args.expand,
                            degree=args.degree, heads=args.heads, tokens=args.tokens, compile=not args.no_compile,
                            backward=not args.no_backward, naive_max_gb=args.naive_max_gb, seed=args.seed,
-                           value_dim=args.value_dim, value_heads=args.value_heads, out=args.out)
+                           value_dim=args.value_dim, value_heads=args.value_heads, device=args.device,
+                           dtype=args.dtype, out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {name: name for name in ("lengths", "pom_lengths", "repeats", "warmup", "mixers")})
     if any(n < 1 for n in cfg.lengths + cfg.pom_lengths) or cfg.tokens < 1 or cfg.repeats < 1:
