@@ -238,6 +238,10 @@ def test_bench_eo_both_parts(tmp_path):
     assert [c["spec"] for c in curves] == ["tiny-tsvit", "tiny-tsvipom"] and curves[0]["lr"] == best
     assert [pt["step"] for pt in curves[0]["points"]] == [2, 4] and curves[1]["lr"] == 1e-3
     assert all(0 <= pt["miou"] <= 1 and pt["per_class_iou"] for c in curves for pt in c["points"])
+    from dataclasses import replace
+
+    again = run(replace(cfg, parts=("curves",), curve_models=("tiny-tsvipom",)), progress=False)["curves"]["rows"]
+    assert [c["spec"] for c in again] == ["tiny-tsvit", "tiny-tsvipom"]  # a model run alone keeps the others' curves
     for r in q:
         assert set(r["windows"]) == {"8", "16", "whole"} and r["test_patches"] == 1
         assert all(0 <= w["miou"] <= 1 and 0 <= w["oa"] <= 1 for w in r["windows"].values())

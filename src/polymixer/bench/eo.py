@@ -264,6 +264,15 @@ def run_curves(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
         rows.append({"model": variant_name(spec), "spec": spec, "lr": lr, "lr_from": "quality sweep"
                      if spec in rates else "recipe (no sweep result)", "steps": steps, "train_min": minutes,
                      "points": points})
+    # the curves of models not run again are kept (read after training: processes sharing the part keep each other's)
+    import json
+
+    path = Path(cfg.out) / "eo.json"
+    earlier = json.loads(path.read_text()).get("curves", {}).get("rows", []) if path.is_file() else []
+    done = {r["spec"] for r in rows}
+    rows = [r for r in earlier if r["spec"] not in done] + rows
+    order = {s: i for i, s in enumerate(SWEPT)}
+    rows.sort(key=lambda r: order.get(r["spec"], len(order)))
     return {"rows": rows, "timing_classes": {k: list(v) for k, v in TIMING_CLASSES.items()}}
 
 
@@ -466,7 +475,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", nargs="*", default=None,
                    help=f"quality models trained at every rate of the grid (default: {' '.join(d.sweep)})")
     p.add_argument("--lr-factors", type=float, nargs="+", default=None,
-                   help=f"the grid: the recipe's rate ({d.lr:g}) times these (default: {' '.join(map(str, d.lr_factors))})")
+                   help=f"the grid: the recipe's rate ({d.lr:g}) times these "
+                        f"(default: {' '.join(map(str, d.lr_factors))})")
     p.add_argument("--lrs", type=float, nargs="+", default=None,
                    help="run only these rates of the grid (to share a sweep among processes)")
     p.add_argument("--curve-models", nargs="+", default=None, help="models of the curves part")
