@@ -124,6 +124,24 @@ def test_recall_models_and_state_sizes():
         create_model("mqar-vpom", mixer="VX")
 
 
+def test_training_loss_reads_the_head_at_the_queries_only():
+    """``labelled_only`` (what training calls): the head only at the labelled positions, the same loss and
+    gradients as the full logits."""
+    torch.manual_seed(0)
+    m = create_model("mqar-attention", vocab_size=64, seq_len=16, d_model=16)
+    x, y = mqar(4, 16, 3, 64, seed=2)
+    full = m(x, y)[1]
+    g_full = torch.autograd.grad(full, list(m.parameters()))
+    logits, part = m(x, y, labelled_only=True)
+    g_part = torch.autograd.grad(part, list(m.parameters()))
+    assert logits.shape == (4 * 3, 64)
+    torch.testing.assert_close(part, full)
+    for a, b in zip(g_part, g_full):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="labelled_only needs the targets"):
+        m(x, labelled_only=True)
+
+
 def test_recall_task_trains_through_the_shared_loop(tmp_path):
     from polymixer.tasks.recall import RecallTask, train_recall
     from polymixer.train.loop import TrainConfig
@@ -147,13 +165,14 @@ def test_bench_recall_on_a_toy(tmp_path):
                             state_variants=("attention", "attention-shift", "vpom-1k", "based-1k", "linear-1k", "pom",
                                             "hybrid-LV"),
                             length_points=((16, 2), (32, 4)), length_variants=("vpom-1k",), test_examples=16,
-                            out=str(tmp_path))
+                            sweep=(), curves=False, out=str(tmp_path))
     payload = run(cfg, progress=False)
     rows = {(r["variant"], r["seq_len"]): r for r in payload["state"]["rows"] + payload["length"]["rows"]}
     assert rows[("vpom-1k", 16)]["seeds"] == 2 and ("vpom-1k", 32) in rows
     assert rows[("vpom-1k", 16)]["low"] <= rows[("vpom-1k", 16)]["median"] <= rows[("vpom-1k", 16)]["high"]
-    # a budget other than the default (2,000 steps, lr 1e-3) is part of the run's folder and of every row
-    record = tmp_path / "quality" / "recall" / "vpom-1k-L16-K2-s0-3steps-lr0.001" / "result.json"
+    # steps other than the recipe's 2,000 are part of the run's folder (and a rate other than 1e-3 would be too), and
+    # the budget is part of every row
+    record = tmp_path / "quality" / "recall" / "vpom-1k-L16-K2-s0-3steps" / "result.json"
     assert all(r["steps"] == 3 and r["lr"] == 1e-3 for r in payload["state"]["rows"])
     stamp = record.stat().st_mtime_ns
     run(cfg, progress=False)  # finished runs are read back, not trained again
@@ -164,7 +183,7 @@ def test_bench_recall_on_a_toy(tmp_path):
     # is left out; compiling changes nothing in what a run is
     rows = run(more, progress=False)["state"]["rows"]
     assert all(r["seeds"] == 2 for r in rows)
-    assert not (tmp_path / "quality" / "recall" / "pom-L16-K2-s2-3steps-lr0.001").exists()
+    assert not (tmp_path / "quality" / "recall" / "pom-L16-K2-s2-3steps").exists()
     assert json.loads((tmp_path / "recall.json").read_text())["state"]["rows"]
     assert (tmp_path / "recall.png").is_file() and "state floats / layer" in report(payload)
 
@@ -200,3 +219,137 @@ def test_bench_recall_length_points_from_the_command_line():
     assert p.parse_args(["--length-points", "64:8", "512:64"]).length_points == [(64, 8), (512, 64)]
     with pytest.raises(SystemExit):
         p.parse_args(["--length-points", "512"])
+
+
+def _toy_sweep(tmp_path, **kw):
+    from polymixer.bench.recall import RecallBenchConfig
+
+    return RecallBenchConfig(**{**dict(vocab_size=64, d_model=16, steps=2, batch=8, seeds=(0, 1), state_point=(16, 2),
+                                       state_variants=("attention", "pom"), sweep=("attention",), test_examples=16,
+                                       parts=("state",), curves=False, out=str(tmp_path)), **kw})
+
+
+def test_bench_recall_sweeps_the_learning_rate(tmp_path):
+    """A swept variant trains its first seed at every rate of the grid (0.5×, 1×, 2× the recipe's 1e-3) and its
+    other seeds at its best rate only; the rest train at the recipe's rate. The recipe's rate keeps the folder of
+    the runs made before sweeps; finished runs are read back, and runs recorded in recall.json whose folders are gone
+    keep their rows."""
+    import shutil
+
+    from polymixer.bench.recall import report, run
+
+    cfg = _toy_sweep(tmp_path)
+    payload = run(cfg, progress=False)
+    runs = {(r["variant"], r["seed"], r["lr"]) for r in payload["state"]["runs"]}
+    rows = payload["state"]["rows"]
+    best = next(r["lr"] for r in rows if r["variant"] == "attention" and r["best_lr"])
+    assert runs == {("attention", 0, 5e-4), ("attention", 0, 1e-3), ("attention", 0, 2e-3), ("attention", 1, best),
+                    ("pom", 0, 1e-3), ("pom", 1, 1e-3)}
+    assert payload["state"]["grid"] == [5e-4, 1e-3, 2e-3]
+    assert {r["lr"]: r["rates"] for r in rows if r["variant"] == "attention"} == {5e-4: 3, 1e-3: 3, 2e-3: 3}
+    root = tmp_path / "quality" / "recall"
+    assert {p.name for p in root.iterdir()} >= {"attention-L16-K2-s0-2steps", "attention-L16-K2-s0-2steps-lr0.0005",
+                                                 "attention-L16-K2-s0-2steps-lr0.002", "pom-L16-K2-s1-2steps"}
+    text = report(payload)
+    assert "best lr" in text and "every rate of the sweep (grid 0.0005, 0.001, 0.002; accuracy of seed 0" in text
+    assert "one rate only (not swept, or not yet): pom" in text
+    stamp = (root / "attention-L16-K2-s0-2steps-lr0.002" / "result.json").stat().st_mtime_ns
+    shutil.rmtree(root / "pom-L16-K2-s1-2steps")  # trained elsewhere: only recall.json remembers it
+    again = run(_toy_sweep(tmp_path, train=False), progress=False)["state"]
+    assert {(r["variant"], r["seed"], r["lr"]) for r in again["runs"]} == runs
+    assert (root / "attention-L16-K2-s0-2steps-lr0.002" / "result.json").stat().st_mtime_ns == stamp
+    assert not (root / "pom-L16-K2-s1-2steps").exists()
+    # --lrs: one process takes one rate of a wider grid; the variants not swept train at the recipe's rate only
+    wider = run(_toy_sweep(tmp_path, lr_factors=(0.5, 1, 2, 4), lrs=(4e-3,), seeds=(0,)), progress=False)["state"]
+    assert {(r["variant"], r["lr"]) for r in wider["runs"] if r["seed"] == 0} == {
+        ("attention", 5e-4), ("attention", 1e-3), ("attention", 2e-3), ("attention", 4e-3), ("pom", 1e-3)}
+    assert (root / "attention-L16-K2-s0-2steps-lr0.004").is_dir()
+
+
+def test_bench_recall_report_shows_each_variant_at_its_best_rate():
+    """Selection and the report on recorded runs: the best rate by the sweep seed's accuracy (ties: more seeds, then
+    the recipe's rate), every rate's score in the sweep table, the targets judged at the best rates."""
+    from polymixer.bench.recall import RecallBenchConfig, _summarise, report
+
+    cfg = RecallBenchConfig()
+
+    def r(variant, seed, lr, acc, family="x"):
+        return {"variant": variant, "family": family, "seq_len": 64, "pairs": 16, "seed": seed, "steps": 2000,
+                "lr": lr, "accuracy": acc, "state_floats": 1, "params": 1}
+
+    runs = [r("attention", 0, 5e-4, 0.05), r("attention", 0, 1e-3, 0.08), r("attention", 0, 2e-3, 0.995),
+            r("attention", 1, 2e-3, 0.993), r("attention", 2, 2e-3, 0.999),
+            r("vpom-16k", 0, 5e-4, 0.9999), r("vpom-16k", 0, 1e-3, 0.9999), r("vpom-16k", 1, 1e-3, 0.9998),
+            r("vpom-16k", 2, 1e-3, 0.9997), r("vpom-16k", 0, 2e-3, 0.99),
+            r("based-16k", 0, 1e-3, 0.998), r("based-16k", 0, 2e-3, 0.9991),
+            {k: v for k, v in r("pom", 0, 1e-3, 0.05).items() if k not in ("steps", "lr")}]  # recorded before sweeps
+    rows = _summarise(runs, cfg)
+    best = {x["variant"]: x for x in rows if x["best_lr"]}
+    assert {v: x["lr"] for v, x in best.items()} == {"attention": 2e-3, "vpom-16k": 1e-3, "based-16k": 2e-3,
+                                                      "pom": 1e-3}
+    assert best["attention"]["seeds"] == 3 and best["attention"]["median"] == 0.995  # the tie went to 3 seeds
+    assert best["vpom-16k"]["rates"] == 3 and best["pom"]["rates"] == 1
+    text = report({"config": {"steps": 2000}, "state": {"rows": rows, "grid": [5e-4, 1e-3, 2e-3],
+                                                         "sweep_seeds": [0]}})
+    assert "attention (no shift), K = 16, L = 64 (2000 steps, lr 0.002, best of 3): median 0.9950 over 3 seed(s) " \
+           "(target ≥ 0.99: met)" in text
+    assert "16k state at K = 16, L = 64 (2000 steps): value PoM 0.9998 (lr 0.001, best of 3, 3 seeds) vs Based " \
+           "0.9991 (lr 0.002, best of 2, 1 seeds) (target at least level: met)" in text
+    sweep = text.split("every rate of the sweep")[1]
+    assert "0.995*" in sweep and "0.08" in sweep and "pom (L 64" not in sweep.split("one rate only")[0]
+
+
+def test_bench_recall_sweep_flags():
+    import argparse
+
+    from polymixer.bench.recall import SWEPT, add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    a = p.parse_args(["--sweep", "attention", "vpom-16k", "--lr-factors", "0.33", "1", "3", "--lrs", "0.003",
+                      "--sweep-seeds", "2"])
+    assert (a.sweep, a.lr_factors, a.lrs, a.sweep_seeds) == (["attention", "vpom-16k"], [0.33, 1, 3], [0.003], 2)
+    assert p.parse_args(["--sweep"]).sweep == [] and p.parse_args([]).sweep is None
+    assert set(SWEPT) == {"attention", "attention-shift", "vpom-1k", "vpom-4k", "vpom-16k", "based-1k", "based-4k",
+                          "based-16k"}
+    with pytest.raises(SystemExit):
+        p.parse_args(["--sweep", "nonsense"])
+
+
+def test_bench_recall_trains_the_other_seeds_at_the_best_rate(tmp_path, monkeypatch):
+    """The plan of a sweep, with the training replaced by a table of accuracies: the first seed at every rate, the
+    others at the best rate only, also when the best is a rate added beyond the grid (``--lr-factors``, ``--lrs``);
+    nothing trains twice."""
+    import polymixer.bench.recall as bench
+
+    acc = {5e-4: 0.1, 1e-3: 0.2, 2e-3: 0.3, 4e-3: 0.9}
+    trained, done = [], {}
+
+    def fake(cfg, variant, L, K, seed, lr, progress, train=True):
+        key = (variant, seed, lr)
+        if key not in done:
+            if not train:
+                return None
+            trained.append(key)
+            done[key] = {"variant": variant, "family": variant, "seq_len": L, "pairs": K, "seed": seed,
+                         "steps": cfg.steps, "lr": lr, "accuracy": acc[lr], "loss": 1.0, "state_floats": 1,
+                         "params": 1, "minutes": 0.0}
+        return done[key]
+
+    monkeypatch.setattr(bench, "_run", fake)
+    cfg = _toy_sweep(tmp_path, seeds=(0, 1, 2))
+    bench.run(cfg, progress=False)
+    assert trained == [("attention", 0, 5e-4), ("attention", 0, 1e-3), ("attention", 0, 2e-3),
+                       ("attention", 1, 2e-3), ("attention", 2, 2e-3), ("pom", 0, 1e-3), ("pom", 1, 1e-3),
+                       ("pom", 2, 1e-3)]
+    trained.clear()
+    bench.run(_toy_sweep(tmp_path, seeds=(0,), lr_factors=(0.5, 1, 2, 4), lrs=(4e-3,)), progress=False)
+    assert trained == [("attention", 0, 4e-3)]
+    trained.clear()
+    payload = bench.run(cfg, progress=False)  # the default grid again: 4e-3 is the best, so seeds 1 and 2 go there
+    assert trained == [("attention", 1, 4e-3), ("attention", 2, 4e-3)]
+    best = [r for r in payload["state"]["rows"] if r["best_lr"] and r["variant"] == "attention"]
+    assert [(r["lr"], r["rates"], r["seeds"], r["median"]) for r in best] == [(4e-3, 4, 3, 0.9)]
+    trained.clear()
+    bench.run(cfg, progress=False)
+    assert trained == []

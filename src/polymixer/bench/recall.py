@@ -2,9 +2,8 @@
 
 Zoology's probe, which separates sub-quadratic mixers by how much they can recall. 2-layer models of width 64 over
 a vocabulary of 2,048 are trained by the shared loop on MQAR batches generated on the fly (2,000 steps of 64
-sequences, AdamW 1e-3 with warm-up and cosine decay), then scored on 1,000 held-out examples. The score is the
-fraction of queries whose value is the argmax. Every point runs with several seeds and reports the median and the
-spread.
+sequences, AdamW with warm-up and cosine decay), then scored on 1,000 held-out examples. The score is the fraction of
+queries whose value is the argmax. Every point runs with several seeds and reports the median and the spread.
 
 Mixers: attention, sliding-window attention, PoM, the value-carrying PoM, a hybrid (sliding window + value PoM), and
 two baselines, linear attention with the identity feature map and Based (the Taylor map). The sub-quadratic mixers
@@ -13,14 +12,24 @@ come at about 1k, 4k and 16k floats of state per layer. Two parts:
 - ``state``: accuracy against state floats per layer at (L, K) = (64, 16), the plot people expect from Zoology.
 - ``length``: the 16k-state mixers and attention as the sequence and the number of pairs grow, up to (512, 64).
 
-Runs live in ``<out>/quality/recall/<variant>-L<L>-K<K>-s<seed>``, and each finished run leaves ``result.json``,
-so an interrupted bench continues where it stopped. Outputs: ``recall.txt``, ``recall.json``, ``recall.png``.
+Learning rates: in the state part, attention (with and without the token shift), the value PoM and Based at each
+state size (``SWEPT``) train at every rate of a grid around the recipe's 1e-3 (0.5×, 1×, 2× by default): the first
+seed at every rate, the other seeds at the variant's best rate (by the first seed's accuracy). The report shows each
+variant at its best rate and every rate's score; the other variants, and the length part, train at the recipe's
+rate.
+
+Runs live in ``<out>/quality/recall/<variant>-L<L>-K<K>-s<seed>[-<steps>steps][-lr<rate>]`` (the recipe's budget,
+2,000 steps at 1e-3, names neither, so runs made before sweeps keep their folders), and each finished run leaves
+``result.json``, so an interrupted bench continues where it stopped. The runs recorded in an earlier ``recall.json``
+stay in it when their folders are not here (trained elsewhere). Outputs: ``recall.txt``, ``recall.json``,
+``recall.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -28,9 +37,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..report import format_table, new_figure, save_figure
-from .common import apply_overrides, run_parts
+from .common import (LR_FACTORS, apply_overrides, best_rows, lr_grid, mark_best, resume_point, run_parts, sweep_folder,
+                     sweep_table)
 
-__all__ = ["RecallBenchConfig", "VARIANTS", "run", "report", "plot", "main", "add_arguments"]
+__all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "run", "report", "plot", "main", "add_arguments"]
 
 # name → (preset, RecallConfig overrides, mixer family for the plot)
 VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
@@ -56,13 +66,25 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
 }
 
 
+# the recipe every run had before sweeps existed: runs at this budget keep their folders (no budget in the name)
+RECIPE_STEPS = 2000
+RECIPE_LR = 1e-3
+# the variants trained at every rate of the grid in the state part: attention (the baseline), the value PoM and
+# Based (the linear-time models whose parity the targets claim) at each state size; the others at the recipe rate
+SWEPT = ("attention", "attention-shift", "vpom-1k", "vpom-4k", "vpom-16k", "based-1k", "based-4k", "based-16k")
+
+
 @dataclass
 class RecallBenchConfig:
     vocab_size: int = 2048
     d_model: int = 64
-    steps: int = 2000
+    steps: int = RECIPE_STEPS
     batch: int = 64
-    lr: float = 1e-3
+    lr: float = RECIPE_LR  # the recipe's rate: the middle of each sweep, and the rate of every variant not swept
+    lr_factors: Tuple[float, ...] = LR_FACTORS  # the grid: lr × these
+    sweep: Tuple[str, ...] = SWEPT  # state-part variants trained at every rate of the grid
+    sweep_seeds: int = 1  # the first seeds train at every rate; the others only at the variant's best rate
+    lrs: Tuple[float, ...] = ()  # train only these rates of the grid (several processes side by side); () = all
     seeds: Tuple[int, ...] = (0, 1, 2)
     state_point: Tuple[int, int] = (64, 16)  # (seq_len, num_kv_pairs) of the state sweep
     state_variants: Tuple[str, ...] = tuple(VARIANTS)
@@ -72,27 +94,37 @@ class RecallBenchConfig:
     parts: Tuple[str, ...] = ("state", "length")
     train: bool = True  # False (--collect): report the runs that have finished, train nothing
     compile: bool = False  # torch.compile the models (the same runs, faster on CPU)
+    curves: bool = True  # each run draws its curves.png (loss, learning rate, accuracy); the same runs without
     out: str = "runs/bench/recall"
 
 
 QUICK = dict(steps=150, seeds=(0,), state_point=(32, 4), state_variants=("attention", "pom", "vpom-4k", "based-4k"),
-             length_points=((32, 4), (64, 8)), length_variants=("vpom-4k",), test_examples=200)
+             length_points=((32, 4), (64, 8)), length_variants=("vpom-4k",), test_examples=200, sweep=())
+
+# what makes runs of two invocations comparable (runs recorded in recall.json are kept when these agree)
+_SAME = ("vocab_size", "d_model", "batch", "test_examples")
 
 
-def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: int, progress: bool
-         ) -> Optional[Dict[str, Any]]:
-    """Train one (variant, point, seed), or read the result a finished earlier run left (None: not run yet and
-    ``cfg.train`` is off)."""
+def _folder(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: int, lr: float) -> Path:
+    """``<out>/quality/recall/<variant>-L<L>-K<K>-s<seed>[-<steps>steps][-lr<rate>]``: the steps when they are not
+    the recipe's, the rate when it is not the recipe's 1e-3 (so the runs made before sweeps keep their folders)."""
+    slug = f"{variant}-L{seq_len}-K{pairs}-s{seed}" + ("" if cfg.steps == RECIPE_STEPS else f"-{cfg.steps}steps")
+    return sweep_folder(Path(cfg.out) / "quality" / "recall", slug, lr, RECIPE_LR)
+
+
+def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: int, lr: float, progress: bool,
+         train: bool = True) -> Optional[Dict[str, Any]]:
+    """Train one (variant, point, seed, rate), or read the result a finished earlier run left (None: not run yet
+    and ``train`` is off)."""
     from ..tasks.recall import train_recall
     from ..train.loop import TrainConfig
 
     preset, overrides, family = VARIANTS[variant]
-    budget = "" if (cfg.steps, cfg.lr) == (2000, 1e-3) else f"-{cfg.steps}steps-lr{cfg.lr:g}"
-    out = Path(cfg.out) / "quality" / "recall" / f"{variant}-L{seq_len}-K{pairs}-s{seed}{budget}"
-    tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch, lr=cfg.lr, min_lr=cfg.lr / 10,
+    out = _folder(cfg, variant, seq_len, pairs, seed, lr)
+    tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch, lr=lr, min_lr=lr / 10,
                        warmup=max(1, cfg.steps // 20), weight_decay=0.1, beta2=0.98, eval_every=cfg.steps,
                        ckpt_every=max(1, cfg.steps // 4), log_every=50, seed=1337 + seed, out=str(out),
-                       progress=progress, compile=cfg.compile)
+                       progress=progress, compile=cfg.compile, curves=cfg.curves)
     key = {"tcfg": asdict(tcfg), "overrides": overrides, "preset": preset, "pairs": pairs, "seq_len": seq_len,
            "vocab": cfg.vocab_size, "d_model": cfg.d_model, "test": cfg.test_examples}
     record = out / "result.json"
@@ -100,14 +132,15 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
         saved = json.loads(record.read_text())
         if _comparable(saved.get("key", {})) == _comparable(json.loads(json.dumps(key))):
             return saved["result"]
-    if not cfg.train:
+    if not train:
         return None
+    resume_point(out, tcfg)  # an interrupted run continues; one made with other settings starts over
     t0 = time.perf_counter()
     res = train_recall(preset, tcfg, num_kv_pairs=pairs, test_examples=cfg.test_examples, seq_len=seq_len,
                        vocab_size=cfg.vocab_size, d_model=cfg.d_model, **overrides)
     model = res["model"]
     result = {"variant": variant, "family": family, "seq_len": seq_len, "pairs": pairs, "seed": seed,
-              "steps": cfg.steps, "lr": cfg.lr,
+              "steps": cfg.steps, "lr": lr,
               "accuracy": res["metrics"]["accuracy"], "loss": res["metrics"]["loss"],
               "state_floats": model.state_floats(), "params": sum(p.numel() for p in model.parameters()),
               "minutes": (time.perf_counter() - t0) / 60}
@@ -116,38 +149,104 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
 
 
 def _comparable(key: Dict[str, Any]) -> Dict[str, Any]:
-    tcfg = {k: v for k, v in key.get("tcfg", {}).items() if k not in ("out", "progress", "compile")}
+    tcfg = {k: v for k, v in key.get("tcfg", {}).items() if k not in ("out", "progress", "compile", "curves")}
     return {**key, "tcfg": tcfg}
 
 
-def _summarise(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    rows: Dict[Tuple[str, int, int], Dict[str, Any]] = {}
-    for r in results:
-        r = {"steps": 2000, "lr": 1e-3, **r}  # runs recorded before the budget was
-        row = rows.setdefault((r["variant"], r["seq_len"], r["pairs"], r["steps"], r["lr"]),
+def _with_budget(r: Dict[str, Any]) -> Dict[str, Any]:
+    return {"steps": RECIPE_STEPS, "lr": RECIPE_LR, **r}  # runs recorded before the budget was
+
+
+def _key(r: Dict[str, Any]) -> Tuple[Any, ...]:
+    """A run's identity: (variant, L, K, seed, steps, lr)."""
+    r = _with_budget(r)
+    return r["variant"], r["seq_len"], r["pairs"], r["seed"], r["steps"], float(f"{r['lr']:.6g}")
+
+
+def _summarise(results: List[Dict[str, Any]], cfg: RecallBenchConfig) -> List[Dict[str, Any]]:
+    """One row per (variant, L, K, steps, lr): the median, min and max over seeds, and the selection score (the
+    median of the sweep seeds, the first ``cfg.sweep_seeds`` of ``cfg.seeds``, so that every rate is judged on the
+    same seeds); each (variant, L, K, steps) marked at its best rate (``best_lr``), ties going to the rate with
+    more seeds, then to the one nearer the recipe's."""
+    rows: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+    for r in map(_with_budget, results):
+        row = rows.setdefault(_key(r)[:3] + _key(r)[4:],
                               {k: r[k] for k in ("variant", "family", "seq_len", "pairs", "state_floats", "params",
-                                                 "steps", "lr")} | {"accuracies": []})
+                                                 "steps", "lr")} | {"accuracies": [], "by_seed": {}})
         row["accuracies"].append(r["accuracy"])
+        row["by_seed"][str(r["seed"])] = r["accuracy"]
+    chosen = {str(s) for s in cfg.seeds[:max(1, cfg.sweep_seeds)]}
     for row in rows.values():
         a = row["accuracies"]
-        row.update(median=statistics.median(a), low=min(a), high=max(a), seeds=len(a))
-    return list(rows.values())
+        picked = [v for s, v in row["by_seed"].items() if s in chosen]
+        budget = "" if row["steps"] == RECIPE_STEPS else f", {row['steps']} steps"
+        row.update(median=statistics.median(a), low=min(a), high=max(a), seeds=len(a),
+                   select=statistics.median(picked or a), spec=f"{row['variant']}-L{row['seq_len']}-K{row['pairs']}"
+                   f"-{row['steps']}steps", label=f"{row['variant']} (L {row['seq_len']}, K {row['pairs']}{budget})")
+    out = sorted(rows.values(), key=lambda r: (r["spec"], -r["seeds"], abs(math.log(r["lr"] / cfg.lr)), r["lr"]))
+    return mark_best(out, "select", higher=True)
 
 
-def _part(points: List[Tuple[int, int]], variants: Tuple[str, ...]):
+def _best_lr(rows: List[Dict[str, Any]], variant: str, seq_len: int, pairs: int, steps: int) -> Optional[float]:
+    return next((r["lr"] for r in rows if (r["variant"], r["seq_len"], r["pairs"], r["steps"]) ==
+                 (variant, seq_len, pairs, steps) and r["best_lr"]), None)
+
+
+def _earlier_runs(cfg: RecallBenchConfig, name: str) -> List[Dict[str, Any]]:
+    """The runs of part ``name`` recorded in an earlier ``recall.json`` in the same folder, when made with the same
+    data and model settings: a run trained elsewhere (its folder not copied here) keeps its row, and a slice of
+    the bench (``--variants``, ``--lrs``) leaves the other variants' rows alone."""
+    path = Path(cfg.out) / "recall.json"
+    if not path.is_file():
+        return []
+    part = json.loads(path.read_text()).get(name, {})
+    old = part.get("config", {})
+    if any(old.get(k) != getattr(cfg, k) for k in _SAME):
+        return []
+    return [_with_budget(r) for r in part.get("runs", [])]
+
+
+def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], swept: Tuple[str, ...]):
+    """A part of the bench: every variant at every point, the ``swept`` ones at every rate of the grid (the sweep
+    seeds first; the other seeds at the best rate), the others at the recipe rate."""
     def part(cfg: RecallBenchConfig, progress: bool) -> Dict[str, Any]:
-        results = [_run(cfg, v, L, K, s, progress) for (L, K) in points for v in variants for s in cfg.seeds]
-        results = [r for r in results if r is not None]
-        return {"runs": results, "rows": _summarise(results)}
+        grid = lr_grid(cfg.lr, cfg.lr_factors)
+        runs = {_key(r): r for r in _earlier_runs(cfg, name)
+                if name != "state" or (r["seq_len"], r["pairs"]) in points}
+
+        def one(variant: str, L: int, K: int, seed: int, lr: float, train: bool) -> None:
+            key = _key({"variant": variant, "seq_len": L, "pairs": K, "seed": seed, "steps": cfg.steps, "lr": lr})
+            wanted = not cfg.lrs or any(math.isclose(lr, x, rel_tol=1e-6) for x in cfg.lrs)
+            r = _run(cfg, variant, L, K, seed, lr, progress, train and cfg.train and wanted and key not in runs)
+            if r is not None:
+                runs[key] = r
+
+        for (L, K) in points:
+            for v in variants:
+                rates = grid if v in swept else (cfg.lr,)
+                n = max(1, cfg.sweep_seeds) if len(rates) > 1 else len(cfg.seeds)
+                for lr in rates:
+                    for s in cfg.seeds[:n]:
+                        one(v, L, K, s, lr, train=True)
+                best = _best_lr(_summarise(list(runs.values()), cfg), v, L, K, cfg.steps)
+                extra = () if best is None or any(math.isclose(best, x, rel_tol=1e-6) for x in rates) else (best,)
+                for lr in rates + extra:  # the other seeds: trained at the best rate (of any grid run so far), read
+                    for s in cfg.seeds[n:]:  # back at the others
+                        one(v, L, K, s, lr, train=best is not None and math.isclose(lr, best, rel_tol=1e-6))
+        results = sorted(runs.values(), key=lambda r: _key(r))
+        return {"runs": results, "rows": _summarise(results, cfg), "grid": list(grid), "swept": list(swept),
+                "selected_by": "accuracy of the sweep seeds (median)", "sweep_seeds": list(cfg.seeds[:cfg.sweep_seeds])}
     return part
 
 
 def run(cfg: RecallBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    unknown = [v for v in list(cfg.state_variants) + list(cfg.length_variants) if v not in VARIANTS]
+    unknown = [v for v in list(cfg.state_variants) + list(cfg.length_variants) + list(cfg.sweep) if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
-    parts = {"state": lambda c, p: _part([tuple(c.state_point)], c.state_variants)(c, p),
-             "length": lambda c, p: _part([tuple(x) for x in c.length_points], c.length_variants)(c, p)}
+    if cfg.sweep_seeds < 1:
+        raise ValueError(f"sweep_seeds must be ≥ 1, got {cfg.sweep_seeds}")
+    parts = {"state": lambda c, p: _part("state", [tuple(c.state_point)], c.state_variants, c.sweep)(c, p),
+             "length": lambda c, p: _part("length", [tuple(x) for x in c.length_points], c.length_variants, ())(c, p)}
     payload = run_parts(cfg, Path(cfg.out) / "recall.json", parts, progress)
     out = Path(cfg.out)
     (out / "recall.txt").write_text(report(payload) + "\n")
@@ -156,46 +255,83 @@ def run(cfg: RecallBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
 
 def report(payload: Dict[str, Any]) -> str:
-    cols = ["variant", "family", "seq_len", "pairs", "state_floats", "steps", "lr", "median", "low", "high", "seeds"]
-    heads = ["variant", "mixer", "L", "K", "state floats / layer", "steps", "lr", "accuracy (median)", "min", "max",
-             "seeds"]
+    cols = ["variant", "family", "seq_len", "pairs", "state_floats", "steps", "lr", "rates", "median", "low", "high",
+            "seeds"]
+    heads = ["variant", "mixer", "L", "K", "state floats / layer", "steps", "best lr", "rates tried",
+             "accuracy (median)", "min", "max", "seeds"]
     out = []
     for name in ("state", "length"):
-        if name in payload:
-            rows = sorted(payload[name]["rows"], key=lambda r: (r["seq_len"], r["pairs"], r["family"],
-                                                                  r["state_floats"]))
-            shown = [{**r, "lr": f"{r['lr']:g}", **{k: f"{r[k]:.4f}" for k in ("median", "low", "high")}}
-                     for r in rows]
-            out.append(f"{name}:\n" + format_table(shown, cols, heads))
+        if name not in payload:
+            continue
+        part = payload[name]
+        all_rows = part["rows"]
+        rows = sorted(best_rows(all_rows), key=lambda r: (r["seq_len"], r["pairs"], r["family"], r["state_floats"],
+                                                          r["steps"]))
+        shown = [{**r, "lr": f"{r['lr']:g}", **{k: f"{r[k]:.4f}" for k in ("median", "low", "high")}}
+                 for r in rows]
+        text = f"{name}: each variant at its best learning rate\n" + format_table(shown, cols, heads)
+        swept = [r for r in all_rows if r.get("rates", 1) > 1]
+        if swept:
+            seeds = part.get("sweep_seeds") or [0]
+            who = f"seed {seeds[0]}" if len(seeds) == 1 else f"median of seeds {', '.join(map(str, seeds))}"
+            grid = ", ".join(f"{x:g}" for x in sorted({r["lr"] for r in swept}))  # the grid, and any rate added
+            text += (f"\n\nevery rate of the sweep (grid {grid}; accuracy of {who}, which picks the best rate, * ; "
+                     f"the other seeds train at the best rate; — = not run)\n"
+                     + sweep_table(swept, "select", "accuracy", digits=4, key="spec", name="label"))
+            for end, pick in (("highest", max), ("lowest", min)):
+                edge = [r["label"] for r in best_rows(swept) if r["lr"] == pick(x["lr"] for x in swept
+                                                                              if x["spec"] == r["spec"])]
+                if edge:
+                    text += f"\nbest at the {end} rate tried (a rate beyond it may do better): {', '.join(edge)}"
+            others = sorted({r["variant"] for r in all_rows if r.get("rates", 1) == 1})
+            if others:
+                text += f"\none rate only (not swept, or not yet): {', '.join(others)}"
+        out.append(text)
     out += _targets(payload)
     return "\n\n".join(out)
 
 
 def _targets(payload: Dict[str, Any]) -> List[str]:
-    """The issue's targets, each judged on the rows trained with the same budget (steps, lr)."""
-    rows = [r for name in ("state", "length") for r in payload.get(name, {}).get("rows", [])]
-    by = {(r["variant"], r["seq_len"], r["pairs"], r["steps"], r["lr"]): r for r in rows}
+    """The issue's targets, each judged on each variant at its best rate, among rows of the same steps."""
+    rows = [r for name in ("state", "length") for r in best_rows(payload.get(name, {}).get("rows", []))]
+    by = {(r["variant"], r["seq_len"], r["pairs"], r["steps"]): r for r in rows}
+
+    def at(r: Dict[str, Any]) -> str:
+        return f"lr {r['lr']:g}, best of {r.get('rates', 1)}"
+
     lines = []
-    for steps, lr in sorted({(r["steps"], r["lr"]) for r in rows}):
-        budget = f"{steps} steps, lr {lr:g}"
-        v = by.get(("vpom-16k", 64, 16, steps, lr))
+    for steps in sorted({r["steps"] for r in rows}):
+        budget = f"{steps} steps"
+        a = by.get(("attention", 64, 16, steps))
+        if a:
+            ok = a["median"] >= 0.99
+            lines.append(f"attention (no shift), K = 16, L = 64 ({budget}, {at(a)}): median {a['median']:.4f} over "
+                         f"{a['seeds']} seed(s) (target ≥ 0.99: {'met' if ok else 'MISSED'})")
+        v = by.get(("vpom-16k", 64, 16, steps))
         if v:
             ok = v["seeds"] >= 3 and v["low"] >= 0.99
-            lines.append(f"value PoM, 16k state, K = 16, L = 64 ({budget}): "
-                         f"{', '.join(f'{a:.4f}' for a in v['accuracies'])} "
+            lines.append(f"value PoM, 16k state, K = 16, L = 64 ({budget}, {at(v)}): "
+                         f"{', '.join(f'{x:.4f}' for x in v['accuracies'])} "
                          f"(target ≥ 0.99 on 3 of 3 seeds: {'met' if ok else 'MISSED'})")
-        v = by.get(("vpom-16k", 256, 64, steps, lr))
+        v = by.get(("vpom-16k", 256, 64, steps))
         if v:
-            lines.append(f"value PoM, 16k state, K = 64, L = 256 ({budget}): median {v['median']:.3f} over "
+            lines.append(f"value PoM, 16k state, K = 64, L = 256 ({budget}, {at(v)}): median {v['median']:.3f} over "
                          f"{v['seeds']} seed(s) (target ≥ 0.9: {'met' if v['median'] >= 0.9 else 'MISSED'})")
         for size in ("1k", "4k", "16k"):
-            a, b = by.get((f"vpom-{size}", 64, 16, steps, lr)), by.get((f"based-{size}", 64, 16, steps, lr))
+            a, b = by.get((f"vpom-{size}", 64, 16, steps)), by.get((f"based-{size}", 64, 16, steps))
             if a and b:
                 ok = a["median"] >= b["median"] - 0.01
-                lines.append(f"{size} state at K = 16, L = 64 ({budget}): value PoM {a['median']:.4f} "
-                             f"({a['seeds']} seeds) vs Based {b['median']:.4f} ({b['seeds']} seeds) "
+                lines.append(f"{size} state at K = 16, L = 64 ({budget}): value PoM {a['median']:.4f} ({at(a)}, "
+                             f"{a['seeds']} seeds) vs Based {b['median']:.4f} ({at(b)}, {b['seeds']} seeds) "
                              f"(target at least level: {'met' if ok else 'MISSED'})")
     return ["\n".join(lines)] if lines else []
+
+
+def _shown(payload: Dict[str, Any], name: str) -> List[Dict[str, Any]]:
+    """The rows a figure shows: each variant at its best rate, of the configured steps where there are such."""
+    rows = best_rows(payload.get(name, {}).get("rows", []))
+    steps = payload.get("config", {}).get("steps")
+    return [r for r in rows if r["steps"] == steps] or rows
 
 
 def plot(payload: Dict[str, Any], path: Path) -> None:
@@ -204,24 +340,23 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     markers = {"attention": "*", "attention (rotary)": "P", "attention + shift": "X", "sliding window": "s",
                "PoM": "v", "value PoM": "o", "hybrid (L + value PoM)": "D", "Based": "^", "Based, no shift": "<",
                "linear attention": "x"}
+    state, length = _shown(payload, "state"), _shown(payload, "length")
     ax = axes[0]
     for k, fam in enumerate(markers):
-        rows = sorted((r for r in payload.get("state", {}).get("rows", []) if r["family"] == fam),
-                      key=lambda r: r["state_floats"])
+        rows = sorted((r for r in state if r["family"] == fam), key=lambda r: r["state_floats"])
         if not rows:
             continue
         x = [r["state_floats"] for r in rows]
         y = [r["median"] for r in rows]
         err = [[r["median"] - r["low"] for r in rows], [r["high"] - r["median"] for r in rows]]
         ax.errorbar(x, y, yerr=err, marker=markers[fam], color=f"C{k}", label=fam, capsize=3)
-    if payload.get("state", {}).get("rows"):
-        L, K = payload["state"]["rows"][0]["seq_len"], payload["state"]["rows"][0]["pairs"]
-        ax.set_title(f"MQAR, L = {L}, K = {K} (median and range over seeds)", fontsize=9)
+    if state:
+        L, K = state[0]["seq_len"], state[0]["pairs"]
+        ax.set_title(f"MQAR, L = {L}, K = {K}, each at its best rate (median, range over seeds)", fontsize=9)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("state floats per layer")
     ax.set_ylabel("accuracy")
     ax2 = axes[1]
-    length = payload.get("length", {}).get("rows", [])
     for k, variant in enumerate(dict.fromkeys(r["variant"] for r in length)):
         rows = sorted((r for r in length if r["variant"] == variant), key=lambda r: r["seq_len"])
         ax2.errorbar([r["seq_len"] for r in rows], [r["median"] for r in rows],
@@ -260,7 +395,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None,
                    help="mixers of the state sweep (default: all)")
-    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"the recipe's rate: the middle of each sweep and the rate of the others (default {d.lr:g})")
+    p.add_argument("--sweep", nargs="*", choices=list(VARIANTS), default=None,
+                   help="state-part variants trained at every rate of the grid (default: "
+                        f"{' '.join(d.sweep)}; none: the recipe's rate only)")
+    p.add_argument("--lr-factors", type=float, nargs="+", default=None,
+                   help=f"the grid: the recipe's rate times these (default: {' '.join(map(str, d.lr_factors))})")
+    p.add_argument("--lrs", type=float, nargs="+", default=None,
+                   help="train only these rates of the grid (to share a sweep among processes); the others' "
+                        "finished runs are still read")
+    p.add_argument("--sweep-seeds", type=int, default=None,
+                   help=f"how many of the seeds train at every rate (default {d.sweep_seeds}); the other seeds "
+                        "train only at each variant's best rate")
     p.add_argument("--length-points", nargs="+", type=_point, default=None, metavar="L:K",
                    help="(sequence length, pairs) of the length sweep, e.g. 64:8 512:64")
     p.add_argument("--length-variants", nargs="+", choices=list(VARIANTS), default=None,
@@ -275,6 +422,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = RecallBenchConfig(parts=tuple(args.parts), train=not args.collect, compile=args.compile, out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {"steps": "steps", "seeds": "seeds", "variants": "state_variants", "lr": "lr",
+                     "sweep": "sweep", "lr_factors": "lr_factors", "lrs": "lrs", "sweep_seeds": "sweep_seeds",
                      "length_points": "length_points", "length_variants": "length_variants"})
     payload = run(cfg)
     print(report(payload))

@@ -104,14 +104,25 @@ class RecallLM(nn.Module):
                 sizes.append(m.state_floats)
         return max(sizes)
 
-    def forward(self, idx: Tensor, targets: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
-        """Logits (B, N, vocab) and, given targets (−100 = ignored), the mean cross-entropy over the rest."""
+    def forward(self, idx: Tensor, targets: Optional[Tensor] = None, *, labelled_only: bool = False
+                ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Logits (B, N, vocab) and, given targets (−100 = ignored), the mean cross-entropy over the rest.
+
+        ``labelled_only`` (with targets): the head runs only at the labelled positions, and the logits returned are
+        theirs, (labelled, vocab) in row-major order. The loss and its gradients are the same; training needs
+        nothing else, and at L = 64, K = 16 the head (most of the model's work) does a quarter of it."""
         if idx.dim() != 2 or idx.shape[1] > self.config.seq_len:
             raise ValueError(f"idx must be (batch, ≤ {self.config.seq_len}) token ids, got {tuple(idx.shape)}")
+        if labelled_only and targets is None:
+            raise ValueError("labelled_only needs the targets that say which positions are labelled")
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x, causal=True)
-        logits = self.head(self.ln_f(x))
+        x = self.ln_f(x)
+        if labelled_only:
+            keep = targets != IGNORE
+            x, targets = x[keep], targets[keep]
+        logits = self.head(x)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)

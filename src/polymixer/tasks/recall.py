@@ -58,7 +58,7 @@ class RecallTask:
         return batch[0].shape[0]
 
     def loss(self, model: nn.Module, batch: Tuple[Tensor, Tensor]) -> Tensor:
-        return model(*batch)[1]
+        return model(*batch, labelled_only=True)[1]  # the head at the query positions only: the same loss
 
     def evaluate(self, model: nn.Module, step: int, out_dir: Path) -> Dict[str, float]:
         acc, loss = recall_accuracy(model, *self.test)
