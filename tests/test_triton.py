@@ -166,6 +166,23 @@ def test_the_dispatcher_routes_and_refuses_clearly(device):
         assert auto["backend"] == "triton"
 
 
+@pytest.mark.parametrize("tile", [pytest.param(t, marks=() if t == (64, False) else SLOW,
+                                               id=f"{t[0]}ch{'-rope' if t[1] else ''}") for t in tk.TILES])
+def test_every_launch_configuration_matches_the_oracle(tile, device):
+    """The tiles the dispatcher picks on a GPU (not the tests' tiny ones): a mixer whose width selects exactly this
+    tile, causal and full, over a length that crosses a chunk, against the oracle."""
+    block_d, rope = tile
+    block_n, warps = tk.TILES[tile]
+    D = 2 * block_d if rope else block_d
+    G = block_d if block_d > (32 if rope else 64) else 1  # tiles wider than the default come from a whole gate head
+    tk.use_config(None)  # the dispatcher's own choice
+    assert tk.launch_configs(D, G, "1d" if rope else None) == tk.LaunchConfig(block_n, block_d, warps)
+    m = _mixer(D // 2, degree=2, expand=2, rope="1d" if rope else None, **({"sel_heads": D // G} if G > 1 else {}))
+    x = torch.randn(1, block_n + 5, D // 2)
+    for kw in (dict(causal=True), {}):
+        _check(m, x, device, **kw)
+
+
 def test_the_kernels_build_for_sm_80_and_sm_90_without_spills(tmp_path):
     """One representative build of every kernel, ahead of time, in a process without the interpreter (the full
     table, every launch configuration: ``pytest -m slow``)."""
@@ -179,6 +196,20 @@ def test_the_kernels_build_for_sm_80_and_sm_90_without_spills(tmp_path):
     assert {r["kernel"] for r in rows} >= set(tk.KERNELS) and {r["arch"] for r in rows} == {"sm_80", "sm_90"}
     assert all(r["ok"] and r["spills"] == 0 and r["registers"] for r in rows), [r for r in rows if not r["ok"]]
     assert set(rows[0]) == {"op", "kernel", "config", "arch", "registers", "spills", "shared_bytes", "ok", "error"}
+    assert "per kernel and architecture" in res.stdout
+
+
+def test_the_kernel_summary_keeps_the_worst_configuration():
+    from polymixer.ops.aot import summarise
+
+    rows = [{"kernel": "k", "arch": "sm_90", "ok": True, "registers": 100, "spills": 0, "shared_bytes": 2048},
+            {"kernel": "k", "arch": "sm_90", "ok": True, "registers": 168, "spills": 8, "shared_bytes": 1024},
+            {"kernel": "k", "arch": "sm_90", "ok": False, "registers": None, "spills": None, "shared_bytes": None},
+            {"kernel": "k", "arch": "sm_80", "ok": True, "registers": 90, "spills": 0, "shared_bytes": 0}]
+    s = {r["arch"]: r for r in summarise(rows)}
+    assert s["sm_90"] == {"kernel": "k", "arch": "sm_90", "builds": 3, "compiled": 2, "max_registers": 168,
+                          "max_spills": 8, "max_shared_kb": 2.0}
+    assert s["sm_80"]["builds"] == 1 and s["sm_80"]["max_registers"] == 90
 
 
 # -- the value-carrying PoM -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
-__all__ = ["Build", "builds", "build", "build_all", "SHARED_LIMIT", "add_arguments", "main"]
+__all__ = ["Build", "builds", "build", "build_all", "summarise", "SHARED_LIMIT", "add_arguments", "main"]
 
 # the most shared memory one block may use (bytes): sm_80 (A100) 163 KB, sm_90 (H100) 227 KB
 SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
@@ -73,34 +73,36 @@ def _kernel(op: str, name: str) -> Any:
 
 
 def builds(representative: bool = False) -> List[Build]:
-    """Every (kernel, launch configuration, mode) the dispatcher can launch; ``representative``: one per kernel (the
-    default configuration of its most used mode)."""
+    """Every (kernel, launch configuration, mode) the dispatcher can launch; ``representative``: one per kernel, at
+    the default configuration (:func:`~polymixer.ops.pom.triton_kernels.default_launch_config`, no rotary) for PoM
+    and the tiles of a 64 × 64 head for the value PoM (the builds come in that order)."""
     from .pom import triton_kernels as tk
 
     out: List[Build] = []
-    pom_tiles = sorted({(c.block_n, c.block_d, c.num_warps) for c in tk.all_launch_configs()})
     mode = dict(K=2, ACT=0, GATE=0, HAS_W=1, MEAN=1)
-    for bn, bd, nw in pom_tiles:
-        for rope in (0, 1):
-            tiles = dict(BLOCK_N=bn, BLOCK_D=bd)
-            base = {**mode, "ROPE": rope, **tiles}
-            for given in (0, 1):
-                out.append(Build("pom", "tail", tuple({**base, "GIVEN": given}.items()), num_warps=nw))
-            for direct, given in ((1, 0), (0, 0), (0, 1)):
-                out.append(Build("pom", "scan", tuple({**base, "DIRECT": direct, "GIVEN": given}.items()),
-                                 num_warps=nw))
-            out.append(Build("pom", "gate", tuple(dict(GATE=0, ROPE=rope, MEAN=1, **tiles).items()), num_warps=nw))
-            out.append(Build("pom", "causal_head", tuple(dict(GATE=0, ROPE=rope, HAS_W=1, MEAN=1, **tiles).items()),
+    d = tk.default_launch_config()
+    configs = sorted(tk.all_launch_configs(), key=lambda c: (c[0] != d, c[1], c[0].block_d))  # the default first
+    for cfg, rotary in configs:
+        bn, bd, nw, rope = cfg.block_n, cfg.block_d, cfg.num_warps, int(rotary)
+        tiles = dict(BLOCK_N=bn, BLOCK_D=bd)
+        base = {**mode, "ROPE": rope, **tiles}
+        for given in (0, 1):
+            out.append(Build("pom", "tail", tuple({**base, "GIVEN": given}.items()), num_warps=nw))
+        for direct, given in ((1, 0), (0, 0), (0, 1)):
+            out.append(Build("pom", "scan", tuple({**base, "DIRECT": direct, "GIVEN": given}.items()),
                              num_warps=nw))
-            for gb in sorted({1, min(bd, 64)}):
-                out.append(Build("pom", "causal_backward", tuple({**base, "GBLOCK": gb}.items()), num_warps=nw))
-                out.append(Build("pom", "end_backward", tuple(dict(GATE=0, ROPE=rope, MEAN=1, GBLOCK=gb,
-                                                                   **tiles).items()), num_warps=nw))
-            out.append(Build("pom", "end_poly", tuple(dict(K=2, ACT=0, ROPE=rope, HAS_W=1, **tiles).items()),
-                             num_warps=nw))
+        out.append(Build("pom", "gate", tuple(dict(GATE=0, ROPE=rope, MEAN=1, **tiles).items()), num_warps=nw))
+        out.append(Build("pom", "causal_head", tuple(dict(GATE=0, ROPE=rope, HAS_W=1, MEAN=1, **tiles).items()),
+                         num_warps=nw))
+        for gb in sorted({1, min(bd, 64)}):
+            out.append(Build("pom", "causal_backward", tuple({**base, "GBLOCK": gb}.items()), num_warps=nw))
+            out.append(Build("pom", "end_backward", tuple(dict(GATE=0, ROPE=rope, MEAN=1, GBLOCK=gb,
+                                                               **tiles).items()), num_warps=nw))
+        out.append(Build("pom", "end_poly", tuple(dict(K=2, ACT=0, ROPE=rope, HAS_W=1, **tiles).items()),
+                         num_warps=nw))
     from .value_pom import triton_kernels as vk
 
-    for chunk, bk, bv, nw in vk.launch_tiles():
+    for chunk, bk, bv, nw in sorted(vk.launch_tiles(), key=lambda t: t != vk.default_tiles()):
         for name in vk.KERNELS:
             out.append(Build("value_pom", name, (("K", 1), ("CHUNK", chunk), ("BLOCK_K", bk), ("BLOCK_V", bv),
                                                  ("PREC", "tf32")),
@@ -177,6 +179,23 @@ def build_all(archs: Sequence[int], representative: bool = False, progress: bool
     return [build(b, a) for b, a in tqdm(todo, desc="kernels", disable=not progress, dynamic_ncols=True)]
 
 
+def summarise(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per (kernel, arch): how many configurations were built, how many compiled, the most registers,
+    spilled bytes and shared memory of any of them (the guide's table)."""
+    out: Dict[Tuple[str, int], Dict[str, Any]] = {}
+    for r in rows:
+        s = out.setdefault((r["kernel"], r["arch"]), {"kernel": r["kernel"], "arch": r["arch"], "builds": 0,
+                                                      "compiled": 0, "max_registers": 0, "max_spills": 0,
+                                                      "max_shared_kb": 0.0})
+        s["builds"] += 1
+        if r["ok"]:
+            s["compiled"] += 1
+            s["max_registers"] = max(s["max_registers"], r["registers"] or 0)
+            s["max_spills"] = max(s["max_spills"], r["spills"] or 0)
+            s["max_shared_kb"] = max(s["max_shared_kb"], round((r["shared_bytes"] or 0) / 1024, 1))
+    return list(out.values())
+
+
 def _arch(text: str) -> int:
     m = re.fullmatch(r"(?:sm_?)?(\d+)", text)
     if not m:
@@ -201,6 +220,11 @@ def main(args: argparse.Namespace) -> int:
     rows = build_all(args.arch, args.representative, progress=not args.quiet)
     print(format_table(rows, ["kernel", "config", "arch", "registers", "spills", "shared_bytes", "error"],
                        ["kernel", "configuration", "arch", "registers", "spills", "shared bytes", "error"]))
+    print("\nper kernel and architecture (the most of any configuration)")
+    print(format_table(summarise(rows), ["kernel", "arch", "builds", "compiled", "max_registers", "max_spills",
+                                         "max_shared_kb"],
+                       ["kernel", "arch", "configurations", "compiled", "registers (max)", "spilled bytes (max)",
+                        "shared KB (max)"]))
     bad = [r for r in rows if not r["ok"] or r["spills"]]
     print(f"\n{len(rows)} builds, {sum(r['ok'] for r in rows)} compiled, "
           f"{sum(1 for r in rows if r['spills'])} with register spills"

@@ -43,8 +43,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment (the [
 from ..common import check_positions, default_positions, is_compiling, rope_angles, segments
 
 __all__ = ["supports", "forward", "self_check", "KERNELS", "LaunchConfig", "launch_configs", "all_launch_configs",
-           "use_config",
-           "interpreted", "ACT_CODES", "GATE_CODES"]
+           "TILES", "default_launch_config", "use_config", "interpreted", "ACT_CODES", "GATE_CODES"]
 
 ACT_CODES = {"leaky_clamp": 0, "relu": 1, "identity": 2, "silu": 3, "gelu": 4, "tanh": 5}
 GATE_CODES = {"hardsigmoid": 0, "sigmoid": 1, "identity": 2}
@@ -666,19 +665,34 @@ def _pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
+# (BLOCK_D, rotary) → (BLOCK_N, warps): the largest token chunk whose backward kernels fit the registers without
+# spilling on sm_80 and sm_90 (``polymixer kernels`` checks every entry). Wider channel tiles, and rotary tiles (which
+# hold both halves of each pair), take shorter chunks or more warps.
+TILES: Dict[Tuple[int, bool], Tuple[int, int]] = {
+    (16, False): (64, 4), (32, False): (64, 4), (64, False): (64, 8), (128, False): (32, 8),
+    (16, True): (64, 4), (32, True): (32, 4), (64, True): (32, 8), (128, True): (16, 8),
+}
+
+
 def launch_configs(D: int, G: int, rope: Optional[str]) -> LaunchConfig:
-    """The configuration the dispatcher picks for a width (D, gate head G): 64 tokens × 64 channels (32 channel
-    pairs with rotary, whose tiles hold both halves), widened to a whole gate head."""
+    """The configuration the dispatcher picks for a width (D, gate head G): 64 channels (32 channel pairs with
+    rotary), widened to a whole gate head, and the token chunk and warps of :data:`TILES` for that tile."""
     if _OVERRIDE[0] is not None:
         return _OVERRIDE[0]
     half = D // 2 if rope else D
     block_d = max(16, min(32 if rope else 64, _pow2(half)), G)
-    return LaunchConfig(64, block_d, 4 if block_d <= 64 else 8)
+    block_n, warps = TILES[(block_d, bool(rope))]
+    return LaunchConfig(block_n, block_d, warps)
 
 
-def all_launch_configs() -> List[LaunchConfig]:
-    """Every configuration :func:`launch_configs` can return."""
-    return [LaunchConfig(64, bd, 4 if bd <= 64 else 8) for bd in (16, 32, 64, 128)]
+def all_launch_configs() -> List[Tuple[LaunchConfig, bool]]:
+    """Every (configuration, rotary) :func:`launch_configs` can return."""
+    return [(LaunchConfig(bn, bd, nw), rope) for (bd, rope), (bn, nw) in TILES.items()]
+
+
+def default_launch_config() -> LaunchConfig:
+    """The configuration of the most common case: a wide mixer, one gate per channel, no rotary."""
+    return launch_configs(1024, 1, None)
 
 
 def _gate_head(D: int, Ds: int) -> int:

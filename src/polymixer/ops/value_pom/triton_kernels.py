@@ -31,7 +31,7 @@ from ..common import is_compiling
 from . import modular
 
 __all__ = ["supports", "forward", "self_check", "KERNELS", "launch_tiles", "CHUNK", "chunked_mix",
-           "packed_chunked_mix"]
+           "packed_chunked_mix", "default_tiles"]
 
 CHUNK = 32
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -163,6 +163,11 @@ KERNELS = {"value_mix_forward": _vmix_fwd_kernel, "value_mix_backward_dq": _vmix
 def launch_tiles() -> List[Tuple[int, int, int, int]]:
     """Every (CHUNK, BLOCK_K, BLOCK_V, warps) the launches can take (:func:`_tiles` of every head width)."""
     return sorted({_tiles(dk, dv) for dk in (16, 32, 64, 128) for dv in (16, 32, 64, 128)})
+
+
+def default_tiles() -> Tuple[int, int, int, int]:
+    """The tiles of the most common head: 64 key × 64 value channels."""
+    return _tiles(64, 64)
 
 
 def _warps(bk: int, bv: int) -> int:
