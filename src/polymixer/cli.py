@@ -90,6 +90,11 @@ def _commands() -> Dict[str, Dict[str, Command]]:
                      "polymixer.bench.roofline",
                      "Count each kernel's FLOPs and HBM bytes of one forward pass and predict its time on an H100 / "
                      "H200 / A100 (GEMMs, FlashAttention-2, PoM's Triton mixing); beside the paper's measurements."),
+        "parity": ("every family's linear-time models against attention at equal budget, from the benches' results",
+                   "polymixer.bench.parity",
+                   "Read the quality part of each family's bench (lm, recall, image, ocr, eo, points JSON in --out), "
+                   "take each model at its best learning rate and write one table: attention against PoM, the value "
+                   "PoM and the best hybrid, the gaps, rates and seeds, and the parity targets judged."),
         "faults": ("fault injection into training: SIGKILL, SIGTERM, truncated checkpoint, NaN loss; every family",
                    "polymixer.bench.faults",
                    "Train a tiny preset of each family once uninterrupted and again under faults (SIGKILL at random "
@@ -117,7 +122,7 @@ def _commands() -> Dict[str, Dict[str, Command]]:
 
 COMMANDS: Dict[str, Dict[str, Command]] = _commands()
 # benches that time nothing (a busy machine changes none of their figures): no warning about the load
-UNTIMED_BENCHES = ("roofline", "faults", "recall", "distill")
+UNTIMED_BENCHES = ("roofline", "faults", "recall", "distill", "parity")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

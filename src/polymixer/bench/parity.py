@@ -1,0 +1,218 @@
+"""``polymixer bench parity``: one table of every family's linear-time models against attention at equal budget.
+
+It trains nothing: it reads the quality part of each family's bench (``lm.json``, ``recall.json``, ``image.json``,
+``ocr.json``, ``eo.json``, ``points.json`` in ``--out``), takes each model at its best learning rate (the rate the
+bench's sweep chose, or the recipe's where the model was not swept) and writes, per family, attention against PoM,
+the value-carrying PoM and the best hybrid, each model's gap to attention, the rates tried and seeds, and the
+issue's parity targets judged (met / MISSED / not run). Outputs: ``parity.txt`` (Markdown), ``parity.json``.
+
+Gaps are signed so that positive is worse than attention where the metric is a loss or a distance (val loss and
+CER: relative; Fréchet distance: a ratio) and negative is worse where it is an accuracy (mIoU, MQAR: points).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..report import format_table
+from .common import best_rows
+
+__all__ = ["Family", "FAMILIES", "collect", "report", "main", "add_arguments"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """Where a family's quality rows are and how to read them."""
+
+    name: str
+    bench: str  # <out>/<bench>.json
+    label: str  # the metric as the table names it
+    metric: str  # the row's key
+    higher: bool  # higher is better
+    gap: str  # "relative" (+% worse), "ratio" (× attention's) or "points" (percentage points, − worse)
+    attention: str
+    pom: Optional[str]
+    value: Optional[str]
+    hybrids: Tuple[str, ...] = ()  # hybrids with no full-attention layer (local attention or none)
+    full_hybrids: Tuple[str, ...] = ()  # hybrids that keep full-attention layers: shown, not linear-time
+    where: Dict[str, Any] = field(default_factory=dict)  # rows of this bench that belong to the comparison
+    key: str = "spec"  # the row's model name
+    scale: float = 1.0  # metric × scale as shown
+    best_target: Optional[float] = None  # best model without full attention: gap at most (or, points: at least)
+    all_target: Optional[float] = None  # the all-PoM / all-value-PoM model: gap at most (points: at least)
+    part: str = "quality"
+    guide: str = ""
+
+
+FAMILIES: Tuple[Family, ...] = (
+    Family("language model", "lm", "val loss", "val_loss", False, "relative", "tiny-attention", "tiny-pom",
+           "tiny-vpom", hybrids=("tiny-hybrid", "tiny-vhybrid"), best_target=0.02, all_target=0.10,
+           guide="docs/lm.md"),
+    Family("recall (MQAR, L 64, K 16)", "recall", "accuracy %", "median", True, "points", "attention", "pom",
+           "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000}, key="variant",
+           scale=100, part="state", guide="docs/recall.md"),
+    Family("image generation (flow)", "image", "FD", "fd", False, "ratio", "tiny-sit", "tiny-sipom",
+           "tiny-sipom-value", where={"objective": "flow"}, key="model", best_target=1.10, all_target=1.15,
+           guide="docs/image.md"),
+    Family("handwriting (synthetic lines)", "ocr", "CER %", "cer", False, "relative", "tiny-htr-vt", "tiny-htr-vpom",
+           "tiny-htr-vpom-value", full_hybrids=("tiny-htr-vpom-hybrid",), where={"task": "synthetic"},
+           key="preset", scale=100, best_target=0.05, guide="docs/ocr.md"),
+    Family("satellite (24 px windows)", "eo", "test mIoU %", "miou_24", True, "points", "tiny-tsvit", "tiny-tsvipom",
+           "tiny-tsvipom-value", full_hybrids=("tiny-tsvipom-hybrid",), scale=100, best_target=-1.0,
+           all_target=-8.0, guide="docs/eo.md"),
+    Family("point clouds", "points", "test mIoU %", "miou", True, "points", "tiny-ptv3", "tiny-ppomv3",
+           "tiny-ppomv3-value", hybrids=("tiny-ppomv3-hybrid",), scale=100, best_target=-1.0, guide="docs/points.md"),
+)
+
+
+def _rows(fam: Family, folder: Path) -> Optional[List[Dict[str, Any]]]:
+    path = folder / f"{fam.bench}.json"
+    if not path.is_file():
+        return None
+    try:
+        part = json.loads(path.read_text()).get(fam.part, {})
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    return [r for r in best_rows(part.get("rows", [])) if all(r.get(k) == v for k, v in fam.where.items())]
+
+
+def _gap(fam: Family, value: float, base: float) -> float:
+    if fam.gap == "relative":
+        return value / base - 1
+    if fam.gap == "ratio":
+        return value / base
+    return (value - base) * fam.scale
+
+
+def _gap_text(fam: Family, gap: float) -> str:
+    return {"relative": f"{100 * gap:+.1f}%", "ratio": f"{gap:.2f}×"}.get(fam.gap, f"{gap:+.1f}")
+
+
+def _bound(fam: Family, target: float) -> str:
+    if fam.gap == "points":
+        return f"{-target:g} point" + ("" if abs(target) == 1 else "s")
+    return _gap_text(fam, target)
+
+
+def _worse(fam: Family, gap: float, target: float) -> bool:
+    """Whether ``gap`` misses ``target`` (a bound on how much worse than attention)."""
+    return gap < target if fam.gap == "points" else gap > target
+
+
+def _entry(fam: Family, row: Optional[Dict[str, Any]], base: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    if row is None or not isinstance(row.get(fam.metric), (int, float)):
+        return {"run": False}
+    out = {"run": True, "model": row[fam.key], "value": row[fam.metric] * fam.scale, "lr": row.get("lr"),
+           "rates": row.get("rates", 1), "seeds": row.get("seeds", 1)}
+    if base is not None and row is not base and isinstance(base.get(fam.metric), (int, float)):
+        out["gap"] = _gap(fam, row[fam.metric], base[fam.metric])
+    return out
+
+
+def collect(folder: Path) -> Dict[str, Any]:
+    """Each family's comparison from the bench results in ``folder``."""
+    families = []
+    for fam in FAMILIES:
+        rows = _rows(fam, folder)
+        by = {r[fam.key]: r for r in rows or []}
+        base = by.get(fam.attention)
+        item: Dict[str, Any] = {"family": fam.name, "bench": fam.bench, "metric": fam.label, "higher": fam.higher,
+                                "gap_kind": fam.gap, "guide": fam.guide, "found": rows is not None,
+                                "attention": _entry(fam, base, None), "pom": _entry(fam, by.get(fam.pom), base),
+                                "value": _entry(fam, by.get(fam.value), base)}
+        hybrids = [_entry(fam, by.get(h), base) | {"full_attention": h in fam.full_hybrids}
+                   for h in fam.hybrids + fam.full_hybrids]
+        hybrids = [h for h in hybrids if h["run"] and "gap" in h]
+        sign = 1 if fam.gap == "points" else -1  # larger × sign is better
+        item["hybrid"] = max(hybrids, key=lambda h: sign * h["gap"]) if hybrids else {"run": False}
+        linear = [e for e in [item["pom"], item["value"]] + [h for h in hybrids if not h["full_attention"]]
+                  if e["run"] and "gap" in e]
+        best = max(linear, key=lambda e: sign * e["gap"]) if linear else None
+        item["best_linear"] = best
+        targets = []
+        if fam.best_target is not None:
+            bound = _bound(fam, fam.best_target)
+            verdict = "not run" if best is None else ("MISSED" if _worse(fam, best["gap"], fam.best_target) else "met")
+            targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
+                            "measured": None if best is None else f"{best['model']} {_gap_text(fam, best['gap'])}"})
+        if fam.all_target is not None:
+            alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
+            top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
+            verdict = "not run" if top is None else ("MISSED" if _worse(fam, top["gap"], fam.all_target) else "met")
+            targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
+                            "verdict": verdict,
+                            "measured": None if top is None else f"{top['model']} {_gap_text(fam, top['gap'])}"})
+        if fam.bench == "recall":
+            a = item["attention"]
+            verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
+            targets.append({"what": "attention ≥ 99% at its best rate", "verdict": verdict,
+                            "measured": None if not a["run"] else f"{a['value']:.1f}%"})
+        item["targets"] = targets
+        families.append(item)
+    return {"families": families, "source": str(folder)}
+
+
+def _cell(fam: Dict[str, Any], e: Dict[str, Any], with_gap: bool = True) -> str:
+    if not e.get("run"):
+        return "not run"
+    digits = 4 if fam["bench"] == "lm" else (2 if fam["bench"] in ("ocr", "recall") else 1)
+    text = f"{e['value']:.{digits}f}"
+    if with_gap and "gap" in e:
+        gap = {"relative": f"{100 * e['gap']:+.1f}%", "ratio": f"{e['gap']:.2f}×"}.get(fam["gap_kind"],
+                                                                                     f"{e['gap']:+.1f}")
+        text += f" ({gap})"
+    return text
+
+
+def _rates(e: Dict[str, Any]) -> str:
+    if not e.get("run"):
+        return "—"
+    if e.get("lr") is None:  # a run recorded before sweeps existed: the recipe's rate
+        return "recipe"
+    return f"{e['lr']:g}" + (f" (best of {e['rates']})" if e.get("rates", 1) > 1 else " (recipe, 1 rate)")
+
+
+def report(payload: Dict[str, Any]) -> str:
+    """The Markdown table and the targets, one line each."""
+    rows = []
+    for f in payload["families"]:
+        h = f["hybrid"]
+        hyb = _cell(f, h) + (f", {h['model']}" + (" (full attention)" if h.get("full_attention") else "")
+                             if h.get("run") else "")
+        seeds = sorted({e.get("seeds", 1) for e in (f["attention"], f["pom"], f["value"], h) if e.get("run")})
+        rows.append({"family": f["family"] if f["found"] else f"{f['family']} (no {f['bench']}.json)",
+                     "metric": f["metric"] + (" ↑" if f["higher"] else " ↓"), "attention": _cell(f, f["attention"]),
+                     "pom": _cell(f, f["pom"]), "value": _cell(f, f["value"]), "hybrid": hyb,
+                     "rate": f"{_rates(f['attention'])} / {_rates(f['pom'])} / {_rates(f['value'])}",
+                     "seeds": "/".join(map(str, seeds)) or "—", "guide": f"[{f['bench']}]({f['guide']})"})
+    cols = ["family", "metric", "attention", "pom", "value", "hybrid", "rate", "seeds", "guide"]
+    heads = ["family", "metric", "attention", "PoM (gap)", "value PoM (gap)", "best hybrid (gap)",
+             "learning rate: attention / PoM / value PoM", "seeds", "bench"]
+    lines = [format_table(rows, cols, heads), ""]
+    for f in payload["families"]:
+        for t in f["targets"]:
+            measured = f": {t['measured']}" if t["measured"] else ""
+            lines.append(f"- {f['family']}: {t['what']}{measured} — **{t['verdict']}**")
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="docs/bench", help="the folder of the benches' JSON files; parity.* go there")
+
+
+def main(args: argparse.Namespace) -> int:
+    folder = Path(args.out)
+    if not any((folder / f"{f.bench}.json").is_file() for f in FAMILIES):
+        raise SystemExit(f"polymixer bench parity: no bench results in {folder} (looked for "
+                         f"{', '.join(f.bench + '.json' for f in FAMILIES)}); run the families' benches there first")
+    payload = collect(folder)
+    text = report(payload)
+    (folder / "parity.json").write_text(json.dumps(payload, indent=1) + "\n")
+    (folder / "parity.txt").write_text(text + "\n")
+    print(text)
+    print(f"\nwrote {folder / 'parity.txt'}, {folder / 'parity.json'}")
+    return 0
