@@ -262,6 +262,16 @@ def _quality_rows(q: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [{"lr": RECIPE_LR, "lr_from": "recipe", **r} for r in q["rows"]]
 
 
+
+def _pattern(row: Dict[str, Any]) -> str:
+    """A row's layer pattern (rows recorded before the bench kept it: from its preset)."""
+    if row.get("pattern"):
+        return row["pattern"]
+    from ..models.registry import model_config
+
+    return model_config(row["preset"]).layer_pattern()
+
+
 def verdicts(payload: Dict[str, Any]) -> List[str]:
     """The issue's targets, each said met or MISSED with the measured figure."""
     out = []
@@ -300,8 +310,7 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
             out.append(", ".join(parts))
             # the issue's target: no full-attention layer (HTR-VT's attention reads the whole line; local attention
             # is allowed, so the hybrid, whose attention layers are full, does not count)
-            free = [r for r in by.values() if "A" not in (r.get("pattern") or "A")
-                    and any(c in (r.get("pattern") or "") for c in "PV")]
+            free = [r for r in by.values() if "A" not in _pattern(r) and any(c in _pattern(r) for c in "PV")]
             if free:
                 r = min(free, key=lambda r: r["cer"])
                 rel = r["cer"] / max(vt["cer"], 1e-9) - 1
