@@ -183,14 +183,15 @@ def test_every_launch_configuration_matches_the_oracle(tile, device):
         _check(m, x, device, **kw)
 
 
-def test_the_kernels_build_for_sm_80_and_sm_90_without_spills(tmp_path):
-    """One representative build of every kernel, ahead of time, in a process without the interpreter (the full
-    table, every launch configuration: ``pytest -m slow``)."""
+@pytest.mark.parametrize("every", [False, pytest.param(True, marks=SLOW)], ids=["default-configs", "every-config"])
+def test_the_kernels_build_for_sm_80_and_sm_90_without_spills(tmp_path, every):
+    """The build of every kernel at its default configuration, ahead of time, in a process without the interpreter
+    (every launch configuration, 228 builds: ``pytest -m slow``, about 10 minutes without a cache)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "kernels.json"
-    res = subprocess.run([sys.executable, "-m", "polymixer.cli", "kernels", "--arch", "sm_80", "sm_90",
-                          "--representative", "--quiet", "--json", str(out)], capture_output=True, text=True,
-                         env=env, timeout=900)
+    res = subprocess.run([sys.executable, "-m", "polymixer.cli", "kernels", "--arch", "sm_80", "sm_90", "--quiet",
+                          "--json", str(out)] + ([] if every else ["--representative"]), capture_output=True,
+                         text=True, env=env, timeout=1800)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert {r["kernel"] for r in rows} >= set(tk.KERNELS) and {r["arch"] for r in rows} == {"sm_80", "sm_90"}

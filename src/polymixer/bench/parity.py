@@ -4,7 +4,8 @@ It trains nothing: it reads the quality part of each family's bench (``lm.json``
 ``ocr.json``, ``eo.json``, ``points.json`` in ``--out``), takes each model at its best learning rate (the rate the
 bench's sweep chose, or the recipe's where the model was not swept) and writes, per family, attention against PoM,
 the value-carrying PoM and the best hybrid, each model's gap to attention, the rates tried and seeds, and the
-issue's parity targets judged (met / MISSED / not run). Outputs: ``parity.txt`` (Markdown), ``parity.json``.
+issue's parity targets judged (met / MISSED / not run). Outputs: ``parity.txt`` (Markdown, its links relative to
+the repository root, for the README), ``parity.json``.
 
 Gaps are signed so that positive is worse than attention where the metric is a loss or a distance (val loss and
 CER: relative; Fréchet distance: a ratio) and negative is worse where it is an accuracy (mIoU, MQAR: points).
@@ -129,6 +130,7 @@ def collect(folder: Path) -> Dict[str, Any]:
         hybrids = [h for h in hybrids if h["run"] and "gap" in h]
         sign = 1 if fam.gap == "points" else -1  # larger × sign is better
         item["hybrid"] = max(hybrids, key=lambda h: sign * h["gap"]) if hybrids else {"run": False}
+        item["hybrid_presets"] = list(fam.hybrids + fam.full_hybrids)
         linear = [e for e in [item["pom"], item["value"]] + [h for h in hybrids if not h["full_attention"]]
                   if e["run"] and "gap" in e]
         best = max(linear, key=lambda e: sign * e["gap"]) if linear else None
@@ -169,11 +171,8 @@ def _cell(fam: Dict[str, Any], e: Dict[str, Any], with_gap: bool = True) -> str:
 
 
 def _rates(e: Dict[str, Any]) -> str:
-    if not e.get("run"):
-        return "—"
-    if e.get("lr") is None:  # a run recorded before sweeps existed: the recipe's rate
-        return "recipe"
-    return f"{e['lr']:g}" + (f" (best of {e['rates']})" if e.get("rates", 1) > 1 else " (recipe, 1 rate)")
+    """How many rates the model has tried (1: the recipe's only)."""
+    return str(e.get("rates", 1)) if e.get("run") else "—"
 
 
 def report(payload: Dict[str, Any]) -> str:
@@ -183,15 +182,17 @@ def report(payload: Dict[str, Any]) -> str:
         h = f["hybrid"]
         hyb = _cell(f, h) + (f", {h['model']}" + (" (full attention)" if h.get("full_attention") else "")
                              if h.get("run") else "")
+        if not f.get("hybrid_presets", True):
+            hyb = "— (no hybrid preset)"
         seeds = sorted({e.get("seeds", 1) for e in (f["attention"], f["pom"], f["value"], h) if e.get("run")})
         rows.append({"family": f["family"] if f["found"] else f"{f['family']} (no {f['bench']}.json)",
                      "metric": f["metric"] + (" ↑" if f["higher"] else " ↓"), "attention": _cell(f, f["attention"]),
                      "pom": _cell(f, f["pom"]), "value": _cell(f, f["value"]), "hybrid": hyb,
-                     "rate": f"{_rates(f['attention'])} / {_rates(f['pom'])} / {_rates(f['value'])}",
+                     "rate": " / ".join(_rates(e) for e in (f["attention"], f["pom"], f["value"])),
                      "seeds": "/".join(map(str, seeds)) or "—", "guide": f"[{f['bench']}]({f['guide']})"})
     cols = ["family", "metric", "attention", "pom", "value", "hybrid", "rate", "seeds", "guide"]
     heads = ["family", "metric", "attention", "PoM (gap)", "value PoM (gap)", "best hybrid (gap)",
-             "learning rate: attention / PoM / value PoM", "seeds", "bench"]
+             "rates tried: attention / PoM / value PoM", "seeds", "bench"]
     lines = [format_table(rows, cols, heads), ""]
     for f in payload["families"]:
         for t in f["targets"]:
