@@ -340,10 +340,33 @@ def lr_grid(base: float, factors: Sequence[float] = LR_FACTORS) -> Tuple[float, 
     return tuple(sorted({float(f"{base * f:.3g}") for f in factors}))
 
 
+def same_rate(a: float, b: float) -> bool:
+    """Whether two learning rates are the same rate (as read back from JSON or computed from a grid)."""
+    return math.isclose(a, b, rel_tol=1e-6)
+
+
+def earlier_rows(path: Path, recipe_lr: float, part: str = "quality") -> List[Dict[str, Any]]:
+    """The rows of ``part`` in an earlier bench JSON at ``path`` (none if it is not there); rows of runs made before
+    sweeps existed carry no rate and get the recipe's."""
+    rows = json.loads(path.read_text()).get(part, {}).get("rows", []) if path.is_file() else []
+    for r in rows:
+        r.setdefault("lr", recipe_lr)
+    return rows
+
+
+def merge_rows(earlier: Sequence[Dict[str, Any]], rows: List[Dict[str, Any]], keys: Sequence[str]
+               ) -> List[Dict[str, Any]]:
+    """``rows`` and the ``earlier`` rows of the runs they do not redo (same ``keys`` and the same rate), so that
+    processes sharing a sweep keep each other's rows."""
+    def redone(e: Dict[str, Any]) -> bool:
+        return any(all(r[k] == e[k] for k in keys) and same_rate(r["lr"], e["lr"]) for r in rows)
+    return [e for e in earlier if not redone(e)] + rows
+
+
 def sweep_folder(root: Path, slug: str, lr: float, base: float) -> Path:
     """A sweep run's folder: ``root/slug`` at the recipe rate ``base`` (the folder of the runs made before sweeps
     existed, so they are reused), ``root/slug-lr<rate>`` at the others."""
-    return root / slug if math.isclose(lr, base, rel_tol=1e-6) else root / f"{slug}-lr{lr:g}"
+    return root / slug if same_rate(lr, base) else root / f"{slug}-lr{lr:g}"
 
 
 def sweep_plan(models: Sequence[str], swept: Sequence[str], base: float,

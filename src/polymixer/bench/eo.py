@@ -41,6 +41,7 @@ from .common import (
     parse_variant,
     resume_point,
     run_parts,
+    same_rate,
     sweep_folder,
     sweep_plan,
     sweep_table,
@@ -166,7 +167,7 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     root = resolve_data(cfg.data_dir, progress=progress)
     plan = sweep_plan(cfg.quality_models, cfg.sweep, cfg.lr, cfg.lr_factors)
     if cfg.lrs:
-        plan = [(m, lr) for m, lr in plan if any(abs(lr / x - 1) < 1e-6 for x in cfg.lrs)]
+        plan = [(m, lr) for m, lr in plan if any(same_rate(lr, x) for x in cfg.lrs)]
     path = Path(cfg.out) / "eo.json"
     earlier = json.loads(path.read_text()).get("quality", {}) if path.is_file() else {}
     redo = set(plan)
@@ -189,7 +190,7 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
         test = PastisSplit(root, fold_splits(cfg.fold)["test"], model.config.num_bands, model.config.max_frames)
         by_window: Dict[str, Dict[str, float]] = {}
         for w in cfg.eval_windows:
-            draw = spec == drawn and w == draw_window and abs(lr / cfg.lr - 1) < 1e-6
+            draw = spec == drawn and w == draw_window and same_rate(lr, cfg.lr)
             m = evaluate_eo(model, test, stats, window=w or None, limit=cfg.eval_limit or None, progress=progress,
                             keep_predictions=3 if draw else 0)
             key = str(w) if w else "whole"

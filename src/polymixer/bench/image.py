@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,9 @@ from .common import (
     LR_FACTORS,
     apply_overrides,
     best_rows,
+    earlier_rows,
+    merge_rows,
+    same_rate,
     lr_grid,
     mark_best,
     resume_point,
@@ -136,25 +138,9 @@ def run_speed(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return {"rows": rows, "images_per_s": throughput, "throughput_side": side, "params": params}
 
 
-def _earlier_rows(cfg: ImageBenchConfig) -> List[Dict[str, Any]]:
-    """The quality rows of the earlier image.json in ``cfg.out`` (runs made before sweeps: the recipe's rate)."""
-    path = Path(cfg.out) / "image.json"
-    rows = json.loads(path.read_text()).get("quality", {}).get("rows", []) if path.is_file() else []
-    for r in rows:
-        r.setdefault("lr", RECIPE_LR)
-    return rows
-
-
-def _same_rate(a: float, b: float) -> bool:
-    return abs(a / b - 1) < 1e-6
-
-
-def _merge(earlier: List[Dict[str, Any]], rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """``rows`` and the ``earlier`` rows of runs they do not redo (same preset, objective and rate)."""
-    def redone(e: Dict[str, Any]) -> bool:
-        return any(r["model"] == e["model"] and r["objective"] == e["objective"] and _same_rate(r["lr"], e["lr"])
-                   for r in rows)
-    return [e for e in earlier if not redone(e)] + rows
+def _with_earlier(cfg: Any, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """This process's rows and the earlier image.json's rows it does not redo (same model, objective, rate)."""
+    return merge_rows(earlier_rows(Path(cfg.out) / "image.json", RECIPE_LR), rows, ("model", "objective"))
 
 
 def _select(rows: List[Dict[str, Any]], cfg: ImageBenchConfig) -> List[Dict[str, Any]]:
@@ -196,11 +182,11 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
             plan = sweep_plan(cfg.quality_presets, cfg.sweep, base, cfg.lr_factors)
             source = {p: "sweep" if p in cfg.sweep else "recipe" for p in cfg.quality_presets}
         else:  # the flow runs known now, this run's and the earlier file's
-            best = _best_flow_rates(_merge(_earlier_rows(cfg), rows), cfg)
+            best = _best_flow_rates(_with_earlier(cfg, rows), cfg)
             plan = [(p, best.get(p, base)) for p in cfg.quality_presets]
             source = {p: f"best {SWEPT}" if p in best else "recipe" for p in cfg.quality_presets}
         if cfg.lrs:
-            plan = [(p, lr) for p, lr in plan if any(_same_rate(lr, x) for x in cfg.lrs)]
+            plan = [(p, lr) for p, lr in plan if any(same_rate(lr, x) for x in cfg.lrs)]
         for preset, lr in plan:
             out = sweep_folder(Path(cfg.out) / "quality", f"{preset}-{objective}", lr, base)
             tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 10,
@@ -223,7 +209,7 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
                          "params": count_parameters(model), "pattern": model.config.layer_pattern(),
                          "steps": cfg.quality_steps, "train_min": minutes, "grid": grid.name, **m})
     # read the earlier rows only now: a process sharing the sweep may have finished its runs in the meantime
-    return {"rows": _select(_merge(_earlier_rows(cfg), rows), cfg), "grid": list(lr_grid(base, cfg.lr_factors)),
+    return {"rows": _select(_with_earlier(cfg, rows), cfg), "grid": list(lr_grid(base, cfg.lr_factors)),
             "swept": SWEPT, "selected_by": "fd", "guidance": cfg.guidance, "sample_steps": cfg.sample_steps}
 
 
@@ -277,7 +263,7 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
                        f"{at}: {ratio:.2f}× (target ≤ 1.15, from 1.35: {'met' if ratio <= 1.15 else 'MISSED'})")
     flow = {r["model"]: r["lr"] for r in rows if r["objective"] == swept}
     for r in rows:
-        if r["objective"] != swept and r["model"] in flow and abs(r["lr"] / flow[r["model"]] - 1) > 1e-6:
+        if r["objective"] != swept and r["model"] in flow and not same_rate(r["lr"], flow[r["model"]]):
             out.append(f"note: {r['objective']} {r['model']} was trained at lr {r['lr']:g}, its best {swept} rate is "
                        f"now {flow[r['model']]:g}: run --objectives {r['objective']} --presets {r['model']} again")
     return out

@@ -31,6 +31,7 @@ from .common import (
     mark_best,
     resume_point,
     run_parts,
+    same_rate,
     sweep_folder,
     sweep_plan,
     sweep_table,
@@ -214,7 +215,7 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
     plan = sweep_plan(cfg.quality_presets, cfg.sweep, cfg.quality_lr, cfg.lr_factors)
     if cfg.lrs:
-        plan = [(p, lr) for p, lr in plan if any(abs(lr / x - 1) < 1e-6 for x in cfg.lrs)]
+        plan = [(p, lr) for p, lr in plan if any(same_rate(lr, x) for x in cfg.lrs)]
     rows: List[Dict[str, Any]] = []
     for preset, lr in plan:
         out = sweep_folder(Path(cfg.out) / "quality", preset, lr, cfg.quality_lr)

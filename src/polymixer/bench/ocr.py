@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,9 @@ from .common import (
     LR_FACTORS,
     apply_overrides,
     best_rows,
+    earlier_rows,
+    merge_rows,
+    same_rate,
     keep_freed_memory,
     lr_grid,
     mark_best,
@@ -140,25 +142,9 @@ def run_speed(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return {"rows": rows, "params": params, "allocator_tuned": allocator}
 
 
-def _earlier_rows(cfg: OCRBenchConfig) -> List[Dict[str, Any]]:
-    """The quality rows of the earlier ocr.json in ``cfg.out`` (runs made before sweeps: the recipe's rate)."""
-    path = Path(cfg.out) / "ocr.json"
-    rows = json.loads(path.read_text()).get("quality", {}).get("rows", []) if path.is_file() else []
-    for r in rows:
-        r.setdefault("lr", RECIPE_LR)
-    return rows
-
-
-def _same_rate(a: float, b: float) -> bool:
-    return abs(a / b - 1) < 1e-6
-
-
-def _merge(earlier: List[Dict[str, Any]], rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """``rows`` and the ``earlier`` rows of runs they do not redo (same task, preset and rate)."""
-    def redone(e: Dict[str, Any]) -> bool:
-        return any(r["task"] == e["task"] and r["preset"] == e["preset"] and _same_rate(r["lr"], e["lr"])
-                   for r in rows)
-    return [e for e in earlier if not redone(e)] + rows
+def _with_earlier(cfg: Any, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """This process's rows and those of the earlier ocr.json that it does not redo (same task, preset and rate)."""
+    return merge_rows(earlier_rows(Path(cfg.out) / "ocr.json", RECIPE_LR), rows, ("task", "preset"))
 
 
 def _select(rows: List[Dict[str, Any]], cfg: OCRBenchConfig) -> List[Dict[str, Any]]:
@@ -204,7 +190,7 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
         batch = cfg.multiline_batch if multiline else cfg.quality_batch
         root = resolve_data(data, progress=progress)
         if derived:  # each model's best single-line rate among the runs known now
-            known = _select([r for r in _merge(_earlier_rows(cfg), rows) if r["task"] == single], cfg)
+            known = _select([r for r in _with_earlier(cfg, rows) if r["task"] == single], cfg)
             best = {r["preset"]: r["lr"] for r in known if r.get("best_lr")}
             plan = [(p, best.get(p, base)) for p in cfg.quality_presets]
             source = {p: f"best {single}" if p in best else "recipe" for p in cfg.quality_presets}
@@ -212,7 +198,7 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
             plan = sweep_plan(cfg.quality_presets, cfg.sweep, base, cfg.lr_factors)
             source = {p: "sweep" if p in cfg.sweep else "recipe" for p in cfg.quality_presets}
         if cfg.lrs:
-            plan = [(p, lr) for p, lr in plan if any(_same_rate(lr, x) for x in cfg.lrs)]
+            plan = [(p, lr) for p, lr in plan if any(same_rate(lr, x) for x in cfg.lrs)]
         for preset, lr in plan:
             out = sweep_folder(Path(cfg.out) / "quality", f"{task}-{preset}", lr, base)
             init = None
@@ -253,7 +239,7 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
                          "final_loss": res["history"][-1].get("loss") if res["history"] else None,
                          "samples": None if sample_png is None else sample_png.name})
     # read the earlier rows only now: a process sharing the sweep may have finished its runs in the meantime
-    return {"rows": _select(_merge(_earlier_rows(cfg), rows), cfg), "grid": list(lr_grid(base, cfg.lr_factors)),
+    return {"rows": _select(_with_earlier(cfg, rows), cfg), "grid": list(lr_grid(base, cfg.lr_factors)),
             "selected_by": "val_cer"}
 
 
@@ -321,7 +307,7 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
         for r in rows:
             if r["lr_from"].startswith("best "):
                 single = {x["preset"]: x["lr"] for x in rows if x["task"] == r["lr_from"][5:]}
-                if r["preset"] in single and abs(r["lr"] / single[r["preset"]] - 1) > 1e-6:
+                if r["preset"] in single and not same_rate(r["lr"], single[r["preset"]]):
                     out.append(f"note: {r['task']} {r['model']} was fine-tuned at lr {r['lr']:g}, its best "
                                f"{r['lr_from'][5:]} rate is now {single[r['preset']]:g}: run --tasks {r['task']} "
                                f"--quality-presets {r['preset']} again")

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +30,9 @@ from .common import (
     LR_FACTORS,
     apply_overrides,
     best_rows,
+    earlier_rows,
+    merge_rows,
+    same_rate,
     describe_variant,
     keep_freed_memory,
     lr_grid,
@@ -177,22 +179,9 @@ def run_conv(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return {"rows": rows}
 
 
-def _earlier_rows(cfg: PointBenchConfig) -> List[Dict[str, Any]]:
-    """The quality rows of the earlier points.json in ``cfg.out`` (runs made before sweeps: the recipe's rate)."""
-    path = Path(cfg.out) / "points.json"
-    rows = json.loads(path.read_text()).get("quality", {}).get("rows", []) if path.is_file() else []
-    for r in rows:
-        r.setdefault("lr", RECIPE_LR)
-    return rows
-
-
-def _same_rate(a: float, b: float) -> bool:
-    return abs(a / b - 1) < 1e-6
-
-
-def _merge(earlier: List[Dict[str, Any]], rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """``rows`` and the ``earlier`` rows of runs they do not redo (same model and rate)."""
-    return [e for e in earlier if not any(r["spec"] == e["spec"] and _same_rate(r["lr"], e["lr"]) for r in rows)] + rows
+def _with_earlier(cfg: Any, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """This process's rows and those of the earlier points.json that it does not redo (same spec and rate)."""
+    return merge_rows(earlier_rows(Path(cfg.out) / "points.json", RECIPE_LR), rows, ("spec",))
 
 
 def _select(rows: List[Dict[str, Any]], cfg: PointBenchConfig) -> List[Dict[str, Any]]:
@@ -232,11 +221,11 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
             plan = sweep_plan(group, cfg.sweep, base, cfg.lr_factors)
             source = {s: "sweep" if s in cfg.sweep else "recipe" for s in group}
         else:  # the best rate of each model's preset among the runs known now
-            best = {r["spec"]: r["lr"] for r in _select(_merge(_earlier_rows(cfg), rows), cfg) if r.get("best_lr")}
+            best = {r["spec"]: r["lr"] for r in _select(_with_earlier(cfg, rows), cfg) if r.get("best_lr")}
             plan = [(s, best.get(parent[s], base)) for s in group]
             source = {s: f"best {parent[s]}" if parent[s] in best else "recipe" for s in group}
         if cfg.lrs:
-            plan = [(s, lr) for s, lr in plan if any(_same_rate(lr, x) for x in cfg.lrs)]
+            plan = [(s, lr) for s, lr in plan if any(same_rate(lr, x) for x in cfg.lrs)]
         for spec, lr in plan:
             preset, overrides = parse_variant(spec)
             overrides = {**cfg.model_overrides, **overrides}
@@ -271,7 +260,7 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
                          "miou": m["miou"], "oa": m["oa"], "scenes": m["scenes"], "points": m["points"],
                          "per_class": {r["name"]: r["iou"] for r in m["per_class"] if r["iou"] is not None}})
     # read the earlier rows only now: a process sharing the sweep may have finished its runs in the meantime
-    return {"rows": _select(_merge(_earlier_rows(cfg), rows), cfg), "grid": list(lr_grid(base, cfg.lr_factors)),
+    return {"rows": _select(_with_earlier(cfg, rows), cfg), "grid": list(lr_grid(base, cfg.lr_factors)),
             "selected_by": "val_miou", "data": str(root), "split": cfg.eval_split, "pictures": pictures}
 
 
@@ -325,7 +314,7 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
         for r in rows:
             if r["lr_from"].startswith("best ") and r["lr_from"][5:] in by:
                 lr = by[r["lr_from"][5:]]["lr"]
-                if abs(r["lr"] / lr - 1) > 1e-6:
+                if not same_rate(r["lr"], lr):
                     out.append(f"note: {r['model']} was trained at lr {r['lr']:g}, the best rate of "
                                f"{r['lr_from'][5:]} is now {lr:g}: run --quality-models {r['spec']} again")
     return out

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..report import format_table, new_figure, save_figure
-from .common import (LR_FACTORS, apply_overrides, best_rows, lr_grid, mark_best, resume_point, run_parts, sweep_folder,
-                     sweep_table)
+from .common import (LR_FACTORS, apply_overrides, best_rows, lr_grid, mark_best, resume_point, run_parts, same_rate,
+                     sweep_folder, sweep_table)
 
 __all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "run", "report", "plot", "main", "add_arguments"]
 
@@ -216,7 +216,7 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
 
         def one(variant: str, L: int, K: int, seed: int, lr: float, train: bool) -> None:
             key = _key({"variant": variant, "seq_len": L, "pairs": K, "seed": seed, "steps": cfg.steps, "lr": lr})
-            wanted = not cfg.lrs or any(math.isclose(lr, x, rel_tol=1e-6) for x in cfg.lrs)
+            wanted = not cfg.lrs or any(same_rate(lr, x) for x in cfg.lrs)
             r = _run(cfg, variant, L, K, seed, lr, progress, train and cfg.train and wanted and key not in runs)
             if r is not None:
                 runs[key] = r
@@ -229,10 +229,10 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
                     for s in cfg.seeds[:n]:
                         one(v, L, K, s, lr, train=True)
                 best = _best_lr(_summarise(list(runs.values()), cfg), v, L, K, cfg.steps)
-                extra = () if best is None or any(math.isclose(best, x, rel_tol=1e-6) for x in rates) else (best,)
+                extra = () if best is None or any(same_rate(best, x) for x in rates) else (best,)
                 for lr in rates + extra:  # the other seeds: trained at the best rate (of any grid run so far), read
                     for s in cfg.seeds[n:]:  # back at the others
-                        one(v, L, K, s, lr, train=best is not None and math.isclose(lr, best, rel_tol=1e-6))
+                        one(v, L, K, s, lr, train=best is not None and same_rate(lr, best))
         results = sorted(runs.values(), key=lambda r: _key(r))
         return {"runs": results, "rows": _summarise(results, cfg), "grid": list(grid), "swept": list(swept),
                 "selected_by": "accuracy of the sweep seeds (median)", "sweep_seeds": list(cfg.seeds[:cfg.sweep_seeds])}
