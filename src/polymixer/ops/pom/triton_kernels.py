@@ -257,6 +257,30 @@ def _running(plo, phi, w, st, carry_ptr, carryw_ptr, b, c, ch, cmask, half, stri
 
 
 @triton.jit
+def _gated_store(hlo, hhi, z_ptr, bias_ptr, g_ptr, cos_ptr, sin_ptr, b, n, m2, ch, cmask, half, D, G, stride_zb,
+                 stride_zn, stride_gb, stride_gn, stride_cb, stride_cn, GATE: tl.constexpr, ROPE: tl.constexpr):
+    """``g = gate(z_s + b) ⊙ H`` at tokens ``n``: H (both halves of each channel pair with rotary) read in the query's
+    own frame R(−pos), the gate of each channel's head from ``z``'s gate columns."""
+    if ROPE:
+        cs = tl.load(cos_ptr + b * stride_cb + n[:, None] * stride_cn + ch[None, :], mask=m2, other=1.0)
+        sn = tl.load(sin_ptr + b * stride_cb + n[:, None] * stride_cn + ch[None, :], mask=m2, other=0.0)
+        rlo = hlo * cs + hhi * sn
+        hhi = hhi * cs - hlo * sn
+        hlo = rlo
+    ulo = tl.load(z_ptr + b * stride_zb + n[:, None] * stride_zn + D + (ch // G)[None, :], mask=m2,
+                  other=0.0).to(tl.float32)
+    ulo = ulo + tl.load(bias_ptr + ch // G, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(g_ptr + b * stride_gb + n[:, None] * stride_gn + ch[None, :],
+             (_gate(ulo, GATE) * hlo).to(g_ptr.dtype.element_ty), mask=m2)
+    if ROPE:
+        uhi = tl.load(z_ptr + b * stride_zb + n[:, None] * stride_zn + D + ((ch + half) // G)[None, :], mask=m2,
+                      other=0.0).to(tl.float32)
+        uhi = uhi + tl.load(bias_ptr + (ch + half) // G, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        tl.store(g_ptr + b * stride_gb + n[:, None] * stride_gn + (ch + half)[None, :],
+                 (_gate(uhi, GATE) * hhi).to(g_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
 def _scan_kernel(z_ptr, coeff_ptr, cos_ptr, sin_ptr, w_ptr, start_ptr, carry_ptr, carryw_ptr, bias_ptr, g_ptr,
                  end_ptr, endw_ptr, isend_ptr, endid_ptr,
                  N, D, half, G, stride_zb, stride_zn, stride_cb, stride_cn, stride_wb, stride_sb,
@@ -291,23 +315,8 @@ def _scan_kernel(z_ptr, coeff_ptr, cos_ptr, sin_ptr, w_ptr, start_ptr, carry_ptr
             inv = tl.where(sw > 0, 1.0 / tl.maximum(sw, 1.0e-30), 0.0)
             slo = slo * inv[:, None]
             shi = shi * inv[:, None]
-        if ROPE:  # read in the query's own frame: R(−pos)
-            cs = tl.load(cos_ptr + b * stride_cb + n[:, None] * stride_cn + ch[None, :], mask=m2, other=1.0)
-            sn = tl.load(sin_ptr + b * stride_cb + n[:, None] * stride_cn + ch[None, :], mask=m2, other=0.0)
-            rlo = slo * cs + shi * sn
-            shi = shi * cs - slo * sn
-            slo = rlo
-        ulo = tl.load(z_ptr + b * stride_zb + n[:, None] * stride_zn + D + (ch // G)[None, :], mask=m2,
-                      other=0.0).to(tl.float32)
-        ulo = ulo + tl.load(bias_ptr + ch // G, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        tl.store(g_ptr + b * stride_gb + n[:, None] * stride_gn + ch[None, :],
-                 (_gate(ulo, GATE) * slo).to(g_ptr.dtype.element_ty), mask=m2)
-        if ROPE:
-            uhi = tl.load(z_ptr + b * stride_zb + n[:, None] * stride_zn + D + ((ch + half) // G)[None, :], mask=m2,
-                          other=0.0).to(tl.float32)
-            uhi = uhi + tl.load(bias_ptr + (ch + half) // G, mask=cmask, other=0.0).to(tl.float32)[None, :]
-            tl.store(g_ptr + b * stride_gb + n[:, None] * stride_gn + (ch + half)[None, :],
-                     (_gate(uhi, GATE) * shi).to(g_ptr.dtype.element_ty), mask=m2)
+        _gated_store(slo, shi, z_ptr, bias_ptr, g_ptr, cos_ptr, sin_ptr, b, n, m2, ch, cmask, half, D, G, stride_zb,
+                     stride_zn, stride_gb, stride_gn, stride_cb, stride_cn, GATE, ROPE)
     else:
         isend = tl.load(isend_ptr + b * stride_sb + n, mask=nmask, other=0) != 0
         eid = tl.load(endid_ptr + b * stride_sb + n, mask=nmask, other=0)
@@ -344,23 +353,8 @@ def _gate_kernel(z_ptr, cos_ptr, sin_ptr, bias_ptr, end_ptr, endw_ptr, endid_ptr
         inv = tl.where(sw > 0, 1.0 / tl.maximum(sw, 1.0e-30), 0.0)
         hlo = hlo * inv[:, None]
         hhi = hhi * inv[:, None]
-    if ROPE:
-        cs = tl.load(cos_ptr + b * stride_cb + n[:, None] * stride_cn + ch[None, :], mask=m2, other=1.0)
-        sn = tl.load(sin_ptr + b * stride_cb + n[:, None] * stride_cn + ch[None, :], mask=m2, other=0.0)
-        rlo = hlo * cs + hhi * sn
-        hhi = hhi * cs - hlo * sn
-        hlo = rlo
-    ulo = tl.load(z_ptr + b * stride_zb + n[:, None] * stride_zn + D + (ch // G)[None, :], mask=m2,
-                  other=0.0).to(tl.float32)
-    ulo = ulo + tl.load(bias_ptr + ch // G, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    tl.store(g_ptr + b * stride_gb + n[:, None] * stride_gn + ch[None, :],
-             (_gate(ulo, GATE) * hlo).to(g_ptr.dtype.element_ty), mask=m2)
-    if ROPE:
-        uhi = tl.load(z_ptr + b * stride_zb + n[:, None] * stride_zn + D + ((ch + half) // G)[None, :], mask=m2,
-                      other=0.0).to(tl.float32)
-        uhi = uhi + tl.load(bias_ptr + (ch + half) // G, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        tl.store(g_ptr + b * stride_gb + n[:, None] * stride_gn + (ch + half)[None, :],
-                 (_gate(uhi, GATE) * hhi).to(g_ptr.dtype.element_ty), mask=m2)
+    _gated_store(hlo, hhi, z_ptr, bias_ptr, g_ptr, cos_ptr, sin_ptr, b, n, m2, ch, cmask, half, D, G, stride_zb,
+                 stride_zn, stride_gb, stride_gn, stride_cb, stride_cn, GATE, ROPE)
 
 
 # ----------------------------------------------------------------------------------------------------------------
