@@ -671,8 +671,9 @@ TILES: Dict[Tuple[int, bool], Tuple[int, int]] = {
 def launch_configs(D: int, G: int, rope: Optional[str]) -> LaunchConfig:
     """The configuration the dispatcher picks for a width (D, gate head G): 64 channels (32 channel pairs with
     rotary), widened to a whole gate head, and the token chunk and warps of :data:`TILES` for that tile."""
-    if _OVERRIDE[0] is not None:
-        return _OVERRIDE[0]
+    forced = _OVERRIDE[0]
+    if forced is not None:  # a forced tile still holds whole gate heads (a gate's sum cannot span channel blocks)
+        return forced if forced.block_d >= G else LaunchConfig(forced.block_n, _pow2(G), forced.num_warps)
     half = D // 2 if rope else D
     block_d = max(16, min(32 if rope else 64, _pow2(half)), G)
     block_n, warps = TILES[(block_d, bool(rope))]
