@@ -186,6 +186,23 @@ def test_bench_points_runs_every_part(rooms, tmp_path):
     text = report(swept)
     assert "best lr" in text and "val mIoU % at lr →" in text and "test mIoU % at lr →" in text and "*" in text
     assert "best model without full attention (" in text and "target within −1 mIoU" in text
+    # a process running part of the sweep for another model keeps the picture model's picture
+    def pictures() -> dict:
+        return {f.name: f.read_bytes() for f in (tmp_path / "bench").glob("points_scene*.png")}
+
+    drawn = pictures()
+    assert "points_scene.png" in drawn and swept["quality"]["pictures"]["scene"].startswith("points_scene")
+    part = run(replace(cfg, parts=("quality",), quality_models=("tiny-ptv3",), lrs=(3e-3,)), progress=False)
+    assert pictures() == drawn and part["quality"]["pictures"] == swept["quality"]["pictures"]
+
+
+def test_picture_owner_never_replaces_another_models_picture():
+    from polymixer.bench.common import picture_owner
+
+    assert picture_owner("b", ("a", "b"), drawn_before=True) == "b"
+    assert picture_owner("b", ("a", "c"), drawn_before=False) == "c"  # nothing drawn yet: the last model
+    assert picture_owner("b", ("a", "c"), drawn_before=True) is None
+    assert picture_owner("b", (), drawn_before=False) is None
 
 
 DDP_SCRIPT = """

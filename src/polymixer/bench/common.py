@@ -398,6 +398,15 @@ def best_rows(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [r for r in rows if r.get("best_lr", True)]
 
 
+def picture_owner(preferred: str, models: Sequence[str], drawn_before: bool) -> Optional[str]:
+    """Whose pictures a quality run draws: the family's picture model when this process trains it; else its last
+    model, but only where no picture was drawn before — a process running part of a sweep (``--lrs``, one model)
+    must not replace the guide's picture with another model's under the same file name."""
+    if preferred in models:
+        return preferred
+    return None if drawn_before or not models else models[-1]
+
+
 def sweep_table(rows: Sequence[Dict[str, Any]], metric: str, label: str, scale: float = 1.0, digits: int = 3,
                 key: str = "spec", name: str = "model") -> str:
     """One line per model: every rate's ``metric`` (× ``scale``), the best marked with *, so the reader sees how

@@ -38,6 +38,7 @@ from .common import (
     keep_freed_memory,
     lr_grid,
     mark_best,
+    picture_owner,
     parse_variant,
     resume_point,
     run_parts,
@@ -173,7 +174,7 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     redo = set(plan)
     rows = [r for r in earlier.get("rows", []) if (r["spec"], r.get("lr", cfg.lr)) not in redo]  # kept
     pictures: Dict[str, str] = dict(earlier.get("pictures", {}))
-    drawn = cfg.picture_model if cfg.picture_model in cfg.quality_models else cfg.quality_models[-1]
+    drawn = picture_owner(cfg.picture_model, cfg.quality_models, "confusion" in pictures)
     draw_window = cfg.crop if cfg.crop in cfg.eval_windows else cfg.eval_windows[0]
     for spec, lr in plan:
         preset, overrides = parse_variant(spec)

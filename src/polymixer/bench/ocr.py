@@ -28,6 +28,7 @@ from .common import (
     best_rows,
     earlier_rows,
     merge_rows,
+    picture_owner,
     same_rate,
     keep_freed_memory,
     lr_grid,
@@ -178,7 +179,6 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
         raise ValueError(f"multiline_init must be 'single-line' or 'scratch', got {cfg.multiline_init!r}")
     rows: List[Dict[str, Any]] = []
     base = cfg.lr
-    drawn = PICTURE if PICTURE in cfg.quality_presets else cfg.quality_presets[-1]
     for task in cfg.tasks:
         data = cfg.data_dir or ("digits" if task.startswith("digits") else "synthetic")
         multiline = task.endswith("multiline")
@@ -222,6 +222,7 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
             test = load_split(root, "test", model.config.height, model.config.max_width)
             m = evaluate_ocr(model, test, charset, spec, limit=cfg.eval_limit or None, progress=progress)
             sample_png = None
+            drawn = picture_owner(PICTURE, cfg.quality_presets, (Path(cfg.out) / f"ocr_samples_{task}.png").is_file())
             if preset == drawn:  # one picture per task and rate: test examples, references, predictions
                 examples = examples_of(test, spec)[:cfg.eval_limit or None]
                 pick = sorted(set(int(i) for i in torch.linspace(0, len(examples) - 1, min(6, len(examples)))))

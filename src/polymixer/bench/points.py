@@ -32,6 +32,7 @@ from .common import (
     best_rows,
     earlier_rows,
     merge_rows,
+    picture_owner,
     same_rate,
     describe_variant,
     keep_freed_memory,
@@ -201,6 +202,8 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Train the quality models with the same steps, batch and seed: each swept model at every rate of the grid, then
     the others at the best rate of their preset where it is swept (among the runs known then), else the recipe's.
     Finished runs are only evaluated again; runs of an earlier points.json not redone keep their rows."""
+    import json
+
     from ..data.points import AugmentConfig, PointDataset
     from ..data.points_synth import resolve_data
     from ..tasks.points import draw_scene, evaluate_points, train_points
@@ -210,8 +213,10 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     test_set = PointDataset(root, cfg.eval_split, "scannet")
     augment = replace(AugmentConfig.for_format("scannet"), max_points=cfg.quality_points)
     rows: List[Dict[str, Any]] = []
-    pictures: Dict[str, str] = {}
-    drawn = cfg.picture_model if cfg.picture_model in cfg.quality_models else cfg.quality_models[-1]
+    earlier = Path(cfg.out) / "points.json"
+    pictures: Dict[str, str] = dict(json.loads(earlier.read_text()).get("quality", {}).get("pictures", {})
+                                    if earlier.is_file() else {})
+    drawn = picture_owner(cfg.picture_model, cfg.quality_models, (Path(cfg.out) / "points_scene.png").is_file())
     base = cfg.lr
     parent = {spec: parse_variant(spec)[0] for spec in cfg.quality_models}
     derived = [s for s in cfg.quality_models if s not in cfg.sweep and parent[s] in cfg.sweep]
