@@ -345,10 +345,15 @@ def same_rate(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6)
 
 
+def earlier_part(path: Path, part: str = "quality") -> Dict[str, Any]:
+    """``part`` of an earlier bench JSON at ``path`` (empty if the file is not there)."""
+    return json.loads(path.read_text()).get(part, {}) if path.is_file() else {}
+
+
 def earlier_rows(path: Path, recipe_lr: float, part: str = "quality") -> List[Dict[str, Any]]:
     """The rows of ``part`` in an earlier bench JSON at ``path`` (none if it is not there); rows of runs made before
     sweeps existed carry no rate and get the recipe's."""
-    rows = json.loads(path.read_text()).get(part, {}).get("rows", []) if path.is_file() else []
+    rows = earlier_part(path, part).get("rows", [])
     for r in rows:
         r.setdefault("lr", recipe_lr)
     return rows
@@ -361,6 +366,11 @@ def merge_rows(earlier: Sequence[Dict[str, Any]], rows: List[Dict[str, Any]], ke
     def redone(e: Dict[str, Any]) -> bool:
         return any(all(r[k] == e[k] for k in keys) and same_rate(r["lr"], e["lr"]) for r in rows)
     return [e for e in earlier if not redone(e)] + rows
+
+
+def only_rates(plan: Sequence[Tuple[str, float]], lrs: Sequence[float]) -> List[Tuple[str, float]]:
+    """The runs of ``plan`` at one of the rates ``lrs`` (``--lrs``: one process's share of a sweep); all if none."""
+    return [(m, lr) for m, lr in plan if any(same_rate(lr, x) for x in lrs)] if lrs else list(plan)
 
 
 def sweep_folder(root: Path, slug: str, lr: float, base: float) -> Path:

@@ -37,7 +37,9 @@ from .common import (
     describe_variant,
     keep_freed_memory,
     lr_grid,
+    earlier_part,
     mark_best,
+    only_rates,
     picture_owner,
     parse_variant,
     resume_point,
@@ -159,7 +161,6 @@ def _train_cfg(cfg: EOBenchConfig, out: Path, lr: float, steps: int, ckpt_every:
 def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """The quality models trained with the same steps, batches and seed (the swept ones at every rate of the grid),
     scored on the test fold by windows of each side and whole patches; each model's best rate by validation mIoU."""
-    import json
 
     from ..data.eo import PastisSplit, fold_splits
     from ..data.eo_synth import resolve_data
@@ -167,10 +168,9 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
     root = resolve_data(cfg.data_dir, progress=progress)
     plan = sweep_plan(cfg.quality_models, cfg.sweep, cfg.lr, cfg.lr_factors)
-    if cfg.lrs:
-        plan = [(m, lr) for m, lr in plan if any(same_rate(lr, x) for x in cfg.lrs)]
+    plan = only_rates(plan, cfg.lrs)
     path = Path(cfg.out) / "eo.json"
-    earlier = json.loads(path.read_text()).get("quality", {}) if path.is_file() else {}
+    earlier = earlier_part(path)
     redo = set(plan)
     rows = [r for r in earlier.get("rows", []) if (r["spec"], r.get("lr", cfg.lr)) not in redo]  # kept
     pictures: Dict[str, str] = dict(earlier.get("pictures", {}))

@@ -30,6 +30,7 @@ from .common import (
     same_rate,
     lr_grid,
     mark_best,
+    only_rates,
     resume_point,
     run_parts,
     sweep_folder,
@@ -185,8 +186,7 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
             best = _best_flow_rates(_with_earlier(cfg, rows), cfg)
             plan = [(p, best.get(p, base)) for p in cfg.quality_presets]
             source = {p: f"best {SWEPT}" if p in best else "recipe" for p in cfg.quality_presets}
-        if cfg.lrs:
-            plan = [(p, lr) for p, lr in plan if any(same_rate(lr, x) for x in cfg.lrs)]
+        plan = only_rates(plan, cfg.lrs)
         for preset, lr in plan:
             out = sweep_folder(Path(cfg.out) / "quality", f"{preset}-{objective}", lr, base)
             tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 10,

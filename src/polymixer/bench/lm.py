@@ -29,9 +29,9 @@ from .common import (
     best_rows,
     lr_grid,
     mark_best,
+    only_rates,
     resume_point,
     run_parts,
-    same_rate,
     sweep_folder,
     sweep_plan,
     sweep_table,
@@ -214,8 +214,7 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from ..train.loop import TrainConfig
 
     plan = sweep_plan(cfg.quality_presets, cfg.sweep, cfg.quality_lr, cfg.lr_factors)
-    if cfg.lrs:
-        plan = [(p, lr) for p, lr in plan if any(same_rate(lr, x) for x in cfg.lrs)]
+    plan = only_rates(plan, cfg.lrs)
     rows: List[Dict[str, Any]] = []
     for preset, lr in plan:
         out = sweep_folder(Path(cfg.out) / "quality", preset, lr, cfg.quality_lr)

@@ -33,6 +33,7 @@ from .common import (
     keep_freed_memory,
     lr_grid,
     mark_best,
+    only_rates,
     resume_point,
     run_parts,
     sweep_folder,
@@ -197,8 +198,8 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
         else:
             plan = sweep_plan(cfg.quality_presets, cfg.sweep, base, cfg.lr_factors)
             source = {p: "sweep" if p in cfg.sweep else "recipe" for p in cfg.quality_presets}
-        if cfg.lrs:
-            plan = [(p, lr) for p, lr in plan if any(same_rate(lr, x) for x in cfg.lrs)]
+        plan = only_rates(plan, cfg.lrs)
+        drawn = picture_owner(PICTURE, cfg.quality_presets, (Path(cfg.out) / f"ocr_samples_{task}.png").is_file())
         for preset, lr in plan:
             out = sweep_folder(Path(cfg.out) / "quality", f"{task}-{preset}", lr, base)
             init = None
@@ -222,7 +223,6 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
             test = load_split(root, "test", model.config.height, model.config.max_width)
             m = evaluate_ocr(model, test, charset, spec, limit=cfg.eval_limit or None, progress=progress)
             sample_png = None
-            drawn = picture_owner(PICTURE, cfg.quality_presets, (Path(cfg.out) / f"ocr_samples_{task}.png").is_file())
             if preset == drawn:  # one picture per task and rate: test examples, references, predictions
                 examples = examples_of(test, spec)[:cfg.eval_limit or None]
                 pick = sorted(set(int(i) for i in torch.linspace(0, len(examples) - 1, min(6, len(examples)))))

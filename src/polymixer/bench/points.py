@@ -30,6 +30,7 @@ from .common import (
     LR_FACTORS,
     apply_overrides,
     best_rows,
+    earlier_part,
     earlier_rows,
     merge_rows,
     picture_owner,
@@ -38,6 +39,7 @@ from .common import (
     keep_freed_memory,
     lr_grid,
     mark_best,
+    only_rates,
     parse_variant,
     resume_point,
     run_parts,
@@ -202,8 +204,6 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Train the quality models with the same steps, batch and seed: each swept model at every rate of the grid, then
     the others at the best rate of their preset where it is swept (among the runs known then), else the recipe's.
     Finished runs are only evaluated again; runs of an earlier points.json not redone keep their rows."""
-    import json
-
     from ..data.points import AugmentConfig, PointDataset
     from ..data.points_synth import resolve_data
     from ..tasks.points import draw_scene, evaluate_points, train_points
@@ -213,9 +213,7 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     test_set = PointDataset(root, cfg.eval_split, "scannet")
     augment = replace(AugmentConfig.for_format("scannet"), max_points=cfg.quality_points)
     rows: List[Dict[str, Any]] = []
-    earlier = Path(cfg.out) / "points.json"
-    pictures: Dict[str, str] = dict(json.loads(earlier.read_text()).get("quality", {}).get("pictures", {})
-                                    if earlier.is_file() else {})
+    pictures: Dict[str, str] = dict(earlier_part(Path(cfg.out) / "points.json").get("pictures", {}))
     drawn = picture_owner(cfg.picture_model, cfg.quality_models, (Path(cfg.out) / "points_scene.png").is_file())
     base = cfg.lr
     parent = {spec: parse_variant(spec)[0] for spec in cfg.quality_models}
@@ -229,8 +227,7 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
             best = {r["spec"]: r["lr"] for r in _select(_with_earlier(cfg, rows), cfg) if r.get("best_lr")}
             plan = [(s, best.get(parent[s], base)) for s in group]
             source = {s: f"best {parent[s]}" if parent[s] in best else "recipe" for s in group}
-        if cfg.lrs:
-            plan = [(s, lr) for s, lr in plan if any(same_rate(lr, x) for x in cfg.lrs)]
+        plan = only_rates(plan, cfg.lrs)
         for spec, lr in plan:
             preset, overrides = parse_variant(spec)
             overrides = {**cfg.model_overrides, **overrides}
