@@ -205,7 +205,7 @@ def test_bench_ocr_both_parts(tmp_path):
     assert "*" in text and "best model without full attention (tiny HTR-VPoM, lr" in text and "within +5%" in text
 
 
-def test_bench_eo_both_parts(tmp_path):
+def test_bench_eo_both_parts(tmp_path, monkeypatch):
     """Speed and (a few steps of) quality on toy segmenters and a small synthetic PASTIS: rows, ratios against
     TSViT, OA / mIoU per evaluation window, verdict lines, plot, confusion and tiles pictures."""
     from polymixer.bench.eo import EOBenchConfig, parse_variant, report, run
@@ -242,6 +242,29 @@ def test_bench_eo_both_parts(tmp_path):
 
     again = run(replace(cfg, parts=("curves",), curve_models=("tiny-tsvipom",)), progress=False)["curves"]["rows"]
     assert [c["spec"] for c in again] == ["tiny-tsvit", "tiny-tsvipom"]  # a model run alone keeps the others' curves
+    # a ×4 point beyond the grid for one model (--lr-factors, --lrs), while a process sharing the sweep rewrites
+    # eo.json: its rows are read after training, so they are kept, and the reported grid keeps the ×4 rate
+    import json
+
+    import polymixer.tasks.eo as eo_task
+
+    real_train, path = eo_task.train_eo, tmp_path / "bench" / "eo.json"
+
+    def train_beside_another_process(*args, **kwargs):
+        other = json.loads(path.read_text())
+        next(r for r in other["quality"]["rows"] if r["spec"] == "tiny-tsvipom")["val_miou"] = 0.987
+        path.write_text(json.dumps(other))
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(eo_task, "train_eo", train_beside_another_process)
+    wide = run(replace(cfg, parts=("quality",), quality_models=("tiny-tsvit",), lr_factors=(0.5, 1, 2, 4),
+                       lrs=(4e-3,)), progress=False)["quality"]
+    assert next(r for r in wide["rows"] if r["spec"] == "tiny-tsvipom")["val_miou"] == 0.987
+    assert sorted(r["lr"] for r in wide["rows"] if r["spec"] == "tiny-tsvit") == [5e-4, 1e-3, 2e-3, 4e-3]
+    assert wide["grid"] == [5e-4, 1e-3, 2e-3, 4e-3] and len(wide["rows"]) == 6
+    monkeypatch.setattr(eo_task, "train_eo", real_train)
+    later = run(replace(cfg, parts=("quality",), quality_models=("tiny-tsvipom",)), progress=False)["quality"]
+    assert later["grid"] == [5e-4, 1e-3, 2e-3, 4e-3] and len(later["rows"]) == 6  # the ×4 row stays in the grid
     for r in q:
         assert set(r["windows"]) == {"8", "16", "whole"} and r["test_patches"] == 1
         assert all(0 <= w["miou"] <= 1 and 0 <= w["oa"] <= 1 for w in r["windows"].values())

@@ -368,6 +368,16 @@ def merge_rows(earlier: Sequence[Dict[str, Any]], rows: List[Dict[str, Any]], ke
     return [e for e in earlier if not redone(e)] + rows
 
 
+def rates_tried(rows: Sequence[Dict[str, Any]], base: float, factors: Sequence[float] = LR_FACTORS) -> List[float]:
+    """The sweep's grid as reported: this run's grid and every rate an earlier process tried (``--lr-factors`` may
+    have reached beyond it, e.g. a ×4 point for a model best at the grid's top)."""
+    rates = list(lr_grid(base, factors))
+    for r in rows:
+        if "lr" in r and not any(same_rate(r["lr"], x) for x in rates):
+            rates.append(float(r["lr"]))
+    return sorted(rates)
+
+
 def only_rates(plan: Sequence[Tuple[str, float]], lrs: Sequence[float]) -> List[Tuple[str, float]]:
     """The runs of ``plan`` at one of the rates ``lrs`` (``--lrs``: one process's share of a sweep); all if none."""
     return [(m, lr) for m, lr in plan if any(same_rate(lr, x) for x in lrs)] if lrs else list(plan)

@@ -35,13 +35,15 @@ from .common import (
     apply_overrides,
     best_rows,
     describe_variant,
-    keep_freed_memory,
-    lr_grid,
     earlier_part,
+    earlier_rows,
+    keep_freed_memory,
     mark_best,
+    merge_rows,
     only_rates,
-    picture_owner,
     parse_variant,
+    picture_owner,
+    rates_tried,
     resume_point,
     run_parts,
     same_rate,
@@ -170,10 +172,8 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     plan = sweep_plan(cfg.quality_models, cfg.sweep, cfg.lr, cfg.lr_factors)
     plan = only_rates(plan, cfg.lrs)
     path = Path(cfg.out) / "eo.json"
-    earlier = earlier_part(path)
-    redo = set(plan)
-    rows = [r for r in earlier.get("rows", []) if (r["spec"], r.get("lr", cfg.lr)) not in redo]  # kept
-    pictures: Dict[str, str] = dict(earlier.get("pictures", {}))
+    rows: List[Dict[str, Any]] = []
+    pictures: Dict[str, str] = dict(earlier_part(path).get("pictures", {}))
     drawn = picture_owner(cfg.picture_model, cfg.quality_models, "confusion" in pictures)
     draw_window = cfg.crop if cfg.crop in cfg.eval_windows else cfg.eval_windows[0]
     for spec, lr in plan:
@@ -212,10 +212,10 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
                      "per_class_iou": per_class if cfg.crop in cfg.eval_windows else None,
                      **{f"oa_{k}": v["oa"] for k, v in by_window.items()},
                      **{f"miou_{k}": v["miou"] for k, v in by_window.items()}})
-    for r in rows:  # rows of runs made before sweeps existed: the recipe's rate
-        r.setdefault("lr", cfg.lr)
+    # read the earlier rows only now: a process sharing the sweep may have finished its runs in the meantime
+    rows = merge_rows(earlier_rows(path, cfg.lr), rows, ("spec",))
     mark_best(rows, "val_miou", higher=True)
-    return {"rows": rows, "data": str(root), "pictures": pictures, "grid": list(lr_grid(cfg.lr, cfg.lr_factors)),
+    return {"rows": rows, "data": str(root), "pictures": pictures, "grid": rates_tried(rows, cfg.lr, cfg.lr_factors),
             "selected_by": "val_miou"}
 
 

@@ -26,13 +26,13 @@ from .common import (
     apply_overrides,
     best_rows,
     earlier_rows,
-    merge_rows,
-    same_rate,
-    lr_grid,
     mark_best,
+    merge_rows,
     only_rates,
+    rates_tried,
     resume_point,
     run_parts,
+    same_rate,
     sweep_folder,
     sweep_plan,
     sweep_table,
@@ -209,7 +209,8 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
                          "params": count_parameters(model), "pattern": model.config.layer_pattern(),
                          "steps": cfg.quality_steps, "train_min": minutes, "grid": grid.name, **m})
     # read the earlier rows only now: a process sharing the sweep may have finished its runs in the meantime
-    return {"rows": _select(_with_earlier(cfg, rows), cfg), "grid": list(lr_grid(base, cfg.lr_factors)),
+    rows = _select(_with_earlier(cfg, rows), cfg)
+    return {"rows": rows, "grid": rates_tried(rows, base, cfg.lr_factors),
             "swept": SWEPT, "selected_by": "fd", "guidance": cfg.guidance, "sample_steps": cfg.sample_steps}
 
 

@@ -27,9 +27,11 @@ from .common import (
     LR_FACTORS,
     apply_overrides,
     best_rows,
-    lr_grid,
+    earlier_rows,
     mark_best,
+    merge_rows,
     only_rates,
+    rates_tried,
     resume_point,
     run_parts,
     sweep_folder,
@@ -231,18 +233,15 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
                      "train_min": training_minutes(out, t0, finished, res.get("history", []), cfg.quality_batch),
                      **res["metrics"]})
     # the rows of runs not trained again are kept, read after training: processes sharing a sweep keep each other's
-    path = Path(cfg.out) / "lm.json"
-    earlier = json.loads(path.read_text()).get("quality", {}).get("rows", []) if path.is_file() else []
-    redo = {(p, lr) for p, lr in plan}
-    rows = [r for r in earlier if (r["model"], r.get("lr", 2e-3)) not in redo] + rows
-    for r in rows:  # rows of runs from before sweeps existed: the recipe's rate
-        r.setdefault("lr", 2e-3)
+    earlier = earlier_rows(Path(cfg.out) / "lm.json", 2e-3)  # rows from before sweeps: the recipe's rate then
+    for r in earlier:
         r.setdefault("spec", r["model"])
+    rows = merge_rows(earlier, rows, ("model",))
     mark_best(rows, "val_loss", higher=False)
     att = next((r for r in best_rows(rows) if r["model"].endswith("attention")), None)
     for r in rows:
         r["loss_vs_attention"] = r["val_loss"] / att["val_loss"] if att else None
-    return {"rows": rows, "grid": list(lr_grid(cfg.quality_lr, cfg.lr_factors)), "selected_by": "val_loss"}
+    return {"rows": rows, "grid": rates_tried(rows, cfg.quality_lr, cfg.lr_factors), "selected_by": "val_loss"}
 
 
 def report(payload: Dict[str, Any]) -> str:

@@ -27,15 +27,15 @@ from .common import (
     apply_overrides,
     best_rows,
     earlier_rows,
-    merge_rows,
-    picture_owner,
-    same_rate,
     keep_freed_memory,
-    lr_grid,
     mark_best,
+    merge_rows,
     only_rates,
+    picture_owner,
+    rates_tried,
     resume_point,
     run_parts,
+    same_rate,
     sweep_folder,
     sweep_plan,
     sweep_table,
@@ -240,7 +240,8 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
                          "final_loss": res["history"][-1].get("loss") if res["history"] else None,
                          "samples": None if sample_png is None else sample_png.name})
     # read the earlier rows only now: a process sharing the sweep may have finished its runs in the meantime
-    return {"rows": _select(_with_earlier(cfg, rows), cfg), "grid": list(lr_grid(base, cfg.lr_factors)),
+    rows = _select(_with_earlier(cfg, rows), cfg)
+    return {"rows": rows, "grid": rates_tried(rows, base, cfg.lr_factors),
             "selected_by": "val_cer"}
 
 

@@ -30,19 +30,19 @@ from .common import (
     LR_FACTORS,
     apply_overrides,
     best_rows,
+    describe_variant,
     earlier_part,
     earlier_rows,
-    merge_rows,
-    picture_owner,
-    same_rate,
-    describe_variant,
     keep_freed_memory,
-    lr_grid,
     mark_best,
+    merge_rows,
     only_rates,
     parse_variant,
+    picture_owner,
+    rates_tried,
     resume_point,
     run_parts,
+    same_rate,
     sweep_folder,
     sweep_plan,
     sweep_table,
@@ -262,7 +262,8 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
                          "miou": m["miou"], "oa": m["oa"], "scenes": m["scenes"], "points": m["points"],
                          "per_class": {r["name"]: r["iou"] for r in m["per_class"] if r["iou"] is not None}})
     # read the earlier rows only now: a process sharing the sweep may have finished its runs in the meantime
-    return {"rows": _select(_with_earlier(cfg, rows), cfg), "grid": list(lr_grid(base, cfg.lr_factors)),
+    rows = _select(_with_earlier(cfg, rows), cfg)
+    return {"rows": rows, "grid": rates_tried(rows, base, cfg.lr_factors),
             "selected_by": "val_miou", "data": str(root), "split": cfg.eval_split, "pictures": pictures}
 
 
