@@ -265,6 +265,16 @@ def test_bench_eo_both_parts(tmp_path, monkeypatch):
     monkeypatch.setattr(eo_task, "train_eo", real_train)
     later = run(replace(cfg, parts=("quality",), quality_models=("tiny-tsvipom",)), progress=False)["quality"]
     assert later["grid"] == [5e-4, 1e-3, 2e-3, 4e-3] and len(later["rows"]) == 6  # the ×4 row stays in the grid
+    # one seed per --out: another seed is refused before it trains (its runs would replace seed 0's folders and rows)
+    import pytest
+
+    before = path.read_text()
+    with pytest.raises(ValueError, match=r"eo\.json holds the quality part of seed 0, not 1"):
+        run(replace(cfg, seed=1, parts=("speed", "quality")), progress=False)
+    assert path.read_text() == before
+    seeded = run(replace(cfg, seed=1, parts=("quality",), quality_models=("tiny-tsvipom",), sweep=(),
+                         out=str(tmp_path / "seed1")), progress=False)
+    assert seeded["config"]["seed"] == 1 and [r["spec"] for r in seeded["quality"]["rows"]] == ["tiny-tsvipom"]
     for r in q:
         assert set(r["windows"]) == {"8", "16", "whole"} and r["test_patches"] == 1
         assert all(0 <= w["miou"] <= 1 and 0 <= w["oa"] <= 1 for w in r["windows"].values())

@@ -350,6 +350,15 @@ def earlier_part(path: Path, part: str = "quality") -> Dict[str, Any]:
     return json.loads(path.read_text()).get(part, {}) if path.is_file() else {}
 
 
+def check_seed(path: Path, seed: int, parts: Sequence[str]) -> None:
+    """Refuse to train ``parts`` with ``seed`` where the bench JSON at ``path`` holds runs of another seed: a run
+    folder of the other seed would be overwritten and its rows replaced by this seed's (one ``--out`` per seed)."""
+    for part in parts:
+        old = earlier_part(path, part).get("config", {}).get("seed")
+        if old is not None and old != seed:
+            raise ValueError(f"{path} holds the {part} part of seed {old}, not {seed}: give seed {seed} its own --out")
+
+
 def earlier_rows(path: Path, recipe_lr: float, part: str = "quality") -> List[Dict[str, Any]]:
     """The rows of ``part`` in an earlier bench JSON at ``path`` (none if it is not there); rows of runs made before
     sweeps existed carry no rate and get the recipe's."""

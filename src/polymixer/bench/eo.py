@@ -34,6 +34,7 @@ from .common import (
     LR_FACTORS,
     apply_overrides,
     best_rows,
+    check_seed,
     describe_variant,
     earlier_part,
     earlier_rows,
@@ -448,6 +449,7 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 def run(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Run the parts asked for, keeping the other part of an earlier run in the same folder."""
     out = Path(cfg.out)
+    check_seed(out / "eo.json", cfg.seed, [p for p in ("quality", "curves") if p in cfg.parts])
     payload = run_parts(cfg, out / "eo.json", {"speed": run_speed, "quality": run_quality, "curves": run_curves},
                         progress)
     plot(payload, out / "eo.png")
@@ -484,6 +486,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--curve-models", nargs="+", default=None, help="models of the curves part")
     p.add_argument("--curve-factor", type=int, default=None, help="curves: this many times the quality steps")
     p.add_argument("--data", default=None, help="PASTIS folder for the quality part (default: the synthetic one)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the training runs (their init and batches); "
+                                                          "one --out per seed")
     p.add_argument("--out", default=d.out)
 
 
@@ -492,7 +496,7 @@ def main(args: argparse.Namespace) -> int:
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {n: n for n in ("presets", "sides", "frames", "budget", "repeats", "dtypes", "quality_models",
                                     "quality_steps", "quality_batch", "eval_windows", "eval_limit", "sweep",
-                                    "lr_factors", "lrs", "curve_models", "curve_factor")})
+                                    "lr_factors", "lrs", "curve_models", "curve_factor", "seed")})
     if args.data is not None:
         cfg.data_dir = args.data
     for spec in cfg.quality_models:

@@ -30,6 +30,7 @@ from .common import (
     LR_FACTORS,
     apply_overrides,
     best_rows,
+    check_seed,
     describe_variant,
     earlier_part,
     earlier_rows,
@@ -405,6 +406,7 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 def run(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Run the parts asked for, keeping the other parts of an earlier run in the same folder."""
     out = Path(cfg.out)
+    check_seed(out / "points.json", cfg.seed, ["quality"] if "quality" in cfg.parts else [])
     payload = run_parts(cfg, out / "points.json", {"speed": run_speed, "conv": run_conv, "quality": run_quality},
                         progress)
     plot(payload, out / "points.png")
