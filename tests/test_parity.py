@@ -50,3 +50,34 @@ def test_parity_without_results_says_where_it_looked(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", "parity", "--out", str(tmp_path)])
     assert "no bench results in" in str(e.value) and "lm.json" in str(e.value)
+
+
+def test_parity_takes_medians_over_the_seed_folders_on_the_seeds_both_ran(tmp_path):
+    """Runs of other seeds in ``eo_seed<N>/eo.json`` at the rate seed 0 chose count as seeds: the gap is between the
+    medians over the seeds a model shares with attention; a run at another rate, or of a seed attention lacks, does
+    not count."""
+
+    def eo(folder, seed, rows):
+        folder.mkdir(exist_ok=True)
+        (folder / "eo.json").write_text(json.dumps({"config": {"seed": seed, "lr": 0.001},
+                                                    "quality": {"config": {"seed": seed, "lr": 0.001}, "rows": rows}}))
+
+    def row(spec, miou, lr=0.002, best=True):
+        return {"spec": spec, "miou_24": miou, "lr": lr, "steps": 800, "best_lr": best}
+
+    eo(tmp_path, 0, [row("tiny-tsvit", 0.394), row("tiny-tsvit", 0.30, 0.001, False),
+                     row("tiny-tsvipom-value", 0.366), row("tiny-tsvipom", 0.156)])
+    eo(tmp_path / "eo_seed1", 1, [row("tiny-tsvit", 0.35), row("tiny-tsvipom-value", 0.37),
+                                  row("tiny-tsvipom", 0.40, 0.001)])  # TSViPoM at another rate: not its seed 1
+    eo(tmp_path / "eo_seed2", 2, [row("tiny-tsvit", 0.38), row("tiny-tsvipom-value", 0.36)])
+    eo(tmp_path / "eo_seed3", 3, [row("tiny-tsvipom-value", 0.99)])  # attention has no seed 3: not compared
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "eo")
+    assert f["attention"]["value"] == pytest.approx(38.0) and f["attention"]["seeds"] == 3
+    v = f["value"]
+    assert sorted(v["by_seed"]) == [0, 1, 2] and v["value"] == pytest.approx(36.6) and v["seeds"] == 3
+    assert v["gap"] == pytest.approx(-1.4)  # 36.6 − 38.0: medians over seeds 0, 1, 2
+    assert f["pom"]["seeds"] == 1 and f["pom"]["gap"] == pytest.approx(15.6 - 39.4)  # seed 0 only
+    assert "tiny-tsvipom-value -1.4 (median of 3 seeds) — **MISSED**" in parity.report(parity.collect(tmp_path))
+    (tmp_path / "eo_seed2" / "eo.json").write_text("{")
+    with pytest.raises(ValueError, match=r"eo_seed2/eo\.json: not valid JSON"):
+        parity.collect(tmp_path)

@@ -7,6 +7,12 @@ the value-carrying PoM and the best hybrid, each model's gap to attention, the r
 issue's parity targets judged (met / MISSED / not run). Outputs: ``parity.txt`` (Markdown, its links relative to
 the repository root, for the README), ``parity.json``.
 
+Seeds: a family's runs of other seeds live beside its JSON, one folder per seed (``<bench>_seed<N>/<bench>.json``,
+written by ``polymixer bench <family> --seed N --out <out>/<bench>_seed<N>``). A model's runs there at the rate its
+seed-0 sweep chose (same steps) count as its other seeds: its value is the median over the seeds it shares with
+attention, and the gap is between the two medians over those seeds, so a model is never compared on seeds attention
+did not run. Attention's own value is the median over all its seeds.
+
 Gaps are signed so that positive is worse than attention where the metric is a loss or a distance (val loss and
 CER: relative; Fréchet distance: a ratio) and negative is worse where it is an accuracy (mIoU, MQAR: points).
 """
@@ -17,10 +23,11 @@ import argparse
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..report import format_table
-from .common import best_rows
+from .common import best_rows, same_rate
 
 __all__ = ["Family", "FAMILIES", "collect", "report", "main", "add_arguments"]
 
@@ -81,6 +88,46 @@ def _rows(fam: Family, folder: Path) -> Optional[List[Dict[str, Any]]]:
     return [r for r in best_rows(part.get("rows", [])) if all(r.get(k) == v for k, v in fam.where.items())]
 
 
+def _seed_rows(fam: Family, folder: Path) -> List[Tuple[int, Dict[str, Any]]]:
+    """(seed, row) of every run in the family's seed folders (``<bench>_seed<N>/<bench>.json``); rows written before
+    sweeps existed carry no rate and get the recipe's of their file."""
+    out = []
+    for path in sorted(folder.glob(f"{fam.bench}_seed*/{fam.bench}.json")):
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        part = data.get(fam.part, {})
+        config = part.get("config") or data.get("config") or {}
+        if "seed" not in config:
+            raise ValueError(f"{path}: its configuration names no seed, so its runs cannot count as another seed")
+        for r in part.get("rows", []):
+            if all(r.get(k) == v for k, v in fam.where.items()):
+                out.append((int(config["seed"]), {"lr": config.get("lr"), **{k: v for k, v in r.items()
+                                                                             if v is not None or k != "lr"}}))
+    return out
+
+
+def _by_seed(fam: Family, row: Dict[str, Any], seed: int, seeded: List[Tuple[int, Dict[str, Any]]]
+             ) -> Dict[int, float]:
+    """The model's metric per seed at ``row``'s rate and steps: ``row`` itself (seed ``seed``) and its seed folders."""
+    values = {seed: row[fam.metric]}
+    for s, r in seeded:
+        if (r.get(fam.key) == row[fam.key] and isinstance(r.get(fam.metric), (int, float))
+                and r.get("steps") == row.get("steps") and s not in values
+                and (r.get("lr") == row.get("lr") or (isinstance(r.get("lr"), (int, float))
+                                                      and isinstance(row.get("lr"), (int, float))
+                                                      and same_rate(r["lr"], row["lr"])))):
+            values[s] = r[fam.metric]
+    return dict(sorted(values.items()))
+
+
+def _main_seed(fam: Family, folder: Path) -> int:
+    """The seed of the family's main JSON (0 where it names none)."""
+    data = json.loads((folder / f"{fam.bench}.json").read_text()) if (folder / f"{fam.bench}.json").is_file() else {}
+    return int((data.get(fam.part, {}).get("config") or data.get("config") or {}).get("seed", 0) or 0)
+
+
 def _gap(fam: Family, value: float, base: float) -> float:
     if fam.gap == "relative":
         return value / base - 1
@@ -104,14 +151,26 @@ def _worse(fam: Family, gap: float, target: float) -> bool:
     return gap < target if fam.gap == "points" else gap > target
 
 
-def _entry(fam: Family, row: Optional[Dict[str, Any]], base: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def _entry(fam: Family, row: Optional[Dict[str, Any]], base: Optional[Dict[str, Any]], seed: int = 0,
+           seeded: Optional[List[Tuple[int, Dict[str, Any]]]] = None) -> Dict[str, Any]:
     if row is None or not isinstance(row.get(fam.metric), (int, float)):
         return {"run": False}
-    out = {"run": True, "model": row[fam.key], "value": row[fam.metric] * fam.scale, "lr": row.get("lr"),
-           "rates": row.get("rates", 1), "seeds": row.get("seeds", 1)}
-    if base is not None and row is not base and isinstance(base.get(fam.metric), (int, float)):
-        out["gap"] = _gap(fam, row[fam.metric], base[fam.metric])
-    return out
+    mine = _by_seed(fam, row, seed, seeded or [])
+    out = {"run": True, "model": row[fam.key], "lr": row.get("lr"), "rates": row.get("rates", 1)}
+    if base is None or row is base or not isinstance(base.get(fam.metric), (int, float)):
+        return out | {"value": median(mine.values()) * fam.scale, "seeds": row.get("seeds", len(mine)),
+                      "by_seed": {s: v * fam.scale for s, v in mine.items()}}
+    theirs = _by_seed(fam, base, seed, seeded or [])
+    common = [s for s in mine if s in theirs]  # compared on the seeds both ran
+    value, against = median(mine[s] for s in common), median(theirs[s] for s in common)
+    return out | {"value": value * fam.scale, "seeds": row.get("seeds", len(common)),
+                  "by_seed": {s: mine[s] * fam.scale for s in common}, "gap": _gap(fam, value, against)}
+
+
+def _measured(fam: Family, e: Dict[str, Any]) -> str:
+    """The model and its gap, and the seeds the gap is a median over when there are several."""
+    n = len(e.get("by_seed", {}))
+    return f"{e['model']} {_gap_text(fam, e['gap'])}" + (f" (median of {n} seeds)" if n > 1 else "")
 
 
 def collect(folder: Path) -> Dict[str, Any]:
@@ -121,12 +180,16 @@ def collect(folder: Path) -> Dict[str, Any]:
         rows = _rows(fam, folder)
         by = {r[fam.key]: r for r in rows or []}
         base = by.get(fam.attention)
+        seed, seeded = _main_seed(fam, folder), _seed_rows(fam, folder)
+
+        def entry(name: str) -> Dict[str, Any]:
+            return _entry(fam, by.get(name), base, seed, seeded)
+
         item: Dict[str, Any] = {"family": fam.name, "bench": fam.bench, "metric": fam.label, "higher": fam.higher,
                                 "gap_kind": fam.gap, "guide": fam.guide, "found": rows is not None,
-                                "attention": _entry(fam, base, None), "pom": _entry(fam, by.get(fam.pom), base),
-                                "value": _entry(fam, by.get(fam.value), base)}
-        hybrids = [_entry(fam, by.get(h), base) | {"full_attention": h in fam.full_hybrids}
-                   for h in fam.hybrids + fam.full_hybrids]
+                                "attention": _entry(fam, base, None, seed, seeded), "pom": entry(fam.pom),
+                                "value": entry(fam.value)}
+        hybrids = [entry(h) | {"full_attention": h in fam.full_hybrids} for h in fam.hybrids + fam.full_hybrids]
         hybrids = [h for h in hybrids if h["run"] and "gap" in h]
         sign = 1 if fam.gap == "points" else -1  # larger × sign is better
         item["hybrid"] = max(hybrids, key=lambda h: sign * h["gap"]) if hybrids else {"run": False}
@@ -140,14 +203,14 @@ def collect(folder: Path) -> Dict[str, Any]:
             bound = _bound(fam, fam.best_target)
             verdict = "not run" if best is None else ("MISSED" if _worse(fam, best["gap"], fam.best_target) else "met")
             targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
-                            "measured": None if best is None else f"{best['model']} {_gap_text(fam, best['gap'])}"})
+                            "measured": None if best is None else _measured(fam, best)})
         if fam.all_target is not None:
             alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
             top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
             verdict = "not run" if top is None else ("MISSED" if _worse(fam, top["gap"], fam.all_target) else "met")
             targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
                             "verdict": verdict,
-                            "measured": None if top is None else f"{top['model']} {_gap_text(fam, top['gap'])}"})
+                            "measured": None if top is None else _measured(fam, top)})
         if fam.bench == "recall":
             a = item["attention"]
             verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
