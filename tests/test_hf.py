@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, pipe
 
 from polymixer.cli import main  # noqa: E402
 from polymixer.data.lm import ByteTokenizer, GPT2BPE, bytes_to_unicode  # noqa: E402
-from polymixer.hf import PolymixerCache, PolymixerConfig, PolymixerForCausalLM, hf_tokenizer, to_hf  # noqa: E402
+from polymixer.hf import (PolymixerCache, PolymixerConfig, PolymixerForCausalLM, hf_tokenizer, output_cache,  # noqa: E402
+                          to_hf)
 from polymixer.models import create_model  # noqa: E402
 from polymixer.models.lm import pad_left  # noqa: E402
 from polymixer.train.checkpoint import load_model, save_checkpoint  # noqa: E402
@@ -111,12 +112,12 @@ def test_pom_cache_stays_the_same_size():
         m = _model(mixer)
         x = torch.randint(0, 256, (1, 8))
         out = m(x, use_cache=True)
-        cache = out.past_key_values
+        cache = output_cache(out)
         assert isinstance(cache, PolymixerCache)
         first = cache.memory_bytes
         nxt = out.logits[:, -1:].argmax(-1)
         for _ in range(40):
-            out = m(nxt, past_key_values=cache, use_cache=True)
+            out = m(nxt, cache=cache, use_cache=True)
             nxt = out.logits[:, -1:].argmax(-1)
         sizes[mixer] = (first, cache.memory_bytes, cache.get_seq_length())
     assert sizes["pom"][0] == sizes["pom"][1] and sizes["pom"][2] == 48
@@ -134,10 +135,25 @@ def test_cache_errors_and_unsupported_inputs():
     with pytest.raises(ValueError, match="inputs_embeds"):
         m(inputs_embeds=torch.zeros(1, 4, 32))
     with pytest.raises(NotImplementedError, match="cropped"):
-        m(x, use_cache=True).past_key_values.crop(2)
-    cache = m(x, use_cache=True).past_key_values
+        output_cache(m(x, use_cache=True)).crop(2)
+    cache = output_cache(m(x, use_cache=True))
     with pytest.raises(ValueError, match="batch"):
         m(torch.randint(0, 256, (2, 1)), past_key_values=cache)
+    with pytest.raises(ValueError, match="not both"):
+        m(x, cache=cache, past_key_values=cache)
+
+
+def test_the_state_goes_in_under_either_name():
+    # transformers 5.24 renamed past_key_values to cache; generate() of either side of the rename must decode
+    m = _model("hybrid")
+    x, nxt = torch.randint(0, 256, (2, 6)), torch.randint(0, 256, (2, 1))
+    full = m(torch.cat([x, nxt], 1), use_cache=False).logits[:, -1]
+    for name in ("cache", "past_key_values"):
+        cache = output_cache(m(x, use_cache=True))
+        assert isinstance(cache, PolymixerCache)
+        step = m(nxt, use_cache=True, **{name: cache})
+        assert output_cache(step) is cache and cache.get_seq_length() == 7
+        torch.testing.assert_close(step.logits[:, -1], full, atol=1e-4, rtol=1e-4)
 
 
 def test_byte_tokenizer_same_ids_and_pipeline(tmp_path):

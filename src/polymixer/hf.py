@@ -39,7 +39,16 @@ from .data.lm import EOT_TEXT, GPT2BPE, ByteTokenizer, Tokenizer, bytes_to_unico
 from .models.lm import GPT, LMConfig, LMState
 
 __all__ = ["PolymixerConfig", "PolymixerForCausalLM", "MixerCacheLayer", "PolymixerCache", "hf_tokenizer",
-           "export_hf", "import_hf", "register"]
+           "export_hf", "import_hf", "register", "CACHE_FIELD", "output_cache"]
+
+# transformers 5.24 renamed a model's decoding state from ``past_key_values`` to ``cache`` (inputs and outputs; the old
+# name is deprecated): the model takes either, and writes the field its transformers declares
+CACHE_FIELD = "cache" if "cache" in {f.name for f in fields(CausalLMOutputWithPast)} else "past_key_values"
+
+
+def output_cache(output: Any) -> Optional[Cache]:
+    """The decoding state a forward returned, under either name (``cache`` from transformers 5.24 on)."""
+    return getattr(output, CACHE_FIELD)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -52,7 +61,7 @@ class PolymixerConfig(PreTrainedConfig):
     """:class:`~polymixer.models.lm.LMConfig` as a transformers config (the same fields, plus token ids)."""
 
     model_type = "polymixer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
                      "max_position_embeddings": "block_size"}
 
@@ -140,6 +149,7 @@ class PolymixerForCausalLM(PolymixerPreTrainedModel, GenerationMixin):
         input_ids: Optional[Tensor] = None,
         attention_mask: Optional[Tensor] = None,
         past_key_values: Optional[Cache] = None,
+        cache: Optional[Cache] = None,
         labels: Optional[Tensor] = None,
         use_cache: Optional[bool] = None,
         inputs_embeds: Optional[Tensor] = None,
@@ -155,6 +165,10 @@ class PolymixerForCausalLM(PolymixerPreTrainedModel, GenerationMixin):
         states: the prompt is prefilled in parallel, then each call costs one step per layer. ``attention_mask``
         (B, past + T) marks real tokens (0 = left padding), as ``generate`` passes it.
         """
+        if cache is not None and past_key_values is not None:
+            raise ValueError("give the decoding state as cache or as past_key_values (its name before transformers "
+                             "5.24), not both")
+        past_key_values = cache if cache is not None else past_key_values
         if inputs_embeds is not None:
             raise ValueError("PolymixerForCausalLM takes input_ids, not inputs_embeds")
         if input_ids is None:
@@ -174,11 +188,11 @@ class PolymixerForCausalLM(PolymixerPreTrainedModel, GenerationMixin):
             mask = None if bool(chunk.all()) else chunk
         use_cache = (self.config.use_cache and not self.training) if use_cache is None else use_cache
         if use_cache or past_key_values is not None:
-            cache = self._cache_for(past_key_values, B, input_ids.device)
-            logits, state = self.model.step(input_ids, LMState(cache.states(), cache.pos), mask=mask)
-            cache.store(state, T)
+            state_cache = self._cache_for(past_key_values, B, input_ids.device)
+            logits, state = self.model.step(input_ids, LMState(state_cache.states(), state_cache.pos), mask=mask)
+            state_cache.store(state, T)
         else:
-            cache = None
+            state_cache = None
             logits, _ = self.model(input_ids, mask=mask)
         loss = None
         if labels is not None:
@@ -188,7 +202,7 @@ class PolymixerForCausalLM(PolymixerPreTrainedModel, GenerationMixin):
             logits = logits[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):
             logits = logits[:, logits_to_keep]
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: state_cache})
 
     def _cache_for(self, past: Optional[Cache], batch: int, device: torch.device) -> "PolymixerCache":
         if isinstance(past, PolymixerCache):

@@ -170,8 +170,10 @@ class ConvertedMixer(nn.Module):
     def extra_repr(self) -> str:
         return f"layer_idx={self.layer_idx}"
 
-    def forward(self, hidden_states: Tensor, *args: Any, past_key_values: Any = None,
+    def forward(self, hidden_states: Tensor, *args: Any, past_key_values: Any = None, cache: Any = None,
                 position_ids: Optional[Tensor] = None, **kwargs: Any) -> Tuple[Tensor, None]:
+        # transformers ≥ 5.24 hands the layer its cache as ``cache`` (earlier: ``past_key_values``)
+        past_key_values = cache if cache is not None else past_key_values
         B, T, _ = hidden_states.shape
         mask = self._context.mask
         if mask is not None:

@@ -195,16 +195,16 @@ def run_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
 def run_hf_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """The same through transformers: the models as ``PolymixerForCausalLM``, one forward per token with the
     ``PolymixerCache`` — the loop ``generate()`` runs (needs the [hf] extra)."""
-    from ..hf import to_hf
+    from ..hf import output_cache, to_hf
 
     torch.manual_seed(cfg.seed)
     models = {k: to_hf(_model(cfg, k)).eval() for k in cfg.kinds}
 
     def step(m: Any, tok: torch.Tensor, cache: Any) -> Any:
-        m(tok, past_key_values=cache, use_cache=True)
+        m(tok, cache=cache, use_cache=True)
         return cache
 
-    rows = _decode_rows(cfg, models, cfg.hf_decode_contexts, lambda m, p: m(p, use_cache=True).past_key_values,
+    rows = _decode_rows(cfg, models, cfg.hf_decode_contexts, lambda m, p: output_cache(m(p, use_cache=True)),
                         step, lambda c: c.memory_bytes, progress, "bench lm hf_decode")
     return {"rows": rows}
 
