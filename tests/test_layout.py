@@ -21,7 +21,7 @@ SRC = Path(polymixer.__file__).parent
 # floors, lowest first: a module may import its own floor or lower ones. The package's __init__ (the public API,
 # re-exporting what users import) is above everything.
 FLOORS: List[Tuple[str, ...]] = [
-    ("families", "import_hooks", "report", "metrics", "diffusion"),  # tables, hooks, text tables and figures
+    ("families", "import_hooks", "files", "report", "metrics", "diffusion"),  # tables, hooks, atomic writes, figures
     ("ops",),  # the operations: every backend, the dispatcher, the float64 oracles
     ("functional", "reference", "positions"),  # the public names of the ops kept where users import them
     ("values", "mixer", "attention", "linear_attention"),  # the token mixers

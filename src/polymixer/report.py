@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from .files import atomic_path
 
 __all__ = ["format_table", "per_class_table", "new_figure", "save_figure", "plot_speed_vs_baseline", "read_history",
            "plot_history", "add_plot_arguments", "main_plot"]
@@ -83,16 +84,12 @@ def plot_speed_vs_baseline(ax, ax2, rows: Sequence[Dict[str, Any]], x: str, y: s
 def save_figure(fig: Any, path: Union[str, Path]) -> None:
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
     try:
-        fig.savefig(tmp, dpi=130)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=130)
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
 
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..report import format_table
+from ..files import write_text_atomic
 
 
 @dataclass
@@ -219,11 +220,8 @@ def apply_overrides(cfg: Any, quick: Optional[Dict[str, Any]], args: Any, fields
 
 def write_json(path: Path, payload: Dict[str, Any]) -> None:
     """Write JSON atomically (a crash never leaves half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__")
-                              else str(o)))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(payload, indent=2, default=lambda o: asdict(o)
+                                       if hasattr(o, "__dataclass_fields__") else str(o)))
 
 
 def run_parts(cfg: Any, path: Path, parts: Dict[str, Callable[[Any, bool], Dict[str, Any]]],

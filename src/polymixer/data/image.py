@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .faults import SampleFaults, check_files
+from ..files import atomic_path
 
 __all__ = ["ImageDataset", "digits", "image_folder", "load_images", "save_grid", "IMAGE_SUFFIXES", "verify_image",
            "check_data"]
@@ -182,8 +183,6 @@ def save_grid(images: torch.Tensor, path: Union[str, Path], nrow: int, upscale: 
     if upscale > 1:
         img = img.resize((img.width * upscale, img.height * upscale), Image.NEAREST)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    img.save(tmp)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        img.save(tmp, format="PNG")
     return path

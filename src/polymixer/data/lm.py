@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from . import cache
+from ..files import atomic_path, write_text_atomic
 from .faults import SampleFaults, check_files
 
 EOT_TEXT = "<|endoftext|>"
@@ -354,9 +355,8 @@ def prepare_corpus(paths: Optional[Sequence[Union[str, Path]]] = None, tokenizer
         sizes = {}
         for split, arrs in parts.items():
             data = np.concatenate(arrs) if arrs else np.zeros(0, dtype=dtype)
-            tmp = out / f"{split}.bin.tmp"
-            data.tofile(tmp)
-            os.replace(tmp, out / f"{split}.bin")
+            with atomic_path(out / f"{split}.bin") as tmp:
+                data.tofile(tmp)
             sizes[split] = int(data.size)
         tb = tokenizer.token_bytes()
         meta = {
@@ -366,9 +366,7 @@ def prepare_corpus(paths: Optional[Sequence[Union[str, Path]]] = None, tokenizer
             "val_bytes": int(tb[np.fromfile(out / "val.bin", dtype=dtype)].sum()),
             "val_fraction": val_fraction, "skipped": skipped,
         }
-        tmp = out / "meta.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=2))
-        os.replace(tmp, meta_path)  # written last: its presence marks a complete cache
+        write_text_atomic(meta_path, json.dumps(meta, indent=2))  # written last: its presence marks a complete cache
     meta = json.loads(meta_path.read_text())
     dtype = np.dtype(meta["dtype"])
     mm = {s: (np.memmap(out / f"{s}.bin", dtype=dtype, mode="r") if meta["tokens"][s] else np.zeros(0, dtype=dtype))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -28,6 +27,7 @@ from ..data.cache import cache_dir
 from ..data.faults import SampleFaults
 from ..data.image import ImageDataset, load_images, save_grid
 from ..diffusion import make_objective
+from ..files import atomic_path
 from ..models import create_model, model_config
 from ..train.checkpoint import load_model, read_config
 from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
@@ -98,9 +98,8 @@ def get_classifier(data: ImageDataset, seed: int = 0, epochs: int = 30, progress
     with torch.no_grad():
         acc = float((clf(test_set.images).argmax(1) == test_set.labels).float().mean())
     stem.parent.mkdir(parents=True, exist_ok=True)
-    tmp = stem.with_suffix(".tmp")
-    save_st(clf, str(tmp))
-    os.replace(tmp, stem.with_suffix(".safetensors"))
+    with atomic_path(stem.with_suffix(".safetensors")) as tmp:
+        save_st(clf, str(tmp))
     stem.with_suffix(".json").write_text(json.dumps({"heldout_accuracy": acc, "epochs": epochs, "seed": seed}))
     return clf, acc, test_set
 

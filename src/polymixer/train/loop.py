@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import argparse
 
 from ..data.faults import SampleError
+from ..files import write_text_atomic
 from ..report import plot_history
 from .checkpoint import (
     config_diff,
@@ -342,9 +343,7 @@ def _init_weights(model: nn.Module, ema: Optional["_Ema"], source: str, model_co
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=1))
 
 
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL, "try again later": requeue and run the same command; it resumes

@@ -1,0 +1,53 @@
+"""Atomic writes (polymixer.files): whole or nothing, and writers of the same file at once never collide."""
+
+import json
+import threading
+
+import pytest
+
+from polymixer.bench.common import write_json
+from polymixer.files import atomic_path, write_text_atomic
+
+
+def test_a_second_writer_finishing_inside_the_first_leaves_both_working(tmp_path):
+    # benches sharing a sweep write the same JSON; a fixed temporary name made the slower writer's rename fail
+    target = tmp_path / "bench.json"
+    with atomic_path(target) as mine:
+        mine.write_text("first")
+        write_text_atomic(target, "second")  # another process, start to end, while the first is still writing
+        assert target.read_text() == "second"
+    assert target.read_text() == "first"  # the last to finish wins, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]  # no temporary left behind
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "figure.png"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            assert tmp.suffix == ".png" and tmp.parent == tmp_path  # writers that pick a format by extension
+            tmp.write_bytes(b"half")
+            raise RuntimeError("disk full")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["figure.png"]
+
+
+def test_many_threads_writing_one_report_each_see_no_error(tmp_path):
+    target = tmp_path / "sub" / "eo.json"
+    errors = []
+
+    def writer(i: int) -> None:
+        try:
+            for j in range(30):
+                write_json(target, {"writer": i, "round": j})
+        except Exception as e:  # pragma: no cover - the failure being tested for
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert set(json.loads(target.read_text())) == {"writer", "round"}
+    assert [p.name for p in target.parent.iterdir()] == ["eo.json"]
