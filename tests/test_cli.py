@@ -72,6 +72,7 @@ def test_bench_lm_timing_parts(tmp_path, capsys):
     assert "pom per-token time at 48 vs 16" in text and "forward throughput" in text
     assert "vpom per-token time at 48 vs 16" in text and "state" in text
     assert (tmp_path / "lm.json").is_file() and (tmp_path / "lm.png").stat().st_size > 10_000
+    assert (tmp_path / "lm.txt").read_text() == text + "\n"  # the tables the guide quotes, like the other benches
     # timing some kinds again keeps the others' rows; attention, the baseline of the ratios, is always re-timed
     from dataclasses import replace
 

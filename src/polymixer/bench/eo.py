@@ -29,6 +29,7 @@ import torch
 
 from ..data.eo import PIXEL_KM2
 from ..models import count_parameters, create_model
+from ..files import write_text_atomic
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from .common import (
     LR_FACTORS,
@@ -453,7 +454,7 @@ def run(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     payload = run_parts(cfg, out / "eo.json", {"speed": run_speed, "quality": run_quality, "curves": run_curves},
                         progress)
     plot(payload, out / "eo.png")
-    (out / "eo.txt").write_text(report(payload) + "\n")
+    write_text_atomic(out / "eo.txt", report(payload) + "\n")
     return payload
 
 

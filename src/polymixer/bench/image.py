@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Tuple
 import torch
 
 from ..models import count_parameters, create_model
+from ..files import write_text_atomic
 from ..report import format_table, new_figure, save_figure
 from .common import (
     LR_FACTORS,
@@ -330,7 +331,7 @@ def run(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
     out = Path(cfg.out)
     payload = run_parts(cfg, out / "image.json", {"speed": run_speed, "quality": run_quality}, progress)
     plot(payload, out / "image.png")
-    (out / "image.txt").write_text(report(payload) + "\n")  # the tables the guide quotes, as the other benches
+    write_text_atomic(out / "image.txt", report(payload) + "\n")  # the tables the guide quotes, as the other benches
     return payload
 
 

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Tuple
 import torch
 
 from ..models import count_parameters, create_model
+from ..files import write_text_atomic
 from ..report import format_table, new_figure, save_figure
 from .common import (
     LR_FACTORS,
@@ -368,6 +369,7 @@ def run(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     payload = run_parts(cfg, out / "lm.json", {"throughput": run_throughput, "decode": run_decode,
                                                "hf_decode": run_hf_decode, "quality": run_quality}, progress)
     plot(payload, out / "lm.png")
+    write_text_atomic(out / "lm.txt", report(payload) + "\n")  # the tables the guide quotes, as the other benches
     return payload
 
 
@@ -410,6 +412,5 @@ def main(args: argparse.Namespace) -> int:
                      "sweep": "sweep", "lr_factors": "lr_factors", "lrs": "lrs"})
     payload = run(cfg)
     print(report(payload))
-    print(f"\nwrote {Path(cfg.out) / 'lm.json'}" + (f" and {Path(cfg.out) / 'lm.png'}" if "quality" not in cfg.parts
-                                                    or len(cfg.parts) > 1 else ""))
+    print(f"\nwrote {Path(cfg.out) / 'lm.json'}, {Path(cfg.out) / 'lm.txt'}, {Path(cfg.out) / 'lm.png'}")
     return 0

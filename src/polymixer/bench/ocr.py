@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..models import count_parameters, create_model
+from ..files import write_text_atomic
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from .common import (
     LR_FACTORS,
@@ -367,7 +368,7 @@ def run(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
     out = Path(cfg.out)
     payload = run_parts(cfg, out / "ocr.json", {"speed": run_speed, "quality": run_quality}, progress)
     plot(payload, out / "ocr.png")
-    (out / "ocr.txt").write_text(report(payload) + "\n")
+    write_text_atomic(out / "ocr.txt", report(payload) + "\n")
     return payload
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..models import count_parameters, create_model
+from ..files import write_text_atomic
 from ..report import format_table, new_figure, save_figure
 from .common import (
     LR_FACTORS,
@@ -410,7 +411,7 @@ def run(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     payload = run_parts(cfg, out / "points.json", {"speed": run_speed, "conv": run_conv, "quality": run_quality},
                         progress)
     plot(payload, out / "points.png")
-    (out / "points.txt").write_text(report(payload) + "\n")
+    write_text_atomic(out / "points.txt", report(payload) + "\n")
     return payload
 
 

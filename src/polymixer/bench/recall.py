@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..files import write_text_atomic
 from ..report import format_table, new_figure, save_figure
 from .common import (LR_FACTORS, apply_overrides, best_rows, lr_grid, mark_best, resume_point, run_parts, same_rate,
                      sweep_folder, sweep_table)
@@ -249,7 +250,7 @@ def run(cfg: RecallBenchConfig, progress: bool = True) -> Dict[str, Any]:
              "length": lambda c, p: _part("length", [tuple(x) for x in c.length_points], c.length_variants, ())(c, p)}
     payload = run_parts(cfg, Path(cfg.out) / "recall.json", parts, progress)
     out = Path(cfg.out)
-    (out / "recall.txt").write_text(report(payload) + "\n")
+    write_text_atomic(out / "recall.txt", report(payload) + "\n")
     plot(payload, out / "recall.png")
     return payload
 
