@@ -45,8 +45,8 @@ MODE_IDS = ["full", "causal", "block4", "block5", "block>chunk"]
 
 @pytest.mark.parametrize("kw", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("variant", [dict(), dict(heads=1, sel_heads=4), dict(token_shift=False),
-                                     dict(reduction="sum", gate="sigmoid"), dict(rope="1d")],
-                         ids=["default", "one-head-gate-heads", "no-shift", "sum-sigmoid", "rope"])
+                                     dict(reduction="sum", gate="sigmoid"), dict(rope="1d"), dict(token_shift=4)],
+                         ids=["default", "one-head-gate-heads", "no-shift", "sum-sigmoid", "rope", "conv4"])
 def test_every_mode_matches_the_oracle(kw, variant):
     m = vpom(chunk_size=8, **variant)
     B, N = 2, 37
@@ -185,7 +185,68 @@ def test_chunked_streaming_equals_parallel(rope):
         outs.append(y)
         i += t
     close(torch.cat(outs, 1)[km], full[km])
-    assert state.sum.shape == (B, 2, 6, 4) and state.prev.shape == (B, 12 + 8)
+    assert state.sum.shape == (B, 2, 6, 4) and state.prev.shape == (B, 1, 12 + 8)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_wider_shift_matches_the_oracle_with_padding_and_packing(causal):
+    # token_shift=W: a causal depthwise convolution over the last W tokens; a masked token counts as zero and no tap
+    # reaches across a sequence start
+    m = vpom(chunk_size=4, token_shift=4, rope="1d")
+    assert m.shift.shape == (4, 12 + 8) and m.shift_width == 4
+    lens = [5, 1, 2, 9, 3, 6]
+    T = sum(lens)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    x = torch.randn(1, T, 8, dtype=f64)
+    km = torch.rand(1, T) > 0.25
+    packed = m(x, cu_seqlens=cu, mask=km, causal=causal)
+    vis = visibility(1, T, T, causal=causal, key_mask=km, cu_seqlens_k=cu)
+    pos = torch.cat([torch.arange(n) for n in lens])
+    close(packed, oracle(m, x, vis, has_prev=shift_validity(1, T, km, cu, lags=3), positions=pos))
+    parts = [m(x[:, a:b], mask=km[:, a:b], causal=causal) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
+    close(packed, torch.cat(parts, 1))
+    B, N = 3, 23
+    xb = torch.randn(B, N, 8, dtype=f64)
+    kb = torch.rand(B, N) > 0.3
+    vis = visibility(B, N, N, causal=causal, key_mask=kb)
+    close(m(xb, mask=kb, causal=causal, positions=torch.arange(N)),
+          oracle(m, xb, vis, has_prev=shift_validity(B, N, kb, lags=3), positions=torch.arange(N)))
+
+
+def test_a_wider_shift_streams_and_starts_as_the_token_shift():
+    m = vpom(chunk_size=4, token_shift=5)
+    B, N = 2, 40
+    x = torch.randn(B, N, 8, dtype=f64)
+    km = torch.rand(B, N) > 0.2
+    full = m(x, causal=True, mask=km)
+    gen = torch.Generator().manual_seed(1)
+    state, outs, i = m.init_state(B, dtype=f64), [], 0
+    assert state.prev.shape == (B, 4, 12 + 8) and m.state_floats == 12 * 8 // 2 + 4 * (12 + 8)
+    while i < N:  # chunks shorter than the 4 remembered tokens as well
+        t = int(torch.randint(1, 7, (1,), generator=gen))
+        y, state = m.step(x[:, i:i + t], state, mask=km[:, i:i + t])
+        outs.append(y)
+        i += t
+    close(torch.cat(outs, 1), full)
+    narrow, wide = PoM(8, value_dim=8, heads=2), PoM(8, value_dim=8, heads=2, token_shift=4)
+    wide.load_state_dict({**narrow.state_dict(), "shift": torch.cat([narrow.shift, torch.zeros(2, 24)])})
+    fresh = PoM(8, value_dim=8, heads=2, token_shift=4).shift
+    assert torch.equal(fresh[:2], narrow.shift) and not fresh[2:].any()  # the extra taps start at zero
+    xs = torch.randn(2, 10, 8)
+    torch.testing.assert_close(wide(xs, causal=True), narrow(xs, causal=True))
+
+
+def test_a_wider_shift_gradcheck():
+    torch.manual_seed(3)
+    m = vpom(dim=4, value_dim=4, heads=2, degree=2, expand=2, token_shift=3)
+    x = torch.randn(1, 9, 4, dtype=f64, requires_grad=True)
+    cu = torch.tensor([0, 2, 3, 7, 9], dtype=torch.int32)
+    km = torch.tensor([[True, False] + [True] * 7])
+    for kw in (dict(causal=True, cu_seqlens=cu), dict(causal=True, mask=km)):
+        def f(x, w, sh):
+            return value_pom(x, None, w, m.gate_bias, m.coeff, m.coeff_q, sh, m.norm_weight, m.out_proj.weight,
+                             m.out_proj.bias, heads=2, chunk=2, gate="sigmoid", **kw)
+        assert torch.autograd.gradcheck(f, (x, m.in_proj.weight, m.shift), eps=1e-6, atol=1e-5), kw
 
 
 def test_block_causal_streaming_equals_parallel():
@@ -291,3 +352,7 @@ def test_bad_inputs_give_clear_errors():
         m.load_reference_state_dict({})
     with pytest.raises(ValueError, match="8 features but the mixer was built for dim=8|has 4 features"):
         m(torch.randn(1, 3, 4))
+    with pytest.raises(ValueError, match="token_shift must be a bool or a width ≥ 2"):
+        PoM(8, value_dim=8, token_shift=1)
+    with pytest.raises(ValueError, match=r"keeps the last 3 tokens: prev must be \(B, 3, C\)"):
+        PoM(8, value_dim=8, heads=2, token_shift=4).step(torch.randn(1, 2, 8), m.init_state(1))

@@ -77,6 +77,7 @@ class PolymixerConfig(PreTrainedConfig):
     sel_heads: int = 1
     value_dim: int | None = None
     value_heads: int = 1
+    shift_width: int = 2
     position: str = "rope"
     dropout: float | int = 0.0
     bias: bool = True

@@ -38,7 +38,8 @@ class PoMState:
             value-carrying PoM (B, heads, D/heads, dv/heads), the running sum of key features ⊗ values.
         count: (B,) number of tokens that took part so far (masked tokens are not counted).
         offset: (B,) int64 index of the next token in the stream (its default rotary position).
-        prev: (B, D + dv) the last token's key / value projection (the token shift's memory), or None.
+        prev: (B, W − 1, D + dv) the last tokens' key / value projections (the memory of a token shift of width W;
+            one token without a shift) for the value-carrying PoM, None for PoM.
     """
 
     sum: Tensor
@@ -109,7 +110,9 @@ class PoM(nn.Module):
             normalised per head: y = W_o (gate ⊙ RMSNorm(ψᵀ S)). The gate then has dv channels.
         heads: with value_dim, the heads that split D and dv. The state is D·dv/heads floats per sequence.
         token_shift: with value_dim (default on), keys and values mix each token's projection with the previous
-            token's (learned weights per channel), so that a value can bind to the key before it.
+            token's (learned weights per channel), so that a value can bind to the key before it. An int W ≥ 2
+            widens it to a causal depthwise convolution over the last W tokens (True = 2; the taps beyond the
+            previous token start at 0, so any width starts as the token shift).
         chunk_size: tokens per chunk of the value-carrying PoM's causal form.
     """
 
@@ -127,7 +130,7 @@ class PoM(nn.Module):
         rope_base: float = 10000.0,
         value_dim: Optional[int] = None,
         heads: int = 1,
-        token_shift: Optional[bool] = None,
+        token_shift: Union[bool, int, None] = None,
         chunk_size: int = CHUNK,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
@@ -150,6 +153,10 @@ class PoM(nn.Module):
         D = round(expand * dim)
         if abs(D - expand * dim) > 1e-9 or D < 1:
             raise ValueError(f"expand·dim must be a positive integer, got {expand}·{dim} = {expand * dim}")
+        if token_shift is not None and not isinstance(token_shift, bool) and (
+                not isinstance(token_shift, int) or token_shift < 2):
+            raise ValueError(f"token_shift must be a bool or a width ≥ 2 (tokens the convolution reads), got "
+                             f"{token_shift!r}")
         if value_dim is None:
             if heads != 1 or token_shift:
                 raise ValueError("heads and token_shift belong to the value-carrying PoM: pass value_dim as well")
@@ -184,6 +191,8 @@ class PoM(nn.Module):
         self.value_dim = value_dim
         self.heads = heads
         self.token_shift = value_dim is not None and token_shift is not False
+        # tokens the shift reads (the current one included): 2 by default, 0 without a shift
+        self.shift_width = 0 if not self.token_shift else 2 if token_shift in (None, True) else int(token_shift)
         self.chunk_size = chunk_size
         self.gate_dim = width if sel_heads == 1 else sel_heads
         self.gate = gate
@@ -204,7 +213,7 @@ class PoM(nn.Module):
             self.coeff_q.no_weight_decay = True
             self.norm_weight = nn.Parameter(torch.ones(value_dim, **fk))
             if self.token_shift:
-                self.shift = nn.Parameter(torch.empty(2, D + value_dim, **fk))
+                self.shift = nn.Parameter(torch.empty(self.shift_width, D + value_dim, **fk))
                 self.shift.no_weight_decay = True
         self.out_proj = nn.Linear(width, dim, bias=bias, **fk)
         self._reset_coeff()
@@ -220,7 +229,8 @@ class PoM(nn.Module):
                 c.uniform_(-1e-3, 1e-3)
                 c[:, 0] = 1.0
             if self.token_shift:
-                self.shift.fill_(0.5)
+                self.shift.zero_()
+                self.shift[:2] = 0.5
 
     def reset_parameters(self) -> None:
         self.in_proj.reset_parameters()
@@ -235,12 +245,15 @@ class PoM(nn.Module):
         """Floats of streaming state per sequence (besides the count and offset)."""
         if self.value_dim is None:
             return self.poly_dim
-        return self.poly_dim * self.value_dim // self.heads + (self.poly_dim + self.value_dim) * self.token_shift
+        return self.poly_dim * self.value_dim // self.heads + (self.poly_dim + self.value_dim) * max(
+            self.shift_width - 1, 0)
 
     def extra_repr(self) -> str:
         s = f"dim={self.dim}, degree={self.degree}, expand={self.expand}, D={self.poly_dim}, gate_dim={self.gate_dim}"
         if self.value_dim is not None:
             s += f", value_dim={self.value_dim}, heads={self.heads}, token_shift={self.token_shift}"
+            if self.shift_width > 2:
+                s += f", shift_width={self.shift_width}"
         s += f", gate={self.gate!r}, activation={self.activation!r}, reduction={self.reduction!r}"
         return s + (f", rope={self.rope!r}" if self.rope else "")
 
@@ -311,7 +324,7 @@ class PoM(nn.Module):
             return PoMState(torch.zeros(B, D, dtype=acc, device=device), count, offset)
         H, dv = self.heads, self.value_dim
         return PoMState(torch.zeros(B, H, D // H, dv // H, dtype=acc, device=device), count, offset,
-                        torch.zeros(B, D + dv, dtype=acc, device=device))
+                        torch.zeros(B, max(self.shift_width - 1, 1), D + dv, dtype=acc, device=device))
 
     def step(
         self,

@@ -48,6 +48,9 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
     "attention": ("mqar-attention", {}, "attention"),
     "attention-rope": ("mqar-attention", {"rope": True}, "attention (rotary)"),
     "attention-shift": ("mqar-attention", {"token_shift": True}, "attention + shift"),
+    # the plateau's diagnosis: one head of 64 or four of 16 instead of two of 32 (docs/recall.md)
+    "attention-1head": ("mqar-attention", {"heads": 1}, "attention (1 head)"),
+    "attention-4heads": ("mqar-attention", {"heads": 4}, "attention (4 heads)"),
     "swa-8": ("mqar-swa", {"window": 8}, "sliding window"),
     "swa-32": ("mqar-swa", {"window": 32}, "sliding window"),
     "pom": ("mqar-pom", {"expand": 4}, "PoM"),

@@ -41,6 +41,7 @@ class LMConfig:
     sel_heads: int = 1  # PoM gate width: 1 = a gate per channel, h = one per head
     value_dim: Optional[int] = None  # V layers (value-carrying PoM): value width dv (None: n_embd)
     value_heads: int = 1  # V layers: heads splitting D and dv; state D·dv/value_heads floats per layer
+    shift_width: int = 2  # V layers: tokens the key / value shift reads (2: each and the previous; more: a short conv)
     position: str = "learned"  # "learned" | "rope" | "none"
     dropout: float = 0.0
     bias: bool = True
@@ -54,6 +55,9 @@ class LMConfig:
         for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "window"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if isinstance(self.shift_width, bool) or not isinstance(self.shift_width, int) or self.shift_width < 2:
+            raise ValueError(f"shift_width must be an int ≥ 2 (tokens the value PoM's shift reads), got "
+                             f"{self.shift_width!r}")
         self.layer_pattern()
 
     def layer_pattern(self) -> str:
@@ -137,6 +141,7 @@ class GPT(nn.Module):
         return mixer_spec(letter).make(
             c.n_embd, heads=c.n_head, causal=True, dropout=c.dropout, window=c.window, degree=c.degree,
             expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim or c.n_embd, value_heads=c.value_heads,
+            token_shift=c.shift_width,
             rope="1d" if c.position == "rope" else None, rope_base=c.rope_base, bias=c.bias)
 
     @staticmethod

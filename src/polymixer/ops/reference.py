@@ -153,16 +153,21 @@ def reference_pom(
 
 
 def shift_validity(batch: int, num_tokens: int, key_mask: Optional[Tensor] = None,
-                   cu_seqlens: Optional[Tensor] = None) -> Tensor:
-    """(B, N) bool: token j has a previous token for the token shift, i.e. j is not the first of its sequence and
-    token j − 1 takes part."""
-    valid = torch.ones(batch, num_tokens, dtype=torch.bool)
-    valid[:, 0] = False
+                   cu_seqlens: Optional[Tensor] = None, lags: Optional[int] = None) -> Tensor:
+    """Whether token j's token shift reads token j − t: j − t ≥ 0, token j − t takes part, and both are in the same
+    sequence (no sequence starts in (j − t, j]). (B, N) bool for t = 1; with ``lags`` = L, (B, N, L) for t = 1 … L
+    (a shift of width L + 1)."""
+    seq = torch.zeros(num_tokens, dtype=torch.long)  # each token's sequence index
     if cu_seqlens is not None:
-        valid[:, cu_seqlens[:-1].long().clamp(max=num_tokens - 1)] = False
-    if key_mask is not None:
-        valid[:, 1:] &= key_mask[:, :-1].cpu()
-    return valid
+        for start in cu_seqlens[1:-1].long().tolist():
+            if start < num_tokens:
+                seq[start:] += 1
+    keep = torch.ones(batch, num_tokens, dtype=torch.bool) if key_mask is None else key_mask.cpu()
+    out = torch.zeros(batch, num_tokens, lags or 1, dtype=torch.bool)
+    for t in range(1, (lags or 1) + 1):
+        for j in range(t, num_tokens):
+            out[:, j, t - 1] = keep[:, j - t] & (seq[j - t] == seq[j])
+    return out if lags is not None else out[..., 0]
 
 
 def reference_value_pom(
@@ -192,7 +197,8 @@ def reference_value_pom(
     """The value-carrying PoM, literally, in float64: per head h,
     o_i = Σ_j vis_ij (ψ_i · R(p_j − p_i) φ_j) v_j [/ Σ_j vis_ij], y_i = W_o (s_i ⊙ g ⊙ o_i / rms(o_i)).
 
-    ``has_prev`` (B, N): whether token j's shift sees token j − 1 (:func:`shift_validity`); default: every j > 0.
+    ``has_prev`` (B, N) or (B, N, W − 1): whether token j's shift (of width W, ``shift_weight`` (W, D + dv)) sees
+    token j − 1, or each token j − t (:func:`shift_validity`); default: every j ≥ t.
     """
     f64 = torch.float64
     x = x.to(f64)
@@ -203,13 +209,21 @@ def reference_value_pom(
     B, N = c.shape[:2]
     zkv = c @ W[:D + dv].T
     if shift_weight is not None:
+        taps = shift_weight.to(f64)
+        lags = taps.shape[0] - 1
         if has_prev is None:
-            has_prev = shift_validity(B, N)
-        prev = torch.zeros_like(zkv)
-        for j in range(1, N):
-            prev[:, j] = zkv[:, j - 1] * has_prev[:, j, None].to(f64)
-        t = shift_weight.to(f64)
-        zkv = t[0] * zkv + t[1] * prev
+            has_prev = shift_validity(B, N, lags=lags)
+        if has_prev.dim() == 2:
+            has_prev = has_prev.unsqueeze(-1)
+        if has_prev.shape[-1] < lags:
+            raise ValueError(f"a token shift of width {lags + 1} needs has_prev (B, N, {lags})")
+        shifted = taps[0] * zkv
+        for t in range(1, lags + 1):
+            before = torch.zeros_like(zkv)
+            for j in range(t, N):
+                before[:, j] = zkv[:, j - t] * has_prev[:, j, t - 1, None].to(f64)
+            shifted = shifted + taps[t] * before
+        zkv = shifted
     phi = _poly(zkv[..., :D], coeff, activation)
     v = zkv[..., D:]
     psi = _poly(x @ W[D + dv:2 * D + dv].T, coeff_q, activation)

@@ -6,8 +6,8 @@ cannot say which value followed which key, and recall (MQAR) fails. The value-ca
 features. Its state holds a value per token and is read by the query's own polynomial features. With D and dv split
 into ``heads`` heads of D_h = D/H and dv_h = dv/H channels:
 
-    k_j = t_0 ⊙ (W_k c_j) + t_1 ⊙ (W_k c_{j−1})        a short causal token shift (the previous token's projection)
-    v_j = t_0 ⊙ (W_v c_j) + t_1 ⊙ (W_v c_{j−1})
+    k_j = t_0 ⊙ (W_k c_j) + t_1 ⊙ (W_k c_{j−1})        a short causal token shift (the previous token's projection;
+    v_j = t_0 ⊙ (W_v c_j) + t_1 ⊙ (W_v c_{j−1})          width W > 2: Σ_{t<W} t_t ⊙ W c_{j−t}, a short convolution)
     φ_j = poly_k(act(k_j)),   ψ_i = poly_q(act(W_q x_i))          per head, rotated by position with rotary
     S_i = Σ_{j visible to i} φ_j ⊗ v_j   (÷ the visible count)    a D_h × dv_h state per head
     y_i = W_o (gate(W_s x_i + b) ⊙ RMSNorm_head(ψ_iᵀ S_i))
@@ -51,18 +51,33 @@ EPS = 1e-6
 
 def token_shift(z: Tensor, weight: Tensor, key_mask: Optional[Tensor] = None, prev: Optional[Tensor] = None,
                 starts: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    """``weight[0] ⊙ z_j + weight[1] ⊙ z_{j−1}`` along the tokens of (B, N, C) ``z``.
+    """``Σ_t weight[t] ⊙ z_{j−t}`` (t = 0 … W−1, ``weight`` (W, C)) along the tokens of (B, N, C) ``z``: a causal
+    depthwise convolution of width W; W = 2 is the token shift ``weight[0] ⊙ z_j + weight[1] ⊙ z_{j−1}``.
 
-    The token before the first is ``prev`` (B, C) (a stream's last token) or zero; a masked token (``key_mask``
-    False) counts as zero, and so does the token before a sequence's first (``starts`` (B, N) True, packed
-    sequences). Returns the mixed tensor and the last token's (masked) projection: the stream state.
+    The W − 1 tokens before the first are ``prev`` (B, W − 1, C) (a stream's last tokens, oldest first) or zero; a
+    masked token (``key_mask`` False) counts as zero, and so does every token before a sequence's first (``starts``
+    (B, N) True, packed sequences). Returns the mixed tensor and the last W − 1 (masked) projections, the stream
+    state (B, W − 1, C) (one token, unused, when W = 1).
     """
+    W = weight.shape[0]
+    lags = max(W - 1, 1)
     zm = z if key_mask is None else z * key_mask.unsqueeze(-1).to(z.dtype)
-    first = torch.zeros_like(zm[:, :1]) if prev is None else prev.unsqueeze(1).to(zm.dtype)
-    before = torch.cat([first, zm[:, :-1]], dim=1)
-    if starts is not None:
-        before = before * (~starts).unsqueeze(-1).to(before.dtype)
-    return weight[0] * z + weight[1] * before, zm[:, -1]
+    if prev is None:
+        prev = zm.new_zeros(zm.shape[0], lags, zm.shape[2])
+    elif prev.dim() != 3 or prev.shape[1] != lags:
+        raise ValueError(f"the token shift of width {W} keeps the last {lags} tokens: prev must be (B, {lags}, C), "
+                         f"got {tuple(prev.shape)}")
+    padded = torch.cat([prev.to(zm.dtype), zm], dim=1)  # (B, lags + N, C): token j sits at j + lags
+    N = z.shape[1]
+    out = weight[0] * z
+    if starts is not None:  # starts in (j − t, j] cut token j off from token j − t
+        seen = F.pad(torch.cumsum(starts.to(torch.int32), dim=1), (lags, 0))
+    for t in range(1, W):
+        before = padded[:, lags - t:lags - t + N]
+        if starts is not None:
+            before = before * (seen[:, lags:] == seen[:, lags - t:lags - t + N]).unsqueeze(-1).to(before.dtype)
+        out = out + weight[t] * before
+    return out, padded[:, -lags:]
 
 
 def heads_view(t: Tensor, H: int) -> Tensor:
@@ -246,7 +261,8 @@ def value_features(ctx: Tensor, x: Tensor, in_weight: Tensor, coeff: Tensor, coe
               shift: Optional[Tensor], key_mask: Optional[Tensor], prev: Optional[Tensor], self_mix: bool,
               activation: ActivationLike, starts: Optional[Tensor] = None
               ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(φ (B, N, D), v (B, N, dv), ψ (B, M, D), z_s (B, M, Ds), the last key/value projection (B, D + dv)).
+    """(φ (B, N, D), v (B, N, dv), ψ (B, M, D), z_s (B, M, Ds), the last key/value projections (B, W − 1, D + dv)
+    that the token shift of width W keeps (the last one without a shift)).
 
     Self-mixing does one matrix product for all four projections."""
     D = coeff.shape[0]
@@ -259,7 +275,7 @@ def value_features(ctx: Tensor, x: Tensor, in_weight: Tensor, coeff: Tensor, coe
     if shift is not None:
         zkv, last = token_shift(zkv, shift, key_mask, prev, starts)
     else:
-        last = zkv[:, -1] if key_mask is None else zkv[:, -1] * key_mask[:, -1:].to(zkv.dtype)
+        last = zkv[:, -1:] if key_mask is None else zkv[:, -1:] * key_mask[:, -1:, None].to(zkv.dtype)
     zk, zv = zkv.split([D, dv], dim=-1)
     zqq, zs = zq.split([D, Ds], dim=-1)
     phi = poly_features(zk, coeff, activation)
@@ -337,8 +353,8 @@ def value_pom(
     Args:
         in_weight: (2D + dv + Ds, d), W_k over W_v over W_q over W_s. Self-mixing does one matrix product.
         coeff / coeff_q: (D, k) polynomial coefficients of the keys / queries.
-        shift_weight: (2, D + dv) weights of the current and previous token in the key / value projections, or
-            None (no token shift). norm_weight: (dv,) gain of the per-head RMSNorm of the readout.
+        shift_weight: (W, D + dv) weights of the current and the W − 1 previous tokens in the key / value
+            projections (a causal depthwise convolution; W = 2: the token shift), or None (no token shift). norm_weight: (dv,) gain of the per-head RMSNorm of the readout.
         out_weight: (d, dv); heads: H, which splits D and dv (state D·dv/H floats per sequence).
         chunk: tokens per chunk of the (block-)causal form.
         mix / packed_mix: the mixing of the features — :func:`value_mix` and :func:`packed_causal_mix` by default;
@@ -461,7 +477,7 @@ def value_pom_step(
     """Streaming: consume a chunk (B, T, d) given the state of everything before it.
 
     ``state`` (B, H, D_h, dv_h) and ``count`` (B,) are the running sums, ``offset`` (B,) the stream index of the next
-    token, ``prev`` (B, D + dv) the last token's key / value projection (for the token shift). ``causal=False``
+    token, ``prev`` (B, W − 1, D + dv) the last tokens' key / value projections (for the token shift of width W). ``causal=False``
     makes the chunk one block (block-causal streaming). Returns (y, state, count, offset, prev).
     """
     d = out_weight.shape[0]

@@ -36,7 +36,9 @@ def forward(call) -> Tensor:  # call: polymixer.ops.value_pom.ValueCall
                                                              kw.get("causal", False), kw.get("block_size"), cu)
     vis = visibility(B, M, N, causal=kw.pop("causal", False), block_size=kw.pop("block_size", None),
                      key_mask=key_mask, mask=general, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k).to(x.device)
-    has_prev = shift_validity(B, N, key_mask, cu_k).to(x.device)
+    shift = a["shift_weight"]
+    has_prev = shift_validity(B, N, key_mask, cu_k, lags=max(shift.shape[0] - 1, 1) if shift is not None else 1)
+    has_prev = has_prev.to(x.device)
     kw.pop("chunk", None)
     rope = kw.get("rope")
     if rope is not None:
