@@ -173,10 +173,16 @@ def test_unpatchify_puts_each_patch_on_its_own_pixels():
         torch.testing.assert_close(logits[0, k, 2 * i:2 * i + 2, 2 * j:2 * j + 2], y[0, k, i, j])
 
 
-@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "value_pom", "AV"])
+@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "value_pom", "AV", "value_pom+shift4"])
 def test_padded_series_in_a_batch_equal_the_series_alone(mixer):
     torch.manual_seed(0)
-    model = pom_coefficients_of_order_one(toy(mixer)).double().eval()
+    mixer, _, shift = mixer.partition("+shift")  # a value PoM whose shift reads the last 4 frames
+    model = pom_coefficients_of_order_one(toy(mixer, **({"shift_width": int(shift)} if shift else {})))
+    model = model.double().eval()
+    with torch.no_grad():  # every tap of the shift non-zero, so that a padded frame leaking in would show
+        for m in model.modules():
+            if isinstance(m, PoM) and m.token_shift:
+                m.shift.uniform_(-1, 1)
     lengths = [6, 3, 1]
     alone = [series(1, n, dtype=torch.float64) for n in lengths]
     T = max(lengths)

@@ -72,12 +72,13 @@ class TSViTConfig:
     sel_heads: int = 4  # PoM gate width: 1 = a gate per channel, h = one gate scalar per head of D/h channels
     value_dim: Optional[int] = None  # V blocks (value-carrying PoM): value width dv (None: dim)
     value_heads: int = 1  # V blocks: heads splitting D and dv
+    shift_width: int = 2  # V blocks: tokens the key / value shift reads along each sequence (2: each and the previous)
     norm_eps: float = 1e-5
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size", "max_frames", "num_bands", "num_classes", "dim", "temporal_depth",
-                     "spatial_depth", "heads", "degree", "sel_heads"):
+                     "spatial_depth", "heads", "degree", "sel_heads", "shift_width"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -180,7 +181,7 @@ class TSViT(nn.Module):
         # TSViT's attention: q / k / v without bias, the output projection with one; PoMs with a bias on W_o
         mixer = mixer_spec(letter).make(c.dim, heads=c.heads, qkv_bias=False, bias=True, rope=rope, degree=c.degree,
                                         expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim,
-                                        value_heads=c.value_heads)
+                                        value_heads=c.value_heads, token_shift=c.shift_width)
         return PolyMorpher(c.dim, mixer=mixer, mlp_ratio=c.mlp_ratio, dropout=c.dropout, norm_eps=c.norm_eps)
 
     # -- inputs ---------------------------------------------------------------------------------------------------
