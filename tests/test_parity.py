@@ -81,3 +81,20 @@ def test_parity_takes_medians_over_the_seed_folders_on_the_seeds_both_ran(tmp_pa
     (tmp_path / "eo_seed2" / "eo.json").write_text("{")
     with pytest.raises(ValueError, match=r"eo_seed2/eo\.json: not valid JSON"):
         parity.collect(tmp_path)
+
+
+def test_parity_names_attentions_longer_recall_runs_beside_the_equal_budget(tmp_path):
+    """Attention's MQAR runs trained for more steps are not the equal budget: the target stays judged at 2,000 steps,
+    and the line says what the longer runs reached (the best rate of each budget)."""
+    base = {"variant": "attention", "seq_len": 64, "pairs": 16}
+    rows = [base | {"steps": 2000, "lr": 0.008, "median": 0.086, "best_lr": True},
+            base | {"steps": 16000, "lr": 0.001, "median": 0.961, "best_lr": True},
+            base | {"steps": 8000, "lr": 0.002, "median": 0.80, "best_lr": False},
+            base | {"steps": 8000, "lr": 0.001, "median": 0.906, "best_lr": True},
+            base | {"pairs": 64, "seq_len": 256, "steps": 32000, "lr": 0.001, "median": 0.5}]  # another task
+    _write(tmp_path, "recall", "state", rows)
+    fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["recall"]
+    t = fam["targets"][-1]
+    assert fam["attention"]["value"] == pytest.approx(8.6) and t["verdict"] == "MISSED"
+    assert t["measured"] == ("8.6% at 2,000 steps; with more steps (not the equal budget): 90.6% at 8,000 (lr 0.001), "
+                             "96.1% at 16,000 (lr 0.001)")
