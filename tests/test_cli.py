@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from polymixer.bench.mixer import predicted_crossover
 from polymixer.cli import main
 
@@ -258,6 +260,8 @@ def test_bench_eo_both_parts(tmp_path, monkeypatch):
         return real_train(*args, **kwargs)
 
     monkeypatch.setattr(eo_task, "train_eo", train_beside_another_process)
+    with pytest.raises(ValueError, match=r"--lrs 0.004: not a rate of the grid .* --lr-factors"):
+        run(replace(cfg, parts=("quality",), quality_models=("tiny-tsvit",), lrs=(4e-3,)), progress=False)
     wide = run(replace(cfg, parts=("quality",), quality_models=("tiny-tsvit",), lr_factors=(0.5, 1, 2, 4),
                        lrs=(4e-3,)), progress=False)["quality"]
     assert next(r for r in wide["rows"] if r["spec"] == "tiny-tsvipom")["val_miou"] == 0.987
@@ -267,7 +271,6 @@ def test_bench_eo_both_parts(tmp_path, monkeypatch):
     later = run(replace(cfg, parts=("quality",), quality_models=("tiny-tsvipom",)), progress=False)["quality"]
     assert later["grid"] == [5e-4, 1e-3, 2e-3, 4e-3] and len(later["rows"]) == 6  # the ×4 row stays in the grid
     # one seed per --out: another seed is refused before it trains (its runs would replace seed 0's folders and rows)
-    import pytest
 
     before = path.read_text()
     with pytest.raises(ValueError, match=r"eo\.json holds the quality part of seed 0, not 1"):

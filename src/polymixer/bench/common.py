@@ -385,8 +385,16 @@ def rates_tried(rows: Sequence[Dict[str, Any]], base: float, factors: Sequence[f
     return sorted(rates)
 
 
-def only_rates(plan: Sequence[Tuple[str, float]], lrs: Sequence[float]) -> List[Tuple[str, float]]:
-    """The runs of ``plan`` at one of the rates ``lrs`` (``--lrs``: one process's share of a sweep); all if none."""
+def only_rates(plan: Sequence[Tuple[str, float]], lrs: Sequence[float],
+               grid: Optional[Sequence[float]] = None) -> List[Tuple[str, float]]:
+    """The runs of ``plan`` at one of the rates ``lrs`` (``--lrs``: one process's share of a sweep); all if none.
+    A rate of ``lrs`` off the ``grid`` is an error: it would train nothing and look like a finished share."""
+    if lrs and grid is not None:
+        off = [x for x in lrs if not any(same_rate(x, g) for g in grid)]
+        if off:
+            raise ValueError(f"--lrs {' '.join(f'{x:g}' for x in off)}: not a rate of the grid "
+                             f"({', '.join(f'{g:g}' for g in grid)}); widen it with --lr-factors "
+                             f"(e.g. 0.5 1 2 4 adds 4× the recipe's rate)")
     return [(m, lr) for m, lr in plan if any(same_rate(lr, x) for x in lrs)] if lrs else list(plan)
 
 

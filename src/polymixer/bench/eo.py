@@ -40,6 +40,7 @@ from .common import (
     earlier_part,
     earlier_rows,
     keep_freed_memory,
+    lr_grid,
     mark_best,
     merge_rows,
     only_rates,
@@ -172,7 +173,7 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
     root = resolve_data(cfg.data_dir, progress=progress)
     plan = sweep_plan(cfg.quality_models, cfg.sweep, cfg.lr, cfg.lr_factors)
-    plan = only_rates(plan, cfg.lrs)
+    plan = only_rates(plan, cfg.lrs, lr_grid(cfg.lr, cfg.lr_factors))
     path = Path(cfg.out) / "eo.json"
     rows: List[Dict[str, Any]] = []
     pictures: Dict[str, str] = dict(earlier_part(path).get("pictures", {}))

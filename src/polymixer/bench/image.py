@@ -27,6 +27,7 @@ from .common import (
     apply_overrides,
     best_rows,
     earlier_rows,
+    lr_grid,
     mark_best,
     merge_rows,
     only_rates,
@@ -187,7 +188,7 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
             best = _best_flow_rates(_with_earlier(cfg, rows), cfg)
             plan = [(p, best.get(p, base)) for p in cfg.quality_presets]
             source = {p: f"best {SWEPT}" if p in best else "recipe" for p in cfg.quality_presets}
-        plan = only_rates(plan, cfg.lrs)
+        plan = only_rates(plan, cfg.lrs, lr_grid(base, cfg.lr_factors))
         for preset, lr in plan:
             out = sweep_folder(Path(cfg.out) / "quality", f"{preset}-{objective}", lr, base)
             tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 10,

@@ -29,6 +29,7 @@ from .common import (
     apply_overrides,
     best_rows,
     earlier_rows,
+    lr_grid,
     mark_best,
     merge_rows,
     only_rates,
@@ -217,7 +218,7 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from ..train.loop import TrainConfig
 
     plan = sweep_plan(cfg.quality_presets, cfg.sweep, cfg.quality_lr, cfg.lr_factors)
-    plan = only_rates(plan, cfg.lrs)
+    plan = only_rates(plan, cfg.lrs, lr_grid(cfg.quality_lr, cfg.lr_factors))
     rows: List[Dict[str, Any]] = []
     for preset, lr in plan:
         out = sweep_folder(Path(cfg.out) / "quality", preset, lr, cfg.quality_lr)

@@ -29,6 +29,7 @@ from .common import (
     best_rows,
     earlier_rows,
     keep_freed_memory,
+    lr_grid,
     mark_best,
     merge_rows,
     only_rates,
@@ -199,7 +200,7 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
         else:
             plan = sweep_plan(cfg.quality_presets, cfg.sweep, base, cfg.lr_factors)
             source = {p: "sweep" if p in cfg.sweep else "recipe" for p in cfg.quality_presets}
-        plan = only_rates(plan, cfg.lrs)
+        plan = only_rates(plan, cfg.lrs, lr_grid(base, cfg.lr_factors))
         drawn = picture_owner(PICTURE, cfg.quality_presets, (Path(cfg.out) / f"ocr_samples_{task}.png").is_file())
         for preset, lr in plan:
             out = sweep_folder(Path(cfg.out) / "quality", f"{task}-{preset}", lr, base)

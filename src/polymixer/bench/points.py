@@ -36,6 +36,7 @@ from .common import (
     earlier_part,
     earlier_rows,
     keep_freed_memory,
+    lr_grid,
     mark_best,
     merge_rows,
     only_rates,
@@ -229,7 +230,7 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
             best = {r["spec"]: r["lr"] for r in _select(_with_earlier(cfg, rows), cfg) if r.get("best_lr")}
             plan = [(s, best.get(parent[s], base)) for s in group]
             source = {s: f"best {parent[s]}" if parent[s] in best else "recipe" for s in group}
-        plan = only_rates(plan, cfg.lrs)
+        plan = only_rates(plan, cfg.lrs, lr_grid(base, cfg.lr_factors))
         for spec, lr in plan:
             preset, overrides = parse_variant(spec)
             overrides = {**cfg.model_overrides, **overrides}
