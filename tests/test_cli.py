@@ -323,3 +323,12 @@ def test_bench_lm_quality_keeps_finished_runs(tmp_path):
     text = report(both)
     assert "each model at its best learning rate" in text and "val loss at lr →" in text and "*" in text
     assert "best all-PoM model (tiny-pom, lr" in text
+    # a variant of a preset (config overrides after "+"): its own folder and row, the preset's rows untouched
+    spec = "tiny-vpom+value_heads=1+shift_width=2"
+    variant = run(replace(cfg, quality_presets=(spec,), sweep=(), lrs=()), progress=False)["quality"]["rows"]
+    row = next(r for r in variant if r["spec"] == spec)
+    assert (tmp_path / "quality" / "tiny-vpom_value_heads-1_shift_width-2").is_dir() and len(variant) == 5
+    from polymixer.models.registry import count_parameters, create_model
+
+    assert row["params"] == count_parameters(create_model("tiny-vpom", device="meta", value_heads=1, shift_width=2))
+    assert row["params"] != count_parameters(create_model("tiny-vpom", device="meta"))

@@ -33,6 +33,7 @@ from .common import (
     mark_best,
     merge_rows,
     only_rates,
+    parse_variant,
     rates_tried,
     resume_point,
     run_parts,
@@ -220,15 +221,17 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     plan = sweep_plan(cfg.quality_presets, cfg.sweep, cfg.quality_lr, cfg.lr_factors)
     plan = only_rates(plan, cfg.lrs, lr_grid(cfg.quality_lr, cfg.lr_factors))
     rows: List[Dict[str, Any]] = []
-    for preset, lr in plan:
-        out = sweep_folder(Path(cfg.out) / "quality", preset, lr, cfg.quality_lr)
+    for preset, lr in plan:  # a preset, or a variant of one: "tiny-vpom+value_heads=1+shift_width=2"
+        base, overrides = parse_variant(preset)
+        slug = preset.replace("+", "_").replace("=", "-")
+        out = sweep_folder(Path(cfg.out) / "quality", slug, lr, cfg.quality_lr)
         tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 10,
                            warmup=max(1, cfg.quality_steps // 20), eval_every=cfg.quality_steps,
                            ckpt_every=cfg.quality_steps, out=str(out), progress=progress, seed=cfg.seed + 1337)
         finished = resume_point(out, tcfg)  # a run trained to the end (here or copied in) is only evaluated
         t0 = time.perf_counter()
-        res = train_lm(preset, tcfg, eval_windows=cfg.quality_eval_windows)
-        model = create_model(preset, device="meta")
+        res = train_lm(base, tcfg, eval_windows=cfg.quality_eval_windows, **overrides)
+        model = create_model(base, device="meta", **overrides)
         rows.append({"model": preset, "spec": preset, "lr": lr, "params": count_parameters(model),
                      "steps": cfg.quality_steps,
                      "tokens": cfg.quality_steps * cfg.quality_batch * model.config.block_size,
@@ -390,7 +393,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kinds", nargs="+", choices=list(KINDS), default=None,
                    help="models of the throughput and decoding parts (tiny-<kind>)")
     p.add_argument("--presets", nargs="+", default=None,
-                   help="presets of the quality part (those not given keep their earlier rows)")
+                   help="presets of the quality part (those not given keep their earlier rows); a variant overrides "
+                        "config fields: tiny-vpom+value_heads=1+shift_width=2")
     p.add_argument("--sweep", nargs="*", default=None,
                    help="presets trained at every rate of the grid (default: all; none: the recipe's rate only)")
     p.add_argument("--lr-factors", type=float, nargs="+", default=None,
