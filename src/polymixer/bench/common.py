@@ -319,6 +319,11 @@ def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
     return preset, overrides
 
 
+def variant_slug(spec: str) -> str:
+    """A variant's folder name: ``"tiny-vpom+value_heads=1"`` → ``"tiny-vpom_value_heads-1"``."""
+    return spec.replace("+", "_").replace("=", "-")
+
+
 def describe_variant(spec: str, names: Dict[str, str]) -> str:
     """A variant's display name: the preset's (from ``names``) and its overrides in brackets."""
     preset, overrides = parse_variant(spec)
@@ -386,10 +391,10 @@ def rates_tried(rows: Sequence[Dict[str, Any]], base: float, factors: Sequence[f
 
 
 def only_rates(plan: Sequence[Tuple[str, float]], lrs: Sequence[float],
-               grid: Optional[Sequence[float]] = None) -> List[Tuple[str, float]]:
+               grid: Sequence[float]) -> List[Tuple[str, float]]:
     """The runs of ``plan`` at one of the rates ``lrs`` (``--lrs``: one process's share of a sweep); all if none.
     A rate of ``lrs`` off the ``grid`` is an error: it would train nothing and look like a finished share."""
-    if lrs and grid is not None:
+    if lrs:
         off = [x for x in lrs if not any(same_rate(x, g) for g in grid)]
         if off:
             raise ValueError(f"--lrs {' '.join(f'{x:g}' for x in off)}: not a rate of the grid "

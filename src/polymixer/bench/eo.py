@@ -55,6 +55,7 @@ from .common import (
     sweep_table,
     time_interleaved,
     training_minutes,
+    variant_slug,
 )
 
 __all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdicts", "report", "plot", "run", "main",
@@ -182,7 +183,7 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     for spec, lr in plan:
         preset, overrides = parse_variant(spec)
         overrides = {**cfg.model_overrides, **overrides}
-        slug = spec.replace("+", "_").replace("=", "-")
+        slug = variant_slug(spec)
         out = sweep_folder(Path(cfg.out) / "quality", slug, lr, cfg.lr)
         tcfg = _train_cfg(cfg, out, lr, cfg.quality_steps, cfg.quality_steps, 3, progress)
         finished = resume_point(out, tcfg)
@@ -249,7 +250,7 @@ def run_curves(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
         preset, overrides = parse_variant(spec)
         overrides = {**cfg.model_overrides, **overrides}
         lr = rates.get(spec, cfg.lr)
-        slug = spec.replace("+", "_").replace("=", "-")
+        slug = variant_slug(spec)
         out = Path(cfg.out) / "curves" / f"{slug}-lr{lr:g}-{steps}steps"
         tcfg = _train_cfg(cfg, out, lr, steps, every, cfg.curve_points + 1, progress)
         finished = resume_point(out, tcfg)

@@ -42,6 +42,7 @@ from .common import (
     sweep_table,
     time_interleaved,
     training_minutes,
+    variant_slug,
 )
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]
@@ -223,7 +224,7 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     rows: List[Dict[str, Any]] = []
     for preset, lr in plan:  # a preset, or a variant of one: "tiny-vpom+value_heads=1+shift_width=2"
         base, overrides = parse_variant(preset)
-        slug = preset.replace("+", "_").replace("=", "-")
+        slug = variant_slug(preset)
         out = sweep_folder(Path(cfg.out) / "quality", slug, lr, cfg.quality_lr)
         tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 10,
                            warmup=max(1, cfg.quality_steps // 20), eval_every=cfg.quality_steps,

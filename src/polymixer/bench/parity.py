@@ -78,24 +78,27 @@ FAMILIES: Tuple[Family, ...] = (
 )
 
 
-def _rows(fam: Family, folder: Path) -> Optional[List[Dict[str, Any]]]:
+def _load(fam: Family, folder: Path) -> Optional[Dict[str, Any]]:
+    """The family's main bench JSON, or None where it has none."""
     path = folder / f"{fam.bench}.json"
     if not path.is_file():
         return None
     try:
-        part = json.loads(path.read_text()).get(fam.part, {})
+        return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
-    return [r for r in best_rows(part.get("rows", [])) if all(r.get(k) == v for k, v in fam.where.items())]
 
 
-def _longer_runs(fam: Family, folder: Path) -> List[Dict[str, Any]]:
+def _rows(fam: Family, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Each model's row at its best rate, of the family's task and budget."""
+    return [r for r in best_rows(rows) if all(r.get(k) == v for k, v in fam.where.items())]
+
+
+def _longer_runs(fam: Family, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Attention's runs of the family's task trained for more steps than the equal budget (recall: attention leaves
-    its loss plateau only with more steps), fewest steps first."""
-    path = folder / f"{fam.bench}.json"
-    if "steps" not in fam.where or not path.is_file():
+    its loss plateau only with more steps), fewest steps first, the best rate first within a budget."""
+    if "steps" not in fam.where:
         return []
-    rows = json.loads(path.read_text()).get(fam.part, {}).get("rows", [])
     same = {k: v for k, v in fam.where.items() if k != "steps"}
     longer = [r for r in rows if r.get(fam.key) == fam.attention and isinstance(r.get("steps"), int)
               and r["steps"] > fam.where["steps"] and all(r.get(k) == v for k, v in same.items())
@@ -137,9 +140,8 @@ def _by_seed(fam: Family, row: Dict[str, Any], seed: int, seeded: List[Tuple[int
     return dict(sorted(values.items()))
 
 
-def _main_seed(fam: Family, folder: Path) -> int:
+def _main_seed(fam: Family, data: Dict[str, Any]) -> int:
     """The seed of the family's main JSON (0 where it names none)."""
-    data = json.loads((folder / f"{fam.bench}.json").read_text()) if (folder / f"{fam.bench}.json").is_file() else {}
     return int((data.get(fam.part, {}).get("config") or data.get("config") or {}).get("seed", 0) or 0)
 
 
@@ -192,10 +194,12 @@ def collect(folder: Path) -> Dict[str, Any]:
     """Each family's comparison from the bench results in ``folder``."""
     families = []
     for fam in FAMILIES:
-        rows = _rows(fam, folder)
+        data = _load(fam, folder)
+        raw = [] if data is None else data.get(fam.part, {}).get("rows", [])  # every rate and budget
+        rows = None if data is None else _rows(fam, raw)
         by = {r[fam.key]: r for r in rows or []}
         base = by.get(fam.attention)
-        seed, seeded = _main_seed(fam, folder), _seed_rows(fam, folder)
+        seed, seeded = _main_seed(fam, data or {}), _seed_rows(fam, folder)
 
         def entry(name: str) -> Dict[str, Any]:
             return _entry(fam, by.get(name), base, seed, seeded)
@@ -231,7 +235,7 @@ def collect(folder: Path) -> Dict[str, Any]:
             verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
             measured = None if not a["run"] else f"{a['value']:.1f}%"
             longer = {}
-            for r in _longer_runs(fam, folder):  # the best rate at each longer budget
+            for r in _longer_runs(fam, raw):  # the best rate at each longer budget
                 longer.setdefault(r["steps"], r)
             if measured and longer:
                 measured += (f" at {fam.where['steps']:,} steps; with more steps (not the equal budget): "

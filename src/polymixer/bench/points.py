@@ -51,6 +51,7 @@ from .common import (
     sweep_table,
     time_interleaved,
     training_minutes,
+    variant_slug,
 )
 
 __all__ = ["PointBenchConfig", "make_scene", "run_speed", "run_conv", "run_quality", "verdicts", "report", "plot",
@@ -234,7 +235,7 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
         for spec, lr in plan:
             preset, overrides = parse_variant(spec)
             overrides = {**cfg.model_overrides, **overrides}
-            slug = spec.replace("+", "_").replace("=", "-")
+            slug = variant_slug(spec)
             out = sweep_folder(Path(cfg.out) / "quality", slug, lr, base)
             tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 100,
                                warmup=max(1, cfg.quality_steps // 20), weight_decay=0.05, beta2=0.999,
