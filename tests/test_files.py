@@ -51,3 +51,42 @@ def test_many_threads_writing_one_report_each_see_no_error(tmp_path):
     assert errors == []
     assert set(json.loads(target.read_text())) == {"writer", "round"}
     assert [p.name for p in target.parent.iterdir()] == ["eo.json"]
+
+
+def test_a_part_written_by_another_process_meanwhile_is_kept(tmp_path):
+    # a learning-curve run beside a quality sweep of the same bench: each used to write back the file as it was when
+    # it started, so whichever finished last erased the other's part
+    from dataclasses import dataclass, field
+
+    from polymixer.bench.common import run_parts
+
+    @dataclass
+    class Cfg:
+        parts: tuple = field(default_factory=tuple)
+
+    path = tmp_path / "eo.json"
+    path.write_text(json.dumps({"speed": {"rows": ["old speed"]}, "curves": {"rows": ["old curves"]}}))
+
+    def curves(cfg, progress):
+        return {"rows": ["new curves"]}
+
+    def quality(cfg, progress):
+        run_parts(Cfg(("curves",)), path, {"speed": None, "quality": None, "curves": curves}, False)  # meanwhile
+        return {"rows": ["quality"]}
+
+    out = run_parts(Cfg(("quality",)), path, {"speed": None, "quality": quality, "curves": curves}, False)
+    saved = json.loads(path.read_text())
+    assert saved["curves"]["rows"] == ["new curves"] and saved["quality"]["rows"] == ["quality"]
+    assert saved["speed"]["rows"] == ["old speed"] and out["curves"]["rows"] == ["new curves"]
+
+
+def test_the_lock_excludes_a_second_holder(tmp_path):
+    from filelock import FileLock, Timeout
+
+    from polymixer.files import locked
+
+    target = tmp_path / "lm.json"
+    with locked(target):
+        with pytest.raises(Timeout):
+            FileLock(str(tmp_path / ".lm.json.lock"), timeout=0.05).acquire()  # another process's attempt
+    FileLock(str(tmp_path / ".lm.json.lock"), timeout=0.05).acquire()  # free again once the block ends

@@ -11,7 +11,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Union
 
-__all__ = ["atomic_path", "write_text_atomic"]
+from filelock import FileLock
+
+__all__ = ["atomic_path", "locked", "write_text_atomic"]
 
 
 @contextlib.contextmanager
@@ -34,3 +36,14 @@ def write_text_atomic(path: Union[str, Path], text: str) -> None:
     """``Path(path).write_text(text)``, atomically (see :func:`atomic_path`)."""
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+@contextlib.contextmanager
+def locked(path: Union[str, Path]) -> Iterator[None]:
+    """Hold an exclusive inter-process lock on ``path`` (a ``.<name>.lock`` sibling) for the block: a read-merge-write
+    of a file other processes also update (a bench JSON whose parts two processes measure) must not interleave, or
+    the later writer puts back the earlier state it read and the other's update is lost."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path.parent / f".{path.name}.lock")):
+        yield

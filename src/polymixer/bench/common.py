@@ -18,8 +18,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..files import locked, write_text_atomic
 from ..report import format_table
-from ..files import write_text_atomic
 
 
 @dataclass
@@ -231,17 +231,24 @@ def run_parts(cfg: Any, path: Path, parts: Dict[str, Callable[[Any, bool], Dict[
     Parts of an earlier run in the same file that this run does not redo are kept, so a one-hour quality part and a
     ten-minute speed part can be measured (and re-measured) separately; each part carries the machine and the
     configuration it was measured with. The file is rewritten after every part, so a finished part survives a later one
-    being interrupted."""
+    being interrupted, and the other parts are read again under a lock just before, so a part another process wrote
+    meanwhile (a learning-curve run beside a quality sweep) is kept, not overwritten with what the file held at start.
+    A part's own rows are merged with the earlier ones by the part itself, read at its end."""
     payload: Dict[str, Any] = {"config": asdict(cfg), "machine": machine()}
-    if path.is_file():
-        old = json.loads(path.read_text())
-        # every earlier part stays until this run replaces it (a part may read its own earlier rows to keep some)
-        payload.update({name: old[name] for name in parts if name in old})
+    mine: List[str] = []
     for name, fn in parts.items():
         if name in cfg.parts:
             result = {**fn(cfg, progress), "machine": machine(), "config": asdict(cfg)}
             payload[name] = json.loads(json.dumps(result, default=str))  # exactly as it reads back from the file
-            write_json(path, payload)
+            mine.append(name)
+            with locked(path):
+                # every other part as the file holds it now: another process may have written one during this part
+                old = json.loads(path.read_text()) if path.is_file() else {}
+                payload.update({n: old[n] for n in parts if n in old and n not in mine})
+                write_json(path, payload)
+    if not mine and path.is_file():
+        old = json.loads(path.read_text())
+        payload.update({n: old[n] for n in parts if n in old})
     return payload
 
 
