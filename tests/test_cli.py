@@ -332,3 +332,35 @@ def test_bench_lm_quality_keeps_finished_runs(tmp_path):
 
     assert row["params"] == count_parameters(create_model("tiny-vpom", device="meta", value_heads=1, shift_width=2))
     assert row["params"] != count_parameters(create_model("tiny-vpom", device="meta"))
+
+
+def test_eo_per_class_table_means_each_model_over_its_seeds(tmp_path):
+    """Which classes carry a gap, over seeds: each model's runs at its seed-0 best rate and steps in the seed folders
+    beside eo.json count; a run at another rate or budget does not; classes come ordered by the model's gap."""
+    import json
+
+    from polymixer.bench.eo import per_class_over_seeds, seed_payloads
+
+    def row(spec, lr, ious, steps=800, best=True):
+        return {"spec": spec, "lr": lr, "steps": steps, "best_lr": best, "per_class_iou": ious}
+
+    main = {"quality": {"config": {"seed": 0}, "rows": [
+        row("tiny-tsvit", 2e-3, {"0": 0.9, "9": 0.6, "16": 0.7}),
+        row("tiny-tsvit", 4e-3, {"0": 0.0, "9": 0.0, "16": 0.0}, best=False),
+        row("tiny-tsvipom-value", 4e-3, {"0": 0.8, "9": 0.2, "16": 0.8})]}}
+    for seed, (att, val) in {2: (0.4, 0.4), 1: (0.8, 0.3)}.items():
+        folder = tmp_path / f"eo_seed{seed}"
+        folder.mkdir()
+        rows = [row("tiny-tsvit", 2e-3, {"0": 0.9, "9": att, "16": 0.7}),
+                row("tiny-tsvipom-value", 4e-3, {"0": 0.8, "9": val, "16": 0.8}),
+                row("tiny-tsvipom-value", 4e-3, {"0": 0.0, "9": 0.0, "16": 0.0}, steps=4000)]  # another budget
+        (folder / "eo.json").write_text(json.dumps({"quality": {"config": {"seed": seed}, "rows": rows}}))
+    seeds = seed_payloads(tmp_path)
+    assert [s["quality"]["config"]["seed"] for s in seeds] == [1, 2]
+    lines = per_class_over_seeds(main, seeds)
+    assert "TSViT 3, tiny TSViPoM-value 3" in lines[0]
+    body = [ln for ln in lines[1].splitlines()[2:]]
+    assert [ln.split("|")[1].strip() for ln in body] == ["Beet", "Background", "Orchard"]  # by the value PoM's gap
+    beet = [c.strip() for c in body[0].split("|")[1:-1]]
+    assert [float(x) for x in beet[1:]] == pytest.approx([60.0, 30.0, -30.0])  # (60+80+40)/3, (20+30+40)/3
+    assert per_class_over_seeds(main, []) == []  # one seed: nothing to average, no table

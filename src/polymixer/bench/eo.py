@@ -28,8 +28,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..data.eo import PIXEL_KM2
-from ..models import count_parameters, create_model
 from ..files import write_text_atomic
+from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from .common import (
     LR_FACTORS,
@@ -325,7 +325,51 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
     return out
 
 
-def report(payload: Dict[str, Any]) -> str:
+def seed_payloads(out: Path) -> List[Dict[str, Any]]:
+    """The bench JSONs of the other seeds beside ``out/eo.json`` (``out/eo_seed<N>/eo.json``, written by ``--seed N
+    --out out/eo_seed<N>``), in seed order."""
+    import json
+
+    found = [json.loads(f.read_text()) for f in sorted(out.glob("eo_seed*/eo.json"))]
+    return sorted(found, key=lambda d: d.get("quality", {}).get("config", {}).get("seed", 0))
+
+
+def per_class_over_seeds(payload: Dict[str, Any], seeds: List[Dict[str, Any]]) -> List[str]:
+    """Every class's test IoU, each model's mean over the seeds it ran at its best rate of this sweep (same steps),
+    for the models run on more than one seed, beside TSViT's, classes ordered by the first such model's gap: which
+    classes carry the gap between models, measured where one seed's noise does not decide it."""
+    from ..data.eo import PASTIS_CLASSES
+
+    best = {r["spec"]: r for r in best_rows(payload.get("quality", {}).get("rows", [])) if r.get("per_class_iou")}
+    runs: Dict[str, List[Dict[str, float]]] = {k: [r["per_class_iou"]] for k, r in best.items()}
+    for other in seeds:
+        for r in other.get("quality", {}).get("rows", []):
+            b = best.get(r["spec"])
+            if b and r.get("per_class_iou") and same_rate(r["lr"], b["lr"]) and r["steps"] == b["steps"]:
+                runs[r["spec"]].append(r["per_class_iou"])
+    if "tiny-tsvit" not in runs or len(runs["tiny-tsvit"]) < 2:
+        return []
+    models = sorted((k for k in runs if k != "tiny-tsvit" and len(runs[k]) >= 2), key=lambda k: "+" in k)  # presets 1st
+    if not models:
+        return []
+    classes = sorted({int(c) for ious in runs["tiny-tsvit"] for c in ious})
+    mean = {k: {c: 100 * sum(i.get(str(c), 0.0) for i in v) / len(v) for c in classes} for k, v in runs.items()}
+    order = sorted(classes, key=lambda c: mean[models[0]][c] - mean["tiny-tsvit"][c])
+    timing = {c for group in TIMING_CLASSES.values() for c in group}
+    table = [{"cls": PASTIS_CLASSES[c] + (" (timing only)" if c in timing else ""), "tsvit": mean["tiny-tsvit"][c],
+              **{f"m{j}": mean[k][c] for j, k in enumerate(models)},
+              **{f"g{j}": mean[k][c] - mean["tiny-tsvit"][c] for j, k in enumerate(models)}} for c in order]
+    names = [variant_name(k) for k in models]
+    n = {k: len(runs[k]) for k in runs}
+    return [f"per-class test IoU % at the training crop, mean over seeds (TSViT {n['tiny-tsvit']}, "
+            + ", ".join(f"{variant_name(k)} {n[k]}" for k in models) + "; each at its best rate, same steps), "
+            f"classes ordered by the gap of {names[0]}",
+            format_table(table, ["cls", "tsvit"] + [f"m{j}" for j in range(len(models))]
+                         + [f"g{j}" for j in range(len(models))],
+                         ["class", "TSViT"] + names + [f"{m} − TSViT" for m in names]), ""]
+
+
+def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> str:
     lines = []
     if "speed" in payload:
         p = payload["speed"]
@@ -367,6 +411,7 @@ def report(payload: Dict[str, Any]) -> str:
                       format_table([{"model": r["model"], **{str(c): _pct(r["per_class_iou"].get(str(c), r[
                           "per_class_iou"].get(c))) for c in cls}} for r in timing], ["model"] + [str(c) for c in cls],
                           ["model"] + [PASTIS_CLASSES[c] for c in cls]), ""]
+        lines += per_class_over_seeds(payload, seeds or [])
     if "curves" in payload:
         lines += _curves_report(payload["curves"])
     return "\n".join(lines + verdicts(payload))
@@ -456,7 +501,7 @@ def run(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     payload = run_parts(cfg, out / "eo.json", {"speed": run_speed, "quality": run_quality, "curves": run_curves},
                         progress)
     plot(payload, out / "eo.png")
-    write_text_atomic(out / "eo.txt", report(payload) + "\n")
+    write_text_atomic(out / "eo.txt", report(payload, seed_payloads(out)) + "\n")
     return payload
 
 
@@ -491,10 +536,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None, help="PASTIS folder for the quality part (default: the synthetic one)")
     p.add_argument("--seed", type=int, default=None, help="seed of the training runs (their init and batches); "
                                                           "one --out per seed")
+    p.add_argument("--report", action="store_true",
+                   help="train nothing: write eo.txt and eo.png again from --out's eo.json and its seed folders")
     p.add_argument("--out", default=d.out)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.report:
+        import json
+
+        out = Path(args.out)
+        if not (out / "eo.json").is_file():
+            raise FileNotFoundError(f"{out / 'eo.json'}: no bench results to report (run a part with --out {out})")
+        payload = json.loads((out / "eo.json").read_text())
+        plot(payload, out / "eo.png")
+        write_text_atomic(out / "eo.txt", report(payload, seed_payloads(out)) + "\n")
+        print(report(payload, seed_payloads(out)))
+        return 0
     cfg = EOBenchConfig(parts=tuple(args.parts), out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {n: n for n in ("presets", "sides", "frames", "budget", "repeats", "dtypes", "quality_models",
@@ -505,6 +563,6 @@ def main(args: argparse.Namespace) -> int:
     for spec in cfg.quality_models:
         parse_variant(spec)  # fail before the speed part, not an hour later
     payload = run(cfg)
-    print(report(payload))
+    print(report(payload, seed_payloads(Path(cfg.out))))
     print(f"\nwrote {Path(cfg.out) / 'eo.json'}, {Path(cfg.out) / 'eo.txt'}, {Path(cfg.out) / 'eo.png'}")
     return 0
