@@ -241,6 +241,9 @@ def test_bench_eo_both_parts(tmp_path, monkeypatch):
     assert [c["spec"] for c in curves] == ["tiny-tsvit", "tiny-tsvipom"] and curves[0]["lr"] == best
     assert [pt["step"] for pt in curves[0]["points"]] == [2, 4] and curves[1]["lr"] == 1e-3
     assert all(0 <= pt["miou"] <= 1 and pt["per_class_iou"] for c in curves for pt in c["points"])
+    for pt in (p for c in curves for p in c["points"]):  # the confusion matrix behind each point's scores
+        assert len(pt["matrix"]) == 19 and sum(map(sum, pt["matrix"])) > 0
+        assert all(pt["matrix"][int(k)][int(k)] == 0 for k, v in pt["per_class_iou"].items() if v == 0)
     from dataclasses import replace
 
     again = run(replace(cfg, parts=("curves",), curve_models=("tiny-tsvipom",)), progress=False)["curves"]["rows"]
@@ -285,6 +288,7 @@ def test_bench_eo_both_parts(tmp_path, monkeypatch):
     text = report(payload)
     assert "km²/s in evaluation" in text and "TSViPoM ÷ TSViT at 16×16" in text and "test mIoU at 8×8" in text
     assert "val mIoU at lr →" in text and "learning curves" in text and "Soft winter wheat" in text
+    assert "largest IoU deficit, recall % and where the other pixels go" in text and "taken for" in text
     assert "best all-PoM model (tiny TSViPoM, lr 0.001)" in text
     assert "whole patches" in text
     out = tmp_path / "bench"

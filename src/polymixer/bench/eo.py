@@ -265,7 +265,7 @@ def run_curves(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
             step = int(ck.name.split("_")[-1])
             load_weights(model, resolve_checkpoint(ck))
             m = evaluate_eo(model, test, stats, window=cfg.crop, limit=cfg.eval_limit or None, progress=False)
-            points.append({"step": step, "miou": m["miou"], "oa": m["oa"],
+            points.append({"step": step, "miou": m["miou"], "oa": m["oa"], "matrix": m["matrix"],
                            "per_class_iou": {int(c["class"]): c["iou"] for c in m["per_class"]}})
         rows.append({"model": variant_name(spec), "spec": spec, "lr": lr, "lr_from": "quality sweep"
                      if spec in rates else "recipe (no sweep result)", "steps": steps, "train_min": minutes,
@@ -453,6 +453,39 @@ def _curves_report(p: Dict[str, Any]) -> List[str]:
                                      for c in cls}} for r in rows if r["points"]]
     lines += ["", "per-class test IoU % at the last step of the curves (timing-only classes)",
               format_table(last, ["model"] + [str(c) for c in cls], ["model"] + [PASTIS_CLASSES[c] for c in cls]), ""]
+    return lines + confusions_report(rows)
+
+
+def confusions_report(rows: List[Dict[str, Any]], classes: int = 5, top: int = 3) -> List[str]:
+    """What each curve model takes the pixels of the classes carrying its gap for, at the last step: for the
+    ``classes`` classes with the largest IoU deficit against TSViT, each model's recall and the ``top`` classes the
+    rest of those pixels go to (shares of the class's pixels) — the errors behind a gap, not just its size."""
+    from ..data.eo import PASTIS_CLASSES
+
+    att = next((r for r in rows if r["spec"] == "tiny-tsvit" and r["points"] and "matrix" in r["points"][-1]), None)
+    if att is None:
+        return []
+    lines = []
+    for r in rows:
+        if r is att or not r["points"] or "matrix" not in r["points"][-1]:
+            continue
+        a, b = att["points"][-1], r["points"][-1]
+        deficit = {int(c): (a["per_class_iou"].get(str(c)) or 0.0) - (v or 0.0)
+                   for c, v in b["per_class_iou"].items()}
+        worst = sorted(deficit, key=deficit.get, reverse=True)[:classes]
+        table = []
+        for c in worst:
+            for who, pt in (("TSViT", a), (r["model"], b)):
+                row = pt["matrix"][c]
+                n = sum(row) or 1
+                wrong = sorted((k for k in range(len(row)) if k != c and row[k]), key=lambda k: -row[k])[:top]
+                table.append({"cls": PASTIS_CLASSES[c], "model": who, "recall": 100 * row[c] / n,
+                              "as": ", ".join(f"{PASTIS_CLASSES[k]} {100 * row[k] / n:.0f}%" for k in wrong)})
+        lines += [f"{r['model']} against TSViT at steps {b['step']} / {a['step']}: the {len(worst)} classes with the "
+                  f"largest IoU deficit, recall % and where the other pixels go",
+                  format_table(table, ["cls", "model", "recall", "as"], ["class", "model", "recall %",
+                                                                          "taken for (share of the class's pixels)"]),
+                  ""]
     return lines
 
 
