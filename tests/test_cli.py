@@ -246,8 +246,14 @@ def test_bench_eo_both_parts(tmp_path, monkeypatch):
         assert all(pt["matrix"][int(k)][int(k)] == 0 for k, v in pt["per_class_iou"].items() if v == 0)
     from dataclasses import replace
 
+    import shutil
+
+    # a checkpoint written when the run was interrupted (SIGTERM, step 3) is no point of the curve
+    ckpts = next((tmp_path / "bench" / "curves").glob("tiny-tsvipom-*")) / "checkpoints"
+    shutil.copytree(ckpts / "step_00000002", ckpts / "step_00000003")
     again = run(replace(cfg, parts=("curves",), curve_models=("tiny-tsvipom",)), progress=False)["curves"]["rows"]
     assert [c["spec"] for c in again] == ["tiny-tsvit", "tiny-tsvipom"]  # a model run alone keeps the others' curves
+    assert [pt["step"] for pt in again[1]["points"]] == [2, 4]
     # a ×4 point beyond the grid for one model (--lr-factors, --lrs), while a process sharing the sweep rewrites
     # eo.json: its rows are read after training, so they are kept, and the reported grid keeps the ×4 rate
     import json

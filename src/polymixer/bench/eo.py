@@ -252,7 +252,8 @@ def run_curves(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
         lr = rates.get(spec, cfg.lr)
         slug = variant_slug(spec)
         out = Path(cfg.out) / "curves" / f"{slug}-lr{lr:g}-{steps}steps"
-        tcfg = _train_cfg(cfg, out, lr, steps, every, cfg.curve_points + 1, progress)
+        # every checkpoint kept: one written when a run is interrupted must not push out a scheduled one
+        tcfg = _train_cfg(cfg, out, lr, steps, every, steps, progress)
         finished = resume_point(out, tcfg)
         t0 = time.perf_counter()
         res = train_eo(preset, tcfg, str(root), cfg.fold, cfg.crop, eval_limit=cfg.eval_limit or None,
@@ -263,6 +264,8 @@ def run_curves(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
         points = []
         for ck in sorted((out / "checkpoints").glob("step_*")):
             step = int(ck.name.split("_")[-1])
+            if step % every and step != steps:
+                continue  # written when the run was interrupted, not a point of the curve
             load_weights(model, resolve_checkpoint(ck))
             m = evaluate_eo(model, test, stats, window=cfg.crop, limit=cfg.eval_limit or None, progress=False)
             points.append({"step": step, "miou": m["miou"], "oa": m["oa"], "matrix": m["matrix"],
