@@ -374,3 +374,19 @@ def test_eo_per_class_table_means_each_model_over_its_seeds(tmp_path):
     beet = [c.strip() for c in body[0].split("|")[1:-1]]
     assert [float(x) for x in beet[1:]] == pytest.approx([60.0, 30.0, -30.0])  # (60+80+40)/3, (20+30+40)/3
     assert per_class_over_seeds(main, []) == []  # one seed: nothing to average, no table
+
+
+@pytest.mark.parametrize("family", ["image", "ocr"])
+def test_image_and_ocr_benches_take_a_seed_with_its_own_out(tmp_path, family, capsys):
+    """--seed exists, and another seed into a folder holding seed 0's runs is refused before anything trains (its rows
+    would replace seed 0's under the same run folders)."""
+    import json
+
+    from polymixer.cli import main
+
+    (tmp_path / f"{family}.json").write_text(json.dumps({"quality": {"config": {"seed": 0}, "rows": []}}))
+    before = (tmp_path / f"{family}.json").read_text()
+    assert main(["bench", family, "--parts", "quality", "--seed", "1", "--out", str(tmp_path)]) != 0
+    err = capsys.readouterr().err
+    assert f"{family}.json holds the quality part of seed 0, not 1" in err and "own --out" in err
+    assert (tmp_path / f"{family}.json").read_text() == before

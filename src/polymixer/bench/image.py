@@ -26,6 +26,7 @@ from .common import (
     LR_FACTORS,
     apply_overrides,
     best_rows,
+    check_seed,
     earlier_rows,
     lr_grid,
     mark_best,
@@ -330,6 +331,7 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 def run(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Run the parts asked for, keeping the other part of an earlier run in the same folder."""
     out = Path(cfg.out)
+    check_seed(out / "image.json", cfg.seed, ["quality"] if "quality" in cfg.parts else [])
     payload = run_parts(cfg, out / "image.json", {"speed": run_speed, "quality": run_quality}, progress)
     plot(payload, out / "image.png")
     write_text_atomic(out / "image.txt", report(payload) + "\n")  # the tables the guide quotes, as the other benches
@@ -359,6 +361,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lrs", type=float, nargs="+", default=None,
                    help="run only these rates (to share a sweep among processes; a ddpm run's rate is its preset's "
                         "best flow rate)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the quality runs (their init and batches); one "
+                                                          "--out per seed, e.g. --out docs/bench/image_seed1, which "
+                                                          "`polymixer bench parity` reads")
     p.add_argument("--out", default=d.out)
 
 
@@ -366,7 +371,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = ImageBenchConfig(parts=tuple(args.parts), out=args.out, objectives=tuple(args.objectives),
                            device=args.device)
     apply_overrides(cfg, QUICK if args.quick else None, args,
-                    {**{name: name for name in ("sides", "pom_sides", "quality_steps", "sweep", "lr_factors", "lrs")},
+                    {**{name: name for name in ("sides", "pom_sides", "quality_steps", "sweep", "lr_factors", "lrs",
+                                                 "seed")},
                      "presets": "quality_presets"})
     payload = run(cfg)
     print(report(payload))

@@ -27,6 +27,7 @@ from .common import (
     LR_FACTORS,
     apply_overrides,
     best_rows,
+    check_seed,
     earlier_rows,
     keep_freed_memory,
     lr_grid,
@@ -367,6 +368,7 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 def run(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Run the parts asked for, keeping the other part of an earlier run in the same folder."""
     out = Path(cfg.out)
+    check_seed(out / "ocr.json", cfg.seed, ["quality"] if "quality" in cfg.parts else [])
     payload = run_parts(cfg, out / "ocr.json", {"speed": run_speed, "quality": run_quality}, progress)
     plot(payload, out / "ocr.png")
     write_text_atomic(out / "ocr.txt", report(payload) + "\n")
@@ -399,6 +401,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lrs", type=float, nargs="+", default=None,
                    help="run only these rates (to share a sweep among processes; a page run's rate is its model's "
                         "best single-line rate)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the quality runs (their init and batches); one "
+                                                          "--out per seed, e.g. --out docs/bench/ocr_seed1, which "
+                                                          "`polymixer bench parity` reads")
     p.add_argument("--out", default=d.out)
 
 
@@ -407,7 +412,7 @@ def main(args: argparse.Namespace) -> int:
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {n: n for n in ("lines", "budget", "repeats", "dtypes", "tasks", "quality_steps", "multiline_steps",
                                     "digits_steps", "multiline_init", "sam_rho", "quality_presets", "sweep",
-                                    "lr_factors", "lrs")})
+                                    "lr_factors", "lrs", "seed")})
     payload = run(cfg)
     print(report(payload))
     print(f"\nwrote {Path(cfg.out) / 'ocr.json'}, {Path(cfg.out) / 'ocr.txt'}, {Path(cfg.out) / 'ocr.png'}")
