@@ -390,3 +390,24 @@ def test_image_and_ocr_benches_take_a_seed_with_its_own_out(tmp_path, family, ca
     err = capsys.readouterr().err
     assert f"{family}.json holds the quality part of seed 0, not 1" in err and "own --out" in err
     assert (tmp_path / f"{family}.json").read_text() == before
+
+
+def test_eo_verdict_takes_the_medians_of_the_seeds_both_models_ran():
+    """The satellite target is judged on medians of seeds where seed folders hold them (as `bench parity` does), on
+    the seeds both models ran; the hybrid (full attention in one encoder) never counts as 'without full attention'."""
+    from polymixer.bench.eo import verdicts
+
+    def row(spec, lr, miou, steps=800):
+        return {"spec": spec, "model": spec, "lr": lr, "steps": steps, "best_lr": True, "miou_24": miou}
+
+    main = {"config": {"crop": 24}, "quality": {"config": {"seed": 0, "crop": 24}, "rows": [
+        row("tiny-tsvit", 2e-3, 0.394), row("tiny-tsvipom-value", 4e-3, 0.397), row("tiny-tsvipom-hybrid", 2e-3, 0.6)]}}
+    seeds = [{"quality": {"config": {"seed": s}, "rows": [row("tiny-tsvit", 2e-3, a), row("tiny-tsvipom-value", 4e-3, b),
+                                                          row("tiny-tsvipom-value", 2e-3, 0.9)]}}
+             for s, a, b in ((1, 0.516, 0.408), (2, 0.427, 0.394))]
+    single = [v for v in verdicts(main) if v.startswith("best model without")][0]
+    assert "tiny-tsvipom-value" in single and "+0.3 points, met" in single and "one seed" in single
+    three = [v for v in verdicts(main, seeds) if v.startswith("best model without")][0]
+    assert "medians of seeds 0, 1, 2: 39.7 vs TSViT 42.7" in three and "-3.0 points, MISSED" in three
+    one_more = [v for v in verdicts(main, seeds[:1]) if v.startswith("best all-PoM")][0]
+    assert "medians of seeds 0, 1" in one_more  # two seeds: the median is their mean
