@@ -402,8 +402,8 @@ def test_eo_verdict_takes_the_medians_of_the_seeds_both_models_ran():
 
     main = {"config": {"crop": 24}, "quality": {"config": {"seed": 0, "crop": 24}, "rows": [
         row("tiny-tsvit", 2e-3, 0.394), row("tiny-tsvipom-value", 4e-3, 0.397), row("tiny-tsvipom-hybrid", 2e-3, 0.6)]}}
-    seeds = [{"quality": {"config": {"seed": s}, "rows": [row("tiny-tsvit", 2e-3, a), row("tiny-tsvipom-value", 4e-3, b),
-                                                          row("tiny-tsvipom-value", 2e-3, 0.9)]}}
+    seeds = [{"quality": {"config": {"seed": s}, "rows": [
+        row("tiny-tsvit", 2e-3, a), row("tiny-tsvipom-value", 4e-3, b), row("tiny-tsvipom-value", 2e-3, 0.9)]}}
              for s, a, b in ((1, 0.516, 0.408), (2, 0.427, 0.394))]
     single = [v for v in verdicts(main) if v.startswith("best model without")][0]
     assert "tiny-tsvipom-value" in single and "+0.3 points, met" in single and "one seed" in single
