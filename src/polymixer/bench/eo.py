@@ -617,8 +617,9 @@ def main(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"{out / 'eo.json'}: no bench results to report (run a part with --out {out})")
         payload = json.loads((out / "eo.json").read_text())
         plot(payload, out / "eo.png")
-        write_text_atomic(out / "eo.txt", report(payload, seed_payloads(out)) + "\n")
-        print(report(payload, seed_payloads(out)))
+        text = report(payload, seed_payloads(out))
+        write_text_atomic(out / "eo.txt", text + "\n")
+        print(text)
         return 0
     cfg = EOBenchConfig(parts=tuple(args.parts), out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
