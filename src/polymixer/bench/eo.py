@@ -285,19 +285,22 @@ def run_curves(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return {"rows": rows, "timing_classes": {k: list(v) for k, v in TIMING_CLASSES.items()}}
 
 
-def seed_values(payload: Dict[str, Any], seeds: List[Dict[str, Any]], row: Dict[str, Any], metric: str
-                ) -> Dict[int, float]:
-    """``row``'s ``metric`` on each seed: its own (the seed of ``payload``) and its runs at the same rate and steps in
-    the other seeds' payloads."""
-    seed = int(payload.get("quality", {}).get("config", {}).get("seed", 0) or 0)
-    values = {seed: row[metric]}
+def seed_rows(payload: Dict[str, Any], seeds: List[Dict[str, Any]], row: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
+    """``row`` on each seed: itself (under the seed of ``payload``) and the same model's runs at the same rate and
+    steps in the other seeds' payloads (``seeds``: :func:`seed_payloads`)."""
+    found = {int(payload.get("quality", {}).get("config", {}).get("seed", 0) or 0): row}
     for other in seeds:
         s = int(other.get("quality", {}).get("config", {}).get("seed", 0) or 0)
         for r in other.get("quality", {}).get("rows", []):
-            if (r["spec"] == row["spec"] and metric in r and same_rate(r["lr"], row["lr"])
-                    and r["steps"] == row["steps"]):
-                values[s] = r[metric]
-    return values
+            if r["spec"] == row["spec"] and same_rate(r["lr"], row["lr"]) and r["steps"] == row["steps"]:
+                found[s] = r
+    return found
+
+
+def seed_values(payload: Dict[str, Any], seeds: List[Dict[str, Any]], row: Dict[str, Any], metric: str
+                ) -> Dict[int, float]:
+    """``row``'s ``metric`` on each seed that has it (:func:`seed_rows`)."""
+    return {s: r[metric] for s, r in seed_rows(payload, seeds, row).items() if metric in r}
 
 
 def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> List[str]:
@@ -375,12 +378,8 @@ def per_class_over_seeds(payload: Dict[str, Any], seeds: List[Dict[str, Any]]) -
     from ..data.eo import PASTIS_CLASSES
 
     best = {r["spec"]: r for r in best_rows(payload.get("quality", {}).get("rows", [])) if r.get("per_class_iou")}
-    runs: Dict[str, List[Dict[str, float]]] = {k: [r["per_class_iou"]] for k, r in best.items()}
-    for other in seeds:
-        for r in other.get("quality", {}).get("rows", []):
-            b = best.get(r["spec"])
-            if b and r.get("per_class_iou") and same_rate(r["lr"], b["lr"]) and r["steps"] == b["steps"]:
-                runs[r["spec"]].append(r["per_class_iou"])
+    runs = {k: [r["per_class_iou"] for r in seed_rows(payload, seeds, b).values() if r.get("per_class_iou")]
+            for k, b in best.items()}
     if "tiny-tsvit" not in runs or len(runs["tiny-tsvit"]) < 2:
         return []
     models = sorted((k for k in runs if k != "tiny-tsvit" and len(runs[k]) >= 2), key=lambda k: "+" in k)  # presets 1st
@@ -567,9 +566,16 @@ def run(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     check_seed(out / "eo.json", cfg.seed, [p for p in ("quality", "curves") if p in cfg.parts])
     payload = run_parts(cfg, out / "eo.json", {"speed": run_speed, "quality": run_quality, "curves": run_curves},
                         progress)
-    plot(payload, out / "eo.png")
-    write_text_atomic(out / "eo.txt", report(payload, seed_payloads(out)) + "\n")
+    write_report(payload, out)
     return payload
+
+
+def write_report(payload: Dict[str, Any], out: Path) -> str:
+    """Write ``out``'s eo.png and eo.txt from ``payload`` and the seed folders beside it; return the report."""
+    plot(payload, out / "eo.png")
+    text = report(payload, seed_payloads(out))
+    write_text_atomic(out / "eo.txt", text + "\n")
+    return text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -615,11 +621,7 @@ def main(args: argparse.Namespace) -> int:
         out = Path(args.out)
         if not (out / "eo.json").is_file():
             raise FileNotFoundError(f"{out / 'eo.json'}: no bench results to report (run a part with --out {out})")
-        payload = json.loads((out / "eo.json").read_text())
-        plot(payload, out / "eo.png")
-        text = report(payload, seed_payloads(out))
-        write_text_atomic(out / "eo.txt", text + "\n")
-        print(text)
+        print(write_report(json.loads((out / "eo.json").read_text()), out))
         return 0
     cfg = EOBenchConfig(parts=tuple(args.parts), out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
@@ -630,7 +632,7 @@ def main(args: argparse.Namespace) -> int:
         cfg.data_dir = args.data
     for spec in cfg.quality_models:
         parse_variant(spec)  # fail before the speed part, not an hour later
-    payload = run(cfg)
-    print(report(payload, seed_payloads(Path(cfg.out))))
+    run(cfg)
+    print((Path(cfg.out) / "eo.txt").read_text(), end="")
     print(f"\nwrote {Path(cfg.out) / 'eo.json'}, {Path(cfg.out) / 'eo.txt'}, {Path(cfg.out) / 'eo.png'}")
     return 0
