@@ -208,7 +208,7 @@ def test_bench_ocr_both_parts(tmp_path):
     assert "*" in text and "best model without full attention (tiny HTR-VPoM, lr" in text and "within +5%" in text
 
 
-def test_bench_eo_both_parts(tmp_path, monkeypatch):
+def test_bench_eo_both_parts(tmp_path, monkeypatch, capsys):
     """Speed and (a few steps of) quality on toy segmenters and a small synthetic PASTIS: rows, ratios against
     TSViT, OA / mIoU per evaluation window, verdict lines, plot, confusion and tiles pictures."""
     from polymixer.bench.eo import EOBenchConfig, parse_variant, report, run
@@ -300,6 +300,15 @@ def test_bench_eo_both_parts(tmp_path, monkeypatch):
     out = tmp_path / "bench"
     assert (out / "eo.png").stat().st_size > 10_000 and (out / "eo.txt").is_file()
     assert (out / "eo_confusion.png").stat().st_size > 10_000 and (out / "eo_tiles.png").stat().st_size > 10_000
+    # --report trains nothing: eo.txt and eo.png again from eo.json (the same report), a clear error without one
+    (out / "eo.txt").unlink()
+    (out / "eo.png").unlink()
+    assert main(["bench", "eo", "--report", "--out", str(out)]) == 0
+    assert (out / "eo.txt").read_text() == report(json.loads(path.read_text())) + "\n"
+    assert (out / "eo.png").stat().st_size > 10_000
+    capsys.readouterr()
+    assert main(["bench", "eo", "--report", "--out", str(tmp_path / "empty")]) == 2
+    assert "eo.json: no bench results to report" in capsys.readouterr().err
     assert parse_variant("tiny-tsvit+sel_heads=1+spatial_position=rope") == (
         "tiny-tsvit", {"sel_heads": 1, "spatial_position": "rope"})
 
