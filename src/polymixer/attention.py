@@ -79,7 +79,8 @@ class AttentionState:
 
 
 
-def sdpa(q: Tensor, k: Tensor, v: Tensor, vis: Optional[Tensor], dropout_p: float = 0.0, is_causal: bool = False) -> Tensor:
+def sdpa(q: Tensor, k: Tensor, v: Tensor, vis: Optional[Tensor], dropout_p: float = 0.0,
+         is_causal: bool = False) -> Tensor:
     """``scaled_dot_product_attention`` with a boolean visibility mask broadcast over heads; a query that sees no
     key gets 0 (never NaN, whatever the backend)."""
     if vis is None:

@@ -72,8 +72,8 @@ MIXER_TABLE: Tuple[MixerSpec, ...] = (
     MixerSpec("value_pom", "V", "value-carrying PoM", _value_pom,
               _POM_OPTIONS + ("value_dim", "value_heads", "token_shift", "chunk_size")),
     MixerSpec("attention", "A", "attention", _attention, _ATTENTION_OPTIONS, streaming="grows"),
-    MixerSpec("local_attention", "L", "local (sliding-window) attention", _local_attention, _ATTENTION_OPTIONS + ("window",),
-              streaming="window", global_context=False),
+    MixerSpec("local_attention", "L", "local (sliding-window) attention", _local_attention,
+              _ATTENTION_OPTIONS + ("window",), streaming="window", global_context=False),
     MixerSpec("linear_attention", "I", "linear attention (identity map)", _linear_attention("identity"),
               ("value_heads", "feature_dim", "value_dim", "causal", "bias", "token_shift", "chunk_size")),
     MixerSpec("based", "B", "Based (Taylor map)", _linear_attention("taylor"),
@@ -252,7 +252,8 @@ class PolyMorpher(nn.Module):
 
     def step(self, x: Tensor, state: MixerState, causal: bool = True, positions: Optional[Tensor] = None,
              mask: Optional[Tensor] = None) -> Tuple[Tensor, MixerState]:
-        """Stream a chunk through the block: (y, new_state) — the feed-forward is per token, only the mixer has state."""
+        """Stream a chunk through the block: (y, new_state). The feed-forward is per token: only the mixer has
+        state."""
         if self.norm_first:
             m, state = self.mixer.step(self.norm1(x), state, causal=causal, positions=positions, mask=mask)
             x = x + self.drop(m)

@@ -93,7 +93,8 @@ class OCRBenchConfig:
 
 
 QUICK = dict(presets=("htr-vt", "htr-vpom"), lines=(1, 4), budget=4, repeats=2, dtypes=("bf16",), quality_steps=40,
-             multiline_steps=20, digits_steps=40, quality_batch=8, multiline_batch=2, max_lines=4, eval_limit=40, tasks=("digits",))
+             multiline_steps=20, digits_steps=40, quality_batch=8, multiline_batch=2, max_lines=4, eval_limit=40,
+             tasks=("digits",))
 
 
 def _page_width(lines: int, height: int = 64, line_width: int = 512) -> int:
@@ -231,7 +232,8 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
                 pick = sorted(set(int(i) for i in torch.linspace(0, len(examples) - 1, min(6, len(examples)))))
                 suffix = out.name[len(f"{task}-{preset}"):].replace("-", "_")  # "" at the recipe's rate
                 sample_png = Path(cfg.out) / f"ocr_samples_{task}{suffix}.png"
-                draw_samples([make_example(test, examples[i], spec)[0] for i in pick], [m["references"][i] for i in pick],
+                draw_samples([make_example(test, examples[i], spec)[0] for i in pick],
+                             [m["references"][i] for i in pick],
                              [m["predictions"][i] for i in pick], sample_png,
                              title=f"{NAMES.get(preset, preset)}, {task}, lr {lr:g}: test CER {100 * m['cer']:.2f}%")
             val = res["metrics"]  # the training loop's final evaluation: the validation split (EMA weights)
@@ -323,7 +325,8 @@ def report(payload: Dict[str, Any]) -> str:
     lines = []
     if "speed" in payload:
         p = payload["speed"]
-        lines += [f"lines/s in evaluation, {p.get('config', payload['config'])['budget']} lines per forward call; speedup = HTR-VT's "
+        budget = p.get('config', payload['config'])['budget']
+        lines += [f"lines/s in evaluation, {budget} lines per forward call; speedup = HTR-VT's "
                   f"time ÷ the model's; stem share = the shared ResNet stem's share of the time; encoder speedup = "
                   f"the same ratio without the stem's time (what the mixers change); spread = (max − min) / median "
                   f"of the repeats"

@@ -53,7 +53,8 @@ def digits(size: int = 16) -> ImageDataset:
     try:
         from sklearn.datasets import load_digits
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("the digits default needs scikit-learn (a polymixer dependency): pip install 'scikit-learn>=1.2'") from e
+        raise ImportError("the digits default needs scikit-learn (a polymixer dependency): "
+                          "pip install 'scikit-learn>=1.2'") from e
     d = load_digits()
     x = torch.from_numpy(d.images.astype(np.float32) / 16.0).unsqueeze(1)  # (1797, 1, 8, 8) in [0, 1]
     if size != 8:

@@ -260,7 +260,8 @@ def _register() -> None:
                            mixer="attention", **arch)
             register_model(f"sipom-{tag}", "image", DiTConfig, DiT, "SiPoM (flow matching, PoM)", learn_sigma=False,
                            **pom, **arch)
-            register_model(f"dipom-{tag}", "image", DiTConfig, DiT, "DiPoM (DDPM, PoM)", learn_sigma=True, **pom, **arch)
+            register_model(f"dipom-{tag}", "image", DiTConfig, DiT, "DiPoM (DDPM, PoM)", learn_sigma=True, **pom,
+                           **arch)
             # the value-carrying PoM: D = dv = hidden, one gate scalar and one value head per attention head (head
             # width 64, as attention's): +0.11–0.17% of SiT / DiT's parameters at every size
             value = dict(mixer="value_pom", degree=2, expand=1, sel_heads=heads, value_heads=heads)

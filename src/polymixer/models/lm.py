@@ -366,7 +366,8 @@ def _register() -> None:
                 degree=2, expand=2, sel_heads=4)
     register_model("tiny-attention", "lm", LMConfig, GPT, "tiny GPT-2 (attention)", mixer="attention", **tiny)
     register_model("tiny-pom", "lm", LMConfig, GPT, "tiny GPPoM2 (all PoM)", mixer="pom", **tiny)
-    register_model("tiny-hybrid", "lm", LMConfig, GPT, "tiny GPPoM2 Hyb (PoM + local attention)", mixer="hybrid", **tiny)
+    register_model("tiny-hybrid", "lm", LMConfig, GPT, "tiny GPPoM2 Hyb (PoM + local attention)", mixer="hybrid",
+                   **tiny)
     # value-carrying PoM layers: D = d (expand 1), dv = d in 4 heads (a gate scalar per head, like attention's 4
     # heads) — 4 · 32 × 32 state floats per layer — and a key / value shift over the last 4 tokens (a short
     # convolution; its 3 remembered projections add 768 floats): 67,844 parameters per layer against attention's

@@ -403,7 +403,8 @@ def main_eval(args: argparse.Namespace) -> int:
 
 def add_segment3d_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="run folder or checkpoint folder")
-    p.add_argument("scene", nargs="+", help="ScanNet-layout scene folder(s), .ply file(s) or SemanticKITTI .bin scan(s)")
+    p.add_argument("scene", nargs="+",
+                   help="ScanNet-layout scene folder(s), .ply file(s) or SemanticKITTI .bin scan(s)")
     p.add_argument("--out", default=".", help="folder for <name>_labels.npy, <name>_labels.ply and <name>.png")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
 

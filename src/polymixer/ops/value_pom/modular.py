@@ -354,7 +354,8 @@ def value_pom(
         in_weight: (2D + dv + Ds, d), W_k over W_v over W_q over W_s. Self-mixing does one matrix product.
         coeff / coeff_q: (D, k) polynomial coefficients of the keys / queries.
         shift_weight: (W, D + dv) weights of the current and the W − 1 previous tokens in the key / value
-            projections (a causal depthwise convolution; W = 2: the token shift), or None (no token shift). norm_weight: (dv,) gain of the per-head RMSNorm of the readout.
+            projections (a causal depthwise convolution; W = 2: the token shift), or None (no token shift).
+        norm_weight: (dv,) gain of the per-head RMSNorm of the readout.
         out_weight: (d, dv); heads: H, which splits D and dv (state D·dv/H floats per sequence).
         chunk: tokens per chunk of the (block-)causal form.
         mix / packed_mix: the mixing of the features — :func:`value_mix` and :func:`packed_causal_mix` by default;
@@ -477,8 +478,8 @@ def value_pom_step(
     """Streaming: consume a chunk (B, T, d) given the state of everything before it.
 
     ``state`` (B, H, D_h, dv_h) and ``count`` (B,) are the running sums, ``offset`` (B,) the stream index of the next
-    token, ``prev`` (B, W − 1, D + dv) the last tokens' key / value projections (for the token shift of width W). ``causal=False``
-    makes the chunk one block (block-causal streaming). Returns (y, state, count, offset, prev).
+    token, ``prev`` (B, W − 1, D + dv) the last tokens' key / value projections (for the token shift of width W).
+    ``causal=False`` makes the chunk one block (block-causal streaming). Returns (y, state, count, offset, prev).
     """
     d = out_weight.shape[0]
     D, dv = check_layout(in_weight, coeff, coeff_q, out_weight, heads)
