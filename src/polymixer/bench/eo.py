@@ -285,15 +285,19 @@ def run_curves(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return {"rows": rows, "timing_classes": {k: list(v) for k, v in TIMING_CLASSES.items()}}
 
 
+def quality_seed(payload: Dict[str, Any]) -> int:
+    """The seed of a bench JSON's quality runs (0 for runs made before seeds were recorded)."""
+    return int(payload.get("quality", {}).get("config", {}).get("seed", 0) or 0)
+
+
 def seed_rows(payload: Dict[str, Any], seeds: List[Dict[str, Any]], row: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
     """``row`` on each seed: itself (under the seed of ``payload``) and the same model's runs at the same rate and
     steps in the other seeds' payloads (``seeds``: :func:`seed_payloads`)."""
-    found = {int(payload.get("quality", {}).get("config", {}).get("seed", 0) or 0): row}
+    found = {quality_seed(payload): row}
     for other in seeds:
-        s = int(other.get("quality", {}).get("config", {}).get("seed", 0) or 0)
         for r in other.get("quality", {}).get("rows", []):
             if r["spec"] == row["spec"] and same_rate(r["lr"], row["lr"]) and r["steps"] == row["steps"]:
-                found[s] = r
+                found[quality_seed(other)] = r
     return found
 
 
@@ -368,7 +372,7 @@ def seed_payloads(out: Path) -> List[Dict[str, Any]]:
     import json
 
     found = [json.loads(f.read_text()) for f in sorted(out.glob("eo_seed*/eo.json"))]
-    return sorted(found, key=lambda d: d.get("quality", {}).get("config", {}).get("seed", 0))
+    return sorted(found, key=quality_seed)
 
 
 def per_class_over_seeds(payload: Dict[str, Any], seeds: List[Dict[str, Any]]) -> List[str]:
