@@ -420,3 +420,14 @@ def test_eo_verdict_takes_the_medians_of_the_seeds_both_models_ran():
     assert "medians of seeds 0, 1, 2: 39.7 vs TSViT 42.7" in three and "-3.0 points, MISSED" in three
     one_more = [v for v in verdicts(main, seeds[:1]) if v.startswith("best all-PoM")][0]
     assert "medians of seeds 0, 1" in one_more  # two seeds: the median is their mean
+
+
+def test_a_rate_share_that_trains_nothing_is_an_error():
+    from polymixer.bench.common import lr_grid, only_rates, sweep_plan
+
+    grid = lr_grid(1e-3, (2, 4, 8))
+    plan = sweep_plan(("tiny-sit", "new"), ("tiny-sit",), 1e-3, (2, 4, 8))  # "new" is not swept: recipe rate only
+    assert only_rates(plan, (4e-3,), grid) == [("tiny-sit", 4e-3)]
+    assert only_rates(plan, (), grid) == list(plan)
+    with pytest.raises(ValueError, match=r"--lrs 0.004: none of the planned runs is at these rates \(new at 0.001\)"):
+        only_rates(sweep_plan(("new",), ("tiny-sit",), 1e-3, (2, 4, 8)), (4e-3,), grid)

@@ -60,7 +60,7 @@ def test_a_checkpoint_written_under_an_earlier_family_name_loads(tmp_path):
 
 @pytest.mark.parametrize("noun, preset, what", [
     ("image", "tiny-pom", "tiny-pom is a language model (family lm); `polymixer train image` takes: tiny-sipom, "
-                          "tiny-sipom-value, tiny-sit"),
+                          "tiny-sipom-value, tiny-sipom-vhybrid, tiny-sit"),
     ("eo", "tiny-ppomv3", "tiny-ppomv3 is a point-cloud segmenter (family points); `polymixer train eo` takes: "
                           "tiny-tsvipom"),
     ("ocr", "tiny-sit", "tiny-sit is an image generator (family image); `polymixer train ocr` takes: tiny-htr-vpom"),

@@ -69,6 +69,30 @@ def test_cfg_scale_one_is_the_conditional_prediction(mixer):
     torch.testing.assert_close(g[:, 1:], cond[:, 1:])  # learned variance from the conditional pass
 
 
+def test_local_attention_blocks_see_only_their_window_both_ways():
+    """An L block attends to the patches within ``window`` in row-major order, before and after it (not causally);
+    an A block of the same model stays global."""
+    m = _tiny("L", depth=1, window=2).eval()  # 4 × 4 patches, each sees itself and its row-major neighbours
+    torch.manual_seed(1)
+    for p in m.parameters():  # off the adaLN-Zero start, where the output is zero whatever the input
+        torch.nn.init.normal_(p, std=0.2)
+    x, t, y = torch.randn(1, 1, 8, 8), torch.rand(1), torch.tensor([3])
+    x2 = x.clone()
+    x2[..., 2:4, 2:4] += 1.0  # patch (1, 1): token 5
+    changed = (m(x2, t, y) - m(x, t, y)).abs().reshape(4, 2, 4, 2).sum((1, 3)).flatten() > 1e-6
+    assert changed.nonzero().flatten().tolist() == [4, 5, 6]
+    mixer = m.blocks[0].mixer
+    assert mixer.window == 2 and not mixer.causal
+    assert _tiny("AL", window=2).blocks[0].mixer.window is None
+
+
+def test_tiny_local_hybrid_preset_has_no_full_attention():
+    sit, hyb = create_model("tiny-sit", device="meta"), create_model("tiny-sipom-vhybrid", device="meta")
+    assert hyb.pattern == "LVLVLV" and "A" not in hyb.pattern
+    assert abs(count_parameters(hyb) / count_parameters(sit) - 1) < 0.01
+    assert hyb.blocks[0].mixer.window == 10  # each patch's 3 × 3 neighbourhood on the 8-wide grid
+
+
 def test_label_dropout_only_in_training():
     m = _trained_a_bit()
     y = torch.arange(10)
@@ -81,7 +105,7 @@ def test_label_dropout_only_in_training():
 
 
 @pytest.mark.parametrize("objective, learn_sigma", [("flow", False), ("ddpm", False), ("ddpm", True)])
-@pytest.mark.parametrize("mixer", ["attention", "pom", "value_pom"])
+@pytest.mark.parametrize("mixer", ["attention", "pom", "value_pom", "LV"])
 def test_training_step_lowers_loss(objective, learn_sigma, mixer):
     m = _tiny(mixer, learn_sigma=learn_sigma).train()
     obj = make_objective(objective, learn_sigma)

@@ -46,7 +46,8 @@ from .common import (
 
 __all__ = ["ImageBenchConfig", "run_speed", "run_quality", "report", "main", "add_arguments"]
 
-QUALITY = ("tiny-sit", "tiny-sipom", "tiny-sipom-value")  # SiT, SiPoM, SiPoM with the value PoM
+# SiT, SiPoM, SiPoM with the value PoM, and local attention + value PoM (no full-attention block)
+QUALITY = ("tiny-sit", "tiny-sipom", "tiny-sipom-value", "tiny-sipom-vhybrid")
 BASELINE = "tiny-sit"  # the attention model every ratio is taken against
 SWEPT = "flow"  # the objective trained at every rate of the sweep; the others at each model's best rate of it
 RECIPE_LR = 1e-3  # the rate of the runs made before sweeps existed (rows without an "lr")
