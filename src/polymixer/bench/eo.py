@@ -536,14 +536,20 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
         plot_speed_vs_baseline(axes[0], axes[1], payload["speed"]["rows"], "side", "km2_per_s", NAMES,
                                "window side (pixels of 10 m)", "km² / s (evaluation)", "TSViT")
         k = 2
+    rows = best_rows(payload["quality"]["rows"]) if "quality" in payload else []
+    curves = payload["curves"]["rows"] if "curves" in payload else []
+    # one colour per model in both panels (matplotlib's 10-colour cycle, then tab20's)
+    models = list(dict.fromkeys([r["model"] for r in rows] + [r["model"] for r in curves]))
+    from matplotlib import colormaps
+
+    color = {m: f"C{j}" if len(models) <= 10 else colormaps["tab20"](j % 20) for j, m in enumerate(models)}
     if "quality" in payload:
         ax = axes[k]
         k += 1
-        rows = best_rows(payload["quality"]["rows"])
-        for j, r in enumerate(rows):
+        for r in rows:
             keys = list(r["windows"])
             xs = [r["windows"][key]["side"] for key in keys]
-            ax.plot(xs, [100 * r["windows"][key]["miou"] for key in keys], marker="o", color=f"C{j}",
+            ax.plot(xs, [100 * r["windows"][key]["miou"] for key in keys], marker="o", color=color[r["model"]],
                     ls="--" if r["spatial_position"] == "rope" else "-", label=r["model"])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("evaluation window side (the largest: whole patches)")
@@ -552,9 +558,9 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
         ax.legend(fontsize=6)
     if "curves" in payload:
         ax = axes[k]
-        for j, r in enumerate(payload["curves"]["rows"]):
+        for r in curves:
             ax.plot([pt["step"] for pt in r["points"]], [100 * pt["miou"] for pt in r["points"]], marker="o",
-                    color=f"C{j}", label=f"{r['model']} (lr {r['lr']:g})")
+                    color=color[r["model"]], label=f"{r['model']} (lr {r['lr']:g})")
         ax.set_xlabel("training steps")
         ax.set_ylabel("test mIoU % (training-crop windows)")
         ax.set_title("learning curves")
