@@ -93,6 +93,7 @@ def test_bench_image_both_parts(tmp_path):
     from dataclasses import asdict, replace
 
     from polymixer.bench.image import ImageBenchConfig, report, run
+    from polymixer.models import count_parameters, create_model
 
     toy = dict(hidden_size=32, depth=1, num_heads=4)
     cfg = ImageBenchConfig(hidden=32, depth=1, heads=2, sides=(8, 16), pom_sides=(32,), tokens=128, repeats=1,
@@ -141,6 +142,14 @@ def test_bench_image_both_parts(tmp_path):
     assert "no held-out split" in text and "best flow rate" in text
     assert "flow: best model without full attention (tiny-sipom, lr" in text and "target within +10%" in text
     assert "flow: FD ratio of the best all-PoM / value-PoM model (tiny-sipom" in text and "target ≤ 1.15" in text
+    # a variant: fields of its preset's config overridden, its own folder, samples and row
+    spec = "tiny-sipom-value+shift_width=3"
+    var = run(replace(cfg, parts=("quality",), quality_presets=(spec,), sweep=()), progress=False)["quality"]
+    row = next(r for r in var["rows"] if r["model"] == spec)
+    plain = count_parameters(create_model("tiny-sipom-value", device="meta", **toy))
+    assert row["params"] == plain + 2 * 32  # one more remembered key / value projection (D + dv = 64) per block
+    assert (tmp_path / "quality" / "tiny-sipom-value_shift_width-3-flow").is_dir()
+    assert row["grid"] == "samples_tiny-sipom-value_shift_width-3_flow.png" and (tmp_path / row["grid"]).is_file()
 
 
 def test_bench_ocr_both_parts(tmp_path):

@@ -32,6 +32,7 @@ from .common import (
     mark_best,
     merge_rows,
     only_rates,
+    parse_variant,
     rates_tried,
     resume_point,
     run_parts,
@@ -39,6 +40,7 @@ from .common import (
     sweep_folder,
     sweep_plan,
     sweep_table,
+    variant_slug,
     synchronized,
     time_interleaved,
     training_minutes,
@@ -191,23 +193,25 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
             plan = [(p, best.get(p, base)) for p in cfg.quality_presets]
             source = {p: f"best {SWEPT}" if p in best else "recipe" for p in cfg.quality_presets}
         plan = only_rates(plan, cfg.lrs, lr_grid(base, cfg.lr_factors))
-        for preset, lr in plan:
-            out = sweep_folder(Path(cfg.out) / "quality", f"{preset}-{objective}", lr, base)
+        for preset, lr in plan:  # a preset, or a variant "preset+field=value…" of its config
+            name, overrides = parse_variant(preset)
+            slug = variant_slug(preset)
+            out = sweep_folder(Path(cfg.out) / "quality", f"{slug}-{objective}", lr, base)
             tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 10,
                                weight_decay=0.0, warmup=max(1, cfg.quality_steps // 20), ema=0.999,
                                eval_every=cfg.quality_steps, ckpt_every=cfg.quality_steps, out=str(out),
                                progress=progress, seed=cfg.seed + 7)
             finished = resume_point(out, tcfg)  # a run trained to the end is only evaluated again
             t0 = time.perf_counter()
-            res = train_image(preset, tcfg, objective, eval_samples=0, **cfg.model_overrides)
+            res = train_image(name, tcfg, objective, eval_samples=0, **{**cfg.model_overrides, **overrides})
             minutes = training_minutes(out, t0, finished, res["history"], cfg.quality_batch)
             model = res["model"]
             load_weights(model, out, ema=True)
             m = evaluate_generator(model, objective, data, cfg.quality_samples, cfg.guidance, cfg.sample_steps,
                                    progress=progress)
             x, _ = sample_images(model, objective, list(range(10)), 6, 4.0, cfg.sample_steps, seed=1)
-            suffix = out.name[len(f"{preset}-{objective}"):].replace("-", "_")  # "" at the recipe's rate
-            grid = Path(cfg.out) / f"samples_{preset}_{objective}{suffix}.png"
+            suffix = out.name[len(f"{slug}-{objective}"):].replace("-", "_")  # "" at the recipe's rate
+            grid = Path(cfg.out) / f"samples_{slug}_{objective}{suffix}.png"
             save_grid(x.view(10, 6, *x.shape[1:]).transpose(0, 1).reshape(-1, *x.shape[1:]), grid, nrow=10)
             rows.append({"model": preset, "objective": objective, "lr": lr, "lr_from": source[preset],
                          "params": count_parameters(model), "pattern": model.config.layer_pattern(),
@@ -352,7 +356,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="objectives of the quality part (ddpm runs take each preset's best flow rate)")
     p.add_argument("--presets", nargs="+", default=None,
                    help=f"presets of the quality part, ratios taken against {BASELINE} (default: "
-                        f"{' '.join(d.quality_presets)}; runs not redone keep their earlier rows)")
+                        f"{' '.join(d.quality_presets)}; runs not redone keep their earlier rows); a variant "
+                        f"overrides fields of its preset's config: tiny-sipom-value+value_heads=4+shift_width=4")
     p.add_argument("--sweep", nargs="*", default=None,
                    help="presets trained at every rate of the grid with flow matching (default: all; none: the "
                         "recipe's rate only)")

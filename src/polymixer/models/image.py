@@ -46,10 +46,14 @@ class DiTConfig:
     sel_heads: int = 1
     value_dim: Optional[int] = None  # V blocks (value-carrying PoM): value width dv (None: hidden_size)
     value_heads: int = 1  # V blocks: heads splitting D and dv
+    shift_width: int = 2  # V blocks: patches the key / value shift reads in row-major order (2: each and the previous)
     position: str = "sincos"  # "sincos" (fixed 2-D sin-cos added to the patches) | "rope" (2-D rotary in the mixer)
 
     def __post_init__(self) -> None:
         self.layer_pattern()
+        if isinstance(self.shift_width, bool) or not isinstance(self.shift_width, int) or self.shift_width < 2:
+            raise ValueError(f"shift_width must be an int ≥ 2 (patches the key / value shift reads), got "
+                             f"{self.shift_width!r}")
         if self.position not in ("sincos", "rope"):
             raise ValueError(f"position must be 'sincos' or 'rope', got {self.position!r}")
         if self.input_size % self.patch_size:
@@ -165,7 +169,8 @@ class DiT(nn.Module):
         c = self.config
         return mixer_spec(letter).make(c.hidden_size, heads=c.num_heads, bias=True, causal=False, window=c.window,
                                        degree=c.degree, expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim,
-                                       value_heads=c.value_heads, rope="2d" if c.position == "rope" else None)
+                                       value_heads=c.value_heads, token_shift=c.shift_width,
+                                       rope="2d" if c.position == "rope" else None)
 
     def initialize_weights(self) -> None:
         """DiT's initialisation: Xavier-uniform linears, N(0, 0.02) embeddings, adaLN-Zero and a zero output layer
