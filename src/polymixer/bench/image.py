@@ -40,10 +40,10 @@ from .common import (
     sweep_folder,
     sweep_plan,
     sweep_table,
-    variant_slug,
     synchronized,
     time_interleaved,
     training_minutes,
+    variant_slug,
 )
 
 __all__ = ["ImageBenchConfig", "run_speed", "run_quality", "report", "main", "add_arguments"]
