@@ -192,7 +192,9 @@ def test_bench_points_runs_every_part(rooms, tmp_path):
 
     drawn = pictures()
     assert "points_scene.png" in drawn and swept["quality"]["pictures"]["scene"].startswith("points_scene")
-    part = run(replace(cfg, parts=("quality",), quality_models=("tiny-ptv3",), lrs=(3e-3,)), progress=False)
+    part = run(replace(cfg, parts=("quality",), quality_models=("tiny-ptv3",), sweep=("tiny-ppomv3", "tiny-ptv3"),
+                       lrs=(3e-3,)), progress=False)
+    assert any(r["spec"] == "tiny-ptv3" and r["lr"] == 3e-3 for r in part["quality"]["rows"])  # it trained
     assert pictures() == drawn and part["quality"]["pictures"] == swept["quality"]["pictures"]
 
 
