@@ -402,14 +402,13 @@ def only_rates(plan: Sequence[Tuple[str, float]], lrs: Sequence[float],
     """The runs of ``plan`` at one of the rates ``lrs`` (``--lrs``: one process's share of a sweep); all if none.
     A rate of ``lrs`` off the ``grid``, or rates that select none of the planned runs, is an error: it would train
     nothing and look like a finished share."""
-    if lrs:
-        off = [x for x in lrs if not any(same_rate(x, g) for g in grid)]
-        if off:
-            raise ValueError(f"--lrs {' '.join(f'{x:g}' for x in off)}: not a rate of the grid "
-                             f"({', '.join(f'{g:g}' for g in grid)}); widen it with --lr-factors "
-                             f"(e.g. 0.5 1 2 4 adds 4× the recipe's rate)")
     if not lrs:
         return list(plan)
+    off = [x for x in lrs if not any(same_rate(x, g) for g in grid)]
+    if off:
+        raise ValueError(f"--lrs {' '.join(f'{x:g}' for x in off)}: not a rate of the grid "
+                         f"({', '.join(f'{g:g}' for g in grid)}); widen it with --lr-factors "
+                         f"(e.g. 0.5 1 2 4 adds 4× the recipe's rate)")
     mine = [(m, lr) for m, lr in plan if any(same_rate(lr, x) for x in lrs)]
     if plan and not mine:
         runs = ", ".join(f"{m} at {lr:g}" for m, lr in plan)
