@@ -86,6 +86,58 @@ def test_local_attention_blocks_see_only_their_window_both_ways():
     assert _tiny("AL", window=2).blocks[0].mixer.window is None
 
 
+def test_local_conv_adds_a_depthwise_convolution_of_the_mixer_input():
+    """With ``local_conv = 3`` a block's mixer branch is mixer(u) + the depthwise 3 × 3 convolution of u over the patch
+    grid, zero-padded at the borders: checked against a float64 sum written out tap by tap, and a patch's change
+    reaches only its 3 × 3 neighbourhood through it when the mixer's output is silenced."""
+    torch.manual_seed(0)
+    blk = AdaLNPolyMorpher(8, "value_pom", local_conv=3, value_dim=8, expand=1).double()
+    for p in blk.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    gh, gw = 3, 4
+    x, c = torch.randn(2, gh * gw, 8, dtype=torch.float64), torch.randn(2, 8, dtype=torch.float64)
+    shift_m, scale_m, gate_m, shift_f, scale_f, gate_f = blk.adaLN_modulation(c).chunk(6, dim=1)
+    u = blk.norm1(x) * (1 + scale_m[:, None]) + shift_m[:, None]
+    w, b = blk.local_conv.weight[:, 0], blk.local_conv.bias
+    grid = u.reshape(2, gh, gw, 8)
+    conv = torch.zeros_like(grid)
+    for i in range(gh):
+        for j in range(gw):
+            conv[:, i, j] = b
+            for a in range(3):
+                for e in range(3):
+                    if 0 <= i + a - 1 < gh and 0 <= j + e - 1 < gw:
+                        conv[:, i, j] += w[:, a, e] * grid[:, i + a - 1, j + e - 1]
+    h = x + gate_m[:, None] * (blk.mixer(u) + conv.reshape(2, gh * gw, 8))
+    want = h + gate_f[:, None] * blk.mlp(blk.norm2(h) * (1 + scale_f[:, None]) + shift_f[:, None])
+    torch.testing.assert_close(blk(x, c, grid=(gh, gw)), want)
+    with pytest.raises(ValueError, match="local_conv needs the patch grid"):
+        blk(x, c)
+
+    m = _trained_a_bit("value_pom", depth=1, local_conv=3).eval()  # 4 × 4 patches
+    with torch.no_grad():
+        m.blocks[0].mixer.out_proj.weight.zero_()
+        m.blocks[0].mixer.out_proj.bias.zero_()
+    x, t, y = torch.randn(1, 1, 8, 8), torch.rand(1), torch.tensor([3])
+    x2 = x.clone()
+    x2[..., 2:4, 2:4] += 1.0  # patch (1, 1)
+    changed = (m(x2, t, y) - m(x, t, y)).abs().reshape(4, 2, 4, 2).sum((1, 3)) > 1e-6
+    assert changed.nonzero().tolist() == [[r, q] for r in range(3) for q in range(3)]
+
+
+@pytest.mark.parametrize("bad", [2, -1, True, 1.0])
+def test_local_conv_must_be_an_odd_kernel(bad):
+    with pytest.raises(ValueError, match="local_conv must be 0"):
+        DiTConfig(local_conv=bad)
+
+
+def test_local_conv_keeps_the_value_preset_within_one_percent():
+    sit = count_parameters(create_model("tiny-sit", device="meta"))
+    conv = create_model("tiny-sipom-value", local_conv=3, device="meta")
+    assert conv.blocks[0].local_conv.weight.shape == (128, 1, 3, 3)
+    assert abs(count_parameters(conv) / sit - 1) < 0.01
+
+
 def test_tiny_local_hybrid_preset_has_no_full_attention():
     sit, hyb = create_model("tiny-sit", device="meta"), create_model("tiny-sipom-vhybrid", device="meta")
     assert hyb.pattern == "LVLVLV" and "A" not in hyb.pattern

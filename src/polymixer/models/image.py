@@ -48,12 +48,17 @@ class DiTConfig:
     value_heads: int = 1  # V blocks: heads splitting D and dv
     shift_width: int = 2  # V blocks: patches the key / value shift reads in row-major order (2: each and the previous)
     position: str = "sincos"  # "sincos" (fixed 2-D sin-cos added to the patches) | "rope" (2-D rotary in the mixer)
+    local_conv: int = 0  # k > 0: every block's mixer branch adds a depthwise k × k convolution of its input over the
+    #                      patch grid (the local term of linear-attention vision models); 0: none
 
     def __post_init__(self) -> None:
         self.layer_pattern()
         if isinstance(self.shift_width, bool) or not isinstance(self.shift_width, int) or self.shift_width < 2:
             raise ValueError(f"shift_width must be an int ≥ 2 (patches the key / value shift reads), got "
                              f"{self.shift_width!r}")
+        if isinstance(self.local_conv, bool) or not isinstance(self.local_conv, int) or self.local_conv < 0 or (
+                self.local_conv and self.local_conv % 2 == 0):
+            raise ValueError(f"local_conv must be 0 (none) or an odd kernel size, got {self.local_conv!r}")
         if self.position not in ("sincos", "rope"):
             raise ValueError(f"position must be 'sincos' or 'rope', got {self.position!r}")
         if self.input_size % self.patch_size:
@@ -116,19 +121,34 @@ class LabelEmbedder(nn.Module):
 
 class AdaLNPolyMorpher(PolyMorpher):
     """PolyMorpher conditioned by adaLN-Zero: shift / scale / gate for the mixer and the MLP regressed from the
-    conditioning vector; the regression is zero-initialised, so a fresh block is the identity."""
+    conditioning vector; the regression is zero-initialised, so a fresh block is the identity.
 
-    def __init__(self, dim: int, mixer: Union[str, nn.Module], mlp_ratio: float = 4.0, **mixer_kwargs: Any) -> None:
+    ``local_conv`` = k > 0 adds a depthwise k × k convolution of the mixer's input over the patch grid to the mixer's
+    output (as the depthwise term of focused linear attention and SANA's convolutions): a global linear-time mixer
+    then keeps each patch's neighbourhood exact. ``forward`` needs the grid (gh, gw) for it.
+    """
+
+    def __init__(self, dim: int, mixer: Union[str, nn.Module], mlp_ratio: float = 4.0, local_conv: int = 0,
+                 **mixer_kwargs: Any) -> None:
         super().__init__(dim, mixer=mixer, mlp_ratio=mlp_ratio, norm_affine=False, norm_eps=1e-6,
                          mlp_activation=lambda: nn.GELU(approximate="tanh"), **mixer_kwargs)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         nn.init.zeros_(self.adaLN_modulation[1].weight)
         nn.init.zeros_(self.adaLN_modulation[1].bias)
+        self.local_conv = nn.Conv2d(dim, dim, local_conv, padding=local_conv // 2, groups=dim) if local_conv else None
 
-    def forward(self, x: Tensor, c: Tensor, positions: Optional[Tensor] = None) -> Tensor:  # type: ignore[override]
+    def forward(self, x: Tensor, c: Tensor, positions: Optional[Tensor] = None,  # type: ignore[override]
+                grid: Optional[Tuple[int, int]] = None) -> Tensor:
         shift_m, scale_m, gate_m, shift_f, scale_f, gate_f = self.adaLN_modulation(c).chunk(6, dim=1)
         kw = {} if positions is None else {"positions": positions}
-        x = x + gate_m.unsqueeze(1) * self.mixer(modulate(self.norm1(x), shift_m, scale_m), **kw)
+        u = modulate(self.norm1(x), shift_m, scale_m)
+        y = self.mixer(u, **kw)
+        if self.local_conv is not None:
+            if grid is None or grid[0] * grid[1] != u.shape[1]:
+                raise ValueError(f"local_conv needs the patch grid (gh, gw) of the {u.shape[1]} tokens, got {grid}")
+            img = u.transpose(1, 2).reshape(u.shape[0], u.shape[2], *grid)
+            y = y + self.local_conv(img).flatten(2).transpose(1, 2)
+        x = x + gate_m.unsqueeze(1) * y
         return x + gate_f.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_f, scale_f))
 
 
@@ -159,8 +179,8 @@ class DiT(nn.Module):
         grid = c.input_size // c.patch_size
         self.register_buffer("pos_embed", sincos_2d(grid, grid, c.hidden_size).unsqueeze(0), persistent=False)
         self.pattern = c.layer_pattern()
-        self.blocks = nn.ModuleList([AdaLNPolyMorpher(c.hidden_size, self.build_mixer(letter), c.mlp_ratio)
-                                     for letter in self.pattern])
+        self.blocks = nn.ModuleList([AdaLNPolyMorpher(c.hidden_size, self.build_mixer(letter), c.mlp_ratio,
+                                                      local_conv=c.local_conv) for letter in self.pattern])
         self.final_layer = FinalLayer(c.hidden_size, c.patch_size, c.out_channels)
         self.initialize_weights()
 
@@ -232,7 +252,7 @@ class DiT(nn.Module):
             positions = grid_positions(gh, gw, device=x.device)
         c = self.t_embedder(t) + self.y_embedder(y, force_drop)
         for blk in self.blocks:
-            h = blk(h, c, positions=positions)
+            h = blk(h, c, positions=positions, grid=(gh, gw))
         return self.unpatchify(self.final_layer(h, c), gh, gw)
 
     def forward_with_cfg(self, x: Tensor, t: Tensor, y: Tensor, scale: float) -> Tensor:
