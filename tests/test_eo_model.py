@@ -173,11 +173,13 @@ def test_unpatchify_puts_each_patch_on_its_own_pixels():
         torch.testing.assert_close(logits[0, k, 2 * i:2 * i + 2, 2 * j:2 * j + 2], y[0, k, i, j])
 
 
-@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "value_pom", "AV", "value_pom+shift4"])
+@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "value_pom", "AV", "value_pom+shift4",
+                                   "value_pom+rope", "pom+rope", "attention+rope"])
 def test_padded_series_in_a_batch_equal_the_series_alone(mixer):
     torch.manual_seed(0)
-    mixer, _, shift = mixer.partition("+shift")  # a value PoM whose shift reads the last 4 frames
-    model = pom_coefficients_of_order_one(toy(mixer, **({"shift_width": int(shift)} if shift else {})))
+    mixer, _, option = mixer.partition("+")  # a value PoM whose shift reads the last 4 frames; rotary dates
+    kw = {"shift_width": int(option[5:])} if option.startswith("shift") else {"date_rope": option == "rope"}
+    model = pom_coefficients_of_order_one(toy(mixer, **kw))
     model = model.double().eval()
     with torch.no_grad():  # every tap of the shift non-zero, so that a padded frame leaking in would show
         for m in model.modules():
@@ -221,6 +223,28 @@ def test_day_of_year_encoding():
         model(x, torch.tensor([[0, 1, 366]]))
 
 
+@pytest.mark.parametrize("mixer", ["attention", "pom", "value_pom"])
+def test_date_rope_turns_the_temporal_mixers_by_the_day_of_year(mixer):
+    torch.manual_seed(0)
+    plain = pom_coefficients_of_order_one(toy(mixer)).double().eval()
+    turned = toy(mixer, date_rope=True).double().eval()
+    assert turned.state_dict().keys() == plain.state_dict().keys()  # no parameter of its own
+    turned.load_state_dict(plain.state_dict())
+    assert all(b.mixer.rope == "1d" for b in turned.temporal) and all(b.mixer.rope is None for b in turned.spatial)
+    x, doy = series(2, 5, dtype=torch.float64)
+    with torch.no_grad():
+        # every frame on day 0 (the class tokens' day): no rotation, the plain model's output
+        zero = torch.zeros_like(doy)
+        torch.testing.assert_close(turned(x, zero), plain(x, zero), rtol=1e-10, atol=1e-10)
+        # without the additive date embedding the plain model cannot see the dates; the rotary one still does
+        for m in (plain, turned):
+            m.date_embed.weight.zero_()
+            m.date_embed.bias.zero_()
+        later = (doy + 40) % 366
+        torch.testing.assert_close(plain(x, doy), plain(x, later), rtol=1e-10, atol=1e-10)
+        assert (turned(x, doy) - turned(x, later)).abs().max() > 1e-4
+
+
 def test_spatial_positions_at_any_size():
     model = toy()
     g = model.config.grid_size
@@ -255,6 +279,8 @@ def test_bad_inputs():
         TSViTConfig(image_size=25)
     with pytest.raises(ValueError, match="spatial_position"):
         TSViTConfig(spatial_position="sincos")
+    with pytest.raises(ValueError, match="date_rope must be True or False"):
+        TSViTConfig(date_rope="yes")
     with pytest.raises(ValueError, match="unknown letters"):
         TSViTConfig(mixer="PL")
     with pytest.raises(ValueError, match="divisible by 4"):

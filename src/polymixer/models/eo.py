@@ -23,6 +23,9 @@ Beyond the original:
   interpolated to the patch grid at hand (unchanged at the training size), or, with ``spatial_position="rope"``, the
   spatial mixers use 2-D rotary positions (row, column of the patch) and no table — so a whole 128 × 128 PASTIS tile
   is segmented in one call; the spatial encoder of TSViPoM is linear in H·W where attention is quadratic;
+* with ``date_rope=True`` the temporal mixers also turn their queries / keys (PoM: its polynomial features) by 1-D
+  rotary angles of the day of year, the class tokens at day 0: a class token's read then weights frames by their
+  date multiplicatively, not only through the date embedding added to each frame;
 * the day of year is an integer 0–365 (the original stores it as a float and truncates, which moves 18 days of the
   year to their neighbour's embedding); :func:`unpack_dates` reads the original's packed input exactly;
 * un-patchifying puts patch (i, j)'s outputs on pixels [p·i, p·i + p) × [p·j, p·j + p) (the public code's last
@@ -67,6 +70,9 @@ class TSViTConfig:
     mixer: str = "attention"
     hybrid_pom: str = "spatial"  # mixer="hybrid": the encoder whose blocks are PoM (the other one keeps attention)
     spatial_position: str = "learned"  # "learned": TSViT's table, interpolated to any grid | "rope": 2-D rotary
+    date_rope: bool = False  # True: every temporal mixer also turns its queries / keys (PoM: its polynomial
+    #                          features) by 1-D rotary angles of the day of year (the class tokens at day 0), on top of
+    #                          the additive date embedding, so that a read can select frames by date multiplicatively
     degree: int = 2  # PoM degree
     expand: float = 2  # PoM expansion D = expand·dim
     sel_heads: int = 4  # PoM gate width: 1 = a gate per channel, h = one gate scalar per head of D/h channels
@@ -88,6 +94,8 @@ class TSViTConfig:
             raise ValueError(f"dim = {self.dim} is not divisible by heads = {self.heads}")
         if self.spatial_position not in _POSITIONS:
             raise ValueError(f"spatial_position must be one of {', '.join(_POSITIONS)}, got {self.spatial_position!r}")
+        if not isinstance(self.date_rope, bool):
+            raise ValueError(f"date_rope must be True or False, got {self.date_rope!r}")
         if self.hybrid_pom not in _HYBRID_POM:
             raise ValueError(f"hybrid_pom must be 'temporal' or 'spatial', got {self.hybrid_pom!r}")
         if self.spatial_position == "rope":
@@ -167,7 +175,8 @@ class TSViT(nn.Module):
         self.patch_embed = nn.Linear(c.patch_size ** 2 * c.num_bands, c.dim)
         self.date_embed = nn.Linear(DAYS_PER_YEAR, c.dim)  # a one-hot of the day of year, applied as a lookup
         self.class_tokens = nn.Parameter(torch.randn(1, c.num_classes, c.dim))
-        self.temporal = nn.ModuleList(self._block(letter, None) for letter in self.pattern[:c.temporal_depth])
+        self.temporal = nn.ModuleList(self._block(letter, "1d" if c.date_rope else None)
+                                      for letter in self.pattern[:c.temporal_depth])
         self.temporal_norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.spatial_pos = (nn.Parameter(torch.randn(1, c.grid_size ** 2, c.dim)) if c.spatial_position == "learned"
                             else None)
@@ -242,11 +251,13 @@ class TSViT(nn.Module):
         dates = F.embedding(doy.long(), self.date_embed.weight.t()) + self.date_embed.bias  # one-hot @ W + b
         tokens = (tokens + dates[:, None]).reshape(B * N, T, c.dim)
         seq = torch.cat([self.class_tokens.to(dtype).expand(B * N, -1, -1), tokens], dim=1)  # (B·N, K + T, d)
-        keep = None
+        kw: Dict[str, Tensor] = {}
         if mask is not None:
-            keep = torch.cat([mask.new_ones(B, c.num_classes), mask], dim=1).repeat_interleave(N, dim=0)
+            kw["mask"] = torch.cat([mask.new_ones(B, c.num_classes), mask], dim=1).repeat_interleave(N, dim=0)
+        if c.date_rope:  # the class tokens at day 0, each frame at its day of year
+            kw["positions"] = torch.cat([doy.new_zeros(B, c.num_classes), doy], dim=1).repeat_interleave(N, dim=0)
         for blk in self.temporal:
-            seq = blk(seq, mask=keep) if keep is not None else blk(seq)
+            seq = blk(seq, **kw)
         return self.temporal_norm(seq[:, :c.num_classes]).reshape(B, N, c.num_classes, c.dim)
 
     def encode_space(self, z: Tensor, h: int, w: int) -> Tensor:
