@@ -254,8 +254,29 @@ def test_rope_model_runs_at_other_resolutions():
     assert s(torch.randn(1, 1, 12, 12), torch.rand(1), torch.tensor([0])).shape == (1, 1, 12, 12)
 
 
+@pytest.mark.parametrize("mixer", ["attention", "value_pom"])
+def test_sincos_and_rope_together(mixer):
+    """position="sincos_rope": the rotary model fed patches with the sin-cos table added — and not the sin-cos model."""
+    both = _trained_a_bit(mixer, position="sincos_rope").double()
+    rope = _trained_a_bit(mixer, position="rope").double()
+    sincos = _trained_a_bit(mixer, position="sincos").double()
+    rope.load_state_dict(both.state_dict())
+    sincos.load_state_dict(both.state_dict())
+    assert all(b.mixer.rope == "2d" for b in both.blocks) and all(b.mixer.rope is None for b in sincos.blocks)
+    table = both.pos_embed.double().transpose(1, 2).reshape(1, 32, 4, 4)  # (1, hidden, gh, gw)
+    rope.patch.register_forward_hook(lambda mod, inp, out: out + table)
+    x, t, y = torch.randn(2, 1, 8, 8, dtype=torch.float64), torch.rand(2, dtype=torch.float64), torch.tensor([1, 5])
+    with torch.no_grad():
+        out = both(x, t, y)
+        torch.testing.assert_close(out, rope(x, t, y), rtol=1e-10, atol=1e-10)
+        assert (out - sincos(x, t, y)).abs().max() > 1e-4
+        assert both(torch.randn(1, 1, 12, 12, dtype=torch.float64), t[:1], y[:1]).shape == (1, 1, 12, 12)
+
+
 def test_bad_inputs():
     m = _tiny()
+    with pytest.raises(ValueError, match="position must be 'sincos', 'rope' or 'sincos_rope'"):
+        DiTConfig(position="learned")
     with pytest.raises(ValueError, match="not divisible by the patch size"):
         m(torch.randn(1, 1, 9, 9), torch.rand(1), torch.tensor([0]))
     with pytest.raises(ValueError, match="class id 11 is out of range"):

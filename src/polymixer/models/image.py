@@ -48,6 +48,7 @@ class DiTConfig:
     value_heads: int = 1  # V blocks: heads splitting D and dv
     shift_width: int = 2  # V blocks: patches the key / value shift reads in row-major order (2: each and the previous)
     position: str = "sincos"  # "sincos" (fixed 2-D sin-cos added to the patches) | "rope" (2-D rotary in the mixer)
+    #                           | "sincos_rope" (both: absolute positions added, relative ones turning the mixer)
     local_conv: int = 0  # k > 0: every block's mixer branch adds a depthwise k × k convolution of its input over the
     #                      patch grid (the local term of linear-attention vision models); 0: none
 
@@ -59,8 +60,8 @@ class DiTConfig:
         if isinstance(self.local_conv, bool) or not isinstance(self.local_conv, int) or self.local_conv < 0 or (
                 self.local_conv and self.local_conv % 2 == 0):
             raise ValueError(f"local_conv must be 0 (none) or an odd kernel size, got {self.local_conv!r}")
-        if self.position not in ("sincos", "rope"):
-            raise ValueError(f"position must be 'sincos' or 'rope', got {self.position!r}")
+        if self.position not in ("sincos", "rope", "sincos_rope"):
+            raise ValueError(f"position must be 'sincos', 'rope' or 'sincos_rope', got {self.position!r}")
         if self.input_size % self.patch_size:
             raise ValueError(f"input_size {self.input_size} is not divisible by patch_size {self.patch_size}")
         if self.hidden_size % self.num_heads:
@@ -190,7 +191,7 @@ class DiT(nn.Module):
         return mixer_spec(letter).make(c.hidden_size, heads=c.num_heads, bias=True, causal=False, window=c.window,
                                        degree=c.degree, expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim,
                                        value_heads=c.value_heads, token_shift=c.shift_width,
-                                       rope="2d" if c.position == "rope" else None)
+                                       rope="2d" if "rope" in c.position else None)
 
     def initialize_weights(self) -> None:
         """DiT's initialisation: Xavier-uniform linears, N(0, 0.02) embeddings, adaLN-Zero and a zero output layer
@@ -244,11 +245,11 @@ class DiT(nn.Module):
         gh, gw = self._check(x, t, y)
         h = self.patch(x).flatten(2).transpose(1, 2)  # (B, T, hidden)
         positions = None
-        if self.config.position == "sincos":
+        if "sincos" in self.config.position:
             pe = self.pos_embed if (gh, gw) == (self.config.input_size // self.config.patch_size,) * 2 else \
                 sincos_2d(gh, gw, self.config.hidden_size).to(h.device).unsqueeze(0)
             h = h + pe.to(h.dtype)
-        else:
+        if "rope" in self.config.position:
             positions = grid_positions(gh, gw, device=x.device)
         c = self.t_embedder(t) + self.y_embedder(y, force_drop)
         for blk in self.blocks:
