@@ -11,7 +11,9 @@ Seeds: a family's runs of other seeds live beside its JSON, one folder per seed 
 written by ``polymixer bench <family> --seed N --out <out>/<bench>_seed<N>``). A model's runs there at the rate its
 seed-0 sweep chose (same steps) count as its other seeds: its value is the median over the seeds it shares with
 attention, and the gap is between the two medians over those seeds, so a model is never compared on seeds attention
-did not run. Attention's own value is the median over all its seeds.
+did not run. Attention's own value is the median over all its seeds. A verdict reached on fewer than 3 seeds whose
+margin to its target is within attention's seed spread (max − min over its seeds) is marked *unsettled* and names
+the 3 seeds it needs: the issue judges such gaps on medians of 3 seeds.
 
 Gaps are signed so that positive is worse than attention where the metric is a loss or a distance (val loss and
 CER: relative; Fréchet distance: a ratio) and negative is worse where it is an accuracy (mIoU, MQAR: points).
@@ -181,7 +183,24 @@ def _entry(fam: Family, row: Optional[Dict[str, Any]], base: Optional[Dict[str, 
     common = [s for s in mine if s in theirs]  # compared on the seeds both ran
     value, against = median(mine[s] for s in common), median(theirs[s] for s in common)
     return out | {"value": value * fam.scale, "seeds": row.get("seeds", len(common)),
-                  "by_seed": {s: mine[s] * fam.scale for s in common}, "gap": _gap(fam, value, against)}
+                  "by_seed": {s: mine[s] * fam.scale for s in common}, "gap": _gap(fam, value, against),
+                  "against": against * fam.scale}
+
+
+def _verdict(fam: Family, e: Optional[Dict[str, Any]], target: float, spread: Optional[float]) -> str:
+    """"met" / "MISSED" — and, on fewer than 3 seeds, "unsettled" where the margin to the target is within
+    attention's seed spread (the issue's rule: medians of 3 seeds where a gap is within 2 seeds' spread)."""
+    if e is None:
+        return "not run"
+    verdict = "MISSED" if _worse(fam, e["gap"], target) else "met"
+    n = len(e.get("by_seed", {})) or 1
+    if n >= 3 or spread is None:
+        return verdict
+    margin = (e["gap"] - target) * (1 if fam.gap == "points" else e["against"])  # in the metric's units
+    if abs(margin) > spread:
+        return verdict
+    return (f"{verdict} on {n} seed{'s' if n > 1 else ''}, unsettled: the margin {abs(margin):.2g} is within "
+            f"attention's seed spread {spread:.2g}; needs 3 seeds")
 
 
 def _measured(fam: Family, e: Dict[str, Any]) -> str:
@@ -218,15 +237,17 @@ def collect(folder: Path) -> Dict[str, Any]:
         best = max(linear, key=lambda e: sign * e["gap"]) if linear else None
         item["best_linear"] = best
         targets = []
+        seeds_of_attention = list(item["attention"].get("by_seed", {}).values())
+        spread = max(seeds_of_attention) - min(seeds_of_attention) if len(seeds_of_attention) > 1 else None
         if fam.best_target is not None:
             bound = _bound(fam, fam.best_target)
-            verdict = "not run" if best is None else ("MISSED" if _worse(fam, best["gap"], fam.best_target) else "met")
+            verdict = _verdict(fam, best, fam.best_target, spread)
             targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
                             "measured": None if best is None else _measured(fam, best)})
         if fam.all_target is not None:
             alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
             top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
-            verdict = "not run" if top is None else ("MISSED" if _worse(fam, top["gap"], fam.all_target) else "met")
+            verdict = _verdict(fam, top, fam.all_target, spread)
             targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
                             "verdict": verdict,
                             "measured": None if top is None else _measured(fam, top)})
