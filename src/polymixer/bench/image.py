@@ -257,19 +257,23 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
                        f"{100 * sit['cond_accuracy']:.1f}% ({'met' if acc_ok else 'MISSED'}: ≥ 90% and within "
                        f"5 points); FD {pom['fd']:.3g} vs {sit['fd']:.3g} ({pom['fd'] / sit['fd']:.2f}×, "
                        f"{'met' if fd_ok else 'MISSED'}: ≤ 1.5×)")
-        free = [r for r in mine.values() if _attention_free(r)]
+        # the parity targets compare the registered presets: a variant (``preset+field=value``) changes
+        # more than the mixer and is one seed's exploration, so it is shown in the tables and not judged here
+        free = [r for r in mine.values() if _attention_free(r) and "+" not in r["model"]]
         if free and sit["fd"] > 0:
             r = min(free, key=lambda r: r["fd"])
             ratio = r["fd"] / sit["fd"]
             out.append(f"{obj}: best model without full attention ({r['model']}, lr {r['lr']:g}) FD {r['fd']:.3g} vs "
                        f"SiT {sit['fd']:.3g} (lr {sit['lr']:g}) {at}: {100 * (ratio - 1):+.1f}% (target within "
-                       f"+10%: {'met' if ratio <= 1.10 else 'MISSED'})")
+                       f"+10%: {'met' if ratio <= 1.10 else 'MISSED'}; this seed — `polymixer bench parity` judges "
+                       f"over seeds)")
         allpom = [r for r in free if set(r.get("pattern") or "P") <= set("PV")]
         if obj == "flow" and allpom and sit["fd"] > 0:
             r = min(allpom, key=lambda r: r["fd"])
             ratio = r["fd"] / sit["fd"]
             out.append(f"flow: FD ratio of the best all-PoM / value-PoM model ({r['model']}, lr {r['lr']:g}) to SiT "
-                       f"{at}: {ratio:.2f}× (target ≤ 1.15, from 1.35: {'met' if ratio <= 1.15 else 'MISSED'})")
+                       f"{at}: {ratio:.2f}× (target ≤ 1.15, from 1.35: {'met' if ratio <= 1.15 else 'MISSED'}; "
+                       f"this seed)")
     flow = {r["model"]: r["lr"] for r in rows if r["objective"] == swept}
     for r in rows:
         if r["objective"] != swept and r["model"] in flow and not same_rate(r["lr"], flow[r["model"]]):
