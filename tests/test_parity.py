@@ -132,3 +132,14 @@ def test_a_verdict_on_fewer_than_3_seeds_inside_attentions_spread_is_unsettled(t
     image(tmp_path / "image_seed2", 2, [row("tiny-sit", 36.8)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
     assert [t["verdict"] for t in fam["targets"]] == ["MISSED", "met"]  # 1.14× on seed 0; SiT's spread 0.2
+
+
+def test_a_gap_that_rounds_to_its_target_gets_one_more_digit(tmp_path):
+    """1.1516× against the 1.15× bound is MISSED, so it must not read "1.15× — MISSED": the verdict line shows the
+    digit that decides; the table keeps the short form."""
+    rows = [{"model": "tiny-sit", "objective": "flow", "fd": 34.65}, {"model": "tiny-sipom-value", "objective": "flow",
+                                                                      "fd": 39.9}]
+    _write(tmp_path, "image", "quality", rows)
+    text = parity.report(parity.collect(tmp_path))
+    assert "all-PoM or all-value-PoM within 1.15×: tiny-sipom-value 1.152× — **MISSED**" in text
+    assert "39.9 (1.15×)" in text

@@ -155,8 +155,15 @@ def _gap(fam: Family, value: float, base: float) -> float:
     return (value - base) * fam.scale
 
 
-def _gap_text(fam: Family, gap: float) -> str:
-    return {"relative": f"{100 * gap:+.1f}%", "ratio": f"{gap:.2f}×"}.get(fam.gap, f"{gap:+.1f}")
+def _gap_text(fam: Family, gap: float, target: Optional[float] = None) -> str:
+    """The gap as the table shows it; one more digit where it would read as the ``target`` it misses or meets."""
+    def text(extra: int) -> str:
+        return {"relative": f"{100 * gap:+.{1 + extra}f}%", "ratio": f"{gap:.{2 + extra}f}×"}.get(
+            fam.gap, f"{gap:+.{1 + extra}f}")
+
+    if target is not None and gap != target and text(0) == _gap_text(fam, target):
+        return text(1)
+    return text(0)
 
 
 def _bound(fam: Family, target: float) -> str:
@@ -203,10 +210,11 @@ def _verdict(fam: Family, e: Optional[Dict[str, Any]], target: float, spread: Op
             f"attention's seed spread {spread:.2g}; needs 3 seeds")
 
 
-def _measured(fam: Family, e: Dict[str, Any]) -> str:
-    """The model and its gap, and the seeds the gap is a median over when there are several."""
+def _measured(fam: Family, e: Dict[str, Any], target: float) -> str:
+    """The model and its gap (precise enough to tell it from ``target``), and the seeds the gap is a median over
+    when there are several."""
     n = len(e.get("by_seed", {}))
-    return f"{e['model']} {_gap_text(fam, e['gap'])}" + (f" (median of {n} seeds)" if n > 1 else "")
+    return f"{e['model']} {_gap_text(fam, e['gap'], target)}" + (f" (median of {n} seeds)" if n > 1 else "")
 
 
 def collect(folder: Path) -> Dict[str, Any]:
@@ -243,14 +251,14 @@ def collect(folder: Path) -> Dict[str, Any]:
             bound = _bound(fam, fam.best_target)
             verdict = _verdict(fam, best, fam.best_target, spread)
             targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
-                            "measured": None if best is None else _measured(fam, best)})
+                            "measured": None if best is None else _measured(fam, best, fam.best_target)})
         if fam.all_target is not None:
             alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
             top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
             verdict = _verdict(fam, top, fam.all_target, spread)
             targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
                             "verdict": verdict,
-                            "measured": None if top is None else _measured(fam, top)})
+                            "measured": None if top is None else _measured(fam, top, fam.all_target)})
         if fam.bench == "recall":
             a = item["attention"]
             verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
