@@ -143,3 +143,36 @@ def test_a_gap_that_rounds_to_its_target_gets_one_more_digit(tmp_path):
     text = parity.report(parity.collect(tmp_path))
     assert "all-PoM or all-value-PoM within 1.15×: tiny-sipom-value 1.152× — **MISSED**" in text
     assert "39.9 (1.15×)" in text
+
+
+def test_options_are_offered_to_every_model_alike(tmp_path):
+    """A family's options (satellite: rotary dates) are variants every model may take: attention too. Each model is
+    compared as the better of its preset and the variant on the main seed, and the gap is taken against attention's
+    choice — an encoding that helps attention more than the mixer widens the gap instead of crediting the mixer."""
+
+    def eo(folder, seed, rows):
+        folder.mkdir(exist_ok=True)
+        (folder / "eo.json").write_text(json.dumps({"quality": {"config": {"seed": seed}, "rows": rows}}))
+
+    def row(spec, miou, lr=0.002):
+        return {"spec": spec, "miou_24": miou, "lr": lr, "steps": 800, "best_lr": True}
+
+    eo(tmp_path, 0, [row("tiny-tsvit", 0.40), row("tiny-tsvit+date_rope=true", 0.64), row("tiny-tsvipom", 0.15),
+                     row("tiny-tsvipom-value", 0.40, 0.004), row("tiny-tsvipom-value+date_rope=true", 0.52, 0.004)])
+    eo(tmp_path / "eo_seed1", 1, [row("tiny-tsvit", 0.50), row("tiny-tsvit+date_rope=true", 0.62),
+                                  row("tiny-tsvipom-value", 0.41, 0.004),
+                                  row("tiny-tsvipom-value+date_rope=true", 0.54, 0.004)])
+    p = parity.collect(tmp_path)
+    fam = {f["bench"]: f for f in p["families"]}["eo"]
+    assert fam["attention"]["model"] == "tiny-tsvit+date_rope=true" and fam["attention"]["value"] == pytest.approx(63)
+    assert fam["value"]["model"] == "tiny-tsvipom-value+date_rope=true"
+    assert fam["value"]["gap"] == pytest.approx(53 - 63)  # medians of seeds 0 and 1, both with rotary dates
+    assert fam["pom"]["model"] == "tiny-tsvipom" and fam["pom"]["gap"] == pytest.approx(15 - 64)  # no variant run
+    text = parity.report(p)
+    assert "63.0, +date_rope=true" in text and "53.0 (-10.0), +date_rope=true" in text
+    assert "satellite (24 px windows): every model is compared as its preset or with +date_rope=true" in text
+    # where the variant helps attention less than its preset, attention keeps the preset
+    eo(tmp_path, 0, [row("tiny-tsvit", 0.40), row("tiny-tsvit+date_rope=true", 0.38),
+                     row("tiny-tsvipom-value", 0.40, 0.004), row("tiny-tsvipom-value+date_rope=true", 0.45, 0.004)])
+    fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["eo"]
+    assert fam["attention"]["model"] == "tiny-tsvit" and fam["value"]["model"] == "tiny-tsvipom-value+date_rope=true"
