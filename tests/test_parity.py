@@ -176,3 +176,26 @@ def test_options_are_offered_to_every_model_alike(tmp_path):
                      row("tiny-tsvipom-value", 0.40, 0.004), row("tiny-tsvipom-value+date_rope=true", 0.45, 0.004)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["eo"]
     assert fam["attention"]["model"] == "tiny-tsvit" and fam["value"]["model"] == "tiny-tsvipom-value+date_rope=true"
+
+
+def test_an_option_on_one_seed_borrows_its_presets_spread(tmp_path):
+    """Attention's better form has one seed (its spread unknown): a close verdict then uses the spread of the plain
+    preset's seeds and stays unsettled instead of reading as settled."""
+
+    def image(folder, seed, rows):
+        folder.mkdir(exist_ok=True)
+        (folder / "image.json").write_text(json.dumps({"quality": {"config": {"seed": seed}, "rows": rows}}))
+
+    def row(model, fd, lr=0.008):
+        return {"model": model, "objective": "flow", "fd": fd, "lr": lr, "steps": 1200, "best_lr": True}
+
+    rope = "+position=sincos_rope"
+    image(tmp_path, 0, [row("tiny-sit", 37.0, 0.016), row("tiny-sit" + rope, 35.55),
+                        row("tiny-sipom-value", 42.1), row("tiny-sipom-value" + rope, 39.6)])
+    image(tmp_path / "image_seed1", 1, [row("tiny-sit", 34.7, 0.016), row("tiny-sipom-value" + rope, 34.8)])
+    image(tmp_path / "image_seed2", 2, [row("tiny-sit", 32.8, 0.016), row("tiny-sipom-value" + rope, 35.6)])
+    fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
+    assert fam["attention"]["model"] == "tiny-sit" + rope and fam["value"]["gap"] == pytest.approx(39.6 / 35.55)
+    best, every = fam["targets"]
+    assert best["verdict"].startswith("MISSED on 1 seed, unsettled") and "spread 4.2" in best["verdict"]
+    assert every["verdict"].startswith("met on 1 seed, unsettled")
