@@ -265,10 +265,10 @@ def collect(folder: Path) -> Dict[str, Any]:
         item["best_linear"] = best
         targets = []
         seeds_of_attention = list(item["attention"].get("by_seed", {}).values())
-        if len(seeds_of_attention) < 2 and base is not by.get(fam.attention):
+        preset = by.get(fam.attention)
+        if len(seeds_of_attention) < 2 and preset is not None and base is not preset:
             # attention's chosen option has one seed: its spread is unknown, so take its preset's seeds' spread
-            seeds_of_attention = list(_entry(fam, by.get(fam.attention), None, seed, seeded).get("by_seed",
-                                                                                              {}).values())
+            seeds_of_attention = [v * fam.scale for v in _by_seed(fam, preset, seed, seeded).values()]
         spread = max(seeds_of_attention) - min(seeds_of_attention) if len(seeds_of_attention) > 1 else None
         if fam.best_target is not None:
             bound = _bound(fam, fam.best_target)
