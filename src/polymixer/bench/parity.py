@@ -164,13 +164,14 @@ def _gap(fam: Family, value: float, base: float) -> float:
     return (value - base) * fam.scale
 
 
-def _gap_text(fam: Family, gap: float, target: Optional[float] = None) -> str:
-    """The gap as the table shows it; one more digit where it would read as the ``target`` it misses or meets."""
+def _gap_text(kind: str, gap: float, target: Optional[float] = None) -> str:
+    """The gap of ``kind`` (a ``Family.gap``) as the table shows it; one more digit where it would read as the
+    ``target`` it misses or meets."""
     def text(extra: int) -> str:
         return {"relative": f"{100 * gap:+.{1 + extra}f}%", "ratio": f"{gap:.{2 + extra}f}×"}.get(
-            fam.gap, f"{gap:+.{1 + extra}f}")
+            kind, f"{gap:+.{1 + extra}f}")
 
-    if target is not None and gap != target and text(0) == _gap_text(fam, target):
+    if target is not None and gap != target and text(0) == _gap_text(kind, target):
         return text(1)
     return text(0)
 
@@ -178,7 +179,7 @@ def _gap_text(fam: Family, gap: float, target: Optional[float] = None) -> str:
 def _bound(fam: Family, target: float) -> str:
     if fam.gap == "points":
         return f"{-target:g} point" + ("" if abs(target) == 1 else "s")
-    return _gap_text(fam, target)
+    return _gap_text(fam.gap, target)
 
 
 def _worse(fam: Family, gap: float, target: float) -> bool:
@@ -223,7 +224,7 @@ def _measured(fam: Family, e: Dict[str, Any], target: float) -> str:
     """The model and its gap (precise enough to tell it from ``target``), and the seeds the gap is a median over
     when there are several."""
     n = len(e.get("by_seed", {}))
-    return f"{e['model']} {_gap_text(fam, e['gap'], target)}" + (f" (median of {n} seeds)" if n > 1 else "")
+    return f"{e['model']} {_gap_text(fam.gap, e['gap'], target)}" + (f" (median of {n} seeds)" if n > 1 else "")
 
 
 def collect(folder: Path) -> Dict[str, Any]:
@@ -299,15 +300,14 @@ def collect(folder: Path) -> Dict[str, Any]:
     return {"families": families, "source": str(folder)}
 
 
-def _cell(fam: Dict[str, Any], e: Dict[str, Any], with_gap: bool = True, option: bool = True) -> str:
+def _cell(fam: Dict[str, Any], e: Dict[str, Any], option: bool = True) -> str:
+    """A model's figure in the table, its gap to attention and (``option``) the option it is compared with."""
     if not e.get("run"):
         return "not run"
     digits = 4 if fam["bench"] == "lm" else (2 if fam["bench"] in ("ocr", "recall") else 1)
     text = f"{e['value']:.{digits}f}"
-    if with_gap and "gap" in e:
-        gap = {"relative": f"{100 * e['gap']:+.1f}%", "ratio": f"{e['gap']:.2f}×"}.get(fam["gap_kind"],
-                                                                                     f"{e['gap']:+.1f}")
-        text += f" ({gap})"
+    if "gap" in e:
+        text += f" ({_gap_text(fam['gap_kind'], e['gap'])})"
     if option and "+" in str(e.get("model", "")):
         text += ", +" + e["model"].split("+", 1)[1]  # the option this model is compared with
     return text
