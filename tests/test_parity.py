@@ -78,6 +78,18 @@ def test_parity_takes_medians_over_the_seed_folders_on_the_seeds_both_ran(tmp_pa
     assert v["gap"] == pytest.approx(-1.4)  # 36.6 − 38.0: medians over seeds 0, 1, 2
     assert f["pom"]["seeds"] == 1 and f["pom"]["gap"] == pytest.approx(15.6 - 39.4)  # seed 0 only
     assert "tiny-tsvipom-value -1.4 (median of 3 seeds) — **MISSED**" in parity.report(parity.collect(tmp_path))
+    # the bench's own report judges the same way: one verdict path (its seed folders read the same)
+    from polymixer.bench.common import seed_payloads
+
+    main = json.loads((tmp_path / "eo.json").read_text())
+    lines = parity.verdict_lines("eo", main, seed_payloads(tmp_path, "eo"))
+    assert any("tiny-tsvipom-value -1.4 (median of 3 seeds) — **MISSED**" in line for line in lines)
+    assert parity.verdict_lines("eo", {"config": {}}) == []  # a speed-only JSON: nothing to judge
+    with pytest.raises(ValueError, match="no parity family reads nope.json"):
+        parity.verdict_lines("nope", main)
+    (tmp_path / "eo_seed3" / "eo.json").write_text(json.dumps({"quality": {"rows": []}}))
+    with pytest.raises(ValueError, match=r"eo_seed3/eo\.json: its configuration names no seed"):
+        parity.collect(tmp_path)
     (tmp_path / "eo_seed2" / "eo.json").write_text("{")
     with pytest.raises(ValueError, match=r"eo_seed2/eo\.json: not valid JSON"):
         parity.collect(tmp_path)

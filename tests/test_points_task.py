@@ -185,7 +185,7 @@ def test_bench_points_runs_every_part(rooms, tmp_path):
     assert all(again[(r["spec"], r["lr"])] == (r["miou"], r["train_min"]) for r in q)
     text = report(swept)
     assert "best lr" in text and "val mIoU % at lr →" in text and "test mIoU % at lr →" in text and "*" in text
-    assert "best model without full attention (" in text and "target within −1 mIoU" in text
+    assert "point clouds: best without full attention within 1 point: " in text
     # a process running part of the sweep for another model keeps the picture model's picture
     def pictures() -> dict:
         return {f.name: f.read_bytes() for f in (tmp_path / "bench").glob("points_scene*.png")}

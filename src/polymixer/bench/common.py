@@ -369,6 +369,23 @@ def check_seed(path: Path, seed: int, parts: Sequence[str]) -> None:
             raise ValueError(f"{path} holds the {part} part of seed {old}, not {seed}: give seed {seed} its own --out")
 
 
+def seed_payloads(out: Path, bench: str, part: str = "quality") -> List[Dict[str, Any]]:
+    """The bench JSONs of the other seeds beside ``out/<bench>.json`` (``out/<bench>_seed<N>/<bench>.json``, written
+    by ``polymixer bench <bench> --seed N --out out/<bench>_seed<N>``), in seed order. A file that is not JSON, or
+    whose ``part`` names no seed (its runs could not count as another seed), is an error naming it."""
+    found = []
+    for path in sorted(out.glob(f"{bench}_seed*/{bench}.json")):
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        config = data.get(part, {}).get("config") or data.get("config") or {}
+        if "seed" not in config:
+            raise ValueError(f"{path}: its configuration names no seed, so its runs cannot count as another seed")
+        found.append((int(config["seed"]), data))
+    return [data for _, data in sorted(found, key=lambda x: x[0])]
+
+
 def earlier_rows(path: Path, recipe_lr: float, part: str = "quality") -> List[Dict[str, Any]]:
     """The rows of ``part`` in an earlier bench JSON at ``path`` (none if it is not there); rows of runs made before
     sweeps existed carry no rate and get the recipe's."""

@@ -31,6 +31,7 @@ from ..data.eo import PIXEL_KM2
 from ..files import write_text_atomic
 from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
+from .parity import verdict_lines
 from .common import (
     LR_FACTORS,
     apply_overrides,
@@ -50,6 +51,7 @@ from .common import (
     resume_point,
     run_parts,
     same_rate,
+    seed_payloads,
     sweep_folder,
     sweep_plan,
     sweep_table,
@@ -292,7 +294,7 @@ def quality_seed(payload: Dict[str, Any]) -> int:
 
 def seed_rows(payload: Dict[str, Any], seeds: List[Dict[str, Any]], row: Dict[str, Any]) -> Dict[int, Dict[str, Any]]:
     """``row`` on each seed: itself (under the seed of ``payload``) and the same model's runs at the same rate and
-    steps in the other seeds' payloads (``seeds``: :func:`seed_payloads`)."""
+    steps in the other seeds' payloads (``seeds``: :func:`~polymixer.bench.common.seed_payloads`)."""
     found = {quality_seed(payload): row}
     for other in seeds:
         for r in other.get("quality", {}).get("rows", []):
@@ -301,17 +303,10 @@ def seed_rows(payload: Dict[str, Any], seeds: List[Dict[str, Any]], row: Dict[st
     return found
 
 
-def seed_values(payload: Dict[str, Any], seeds: List[Dict[str, Any]], row: Dict[str, Any], metric: str
-                ) -> Dict[int, float]:
-    """``row``'s ``metric`` on each seed that has it (:func:`seed_rows`)."""
-    return {s: r[metric] for s, r in seed_rows(payload, seeds, row).items() if metric in r}
-
-
 def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> List[str]:
-    """The issue's targets, each said met or MISSED with the measured figure: on the medians over the seeds both
-    models ran where seed folders hold more than one (``seeds``: :func:`seed_payloads`), else on the one seed."""
-    import statistics
-
+    """The issue's targets, each said met or MISSED with the measured figure; the parity targets as
+    ``polymixer bench parity`` judges them, over the other seeds' JSONs in ``seeds``
+    (:func:`~polymixer.bench.common.seed_payloads`)."""
     out = []
     if "speed" in payload:
         rows = payload["speed"]["rows"]
@@ -329,50 +324,14 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
                            f"({'met' if s >= 3.0 else 'MISSED'}: ≥ 3×; the paper: 3.65×)")
     if "quality" in payload:
         rows = best_rows(payload["quality"]["rows"])
-        by = {r["spec"]: r for r in rows}
         crop = str(payload["quality"].get("config", payload["config"])["crop"])
-        vt = by.get("tiny-tsvit")
-        if vt is not None and f"miou_{crop}" in vt:
-            a = 100 * vt[f"miou_{crop}"]
-            metric = f"miou_{crop}"
-            mine = seed_values(payload, seeds or [], vt, metric)
-            # the hybrid presets keep full attention in one encoder: they are not "without full attention"
-            for label, names, limit in (
-                    ("best model without full attention", ("tiny-tsvipom", "tiny-tsvipom-value"), 1.0),
-                    ("best all-PoM model", ("tiny-tsvipom", "tiny-tsvipom-value"), 8.0)):
-                cands = [by[n] for n in names if n in by and metric in by[n]]
-                if not cands:
-                    continue
-                r = max(cands, key=lambda r: r[metric])
-                b = 100 * r[metric]
-                theirs = seed_values(payload, seeds or [], r, metric)
-                common = sorted(set(mine) & set(theirs))
-                if len(common) > 1:
-                    a_m = 100 * statistics.median(mine[k] for k in common)
-                    b_m = 100 * statistics.median(theirs[k] for k in common)
-                    out.append(f"{label} ({r['model']}, lr {r['lr']:g}) test mIoU at {crop}×{crop}, each at its best "
-                               f"rate, medians of seeds {', '.join(map(str, common))}: {b_m:.1f} vs TSViT {a_m:.1f} "
-                               f"at lr {vt['lr']:g} ({b_m - a_m:+.1f} points, "
-                               f"{'met' if b_m >= a_m - limit else 'MISSED'}: within {limit:g})")
-                else:
-                    out.append(f"{label} ({r['model']}, lr {r['lr']:g}) test mIoU at {crop}×{crop}, each at its best "
-                               f"rate: {b:.1f} vs TSViT {a:.1f} at lr {vt['lr']:g} ({b - a:+.1f} points, "
-                               f"{'met' if b >= a - limit else 'MISSED'}: within {limit:g}; one seed)")
+        out += verdict_lines("eo", payload, seeds)
         for r in rows:
             if f"miou_{crop}" in r and "miou_whole" in r:
                 keep = [f"{k}: {100 * v['miou']:.1f}" for k, v in r["windows"].items()]
                 out.append(f"{r['model']}: mIoU by evaluation window ({', '.join(keep)}) — whole patches "
                            f"{100 * (r['miou_whole'] - r[f'miou_{crop}']):+.1f} points vs {crop}×{crop} windows")
     return out
-
-
-def seed_payloads(out: Path) -> List[Dict[str, Any]]:
-    """The bench JSONs of the other seeds beside ``out/eo.json`` (``out/eo_seed<N>/eo.json``, written by ``--seed N
-    --out out/eo_seed<N>``), in seed order."""
-    import json
-
-    found = [json.loads(f.read_text()) for f in sorted(out.glob("eo_seed*/eo.json"))]
-    return sorted(found, key=quality_seed)
 
 
 def per_class_over_seeds(payload: Dict[str, Any], seeds: List[Dict[str, Any]]) -> List[str]:
@@ -583,7 +542,7 @@ def run(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
 def write_report(payload: Dict[str, Any], out: Path) -> str:
     """Write ``out``'s eo.png and eo.txt from ``payload`` and the seed folders beside it; return the report."""
     plot(payload, out / "eo.png")
-    text = report(payload, seed_payloads(out))
+    text = report(payload, seed_payloads(out, "eo"))
     write_text_atomic(out / "eo.txt", text + "\n")
     return text
 

@@ -15,13 +15,14 @@ import argparse
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from ..models import count_parameters, create_model
 from ..files import write_text_atomic
 from ..report import format_table, new_figure, save_figure
+from .parity import verdict_lines
 from .common import (
     LR_FACTORS,
     apply_overrides,
@@ -37,6 +38,7 @@ from .common import (
     resume_point,
     run_parts,
     same_rate,
+    seed_payloads,
     sweep_folder,
     sweep_plan,
     sweep_table,
@@ -222,19 +224,15 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
             "swept": SWEPT, "selected_by": "fd", "guidance": cfg.guidance, "sample_steps": cfg.sample_steps}
 
 
-def _attention_free(r: Dict[str, Any]) -> bool:
-    """No full-attention layer (SiT's attention is global): PoM or value-PoM blocks only, local attention allowed."""
-    pattern = r.get("pattern") or ("A" if r["model"].endswith("sit") else "P")
-    return "A" not in pattern and any(c in pattern for c in "PV")
-
-
 def _quality_rows(q: Dict[str, Any]) -> List[Dict[str, Any]]:
     """The quality rows, those of a file from before sweeps given the recipe's rate."""
     return [{"lr": RECIPE_LR, "lr_from": "recipe", **r} for r in q["rows"]]
 
 
-def verdicts(payload: Dict[str, Any]) -> List[str]:
-    """The issue's targets, each said met or MISSED with the measured figure, judged at each model's best rate."""
+def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> List[str]:
+    """The issue's targets, each said met or MISSED with the measured figure, judged at each model's best rate; the
+    parity targets as ``polymixer bench parity`` judges them, over the other seeds' JSONs in ``seeds``
+    (:func:`~polymixer.bench.common.seed_payloads`)."""
     out: List[str] = []
     if "quality" not in payload:
         return out
@@ -246,7 +244,6 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
         sit = mine.get(BASELINE)
         if sit is None:
             continue
-        at = "at the best rates" if obj == swept else f"at each model's best {swept} rate"
         for name, label in (("tiny-sipom", "SiPoM"), ("tiny-sipom-value", "SiPoM value")):
             pom = mine.get(name)
             if pom is None:
@@ -257,23 +254,7 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
                        f"{100 * sit['cond_accuracy']:.1f}% ({'met' if acc_ok else 'MISSED'}: ≥ 90% and within "
                        f"5 points); FD {pom['fd']:.3g} vs {sit['fd']:.3g} ({pom['fd'] / sit['fd']:.2f}×, "
                        f"{'met' if fd_ok else 'MISSED'}: ≤ 1.5×)")
-        # the issue's parity targets compare the registered presets: a variant (``preset+field=value``) changes
-        # more than the mixer and is one seed's exploration, so it is shown in the tables and not judged here
-        free = [r for r in mine.values() if _attention_free(r) and "+" not in r["model"]]
-        if free and sit["fd"] > 0:
-            r = min(free, key=lambda r: r["fd"])
-            ratio = r["fd"] / sit["fd"]
-            out.append(f"{obj}: best model without full attention ({r['model']}, lr {r['lr']:g}) FD {r['fd']:.3g} vs "
-                       f"SiT {sit['fd']:.3g} (lr {sit['lr']:g}) {at}: {100 * (ratio - 1):+.1f}% (target within "
-                       f"+10%: {'met' if ratio <= 1.10 else 'MISSED'}; this seed — `polymixer bench parity` judges "
-                       f"over seeds)")
-        allpom = [r for r in free if set(r.get("pattern") or "P") <= set("PV")]
-        if obj == "flow" and allpom and sit["fd"] > 0:
-            r = min(allpom, key=lambda r: r["fd"])
-            ratio = r["fd"] / sit["fd"]
-            out.append(f"flow: FD ratio of the best all-PoM / value-PoM model ({r['model']}, lr {r['lr']:g}) to SiT "
-                       f"{at}: {ratio:.2f}× (target ≤ 1.15, from 1.35: {'met' if ratio <= 1.15 else 'MISSED'}; "
-                       f"this seed)")
+    out += verdict_lines("image", payload, seeds)
     flow = {r["model"]: r["lr"] for r in rows if r["objective"] == swept}
     for r in rows:
         if r["objective"] != swept and r["model"] in flow and not same_rate(r["lr"], flow[r["model"]]):
@@ -282,7 +263,8 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
     return out
 
 
-def report(payload: Dict[str, Any]) -> str:
+def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> str:
+    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets)."""
     lines = []
     if "speed" in payload:
         p = payload["speed"]
@@ -315,7 +297,7 @@ def report(payload: Dict[str, Any]) -> str:
                   "", "every rate (AdamW, warm-up then cosine to lr / 10; * = best)"]
         for obj in dict.fromkeys(r["objective"] for r in all_rows):
             lines.append(sweep_table([r for r in all_rows if r["objective"] == obj], "fd", f"{obj} FD", key="model"))
-        lines += [""] + verdicts(payload)
+        lines += [""] + verdicts(payload, seeds)
     return "\n".join(lines)
 
 
@@ -343,7 +325,8 @@ def run(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
     check_seed(out / "image.json", cfg.seed, ["quality"] if "quality" in cfg.parts else [])
     payload = run_parts(cfg, out / "image.json", {"speed": run_speed, "quality": run_quality}, progress)
     plot(payload, out / "image.png")
-    write_text_atomic(out / "image.txt", report(payload) + "\n")  # the tables the guide quotes, as the other benches
+    # the tables the guide quotes, as the other benches
+    write_text_atomic(out / "image.txt", report(payload, seed_payloads(out, "image")) + "\n")
     return payload
 
 
@@ -385,6 +368,6 @@ def main(args: argparse.Namespace) -> int:
                                                  "seed")},
                      "presets": "quality_presets"})
     payload = run(cfg)
-    print(report(payload))
+    print(report(payload, seed_payloads(Path(cfg.out), "image")))
     print(f"\nwrote {Path(cfg.out) / 'image.json'}, {Path(cfg.out) / 'image.txt'}, {Path(cfg.out) / 'image.png'}")
     return 0

@@ -17,13 +17,14 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from ..models import count_parameters, create_model
 from ..files import write_text_atomic
 from ..report import format_table, new_figure, save_figure
+from .parity import verdict_lines
 from .common import (
     LR_FACTORS,
     apply_overrides,
@@ -37,6 +38,7 @@ from .common import (
     rates_tried,
     resume_point,
     run_parts,
+    seed_payloads,
     sweep_folder,
     sweep_plan,
     sweep_table,
@@ -250,7 +252,8 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return {"rows": rows, "grid": rates_tried(rows, cfg.quality_lr, cfg.lr_factors), "selected_by": "val_loss"}
 
 
-def report(payload: Dict[str, Any]) -> str:
+def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> str:
+    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets)."""
     lines = []
     if "throughput" in payload:
         p = payload["throughput"]
@@ -316,16 +319,7 @@ def report(payload: Dict[str, Any]) -> str:
                                 "÷ attention", "train min"]),
                   "", "every rate (AdamW, warm-up then cosine to lr / 10; * = best)",
                   sweep_table(all_rows, "val_loss", "val loss"), ""]
-        for label, names, limit in (
-                ("best model without full attention", ("tiny-pom", "tiny-vpom", "tiny-hybrid", "tiny-vhybrid"), 0.02),
-                ("best all-PoM model", ("tiny-pom", "tiny-vpom"), 0.10)):
-            cands = [r for r in rows if r["model"] in names and r.get("loss_vs_attention") is not None]
-            if cands:
-                r = min(cands, key=lambda r: r["loss_vs_attention"])
-                gap = r["loss_vs_attention"] - 1
-                lines.append(f"{label} ({r['model']}, lr {r['lr']:g}) val loss vs attention at its best rate: "
-                             f"{100 * gap:+.2f}% (target within {100 * limit:.0f}%: "
-                             f"{'met' if gap <= limit else 'MISSED'})")
+        lines += verdict_lines("lm", payload, seeds)
     return "\n".join(lines)
 
 
@@ -374,7 +368,8 @@ def run(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     payload = run_parts(cfg, out / "lm.json", {"throughput": run_throughput, "decode": run_decode,
                                                "hf_decode": run_hf_decode, "quality": run_quality}, progress)
     plot(payload, out / "lm.png")
-    write_text_atomic(out / "lm.txt", report(payload) + "\n")  # the tables the guide quotes, as the other benches
+    # the tables the guide quotes, as the other benches
+    write_text_atomic(out / "lm.txt", report(payload, seed_payloads(out, "lm")) + "\n")
     return payload
 
 
@@ -417,6 +412,6 @@ def main(args: argparse.Namespace) -> int:
                      "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets",
                      "sweep": "sweep", "lr_factors": "lr_factors", "lrs": "lrs"})
     payload = run(cfg)
-    print(report(payload))
+    print(report(payload, seed_payloads(Path(cfg.out), "lm")))
     print(f"\nwrote {Path(cfg.out) / 'lm.json'}, {Path(cfg.out) / 'lm.txt'}, {Path(cfg.out) / 'lm.png'}")
     return 0

@@ -23,6 +23,7 @@ import torch
 from ..models import count_parameters, create_model
 from ..files import write_text_atomic
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
+from .parity import verdict_lines
 from .common import (
     LR_FACTORS,
     apply_overrides,
@@ -39,6 +40,7 @@ from .common import (
     resume_point,
     run_parts,
     same_rate,
+    seed_payloads,
     sweep_folder,
     sweep_plan,
     sweep_table,
@@ -256,17 +258,10 @@ def _quality_rows(q: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 
-def _pattern(row: Dict[str, Any]) -> str:
-    """A row's layer pattern (rows recorded before the bench kept it: from its preset)."""
-    if row.get("pattern"):
-        return row["pattern"]
-    from ..models.registry import model_config
-
-    return model_config(row["preset"]).layer_pattern()
-
-
-def verdicts(payload: Dict[str, Any]) -> List[str]:
-    """The issue's targets, each said met or MISSED with the measured figure."""
+def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> List[str]:
+    """The issue's targets, each said met or MISSED with the measured figure; the parity targets as
+    ``polymixer bench parity`` judges them, over the other seeds' JSONs in ``seeds``
+    (:func:`~polymixer.bench.common.seed_payloads`)."""
     out = []
     if "speed" in payload:
         rows = payload["speed"]["rows"]
@@ -301,16 +296,6 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
                 parts.append(f"all-PoM {100 * pom['cer']:.2f}% ({100 * rel:+.1f}% relative, "
                              f"{'met' if rel <= 0.25 else 'MISSED'}: ≤ +25%)")
             out.append(", ".join(parts))
-            # the issue's target: no full-attention layer (HTR-VT's attention reads the whole line; local attention
-            # is allowed, so the hybrid, whose attention layers are full, does not count)
-            free = [r for r in by.values() if "A" not in _pattern(r) and any(c in _pattern(r) for c in "PV")]
-            if free:
-                r = min(free, key=lambda r: r["cer"])
-                rel = r["cer"] / max(vt["cer"], 1e-9) - 1
-                out.append(f"{task}: best model without full attention ({r['model']}, lr {r['lr']:g}) test CER "
-                           f"{100 * r['cer']:.2f}% vs HTR-VT {100 * vt['cer']:.2f}% (lr {vt['lr']:g}) at the best "
-                           f"rates: {100 * rel:+.1f}% relative (target within +5%: "
-                           f"{'met' if rel <= 0.05 else 'MISSED'})")
         for r in rows:
             if r["lr_from"].startswith("best "):
                 single = {x["preset"]: x["lr"] for x in rows if x["task"] == r["lr_from"][5:]}
@@ -318,10 +303,12 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
                     out.append(f"note: {r['task']} {r['model']} was fine-tuned at lr {r['lr']:g}, its best "
                                f"{r['lr_from'][5:]} rate is now {single[r['preset']]:g}: run --tasks {r['task']} "
                                f"--quality-presets {r['preset']} again")
+        out += verdict_lines("ocr", payload, seeds)
     return out
 
 
-def report(payload: Dict[str, Any]) -> str:
+def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> str:
+    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets)."""
     lines = []
     if "speed" in payload:
         p = payload["speed"]
@@ -355,7 +342,7 @@ def report(payload: Dict[str, Any]) -> str:
             lines += [sweep_table(mine, metric, f"{task} {label} CER %", scale=100, key="preset")
                       for metric, label in (("val_cer", "val"), ("cer", "test"))]
         lines.append("")
-    return "\n".join(lines + verdicts(payload))
+    return "\n".join(lines + verdicts(payload, seeds))
 
 
 def plot(payload: Dict[str, Any], path: Path) -> None:
@@ -374,7 +361,7 @@ def run(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
     check_seed(out / "ocr.json", cfg.seed, ["quality"] if "quality" in cfg.parts else [])
     payload = run_parts(cfg, out / "ocr.json", {"speed": run_speed, "quality": run_quality}, progress)
     plot(payload, out / "ocr.png")
-    write_text_atomic(out / "ocr.txt", report(payload) + "\n")
+    write_text_atomic(out / "ocr.txt", report(payload, seed_payloads(out, "ocr")) + "\n")
     return payload
 
 
@@ -417,6 +404,6 @@ def main(args: argparse.Namespace) -> int:
                                     "digits_steps", "multiline_init", "sam_rho", "quality_presets", "sweep",
                                     "lr_factors", "lrs", "seed")})
     payload = run(cfg)
-    print(report(payload))
+    print(report(payload, seed_payloads(Path(cfg.out), "ocr")))
     print(f"\nwrote {Path(cfg.out) / 'ocr.json'}, {Path(cfg.out) / 'ocr.txt'}, {Path(cfg.out) / 'ocr.png'}")
     return 0

@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import median
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..files import write_text_atomic
 from ..report import format_table
-from .common import best_rows, same_rate
+from .common import best_rows, same_rate, seed_payloads
 
-__all__ = ["Family", "FAMILIES", "collect", "report", "main", "add_arguments"]
+__all__ = ["Family", "FAMILIES", "family", "seeded_rows", "judge", "collect", "target_lines", "verdict_lines", "report",
+           "main", "add_arguments"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,19 @@ class Family:
     # compared in whichever of its plain preset and these variants scores best on the main seed, so an option that
     # helps attention as much as PoM raises the baseline instead of crediting the mixer
     options: Tuple[str, ...] = ()
+    # ``name`` and ``metric`` may name fields of the bench's configuration ("miou_{crop}"): a bench run with another
+    # configuration is judged on its own figures; these are the fields' values where the JSON names none
+    defaults: Dict[str, Any] = field(default_factory=dict)
+
+    def resolved(self, data: Optional[Dict[str, Any]]) -> "Family":
+        """This family with ``name`` and ``metric`` filled from the configuration of ``data`` (its bench JSON)."""
+        if not self.defaults:
+            return self
+        config = dict(self.defaults)
+        if data is not None:
+            config.update(data.get("config") or {})
+            config.update(data.get(self.part, {}).get("config") or {})
+        return replace(self, name=self.name.format(**config), metric=self.metric.format(**config))
 
 
 FAMILIES: Tuple[Family, ...] = (
@@ -81,9 +95,9 @@ FAMILIES: Tuple[Family, ...] = (
     Family("handwriting (synthetic lines)", "ocr", "CER %", "cer", False, "relative", "tiny-htr-vt", "tiny-htr-vpom",
            "tiny-htr-vpom-value", full_hybrids=("tiny-htr-vpom-hybrid",), where={"task": "synthetic"},
            key="preset", scale=100, best_target=0.05, guide="docs/ocr.md"),
-    Family("satellite (24 px windows)", "eo", "test mIoU %", "miou_24", True, "points", "tiny-tsvit", "tiny-tsvipom",
-           "tiny-tsvipom-value", full_hybrids=("tiny-tsvipom-hybrid",), scale=100, best_target=-1.0,
-           all_target=-8.0, guide="docs/eo.md", options=("+date_rope=true",)),
+    Family("satellite ({crop} px windows)", "eo", "test mIoU %", "miou_{crop}", True, "points", "tiny-tsvit",
+           "tiny-tsvipom", "tiny-tsvipom-value", full_hybrids=("tiny-tsvipom-hybrid",), scale=100, best_target=-1.0,
+           all_target=-8.0, guide="docs/eo.md", options=("+date_rope=true",), defaults={"crop": 24}),
     Family("point clouds", "points", "test mIoU %", "miou", True, "points", "tiny-ptv3", "tiny-ppomv3",
            "tiny-ppomv3-value", hybrids=("tiny-ppomv3-hybrid",), scale=100, best_target=-1.0, guide="docs/points.md"),
 )
@@ -117,19 +131,14 @@ def _longer_runs(fam: Family, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]
     return sorted(longer, key=lambda r: (r["steps"], -r[fam.metric] if fam.higher else r[fam.metric]))
 
 
-def _seed_rows(fam: Family, folder: Path) -> List[Tuple[int, Dict[str, Any]]]:
-    """(seed, row) of every run in the family's seed folders (``<bench>_seed<N>/<bench>.json``); rows written before
-    sweeps existed carry no rate and get the recipe's of their file."""
+def seeded_rows(fam: Family, payloads: List[Dict[str, Any]]) -> List[Tuple[int, Dict[str, Any]]]:
+    """(seed, row) of every run of the family's task in other seeds' bench JSONs (``payloads``: what
+    :func:`~polymixer.bench.common.seed_payloads` reads); rows written before sweeps existed carry no rate and get
+    the recipe's of their file."""
     out = []
-    for path in sorted(folder.glob(f"{fam.bench}_seed*/{fam.bench}.json")):
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
+    for data in payloads:
         part = data.get(fam.part, {})
         config = part.get("config") or data.get("config") or {}
-        if "seed" not in config:
-            raise ValueError(f"{path}: its configuration names no seed, so its runs cannot count as another seed")
         for r in part.get("rows", []):
             if all(r.get(k) == v for k, v in fam.where.items()):
                 out.append((int(config["seed"]), {"lr": config.get("lr"), **{k: v for k, v in r.items()
@@ -227,77 +236,114 @@ def _measured(fam: Family, e: Dict[str, Any], target: float) -> str:
     return f"{e['model']} {_gap_text(fam.gap, e['gap'], target)}" + (f" (median of {n} seeds)" if n > 1 else "")
 
 
+def family(bench: str) -> Family:
+    """The parity family whose results are ``<bench>.json``."""
+    for fam in FAMILIES:
+        if fam.bench == bench:
+            return fam
+    raise ValueError(f"no parity family reads {bench}.json (families: {', '.join(f.bench for f in FAMILIES)})")
+
+
+def judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]]) -> Dict[str, Any]:
+    """One family's comparison and its targets judged, from its main bench JSON ``data`` (None: not run) and the
+    rows of its other seeds (:func:`seeded_rows`)."""
+    fam = fam.resolved(data)
+    raw = [] if data is None else data.get(fam.part, {}).get("rows", [])  # every rate and budget
+    rows = None if data is None else _rows(fam, raw)
+    by = {r[fam.key]: r for r in rows or []}
+
+    def pick(name: str) -> Optional[Dict[str, Any]]:
+        """The preset's row, or its variant's (``fam.options``) where that scores better on the main seed."""
+        found = [by[n] for n in (name, *(name + o for o in fam.options))
+                 if n in by and isinstance(by[n].get(fam.metric), (int, float))]
+        if not found:
+            return by.get(name)
+        return (max if fam.higher else min)(found, key=lambda r: r[fam.metric])  # ties keep the plain preset
+
+    base = pick(fam.attention)
+    seed = _main_seed(fam, data or {})
+
+    def entry(name: str) -> Dict[str, Any]:
+        return _entry(fam, pick(name), base, seed, seeded)
+
+    item: Dict[str, Any] = {"family": fam.name, "bench": fam.bench, "metric": fam.label, "higher": fam.higher,
+                            "gap_kind": fam.gap, "guide": fam.guide, "found": rows is not None,
+                            "options": list(fam.options),
+                            "attention": _entry(fam, base, None, seed, seeded), "pom": entry(fam.pom),
+                            "value": entry(fam.value)}
+    hybrids = [entry(h) | {"full_attention": h in fam.full_hybrids} for h in fam.hybrids + fam.full_hybrids]
+    hybrids = [h for h in hybrids if h["run"] and "gap" in h]
+    sign = 1 if fam.gap == "points" else -1  # larger × sign is better
+    item["hybrid"] = max(hybrids, key=lambda h: sign * h["gap"]) if hybrids else {"run": False}
+    item["hybrid_presets"] = list(fam.hybrids + fam.full_hybrids)
+    linear = [e for e in [item["pom"], item["value"]] + [h for h in hybrids if not h["full_attention"]]
+              if e["run"] and "gap" in e]
+    best = max(linear, key=lambda e: sign * e["gap"]) if linear else None
+    item["best_linear"] = best
+    targets = []
+    seeds_of_attention = list(item["attention"].get("by_seed", {}).values())
+    preset = by.get(fam.attention)
+    if len(seeds_of_attention) < 2 and preset is not None and base is not preset:
+        # attention's chosen option has one seed: its spread is unknown, so take its preset's seeds' spread
+        seeds_of_attention = [v * fam.scale for v in _by_seed(fam, preset, seed, seeded).values()]
+    spread = max(seeds_of_attention) - min(seeds_of_attention) if len(seeds_of_attention) > 1 else None
+    if fam.best_target is not None:
+        bound = _bound(fam, fam.best_target)
+        verdict = _verdict(fam, best, fam.best_target, spread)
+        targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
+                        "measured": None if best is None else _measured(fam, best, fam.best_target)})
+    if fam.all_target is not None:
+        alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
+        top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
+        verdict = _verdict(fam, top, fam.all_target, spread)
+        targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
+                        "verdict": verdict,
+                        "measured": None if top is None else _measured(fam, top, fam.all_target)})
+    if fam.bench == "recall":
+        a = item["attention"]
+        verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
+        measured = None if not a["run"] else f"{a['value']:.1f}%"
+        longer = {}
+        for r in _longer_runs(fam, raw):  # the best rate at each longer budget
+            longer.setdefault(r["steps"], r)
+        if measured and longer:
+            measured += (f" at {fam.where['steps']:,} steps; with more steps (not the equal budget): "
+                         + ", ".join(f"{r[fam.metric] * fam.scale:.1f}% at {n:,} (lr {r.get('lr'):g})"
+                                     for n, r in longer.items()))
+        targets.append({"what": "attention ≥ 99% at its best rate", "verdict": verdict, "measured": measured})
+    item["targets"] = targets
+    return item
+
+
 def collect(folder: Path) -> Dict[str, Any]:
     """Each family's comparison from the bench results in ``folder``."""
-    families = []
-    for fam in FAMILIES:
-        data = _load(fam, folder)
-        raw = [] if data is None else data.get(fam.part, {}).get("rows", [])  # every rate and budget
-        rows = None if data is None else _rows(fam, raw)
-        by = {r[fam.key]: r for r in rows or []}
-
-        def pick(name: str) -> Optional[Dict[str, Any]]:
-            """The preset's row, or its variant's (``fam.options``) where that scores better on the main seed."""
-            found = [by[n] for n in (name, *(name + o for o in fam.options))
-                     if n in by and isinstance(by[n].get(fam.metric), (int, float))]
-            if not found:
-                return by.get(name)
-            return (max if fam.higher else min)(found, key=lambda r: r[fam.metric])  # ties keep the plain preset
-
-        base = pick(fam.attention)
-        seed, seeded = _main_seed(fam, data or {}), _seed_rows(fam, folder)
-
-        def entry(name: str) -> Dict[str, Any]:
-            return _entry(fam, pick(name), base, seed, seeded)
-
-        item: Dict[str, Any] = {"family": fam.name, "bench": fam.bench, "metric": fam.label, "higher": fam.higher,
-                                "gap_kind": fam.gap, "guide": fam.guide, "found": rows is not None,
-                                "options": list(fam.options),
-                                "attention": _entry(fam, base, None, seed, seeded), "pom": entry(fam.pom),
-                                "value": entry(fam.value)}
-        hybrids = [entry(h) | {"full_attention": h in fam.full_hybrids} for h in fam.hybrids + fam.full_hybrids]
-        hybrids = [h for h in hybrids if h["run"] and "gap" in h]
-        sign = 1 if fam.gap == "points" else -1  # larger × sign is better
-        item["hybrid"] = max(hybrids, key=lambda h: sign * h["gap"]) if hybrids else {"run": False}
-        item["hybrid_presets"] = list(fam.hybrids + fam.full_hybrids)
-        linear = [e for e in [item["pom"], item["value"]] + [h for h in hybrids if not h["full_attention"]]
-                  if e["run"] and "gap" in e]
-        best = max(linear, key=lambda e: sign * e["gap"]) if linear else None
-        item["best_linear"] = best
-        targets = []
-        seeds_of_attention = list(item["attention"].get("by_seed", {}).values())
-        preset = by.get(fam.attention)
-        if len(seeds_of_attention) < 2 and preset is not None and base is not preset:
-            # attention's chosen option has one seed: its spread is unknown, so take its preset's seeds' spread
-            seeds_of_attention = [v * fam.scale for v in _by_seed(fam, preset, seed, seeded).values()]
-        spread = max(seeds_of_attention) - min(seeds_of_attention) if len(seeds_of_attention) > 1 else None
-        if fam.best_target is not None:
-            bound = _bound(fam, fam.best_target)
-            verdict = _verdict(fam, best, fam.best_target, spread)
-            targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
-                            "measured": None if best is None else _measured(fam, best, fam.best_target)})
-        if fam.all_target is not None:
-            alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
-            top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
-            verdict = _verdict(fam, top, fam.all_target, spread)
-            targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
-                            "verdict": verdict,
-                            "measured": None if top is None else _measured(fam, top, fam.all_target)})
-        if fam.bench == "recall":
-            a = item["attention"]
-            verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
-            measured = None if not a["run"] else f"{a['value']:.1f}%"
-            longer = {}
-            for r in _longer_runs(fam, raw):  # the best rate at each longer budget
-                longer.setdefault(r["steps"], r)
-            if measured and longer:
-                measured += (f" at {fam.where['steps']:,} steps; with more steps (not the equal budget): "
-                             + ", ".join(f"{r[fam.metric] * fam.scale:.1f}% at {n:,} (lr {r.get('lr'):g})"
-                                         for n, r in longer.items()))
-            targets.append({"what": "attention ≥ 99% at its best rate", "verdict": verdict, "measured": measured})
-        item["targets"] = targets
-        families.append(item)
+    families = [judge(fam, _load(fam, folder), seeded_rows(fam, seed_payloads(folder, fam.bench, fam.part)))
+                for fam in FAMILIES]
     return {"families": families, "source": str(folder)}
+
+
+def target_lines(item: Dict[str, Any]) -> List[str]:
+    """A family's targets (:func:`judge`), one line each, with the rule its options follow."""
+    lines = []
+    if item.get("options"):
+        lines.append(f"{item['family']}: every model is compared as its preset or with "
+                     f"{' / '.join(item['options'])}, whichever scores better on the main seed (the option shown "
+                     f"beside a figure is the one taken)")
+    for t in item["targets"]:
+        measured = f": {t['measured']}" if t["measured"] else ""
+        lines.append(f"{item['family']}: {t['what']}{measured} — **{t['verdict']}**")
+    return lines
+
+
+def verdict_lines(bench: str, payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> List[str]:
+    """The parity targets of the family whose bench wrote ``payload`` (its other seeds' JSONs in ``seeds``), judged
+    exactly as ``polymixer bench parity`` judges them — the one verdict path, so a family's bench report and the
+    parity table never disagree. Empty where the payload holds no part the family is judged on."""
+    fam = family(bench)
+    if fam.part not in payload:
+        return []
+    item = judge(fam, payload, seeded_rows(fam, seeds or []))
+    return [f"parity (as `polymixer bench parity` judges): {line}" for line in target_lines(item)]
 
 
 def _cell(fam: Dict[str, Any], e: Dict[str, Any], option: bool = True) -> str:
@@ -338,13 +384,7 @@ def report(payload: Dict[str, Any]) -> str:
              "rates tried: attention / PoM / value PoM", "seeds", "bench"]
     lines = [format_table(rows, cols, heads), ""]
     for f in payload["families"]:
-        if f.get("options"):
-            lines.append(f"- {f['family']}: every model is compared as its preset or with "
-                         f"{' / '.join(f['options'])}, whichever scores better on the main seed (the option shown "
-                         f"beside a figure is the one taken)")
-        for t in f["targets"]:
-            measured = f": {t['measured']}" if t["measured"] else ""
-            lines.append(f"- {f['family']}: {t['what']}{measured} — **{t['verdict']}**")
+        lines += [f"- {line}" for line in target_lines(f)]
     return "\n".join(lines)
 
 

@@ -27,6 +27,7 @@ import torch
 from ..models import count_parameters, create_model
 from ..files import write_text_atomic
 from ..report import format_table, new_figure, save_figure
+from .parity import verdict_lines
 from .common import (
     LR_FACTORS,
     apply_overrides,
@@ -46,6 +47,7 @@ from .common import (
     resume_point,
     run_parts,
     same_rate,
+    seed_payloads,
     sweep_folder,
     sweep_plan,
     sweep_table,
@@ -276,8 +278,10 @@ def _quality_rows(q: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [{"lr": RECIPE_LR, "lr_from": "recipe", **r} for r in q["rows"]]
 
 
-def verdicts(payload: Dict[str, Any]) -> List[str]:
-    """The issue's targets, each said met or MISSED with the measured figure."""
+def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> List[str]:
+    """The issue's targets, each said met or MISSED with the measured figure; the parity targets as
+    ``polymixer bench parity`` judges them, over the other seeds' JSONs in ``seeds``
+    (:func:`~polymixer.bench.common.seed_payloads`)."""
     out = []
     if "speed" in payload:
         rows = [r for r in payload["speed"]["rows"] if r["set"] == "sizes"]
@@ -308,16 +312,7 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
             d = 100 * (h["miou"] - a["miou"])
             out.append(f"test mIoU: tiny hybrid {100 * h['miou']:.1f} ({d:+.1f} points vs PTv3; "
                        f"{'met' if d >= -1 else 'MISSED'}: level, i.e. within 1 point; the paper: +0.1)")
-        # the issue's target: the best model with PoM or value-PoM blocks and no full attention — PTv3's attention
-        # reads patches (local attention), so the hybrid and the PoM-context variants count
-        free = [r for r in rows if any(c in (r.get("pattern") or "") for c in "PV")]
-        if a and free:
-            r = max(free, key=lambda r: r["miou"])
-            d = 100 * (r["miou"] - a["miou"])
-            out.append(f"best model without full attention ({r['model']}, lr {r['lr']:g}) test mIoU "
-                       f"{100 * r['miou']:.1f} vs tiny PTv3 {100 * a['miou']:.1f} (lr {a['lr']:g}) at the best rates: "
-                       f"{d:+.1f} points (target within −1 mIoU: {'met' if d >= -1 else 'MISSED'}; attention in "
-                       f"patches counts as local)")
+        out += verdict_lines("points", payload, seeds)
         for r in rows:
             if r["lr_from"].startswith("best ") and r["lr_from"][5:] in by:
                 lr = by[r["lr_from"][5:]]["lr"]
@@ -327,7 +322,8 @@ def verdicts(payload: Dict[str, Any]) -> List[str]:
     return out
 
 
-def report(payload: Dict[str, Any]) -> str:
+def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> str:
+    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets)."""
     lines = []
     if "speed" in payload:
         p = payload["speed"]
@@ -366,7 +362,7 @@ def report(payload: Dict[str, Any]) -> str:
                       f"mIoU %, then {split} mIoU %",
                   sweep_table(all_rows, "val_miou", "val mIoU %", scale=100),
                   sweep_table(all_rows, "miou", f"{split} mIoU %", scale=100), ""]
-    return "\n".join(lines + verdicts(payload))
+    return "\n".join(lines + verdicts(payload, seeds))
 
 
 def plot(payload: Dict[str, Any], path: Path) -> None:
@@ -413,7 +409,7 @@ def run(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     payload = run_parts(cfg, out / "points.json", {"speed": run_speed, "conv": run_conv, "quality": run_quality},
                         progress)
     plot(payload, out / "points.png")
-    write_text_atomic(out / "points.txt", report(payload) + "\n")
+    write_text_atomic(out / "points.txt", report(payload, seed_payloads(out, "points")) + "\n")
     return payload
 
 
@@ -460,6 +456,6 @@ def main(args: argparse.Namespace) -> int:
     for spec in cfg.quality_models + cfg.patch_models:
         parse_variant(spec)  # fail before the speed part, not an hour later
     payload = run(cfg)
-    print(report(payload))
+    print(report(payload, seed_payloads(Path(cfg.out), "points")))
     print(f"\nwrote {Path(cfg.out) / 'points.json'}, {Path(cfg.out) / 'points.txt'}, {Path(cfg.out) / 'points.png'}")
     return 0
