@@ -455,3 +455,30 @@ def test_a_rate_share_that_trains_nothing_is_an_error():
     assert only_rates(plan, (), grid) == list(plan)
     with pytest.raises(ValueError, match=r"--lrs 0.004: none of the planned runs is at these rates \(new at 0.001\)"):
         only_rates(sweep_plan(("new",), ("tiny-sit",), 1e-3, (2, 4, 8)), (4e-3,), grid)
+
+
+@pytest.mark.parametrize("bench", ["image", "ocr", "points", "lm"])
+def test_every_bench_reports_again_from_its_json(bench, tmp_path, capsys):
+    """`polymixer bench <family> --report` trains nothing: it writes <family>.txt (the parity verdicts included, over
+    the seed folders beside it) and <family>.png again from the committed results; a clear error without them."""
+    import importlib
+    import shutil
+    from pathlib import Path
+
+    from polymixer.bench.common import seed_payloads
+    from polymixer.cli import main
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "bench"
+    shutil.copy(docs / f"{bench}.json", tmp_path / f"{bench}.json")
+    for seed in docs.glob(f"{bench}_seed*/{bench}.json"):
+        (tmp_path / seed.parent.name).mkdir()
+        shutil.copy(seed, tmp_path / seed.parent.name / seed.name)
+    assert main(["bench", bench, "--report", "--out", str(tmp_path)]) == 0
+    module = importlib.import_module(f"polymixer.bench.{bench}")
+    payload = json.loads((tmp_path / f"{bench}.json").read_text())
+    text = (tmp_path / f"{bench}.txt").read_text()
+    assert text == module.report(payload, seed_payloads(tmp_path, bench)) + "\n"
+    assert "parity (as `polymixer bench parity` judges)" in text and (tmp_path / f"{bench}.png").stat().st_size > 10_000
+    capsys.readouterr()
+    assert main(["bench", bench, "--report", "--out", str(tmp_path / "empty")]) == 2
+    assert f"{bench}.json: no bench results to report" in capsys.readouterr().err

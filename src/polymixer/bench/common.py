@@ -386,6 +386,37 @@ def seed_payloads(out: Path, bench: str, part: str = "quality") -> List[Dict[str
     return [data for _, data in sorted(found, key=lambda x: x[0])]
 
 
+def write_report(out: Path, bench: str, payload: Dict[str, Any], plot: Callable[[Dict[str, Any], Path], None],
+                 report: Callable[..., str]) -> str:
+    """Write ``out/<bench>.png`` and ``out/<bench>.txt`` from ``payload`` and the seed folders beside it (the
+    bench's ``plot`` and ``report(payload, seeds)``); return the report."""
+    plot(payload, out / f"{bench}.png")
+    text = report(payload, seed_payloads(out, bench))
+    write_text_atomic(out / f"{bench}.txt", text + "\n")
+    return text
+
+
+def report_again(out: Path, bench: str, plot: Callable[[Dict[str, Any], Path], None],
+                 report: Callable[..., str]) -> str:
+    """``--report``: train and time nothing, write the bench's text and plot again from ``out/<bench>.json`` (after
+    the report code, seed folders or another process's rows changed)."""
+    path = out / f"{bench}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no bench results to report (run a part with --out {out})")
+    try:
+        payload = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    return write_report(out, bench, payload, plot, report)
+
+
+def add_report_argument(p: Any, bench: str) -> None:
+    """The ``--report`` flag of every family's bench."""
+    p.add_argument("--report", action="store_true",
+                   help=f"train nothing: write {bench}.txt and {bench}.png again from --out's {bench}.json and its "
+                        f"seed folders")
+
+
 def earlier_rows(path: Path, recipe_lr: float, part: str = "quality") -> List[Dict[str, Any]]:
     """The rows of ``part`` in an earlier bench JSON at ``path`` (none if it is not there); rows of runs made before
     sweeps existed carry no rate and get the recipe's."""

@@ -28,12 +28,12 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..data.eo import PIXEL_KM2
-from ..files import write_text_atomic
 from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from .parity import verdict_lines
 from .common import (
     LR_FACTORS,
+    add_report_argument,
     apply_overrides,
     best_rows,
     check_seed,
@@ -48,16 +48,17 @@ from .common import (
     parse_variant,
     picture_owner,
     rates_tried,
+    report_again,
     resume_point,
     run_parts,
     same_rate,
-    seed_payloads,
     sweep_folder,
     sweep_plan,
     sweep_table,
     time_interleaved,
     training_minutes,
     variant_slug,
+    write_report,
 )
 
 __all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdicts", "report", "plot", "run", "main",
@@ -535,16 +536,8 @@ def run(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     check_seed(out / "eo.json", cfg.seed, [p for p in ("quality", "curves") if p in cfg.parts])
     payload = run_parts(cfg, out / "eo.json", {"speed": run_speed, "quality": run_quality, "curves": run_curves},
                         progress)
-    write_report(payload, out)
+    write_report(out, "eo", payload, plot, report)
     return payload
-
-
-def write_report(payload: Dict[str, Any], out: Path) -> str:
-    """Write ``out``'s eo.png and eo.txt from ``payload`` and the seed folders beside it; return the report."""
-    plot(payload, out / "eo.png")
-    text = report(payload, seed_payloads(out, "eo"))
-    write_text_atomic(out / "eo.txt", text + "\n")
-    return text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -578,19 +571,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None, help="PASTIS folder for the quality part (default: the synthetic one)")
     p.add_argument("--seed", type=int, default=None, help="seed of the training runs (their init and batches); "
                                                           "one --out per seed")
-    p.add_argument("--report", action="store_true",
-                   help="train nothing: write eo.txt and eo.png again from --out's eo.json and its seed folders")
+    add_report_argument(p, "eo")
     p.add_argument("--out", default=d.out)
 
 
 def main(args: argparse.Namespace) -> int:
     if args.report:
-        import json
-
-        out = Path(args.out)
-        if not (out / "eo.json").is_file():
-            raise FileNotFoundError(f"{out / 'eo.json'}: no bench results to report (run a part with --out {out})")
-        print(write_report(json.loads((out / "eo.json").read_text()), out))
+        print(report_again(Path(args.out), "eo", plot, report))
         return 0
     cfg = EOBenchConfig(parts=tuple(args.parts), out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,

@@ -20,11 +20,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..models import count_parameters, create_model
-from ..files import write_text_atomic
 from ..report import format_table, new_figure, save_figure
 from .parity import verdict_lines
 from .common import (
     LR_FACTORS,
+    add_report_argument,
     apply_overrides,
     best_rows,
     check_seed,
@@ -35,6 +35,7 @@ from .common import (
     only_rates,
     parse_variant,
     rates_tried,
+    report_again,
     resume_point,
     run_parts,
     same_rate,
@@ -46,6 +47,7 @@ from .common import (
     time_interleaved,
     training_minutes,
     variant_slug,
+    write_report,
 )
 
 __all__ = ["ImageBenchConfig", "run_speed", "run_quality", "report", "main", "add_arguments"]
@@ -324,9 +326,7 @@ def run(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
     out = Path(cfg.out)
     check_seed(out / "image.json", cfg.seed, ["quality"] if "quality" in cfg.parts else [])
     payload = run_parts(cfg, out / "image.json", {"speed": run_speed, "quality": run_quality}, progress)
-    plot(payload, out / "image.png")
-    # the tables the guide quotes, as the other benches
-    write_text_atomic(out / "image.txt", report(payload, seed_payloads(out, "image")) + "\n")
+    write_report(out, "image", payload, plot, report)  # the tables the guide quotes
     return payload
 
 
@@ -357,10 +357,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of the quality runs (their init and batches); one "
                                                           "--out per seed, e.g. --out docs/bench/image_seed1, which "
                                                           "`polymixer bench parity` reads")
+    add_report_argument(p, "image")
     p.add_argument("--out", default=d.out)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.report:
+        print(report_again(Path(args.out), "image", plot, report))
+        return 0
     cfg = ImageBenchConfig(parts=tuple(args.parts), out=args.out, objectives=tuple(args.objectives),
                            device=args.device)
     apply_overrides(cfg, QUICK if args.quick else None, args,

@@ -22,11 +22,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..models import count_parameters, create_model
-from ..files import write_text_atomic
 from ..report import format_table, new_figure, save_figure
 from .parity import verdict_lines
 from .common import (
     LR_FACTORS,
+    add_report_argument,
     apply_overrides,
     best_rows,
     earlier_rows,
@@ -36,6 +36,7 @@ from .common import (
     only_rates,
     parse_variant,
     rates_tried,
+    report_again,
     resume_point,
     run_parts,
     seed_payloads,
@@ -45,6 +46,7 @@ from .common import (
     time_interleaved,
     training_minutes,
     variant_slug,
+    write_report,
 )
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]
@@ -367,9 +369,7 @@ def run(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     out = Path(cfg.out)
     payload = run_parts(cfg, out / "lm.json", {"throughput": run_throughput, "decode": run_decode,
                                                "hf_decode": run_hf_decode, "quality": run_quality}, progress)
-    plot(payload, out / "lm.png")
-    # the tables the guide quotes, as the other benches
-    write_text_atomic(out / "lm.txt", report(payload, seed_payloads(out, "lm")) + "\n")
+    write_report(out, "lm", payload, plot, report)  # the tables the guide quotes
     return payload
 
 
@@ -401,10 +401,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=d.device,
                    help="cuda: the throughput part on the GPU with the paper's models in bf16 (GPT-2 small vs "
                         "GPPoM2-S on the Triton kernels), the paper's protocol")
+    add_report_argument(p, "lm")
     p.add_argument("--out", default=d.out)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.report:
+        print(report_again(Path(args.out), "lm", plot, report))
+        return 0
     cfg = LMBenchConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, window=args.window,
                         parts=tuple(args.parts), device=args.device, out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,

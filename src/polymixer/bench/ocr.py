@@ -21,11 +21,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..models import count_parameters, create_model
-from ..files import write_text_atomic
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from .parity import verdict_lines
 from .common import (
     LR_FACTORS,
+    add_report_argument,
     apply_overrides,
     best_rows,
     check_seed,
@@ -37,6 +37,7 @@ from .common import (
     only_rates,
     picture_owner,
     rates_tried,
+    report_again,
     resume_point,
     run_parts,
     same_rate,
@@ -46,6 +47,7 @@ from .common import (
     sweep_table,
     time_interleaved,
     training_minutes,
+    write_report,
 )
 
 __all__ = ["OCRBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
@@ -360,8 +362,7 @@ def run(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
     out = Path(cfg.out)
     check_seed(out / "ocr.json", cfg.seed, ["quality"] if "quality" in cfg.parts else [])
     payload = run_parts(cfg, out / "ocr.json", {"speed": run_speed, "quality": run_quality}, progress)
-    plot(payload, out / "ocr.png")
-    write_text_atomic(out / "ocr.txt", report(payload, seed_payloads(out, "ocr")) + "\n")
+    write_report(out, "ocr", payload, plot, report)  # the tables the guide quotes
     return payload
 
 
@@ -394,10 +395,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of the quality runs (their init and batches); one "
                                                           "--out per seed, e.g. --out docs/bench/ocr_seed1, which "
                                                           "`polymixer bench parity` reads")
+    add_report_argument(p, "ocr")
     p.add_argument("--out", default=d.out)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.report:
+        print(report_again(Path(args.out), "ocr", plot, report))
+        return 0
     cfg = OCRBenchConfig(parts=tuple(args.parts), out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {n: n for n in ("lines", "budget", "repeats", "dtypes", "tasks", "quality_steps", "multiline_steps",

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from ..models import count_parameters, create_model
-from ..files import write_text_atomic
 from ..report import format_table, new_figure, save_figure
 from .parity import verdict_lines
 from .common import (
     LR_FACTORS,
+    add_report_argument,
     apply_overrides,
     best_rows,
     check_seed,
@@ -44,6 +44,7 @@ from .common import (
     parse_variant,
     picture_owner,
     rates_tried,
+    report_again,
     resume_point,
     run_parts,
     same_rate,
@@ -54,6 +55,7 @@ from .common import (
     time_interleaved,
     training_minutes,
     variant_slug,
+    write_report,
 )
 
 __all__ = ["PointBenchConfig", "make_scene", "run_speed", "run_conv", "run_quality", "verdicts", "report", "plot",
@@ -408,8 +410,7 @@ def run(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     check_seed(out / "points.json", cfg.seed, ["quality"] if "quality" in cfg.parts else [])
     payload = run_parts(cfg, out / "points.json", {"speed": run_speed, "conv": run_conv, "quality": run_quality},
                         progress)
-    plot(payload, out / "points.png")
-    write_text_atomic(out / "points.txt", report(payload, seed_payloads(out, "points")) + "\n")
+    write_report(out, "points", payload, plot, report)  # the tables the guide quotes
     return payload
 
 
@@ -442,10 +443,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                 "synthetic rooms)")
     p.add_argument("--seed", type=int, default=None, help="seed of the training runs (their init and batches) and "
                                                           "of the speed scenes; use another --out per seed")
+    add_report_argument(p, "points")
     p.add_argument("--out", default=d.out)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.report:
+        print(report_again(Path(args.out), "points", plot, report))
+        return 0
     cfg = PointBenchConfig(parts=tuple(args.parts), out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {n: n for n in ("presets", "sizes", "patch_models", "patch_scene", "repeats", "quality_models",
