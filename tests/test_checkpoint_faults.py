@@ -93,6 +93,27 @@ def test_retention_counts_only_intact_checkpoints(tmp_path):
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_00000003", "step_00000004"]
 
 
+def test_a_write_killed_midway_is_ignored_and_its_leftovers_removed_by_the_next_save(tmp_path):
+    """What SIGKILL inside a save leaves (a half-written temporary checkpoint folder, a temporary ``latest``, the old
+    copy of a step being re-saved) is never taken for a checkpoint, and the next save of the run removes it."""
+    out = _run(tmp_path)
+    root = out / "checkpoints"
+    half = root / ".step_00000004.tmp-99999"
+    half.mkdir()
+    data = (root / "step_00000003" / "model.safetensors").read_bytes()
+    (half / "model.safetensors").write_bytes(data[: len(data) // 2])
+    (root / ".latest.tmp-99999").write_text("step_00000004")
+    old = root / ".step_00000002.old-99999"
+    old.mkdir()
+    (old / "config.json").write_text("{}")
+    assert resolve_checkpoint(out) == root / "step_00000003"
+    assert (root / "latest").read_text() == "step_00000003"
+    model = create_model("tiny-pom", **MODEL)
+    save_checkpoint(out, 4, model, {"family": "lm"}, {"step": 4, "optimizer": {}, "rng": {}}, keep=5)
+    assert sorted(p.name for p in root.iterdir()) == ["latest"] + [f"step_0000000{s}" for s in (1, 2, 3, 4)]
+    assert resolve_checkpoint(out) == root / "step_00000004" and verify_checkpoint(root / "step_00000004") is None
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
 def test_a_failing_write_leaves_earlier_checkpoints_intact(tmp_path):
     run = _run(tmp_path, steps=(1,))
@@ -369,6 +390,7 @@ def test_sigterm_on_one_torchrun_rank_stops_every_rank_after_the_same_step(tmp_p
     assert verify_checkpoint(out / "checkpoints" / "step_00000007") is None
 
 
+@pytest.mark.slow  # ~100 s of process restarts; the pieces it chains are tested one by one above
 def test_bench_faults_kills_inside_a_checkpoint_write_and_every_fault_is_survived(tmp_path, corpus_dir,
                                                                                    polymixer_cache):
     """The fault-injection bench on a tiny LM: SIGKILL (one of them while model.safetensors sits in the temporary
