@@ -174,11 +174,14 @@ def test_unpatchify_puts_each_patch_on_its_own_pixels():
 
 
 @pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "value_pom", "AV", "value_pom+shift4",
-                                   "value_pom+rope", "pom+rope", "attention+rope"])
+                                   "value_pom+rope", "pom+rope", "attention+rope", "value_pom+yearrope",
+                                   "attention+yearrope"])
 def test_padded_series_in_a_batch_equal_the_series_alone(mixer):
     torch.manual_seed(0)
     mixer, _, option = mixer.partition("+")  # a value PoM whose shift reads the last 4 frames; rotary dates
-    kw = {"shift_width": int(option[5:])} if option.startswith("shift") else {"date_rope": option == "rope"}
+    kw = {"shift_width": int(option[5:])} if option.startswith("shift") else {"date_rope": option.endswith("rope")}
+    if option == "yearrope":  # rotary dates at fractional positions: periods of 12 days and slower
+        kw.update(date_rope_base=80.0, date_rope_speed=0.5)
     model = pom_coefficients_of_order_one(toy(mixer, **kw))
     model = model.double().eval()
     with torch.no_grad():  # every tap of the shift non-zero, so that a padded frame leaking in would show
@@ -245,6 +248,28 @@ def test_date_rope_turns_the_temporal_mixers_by_the_day_of_year(mixer):
         assert (turned(x, doy) - turned(x, later)).abs().max() > 1e-4
 
 
+@pytest.mark.parametrize("mixer", ["attention", "value_pom"])
+def test_date_rope_base_and_speed_set_the_frequencies(mixer):
+    """Pair i of a head turns speed · base^(−2i/w) radians a day: the temporal mixers get the base, and their
+    positions are the days times the speed (the class tokens at 0)."""
+    torch.manual_seed(0)
+    model = toy(mixer, date_rope=True, date_rope_base=80.0, date_rope_speed=0.5).double().eval()
+    assert all(b.mixer.rope_base == 80.0 for b in model.temporal)
+    seen = []
+    model.temporal[0].register_forward_pre_hook(lambda m, a, kw: seen.append(kw["positions"]), with_kwargs=True)
+    x, doy = series(2, 5, dtype=torch.float64)
+    with torch.no_grad():
+        out = model(x, doy)
+    N = seen[0].shape[0] // 2  # patch series per sample
+    want = torch.cat([torch.zeros(2, model.config.num_classes), doy.double() * 0.5], 1).repeat_interleave(N, 0)
+    torch.testing.assert_close(seen[0], want, rtol=0, atol=0)
+    # the same weights with the default frequencies read the dates differently
+    plain = toy(mixer, date_rope=True).double().eval()
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert (plain(x, doy) - out).abs().max() > 1e-4
+
+
 def test_spatial_positions_at_any_size():
     model = toy()
     g = model.config.grid_size
@@ -281,6 +306,10 @@ def test_bad_inputs():
         TSViTConfig(spatial_position="sincos")
     with pytest.raises(ValueError, match="date_rope must be True or False"):
         TSViTConfig(date_rope="yes")
+    with pytest.raises(ValueError, match="date_rope_speed must be a positive number"):
+        TSViTConfig(date_rope_speed=0)
+    with pytest.raises(ValueError, match="date_rope_base must be above 1"):
+        TSViTConfig(date_rope_base=1)
     with pytest.raises(ValueError, match="unknown letters"):
         TSViTConfig(mixer="PL")
     with pytest.raises(ValueError, match="divisible by 4"):

@@ -25,7 +25,8 @@ Beyond the original:
   is segmented in one call; the spatial encoder of TSViPoM is linear in H·W where attention is quadratic;
 * with ``date_rope=True`` the temporal mixers also turn their queries / keys (PoM: its polynomial features) by 1-D
   rotary angles of the day of year, the class tokens at day 0: a class token's read then weights frames by their
-  date multiplicatively, not only through the date embedding added to each frame;
+  date multiplicatively, not only through the date embedding added to each frame (``date_rope_base`` and
+  ``date_rope_speed`` set the pairs' frequencies: the language models' 10000 and one radian a day by default);
 * the day of year is an integer 0–365 (the original stores it as a float and truncates, which moves 18 days of the
   year to their neighbour's embedding); :func:`unpack_dates` reads the original's packed input exactly;
 * un-patchifying puts patch (i, j)'s outputs on pixels [p·i, p·i + p) × [p·j, p·j + p) (the public code's last
@@ -73,6 +74,8 @@ class TSViTConfig:
     date_rope: bool = False  # True: every temporal mixer also turns its queries / keys (PoM: its polynomial
     #                          features) by 1-D rotary angles of the day of year (the class tokens at day 0), on top of
     #                          the additive date embedding, so that a read can select frames by date multiplicatively
+    date_rope_base: float = 10000.0  # date_rope: pair i of a head of width w turns speed · base^(−2i/w) radians a day
+    date_rope_speed: float = 1.0  # date_rope: radians a day of the fastest pair (1: the day of year as the position)
     degree: int = 2  # PoM degree
     expand: float = 2  # PoM expansion D = expand·dim
     sel_heads: int = 4  # PoM gate width: 1 = a gate per channel, h = one gate scalar per head of D/h channels
@@ -96,6 +99,13 @@ class TSViTConfig:
             raise ValueError(f"spatial_position must be one of {', '.join(_POSITIONS)}, got {self.spatial_position!r}")
         if not isinstance(self.date_rope, bool):
             raise ValueError(f"date_rope must be True or False, got {self.date_rope!r}")
+        for name in ("date_rope_base", "date_rope_speed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if self.date_rope_base <= 1:
+            raise ValueError(f"date_rope_base must be above 1 (the pairs turn slower one after another), got "
+                             f"{self.date_rope_base!r}")
         if self.hybrid_pom not in _HYBRID_POM:
             raise ValueError(f"hybrid_pom must be 'temporal' or 'spatial', got {self.hybrid_pom!r}")
         if self.spatial_position == "rope":
@@ -175,7 +185,7 @@ class TSViT(nn.Module):
         self.patch_embed = nn.Linear(c.patch_size ** 2 * c.num_bands, c.dim)
         self.date_embed = nn.Linear(DAYS_PER_YEAR, c.dim)  # a one-hot of the day of year, applied as a lookup
         self.class_tokens = nn.Parameter(torch.randn(1, c.num_classes, c.dim))
-        self.temporal = nn.ModuleList(self._block(letter, "1d" if c.date_rope else None)
+        self.temporal = nn.ModuleList(self._block(letter, "1d" if c.date_rope else None, c.date_rope_base)
                                       for letter in self.pattern[:c.temporal_depth])
         self.temporal_norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.spatial_pos = (nn.Parameter(torch.randn(1, c.grid_size ** 2, c.dim)) if c.spatial_position == "learned"
@@ -185,10 +195,11 @@ class TSViT(nn.Module):
         self.head_norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.head = nn.Linear(c.dim, c.patch_size ** 2)
 
-    def _block(self, letter: str, rope: Optional[str]) -> PolyMorpher:
+    def _block(self, letter: str, rope: Optional[str], rope_base: Optional[float] = None) -> PolyMorpher:
         c = self.config
         # TSViT's attention: q / k / v without bias, the output projection with one; PoMs with a bias on W_o
-        mixer = mixer_spec(letter).make(c.dim, heads=c.heads, qkv_bias=False, bias=True, rope=rope, degree=c.degree,
+        mixer = mixer_spec(letter).make(c.dim, heads=c.heads, qkv_bias=False, bias=True, rope=rope,
+                                        rope_base=rope_base, degree=c.degree,
                                         expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim,
                                         value_heads=c.value_heads, token_shift=c.shift_width)
         return PolyMorpher(c.dim, mixer=mixer, mlp_ratio=c.mlp_ratio, dropout=c.dropout, norm_eps=c.norm_eps)
@@ -255,7 +266,8 @@ class TSViT(nn.Module):
         if mask is not None:
             kw["mask"] = torch.cat([mask.new_ones(B, c.num_classes), mask], dim=1).repeat_interleave(N, dim=0)
         if c.date_rope:  # the class tokens at day 0, each frame at its day of year
-            kw["positions"] = torch.cat([doy.new_zeros(B, c.num_classes), doy], dim=1).repeat_interleave(N, dim=0)
+            days = torch.cat([doy.new_zeros(B, c.num_classes), doy], dim=1).repeat_interleave(N, dim=0)
+            kw["positions"] = days if c.date_rope_speed == 1 else days.double() * c.date_rope_speed
         for blk in self.temporal:
             seq = blk(seq, **kw)
         return self.temporal_norm(seq[:, :c.num_classes]).reshape(B, N, c.num_classes, c.dim)
