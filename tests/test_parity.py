@@ -188,6 +188,14 @@ def test_options_are_offered_to_every_model_alike(tmp_path):
                      row("tiny-tsvipom-value", 0.40, 0.004), row("tiny-tsvipom-value+date_rope=true", 0.45, 0.004)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["eo"]
     assert fam["attention"]["model"] == "tiny-tsvit" and fam["value"]["model"] == "tiny-tsvipom-value+date_rope=true"
+    # with several options each model takes its own best: here the second for the value PoM, none for attention
+    slow = "+date_rope=true+date_rope_speed=0.3+date_rope_base=30"
+    eo(tmp_path, 0, [row("tiny-tsvit", 0.40), row("tiny-tsvit+date_rope=true", 0.38), row("tiny-tsvit" + slow, 0.39),
+                     row("tiny-tsvipom-value", 0.40, 0.004), row("tiny-tsvipom-value+date_rope=true", 0.45, 0.004),
+                     row("tiny-tsvipom-value" + slow, 0.47, 0.004)])
+    fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["eo"]
+    assert fam["attention"]["model"] == "tiny-tsvit" and fam["value"]["model"] == "tiny-tsvipom-value" + slow
+    assert f"with +date_rope=true / {slow}, whichever" in parity.report(parity.collect(tmp_path))
 
 
 def test_an_option_on_one_seed_borrows_its_presets_spread(tmp_path):

@@ -97,7 +97,9 @@ FAMILIES: Tuple[Family, ...] = (
            key="preset", scale=100, best_target=0.05, guide="docs/ocr.md"),
     Family("satellite ({crop} px windows)", "eo", "test mIoU %", "miou_{crop}", True, "points", "tiny-tsvit",
            "tiny-tsvipom", "tiny-tsvipom-value", full_hybrids=("tiny-tsvipom-hybrid",), scale=100, best_target=-1.0,
-           all_target=-8.0, guide="docs/eo.md", options=("+date_rope=true",), defaults={"crop": 24}),
+           all_target=-8.0, guide="docs/eo.md", defaults={"crop": 24},
+           # rotary dates with the LM's frequencies, and with periods of 21 days to 500 days suited to days of a year
+           options=("+date_rope=true", "+date_rope=true+date_rope_speed=0.3+date_rope_base=30")),
     Family("point clouds", "points", "test mIoU %", "miou", True, "points", "tiny-ptv3", "tiny-ppomv3",
            "tiny-ppomv3-value", hybrids=("tiny-ppomv3-hybrid",), scale=100, best_target=-1.0, guide="docs/points.md"),
 )
@@ -326,8 +328,9 @@ def target_lines(item: Dict[str, Any]) -> List[str]:
     """A family's targets (:func:`judge`), one line each, with the rule its options follow."""
     lines = []
     if item.get("options"):
+        most = "best" if len(item["options"]) > 1 else "better"
         lines.append(f"{item['family']}: every model is compared as its preset or with "
-                     f"{' / '.join(item['options'])}, whichever scores better on the main seed (the option shown "
+                     f"{' / '.join(item['options'])}, whichever scores {most} on the main seed (the option shown "
                      f"beside a figure is the one taken)")
     for t in item["targets"]:
         measured = f": {t['measured']}" if t["measured"] else ""
