@@ -465,7 +465,7 @@ def test_every_bench_reports_again_from_its_json(bench, tmp_path, capsys):
     import shutil
     from pathlib import Path
 
-    from polymixer.bench.common import seed_payloads
+    from polymixer.bench.common import print_written, seed_payloads
     from polymixer.cli import main
 
     docs = Path(__file__).resolve().parent.parent / "docs" / "bench"
@@ -480,5 +480,8 @@ def test_every_bench_reports_again_from_its_json(bench, tmp_path, capsys):
     assert text == module.report(payload, seed_payloads(tmp_path, bench)) + "\n"
     assert "parity (as `polymixer bench parity` judges)" in text and (tmp_path / f"{bench}.png").stat().st_size > 10_000
     capsys.readouterr()
+    print_written(tmp_path, bench)  # what a bench's main prints after its run: that report, not a second build
+    files = ", ".join(str(tmp_path / f"{bench}.{ext}") for ext in ("json", "txt", "png"))
+    assert capsys.readouterr().out == f"{text}\nwrote {files}\n"
     assert main(["bench", bench, "--report", "--out", str(tmp_path / "empty")]) == 2
     assert f"{bench}.json: no bench results to report" in capsys.readouterr().err

@@ -410,6 +410,12 @@ def report_again(out: Path, bench: str, plot: Callable[[Dict[str, Any], Path], N
     return write_report(out, bench, payload, plot, report)
 
 
+def print_written(out: Path, bench: str) -> None:
+    """Print the report a bench's run wrote (``out/<bench>.txt``) and the files it wrote, without building it again."""
+    print((out / f"{bench}.txt").read_text(), end="")
+    print(f"\nwrote {out / f'{bench}.json'}, {out / f'{bench}.txt'}, {out / f'{bench}.png'}")
+
+
 def add_report_argument(p: Any, bench: str) -> None:
     """The ``--report`` flag of every family's bench."""
     p.add_argument("--report", action="store_true",

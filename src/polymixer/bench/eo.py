@@ -48,6 +48,7 @@ from .common import (
     parse_variant,
     picture_owner,
     rates_tried,
+    print_written,
     report_again,
     resume_point,
     run_parts,
@@ -589,6 +590,5 @@ def main(args: argparse.Namespace) -> int:
     for spec in cfg.quality_models:
         parse_variant(spec)  # fail before the speed part, not an hour later
     run(cfg)
-    print((Path(cfg.out) / "eo.txt").read_text(), end="")
-    print(f"\nwrote {Path(cfg.out) / 'eo.json'}, {Path(cfg.out) / 'eo.txt'}, {Path(cfg.out) / 'eo.png'}")
+    print_written(Path(cfg.out), "eo")
     return 0

@@ -35,6 +35,7 @@ from .common import (
     only_rates,
     parse_variant,
     rates_tried,
+    print_written,
     report_again,
     resume_point,
     run_parts,
@@ -371,6 +372,5 @@ def main(args: argparse.Namespace) -> int:
                                                  "seed")},
                      "presets": "quality_presets"})
     run(cfg)
-    print((Path(cfg.out) / "image.txt").read_text(), end="")  # the report run wrote
-    print(f"\nwrote {Path(cfg.out) / 'image.json'}, {Path(cfg.out) / 'image.txt'}, {Path(cfg.out) / 'image.png'}")
+    print_written(Path(cfg.out), "image")
     return 0

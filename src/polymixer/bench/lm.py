@@ -36,6 +36,7 @@ from .common import (
     only_rates,
     parse_variant,
     rates_tried,
+    print_written,
     report_again,
     resume_point,
     run_parts,
@@ -415,6 +416,5 @@ def main(args: argparse.Namespace) -> int:
                      "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets",
                      "sweep": "sweep", "lr_factors": "lr_factors", "lrs": "lrs"})
     run(cfg)
-    print((Path(cfg.out) / "lm.txt").read_text(), end="")  # the report run wrote
-    print(f"\nwrote {Path(cfg.out) / 'lm.json'}, {Path(cfg.out) / 'lm.txt'}, {Path(cfg.out) / 'lm.png'}")
+    print_written(Path(cfg.out), "lm")
     return 0

@@ -37,6 +37,7 @@ from .common import (
     only_rates,
     picture_owner,
     rates_tried,
+    print_written,
     report_again,
     resume_point,
     run_parts,
@@ -408,6 +409,5 @@ def main(args: argparse.Namespace) -> int:
                                     "digits_steps", "multiline_init", "sam_rho", "quality_presets", "sweep",
                                     "lr_factors", "lrs", "seed")})
     run(cfg)
-    print((Path(cfg.out) / "ocr.txt").read_text(), end="")  # the report run wrote
-    print(f"\nwrote {Path(cfg.out) / 'ocr.json'}, {Path(cfg.out) / 'ocr.txt'}, {Path(cfg.out) / 'ocr.png'}")
+    print_written(Path(cfg.out), "ocr")
     return 0

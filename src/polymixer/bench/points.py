@@ -44,6 +44,7 @@ from .common import (
     parse_variant,
     picture_owner,
     rates_tried,
+    print_written,
     report_again,
     resume_point,
     run_parts,
@@ -460,6 +461,5 @@ def main(args: argparse.Namespace) -> int:
     for spec in cfg.quality_models + cfg.patch_models:
         parse_variant(spec)  # fail before the speed part, not an hour later
     run(cfg)
-    print((Path(cfg.out) / "points.txt").read_text(), end="")  # the report run wrote
-    print(f"\nwrote {Path(cfg.out) / 'points.json'}, {Path(cfg.out) / 'points.txt'}, {Path(cfg.out) / 'points.png'}")
+    print_written(Path(cfg.out), "points")
     return 0
