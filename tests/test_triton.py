@@ -1,9 +1,11 @@
-"""The Triton backend of PoM against the float64 oracle: outputs and the gradients of the input and of every
-parameter, in every mode the kernels take, on tiny shapes with several chunks and channel blocks.
+"""The Triton backends of PoM (both routes: ``triton``, z in memory, and ``triton_gemm``, the input projection fused
+into the kernels) and of the value-carrying PoM against the float64 oracle: outputs and the gradients of the input
+and of every parameter, in every mode the kernels take, on tiny shapes that cross chunks, channel blocks, splits
+and sequences.
 
 Without a GPU the kernels run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``, set by conftest.py
 before Triton is imported); with ``POLYMIXER_TEST_DEVICE=cuda`` they run compiled on the GPU. Skipped without
-Triton (the ``[gpu]`` extra)."""
+Triton (the ``[gpu]`` extra). torch.compile / torch.export of the kernels: tests/test_kernel_ops.py."""
 
 from __future__ import annotations
 
@@ -19,17 +21,21 @@ pytest.importorskip("triton")
 
 from polymixer import PoM  # noqa: E402
 from polymixer.ops import backend, backend_for  # noqa: E402
+from polymixer.ops import triton_common as tc  # noqa: E402
 from polymixer.ops.pom import triton_kernels as tk  # noqa: E402
 
 CU = torch.tensor([0, 5, 6, 17, 21], dtype=torch.int32)  # four packed sequences, one of a single token
+ROUTES = ["triton", "triton_gemm"]
+SLOW = pytest.mark.slow  # the interpreter takes seconds per case: the default run keeps one case per kernel path
 
 
 @pytest.fixture(autouse=True)
 def small_tiles(device):
-    """Chunks of 8 tokens and blocks of 8 channels: tiny inputs still cross chunks, channel blocks and sequences."""
-    if device.type == "cpu" and not tk.interpreted():
+    """Chunks of 8 tokens, blocks of 8 channels, steps of 16 input features: tiny inputs still cross chunks,
+    channel blocks and sequences."""
+    if device.type == "cpu" and not tc.interpreted():
         pytest.skip("CPU tensors need TRITON_INTERPRET=1 (conftest.py sets it unless POLYMIXER_TEST_DEVICE=cuda)")
-    tk.use_config(tk.LaunchConfig(8, 8, 1))
+    tk.use_config(tk.LaunchConfig(8, 8, 1, 16))
     yield
     tk.use_config(None)
 
@@ -52,8 +58,10 @@ def _run(m: PoM, x: torch.Tensor, name: str, **kw) -> list:
     return [y.detach(), x.grad, m.coeff.grad, m.gate_bias.grad, m.in_proj.weight.grad, m.out_proj.weight.grad]
 
 
-def _check(m: PoM, x: torch.Tensor, device: torch.device, rtol: float = 1e-5, **kw) -> None:
-    got = _run(m.to(device, torch.float32), x.to(device, torch.float32), "triton", **kw)
+def _check(m: PoM, x: torch.Tensor, device: torch.device, rtol: float = 1e-5, route: str = "triton", **kw) -> None:
+    if device.type == "cuda" and route == "triton_gemm":
+        rtol = max(rtol, 5e-3)  # the fused products run in tf32 on a GPU
+    got = _run(m.to(device, torch.float32), x.to(device, torch.float32), route, **kw)
     ref_kw = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     want = _run(m.cpu().double(), x.cpu().double(), "reference", **ref_kw)
     for name, a, b in zip(("y", "dx", "dcoeff", "dbias", "dW_in", "dW_o"), got, want):
@@ -61,7 +69,6 @@ def _check(m: PoM, x: torch.Tensor, device: torch.device, rtol: float = 1e-5, **
         assert err <= rtol, f"{name}: relative error {err:.2e} > {rtol:.0e}"
 
 
-SLOW = pytest.mark.slow  # the interpreter takes seconds per case: the default run keeps one case per kernel path
 MODES = {
     "full": {},
     "causal": dict(causal=True),
@@ -70,10 +77,40 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("mode", [m if m != "block-causal (block > chunk)" else pytest.param(m, marks=SLOW)
-                                  for m in MODES])
-def test_modes_match_the_oracle(mode, device):
-    _check(_mixer(), torch.randn(2, 21, 8), device, **MODES[mode])
+@pytest.mark.parametrize("route, mode", [
+    (r, m) if (r == "triton" and m != "block-causal (block > chunk)") or (r, m) == ("triton_gemm", "full")
+    else pytest.param(r, m, marks=SLOW) for r in ROUTES for m in MODES])
+def test_modes_match_the_oracle(mode, route, device):
+    _check(_mixer(), torch.randn(2, 21, 8), device, route=route, **MODES[mode])
+
+
+SPLIT_MODES = {"causal": dict(causal=True), "block-causal": dict(causal=True, block_size=3),
+               "packed full": dict(cu_seqlens=CU, mask=torch.rand(1, 21) > 0.2)}
+
+
+@pytest.mark.parametrize("route, mode", [
+    (r, m) if (r, m) in (("triton", "causal"), ("triton", "packed full"), ("triton_gemm", "causal"))
+    else pytest.param(r, m, marks=SLOW) for r in ROUTES for m in SPLIT_MODES])
+def test_rows_cut_into_splits_match_the_oracle(route, mode, device):
+    """Few rows × channel blocks: each row walks in splits, whose carries come from a summary walk and the carry
+    kernel — forward and backward, in a causal, an end-token and a packed mode."""
+    tk.use_config(tk.LaunchConfig(4, 8, 1, 16, splits=3))
+    kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in SPLIT_MODES[mode].items()}
+    x = torch.randn(1 if "cu_seqlens" in kw else 2, 21, 8)
+    _check(_mixer(), x, device, route=route, **kw)
+    layout = tk.mix_layout(2, 21, 16, 16, 3, 0, 1, 1, 0, device)
+    assert (layout.splits("causal_walk"), layout.cps("causal_walk"), layout.nc("causal_walk")) == (3, 2, 6)
+
+
+def test_splits_follow_the_gpu_size():
+    """Rows × channel blocks that fill twice the SMs walk whole; fewer are cut into splits of whole chunks."""
+    tk.use_config(None)
+    cpu = torch.device("cpu")  # counted as 132 SMs
+    wide = tk.mix_layout(16, 4096, 1024, 1024, 2, 0, 1, 1, 0, cpu)  # 16 rows × 32 channel blocks = 512 programs
+    assert wide.splits("causal_walk") == 1
+    long = tk.mix_layout(1, 65536, 1024, 1024, 2, 0, 1, 1, 0, cpu)  # 1 row × 32 blocks: 9 splits of 114 chunks
+    r = "causal_walk"
+    assert long.splits(r) == 9 and long.cps(r) * long.splits(r) >= long.nc(r) > long.cps(r) * (long.splits(r) - 1)
 
 
 @SLOW
@@ -89,17 +126,24 @@ def test_key_padding(causal, device):
     _check(_mixer(), torch.randn(2, 21, 8), device, causal=causal, mask=mask.to(device))
 
 
-@pytest.mark.parametrize("mode", [pytest.param("full", marks=SLOW), "causal", pytest.param("block", marks=SLOW)])
+@pytest.mark.parametrize("mode", ["full", "causal", "block"])
 def test_packed_sequences(mode, device):
     kw = {"full": {}, "causal": dict(causal=True), "block": dict(causal=True, block_size=3)}[mode]
     mask = torch.rand(1, 21) > 0.2
     _check(_mixer(), torch.randn(1, 21, 8), device, cu_seqlens=CU.to(device), mask=mask.to(device), **kw)
 
 
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("causal", [pytest.param(False, marks=SLOW), True])
-def test_rotary_1d(causal, device):
-    _check(_mixer(rope="1d"), torch.randn(2, 21, 8), device, causal=causal)
-    _check(_mixer(rope="1d"), torch.randn(1, 21, 8), device, causal=causal, cu_seqlens=CU.to(device))
+def test_rotary_1d(causal, route, device):
+    _check(_mixer(rope="1d"), torch.randn(2, 21, 8), device, route=route, causal=causal)
+    _check(_mixer(rope="1d"), torch.randn(1, 21, 8), device, route=route, causal=causal, cu_seqlens=CU.to(device))
+
+
+def test_rotary_at_long_range(device):
+    """Angles of positions near 10⁶ are reduced modulo 2π in float64 inside the kernels, as the torch form does."""
+    pos = torch.arange(21) * 47_000 + 3
+    _check(_mixer(rope="1d"), torch.randn(2, 21, 8), device, causal=True, positions=pos.to(device))
 
 
 def test_rotary_2d(device):
@@ -108,10 +152,13 @@ def test_rotary_2d(device):
     _check(_mixer(rope="2d"), torch.randn(2, 15, 8), device, positions=pos.to(device))
 
 
+@pytest.mark.parametrize("route", ["triton", pytest.param("triton_gemm", marks=SLOW)])
 @pytest.mark.parametrize("degree, sel_heads", [(5, 4), pytest.param(1, 1, marks=SLOW), pytest.param(2, 4, marks=SLOW),
                                                pytest.param(1, 4, marks=SLOW), pytest.param(5, 1, marks=SLOW)])
-def test_degrees_and_gate_heads(degree, sel_heads, device):
-    _check(_mixer(degree=degree, sel_heads=sel_heads), torch.randn(2, 13, 8), device, causal=True)
+def test_degrees_and_gate_heads(degree, sel_heads, route, device):
+    _check(_mixer(degree=degree, sel_heads=sel_heads), torch.randn(2, 13, 8), device, route=route, causal=True)
+    if sel_heads > 1:
+        _check(_mixer(degree=degree, sel_heads=sel_heads), torch.randn(2, 13, 8), device, route=route)
 
 
 @pytest.mark.parametrize("gate, activation", [("sigmoid", "gelu")] + [
@@ -128,18 +175,37 @@ def test_odd_lengths(n, device):
     _check(_mixer(), torch.randn(3, n, 8), device)
 
 
-def test_bf16_is_within_the_torch_forms_tolerance(device):
+@pytest.mark.parametrize("route", ROUTES)
+def test_bf16_is_within_the_torch_forms_tolerance(route, device):
     """bf16 activations, fp32 accumulation: the kernels stay as close to the float64 oracle as the torch form does."""
     m = _mixer().to(device)
     x = torch.randn(2, 21, 8, device=device)
     exact = _run(m.double(), x.double(), "reference", causal=True)[0]
     m = m.float()
     errs = {}
-    for name in ("triton", "torch"):
+    for name in (route, "torch"):
         with torch.autocast(device.type, dtype=torch.bfloat16):
             y = _run(m, x, name, causal=True)[0]
         errs[name] = (y.double() - exact).abs().max().item() / exact.abs().max().item()
-    assert errs["triton"] <= 2 * errs["torch"] + 1e-3, errs
+    assert errs[route] <= 2 * errs["torch"] + 1e-3, errs
+
+
+@pytest.mark.parametrize("case", [("causal", "triton"), ("full", "triton_gemm")])
+def test_hbm_passes_are_counted_at_the_floor(case):
+    """The interpreter counts each kernel's distinct bytes read and written: the unfused mixing moves exactly the
+    floor (forward: read z_h, z_s, write g = 3 passes over N·D; backward: read z_h, z_s, dg, write dz_h, dz_s = 5),
+    the fused route writes g and reads x instead of z — as :func:`polymixer.ops.cost.hbm_passes` models."""
+    from polymixer.ops import traffic
+    from polymixer.ops.cost import hbm_passes
+
+    mode, route = case
+    r = traffic.count(traffic.Case(mode, route), B=1, N=64, d=16, D=32)
+    model = hbm_passes("causal" if mode == "causal" else "end", fused=route == "triton_gemm", d_over_D=0.5)
+    assert r["forward"]["passes"] == pytest.approx(model["forward"], abs=0.02)
+    assert r["backward"]["passes"] == pytest.approx(model["backward"], abs=0.02)
+    if route == "triton":
+        assert r["forward"]["passes"] == pytest.approx(3.0, abs=0.02)
+        assert r["backward"]["passes"] == pytest.approx(5.0, abs=0.02)
 
 
 def test_deterministic(device):
@@ -149,68 +215,139 @@ def test_deterministic(device):
     assert all(torch.equal(u, v) for u, v in zip(a, b))
 
 
+def test_offsets_are_64_bit():
+    """A row or chunk offset past 2³¹ elements (B·N·D ≥ 2³¹: B 32, N 16k, D 4k) is computed in 64 bits — the
+    32-bit product these kernels used to form wraps around."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def offsets(out_ptr, stride):
+        b = tl.program_id(0) + 3
+        tl.store(out_ptr + tl.program_id(0), tc.offset64(b, stride))
+
+    stride = 2 ** 30 + 16  # an int32 argument, like the row stride of a (B, 16k, 64k) tensor
+    out = torch.zeros(2, dtype=torch.int64)
+    offsets[(2,)](out, stride)
+    assert out.tolist() == [3 * stride, 4 * stride]
+    wrapped = torch.tensor([3, 4], dtype=torch.int32) * torch.tensor(stride, dtype=torch.int32)
+    assert wrapped.tolist() != out.tolist()  # what 32-bit arithmetic gives
+
+
 def test_the_dispatcher_routes_and_refuses_clearly(device):
     m = _mixer().to(device)
     x = torch.randn(1, 6, 8, device=device)
     args = (x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
-    with backend("triton"):
-        assert backend_for("pom", *args, causal=True)["backend"] == "triton"
-        with pytest.raises(NotImplementedError, match="backend 'triton' cannot take this pom call: cross-mixing"):
-            m(x, torch.randn(1, 4, 8, device=device))
-        with pytest.raises(NotImplementedError, match=r"explicit \(B, M, N\) mask"):
-            m(x, mask=torch.ones(1, 6, 6, dtype=torch.bool, device=device))
+    for route in ROUTES:
+        with backend(route):
+            assert backend_for("pom", *args, causal=True)["backend"] == route
+            with pytest.raises(NotImplementedError, match=f"backend '{route}' cannot take this pom call: cross-mix"):
+                m(x, torch.randn(1, 4, 8, device=device))
+            with pytest.raises(NotImplementedError, match=r"explicit \(B, M, N\) mask"):
+                m(x, mask=torch.ones(1, 6, 6, dtype=torch.bool, device=device))
     auto = backend_for("pom", *args, causal=True)
     if device.type == "cpu":  # the interpreter is never chosen automatically
         assert auto["backend"] == "cpu" and "CUDA tensors only" in auto["passed_over"]["triton"]
     else:
-        assert auto["backend"] == "triton"
+        assert auto["backend"] in ROUTES
 
 
-@pytest.mark.parametrize("tile", [pytest.param(t, marks=() if t == (64, False) else SLOW,
-                                               id=f"{t[0]}ch{'-rope' if t[1] else ''}") for t in tk.TILES])
-def test_every_launch_configuration_matches_the_oracle(tile, device):
-    """The tiles the dispatcher picks on a GPU (not the tests' tiny ones): a mixer whose width selects exactly this
-    tile, causal and full, over a length that crosses a chunk, against the oracle."""
-    block_d, rope = tile
-    block_n, warps = tk.TILES[tile]
-    D = 2 * block_d if rope else block_d
-    G = block_d if block_d > (32 if rope else 64) else 1  # tiles wider than the default come from a whole gate head
+def test_the_fused_route_is_chosen_where_the_model_predicts_it_faster():
+    """The automatic choice between the routes follows the roofline model (predicted, not measured): fp32 without
+    tf32 stays unfused; a narrow, memory-bound bf16 layer takes the fused route for training and inference; a
+    GPT-2-sized layer with a gate per head does not (its fused GEMM tile streams too little work per byte)."""
+    from polymixer.ops.pom import make_call, triton_gemm
+
+    def reason(dim: int, tokens: int, train: bool, heads: int = 1):
+        m = PoM(dim, expand=2, sel_heads=heads)
+        x = torch.randn(1, tokens, dim)
+        with torch.set_grad_enabled(train), torch.autocast("cpu", dtype=torch.bfloat16):
+            call, _ = make_call(x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight, causal=True)
+            return triton_gemm.predicted_win(call)
+
+    m = _mixer(64)
+    call, _ = make_call(torch.randn(2, 64, 64), None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
+    assert "fp32 products without tf32" in triton_gemm.predicted_win(call)
+    assert reason(128, 8192, train=True) is None and reason(128, 8192, train=False) is None
+    assert "predicts the unfused route faster" in reason(768, 8192, train=False, heads=12)
+
+
+@pytest.mark.parametrize("key", [pytest.param(k, marks=() if k == (False, False, 16) else SLOW,
+                                              id=f"{'fused' if k[0] else 'unfused'}{'-rope' if k[1] else ''}-G{k[2]}")
+                                 for k in tk.TILES])
+def test_every_tile_matches_the_oracle(key, device):
+    """The tiles the dispatcher picks on a GPU (not the tests' tiny ones), per route, rotary and gate-head class:
+    causal and full over a length that crosses a chunk of every kernel, against the oracle — forward and backward
+    where every kernel has a tile that fits the registers, the forward alone where only the forward's do, and a
+    clear refusal where not even those do."""
+    fused, rope, hc = key
     tk.use_config(None)  # the dispatcher's own choice
-    assert tk.launch_configs(D, G, "1d" if rope else None) == tk.LaunchConfig(block_n, block_d, warps)
+    G = 1 if hc == 16 else hc
+    D = 2 * 2 * max(hc, 32) if rope else 2 * max(hc, 32)  # two channel blocks of the widest tile
     m = _mixer(D // 2, degree=2, expand=2, rope="1d" if rope else None, **({"sel_heads": D // G} if G > 1 else {}))
-    x = torch.randn(1, block_n + 5, D // 2)
+    route = "triton_gemm" if fused else "triton"
+    x = torch.randn(1, 64 + 5, D // 2)
     for kw in (dict(causal=True), {}):
-        _check(m, x, device, **kw)
+        layout = tk.mix_layout(1, 69, D, D // G, 2, 0 if kw else 1, 1, 1, int(rope), device, fused)
+        if layout.missing(backward=True) is None:
+            _check(m, x, device, route=route, **kw)
+        elif layout.missing(backward=False) is None:  # inference only: the forward against the oracle
+            with torch.no_grad(), backend(route):
+                y = m.float()(x.float(), **kw)
+            with backend("reference"):
+                want = m.double()(x.double(), **kw)
+            assert (y.double() - want).abs().max() <= 1e-5 * want.abs().max()
+            with backend(route), pytest.raises(NotImplementedError, match="fits the registers"):
+                m.float()(x.float().requires_grad_(), **kw)
+        else:
+            with torch.no_grad(), backend(route), pytest.raises(NotImplementedError, match="fits the registers"):
+                m.float()(x.float(), **kw)
 
 
 @pytest.mark.parametrize("every", [False, pytest.param(True, marks=SLOW)], ids=["default-configs", "every-config"])
 def test_the_kernels_build_for_sm_80_and_sm_90_without_spills(tmp_path, every):
-    """The build of every kernel at its default configuration, ahead of time, in a process without the interpreter
-    (every launch configuration, 228 builds: ``pytest -m slow``, about 10 minutes without a cache)."""
+    """The build of every kernel at its default configuration on both routes, ahead of time, in a process without
+    the interpreter: no spills and at least 2 CTAs per SM (every configuration, degree, activation, gate and dtype:
+    ``pytest -m slow``, about 15 minutes without a cache)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "kernels.json"
     res = subprocess.run([sys.executable, "-m", "polymixer.cli", "kernels", "--arch", "sm_80", "sm_90", "--quiet",
                           "--json", str(out)] + ([] if every else ["--representative"]), capture_output=True,
-                         text=True, env=env, timeout=1800)
+                         text=True, env=env, timeout=3600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = json.loads(out.read_text())
-    assert {r["kernel"] for r in rows} >= set(tk.KERNELS) and {r["arch"] for r in rows} == {"sm_80", "sm_90"}
-    assert all(r["ok"] and r["spills"] == 0 and r["registers"] for r in rows), [r for r in rows if not r["ok"]]
-    assert set(rows[0]) == {"op", "kernel", "config", "arch", "registers", "spills", "shared_bytes", "ok", "error"}
+    from polymixer.ops.value_pom import triton_kernels as vk
+
+    assert {r["kernel"] for r in rows} >= set(tk.KERNELS) | set(vk.KERNELS)
+    assert {r["arch"] for r in rows} == {"sm_80", "sm_90"}
+    assert all(r["ok"] and r["spills"] == 0 and r["registers"] and r["ctas_per_sm"] >= 2 for r in rows), \
+        [r for r in rows if not r["ok"] or r["spills"] or r["ctas_per_sm"] < 2]
+    assert set(rows[0]) == {"op", "kernel", "config", "arch", "registers", "spills", "shared_bytes", "ctas_per_sm",
+                            "ok", "error"}
     assert "per kernel and architecture" in res.stdout
+    if every:  # the covering set: every degree, activation, gate and dtype built at least once
+        configs = " ".join(r["config"] for r in rows if r["op"] == "pom")
+        assert all(f"K={k}," in configs for k in range(1, 6)) and all(f"ACT={a}," in configs for a in range(6))
+        assert all(f"GATE={g}," in configs for g in range(3))
+        assert all(dt in configs for dt in ("fp32", "bf16", "fp16"))
 
 
 def test_the_kernel_summary_keeps_the_worst_configuration():
-    from polymixer.ops.aot import summarise
+    from polymixer.ops.aot import occupancy, summarise
 
-    rows = [{"kernel": "k", "arch": "sm_90", "ok": True, "registers": 100, "spills": 0, "shared_bytes": 2048},
-            {"kernel": "k", "arch": "sm_90", "ok": True, "registers": 168, "spills": 8, "shared_bytes": 1024},
+    rows = [{"kernel": "k", "arch": "sm_90", "ok": True, "registers": 100, "spills": 0, "shared_bytes": 2048,
+             "ctas_per_sm": 4},
+            {"kernel": "k", "arch": "sm_90", "ok": True, "registers": 168, "spills": 8, "shared_bytes": 1024,
+             "ctas_per_sm": 3},
             {"kernel": "k", "arch": "sm_90", "ok": False, "registers": None, "spills": None, "shared_bytes": None},
-            {"kernel": "k", "arch": "sm_80", "ok": True, "registers": 90, "spills": 0, "shared_bytes": 0}]
+            {"kernel": "k", "arch": "sm_80", "ok": True, "registers": 90, "spills": 0, "shared_bytes": 0,
+             "ctas_per_sm": 5}]
     s = {r["arch"]: r for r in summarise(rows)}
     assert s["sm_90"] == {"kernel": "k", "arch": "sm_90", "builds": 3, "compiled": 2, "max_registers": 168,
-                          "max_spills": 8, "max_shared_kb": 2.0}
+                          "max_spills": 8, "max_shared_kb": 2.0, "min_ctas_per_sm": 3}
     assert s["sm_80"]["builds"] == 1 and s["sm_80"]["max_registers"] == 90
+    # 255 registers × 128 threads = 32,640 ≤ 32,768: two blocks; at 8 warps one; shared memory can bind too
+    assert occupancy(255, 4, 0, 90) == 2 and occupancy(255, 8, 0, 90) == 1 and occupancy(64, 4, 120_000, 90) == 1
 
 
 # -- the value-carrying PoM -------------------------------------------------------------------------------------
@@ -226,8 +363,9 @@ def _value_mixer(**kw) -> PoM:
 
 
 def _value_check(m: PoM, x: torch.Tensor, device: torch.device, rtol: float = 1e-5, **kw) -> None:
-    """Against the oracle; on a GPU the kernels' products are tf32 (≈ 1e-3 relative), in the interpreter exact."""
+    """Against the oracle; on a GPU the kernels' fp32 products are tf32 (≈ 1e-3 relative), in the interpreter exact."""
     rtol = rtol if device.type == "cpu" else 5e-3
+
     def run(mm, xx, name, kws):
         mm.zero_grad()
         xx = xx.detach().clone().requires_grad_()
@@ -251,50 +389,104 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(vk, "CHUNK", 16)  # 37 tokens: three chunks
 
 
-VALUE_MODES = {"causal": dict(causal=True), "block-causal": dict(causal=True, block_size=4),
+VCU = torch.tensor([0, 5, 6, 30, 37], dtype=torch.int32)
+VALUE_MODES = {"causal": dict(causal=True), "block-causal (block divides the chunk)": dict(causal=True, block_size=4),
+               "block-causal (block straddles chunks)": dict(causal=True, block_size=5),
                "key padding": dict(causal=True, mask=torch.rand(2, 37) > 0.3),
                "rotary": dict(causal=True), "full": {}}
 
 
-@pytest.mark.parametrize("mode", ["causal", "block-causal", pytest.param("key padding", marks=SLOW),
-                                  pytest.param("rotary", marks=SLOW), pytest.param("full", marks=SLOW)])
+@pytest.mark.parametrize("mode", ["causal", "block-causal (block straddles chunks)",
+                                  pytest.param("block-causal (block divides the chunk)", marks=SLOW),
+                                  pytest.param("key padding", marks=SLOW), pytest.param("rotary", marks=SLOW),
+                                  pytest.param("full", marks=SLOW)])
 def test_value_pom_modes_match_the_oracle(mode, device, small_chunks):
     kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in VALUE_MODES[mode].items()}
     m = _value_mixer(rope="1d" if mode == "rotary" else None)
     _value_check(m, torch.randn(2, 37, 8), device, **kw)
 
 
-def test_value_pom_packed_causal_matches_the_oracle(device, small_chunks):
-    cu = torch.tensor([0, 5, 6, 30, 37], dtype=torch.int32, device=device)
-    _value_check(_value_mixer(), torch.randn(1, 37, 8), device, causal=True, cu_seqlens=cu)
+@pytest.mark.parametrize("mode", ["causal", "full", pytest.param("block", marks=SLOW)])
+def test_value_pom_packed_sequences_match_the_oracle(mode, device, small_chunks):
+    """Packed sequences mix in place in every mode (no padding to one length, no host synchronisation)."""
+    kw = {"causal": dict(causal=True), "full": {}, "block": dict(causal=True, block_size=3)}[mode]
+    mask = (torch.rand(1, 37) > 0.2).to(device)
+    _value_check(_value_mixer(), torch.randn(1, 37, 8), device, cu_seqlens=VCU.to(device), mask=mask, **kw)
 
 
 def test_value_pom_dispatch(device, small_chunks):
     m = _value_mixer().to(device)
     x = torch.randn(1, 20, 8, device=device)
-    with backend("triton"), pytest.raises(NotImplementedError, match="block size 3 does not divide the chunk"):
-        m(x, causal=True, block_size=3)
     args = (x, None, *m.value_weights())
+    with backend("triton"):
+        assert backend_for("value_pom", *args, causal=True, block_size=3)["backend"] == "triton"
+        with pytest.raises(NotImplementedError, match="cross-mixing is not in the kernels"):
+            m(x, torch.randn(1, 4, 8, device=device))
     assert backend_for("value_pom", *args, causal=True)["backend"] == ("triton" if device.type == "cuda" else "torch")
 
 
-@SLOW
-def test_the_first_use_check_passes(device):
-    tk._CHECKED.pop((device.type, device.index), None)
+# -- the first-use check ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_checks(monkeypatch):
+    """The first-use checks of this test only (the process-wide record left as it was)."""
+    monkeypatch.setattr(tc, "CHECKED", {})
+    return tc.CHECKED
+
+
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode", "autocast"])
+def test_the_first_use_check_cannot_fail_because_of_the_callers_context(context, device, fresh_checks, monkeypatch):
+    """Evaluation or generate() first (no_grad / inference_mode) or a bf16 autocast region around the first call:
+    the check runs in a clean context of its own and passes — in float32 and in the call's dtype."""
+    monkeypatch.setattr(tk, "CHECK_SHAPE", (8, 16, 20))  # the interpreter's pace: one small mode
+    monkeypatch.setattr(tk, "CHECK_MODES", ("causal",))
+    ctx = {"no_grad": torch.no_grad(), "inference_mode": torch.inference_mode(),
+           "autocast": torch.autocast(device.type, dtype=torch.bfloat16)}[context]
+    dtype = torch.bfloat16 if context == "autocast" else torch.float32
+    with ctx:
+        assert tk.self_check(device, dtype) is None
+    assert fresh_checks[("pom", device.type, device.index, torch.float32)] is None
+    assert fresh_checks[("pom", device.type, device.index, dtype)] is None
+
+
+def test_the_first_use_check_waits_out_a_cuda_graph_capture(monkeypatch, device, fresh_checks):
+    """During a CUDA-graph capture nothing is run: the check answers "not yet checked" and runs at the next call."""
+    monkeypatch.setattr(tc, "_capturing", lambda dev: True)
+    why = tk.self_check(device)
+    assert "CUDA graph is being captured" in why and not fresh_checks
+    monkeypatch.setattr(tc, "_capturing", lambda dev: False)
+    monkeypatch.setattr(tk, "run_check", lambda dev, dt, name="triton": None)
     assert tk.self_check(device) is None
 
 
-def test_a_failing_first_use_check_makes_the_dispatcher_fall_back(monkeypatch, device):
-    """Kernels that misbehave where they first run compiled are caught by the check, with a warning, and the
-    automatic choice runs the torch form."""
-    fake = torch.device("cpu", 7)  # a key of its own
-    monkeypatch.setitem(tk._CHECKED, ("cpu", 7), None)
-    tk._CHECKED.pop(("cpu", 7))
+def test_a_failing_first_use_check_is_loud_and_backend_for_repeats_it(monkeypatch, device, fresh_checks):
+    """Kernels that misbehave where they first run compiled: the automatic choice warns once and runs the next
+    backend, backend_for says why, an explicit choice raises the reason."""
+    from polymixer.ops import dispatch
 
-    def broken(*args, **kwargs):
+    def broken(dev, dtype, name="triton"):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr("polymixer.ops.pom.pom", broken)
+    monkeypatch.setattr(tk, "run_check", broken)
+    monkeypatch.setattr(tk, "needs_check", lambda dev: True)  # checked here as on a GPU
+    monkeypatch.setitem(dispatch._PRECHECKS, ("pom", "triton"), lambda call, explicit=False: None)
+    m = _mixer().to(device)
+    x = torch.randn(1, 6, 8, device=device)
+    args = (x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
     with pytest.warns(RuntimeWarning, match="failed their first-use check .* illegal memory access"):
-        why = tk.self_check(fake)
-    assert "illegal memory access" in why and tk.self_check(fake) == why  # checked once
+        auto = backend_for("pom", *args, causal=True)
+    assert auto["backend"] != "triton" and "illegal memory access" in auto["passed_over"]["triton"]
+    assert backend_for("pom", *args, causal=True) == auto  # checked once
+    with backend("triton"), pytest.raises(NotImplementedError, match="first-use check .* illegal memory access"):
+        m(x, causal=True)
+
+
+@SLOW
+def test_the_first_use_checks_pass(device, fresh_checks):
+    from polymixer.ops.pom import triton_gemm
+    from polymixer.ops.value_pom import triton_kernels as vk
+
+    tk.use_config(None)
+    assert tk.self_check(device) is None and triton_gemm.self_check(device) is None
+    assert vk.self_check(device) is None

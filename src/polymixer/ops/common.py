@@ -22,7 +22,7 @@ __all__ = ["ActivationLike", "CuSeqlens", "ACTIVATIONS", "GATES", "GATES_INPLACE
            "activation", "gate_fn", "compute_dtype", "elementwise_backward", "is_compiling", "check_cu_seqlens",
            "segments", "documents_cu_seqlens", "rope_angles", "rotate", "check_tokens", "check_bool_mask",
            "check_positions", "default_positions", "batch_packed", "check_mix_inputs", "packed_local_positions",
-           "triton_precheck"]
+           "triton_precheck", "triton_possible"]
 
 # ----------------------------------------------------------------------------------------------------------------
 # Elementwise non-linearities: forward and closed-form derivative, so that custom backwards can recompute cheaply.
@@ -350,6 +350,16 @@ def check_mix_inputs(
             raise ValueError("a (B, M, N) mask and cu_seqlens cannot be combined")
     return B, M, N, key_mask, general, cu_q, cu_k
 
+
+
+def triton_possible() -> bool:
+    """Whether Triton kernels could run in this process (a CUDA device, or the interpreter) and Triton is
+    installed: then the Triton backends are imported with the ops, so that ``torch.compile`` can choose them."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return False
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or torch.cuda.is_available()
 
 
 def triton_precheck(call: Any, explicit: bool = False) -> Optional[str]:

@@ -6,10 +6,15 @@ Each op (``pom``, ``pom_step``, ``value_pom``, ``value_pom_step``) has backends 
 * ``reference`` — the float64 oracle, the paper's formula literally (an explicit visibility matrix: O(M·N));
 * ``torch`` — the device-agnostic modular form (every device, every mode, ``torch.compile``);
 * ``cpu`` — the fused, cache-tiled CPU path of the hot modes;
-* ``triton`` — the GPU kernels (CUDA tensors; CPU tensors too under ``TRITON_INTERPRET=1``, for testing).
+* ``triton`` — the GPU kernels between cuBLAS projections (CUDA tensors; CPU tensors too under
+  ``TRITON_INTERPRET=1``, for testing);
+* ``triton_gemm`` — the same kernels with the input projection inside them (z never written), where the roofline model
+  predicts it faster.
 
-The automatic choice tries ``triton``, then ``cpu``, then ``torch`` — the first that supports the call — and never
-picks ``reference``. ``with polymixer.backend("cpu"):`` makes a choice explicit, in the style of
+The automatic choice tries ``triton_gemm``, ``triton``, ``cpu``, then ``torch`` — the first that supports the call —
+and never picks ``reference``. The Triton backends are custom ops, so they are chosen inside ``torch.compile`` too;
+they are imported with the op's package when they could run (a GPU, or the interpreter), because dynamo cannot
+trace an import. ``with polymixer.backend("cpu"):`` makes a choice explicit, in the style of
 ``torch.nn.attention.sdpa_kernel``: an explicit choice is strict and raises ``NotImplementedError`` naming the case
 it cannot take. :func:`backend_for` says which backend a call would get and why the others were passed over; the
 logger ``polymixer.ops`` says the same at DEBUG level for every call.
@@ -30,8 +35,8 @@ __all__ = ["BACKENDS", "backend", "current_backend", "choose", "backend_for", "d
 
 log = logging.getLogger("polymixer.ops")
 
-BACKENDS = ("reference", "torch", "cpu", "triton")
-AUTO_ORDER = ("triton", "cpu", "torch")
+BACKENDS = ("reference", "torch", "cpu", "triton", "triton_gemm")
+AUTO_ORDER = ("triton_gemm", "triton", "cpu", "torch")
 
 # op → backend → its module, or the module's name while it is not imported yet (the Triton backends: imported only
 # when a call could run on them). Each op's package registers its backends (:func:`register`).
@@ -78,11 +83,17 @@ def disabled_backends(*names: str) -> Iterator[None]:
         _STATE["disabled"] = previous
 
 
-def register(op: str, name: str, module: Union[str, ModuleType], precheck: Any = None) -> None:
-    """Make ``module`` (or the module of that name, imported on first use) backend ``name`` of ``op``;
-    ``precheck(call)`` (None or why not) runs before a lazy module is imported."""
+def register(op: str, name: str, module: Union[str, ModuleType], precheck: Any = None, eager: bool = False
+             ) -> None:
+    """Make ``module`` (or the module of that name, imported on first use — now when ``eager``) backend ``name`` of
+    ``op``; ``precheck(call, explicit)`` (None or why not) runs before a lazy module is imported."""
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; the backends are {', '.join(BACKENDS)}")
+    if eager and isinstance(module, str):
+        try:
+            module = importlib.import_module(module)
+        except ImportError as e:  # Triton not installed: the reason is given where a call could have used it
+            log.debug("backend %s of %s not imported: %s", name, op, e)
     _MODULES.setdefault(op, {})[name] = module
     if precheck is not None:
         _PRECHECKS[(op, name)] = precheck

@@ -171,12 +171,15 @@ def backend_for(*args: Any, **kwargs: Any) -> Dict[str, Any]:
     return dispatch.backend_for("pom", call)
 
 
-# the backends of pom and pom_step (the Triton one is imported only when a call could run on it)
-from ..common import triton_precheck  # noqa: E402
+# the backends of pom and pom_step (the Triton ones are imported only where they could run)
+from ..common import triton_possible, triton_precheck  # noqa: E402
 from . import fused_cpu, modular, modular_step, reference  # noqa: E402
 
 dispatch.register("pom", "reference", reference)
 dispatch.register("pom", "torch", modular)
 dispatch.register("pom", "cpu", fused_cpu)
-dispatch.register("pom", "triton", "polymixer.ops.pom.triton_kernels", precheck=triton_precheck)
+dispatch.register("pom", "triton", "polymixer.ops.pom.triton_kernels", precheck=triton_precheck,
+                  eager=triton_possible())
+dispatch.register("pom", "triton_gemm", "polymixer.ops.pom.triton_gemm", precheck=triton_precheck,
+                  eager=triton_possible())
 dispatch.register("pom_step", "torch", modular_step)

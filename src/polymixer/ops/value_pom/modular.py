@@ -347,6 +347,7 @@ def value_pom(
     chunk: int = CHUNK,
     mix: Callable[..., Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]] = None,  # type: ignore[assignment]
     packed_mix: Callable[..., Tuple[Tensor, Tensor]] = None,  # type: ignore[assignment]
+    packed_all_modes: bool = False,
 ) -> Tensor:
     """The value-carrying PoM (see the module docstring), with every argument of :func:`polymixer.functional.pom`.
 
@@ -359,7 +360,9 @@ def value_pom(
         out_weight: (d, dv); heads: H, which splits D and dv (state D·dv/H floats per sequence).
         chunk: tokens per chunk of the (block-)causal form.
         mix / packed_mix: the mixing of the features — :func:`value_mix` and :func:`packed_causal_mix` by default;
-            another backend passes its own (the Triton kernels).
+            another backend passes its own (the Triton kernels). ``packed_all_modes``: ``packed_mix`` also takes
+            ``cu_seqlens=``, ``causal=`` and ``block_size=`` and mixes every packed mode in place (else only packed
+            causal calls run in place, the others one padded row per sequence).
 
     Returns:
         (B, M, d), or (T, d) for a 2-D packed input.
@@ -381,9 +384,10 @@ def value_pom(
     weights = (in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight, out_bias)
     two_d = rope == "2d"
 
-    if cu_k is not None and self_mix and causal and block_size is None:  # packed causal (LM packing): in place
+    if cu_k is not None and self_mix and ((causal and block_size is None) or packed_all_modes):  # in place
+        mode = dict(cu_seqlens=cu_k, causal=causal, block_size=block_size) if packed_all_modes else None
         return _packed_causal(x, weights, cu_k, key_mask, positions, dv, heads, activation, gate, reduction, rope,
-                              rope_base, chunk, squeeze, packed_mix)
+                              rope_base, chunk, squeeze, packed_mix, mode)
     if cu_k is not None:  # other packed modes: one row per sequence, the same computation, and back
         cq = cu_k if cu_q is None else cu_q
         xs, valid_q = pad_packed(x, cq)
@@ -424,9 +428,11 @@ def value_pom(
 def _packed_causal(x: Tensor, weights: Tuple, cu: Tensor, key_mask: Optional[Tensor], positions: Optional[Tensor],
                    dv: int, heads: int, activation: ActivationLike, gate: ActivationLike, reduction: str,
                    rope: Optional[str], rope_base: float, chunk: int, squeeze: bool,
-                   packed_mix: Callable[..., Tuple[Tensor, Tensor]]) -> Tensor:
-    """Causal self-mixing of packed sequences (1, T, d) by :func:`packed_causal_mix`: no padding, the token shift and
-    the state restart at each sequence's first token, and default rotary positions count within each sequence."""
+                   packed_mix: Callable[..., Tuple[Tensor, Tensor]], mode: Optional[dict] = None) -> Tensor:
+    """Self-mixing of packed sequences (1, T, d) in place by ``packed_mix`` (:func:`packed_causal_mix`: causal; a
+    backend's own with ``mode`` = its cu_seqlens / causal / block_size keywords: every mode): no padding, the token
+    shift and the state restart at each sequence's first token, and default rotary positions count within each
+    sequence."""
     in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight, out_bias = weights
     T = x.shape[1]
     cu64 = cu.to(torch.int64)
@@ -444,7 +450,7 @@ def _packed_causal(x: Tensor, weights: Tuple, cu: Tensor, key_mask: Optional[Ten
             positions = (ar - first).unsqueeze(0)
         pos = positions_or_default(positions, 1, T, two_d, "positions", x.device)
         k, q = rotate_heads(k, pos, rope_base, two_d), rotate_heads(q, pos, rope_base, two_d)
-    o, cnt = packed_mix(q, k, vh, w, first, chunk)
+    o, cnt = packed_mix(q, k, vh, w, first, chunk, **(mode or {}))
     y = value_output(o, cnt, zs, gate_bias, norm_weight, out_weight, out_bias, reduction, gate)
     return y.squeeze(0) if squeeze else y
 

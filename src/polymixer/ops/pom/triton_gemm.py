@@ -1,0 +1,94 @@
+"""The ``triton_gemm`` backend of PoM: the input projection inside the mixing kernels, so that z is never written.
+
+The kernels of :mod:`polymixer.ops.pom.triton_kernels` with ``FUSED``: every tile of z_h / z_s is a matrix product
+of a tile of x with rows of W_in (``tl.dot``, fp32 accumulation) computed where the mixing needs it, and the
+activation, polynomial, running sums and gate follow in registers. The forward writes only g (and the chunk carries
+or the end table); W_o stays a cuBLAS product. The backward recomputes z the same way and writes dz, from which
+cuBLAS forms dL/dx and dL/dW_in.
+
+Chosen automatically where the roofline model (:func:`polymixer.bench.roofline.pom_routes`) predicts it faster than
+cuBLAS + the unfused kernels — predicted, not measured: no GPU has timed it yet. ``backend("triton_gemm")`` forces it,
+``backend("triton")`` forces the unfused route.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..triton_common import first_use, interpreted
+from . import triton_kernels as tk
+
+__all__ = ["supports", "forward", "self_check", "predicted_win"]
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype the input projection runs in: autocast's when it is on (as F.linear would), else x's."""
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return x.dtype
+
+
+def predicted_win(call) -> Optional[str]:  # call: polymixer.ops.pom.PomCall
+    """None when the roofline model predicts the fused route faster than cuBLAS + the unfused kernels for this call
+    (forward + backward when it will be differentiated, else forward), else why not."""
+    from ..cost import pom_routes
+
+    dtype = _compute_dtype(call.x)
+    if dtype == torch.float32 and (call.x.device.type != "cuda" or torch.get_float32_matmul_precision() == "highest"):
+        return "fp32 products without tf32 run on CUDA cores in the fused kernels: cuBLAS is faster"
+    d = call.x.shape[-1]
+    t = pom_routes(call.B * call.N, d, call.D, call.Ds, call.coeff.shape[1],
+                   causal=call.causal and call.block_size is None, rope=call.rope is not None)
+    train = tk.will_differentiate(call)
+    fused, unfused = (t["fused"], t["unfused"]) if train else (t["fused_forward"], t["unfused_forward"])
+    if fused < unfused:
+        return None
+    if fused == float("inf"):
+        return "the fused route has no tile for this call's kernels (see polymixer.ops.pom.tiles)"
+    return (f"the roofline model predicts the unfused route faster here ({1e6 * unfused:.0f} µs against "
+            f"{1e6 * fused:.0f} µs for the {'forward + backward' if train else 'forward'})")
+
+
+def supports(call) -> Optional[str]:  # call: polymixer.ops.pom.PomCall
+    """What the unfused kernels take, where the model predicts the fused route faster (always, when chosen
+    explicitly)."""
+    x = call.x
+    if x.device.type != "cuda" and not (interpreted() and x.device.type == "cpu"):
+        return f"CUDA tensors only (got {x.device.type}; CPU tensors run the kernels under TRITON_INTERPRET=1)"
+    why = tk.kernel_limits(call)
+    if why is None:
+        why = tk.call_layout(call, fused=True).missing(backward=tk.will_differentiate(call))
+    if why is not None:
+        return why
+    from .. import dispatch
+
+    if dispatch.current_backend() != "triton_gemm":
+        why = predicted_win(call)
+        if why is not None:
+            return why
+    if tk.needs_check(x.device):
+        return self_check(x.device, _compute_dtype(x))
+    return None
+
+
+def _check(device: torch.device, dtype: torch.dtype) -> None:
+    tk.run_check(device, dtype, "triton_gemm")
+
+
+def self_check(device: torch.device, dtype: torch.dtype = torch.float32) -> Optional[str]:
+    """The first-use check of the fused route on ``device`` (as :func:`polymixer.ops.pom.triton_kernels.self_check`)."""
+    return first_use("pom_gemm", device, dtype, _check)
+
+
+def forward(call) -> Tensor:  # call: polymixer.ops.pom.PomCall
+    """The whole PoM of ``call``: the input projection and the mixing in the kernels (one custom op), W_o (torch)."""
+    dtype = _compute_dtype(call.x)
+    x = call.x.to(dtype).contiguous()
+    w_in = call.in_weight.to(dtype).contiguous()
+    g, _, _ = tk.pom_gemm_op(x, w_in, call.coeff, call.gate_bias, *tk.mix_args(call, call.N))
+    return F.linear(g, call.out_weight, call.out_bias)
