@@ -118,7 +118,7 @@ def _configs(cfg: MixerBenchConfig, N: int, B: int, pom: PoM, pom_c: Optional[to
              vpom_c: Optional[torch.nn.Module], att: Attention, naive: _NaiveAttention
              ) -> Dict[str, Tuple[Callable[[torch.Tensor], torch.Tensor], bool]]:
     """name → (forward function of x, allowed with backward). On CUDA, "pom full" / "pom causal" are the torch form
-    (eager), beside the Triton kernels and the compiled module."""
+    (eager), beside both Triton routes and the compiled module (which keeps the kernels: they are custom ops)."""
     gpu = cfg.device.startswith("cuda")
     D = pom.poly_dim
     w_in, w_out = pom.in_proj.weight, pom.out_proj.weight
@@ -126,17 +126,23 @@ def _configs(cfg: MixerBenchConfig, N: int, B: int, pom: PoM, pom_c: Optional[to
     if "pom" in cfg.mixers:
         # PoM's own matrix products alone — its floor: x → [W_h x; W_s x] (d → D + Ds), then (B, N, D) → d
         out["pom matmuls (floor)"] = (lambda x: F.linear(F.linear(x, w_in)[..., :D], w_out), True)
-        out["pom full"] = (lambda x: pom(x), True)
-        out["pom causal"] = (lambda x: pom(x, causal=True), True)
+        if gpu:  # the torch form, eager, beside both Triton routes (the automatic choice would take one of them)
+            out["pom full"] = (_on("torch", lambda x: pom(x)), True)
+            out["pom causal"] = (_on("torch", lambda x: pom(x, causal=True)), True)
+        else:
+            out["pom full"] = (lambda x: pom(x), True)
+            out["pom causal"] = (lambda x: pom(x, causal=True), True)
         if gpu and _triton_available():
-            out["pom full triton"] = (_on("triton", lambda x: pom(x)), True)
-            out["pom causal triton"] = (_on("triton", lambda x: pom(x, causal=True)), True)
+            for route in ("triton", "triton_gemm"):
+                out[f"pom full {route}"] = (_on(route, lambda x: pom(x)), True)
+                out[f"pom causal {route}"] = (_on(route, lambda x: pom(x, causal=True)), True)
         if pom_c is not None:
             out["pom full compiled"] = (lambda x: pom_c(x), True)
             out["pom causal compiled"] = (lambda x: pom_c(x, causal=True), True)
     if "value_pom" in cfg.mixers:
         out["value pom matmuls (floor)"] = (lambda x: _value_floor(vpom, x), True)
-        out["value pom causal"] = (lambda x: vpom(x, causal=True), True)
+        out["value pom causal"] = ((_on("torch", lambda x: vpom(x, causal=True)) if gpu
+                                    else lambda x: vpom(x, causal=True)), True)
         if gpu and _triton_available():
             out["value pom causal triton"] = (_on("triton", lambda x: vpom(x, causal=True)), True)
         if vpom_c is not None:
