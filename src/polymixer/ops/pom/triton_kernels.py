@@ -296,8 +296,10 @@ def _walk_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, seq
                  NSP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
                  PREC: tl.constexpr):
     """One program per (row · split, channel block): walk the split's chunks in order with the running sums.
-    Causal: gate and write g, save each chunk's entering carry. End modes: write the sums at end tokens. SUMMARY:
-    write only the split's final carry and whether it holds a sequence start."""
+    Causal: gate and write g, save each chunk's entering carry. End modes: write the sums at end tokens (full mixing
+    of whole rows: no scan, the row's sum alone). SUMMARY: write only the split's final carry and whether it holds a
+    sequence start."""
+    TOTAL: tl.constexpr = (MODE == 1) and (not PACKED)
     pid = tl.program_id(0)
     S = tl.cdiv(NC, CPS)
     b = pid // S
@@ -340,21 +342,22 @@ def _walk_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, seq
         if ROPE:
             cs, sn = rope_cos_sin(prow, n, nmask, s0, ch, half, log2base, ROPE, HAS_POS)
         flo, fhi = _features(zlo, zhi, coeff_ptr, ch, cmask, half, cs, sn, w, m2, K, ACT, ROPE, HAS_W)
-        st2 = st[:, None] + tl.zeros((BLOCK_N, BLOCK_D), tl.int32)
-        plo, _ = tl.associative_scan((flo, st2), 0, seg_add)
-        phi = plo
-        if ROPE:
-            phi, _ = tl.associative_scan((fhi, st2), 0, seg_add)
-        sw, _ = tl.associative_scan((w, st), 0, seg_add)
-        opened = tl.associative_scan(st, 0, or_) == 0  # no start in [chunk start, token]: the carried sequence
-        clo32 = clo.to(tl.float32)
-        chi32 = chi.to(tl.float32)
-        cw32 = cw.to(tl.float32)
-        plo = plo + tl.where(opened[:, None], clo32[None, :], 0.0)
-        if ROPE:
-            phi = phi + tl.where(opened[:, None], chi32[None, :], 0.0)
-        W = sw + tl.where(opened, cw32, 0.0)
-        if not SUMMARY:
+        if not TOTAL:  # every query reads a running sum: scan the chunk
+            st2 = st[:, None] + tl.zeros((BLOCK_N, BLOCK_D), tl.int32)
+            plo, _ = tl.associative_scan((flo, st2), 0, seg_add)
+            phi = plo
+            if ROPE:
+                phi, _ = tl.associative_scan((fhi, st2), 0, seg_add)
+            sw, _ = tl.associative_scan((w, st), 0, seg_add)
+            opened = tl.associative_scan(st, 0, or_) == 0  # no start in [chunk start, token]: the carried sequence
+            clo32 = clo.to(tl.float32)
+            chi32 = chi.to(tl.float32)
+            cw32 = cw.to(tl.float32)
+            plo = plo + tl.where(opened[:, None], clo32[None, :], 0.0)
+            if ROPE:
+                phi = phi + tl.where(opened[:, None], chi32[None, :], 0.0)
+            W = sw + tl.where(opened, cw32, 0.0)
+        if (not SUMMARY) and (not TOTAL):
             if MODE == 0:
                 sc = srow + offset64(c, D)
                 tl.store(sc + ch, clo32, mask=cmask)
@@ -392,6 +395,13 @@ def _walk_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, seq
         if dblk == 0:
             tl.store(summw_ptr + pid, cw.to(tl.float32))
             tl.store(has_ptr + pid, has)
+    elif TOTAL:  # full mixing of whole rows: the split that ends the row stores the row's sum, its only end
+        if c1 == NC:
+            tl.store(srow + ch, clo.to(tl.float32), mask=cmask)
+            if ROPE:
+                tl.store(srow + half + ch, chi.to(tl.float32), mask=cmask)
+            if dblk == 0:
+                tl.store(swrow, cw.to(tl.float32))
 
 
 @triton.jit
@@ -632,7 +642,8 @@ def _group_backward_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, pos_ptr, seqid_ptr, 
                            BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
     """End-token modes, backward part 1, walking forwards: the gate's gradients (dz_s stored), and the gradient of
     each end's sum — the sum over its queries (a run of tokens ending at the end token) of R(pos)(s ⊙ dg) / weight —
-    stored at the end's row of ``dend``."""
+    stored at the end's row of ``dend`` (full mixing of whole rows: no scan, the row's sum)."""
+    TOTAL: tl.constexpr = (MODE == 1) and (not PACKED)
     pid = tl.program_id(0)
     S = tl.cdiv(NC, CPS)
     b = pid // S
@@ -708,13 +719,14 @@ def _group_backward_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, pos_ptr, seqid_ptr, 
         glo, ghi = _from_query_frame(glo, ghi, cs, sn, ROPE)
         glo = tl.where(m2, glo * inv[:, None], 0.0)
         ghi = tl.where(m2, ghi * inv[:, None], 0.0)
-        gst2 = gst[:, None] + tl.zeros((BLOCK_N, BLOCK_D), tl.int32)
-        slo, _ = tl.associative_scan((glo, gst2), 0, seg_add)
-        shi = slo
-        if ROPE:
-            shi, _ = tl.associative_scan((ghi, gst2), 0, seg_add)
-        opened = tl.associative_scan(gst, 0, or_) == 0
-        if not SUMMARY:
+        if not TOTAL:  # each end's sum: a segmented scan of its queries' gradients, read at the end token
+            gst2 = gst[:, None] + tl.zeros((BLOCK_N, BLOCK_D), tl.int32)
+            slo, _ = tl.associative_scan((glo, gst2), 0, seg_add)
+            shi = slo
+            if ROPE:
+                shi, _ = tl.associative_scan((ghi, gst2), 0, seg_add)
+            opened = tl.associative_scan(gst, 0, or_) == 0
+        if (not SUMMARY) and (not TOTAL):
             em = isend[:, None] & cmask[None, :]
             eoff = eid.to(tl.int64)[:, None] * D + ch[None, :]
             tl.store(derow + eoff, slo + tl.where(opened[:, None], clo.to(tl.float32)[None, :], 0.0), mask=em)
@@ -735,6 +747,10 @@ def _group_backward_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, pos_ptr, seqid_ptr, 
         if dblk == 0:
             tl.store(has_ptr + pid, has)
     else:
+        if TOTAL and (c1 == NC):  # full mixing of whole rows: the row's only end gets the whole row's gradient
+            tl.store(derow + ch, clo.to(tl.float32), mask=cmask)
+            if ROPE:
+                tl.store(derow + half + ch, chi.to(tl.float32), mask=cmask)
         NSB: tl.constexpr = BLOCK_D // GB
         slot = tl.arange(0, NSB)
         sm = slot < nslots
@@ -753,8 +769,9 @@ def _end_backward_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, w_ptr, pos_ptr, seqid
                          SUMMARY: tl.constexpr, FUSED: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
     """End-token modes, backward part 2, walking backwards: a token's feature feeds the sums at its own end and
-    every later end of its sequence, so its gradient is the reverse running sum of the end gradients; then dz_h and
-    the partial dL/dα."""
+    every later end of its sequence, so its gradient is the reverse running sum of the end gradients (full mixing of
+    whole rows: the row's one end gradient, no scan); then dz_h and the partial dL/dα."""
+    TOTAL: tl.constexpr = (MODE == 1) and (not PACKED)
     pid = tl.program_id(0)
     S = tl.cdiv(NC, CPS)
     b = pid // S
@@ -786,33 +803,40 @@ def _end_backward_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, w_ptr, pos_ptr, seqid
         nmask = n < N
         m2 = nmask[:, None] & cmask[None, :]
         sid, s0, s1 = sequence_of(n, nmask, seqid_ptr, cu_ptr, N, PACKED)
-        e, eid = end_of(n, sid, s0, s1, BS, MODE)
-        isend = (n == e) & nmask
-        st = ((n == s0) & nmask).to(tl.int32)
-        em = isend[:, None] & cmask[None, :]
-        eoff = eid.to(tl.int64)[:, None] * D + ch[None, :]
-        elo = tl.load(derow + eoff, mask=em, other=0.0)
-        ehi = elo
-        if ROPE:
-            ehi = tl.load(derow + eoff + half, mask=em, other=0.0)
-        sl = ((n == s1 - 1) & nmask).to(tl.int32)
-        sl2 = sl[:, None] + tl.zeros((BLOCK_N, BLOCK_D), tl.int32)
-        dlo, _ = tl.associative_scan((elo, sl2), 0, seg_add, reverse=True)
-        dhi = dlo
-        if ROPE:
-            dhi, _ = tl.associative_scan((ehi, sl2), 0, seg_add, reverse=True)
-        laststart = tl.max(tl.where(st != 0, rows, -1), axis=0)
-        tail = rows >= laststart
-        dlo = dlo + tl.where(tail[:, None], rlo.to(tl.float32)[None, :], 0.0)
-        if ROPE:
-            dhi = dhi + tl.where(tail[:, None], rhi.to(tl.float32)[None, :], 0.0)
-        firststart = tl.min(tl.where(st != 0, rows, BLOCK_N), axis=0)
-        head = rows < firststart
-        hs = firststart < BLOCK_N
-        rlo = tl.where(hs, 0.0, rlo) + tl.sum(tl.where(head[:, None], elo, 0.0), axis=0).to(tl.float64)
-        if ROPE:
-            rhi = tl.where(hs, 0.0, rhi) + tl.sum(tl.where(head[:, None], ehi, 0.0), axis=0).to(tl.float64)
-        has = has | hs.to(tl.int32)
+        if TOTAL:  # every token of the row feeds its one end: the end's gradient, as it is
+            dlo = tl.zeros((BLOCK_N, BLOCK_D), tl.float32) + tl.load(derow + ch, mask=cmask, other=0.0)[None, :]
+            dhi = dlo
+            if ROPE:
+                dhi = tl.zeros((BLOCK_N, BLOCK_D), tl.float32) + tl.load(derow + half + ch, mask=cmask,
+                                                                         other=0.0)[None, :]
+        else:
+            e, eid = end_of(n, sid, s0, s1, BS, MODE)
+            isend = (n == e) & nmask
+            st = ((n == s0) & nmask).to(tl.int32)
+            em = isend[:, None] & cmask[None, :]
+            eoff = eid.to(tl.int64)[:, None] * D + ch[None, :]
+            elo = tl.load(derow + eoff, mask=em, other=0.0)
+            ehi = elo
+            if ROPE:
+                ehi = tl.load(derow + eoff + half, mask=em, other=0.0)
+            sl = ((n == s1 - 1) & nmask).to(tl.int32)
+            sl2 = sl[:, None] + tl.zeros((BLOCK_N, BLOCK_D), tl.int32)
+            dlo, _ = tl.associative_scan((elo, sl2), 0, seg_add, reverse=True)
+            dhi = dlo
+            if ROPE:
+                dhi, _ = tl.associative_scan((ehi, sl2), 0, seg_add, reverse=True)
+            laststart = tl.max(tl.where(st != 0, rows, -1), axis=0)
+            tail = rows >= laststart
+            dlo = dlo + tl.where(tail[:, None], rlo.to(tl.float32)[None, :], 0.0)
+            if ROPE:
+                dhi = dhi + tl.where(tail[:, None], rhi.to(tl.float32)[None, :], 0.0)
+            firststart = tl.min(tl.where(st != 0, rows, BLOCK_N), axis=0)
+            head = rows < firststart
+            hs = firststart < BLOCK_N
+            rlo = tl.where(hs, 0.0, rlo) + tl.sum(tl.where(head[:, None], elo, 0.0), axis=0).to(tl.float64)
+            if ROPE:
+                rhi = tl.where(hs, 0.0, rhi) + tl.sum(tl.where(head[:, None], ehi, 0.0), axis=0).to(tl.float64)
+            has = has | hs.to(tl.int32)
         if not SUMMARY:
             zlo, zhi, _, _ = _tile_z(zrow + offset64(c * BLOCK_N, s_zn), xrow + offset64(c * BLOCK_N, s_xn), win_ptr,
                                      win_ptr, rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w, True, False,
@@ -1163,7 +1187,7 @@ def mix_backward(dg: Tensor, z: Optional[Tensor], x: Optional[Tensor], w_in: Opt
             group(cin, cin, dbias, True, False)
         else:
             group(sav, sav, dbias, False, False)
-        if esplits > 1:
+        if esplits > 1 and (mode != 1 or cu is not None):  # whole-row full mixing carries nothing back
             cin, _ = _carries(B, esplits, dev, True, D, lambda s, sw, h: reverse(s, s, h, False, True))
             reverse(cin, cin, dcoeff, True, False)
         else:
