@@ -3,6 +3,7 @@
     from polymixer import PoM, PolyMorpher, Attention, PoMState
     with polymixer.backend("triton"): ...     # choose an op backend (reference / torch / cpu / triton), strictly
     from polymixer import pomify        # attention → PoM / hybrid in a trained model (polymixer or transformers)
+    with polymixer.context_parallel(): ...    # each rank holds a slice of every sequence (torch.distributed)
 """
 
 from . import functional, ops
@@ -10,6 +11,7 @@ from .attention import Attention, AttentionState
 from .blocks import MLP, PolyMorpher, build_mixer
 from .mixer import PoM, PoMState
 from .ops import backend, backend_for
+from .ops.parallel import context_parallel
 from .pomify import pomify
 
 __version__ = "0.1.0"
@@ -34,4 +36,4 @@ def _register_with_transformers() -> None:
 _register_with_transformers()
 
 __all__ = ["PoM", "PoMState", "PolyMorpher", "Attention", "AttentionState", "MLP", "build_mixer", "functional", "ops",
-           "backend", "backend_for", "pomify"]
+           "backend", "backend_for", "pomify", "context_parallel"]

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from torch import Tensor
 
-from .. import dispatch
+from .. import dispatch, parallel
 from ..common import ACTIVATIONS, GATES, ActivationLike, CuSeqlens, batch_packed, check_mix_inputs, resolve
 
 __all__ = ["PomCall", "make_call", "pom", "pom_step", "backend_for"]
@@ -141,10 +141,13 @@ def pom(
     Returns:
         (B, M, d) — or (T, d) when a 2-D packed input was given.
     """
-    call, squeeze = make_call(x, context, in_weight, gate_bias, coeff, out_weight, out_bias, mask=mask,
-                              causal=causal, block_size=block_size, cu_seqlens=cu_seqlens, positions=positions,
-                              context_positions=context_positions, activation=activation, gate=gate,
-                              reduction=reduction, rope=rope, rope_base=rope_base)
+    kw = dict(mask=mask, causal=causal, block_size=block_size, cu_seqlens=cu_seqlens, positions=positions,
+              context_positions=context_positions, activation=activation, gate=gate, reduction=reduction, rope=rope,
+              rope_base=rope_base)
+    cp = parallel.active()
+    if cp is not None:  # this rank's slice of every sequence (polymixer.context_parallel)
+        return _split_call(cp, x, context, in_weight, gate_bias, coeff, out_weight, out_bias, kw)[0]
+    call, squeeze = make_call(x, context, in_weight, gate_bias, coeff, out_weight, out_bias, **kw)
     y = dispatch.choose("pom", call).forward(call)
     return y.squeeze(0) if squeeze else y
 
@@ -157,12 +160,41 @@ def pom_step(x: Tensor, state_sum: Tensor, state_count: Tensor, state_offset: Te
              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Streaming PoM: consume a chunk given the running (sum, count, offset) of everything seen before; see
     :func:`polymixer.ops.pom.modular_step.forward`. Returns (y, new_sum, new_count, new_offset)."""
+    cp = parallel.active()
+    if cp is not None:  # a context-parallel prefill: each rank's slice, the state after it (the last rank: all)
+        if not causal:
+            raise ValueError("pom_step under context_parallel streams causally only (frames are not split)")
+        kw = dict(mask=mask, causal=True, positions=positions, activation=activation, gate=gate,
+                  reduction=reduction, rope=rope, rope_base=rope_base)
+        y, (s, c), n_total = _split_call(cp, x, None, in_weight, gate_bias, coeff, out_weight, out_bias, kw,
+                                         (state_sum, state_count, state_offset))
+        return y, s.to(state_sum.dtype), c.to(state_count.dtype), state_offset + n_total
     call: Dict[str, Any] = dict(x=x, state_sum=state_sum, state_count=state_count, state_offset=state_offset,
                                 in_weight=in_weight, gate_bias=gate_bias, coeff=coeff, out_weight=out_weight,
                                 out_bias=out_bias, causal=causal, mask=mask, positions=positions,
                                 activation=activation, gate=gate, reduction=reduction, rope=rope,
                                 rope_base=rope_base)
     return dispatch.choose("pom_step", call).forward(call)
+
+
+def _split_call(cp: "parallel.ContextParallel", x: Tensor, context: Optional[Tensor], in_weight: Tensor,
+                gate_bias: Tensor, coeff: Tensor, out_weight: Tensor, out_bias: Optional[Tensor], kw: Dict[str, Any],
+                state: Optional[Tuple[Tensor, Tensor, Tensor]] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor], int]:
+    """A call under context parallelism: validated here, refused alike on every rank (never a hang), mixed by
+    :mod:`polymixer.ops.pom.context_parallel`. Returns (y, the (sum, count) after this slice, the global length)."""
+    from . import context_parallel as pom_parallel
+
+    problem, call = None, None
+    try:
+        call, squeeze = make_call(x, context, in_weight, gate_bias, coeff, out_weight, out_bias, **kw)
+        if squeeze:
+            problem = "packed sequences (cu_seqlens) cannot be split across ranks"
+    except (ValueError, TypeError) as e:
+        problem = str(e)
+    if call is None:  # the agreement still has to take place, so that the other ranks raise too
+        parallel.agree(cp, "pom", {"length": 0}, problem)
+    y, final, n_total = pom_parallel.forward(call, cp, problem, state)
+    return y, final, n_total
 
 
 def backend_for(*args: Any, **kwargs: Any) -> Dict[str, Any]:

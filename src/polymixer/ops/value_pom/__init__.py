@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from torch import Tensor
 
-from .. import dispatch
+from .. import dispatch, parallel
 
 __all__ = ["ValueCall", "value_pom", "value_pom_step", "backend_for"]
 
@@ -52,12 +52,22 @@ class ValueCall:
 def value_pom(*args: Any, **kwargs: Any) -> Tensor:
     """The value-carrying PoM (arguments of :func:`polymixer.ops.value_pom.modular.value_pom`) on the backend the
     dispatcher picks."""
+    cp = parallel.active()
+    if cp is not None:  # this rank's slice of every sequence (polymixer.context_parallel)
+        from .context_parallel import forward as split_forward
+
+        return split_forward(args, kwargs, cp)
     call = ValueCall(args, kwargs)
     return dispatch.choose("value_pom", call).forward(call)
 
 
 def value_pom_step(*args: Any, **kwargs: Any) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Streaming value-carrying PoM (arguments of :func:`polymixer.ops.value_pom.modular.value_pom_step`)."""
+    cp = parallel.active()
+    if cp is not None:  # a context-parallel prefill: the state after each rank's slice (the last rank: all)
+        from .context_parallel import step as split_step
+
+        return split_step(args, kwargs, cp)
     call = ValueCall(args, kwargs)
     return dispatch.choose("value_pom_step", call).forward(call)
 

@@ -1,0 +1,121 @@
+"""PoM under context parallelism (:mod:`polymixer.ops.parallel`): this rank's slice of every sequence, mixed exactly
+as the whole sequence would be, with one all-gather of (B, D)-sized sums per call.
+
+For the slice [a, b) of a sequence, the aggregate a query i sees is
+  full          the sum over every rank (all-gather of each rank's sum and count, then their total),
+  causal        the sum over the ranks before this one (an exclusive prefix) + the local running sum,
+  block-causal  the same prefix + the local running sum up to the end of i's block or of the slice; the queries of
+                the block that runs past b add, from each next rank that starts inside that block, its tokens of
+                that block (its first block): :func:`polymixer.ops.parallel.block_tail_ranks`.
+Counts travel with the sums (key padding weighs both). Rotary positions default to the global token index a + i.
+The gradients flow back through the all-gathers (:func:`polymixer.ops.parallel.gather`), so the input gradient of
+every row and the sum over ranks of the parameter gradients equal those of the unsharded call.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..common import check_positions, rope_angles, rotate
+from ..features import cumsum, gate_mix, poly_features, safe_inverse
+from ..parallel import ContextParallel, Slice, agree, block_tail_ranks, gather, mode_facts
+
+__all__ = ["forward", "refuse"]
+
+
+def refuse(call) -> Optional[str]:  # call: polymixer.ops.pom.PomCall
+    """Why a validated call cannot be split across ranks (None: it can)."""
+    if not call.self_mix:
+        return "cross-mixing cannot be split: pass the whole context on every rank (or mix outside the context)"
+    if call.cu_k is not None:
+        return "packed sequences (cu_seqlens) cannot be split across ranks: give each rank a padded batch slice"
+    if call.mask is not None:
+        return "an explicit (B, M, N) mask cannot be split: use key padding, causal or block-causal masking"
+    if call.rope == "2d" and call.positions is None:
+        return "2-D rotary needs this slice's explicit (row, col) positions"
+    return None
+
+
+def _global_positions(call, sl: Slice, offset: Optional[Tensor] = None) -> Tensor:
+    pos = call.positions
+    if pos is None:
+        pos = sl.start + torch.arange(call.N, device=call.x.device)
+        if offset is not None:
+            pos = offset.unsqueeze(1) + pos
+    check_positions(pos, call.B, call.N, call.rope == "2d", "positions")
+    return pos
+
+
+def forward(call, cp: ContextParallel, problem: Optional[str] = None,
+            state: Optional[Tuple[Tensor, Tensor, Tensor]] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor], int]:
+    """(y (B, n, d), (sum, count) after this rank's last token — the whole prefix's on the last rank —, the global
+    length).
+
+    ``state``: (sum (B, D), count (B,), offset (B,)) of a stream before the global sequence (causal only)."""
+    problem = problem or refuse(call)
+    facts = {"length": call.N}
+    if not problem:
+        facts.update({"batch": call.B, "width": call.x.shape[-1], "D": call.D, "gate width": call.Ds})
+        facts.update(mode_facts(call.causal, call.block_size, call.key_mask, call.rope, call.positions,
+                                state is not None))
+    sl = Slice(cp.rank, agree(cp, "pom", facts, problem))
+    x, D, B, n = call.x, call.D, call.B, call.N
+
+    z = F.linear(x, call.in_weight)
+    zh, zs = z.split([D, call.Ds], dim=-1)
+    p = poly_features(zh, call.coeff, call.activation)  # (B, n, D), accumulation dtype
+    pos = None
+    if call.rope is not None:
+        pos = _global_positions(call, sl, None if state is None else state[2])
+        cos, sin = rope_angles(pos, D, call.rope_base, call.rope == "2d", p.dtype)
+        p = rotate(p, cos, sin)
+    w = call.key_mask.to(p.dtype) if call.key_mask is not None else p.new_ones(B, n)
+    p = p * w.unsqueeze(-1)
+    pc = torch.cat([p, w.unsqueeze(-1)], dim=-1)  # the sums and their counts travel together: (B, n, D + 1)
+    local = pc.sum(1)
+
+    if not call.causal:
+        h = gather(local, cp, "pom full sums").sum(0).unsqueeze(1)  # (B, 1, D + 1)
+        final = h[:, 0]
+    else:
+        K = call.block_size
+        run = cumsum(pc)  # (B, n, D + 1): the local running sums
+        if K is None:
+            parts = gather(local, cp, "pom causal sums")
+            prefix = parts[:cp.rank].sum(0)
+            tail_parts = None
+        else:
+            head_len = min(n, K - sl.start % K)  # this rank's tokens in its first block
+            head = run[:, head_len - 1] if head_len > 0 else torch.zeros_like(local)
+            both = gather(torch.cat([local, head], dim=-1), cp, "pom block-causal sums")  # (P, B, 2(D + 1))
+            prefix = both[:cp.rank, :, :D + 1].sum(0)
+            tail_parts = both[:, :, D + 1:]
+            gi = sl.start + torch.arange(n, device=x.device)
+            end = (torch.div(gi, K, rounding_mode="floor") + 1) * K  # one past the last token i's block sees
+            last = (torch.clamp(end, max=sl.start + n) - 1 - sl.start).clamp(min=0)
+            run = run.index_select(1, last)
+        if state is not None:
+            prefix = prefix + torch.cat([state[0].to(p.dtype), state[1].to(p.dtype).unsqueeze(-1)], dim=-1)
+        h = prefix.unsqueeze(1) + run
+        if K is not None:
+            tail_ranks = block_tail_ranks(sl, K)
+            if tail_ranks:
+                tail = tail_parts[tail_ranks].sum(0)  # (B, D + 1)
+                past = (end > sl.start + n).to(p.dtype)  # the queries whose block runs past this slice
+                h = h + past.view(1, n, 1) * tail.unsqueeze(1)
+        final = prefix + local
+
+    hs, cnt = h[..., :D], h[..., D:]
+    if call.reduction == "mean":
+        hs = hs * safe_inverse(cnt)
+    if call.rope is not None:
+        cos_q, sin_q = rope_angles(pos, D, call.rope_base, call.rope == "2d", p.dtype)
+        hs = rotate(hs.expand(B, n, D), cos_q, sin_q, inverse=True)
+    g = gate_mix(zs, call.gate_bias, hs, call.gate)
+    y = F.linear(g, call.out_weight, call.out_bias)
+    return y, (final[:, :D], final[:, D]), sl.total
+

@@ -1,0 +1,187 @@
+"""Context parallelism (``polymixer.context_parallel``) on gloo CPU processes: every mode of PoM and the value PoM
+equals the unsharded call — outputs, input-gradient rows and parameter gradients summed over ranks — on 2 and 3
+ranks with equal and unequal slices; the prefill state; the same clear error on every rank for a bad call."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import polymixer
+
+SCRIPT = r'''
+import json, os, sys
+import torch
+import torch.distributed as dist
+import polymixer
+from polymixer import PoM
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.set_num_threads(1)
+out = {}
+
+
+def slices(n, split):
+    """Rank r's [start, end) for a split given as lengths."""
+    s = sum(split[:rank])
+    return s, s + split[rank]
+
+
+def check(name, module, n, split, kw, batch=2, mask=False, positions=None):
+    torch.manual_seed(0)
+    x = torch.randn(batch, n, module.dim, dtype=torch.float64)
+    key_mask = None
+    if mask:
+        key_mask = torch.rand(batch, n) > 0.3
+        key_mask[:, 0] = True
+    gy = torch.randn(batch, n, module.dim, dtype=torch.float64)
+    # the unsharded call
+    full = x.clone().requires_grad_(True)
+    module.zero_grad()
+    y = module(full, mask=key_mask, positions=positions, **kw)
+    (y * gy).sum().backward()
+    ref_grads = [p.grad.clone() for p in module.parameters()]
+    a, b = slices(n, split)
+    part = x[:, a:b].clone().requires_grad_(True)
+    module.zero_grad()
+    with polymixer.context_parallel() as cp:
+        ys = module(part, mask=None if key_mask is None else key_mask[:, a:b],
+                    positions=None if positions is None else positions[..., a:b, :] if positions.dim() > 1
+                    else positions[a:b], **kw)
+        (ys * gy[:, a:b]).sum().backward()
+    grads = [p.grad.clone() for p in module.parameters()]
+    for g in grads:
+        dist.all_reduce(g)
+    rel = lambda u, v: ((u - v).abs().max() / v.abs().max().clamp_min(1e-30)).item()
+    out[name] = {"y": rel(ys, y[:, a:b]), "dx": rel(part.grad, full.grad[:, a:b]),
+                 "dparams": max(rel(g, r) for g, r in zip(grads, ref_grads)), "bytes": cp.bytes_sent}
+
+
+def dbl(m):
+    return m.double()
+
+
+for split_name, n, split in SPLITS:
+    torch.manual_seed(1)
+    pom = dbl(PoM(8, degree=3, sel_heads=2))
+    check(f"pom full {split_name}", pom, n, split, dict())
+    check(f"pom causal {split_name}", pom, n, split, dict(causal=True))
+    for K in (3, 5, 16):
+        check(f"pom block {K} {split_name}", pom, n, split, dict(causal=True, block_size=K))
+    check(f"pom causal key padding {split_name}", pom, n, split, dict(causal=True), mask=True)
+    check(f"pom block 4 key padding {split_name}", pom, n, split, dict(causal=True, block_size=4), mask=True)
+    check(f"pom full key padding {split_name}", pom, n, split, dict(), mask=True)
+    pr = dbl(PoM(8, rope="1d", reduction="sum"))
+    check(f"pom rotary causal sum {split_name}", pr, n, split, dict(causal=True))
+    check(f"pom rotary full {split_name}", pr, n, split, dict())
+    p2 = dbl(PoM(8, rope="2d"))
+    grid = torch.stack([torch.arange(n) // 4, torch.arange(n) % 4], -1)
+    check(f"pom 2-D rotary full {split_name}", p2, n, split, dict(), positions=grid)
+    for width in (2, 4):
+        vp = dbl(PoM(8, value_dim=8, heads=2, token_shift=width, chunk_size=4))
+        check(f"value causal shift {width} {split_name}", vp, n, split, dict(causal=True))
+    vp = dbl(PoM(8, value_dim=8, heads=2, chunk_size=4, rope="1d"))
+    check(f"value full rotary {split_name}", vp, n, split, dict())
+    check(f"value causal rotary key padding {split_name}", vp, n, split, dict(causal=True), mask=True)
+    for K in (3, 8):
+        check(f"value block {K} {split_name}", vp, n, split, dict(causal=True, block_size=K))
+    vb = dbl(PoM(8, value_dim=8, heads=2, token_shift=3, chunk_size=4))
+    check(f"value block 5 key padding shift {split_name}", vb, n, split, dict(causal=True, block_size=5), mask=True)
+
+# a context-parallel prefill: the last rank's state is the whole prefix's, and decoding continues from it
+for name, module in (("pom", PoM(8, rope="1d").double()), ("value", PoM(8, value_dim=8, heads=2, token_shift=3,
+                                                                        chunk_size=4, rope="1d").double())):
+    torch.manual_seed(2)
+    n, split = SPLITS[-1][1], SPLITS[-1][2]
+    x = torch.randn(2, n + 3, 8, dtype=torch.float64)
+    y_all = module(x, causal=True)
+    a, b = slices(n, split)
+    with polymixer.context_parallel():
+        y_part, state = module.step(x[:, a:b], module.init_state(2, dtype=torch.float64))
+    rel = lambda u, v: ((u - v).abs().max() / v.abs().max()).item()
+    res = {"prefill": rel(y_part, y_all[:, a:b])}
+    if rank == world - 1:
+        y_next, _ = module.step(x[:, n:], state)
+        res["decode"] = rel(y_next, y_all[:, n:])
+    out[f"{name} prefill"] = res
+
+# bad calls: the same one-line error on every rank, never a hang
+errors = {}
+pom = PoM(8)
+cases = {
+    "mask length": lambda: pom(torch.randn(1, 4, 8), mask=torch.ones(1, 5 if rank == 1 else 4, dtype=torch.bool)),
+    "modes differ": lambda: pom(torch.randn(1, 4, 8), causal=rank == 0),
+    "packed": lambda: pom(torch.randn(6, 8), cu_seqlens=torch.tensor([0, 3, 6], dtype=torch.int32)),
+    "cross": lambda: pom(torch.randn(1, 4, 8), torch.randn(1, 5, 8)),
+    "2-D rotary without positions": lambda: PoM(8, rope="2d")(torch.randn(1, 4, 8)),
+}
+for name, fn in cases.items():
+    try:
+        with polymixer.context_parallel():
+            fn()
+        errors[name] = None
+    except ValueError as e:
+        errors[name] = str(e)
+out["errors"] = errors
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump(out, f)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def _run(tmp_path, world: int, splits, port: int) -> list:
+    script = tmp_path / "cp.py"
+    script.write_text(f"SPLITS = {splits!r}\n" + SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
+                          f"--master_port={port}", str(script), str(tmp_path)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _assert_exact(results) -> None:
+    for rank, out in enumerate(results):
+        for name, figures in out.items():
+            if name == "errors":
+                continue
+            for what, err in figures.items():
+                if what != "bytes":
+                    assert err < 1e-10, (rank, name, what, err)
+
+
+def _assert_errors(results) -> None:
+    for name in results[0]["errors"]:
+        msgs = [out["errors"][name] for out in results]
+        assert all(m is not None for m in msgs), (name, msgs)  # every rank raised
+        assert all("context_parallel" in m and "\n" not in m for m in msgs), msgs
+
+
+def test_two_ranks_equal_and_unequal_slices(tmp_path):
+    # block sizes 3, 5, 16 straddle the cut; the unequal split leaves a slice shorter than the token shift
+    results = _run(tmp_path, 2, [("equal", 12, [6, 6]), ("unequal", 13, [2, 11])], 29611)
+    _assert_exact(results)
+    _assert_errors(results)
+    for out in results:  # communication does not depend on the length
+        assert out["pom causal equal"]["bytes"] == out["pom causal unequal"]["bytes"]
+
+
+def test_three_ranks_unequal_slices(tmp_path):
+    results = _run(tmp_path, 3, [("unequal", 17, [5, 1, 11]), ("equal", 18, [6, 6, 6])], 29613)
+    _assert_exact(results)
+    _assert_errors(results)
+    assert "decode" in results[-1]["pom prefill"] and "decode" in results[-1]["value prefill"]
+
+
+def test_outside_a_process_group_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="torch.distributed initialised"):
+        with polymixer.context_parallel():
+            pass
+    assert torch is not None
