@@ -94,6 +94,14 @@ for split_name, n, split in SPLITS:
     vb = dbl(PoM(8, value_dim=8, heads=2, token_shift=3, chunk_size=4))
     check(f"value block 5 key padding shift {split_name}", vb, n, split, dict(causal=True, block_size=5), mask=True)
 
+    from polymixer import Attention
+    for name, kw in (("causal", dict(causal=True)), ("full", dict()), ("block 4", dict(causal=True, block_size=4))):
+        check(f"attention {name} {split_name}", dbl(Attention(8, heads=2, rope="1d")), n, split, kw, mask=True)
+    for W in (2, 4, 7):
+        at = dbl(Attention(8, heads=2, window=W))
+        check(f"local attention {W} causal {split_name}", at, n, split, dict(causal=True), mask=True)
+        check(f"local attention {W} bidirectional {split_name}", at, n, split, dict(causal=False))
+
 # a context-parallel prefill: the last rank's state is the whole prefix's, and decoding continues from it
 for name, module in (("pom", PoM(8, rope="1d").double()), ("value", PoM(8, value_dim=8, heads=2, token_shift=3,
                                                                         chunk_size=4, rope="1d").double())):
@@ -157,6 +165,11 @@ def _assert_exact(results) -> None:
                     assert err < 1e-10, (rank, name, what, err)
 
 
+def _assert_attention_sends_n(results) -> None:
+    for out in results:  # attention's keys and values grow with the slice, PoM's sums do not
+        assert out["attention causal equal"]["bytes"] > 4 * out["pom causal equal"]["bytes"]
+
+
 def _assert_errors(results) -> None:
     for name in results[0]["errors"]:
         msgs = [out["errors"][name] for out in results]
@@ -169,6 +182,7 @@ def test_two_ranks_equal_and_unequal_slices(tmp_path):
     results = _run(tmp_path, 2, [("equal", 12, [6, 6]), ("unequal", 13, [2, 11])], 29611)
     _assert_exact(results)
     _assert_errors(results)
+    _assert_attention_sends_n(results)
     for out in results:  # communication does not depend on the length
         assert out["pom causal equal"]["bytes"] == out["pom causal unequal"]["bytes"]
 

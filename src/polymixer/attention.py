@@ -26,6 +26,7 @@ from .ops.common import (
     rope_angles,
     rotate,
 )
+from .ops import parallel
 from .ops.features import pattern_mask
 
 __all__ = ["Attention", "AttentionState", "sdpa"]
@@ -217,6 +218,9 @@ class Attention(nn.Module):
             x = x.unsqueeze(0)
             context = context.unsqueeze(0) if isinstance(context, Tensor) and context.dim() == 2 else context
             squeeze = True
+        cp = parallel.active()
+        if cp is not None:
+            return self._forward_context_parallel(cp, x, context, mask, causal, block_size, cu_seqlens, positions)
         B, M, N, key_mask, general, cu_q, cu_k = check_mix_inputs(x, context, self.dim, mask, causal, block_size,
                                                                       cu_seqlens)
         if cu_k is not None:
@@ -237,6 +241,84 @@ class Attention(nn.Module):
             q, k = self._rotate(q, positions), self._rotate(k, context_positions)
         o = self._attend(q, k, v, causal, block_size, key_mask, general)
         return self._merge(o)
+
+    def _forward_context_parallel(self, cp: "parallel.ContextParallel", x: Tensor, context: Optional[Tensor],
+                                  mask: Optional[Tensor], causal: bool, block_size: Optional[int],
+                                  cu_seqlens: Optional[CuSeqlens], positions: Optional[Tensor]) -> Tensor:
+        """This rank's slice of every sequence (:func:`polymixer.context_parallel`). Global attention all-gathers the
+        keys and values of every rank (what ring attention sends, in one collective); local attention reads a halo
+        of ``window − 1`` tokens from the neighbouring slices and stays O(n·window)."""
+        problem, key_mask = None, None
+        try:
+            if context is not None or cu_seqlens is not None:
+                raise ValueError("cross-attention and packed sequences cannot be split across ranks")
+            _, _, _, key_mask, general, _, _ = check_mix_inputs(x, None, self.dim, mask, causal, block_size, None)
+            if general is not None:
+                raise ValueError("an explicit (B, M, N) mask cannot be split: use key padding or (block-)causal")
+            if self.rope == "2d" and positions is None:
+                raise ValueError("2-D rotary needs this slice's explicit (row, col) positions")
+            if self.window is not None and block_size is not None:
+                raise ValueError("local attention has no block-causal mode")
+        except (ValueError, TypeError) as e:
+            problem = str(e)
+        n = x.shape[1] if isinstance(x, Tensor) and x.dim() == 3 else 0
+        facts = {"length": n}
+        if problem is None:
+            facts.update({"batch": x.shape[0], "width": x.shape[-1], "window": self.window or 0})
+            facts.update(parallel.mode_facts(causal, block_size, key_mask, self.rope, positions, False))
+        lengths = parallel.agree(cp, "attention", facts, problem)
+        sl = parallel.Slice(cp.rank, lengths)
+        B = x.shape[0]
+        q, k, v = self._project(x, None)
+        if self.rope is not None:
+            pos = sl.start + torch.arange(n, device=x.device) if positions is None else positions
+            check_positions(pos, B, n, self.rope == "2d", "positions")
+            q, k = self._rotate(q, pos), self._rotate(k, pos)
+        kv = torch.cat([k, v], dim=-1).transpose(1, 2)  # (B, n, H, 2·dh): the rows the other ranks need
+        valid = torch.ones(B, n, dtype=kv.dtype, device=x.device) if key_mask is None else key_mask.to(kv.dtype)
+        p = self.dropout if self.training else 0.0
+        dh = self.head_dim
+        if self.window is None:
+            rows, zero = parallel.gather_rows(kv, cp, lengths, "attention keys and values")
+            keep, _ = parallel.gather_rows(valid, cp, lengths, "attention key padding")
+            K = torch.cat([zero] + rows, dim=1).transpose(1, 2)  # (B, H, N, 2·dh)
+            km = torch.cat(keep, dim=1) > 0
+            gi = sl.start + torch.arange(n, device=x.device)
+            j = torch.arange(sl.total, device=x.device)
+            vis = torch.ones(n, sl.total, dtype=torch.bool, device=x.device)
+            if causal:
+                last = gi if block_size is None else (torch.div(gi, block_size, rounding_mode="floor") + 1) * \
+                    block_size - 1
+                vis = j[None, :] <= last[:, None]
+            vis = vis[None] & km[:, None, :]
+            o = sdpa(q, K[..., :dh], K[..., dh:], vis[:, None], p)
+            return self._merge(o)
+        # local attention: the window − 1 tokens before the slice (and after it, bidirectional) from other ranks
+        W = self.window
+        h = W - 1
+        take = min(h, n)
+        edge = torch.cat([kv[:, :take], kv[:, n - take:]], dim=1)  # first and last rows
+        edge_valid = torch.cat([valid[:, :take], valid[:, n - take:]], dim=1)
+        lens = [2 * min(h, m) for m in lengths]
+        rows, zero = parallel.gather_rows(edge, cp, lens, "local-attention halo")
+        keep, _ = parallel.gather_rows(edge_valid, cp, lens, "local-attention halo padding")
+        half = [m // 2 for m in lens]
+        before = torch.cat([zero] + [rows[r][:, half[r]:] for r in range(cp.rank)], dim=1)[:, -h:] if h else \
+            kv[:, :0]
+        vb = torch.cat([valid[:, :0]] + [keep[r][:, half[r]:] for r in range(cp.rank)], dim=1)[:, -h:] if h else \
+            valid[:, :0]
+        after = kv[:, :0]
+        va = valid[:, :0]
+        if not causal and h:
+            after = torch.cat([zero] + [rows[r][:, :half[r]] for r in range(cp.rank + 1, cp.world)], dim=1)[:, :h]
+            va = torch.cat([valid[:, :0]] + [keep[r][:, :half[r]] for r in range(cp.rank + 1, cp.world)],
+                           dim=1)[:, :h]
+        ext = torch.cat([before, kv, after], dim=1).transpose(1, 2)  # (B, H, nb + n + na, 2·dh)
+        ext_valid = torch.cat([vb, valid, va], dim=1) > 0
+        nb_ = before.shape[1]
+        qe = F.pad(q, (0, 0, nb_, after.shape[1]))
+        o = _local_attention(qe, ext[..., :dh], ext[..., dh:], W, causal, ext_valid, p)
+        return self._merge(o[:, :, nb_:nb_ + n])
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, block_size: Optional[int],
                 key_mask: Optional[Tensor], general: Optional[Tensor]) -> Tensor:

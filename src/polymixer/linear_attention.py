@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .ops import parallel
 from .ops.common import check_mix_inputs
 from .values import CHUNK, EPS, token_shift, value_mix
 
@@ -86,6 +87,9 @@ class LinearAttention(nn.Module):
         """x: (B, N, dim); mask: (B, N) key padding. Self-mixing only (``context`` must be None)."""
         if context is not None:
             raise ValueError("LinearAttention mixes a sequence with itself; context is not supported")
+        if parallel.active() is not None:
+            raise NotImplementedError("LinearAttention has no context-parallel form: use PoM, the value PoM or "
+                                      "attention inside polymixer.context_parallel")
         if unused.get("cu_seqlens") is not None or unused.get("block_size") is not None:
             raise ValueError("LinearAttention supports full and causal self-mixing with key padding only")
         causal = self.causal if causal is None else causal

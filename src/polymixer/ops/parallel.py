@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 __all__ = ["ContextParallel", "context_parallel", "active", "gather", "agree", "Slice", "block_tail_ranks",
-           "CONTEXT_PARALLEL_MODES", "mode_facts", "summary"]
+           "CONTEXT_PARALLEL_MODES", "mode_facts", "summary", "gather_rows", "FACTS"]
 
 FACTS = 24  # integers a call is described by in the agreement (padded)
 CONTEXT_PARALLEL_MODES = ("full", "causal", "block-causal", "key padding", "rotary")
@@ -136,6 +136,17 @@ def gather(t: Tensor, cp: ContextParallel, what: str = "gather") -> Tensor:
     """(P, …): every rank's ``t`` (same shape on every rank), differentiable: the gradient of a rank's ``t`` is the
     sum over ranks of the gradients of its copies."""
     return _Gather.apply(t, cp, what)
+
+
+def gather_rows(t: Tensor, cp: ContextParallel, lengths: Sequence[int], what: str) -> Tuple[List[Tensor], Tensor]:
+    """Every rank's rows of (B, n_r, …) ``t`` (lengths may differ: padded to the longest for the all-gather,
+    differentiable), and a zero tensor shaped like ``t``'s rows that is part of the gather's graph — start every
+    concatenation from it, so that every rank reaches the gather's backward (a collective) even where it reads no
+    other rank's rows."""
+    L = max(lengths)
+    pad = [0, 0] * (t.dim() - 2) + [0, L - t.shape[1]]
+    parts = gather(torch.nn.functional.pad(t, pad), cp, what)  # (P, B, L, …)
+    return [parts[r][:, :n] for r, n in enumerate(lengths)], parts[0][:, :0] * 0
 
 
 def agree(cp: ContextParallel, name: str, facts: Dict[str, int], problem: Optional[str]) -> List[int]:
