@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..blocks import PolyMorpher, layer_pattern, mixer_spec
 from ..mixer import Index, batch_index
+from ..ops import parallel
 from ..ops.common import documents_cu_seqlens, is_compiling, segments
 
 __all__ = ["LMConfig", "GPT", "LMState", "pad_left"]
@@ -211,9 +212,13 @@ class GPT(nn.Module):
                 _, start, _ = segments(cu_seqlens, T)
                 positions = torch.arange(T, device=idx.device) - start
             elif mask is not None:
+                if parallel.active() is not None:
+                    raise ValueError("under context_parallel a padded row's positions depend on the other slices: "
+                                     "pass positions with the mask")
                 positions = (mask.long().cumsum(1) - 1).clamp_min(0)
             else:
-                positions = torch.arange(T, device=idx.device)
+                cp = parallel.active()  # under context parallelism this row is a slice: its global positions
+                positions = torch.arange(T, device=idx.device) + (0 if cp is None else cp.start_of(T))
         x = self._embed(idx, positions)
         mpos = self._mixer_positions(positions)
         for blk in self.blocks:

@@ -25,8 +25,9 @@ import torch
 from torch import Tensor
 
 __all__ = ["ContextParallel", "context_parallel", "active", "gather", "agree", "Slice", "block_tail_ranks",
-           "CONTEXT_PARALLEL_MODES", "mode_facts", "summary", "gather_rows", "FACTS"]
+           "CONTEXT_PARALLEL_MODES", "mode_facts", "summary", "gather_rows", "FACTS", "TOTAL"]
 
+TOTAL = {"bytes_sent": 0, "calls": 0}  # over every context of this process (logs, tests)
 FACTS = 24  # integers a call is described by in the agreement (padded)
 CONTEXT_PARALLEL_MODES = ("full", "causal", "block-causal", "key padding", "rotary")
 
@@ -51,6 +52,21 @@ class ContextParallel:
         self.bytes_sent += nbytes
         self.calls += 1
         self.log.append((what, nbytes))
+        TOTAL["bytes_sent"] += nbytes
+        TOTAL["calls"] += 1
+
+    def start_of(self, n: int, device: Optional[torch.device] = None) -> int:
+        """Where this rank's slice of ``n`` tokens starts in the whole sequence (one small all-gather): the offset
+        of default positions (learned or rotary) in a model under the context."""
+        import torch.distributed as dist
+
+        t = torch.tensor([n], dtype=torch.int64)
+        if dist.get_backend(self.group) == "nccl":
+            t = t.cuda()
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(parts, t, group=self.group)
+        self.count("slice lengths", (self.world - 1) * 8)
+        return int(sum(int(p) for p in parts[:self.rank]))
 
     def reset(self) -> None:
         self.bytes_sent, self.calls = 0, 0

@@ -47,6 +47,19 @@ class LMTask:
         x, y = self.train_windows.random(step, self.batch_size, self.seed, share, shares)
         return x.to(device), y.to(device)
 
+    def split(self, batch: tuple, part: int, parts: int) -> tuple:
+        """Context parallelism: this rank's contiguous slice of every window (inputs and targets alike)."""
+        if self.pack:
+            raise ValueError("--context-parallel trains on plain windows: packed documents (cu_seqlens) cannot be "
+                             "split across ranks; add --no-pack")
+        x, y = batch
+        T = x.shape[1]
+        if T % parts:
+            raise ValueError(f"--context-parallel {parts} must divide the context length {T} (equal slices keep "
+                             f"the mean of the slices' losses the loss of the whole window)")
+        n = T // parts
+        return x[:, part * n:(part + 1) * n], y[:, part * n:(part + 1) * n]
+
     def count(self, batch: tuple) -> int:
         return batch[0].numel()
 

@@ -150,9 +150,12 @@ def _fsync_dir(path: Path) -> None:
 
 def save_checkpoint(run_dir: Union[str, Path], step: int, model: nn.Module, config: Dict[str, Any],
                     trainer_state: Optional[Dict[str, Any]] = None, ema: Optional[nn.Module] = None,
-                    keep: int = 3) -> Path:
-    """Write a complete checkpoint atomically and point ``latest`` at it; keep the newest ``keep``."""
-    from safetensors.torch import save_model
+                    keep: int = 3, model_state: Optional[Dict[str, torch.Tensor]] = None) -> Path:
+    """Write a complete checkpoint atomically and point ``latest`` at it; keep the newest ``keep``.
+
+    ``model_state``: the model's whole weights already gathered (sharded training), written in place of
+    ``model.state_dict()`` (tied parameters under one name, as safetensors writes a module)."""
+    from safetensors.torch import save_file, save_model
 
     root = Path(run_dir) / "checkpoints"
     name = f"step_{step:08d}"
@@ -163,7 +166,11 @@ def save_checkpoint(run_dir: Union[str, Path], step: int, model: nn.Module, conf
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        save_model(model, str(tmp / "model.safetensors"))
+        if model_state is None:
+            save_model(model, str(tmp / "model.safetensors"))
+        else:
+            save_file({k: v.contiguous() for k, v in model_state.items()}, str(tmp / "model.safetensors"),
+                      metadata={"format": "pt"})
         if ema is not None:
             save_model(ema, str(tmp / "ema.safetensors"))
         (tmp / "config.json").write_text(json.dumps({**config, "step": step}, indent=2, default=str))

@@ -78,6 +78,8 @@ class TrainConfig:
     curves: bool = True  # <out>/curves.png at each evaluation and at the end (loss, learning rate, evaluations)
     skip_bad_samples: bool = False  # unreadable / malformed samples: stop naming the file (False), or skip and count
     check_data: bool = True  # the task scans every data file's header and length before training (--no-data-check)
+    context_parallel: int = 1  # ranks that share each example, each holding a slice of its sequence (torchrun)
+    fsdp: bool = False  # shard parameters, gradients and optimizer state over the ranks (FSDP2) instead of DDP
     extra: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -128,6 +130,11 @@ def add_train_config_arguments(p: "argparse.ArgumentParser", defaults: TrainConf
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
                    help="autocast dtype: auto = bf16 on GPUs that support it, fp32 on CPU")
     p.add_argument("--compile", action="store_true", help="torch.compile the model's forward")
+    p.add_argument("--context-parallel", type=int, default=1, metavar="C",
+                   help="under torchrun: C consecutive ranks share each example, each holding a contiguous slice of "
+                        "its sequence (PoM sends O(D) per layer); the other factor of the processes is data parallel")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard parameters, gradients and optimizer state (FSDP2) instead of DDP")
     p.add_argument("--out", default=None, help=out_help)
     p.add_argument("--no-resume", action="store_true", help="start over even if the run folder has a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -155,6 +162,9 @@ class Task(Protocol):
         """Share ``share`` of ``shares`` equal parts of the global batch of ``step`` (a pure function of both)."""
         ...
 
+    # optional: ``split(batch, part, parts)`` → this rank's contiguous slice of every sequence of a batch share
+    # (context parallelism; a task without it refuses --context-parallel)
+
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor: ...
 
     def count(self, batch: Any) -> int:
@@ -173,13 +183,14 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
 
 
-def configure_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def configure_optimizer(model: nn.Module, cfg: TrainConfig, no_decay: Optional[set] = None) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices and embeddings (≥ 2-D), none on biases, norms, gate biases, and parameters
     marked ``no_weight_decay`` (PoM's polynomial coefficients).
 
     A model may scale the learning rate of some parameters: ``model.lr_scale(name) -> float`` (e.g. PTv3 trains
     its transformer blocks at 0.1× the rate of the stem, pooling and head). Each parameter group then carries its
-    ``lr_scale`` and the loop sets ``lr = schedule · lr_scale``.
+    ``lr_scale`` and the loop sets ``lr = schedule · lr_scale``. ``no_decay``: names of parameters never decayed
+    besides those marked (a sharded model's parameters lost their marks).
     """
     scale_of = getattr(model, "lr_scale", None)
     seen = set()
@@ -188,7 +199,7 @@ def configure_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        decay = p.dim() >= 2 and not getattr(p, "no_weight_decay", False)
+        decay = p.dim() >= 2 and not getattr(p, "no_weight_decay", False) and name not in (no_decay or ())
         scale = float(scale_of(name)) if scale_of is not None else 1.0
         if not scale > 0:
             raise ValueError(f"lr_scale of parameter {name!r} must be positive, got {scale}")
@@ -265,10 +276,18 @@ class _Ema:
 
 
 def _forward_backward(model: nn.Module, task: Task, batch: Any, last: bool, cfg: TrainConfig, ctx: DistContext,
-                      amp: Optional[torch.dtype]) -> torch.Tensor:
-    """Loss and backward of one micro-batch; under DDP gradients are all-reduced on the last micro-batch only."""
+                      amp: Optional[torch.dtype], cp_mesh: Any = None) -> torch.Tensor:
+    """Loss and backward of one micro-batch; under DDP / FSDP gradients are reduced on the last micro-batch only;
+    under context parallelism inside :func:`polymixer.context_parallel` of this rank's group."""
+    from ..ops.parallel import context_parallel
+
     sync = ctx.world == 1 or last
-    with (model.no_sync() if not sync else contextlib.nullcontext()):
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(sync)
+        quiet: Any = contextlib.nullcontext()
+    else:
+        quiet = model.no_sync() if not sync else contextlib.nullcontext()
+    with quiet, (context_parallel(cp_mesh) if cp_mesh is not None else contextlib.nullcontext()):
         with torch.autocast(ctx.device.type, dtype=amp, enabled=amp is not None):
             loss = task.loss(model, batch) / cfg.grad_accum
         loss.backward()
@@ -277,7 +296,7 @@ def _forward_backward(model: nn.Module, task: Task, batch: Any, last: bool, cfg:
 
 def _sam_second_pass(raw: nn.Module, model: nn.Module, task: Task, batches: List[Any],
                      optimizer: torch.optim.Optimizer, cfg: TrainConfig, ctx: DistContext,
-                     amp: Optional[torch.dtype]) -> None:
+                     amp: Optional[torch.dtype], cp_mesh: Any = None) -> None:
     """Sharpness-aware minimisation (Foret et al. 2021): climb to w + ρ·g/‖g‖ along the (all-reduced) gradient,
     take the gradient there on the same batches, come back to w; the optimizer then steps with that gradient.
 
@@ -298,7 +317,7 @@ def _sam_second_pass(raw: nn.Module, model: nn.Module, task: Task, batches: List
     optimizer.zero_grad(set_to_none=True)
     try:
         for micro, batch in enumerate(batches):
-            _forward_backward(model, task, batch, micro == len(batches) - 1, cfg, ctx, amp)
+            _forward_backward(model, task, batch, micro == len(batches) - 1, cfg, ctx, amp, cp_mesh)
     finally:  # an exception in the second pass (a bad sample, an interrupt) leaves w, not w + e
         with torch.no_grad():
             for p, w in zip(params, origin):
@@ -403,18 +422,32 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
            on_log: Optional[Callable[[Dict[str, Any]], None]], flag: Dict[str, Any]) -> Dict[str, Any]:
     from tqdm.auto import tqdm
 
+    from . import parallel
+
     ctx = distributed_context()
     out = Path(cfg.out)
-    shares = ctx.world * cfg.grad_accum
+    unsupported = parallel.check_supported(cfg.fsdp, cfg.context_parallel, cfg.ema, cfg.sam_rho)
+    if unsupported:
+        raise ValueError(f"--fsdp with {unsupported[0]}: {unsupported[1]}")
+    lay = parallel.layout(ctx.rank, ctx.world, cfg.context_parallel, ctx.device)
+    split = getattr(task, "split", None)
+    if lay.cp_size > 1 and split is None:
+        raise ValueError(f"--context-parallel: the {model_config.get('family', 'this')} family cannot split its "
+                         f"examples across ranks yet")
+    shares = lay.dp_world * cfg.grad_accum
     if cfg.batch_size % shares:
-        raise ValueError(f"batch_size {cfg.batch_size} must be divisible by processes × grad_accum = {shares}")
+        raise ValueError(f"batch_size {cfg.batch_size} must be divisible by data-parallel processes × grad_accum = "
+                         f"{shares}")
     if cfg.steps < 1:
         raise ValueError(f"steps must be ≥ 1, got {cfg.steps}")
     torch.manual_seed(cfg.seed + ctx.rank)
     model.to(ctx.device)
     raw = model
     ema = _Ema(raw, cfg.ema) if cfg.ema > 0 else None
-    optimizer = configure_optimizer(raw, cfg)
+    no_decay = parallel.no_decay_names(raw)
+    plain: Optional[nn.Module] = None  # under FSDP, rank 0's whole copy for evaluation
+    optimizer = configure_optimizer(raw, cfg, no_decay)
+    trainer_state: Optional[Dict[str, Any]] = None
     start = 0
     history: List[Dict[str, Any]] = []
     metrics: Dict[str, float] = {}  # the latest evaluation (a resumed run starts with its checkpoint's)
@@ -431,11 +464,13 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
                 listing = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
                 raise ValueError(f"cannot resume from {ck}: its model config differs — {listing}")
             load_weights(raw, ck)
-            state = load_trainer_state(ck)
-            optimizer.load_state_dict(state["optimizer"])
+            state = trainer_state = load_trainer_state(ck)
+            if not cfg.fsdp:  # (sharded: once the parameters are sharded, below)
+                parallel.load_optimizer_state(raw, optimizer, state["optimizer"], state.get("optimizer_format"))
             if ema is not None and (ck / "ema.safetensors").is_file():
                 load_weights(ema.model, ck, ema=True)
-            set_rng_state(state["rng"][ctx.rank] if isinstance(state["rng"], list) else state["rng"])
+            rngs = state["rng"]  # per rank (a run resumed on more ranks than it was saved with reuses them in turn)
+            set_rng_state(rngs[ctx.rank % len(rngs)] if isinstance(rngs, list) else rngs)
             start = int(state["step"])
             history = state.get("history", [])
             metrics = read_config(ck).get("metrics", {})  # a run resumed at its end reports its final evaluation
@@ -443,14 +478,22 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
                 faults.restore(state.get("bad_samples", {}))
     if start == 0 and cfg.init_from:
         _init_weights(raw, ema, cfg.init_from, model_config)
+    amp = _autocast_dtype(cfg, ctx.device)
+    if cfg.fsdp:
+        if ctx.main:
+            plain = copy.deepcopy(raw).eval().requires_grad_(False)
+        parallel.shard(raw, amp == torch.bfloat16)
+        optimizer = configure_optimizer(raw, cfg, no_decay)  # over the sharded parameters
+        if trainer_state is not None:
+            parallel.load_optimizer_state(raw, optimizer, trainer_state["optimizer"],
+                                          trainer_state.get("optimizer_format"))
     fwd_model: nn.Module = raw
     if cfg.compile:
         fwd_model = torch.compile(raw)
-    if ctx.world > 1:
+    if ctx.world > 1 and not cfg.fsdp:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         fwd_model = DDP(fwd_model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
-    amp = _autocast_dtype(cfg, ctx.device)
     bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and ctx.main), desc=f"train {out.name}",
                dynamic_ncols=True)
     t_last, units = time.perf_counter(), 0
@@ -463,6 +506,10 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
     def save(done: int) -> None:
         """A checkpoint of the state after ``done`` steps (every rank calls it)."""
         nonlocal saved
+        model_state = optim_state = None
+        if cfg.fsdp:  # gathered by every rank, written by the first
+            model_state = parallel.full_model_state(raw)
+            optim_state = parallel.full_optimizer_state(raw, optimizer)
         rngs: Any = rng_state()
         bad = dict(faults.bad) if faults is not None else {}
         if ctx.world > 1:  # every rank's generators, so that dropout resumes exactly everywhere
@@ -473,10 +520,12 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
                 for path, reason in b.items():
                     bad.setdefault(path, reason)
         if ctx.main:
-            trainer_state = {"optimizer": optimizer.state_dict(), "step": done, "rng": rngs, "history": history,
-                             "bad_samples": bad}
+            trainer_state = {"optimizer": optimizer.state_dict() if optim_state is None else optim_state,
+                             "step": done, "rng": rngs, "history": history, "bad_samples": bad}
+            if optim_state is not None:
+                trainer_state["optimizer_format"] = parallel.OPTIMIZER_FQN
             save_checkpoint(out, done, raw, {**meta, "metrics": metrics}, trainer_state,
-                            ema.model if ema is not None else None, keep=cfg.keep)
+                            ema.model if ema is not None else None, keep=cfg.keep, model_state=model_state)
             if bad:
                 _write_json(out / "bad_samples.json", bad)
         if ctx.world > 1:
@@ -505,8 +554,10 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
             g["lr"] = lr * g.get("lr_scale", 1.0)
         loss_sum = torch.zeros((), device=ctx.device)
         try:  # every micro-batch first: a bad sample then stops the run before this step changed anything
-            batches = [task.batch(step, micro * ctx.world + ctx.rank, shares, ctx.device)
+            batches = [task.batch(step, micro * lay.dp_world + lay.dp_rank, shares, ctx.device)
                        for micro in range(cfg.grad_accum)]
+            if lay.cp_size > 1:
+                batches = [split(b, lay.cp_rank, lay.cp_size) for b in batches]
         except SampleError as e:
             bar.close()
             if ctx.world == 1 and step > saved:  # under torchrun the other ranks are elsewhere: no collective save
@@ -520,9 +571,10 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
         stats_before = [b.clone() for b in stats]
         for micro, batch in enumerate(batches):
             units += task.count(batch)
-            loss_sum += _forward_backward(fwd_model, task, batch, micro == cfg.grad_accum - 1, cfg, ctx, amp)
+            loss_sum += _forward_backward(fwd_model, task, batch, micro == cfg.grad_accum - 1, cfg, ctx, amp,
+                                          lay.cp_mesh)
         if cfg.sam_rho > 0:
-            _sam_second_pass(raw, fwd_model, task, batches, optimizer, cfg, ctx, amp)
+            _sam_second_pass(raw, fwd_model, task, batches, optimizer, cfg, ctx, amp, lay.cp_mesh)
         grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else
                                                    float("inf"))
         # gradients are all-reduced, so every rank sees the same norm and takes the same decision
@@ -552,7 +604,7 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
                 dist.all_reduce(loss_sum)
                 loss_sum /= ctx.world
             now = time.perf_counter()
-            rate = units * ctx.world / max(now - t_last, 1e-9)
+            rate = units * lay.dp_world * lay.cp_size / max(now - t_last, 1e-9)
             t_last, units = now, 0
             rec = {"step": done, "loss": float(loss_sum), "lr": lr, f"{task.unit}_s": rate,
                    "grad_norm": float(grad_norm), "skipped": skipped}
@@ -567,11 +619,16 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
                     on_log(rec)
         bar.update(1)
         if done % cfg.eval_every == 0 or done == cfg.steps:
+            if cfg.fsdp:  # the whole weights, gathered by every rank, into rank 0's plain copy
+                whole = parallel.full_model_state(raw)
+                if plain is not None:
+                    plain.load_state_dict(whole, strict=False)
             if ctx.main:
                 if cfg.progress:
                     bar.write(f"step {done}: evaluating{' the EMA weights' if ema is not None else ''} …")
                 t_eval = time.perf_counter()
-                metrics = task.evaluate(ema.model if ema is not None else raw, done, out)
+                metrics = task.evaluate(ema.model if ema is not None else plain if plain is not None else raw, done,
+                                        out)
                 took = time.perf_counter() - t_eval
                 t_last += took  # throughput counts training time only
                 if metrics:  # a task may only save artefacts (e.g. a sample grid) and report nothing

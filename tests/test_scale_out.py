@@ -1,0 +1,95 @@
+"""The training loop on several CPU processes (torchrun, gloo): a context-parallel step equals the single-process
+step on the same batch and resumes bit-exactly after a stop; FSDP2 runs save checkpoints that resume on fewer ranks
+and without sharding to the weights an unsharded run reaches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.usefixtures("polymixer_cache")
+
+SCRIPT = r"""
+import json, sys
+import torch
+from polymixer.tasks.lm import train_lm
+from polymixer.train import parallel
+from polymixer.train.loop import TrainConfig
+
+out, data, steps, stop, cp, fsdp = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), \
+    sys.argv[6] == "1"
+cfg = TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup=1, eval_every=100, ckpt_every=2, log_every=1, out=out,
+                  progress=False, seed=3, stop_after=None if stop == "-" else int(stop), context_parallel=cp,
+                  fsdp=fsdp)
+res = train_lm("tiny-hybrid", cfg, [data], pack=False, eval_windows=4, n_layer=2, n_embd=32, n_head=2,
+               block_size=32, window=8, sel_heads=2)
+model = res["model"]
+sd = parallel.full_model_state(model) if fsdp else {k: v for k, v in model.state_dict().items()
+                                                    if k not in parallel.aliases(model)}
+if res["rank"] == 0:
+    torch.save({k: v.detach().cpu() for k, v in sd.items()}, f"{out}/weights.pt")
+    json.dump([h["loss"] for h in res["history"] if "loss" in h], open(f"{out}/losses.json", "w"))
+    from polymixer.ops.parallel import TOTAL
+    json.dump(TOTAL, open(f"{out}/context_parallel.json", "w"))
+"""
+
+
+def _run(tmp_path, corpus_dir, out, steps, procs=1, cp=1, fsdp=False, stop=None, port=29631):
+    script = tmp_path / "scale_out.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = [str(script), str(out), str(corpus_dir), str(steps), "-" if stop is None else str(stop), str(cp),
+            "1" if fsdp else "0"]
+    launch = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run",
+                                                  f"--nproc_per_node={procs}", f"--master_port={port}"]
+    res = subprocess.run(launch + args, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return torch.load(out / "weights.pt"), json.loads((out / "losses.json").read_text())
+
+
+def test_context_parallel_step_equals_the_single_process_step_and_resumes(tmp_path, corpus_dir):
+    one, losses_one = _run(tmp_path, corpus_dir, tmp_path / "one", 3)
+    two, losses_two = _run(tmp_path, corpus_dir, tmp_path / "cp", 3, procs=2, cp=2)
+    sent = json.loads((tmp_path / "cp" / "context_parallel.json").read_text())
+    assert sent["calls"] > 0 and json.loads((tmp_path / "one" / "context_parallel.json").read_text())["calls"] == 0
+    # the first step's loss is that of the same weights on the same batch
+    assert abs(losses_two[0] - losses_one[0]) <= 1e-6 * abs(losses_one[0])
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
+    # stopped after step 2 (a checkpoint), then resumed to 3: bit-exact with the uninterrupted context-parallel run
+    _run(tmp_path, corpus_dir, tmp_path / "cp_stop", 3, procs=2, cp=2, stop=2, port=29633)
+    resumed, _ = _run(tmp_path, corpus_dir, tmp_path / "cp_stop", 3, procs=2, cp=2, port=29635)
+    for k in two:
+        assert torch.equal(resumed[k], two[k]), k
+
+
+def test_context_parallel_needs_a_family_that_splits_and_plain_windows(tmp_path, corpus_dir):
+    from polymixer.tasks.lm import LMTask
+
+    task = LMTask.__new__(LMTask)
+    task.pack = True
+    with pytest.raises(ValueError, match="add --no-pack"):
+        task.split((torch.zeros(2, 8), torch.zeros(2, 8)), 0, 2)
+    task.pack = False
+    with pytest.raises(ValueError, match="must divide the context length"):
+        task.split((torch.zeros(2, 9), torch.zeros(2, 9)), 0, 2)
+    x, y = task.split((torch.arange(16).view(2, 8), torch.arange(16).view(2, 8)), 1, 2)
+    assert x.tolist() == [[4, 5, 6, 7], [12, 13, 14, 15]] and torch.equal(x, y)
+
+
+def test_fsdp_checkpoint_resumes_on_fewer_ranks_and_unsharded(tmp_path, corpus_dir):
+    straight, _ = _run(tmp_path, corpus_dir, tmp_path / "straight", 3)
+    four = tmp_path / "four"
+    _run(tmp_path, corpus_dir, four, 2, procs=4, fsdp=True, port=29641)
+    for name, procs, fsdp in (("two", 2, True), ("one", 1, False)):
+        run = tmp_path / name
+        run.mkdir()
+        subprocess.run(["cp", "-r", str(four / "checkpoints"), str(run / "checkpoints")], check=True)
+        weights, _ = _run(tmp_path, corpus_dir, run, 3, procs=procs, fsdp=fsdp, port=29643)
+        for k in straight:
+            torch.testing.assert_close(weights[k], straight[k], rtol=1e-4, atol=1e-5, msg=f"{name}: {k}")
