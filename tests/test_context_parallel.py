@@ -102,6 +102,45 @@ for split_name, n, split in SPLITS:
         check(f"local attention {W} causal {split_name}", at, n, split, dict(causal=True), mask=True)
         check(f"local attention {W} bidirectional {split_name}", at, n, split, dict(causal=False))
 
+# whole models that split their own tokens: the output is the whole one on every rank (the loss is the same on
+# each), so the parameter gradients summed over the ranks are the world size times the unsharded ones
+from polymixer.models.registry import create_model
+
+
+def check_model(name, model, inputs):
+    torch.manual_seed(5)
+    model = model.double().eval()
+    out = model(*inputs)
+    g = torch.randn_like(out)
+    model.zero_grad()
+    (out * g).sum().backward()
+    ref = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with polymixer.context_parallel():
+        out_cp = model(*inputs)
+        (out_cp * g).sum().backward()
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
+    for t in grads:
+        dist.all_reduce(t)
+    rel = lambda u, v: ((u - v).abs().max() / v.abs().max().clamp_min(1e-30)).item()
+    return {"y": rel(out_cp, out), "dparams": max(rel(a / world, b) for a, b in zip(grads, ref))}
+
+
+torch.manual_seed(3)
+img = torch.randn(2, 1, 12, 12, dtype=torch.float64)
+t, y = torch.rand(2, dtype=torch.float64), torch.tensor([1, 10])
+for preset, kw in (("tiny-sipom", {}), ("tiny-sit", {"position": "rope"}), ("tiny-sipom-value", {})):
+    m = create_model(preset, input_size=12, hidden_size=32, depth=2, **kw)
+    out[f"model {preset}"] = check_model(preset, m, (img, t, y))
+T = 6
+sat = torch.randn(2, T, 4, 4, 10, dtype=torch.float64)
+doy = torch.randint(0, 365, (2, T))
+frames = torch.ones(2, T, dtype=torch.bool)
+frames[0, -1] = False
+for preset, kw in (("tiny-tsvipom", {"date_rope": True}), ("tiny-tsvit", {}), ("tiny-tsvipom-value", {})):
+    m = create_model(preset, image_size=4, **kw)
+    out[f"model {preset}"] = check_model(preset, m, (sat, doy, frames))
+
 # a context-parallel prefill: the last rank's state is the whole prefix's, and decoding continues from it
 for name, module in (("pom", PoM(8, rope="1d").double()), ("value", PoM(8, value_dim=8, heads=2, token_shift=3,
                                                                         chunk_size=4, rope="1d").double())):

@@ -39,9 +39,25 @@ if res["rank"] == 0:
 """
 
 
-def _run(tmp_path, corpus_dir, out, steps, procs=1, cp=1, fsdp=False, stop=None, port=29631):
+IMAGE_SCRIPT = r"""
+import json, sys
+import torch
+from polymixer.tasks.image import train_image
+from polymixer.train.loop import TrainConfig
+
+out, cp = sys.argv[1], int(sys.argv[5])
+cfg = TrainConfig(steps=2, batch_size=4, lr=1e-3, warmup=1, eval_every=100, ckpt_every=100, log_every=1, out=out,
+                  progress=False, seed=3, context_parallel=cp)
+res = train_image("tiny-sit", cfg, eval_samples=0, input_size=8, hidden_size=32, depth=2, position="rope")
+if res["rank"] == 0:
+    torch.save({k: v.detach().cpu() for k, v in res["model"].state_dict().items()}, f"{out}/weights.pt")
+    json.dump([h["loss"] for h in res["history"] if "loss" in h], open(f"{out}/losses.json", "w"))
+"""
+
+
+def _run(tmp_path, corpus_dir, out, steps, procs=1, cp=1, fsdp=False, stop=None, port=29631, script_text=SCRIPT):
     script = tmp_path / "scale_out.py"
-    script.write_text(SCRIPT)
+    script.write_text(script_text)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     args = [str(script), str(out), str(corpus_dir), str(steps), "-" if stop is None else str(stop), str(cp),
             "1" if fsdp else "0"]
@@ -93,3 +109,13 @@ def test_fsdp_checkpoint_resumes_on_fewer_ranks_and_unsharded(tmp_path, corpus_d
         weights, _ = _run(tmp_path, corpus_dir, run, 3, procs=procs, fsdp=fsdp, port=29643)
         for k in straight:
             torch.testing.assert_close(weights[k], straight[k], rtol=1e-4, atol=1e-5, msg=f"{name}: {k}")
+
+
+def test_context_parallel_image_step_equals_the_single_process_step(tmp_path, corpus_dir):
+    """The image family splits its patch tokens inside the model (2-D rotary positions sliced with them)."""
+    one, losses_one = _run(tmp_path, corpus_dir, tmp_path / "one", 2, script_text=IMAGE_SCRIPT)
+    two, losses_two = _run(tmp_path, corpus_dir, tmp_path / "cp", 2, procs=2, cp=2, port=29651,
+                           script_text=IMAGE_SCRIPT)
+    assert abs(losses_two[0] - losses_one[0]) <= 1e-6 * abs(losses_one[0])
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5, msg=k)

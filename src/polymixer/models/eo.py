@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..ops import parallel
 from ..positions import grid_positions
 
 __all__ = ["TSViTConfig", "TSViT", "DAYS_PER_YEAR", "unpack_dates", "patchify", "unpatchify"]
@@ -254,6 +255,9 @@ class TSViT(nn.Module):
         return self._encode_time(x, doy, self._check(x, doy, mask))
 
     def _encode_time(self, x: Tensor, doy: Tensor, mask: Optional[Tensor]) -> Tensor:
+        cp = parallel.active()
+        if cp is not None:
+            return self._encode_time_split(x, doy, mask, cp)
         c = self.config
         B, T = x.shape[:2]
         dtype = self.patch_embed.weight.dtype
@@ -271,6 +275,41 @@ class TSViT(nn.Module):
         for blk in self.temporal:
             seq = blk(seq, **kw)
         return self.temporal_norm(seq[:, :c.num_classes]).reshape(B, N, c.num_classes, c.dim)
+
+    def _encode_time_split(self, x: Tensor, doy: Tensor, mask: Optional[Tensor], cp: "parallel.ContextParallel"
+                           ) -> Tensor:
+        """The temporal encoder under context parallelism: each rank holds an equal share of the frames, the first
+        rank the class tokens in front of its share; the class tokens' outputs are then sent to every rank (the
+        spatial encoder and the head run on each, alike)."""
+        c = self.config
+        B, T = x.shape[:2]
+        a, b = parallel.even_slice(T, cp, "the frames")
+        x, doy = x[:, a:b], doy[:, a:b]
+        mask = None if mask is None else mask[:, a:b]
+        first = cp.rank == 0
+        dtype = self.patch_embed.weight.dtype
+        tokens = self.patch_embed(patchify(x.to(dtype), c.patch_size))  # (B, N, t, d)
+        N, t = tokens.shape[1], tokens.shape[2]
+        dates = F.embedding(doy.long(), self.date_embed.weight.t()) + self.date_embed.bias
+        seq = (tokens + dates[:, None]).reshape(B * N, t, c.dim)
+        K = c.num_classes if first else 0
+        if first:
+            seq = torch.cat([self.class_tokens.to(dtype).expand(B * N, -1, -1), seq], dim=1)
+        kw: Dict[str, Tensor] = {}
+        if mask is not None:
+            kw["mask"] = torch.cat([mask.new_ones(B, K), mask], dim=1).repeat_interleave(N, dim=0)
+        if c.date_rope:
+            days = torch.cat([doy.new_zeros(B, K), doy], dim=1).repeat_interleave(N, dim=0)
+            kw["positions"] = days if c.date_rope_speed == 1 else days.double() * c.date_rope_speed
+        for blk in self.temporal:
+            seq = blk(seq, **kw)
+        # every rank's copy of the class tokens' outputs; the others send zeros that stay in the graph (the
+        # all-gather's backward is a collective every rank must reach, and DDP wants a gradient of every parameter,
+        # the class tokens' included)
+        mine = seq[:, :c.num_classes] if first else \
+            seq[:, :1].mul(0).expand(-1, c.num_classes, -1) + self.class_tokens.to(dtype).mul(0)
+        cls = parallel.gather(mine.contiguous(), cp, "class tokens")[0]
+        return self.temporal_norm(cls).reshape(B, N, c.num_classes, c.dim)
 
     def encode_space(self, z: Tensor, h: int, w: int) -> Tensor:
         """The spatial encoder on (B, h·w, K, dim): each class's h·w tokens mixed apart from the other classes →
@@ -294,7 +333,8 @@ class TSViT(nn.Module):
         B, _, H, W, _ = x.shape
         h, w = H // c.patch_size, W // c.patch_size
         z = self._encode_time(x, doy, mask)
-        z = self.encode_space(z, h, w)
+        with parallel.local():  # under context parallelism every rank holds all the class tokens' outputs now
+            z = self.encode_space(z, h, w)
         y = self.head(self.head_norm(z))  # (B·K, h·w, p·p)
         return unpatchify(y.reshape(B, c.num_classes, h * w, -1), h, w, c.patch_size)
 

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..ops import parallel
 from ..positions import grid_positions, sincos_2d
 
 __all__ = ["DiTConfig", "DiT", "AdaLNPolyMorpher", "modulate", "timestep_features"]
@@ -252,9 +253,20 @@ class DiT(nn.Module):
         if "rope" in self.config.position:
             positions = grid_positions(gh, gw, device=x.device)
         c = self.t_embedder(t) + self.y_embedder(y, force_drop)
+        cp = parallel.active()
+        if cp is not None:  # context parallelism: this rank's equal slice of the patch tokens, gathered at the end
+            if self.config.local_conv:
+                raise ValueError("context_parallel: the local convolution over the patch grid would need its "
+                                 "neighbours from other ranks; train without local_conv or without the context")
+            a, b = parallel.even_slice(h.shape[1], cp, "the patch tokens")
+            h = h[:, a:b]
+            positions = None if positions is None else positions[a:b]
         for blk in self.blocks:
             h = blk(h, c, positions=positions, grid=(gh, gw))
-        return self.unpatchify(self.final_layer(h, c), gh, gw)
+        out = self.final_layer(h, c)
+        if cp is not None:
+            out = parallel.gather_tokens(out, cp, "image output tokens")
+        return self.unpatchify(out, gh, gw)
 
     def forward_with_cfg(self, x: Tensor, t: Tensor, y: Tensor, scale: float) -> Tensor:
         """Classifier-free guidance on every predicted channel: uncond + scale · (cond − uncond). The learned

@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["ContextParallel", "context_parallel", "active", "gather", "agree", "Slice", "block_tail_ranks",
-           "CONTEXT_PARALLEL_MODES", "mode_facts", "summary", "gather_rows", "FACTS", "TOTAL"]
+           "CONTEXT_PARALLEL_MODES", "mode_facts", "summary", "gather_rows", "FACTS", "TOTAL", "even_slice",
+           "gather_tokens", "local"]
 
 TOTAL = {"bytes_sent": 0, "calls": 0}  # over every context of this process (logs, tests)
 FACTS = 24  # integers a call is described by in the agreement (padded)
@@ -73,7 +74,7 @@ class ContextParallel:
         self.log.clear()
 
 
-_STACK: List[ContextParallel] = []
+_STACK: List[Optional[ContextParallel]] = []
 
 
 def _resolve_group(group: Any) -> Any:
@@ -114,15 +115,27 @@ def context_parallel(group: Any = None) -> Iterator[ContextParallel]:
     try:
         yield cp
     finally:
-        _STACK.remove(cp)
+        del _STACK[next(i for i in range(len(_STACK) - 1, -1, -1) if _STACK[i] is cp)]
 
 
 def active() -> Optional[ContextParallel]:
-    """The innermost active context, or None (also None while a world of one rank is active: nothing to split)."""
+    """The innermost active context, or None (also None while a world of one rank is active: nothing to split, and
+    inside :func:`local`)."""
     if not _STACK:
         return None
     cp = _STACK[-1]
-    return cp if cp.world > 1 else None
+    return cp if cp is not None and cp.world > 1 else None
+
+
+@contextlib.contextmanager
+def local() -> Iterator[None]:
+    """Inside a context, a stretch of the model that every rank runs on the same whole tensors (after the
+    sequence was gathered): its mixers mix what they are given, as outside the context."""
+    _STACK.append(None)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        _STACK.pop()
 
 
 class _Gather(torch.autograd.Function):
@@ -163,6 +176,21 @@ def gather_rows(t: Tensor, cp: ContextParallel, lengths: Sequence[int], what: st
     pad = [0, 0] * (t.dim() - 2) + [0, L - t.shape[1]]
     parts = gather(torch.nn.functional.pad(t, pad), cp, what)  # (P, B, L, …)
     return [parts[r][:, :n] for r, n in enumerate(lengths)], parts[0][:, :0] * 0
+
+
+def even_slice(n: int, cp: ContextParallel, what: str) -> Tuple[int, int]:
+    """[a, b): this rank's equal share of ``n`` items (a model that splits its own tokens under the context)."""
+    if n % cp.world:
+        raise ValueError(f"context_parallel over {cp.world} ranks needs {what} divisible by {cp.world}, got {n}")
+    k = n // cp.world
+    return cp.rank * k, (cp.rank + 1) * k
+
+
+def gather_tokens(t: Tensor, cp: ContextParallel, what: str = "tokens") -> Tensor:
+    """The whole sequence from every rank's equal slice (B, n, …) → (B, P·n, …), differentiable (each rank's
+    gradient flows back to the rank that computed it)."""
+    parts = gather(t, cp, what)  # (P, B, n, …)
+    return torch.cat(list(parts.unbind(0)), dim=1)
 
 
 def agree(cp: ContextParallel, name: str, facts: Dict[str, int], problem: Optional[str]) -> List[int]:

@@ -101,6 +101,11 @@ class EOTask:
     def count(self, batch: Dict[str, Any]) -> int:
         return batch["pixels"]
 
+    def split(self, batch: Any, part: int, parts: int) -> Any:
+        """Context parallelism: every rank of a group takes the whole batch share; the model splits
+        the frames of its temporal encoder (each rank an equal share)."""
+        return batch
+
     def loss(self, model: nn.Module, batch: Dict[str, Any]) -> Tensor:
         return masked_cross_entropy(model(batch["x"], batch["doy"], batch["mask"]), batch["labels"])
 

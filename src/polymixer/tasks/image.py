@@ -200,6 +200,11 @@ class ImageTask:
     def count(self, batch: tuple) -> int:
         return batch[0].shape[0]
 
+    def split(self, batch: Any, part: int, parts: int) -> Any:
+        """Context parallelism: every rank of a group takes the whole batch share; the model splits
+        its patch tokens (each rank an equal share)."""
+        return batch
+
     def loss(self, model: nn.Module, batch: tuple) -> torch.Tensor:
         x, y = batch
         return self.objective.loss(model, x, y)

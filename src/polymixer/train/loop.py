@@ -440,7 +440,7 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
                          f"{shares}")
     if cfg.steps < 1:
         raise ValueError(f"steps must be ≥ 1, got {cfg.steps}")
-    torch.manual_seed(cfg.seed + ctx.rank)
+    torch.manual_seed(cfg.seed + lay.dp_rank)  # the ranks sharing an example draw the same noise and dropout
     model.to(ctx.device)
     raw = model
     ema = _Ema(raw, cfg.ema) if cfg.ema > 0 else None
