@@ -97,6 +97,7 @@ for split_name, n, split in SPLITS:
     from polymixer import Attention
     for name, kw in (("causal", dict(causal=True)), ("full", dict()), ("block 4", dict(causal=True, block_size=4))):
         check(f"attention {name} {split_name}", dbl(Attention(8, heads=2, rope="1d")), n, split, kw, mask=True)
+    check(f"attention causal unmasked {split_name}", dbl(Attention(8, heads=2)), n, split, dict(causal=True))
     for W in (2, 4, 7):
         at = dbl(Attention(8, heads=2, window=W))
         check(f"local attention {W} causal {split_name}", at, n, split, dict(causal=True), mask=True)
@@ -238,3 +239,18 @@ def test_outside_a_process_group_is_a_clear_error():
         with polymixer.context_parallel():
             pass
     assert torch is not None
+
+
+def test_bench_parallel_counts_flat_bytes_for_pom_and_growing_for_attention(tmp_path):
+    from polymixer.bench.parallel import ParallelBenchConfig, run
+
+    payload = run(ParallelBenchConfig(dim=32, heads=2, value_dim=32, lengths=(256, 1024), ranks=(1, 2), repeats=1,
+                                      attention_max=256, out=str(tmp_path)), progress=False)
+    rows = {(r["mixer"], r["N"], r["P"]): r for r in payload["rows"]}
+    assert rows[("pom", 256, 2)]["bytes_per_rank"] == rows[("pom", 1024, 2)]["bytes_per_rank"] > 0
+    assert rows[("value_pom", 256, 2)]["bytes_per_rank"] == rows[("value_pom", 1024, 2)]["bytes_per_rank"]
+    att_256, att_1k = rows[("attention", 256, 2)], rows[("attention", 1024, 2)]
+    assert att_1k["exchange_only"] and not att_256["exchange_only"]
+    assert 3.9 < att_1k["bytes_per_rank"] / att_256["bytes_per_rank"] < 4.1  # ∝ N
+    assert rows[("pom", 1024, 2)]["peak_mb"] < rows[("pom", 1024, 1)]["peak_mb"]
+    assert (tmp_path / "parallel.png").is_file() and "MODEL, not measured" in (tmp_path / "parallel.txt").read_text()

@@ -280,6 +280,15 @@ class Attention(nn.Module):
         dh = self.head_dim
         if self.window is None:
             rows, zero = parallel.gather_rows(kv, cp, lengths, "attention keys and values")
+            if causal and block_size is None and key_mask is None:
+                # the keys up to this slice's end; each query sees those up to its own global index: causal,
+                # aligned to the bottom right (SDPA's fused kernels take it without a mask on a GPU)
+                from torch.nn.attention.bias import causal_lower_right
+
+                K = torch.cat([zero] + rows[:cp.rank + 1], dim=1).transpose(1, 2)
+                bias = causal_lower_right(n, K.shape[2])
+                o = F.scaled_dot_product_attention(q, K[..., :dh], K[..., dh:], attn_mask=bias, dropout_p=p)
+                return self._merge(o)
             keep, _ = parallel.gather_rows(valid, cp, lengths, "attention key padding")
             K = torch.cat([zero] + rows, dim=1).transpose(1, 2)  # (B, H, N, 2·dh)
             km = torch.cat(keep, dim=1) > 0

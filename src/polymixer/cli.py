@@ -90,6 +90,11 @@ def _commands() -> Dict[str, Dict[str, Command]]:
                      "polymixer.bench.roofline",
                      "Count each kernel's FLOPs and HBM bytes of one forward pass and predict its time on an H100 / "
                      "H200 / A100 (GEMMs, FlashAttention-2, PoM's Triton mixing); beside the paper's measurements."),
+        "parallel": ("context parallelism: bytes sent, step time and memory per rank against N and ranks",
+                     "polymixer.bench.parallel",
+                     "Run a causal PoM, value-PoM and attention layer (forward + backward) split over P gloo "
+                     "processes: bytes each rank sends (counted from the collectives), step time and peak memory "
+                     "per rank, the longest N a memory budget holds, and a labelled model of 8 × H100 over NVLink."),
         "parity": ("every family's linear-time models against attention at equal budget, from the benches' results",
                    "polymixer.bench.parity",
                    "Read the quality part of each family's bench (lm, recall, image, ocr, eo, points JSON in --out), "

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..common import check_positions, rope_angles, rotate
+from ..common import check_positions, compute_dtype, is_compiling, rope_angles, rotate
 from ..features import cumsum, gate_mix, poly_features, safe_inverse
 from ..parallel import ContextParallel, Slice, agree, block_tail_ranks, gather, mode_facts
 
@@ -64,6 +64,8 @@ def forward(call, cp: ContextParallel, problem: Optional[str] = None,
                                 state is not None))
     sl = Slice(cp.rank, agree(cp, "pom", facts, problem))
     x, D, B, n = call.x, call.D, call.B, call.N
+    if _fusable(call):
+        return _fused(call, cp, sl, state)
 
     z = F.linear(x, call.in_weight)
     zh, zs = z.split([D, call.Ds], dim=-1)
@@ -119,3 +121,42 @@ def forward(call, cp: ContextParallel, problem: Optional[str] = None,
     y = F.linear(g, call.out_weight, call.out_bias)
     return y, (final[:, :D], final[:, D]), sl.total
 
+
+
+def _fusable(call) -> bool:
+    """Calls the fused CPU path takes (causal or full, no key padding): there the slice keeps its memory to z."""
+    return (call.x.device.type == "cpu" and call.key_mask is None and call.block_size is None
+            and isinstance(call.activation, str) and isinstance(call.gate, str) and not is_compiling())
+
+
+def _fused(call, cp: ContextParallel, sl: Slice, state: Optional[Tuple[Tensor, Tensor, Tensor]]
+           ) -> Tuple[Tensor, Tuple[Tensor, Tensor], int]:
+    """The fused CPU path with what the other ranks contribute carried in: one tiled pass sums this slice, one
+    all-gather, one tiled pass mixes (saving only z, as the fused path does)."""
+    from .fused_cpu import mix_with_carry, slice_sum
+
+    x, D, B, n = call.x, call.D, call.B, call.N
+    cd = compute_dtype(x.dtype)
+    rot = None
+    if call.rope is not None:
+        pos = _global_positions(call, sl, None if state is None else state[2])
+        rot = rope_angles(pos, D, call.rope_base, call.rope == "2d", cd)
+    z = F.linear(x, call.in_weight)
+    local = slice_sum(z, call.coeff, rot, call.activation)
+    counts = torch.full((B, 1), float(n), dtype=cd, device=x.device)
+    parts = gather(torch.cat([local, counts], dim=1), cp, "pom sums")  # (P, B, D + 1)
+    if call.causal:
+        before = parts[:cp.rank].sum(0)
+        if state is not None:
+            before = before + torch.cat([state[0].to(cd), state[1].to(cd).unsqueeze(-1)], dim=1)
+        carry, count = before[:, :D], before[:, D].detach()
+        final = before + torch.cat([local, counts], dim=1)
+    else:
+        others = torch.cat([parts[:cp.rank], parts[cp.rank + 1:]]).sum(0)
+        carry = others[:, :D]
+        final = others + torch.cat([local, counts], dim=1)
+        count = final[:, D].detach()
+    g = mix_with_carry(z, call.coeff, call.gate_bias, rot, call.causal, call.activation, call.gate,
+                       call.reduction == "mean", carry, count)
+    y = F.linear(g, call.out_weight, call.out_bias)
+    return y, (final[:, :D], final[:, D]), sl.total

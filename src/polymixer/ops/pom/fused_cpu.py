@@ -23,7 +23,7 @@ from ..common import (
 )
 from ..features import chunked_cumsum, horner, horner_derivative
 
-__all__ = ["supports", "forward"]
+__all__ = ["supports", "forward", "slice_sum", "mix_with_carry"]
 
 #
 # On CPU the modular path's cost above the matrix products is not arithmetic but memory: every fresh (B, N, D)
@@ -102,8 +102,9 @@ class _Plan:
     """Everything the fused tiles share: coefficients, gate bias, non-linearities, mode, and rotary tables."""
 
     def __init__(self, coeff: Tensor, bias: Tensor, causal: bool, act: str, gate: str, mean: bool, rot: Rot,
-                 cd: torch.dtype) -> None:
+                 cd: torch.dtype, carry: Optional[Tensor] = None, count: Optional[Tensor] = None) -> None:
         self.D = coeff.shape[0]
+        self.carry, self.count = carry, count
         self.rows = coeff.to(cd).t().contiguous()
         self.bias = bias.to(cd)
         self.causal, self.mean, self.cd = causal, mean, cd
@@ -127,17 +128,33 @@ class _Plan:
         return x if self.rot is None else rotate(x, *self._cs(t), inverse=True)
 
 
+def _inverse_counts(plan: "_Plan", B: int, N: int, dev: torch.device) -> Tensor:
+    """1 / (visible tokens) of every query: (N, 1), or (B, N, 1) after a carried-in count (context parallelism)."""
+    ar = torch.arange(1, N + 1, dtype=plan.cd, device=dev)
+    if plan.count is None:
+        return (1.0 / ar).unsqueeze(-1)
+    return (1.0 / (plan.count.to(plan.cd).unsqueeze(1) + ar)).unsqueeze(-1)
+
+
+def _inv_tile(inv: Tensor, t: Tile) -> Tensor:
+    return inv[t[2]:t[3]] if inv.dim() == 2 else inv[t[0]:t[1], t[2]:t[3]]
+
+
 def _fused_forward(src: _ProjectedTiles, B: int, N: int, plan: _Plan, put: Callable[[Tile, Tensor], None]) -> Tensor:
     """Hand gate ⊙ H to ``put`` tile by tile; returns what the backward needs besides z:
-    H (B, D) in full mode, the running sum at the start of every tile (B, tiles, D) in causal mode."""
+    H (B, D) in full mode, the running sum at the start of every tile (B, tiles, D) in causal mode.
+
+    ``plan.carry`` (B, D), when given, is a sum of tokens outside this call that every query sees (the ranks
+    before this one under context parallelism, or all the others in full mode), and ``plan.count`` (B,) the
+    number of tokens it counts (full mode: the total count the mean divides by)."""
     D, cd, dev = plan.D, plan.cd, plan.rows.device
     if not plan.causal:
-        H = torch.zeros(B, D, dtype=cd, device=dev)
+        H = torch.zeros(B, D, dtype=cd, device=dev) if plan.carry is None else plan.carry.to(cd).clone()
         for b0, b1, n0, n1, _ in _tiles(B, N):
             t = (b0, b1, n0, n1)
             H[b0:b1] += plan.rotate(horner(plan.act_fn(src.poly_part(t).to(cd)), plan.rows), t).sum(1)
         if plan.mean:
-            H /= N
+            H /= N if plan.count is None else plan.count.to(cd).unsqueeze(-1)
         for b0, b1, n0, n1, _ in _tiles(B, N):
             t = (b0, b1, n0, n1)
             s = plan.gate_ip(src.gate_part(t).to(cd) + plan.bias)
@@ -146,17 +163,19 @@ def _fused_forward(src: _ProjectedTiles, B: int, N: int, plan: _Plan, put: Calla
         return H
     ntiles = -(-N // _TILE) if N >= _TILE else 1
     carries = torch.zeros(B, ntiles, D, dtype=cd, device=dev)
-    inv = 1.0 / torch.arange(1, N + 1, dtype=cd, device=dev).unsqueeze(-1)
+    if plan.carry is not None:
+        carries[:, 0] = plan.carry.to(cd)
+    inv = _inverse_counts(plan, B, N, dev)
     for b0, b1, n0, n1, j in _tiles(B, N):
         t = (b0, b1, n0, n1)
         zh, zs = src.both(t)
         c = chunked_cumsum(plan.rotate(horner(plan.act_fn(zh.to(cd)), plan.rows), t), reverse=False)
-        if j:
+        if j or plan.carry is not None:
             c += carries[b0:b1, j].unsqueeze(1)
         if j + 1 < ntiles:
             carries[b0:b1, j + 1] = c[:, -1]
         if plan.mean:
-            c *= inv[n0:n1]
+            c *= _inv_tile(inv, t)
         s = plan.gate_ip(zs.to(cd) + plan.bias)
         put(t, _gate_times(s, plan.unrotate(c, t)))
     return carries
@@ -167,28 +186,29 @@ class _FusedSelfMix(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z: Tensor, coeff: Tensor, bias: Tensor, cos: Optional[Tensor], sin: Optional[Tensor],  # type: ignore[override]
-                causal: bool, act: str, gate: str, mean: bool):
+                causal: bool, act: str, gate: str, mean: bool, carry: Optional[Tensor] = None,
+                count: Optional[Tensor] = None):
         B, N, _ = z.shape
         plan = _Plan(coeff, bias, causal, act, gate, mean, None if cos is None else (cos, sin),
-                     compute_dtype(z.dtype))
+                     compute_dtype(z.dtype), carry, count)
         out = torch.empty(B, N, plan.D, dtype=z.dtype, device=z.device)
 
         def put(t: Tile, g: Tensor) -> None:
             out[t[0]:t[1], t[2]:t[3]] = g
 
         aux = _fused_forward(_ProjectedTiles(z, plan.D), B, N, plan, put)
-        ctx.save_for_backward(z, coeff, bias, aux, cos, sin)
-        ctx.cfg = (causal, act, gate, mean)
+        ctx.save_for_backward(z, coeff, bias, aux, cos, sin, count)
+        ctx.cfg = (causal, act, gate, mean, carry is not None)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        z, coeff, bias, aux, cos, sin = ctx.saved_tensors
-        causal, act, gate, mean = ctx.cfg
+        z, coeff, bias, aux, cos, sin, count = ctx.saved_tensors
+        causal, act, gate, mean, has_carry = ctx.cfg
         B, N, _ = z.shape
         cd = compute_dtype(z.dtype)
-        plan = _Plan(coeff, bias, causal, act, gate, mean, None if cos is None else (cos, sin), cd)
+        plan = _Plan(coeff, bias, causal, act, gate, mean, None if cos is None else (cos, sin), cd, None, count)
         D, k = coeff.shape
         Ds = z.shape[-1] - D
         rows = plan.rows
@@ -219,7 +239,8 @@ class _FusedSelfMix(torch.autograd.Function):
                 grad_bias += gu.sum((0, 1))
                 grad_z[b0:b1, n0:n1, D:] = gu
             if mean:
-                gH /= N
+                gH /= N if count is None else count.to(cd).unsqueeze(-1)
+            grad_carry = gH
             for b0, b1, n0, n1, _ in _tiles(B, N):
                 t = (b0, b1, n0, n1)
                 zh = z[b0:b1, n0:n1, :D].to(cd)
@@ -227,17 +248,17 @@ class _FusedSelfMix(torch.autograd.Function):
                 grad_z[b0:b1, n0:n1, :D] = poly_grads(zh, plan.act_fn(zh), gp)
         else:
             carries = aux
-            inv = 1.0 / torch.arange(1, N + 1, dtype=cd, device=z.device).unsqueeze(-1)
+            inv = _inverse_counts(plan, B, N, z.device)
             suffix = torch.zeros(B, D, dtype=cd, device=z.device)
             for b0, b1, n0, n1, j in reversed(list(_tiles(B, N))):
                 t = (b0, b1, n0, n1)
                 zh = z[b0:b1, n0:n1, :D].to(cd)
                 h = plan.act_fn(zh)
                 c = chunked_cumsum(plan.rotate(horner(h, rows), t), reverse=False)
-                if j:
+                if j or has_carry:
                     c += carries[b0:b1, j].unsqueeze(1)
                 if mean:
-                    c *= inv[n0:n1]
+                    c *= _inv_tile(inv, t)
                 u = z[b0:b1, n0:n1, D:].to(cd) + plan.bias
                 g = grad[b0:b1, n0:n1].to(cd)
                 gu = elementwise_backward(plan.gate_fn, plan.gate_d, u, _head_sum(g * plan.unrotate(c, t), Ds))
@@ -245,13 +266,75 @@ class _FusedSelfMix(torch.autograd.Function):
                 grad_z[b0:b1, n0:n1, D:] = gu
                 gc = plan.rotate(_gate_times(plan.gate_fn(u), g), t)
                 if mean:
-                    gc *= inv[n0:n1]
+                    gc *= _inv_tile(inv, t)
                 gp = chunked_cumsum(gc, reverse=True)
                 gp += suffix[b0:b1, None]
                 suffix[b0:b1] = gp[:, 0]
                 grad_z[b0:b1, n0:n1, :D] = poly_grads(zh, h, plan.unrotate(gp, t))
+            grad_carry = suffix  # every query's sum holds the carried-in sum: the gradient of all of them
         return (grad_z, grad_rows.t().to(coeff.dtype), grad_bias.to(bias.dtype), None, None, None, None, None,
-                None)
+                None, grad_carry if has_carry else None, None)
+
+
+class _FusedSum(torch.autograd.Function):
+    """Σ_tokens R(pos) poly(act(z_h)) per row (B, D) in tiles, saving only z: what a rank's slice adds to the
+    others' aggregates under context parallelism."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, coeff: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], act: str  # type: ignore[override]
+                ) -> Tensor:
+        B, N, _ = z.shape
+        cd = compute_dtype(z.dtype)
+        plan = _Plan(coeff, coeff.new_zeros(1), False, act, "identity", False, None if cos is None else (cos, sin),
+                     cd)
+        total = torch.zeros(B, plan.D, dtype=cd, device=z.device)
+        for b0, b1, n0, n1, _ in _tiles(B, N):
+            t = (b0, b1, n0, n1)
+            total[b0:b1] += plan.rotate(horner(plan.act_fn(z[b0:b1, n0:n1, :plan.D].to(cd)), plan.rows), t).sum(1)
+        ctx.save_for_backward(z, coeff, cos, sin)
+        ctx.act = act
+        return total
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        z, coeff, cos, sin = ctx.saved_tensors
+        B, N, _ = z.shape
+        cd = compute_dtype(z.dtype)
+        plan = _Plan(coeff, coeff.new_zeros(1), False, ctx.act, "identity", False, None if cos is None else
+                     (cos, sin), cd)
+        D, k = coeff.shape
+        grad_z = torch.zeros_like(z)
+        grad_rows = torch.zeros(k, D, dtype=cd, device=z.device)
+        g = grad.to(cd)
+        for b0, b1, n0, n1, _ in _tiles(B, N):
+            t = (b0, b1, n0, n1)
+            zh = z[b0:b1, n0:n1, :D].to(cd)
+            h = plan.act_fn(zh)
+            gp = plan.unrotate(g[b0:b1, None].expand(b1 - b0, n1 - n0, D), t)
+            hp = h
+            for p in range(k):
+                grad_rows[p] += (gp * hp).sum((0, 1))
+                if p + 1 < k:
+                    hp = hp * h
+            grad_z[b0:b1, n0:n1, :D] = elementwise_backward(plan.act_fn, plan.act_d, zh,
+                                                            gp * horner_derivative(h, plan.rows))
+        return grad_z, grad_rows.t().to(coeff.dtype), None, None, None
+
+
+def slice_sum(z: Tensor, coeff: Tensor, rot: Rot, act: str) -> Tensor:
+    """(B, D): the sum over this slice's tokens of their (rotated) polynomial features, differentiable, in tiles
+    (the fused path's memory: nothing of size (B, N, D) besides z)."""
+    cos, sin = rot if rot is not None else (None, None)
+    return _FusedSum.apply(z, coeff, cos, sin, act)
+
+
+def mix_with_carry(z: Tensor, coeff: Tensor, bias: Tensor, rot: Rot, causal: bool, act: str, gate: str, mean: bool,
+                   carry: Tensor, count: Tensor) -> Tensor:
+    """gate ⊙ H on the fused path with ``carry`` (B, D) seen by every query (and differentiable) and ``count``
+    (B,) the tokens it counts (full mode: the whole count); see :func:`_fused_forward`."""
+    cos, sin = rot if rot is not None else (None, None)
+    return _FusedSelfMix.apply(z, coeff, bias, cos, sin, causal, act, gate, mean, carry, count)
 
 
 def supports(call) -> Optional[str]:
