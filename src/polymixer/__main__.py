@@ -1,0 +1,7 @@
+"""``python -m polymixer`` = the ``polymixer`` command (what ``torchrun -m polymixer …`` runs on every rank)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
