@@ -183,6 +183,23 @@ for name, fn in cases.items():
         errors[name] = None
     except ValueError as e:
         errors[name] = str(e)
+# a group that does not match the launch: a rank outside it, a 2-D mesh
+from torch.distributed.device_mesh import init_device_mesh
+
+solo = dist.new_group([0])
+try:
+    with polymixer.context_parallel(solo):
+        pass
+    out["not a member"] = None
+except ValueError as e:
+    out["not a member"] = str(e)
+if world == 2:
+    try:
+        with polymixer.context_parallel(init_device_mesh("cpu", (1, 2))):
+            pass
+        errors["2-D mesh"] = None
+    except ValueError as e:
+        errors["2-D mesh"] = str(e)
 out["errors"] = errors
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
     json.dump(out, f)
@@ -205,7 +222,7 @@ def _run(tmp_path, world: int, splits, port: int) -> list:
 def _assert_exact(results) -> None:
     for rank, out in enumerate(results):
         for name, figures in out.items():
-            if name == "errors":
+            if name in ("errors", "not a member"):
                 continue
             bound = 1e-5 if figures.get("fp32") else 1e-10
             for what, err in figures.items():
@@ -219,6 +236,8 @@ def _assert_attention_sends_n(results) -> None:
 
 
 def _assert_errors(results) -> None:
+    assert results[0]["not a member"] is None  # rank 0 is the group
+    assert all("is not a member" in out["not a member"] for out in results[1:])
     for name in results[0]["errors"]:
         msgs = [out["errors"][name] for out in results]
         assert all(m is not None for m in msgs), (name, msgs)  # every rank raised
