@@ -104,7 +104,8 @@ def test_the_mixer_table_builds_every_mixer_by_name_and_letter_and_filters_model
 
     options = dict(heads=4, causal=True, window=8, dropout=0.0, degree=3, expand=1, sel_heads=2, value_dim=16,
                    value_heads=2, feature_dim=4, rope=None, bias=True)  # a model's whole set
-    kinds = {"P": PoM, "V": PoM, "A": Attention, "L": Attention, "I": LinearAttention, "B": LinearAttention}
+    kinds = {"P": PoM, "V": PoM, "G": PoM, "A": Attention, "L": Attention, "I": LinearAttention,
+             "B": LinearAttention}
     assert set(LETTERS) == set(kinds) and len({m.name for m in MIXER_TABLE}) == len(MIXER_TABLE)
     x = torch.randn(2, 9, 16)
     for spec in MIXER_TABLE:
@@ -113,6 +114,7 @@ def test_the_mixer_table_builds_every_mixer_by_name_and_letter_and_filters_model
         assert isinstance(m, kinds[spec.letter]), spec.name
         assert m(x, causal=True).shape == x.shape if spec.causal else True
     assert mixer_spec("V").make(16, **options).value_dim == 16 and mixer_spec("P").make(16, **options).degree == 3
+    assert mixer_spec("G").make(16, **options).decay == "head" and mixer_spec("V").make(16, **options).decay is None
     assert mixer_spec("L").make(16, **options).window == 8 and mixer_spec("A").make(16, **options).window is None
     with pytest.raises(ValueError, match=r"unknown mixer 'X'; the mixers are pom \(P\), value_pom \(V\)"):
         mixer_spec("X")

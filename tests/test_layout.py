@@ -33,6 +33,7 @@ FLOORS: List[Tuple[str, ...]] = [
     ("tasks",),  # each family's task and commands
     ("bench",),  # the benchmark commands
     ("cli",),  # the command line
+    ("__main__",),  # python -m polymixer (torchrun -m polymixer)
     ("__init__",),
 ]
 

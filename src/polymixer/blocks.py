@@ -59,6 +59,11 @@ def _value_pom(dim: int, value_heads: int = 1, **kw: Any) -> PoM:
     return PoM(dim, heads=value_heads, **kw)
 
 
+def _gated_value_pom(dim: int, value_heads: int = 1, **kw: Any) -> PoM:
+    kw.setdefault("value_dim", dim)
+    return PoM(dim, heads=value_heads, decay="head", **kw)
+
+
 def _linear_attention(feature_map: str) -> Callable[..., nn.Module]:
     def build(dim: int, value_heads: int = 1, **kw: Any) -> nn.Module:
         return LinearAttention(dim, heads=value_heads, feature_map=feature_map, **kw)
@@ -70,6 +75,8 @@ def _linear_attention(feature_map: str) -> Callable[..., nn.Module]:
 MIXER_TABLE: Tuple[MixerSpec, ...] = (
     MixerSpec("pom", "P", "PoM", PoM, _POM_OPTIONS),
     MixerSpec("value_pom", "V", "value-carrying PoM", _value_pom,
+              _POM_OPTIONS + ("value_dim", "value_heads", "token_shift", "chunk_size")),
+    MixerSpec("gated_value_pom", "G", "gated value-carrying PoM", _gated_value_pom,
               _POM_OPTIONS + ("value_dim", "value_heads", "token_shift", "chunk_size")),
     MixerSpec("attention", "A", "attention", _attention, _ATTENTION_OPTIONS, streaming="grows"),
     MixerSpec("local_attention", "L", "local (sliding-window) attention", _local_attention,
@@ -96,7 +103,7 @@ def mixer_spec(kind: str) -> MixerSpec:
 
 def layer_pattern(mixer: str, n_layers: int, hybrid: str, allowed: str = "PAL") -> str:
     """One letter per layer of the mixer table (P = PoM, A = attention, L = local attention, V = value-carrying
-    PoM, I = linear attention, B = Based) for a model of ``n_layers`` blocks.
+    PoM, G = gated value PoM, I = linear attention, B = Based) for a model of ``n_layers`` blocks.
 
     ``mixer`` is "attention", "pom", "value_pom", "hybrid" (the family's ``hybrid`` unit, tiled) or an explicit
     pattern such as "PPA", tiled to ``n_layers``; ``allowed`` lists the letters the family supports.
@@ -111,7 +118,7 @@ def layer_pattern(mixer: str, n_layers: int, hybrid: str, allowed: str = "PAL") 
     bad = sorted(set(mixer) - set(allowed))
     if not mixer or bad:
         names = ", ".join(f"{c} ({mixer_spec(c).title})" for c in allowed)
-        words = ", ".join(f"'{MIXER_SPECS[LETTERS[c]].name}'" for c in allowed if c in "PAV")
+        words = ", ".join(f"'{MIXER_SPECS[LETTERS[c]].name}'" for c in allowed if c in "PAVG")
         raise ValueError(f"unknown mixer {mixer!r}: use {words}, 'hybrid' or a pattern over {names}"
                          + (f"; unknown letters {bad}" if bad else ""))
     if n_layers % len(mixer):

@@ -12,6 +12,7 @@ from torch.utils import _pytree
 from .ops.common import ACTIVATIONS, GATES, ActivationLike, CuSeqlens, compute_dtype, resolve
 from .ops.pom import pom, pom_step
 from .ops.value_pom import value_pom, value_pom_step
+from .ops.value_pom.gated import gated_value_pom, gated_value_pom_step, retnet_bias
 from .ops.value_pom.modular import CHUNK
 
 __all__ = ["PoM", "PoMState", "Index", "batch_index"]
@@ -114,6 +115,9 @@ class PoM(nn.Module):
             widens it to a causal depthwise convolution over the last W tokens (True = 2; the taps beyond the
             previous token start at 0, so any width starts as the token shift).
         chunk_size: tokens per chunk of the value-carrying PoM's causal form.
+        decay: with value_dim, "head" makes the value PoM gated: its state decays by a data-dependent factor per
+            head and token, a = exp(−softplus(w_h · x + b_h)) (as gated linear attention / Mamba-2; initialised at
+            RetNet's rates), bidirectional in full mode — :mod:`polymixer.ops.value_pom.gated`.
     """
 
     def __init__(
@@ -132,6 +136,7 @@ class PoM(nn.Module):
         heads: int = 1,
         token_shift: Union[bool, int, None] = None,
         chunk_size: int = CHUNK,
+        decay: Optional[str] = None,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
     ) -> None:
@@ -157,9 +162,12 @@ class PoM(nn.Module):
                 not isinstance(token_shift, int) or token_shift < 2):
             raise ValueError(f"token_shift must be a bool or a width ≥ 2 (tokens the convolution reads), got "
                              f"{token_shift!r}")
+        if decay not in (None, "head"):
+            raise ValueError(f"decay must be None or 'head', got {decay!r}")
         if value_dim is None:
-            if heads != 1 or token_shift:
-                raise ValueError("heads and token_shift belong to the value-carrying PoM: pass value_dim as well")
+            if heads != 1 or token_shift or decay:
+                raise ValueError("heads, token_shift and decay belong to the value-carrying PoM: pass value_dim as "
+                                 "well")
         else:
             if value_dim < 1:
                 raise ValueError(f"value_dim must be ≥ 1, got {value_dim}")
@@ -194,6 +202,7 @@ class PoM(nn.Module):
         # tokens the shift reads (the current one included): 2 by default, 0 without a shift
         self.shift_width = 0 if not self.token_shift else 2 if token_shift in (None, True) else int(token_shift)
         self.chunk_size = chunk_size
+        self.decay = decay
         self.gate_dim = width if sel_heads == 1 else sel_heads
         self.gate = gate
         self.activation = activation
@@ -216,6 +225,8 @@ class PoM(nn.Module):
                 self.shift = nn.Parameter(torch.empty(self.shift_width, D + value_dim, **fk))
                 self.shift.no_weight_decay = True
         self.out_proj = nn.Linear(width, dim, bias=bias, **fk)
+        if decay is not None:  # one log-decay per head and token
+            self.decay_proj = nn.Linear(dim, heads, **fk)
         self._reset_coeff()
 
     def _reset_coeff(self) -> None:
@@ -231,6 +242,9 @@ class PoM(nn.Module):
             if self.token_shift:
                 self.shift.zero_()
                 self.shift[:2] = 0.5
+            if self.decay is not None:
+                self.decay_proj.weight.zero_()
+                self.decay_proj.bias.copy_(retnet_bias(self.heads))
 
     def reset_parameters(self) -> None:
         self.in_proj.reset_parameters()
@@ -254,6 +268,8 @@ class PoM(nn.Module):
             s += f", value_dim={self.value_dim}, heads={self.heads}, token_shift={self.token_shift}"
             if self.shift_width > 2:
                 s += f", shift_width={self.shift_width}"
+            if self.decay is not None:
+                s += f", decay={self.decay!r}"
         s += f", gate={self.gate!r}, activation={self.activation!r}, reduction={self.reduction!r}"
         return s + (f", rope={self.rope!r}" if self.rope else "")
 
@@ -288,6 +304,10 @@ class PoM(nn.Module):
         Cost O((M + N)·dim·D) — except a (B, M, N) mask, O(M·N·D). The value-carrying PoM: O(N·D·dv/heads) in full
         mode, O(N·chunk·D + N·D·dv/heads) causal.
         """
+        if self.decay is not None:
+            return gated_value_pom(x, context, *self.value_weights(), self.decay_proj.weight, self.decay_proj.bias,
+                                   mask=mask, causal=causal, block_size=block_size, cu_seqlens=cu_seqlens,
+                                   positions=positions, context_positions=context_positions, **self._op_kwargs())
         if self.value_dim is not None:
             return value_pom(x, context, *self.value_weights(), mask=mask, causal=causal, block_size=block_size,
                                 cu_seqlens=cu_seqlens, positions=positions, context_positions=context_positions,
@@ -345,9 +365,10 @@ class PoM(nn.Module):
         if self.value_dim is not None:
             if state.prev is None:
                 raise ValueError("this state belongs to a plain PoM; the value-carrying PoM needs its own init_state")
-            y, s, c, o, p = value_pom_step(x, state.sum, state.count, state.offset, state.prev,
-                                              *self.value_weights(), causal=causal, mask=mask, positions=positions,
-                                              **self._op_kwargs())
+            step = value_pom_step if self.decay is None else gated_value_pom_step
+            extra = () if self.decay is None else (self.decay_proj.weight, self.decay_proj.bias)
+            y, s, c, o, p = step(x, state.sum, state.count, state.offset, state.prev, *self.value_weights(), *extra,
+                                 causal=causal, mask=mask, positions=positions, **self._op_kwargs())
             return y, PoMState(s, c, o, p)
         y, s, c, o = pom_step(
             x,

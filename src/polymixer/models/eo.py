@@ -126,7 +126,7 @@ class TSViTConfig:
         t, s = self.temporal_depth, self.spatial_depth
         if self.mixer == "hybrid":
             return "P" * t + "A" * s if self.hybrid_pom == "temporal" else "A" * t + "P" * s
-        return layer_pattern(self.mixer, t + s, hybrid="PA", allowed="PAV")
+        return layer_pattern(self.mixer, t + s, hybrid="PA", allowed="PAVG")
 
 
 def unpack_dates(inputs: Tensor) -> Tuple[Tensor, Tensor, Tensor]:

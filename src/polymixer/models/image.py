@@ -70,7 +70,7 @@ class DiTConfig:
 
     def layer_pattern(self) -> str:
         """One letter per block; the hybrid alternates attention and PoM."""
-        return layer_pattern(self.mixer, self.depth, hybrid="AP", allowed="APVL")
+        return layer_pattern(self.mixer, self.depth, hybrid="AP", allowed="APVLG")
 
     @property
     def out_channels(self) -> int:

@@ -67,7 +67,7 @@ class LMConfig:
         The hybrid puts local attention first in every pair: each PoM layer then aggregates local n-gram features
         rather than raw token embeddings (measured on the tiny presets: +1.0% val loss over attention vs +5.1% for
         "PL")."""
-        return layer_pattern(self.mixer, self.n_layer, hybrid="LP", allowed="PALV")
+        return layer_pattern(self.mixer, self.n_layer, hybrid="LP", allowed="PALVG")
 
 
 @dataclass
@@ -135,10 +135,10 @@ class GPT(nn.Module):
                     nn.init.normal_(p.weight, mean=0.0, std=scaled)
 
     def build_mixer(self, letter: str) -> nn.Module:
-        """A fresh mixer for a layer of pattern letter P / A / L / V, as this model's config defines it."""
+        """A fresh mixer for a layer of pattern letter P / A / L / V / G, as this model's config defines it."""
         c = self.config
-        if letter not in "PALV":
-            raise ValueError(f"unknown layer letter {letter!r}: use P, A, L or V")
+        if letter not in "PALVG":
+            raise ValueError(f"unknown layer letter {letter!r}: use P, A, L, V or G")
         return mixer_spec(letter).make(
             c.n_embd, heads=c.n_head, causal=True, dropout=c.dropout, window=c.window, degree=c.degree,
             expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim or c.n_embd, value_heads=c.value_heads,

@@ -84,7 +84,7 @@ class HTRConfig:
 
     def layer_pattern(self) -> str:
         """One letter per block; the hybrid alternates attention and PoM, attention first (the paper's)."""
-        return layer_pattern(self.mixer, self.depth, hybrid="AP", allowed="PALV")
+        return layer_pattern(self.mixer, self.depth, hybrid="AP", allowed="PALVG")
 
 
 def token_lengths(widths: Tensor) -> Tensor:

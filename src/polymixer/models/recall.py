@@ -57,7 +57,7 @@ class RecallConfig:
         self.layer_pattern()
 
     def layer_pattern(self) -> str:
-        return layer_pattern(self.mixer, self.n_layer, hybrid="LV", allowed="ALPVIB")
+        return layer_pattern(self.mixer, self.n_layer, hybrid="LV", allowed="ALPVIBG")
 
 
 class RecallLM(nn.Module):
