@@ -188,7 +188,8 @@ class PolyMorpher(nn.Module):
     Args:
         dim: model width.
         mixer: "pom", "attention", "local_attention" or a module with the PoM / Attention contract.
-        mlp_ratio: hidden width of the feed-forward as a multiple of dim.
+        mlp_ratio: hidden width of the feed-forward as a multiple of dim; 0 = no feed-forward (a mixer-only block,
+            as Zoology's MQAR models).
         norm_first: pre-norm (GPT-2, DiT) or post-norm.
         dropout: residual dropout (also the attention-probability dropout of attention mixers unless given).
         bias: biases of the feed-forward and norms.
@@ -215,8 +216,8 @@ class PolyMorpher(nn.Module):
         **mixer_kwargs: Any,
     ) -> None:
         super().__init__()
-        if mlp_ratio <= 0:
-            raise ValueError(f"mlp_ratio must be positive, got {mlp_ratio}")
+        if mlp_ratio < 0:
+            raise ValueError(f"mlp_ratio must be ≥ 0 (0: no feed-forward), got {mlp_ratio}")
         if mixer_bias is not None:
             mixer_kwargs["bias"] = mixer_bias
         if isinstance(mixer, str) and "dropout" in mixer_spec(mixer).options:
@@ -226,8 +227,11 @@ class PolyMorpher(nn.Module):
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps, elementwise_affine=norm_affine, bias=bias)
         self.mixer = build_mixer(mixer, dim, **mixer_kwargs)
         self.drop = nn.Dropout(dropout)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, elementwise_affine=norm_affine, bias=bias)
-        self.mlp = MLP(dim, int(round(mlp_ratio * dim)), bias=bias, dropout=dropout, activation=mlp_activation)
+        self.norm2: Optional[nn.Module] = None
+        self.mlp: Optional[nn.Module] = None
+        if mlp_ratio > 0:
+            self.norm2 = nn.LayerNorm(dim, eps=norm_eps, elementwise_affine=norm_affine, bias=bias)
+            self.mlp = MLP(dim, int(round(mlp_ratio * dim)), bias=bias, dropout=dropout, activation=mlp_activation)
         self.drop_path = DropPath(drop_path)
 
     def forward(
@@ -249,9 +253,9 @@ class PolyMorpher(nn.Module):
         dp = self.drop_path
         if self.norm_first:
             x = x + dp(self.drop(self.mixer(self.norm1(x), context, **kw)))
-            return x + dp(self.mlp(self.norm2(x)))
+            return x if self.mlp is None else x + dp(self.mlp(self.norm2(x)))
         x = self.norm1(x + dp(self.drop(self.mixer(x, context, **kw))))
-        return self.norm2(x + dp(self.mlp(x)))
+        return x if self.mlp is None else self.norm2(x + dp(self.mlp(x)))
 
     def init_state(self, batch_size: int, device: Optional[torch.device] = None,
                    dtype: Optional[torch.dtype] = None) -> MixerState:
@@ -264,7 +268,7 @@ class PolyMorpher(nn.Module):
         if self.norm_first:
             m, state = self.mixer.step(self.norm1(x), state, causal=causal, positions=positions, mask=mask)
             x = x + self.drop(m)
-            return x + self.mlp(self.norm2(x)), state
+            return (x if self.mlp is None else x + self.mlp(self.norm2(x))), state
         m, state = self.mixer.step(x, state, causal=causal, positions=positions, mask=mask)
         x = self.norm1(x + self.drop(m))
-        return self.norm2(x + self.mlp(x)), state
+        return (x if self.mlp is None else self.norm2(x + self.mlp(x))), state

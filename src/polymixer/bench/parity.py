@@ -13,7 +13,8 @@ seed-0 sweep chose (same steps) count as its other seeds: its value is the media
 attention, and the gap is between the two medians over those seeds, so a model is never compared on seeds attention
 did not run. Attention's own value is the median over all its seeds. A verdict reached on fewer than 3 seeds whose
 margin to its target is within attention's seed spread (max − min over its seeds) is marked *unsettled* and names
-the 3 seeds it needs: the issue judges such gaps on medians of 3 seeds.
+the 3 seeds it needs. Every verdict, met or missed, needs 3 seeds of both the model and attention: on fewer it reads
+"unsettled" (with the reason).
 
 Options: a family may offer every model the same variants of its preset (image: ``+position=sincos_rope``,
 satellite: ``+date_rope=true``); each model — attention included — is then compared as whichever of its preset and
@@ -215,20 +216,23 @@ def _entry(fam: Family, row: Optional[Dict[str, Any]], base: Optional[Dict[str, 
                   "against": against * fam.scale}
 
 
-def _verdict(fam: Family, e: Optional[Dict[str, Any]], target: float, spread: Optional[float]) -> str:
-    """"met" / "MISSED" — and, on fewer than 3 seeds, "unsettled" where the margin to the target is within
-    attention's seed spread (the issue's rule: medians of 3 seeds where a gap is within 2 seeds' spread)."""
+def _verdict(fam: Family, e: Optional[Dict[str, Any]], target: float, spread: Optional[float],
+             attention_seeds: int = 3) -> str:
+    """"met" / "MISSED" on medians of ≥ 3 seeds of both the model and attention; on fewer, the same word followed by
+    "unsettled" and why (attention's seed spread when the margin to the target is within it, else the seed counts):
+    a verdict, met or missed, needs 3 seeds of both sides."""
     if e is None:
         return "not run"
     verdict = "MISSED" if _worse(fam, e["gap"], target) else "met"
     n = len(e.get("by_seed", {})) or 1
-    if n >= 3 or spread is None:
+    if n >= 3 and attention_seeds >= 3:
         return verdict
     margin = (e["gap"] - target) * (1 if fam.gap == "points" else e["against"])  # in the metric's units
-    if abs(margin) > spread:
-        return verdict
-    return (f"{verdict} on {n} seed{'s' if n > 1 else ''}, unsettled: the margin {abs(margin):.2g} is within "
-            f"attention's seed spread {spread:.2g}; needs 3 seeds")
+    if spread is not None and abs(margin) <= spread:
+        why = f"the margin {abs(margin):.2g} is within attention's seed spread {spread:.2g}"
+    else:
+        why = f"{n} seed{'s' if n > 1 else ''} of the model, {attention_seeds} of attention"
+    return f"{verdict} on {n} seed{'s' if n > 1 else ''}, unsettled: {why}; needs 3 seeds of both"
 
 
 def _measured(fam: Family, e: Dict[str, Any], target: float) -> str:
@@ -284,6 +288,7 @@ def judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, D
     item["best_linear"] = best
     targets = []
     seeds_of_attention = list(item["attention"].get("by_seed", {}).values())
+    seeds_of_chosen = list(seeds_of_attention)  # the seeds of attention in the form it is compared as
     preset = by.get(fam.attention)
     if len(seeds_of_attention) < 2 and preset is not None and base is not preset:
         # attention's chosen option has one seed: its spread is unknown, so take its preset's seeds' spread
@@ -291,19 +296,22 @@ def judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, D
     spread = max(seeds_of_attention) - min(seeds_of_attention) if len(seeds_of_attention) > 1 else None
     if fam.best_target is not None:
         bound = _bound(fam, fam.best_target)
-        verdict = _verdict(fam, best, fam.best_target, spread)
+        verdict = _verdict(fam, best, fam.best_target, spread, len(seeds_of_chosen))
         targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
                         "measured": None if best is None else _measured(fam, best, fam.best_target)})
     if fam.all_target is not None:
         alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
         top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
-        verdict = _verdict(fam, top, fam.all_target, spread)
+        verdict = _verdict(fam, top, fam.all_target, spread, len(seeds_of_chosen))
         targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
                         "verdict": verdict,
                         "measured": None if top is None else _measured(fam, top, fam.all_target)})
     if fam.bench == "recall":
         a = item["attention"]
         verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
+        na = len(a.get("by_seed", {})) or 1
+        if a["run"] and na < 3:
+            verdict += f" on {na} seed{'s' if na > 1 else ''}, unsettled: needs 3 seeds"
         measured = None if not a["run"] else f"{a['value']:.1f}%"
         longer = {}
         for r in _longer_runs(fam, raw):  # the best rate at each longer budget

@@ -130,7 +130,8 @@ class GPT(nn.Module):
         self.apply(self._init_weights)
         scaled = 0.02 / math.sqrt(2 * c.n_layer)
         for blk in self.blocks:  # residual projections
-            for p in (getattr(blk.mixer, "proj", None), getattr(blk.mixer, "out_proj", None), blk.mlp.fc2):
+            for p in (getattr(blk.mixer, "proj", None), getattr(blk.mixer, "out_proj", None),
+                      None if blk.mlp is None else blk.mlp.fc2):
                 if p is not None:
                     nn.init.normal_(p.weight, mean=0.0, std=scaled)
 
