@@ -4,6 +4,8 @@ parallel causal form; packed sequences equal separate calls; one entry of the mi
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -131,3 +133,37 @@ def test_one_entry_of_the_mixer_table_that_every_family_builds():
     eo = create_model("tiny-tsvipom", mixer="GA", image_size=4)
     out = eo(torch.randn(1, 3, 4, 4, 10), torch.randint(0, 365, (1, 3)))
     assert out.shape[0] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
+                         ids=["fp32", "bf16"])
+def test_triton_scan_matches_the_torch_form_forward_and_backward(dtype):
+    """The Triton kernels in the interpreter: segments that restart inside chunks and at their edges, a length
+    that is no multiple of the chunk; the backward (three more scans and the log-decay identity) against autograd
+    through the torch form."""
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("CPU tensors need TRITON_INTERPRET=1")
+    from polymixer.ops.value_pom.gated import gated_mix
+    from polymixer.ops.value_pom.gated_triton import triton_gated_scan
+
+    torch.manual_seed(4)
+    B, H, N, Dh, E = 2, 2, 37, 16, 8
+    q, k = torch.randn(B, H, N, Dh), torch.randn(B, H, N, Dh)
+    v = torch.randn(B, H, N, E)
+    g = -torch.rand(B, H, N) * 0.5
+    seq = torch.tensor([[0] * 16 + [1] * 5 + [2] * 16, [0] * 37])  # restarts at a chunk edge and inside one
+    do = torch.randn(B, H, N, E)
+    for kw in (dict(causal=True, block_size=None), dict(causal=False, block_size=None),
+               dict(causal=True, block_size=3)):
+        leaves = [t.clone().to(dtype).requires_grad_() for t in (q, k, v)] + [g.clone().requires_grad_()]
+        ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+        o, _ = gated_mix(*leaves, seq=seq, chunk=16, scan=triton_gated_scan, **kw)
+        ref, _ = gated_mix(*ref_leaves, seq=seq, chunk=16, **kw)
+        grads = torch.autograd.grad((o.float() * do).sum(), leaves)
+        ref_grads = torch.autograd.grad((ref * do.double()).sum(), ref_leaves)
+        tol = 1e-5 if dtype == torch.float32 else 3e-2
+        scale = ref.abs().max()
+        assert (o.double() - ref).abs().max() / scale < tol, kw
+        for a, r in zip(grads, ref_grads):
+            assert (a.double() - r).abs().max() / r.abs().max() < tol * 3, kw

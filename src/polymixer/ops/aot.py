@@ -95,6 +95,8 @@ def _signature(fn: Any, b: Build) -> Tuple[Dict[str, str], Dict[Tuple[int, ...],
 def _kernel(op: str, name: str) -> Any:
     if op == "pom":
         from .pom import triton_kernels as tk
+    elif op == "gated":
+        from .value_pom import gated_triton as tk  # type: ignore[no-redef]
     else:
         from .value_pom import triton_kernels as tk  # type: ignore[no-redef]
     return tk.KERNELS[name]
@@ -158,6 +160,9 @@ def builds(representative: bool = False) -> List[Build]:
     from .value_pom import triton_kernels as vk
 
     out += vk.aot_builds(Build)
+    from .value_pom import gated_triton as gk
+
+    out += gk.aot_builds(Build)
     out = [Build(b.op, b.kernel, tuple((k, v) for k, v in b.constexprs if k in _kernel(b.op, b.kernel).arg_names),
                  b.dtype, b.num_warps, b.maxnreg, b.num_stages, b.archs) for b in out]  # only the kernel's constexprs
     out = list(dict.fromkeys(out))

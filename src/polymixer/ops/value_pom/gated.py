@@ -20,13 +20,13 @@ state: O(1) per token. Cross-mixing and explicit (B, M, N) masks are refused: a 
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..common import ActivationLike, CuSeqlens, batch_packed, check_mix_inputs
+from ..common import ActivationLike, CuSeqlens, batch_packed, check_mix_inputs, triton_possible
 from ..features import gate_mix
 from .modular import (CHUNK, EPS, check_layout, check_rope, heads_view, positions_or_default, rotate_heads,
                       value_features)
@@ -114,13 +114,15 @@ def _reverse_logs(g: Tensor) -> Tensor:
 
 
 def gated_mix(q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, causal: bool, block_size: Optional[int],
-              seq: Optional[Tensor] = None, chunk: int = CHUNK, state: Optional[Tensor] = None
-              ) -> Tuple[Tensor, Tensor]:
+              seq: Optional[Tensor] = None, chunk: int = CHUNK, state: Optional[Tensor] = None,
+              scan: Optional[Callable[..., Tuple[Tensor, Optional[Tensor]]]] = None) -> Tuple[Tensor, Tensor]:
     """The mixing of every mode: (o (B, H, N, E), the forward state after the last token).
 
-    ``seq`` (B, N): sequence ids of packed tokens (the scans restart between sequences), or None."""
+    ``seq`` (B, N): sequence ids of packed tokens (the scans restart between sequences), or None. ``scan``: the
+    scan's implementation (:func:`gated_scan`, or the Triton kernels' with the same arguments)."""
     N = q.shape[2]
-    o, final = gated_scan(q, k, v, g, seq, chunk, state)
+    scan = gated_scan if scan is None else scan
+    o, final = scan(q, k, v, g, seq, chunk, state)
     if causal and block_size is None:
         return o, final
     # the backward scan: the later tokens of each query's block (block-causal) or sequence (full), exclusive
@@ -132,9 +134,20 @@ def gated_mix(q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, causal: bool, block
             first = torch.cummax(torch.where(starts, pos, 0), dim=1).values
             pos = pos - first
         seg = seg * (N + 1) + torch.div(pos, block_size, rounding_mode="floor")
-    ob, _ = gated_scan(q.flip(2), k.flip(2), v.flip(2), _reverse_logs(g), seg.flip(1), chunk)
+    ob, _ = scan(q.flip(2), k.flip(2), v.flip(2), _reverse_logs(g), seg.flip(1), chunk, None)
     diag = (q * k).sum(-1, keepdim=True) * v  # the scans both count j = i
     return o + ob.flip(2) - diag, final
+
+
+def _kernels(q: Tensor, chunk: int) -> Optional[Callable[..., Tuple[Tensor, Optional[Tensor]]]]:
+    """The Triton scan for CUDA tensors it can take (fp32 / bf16 / fp16, a power-of-two chunk ≥ 16, heads ≤ 128
+    channels); None: the torch form."""
+    if (not q.is_cuda or q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or chunk < 16
+            or chunk & (chunk - 1) or q.shape[-1] > 128 or not triton_possible()):
+        return None
+    from .gated_triton import triton_gated_scan
+
+    return triton_gated_scan
 
 
 def _readout(o: Tensor, zs: Tensor, gate_bias: Tensor, norm_weight: Tensor, out_weight: Tensor,
@@ -197,7 +210,8 @@ def gated_value_pom(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gat
         pos = positions_or_default(pos, B, N, two_d, "positions", x.device)
         k, q = rotate_heads(k, pos, rope_base, two_d), rotate_heads(q, pos, rope_base, two_d)
     g = decay_logs(x, decay_weight, decay_bias, key_mask).to(phi.dtype)
-    o, _ = gated_mix(q, k, vh, g, causal=causal, block_size=block_size, seq=seq, chunk=chunk)
+    o, _ = gated_mix(q, k, vh, g, causal=causal, block_size=block_size, seq=seq, chunk=chunk,
+                     scan=_kernels(q, chunk))
     y = _readout(o, zs, gate_bias, norm_weight, out_weight, out_bias, gate)
     return y.squeeze(0) if squeeze else y
 
