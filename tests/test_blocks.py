@@ -143,3 +143,16 @@ def test_every_family_has_value_pom_presets_within_one_percent_of_attention(valu
     v, a = create_model(value, device="meta"), create_model(attention, device="meta")
     assert set(v.config.layer_pattern()) == {"V"} and v.family == a.family
     assert abs(count_parameters(v) / count_parameters(a) - 1) < 0.01, (count_parameters(v), count_parameters(a))
+
+
+def test_a_mixer_only_block_has_no_feed_forward_and_streams():
+    """mlp_ratio=0: x + mixer(norm(x)) and nothing else (Zoology's MQAR models), in parallel and streaming."""
+    torch.manual_seed(0)
+    blk = PolyMorpher(16, mixer="value_pom", mlp_ratio=0)
+    assert blk.mlp is None and blk.norm2 is None
+    x = torch.randn(2, 7, 16)
+    torch.testing.assert_close(blk(x, causal=True), x + blk.mixer(blk.norm1(x), causal=True))
+    y, _ = blk.step(x, blk.init_state(2))
+    torch.testing.assert_close(y, blk(x, causal=True), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="mlp_ratio must be ≥ 0"):
+        PolyMorpher(16, mlp_ratio=-1)

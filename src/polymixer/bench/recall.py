@@ -84,6 +84,7 @@ class RecallBenchConfig:
     d_model: int = 64
     steps: int = RECIPE_STEPS
     batch: int = 64
+    mlp_ratio: float = 4.0  # 0: mixer-only blocks (Zoology's MQAR models; --zoology)
     lr: float = RECIPE_LR  # the recipe's rate: the middle of each sweep, and the rate of every variant not swept
     lr_factors: Tuple[float, ...] = LR_FACTORS  # the grid: lr × these
     sweep: Tuple[str, ...] = SWEPT  # state-part variants trained at every rate of the grid
@@ -106,13 +107,16 @@ QUICK = dict(steps=150, seeds=(0,), state_point=(32, 4), state_variants=("attent
              length_points=((32, 4), (64, 8)), length_variants=("vpom-4k",), test_examples=200, sweep=())
 
 # what makes runs of two invocations comparable (runs recorded in recall.json are kept when these agree)
-_SAME = ("vocab_size", "d_model", "batch", "test_examples")
+_SAME = ("vocab_size", "d_model", "batch", "test_examples", "mlp_ratio")
+# Zoology's MQAR recipe at this bench's budget: mixer-only blocks, larger batches, a wider rate sweep for every mixer
+ZOOLOGY = dict(mlp_ratio=0.0, batch=128, lr_factors=(0.3, 1.0, 3.0, 10.0))
 
 
 def _folder(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: int, lr: float) -> Path:
     """``<out>/quality/recall/<variant>-L<L>-K<K>-s<seed>[-<steps>steps][-lr<rate>]``: the steps when they are not
     the recipe's, the rate when it is not the recipe's 1e-3 (so the runs made before sweeps keep their folders)."""
     slug = f"{variant}-L{seq_len}-K{pairs}-s{seed}" + ("" if cfg.steps == RECIPE_STEPS else f"-{cfg.steps}steps")
+    slug += "" if cfg.mlp_ratio == 4.0 else f"-mlp{cfg.mlp_ratio:g}-b{cfg.batch}"  # another recipe (--zoology)
     return sweep_folder(Path(cfg.out) / "quality" / "recall", slug, lr, RECIPE_LR)
 
 
@@ -124,6 +128,8 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
     from ..train.loop import TrainConfig
 
     preset, overrides, family = VARIANTS[variant]
+    if cfg.mlp_ratio != 4.0:  # (runs at the old recipe keep their results key)
+        overrides = {**overrides, "mlp_ratio": cfg.mlp_ratio}
     out = _folder(cfg, variant, seq_len, pairs, seed, lr)
     tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch, lr=lr, min_lr=lr / 10,
                        warmup=max(1, cfg.steps // 20), weight_decay=0.1, beta2=0.98, eval_every=cfg.steps,
@@ -205,7 +211,8 @@ def _earlier_runs(cfg: RecallBenchConfig, name: str) -> List[Dict[str, Any]]:
         return []
     part = json.loads(path.read_text()).get(name, {})
     old = part.get("config", {})
-    if any(old.get(k) != getattr(cfg, k) for k in _SAME):
+    if any(old.get(k, RecallBenchConfig.mlp_ratio if k == "mlp_ratio" else None) != getattr(cfg, k)
+           for k in _SAME):  # (runs recorded before mlp_ratio existed had the 4× feed-forward)
         return []
     return [_with_budget(r) for r in part.get("runs", [])]
 
@@ -416,6 +423,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="(sequence length, pairs) of the length sweep, e.g. 64:8 512:64")
     p.add_argument("--length-variants", nargs="+", choices=list(VARIANTS), default=None,
                    help="mixers of the length sweep (default: attention, vpom-16k, based-16k)")
+    p.add_argument("--zoology", action="store_true",
+                   help="Zoology's MQAR recipe at this budget: mixer-only blocks (mlp_ratio 0), batch 128, rates "
+                        "0.3× to 10× the recipe's for every swept mixer")
     p.add_argument("--compile", action="store_true", help="torch.compile the models (same runs, same results key)")
     p.add_argument("--collect", action="store_true",
                    help="report the runs that have finished (e.g. trained elsewhere and copied in); train nothing")
@@ -424,6 +434,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg = RecallBenchConfig(parts=tuple(args.parts), train=not args.collect, compile=args.compile, out=args.out)
+    if args.zoology:
+        for k, v in ZOOLOGY.items():
+            setattr(cfg, k, v)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {"steps": "steps", "seeds": "seeds", "variants": "state_variants", "lr": "lr",
                      "sweep": "sweep", "lr_factors": "lr_factors", "lrs": "lrs", "sweep_seeds": "sweep_seeds",
