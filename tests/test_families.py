@@ -118,6 +118,8 @@ def test_the_loop_draws_training_curves_and_says_when_the_run_is_all_warm_up(tmp
     assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert [r["eval_mse"] for r in history if "eval_mse" in r] == [3.0, 6.0]
+    for name in ("history.json", "curves.png"):  # every file the project writes follows the umask (mkstemp: 0600)
+        assert stat.S_IMODE(os.stat(tmp_path / "run" / name).st_mode) == 0o666 & ~_umask(), name
     # polymixer plot overlays runs
     loop.train(torch.nn.Linear(4, 1), Toy(), loop.TrainConfig(**{**vars(cfg), "out": str(tmp_path / "run2"),
                                                                  "curves": False}), {"family": "toy", "model": {}})

@@ -115,8 +115,10 @@ def test_train_eval_segment_commands_and_checkpoint_round_trip(rooms, tmp_path, 
     for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
         assert torch.equal(a, b)
     capsys.readouterr()
-    assert main(["eval", "points", "--ckpt", str(run), "--split", "test", "--scenes", "1"]) == 0
-    out = capsys.readouterr().out
+    assert main(["eval", "points", "--ckpt", str(run), "--scenes", "1"]) == 0  # the first labelled split: test
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "evaluating the test split" in captured.err
     assert '"miou"' in out and "IoU %" in out and (run / "eval_test_scene0.png").is_file()
     scene_dir = next((rooms / "test").iterdir())
     seg = tmp_path / "seg"
@@ -237,3 +239,20 @@ def test_ddp_two_processes_stay_in_sync(rooms, tmp_path):
     r0 = torch.load(tmp_path / "params_rank0_of_2.pt")
     r1 = torch.load(tmp_path / "params_rank1_of_2.pt")
     assert torch.equal(r0, r1), "the two ranks drifted apart"
+
+
+def test_evaluation_defaults_to_the_first_labelled_split(rooms, tmp_path):
+    """ScanNet's test scenes carry no labels and SemanticKITTI's test scans neither: the default is then val."""
+    import shutil
+
+    from polymixer.data.points import labelled_split
+
+    assert labelled_split(rooms) == "test"
+    copy = tmp_path / "unlabelled"
+    shutil.copytree(rooms, copy)
+    for scene in (copy / "test").iterdir():
+        (scene / "segment20.npy").unlink(missing_ok=True)
+        (scene / "segment.npy").unlink(missing_ok=True)
+    assert labelled_split(copy) == "val"
+    shutil.rmtree(copy / "test")
+    assert labelled_split(copy) == "val"

@@ -13,7 +13,19 @@ from typing import Iterator, Union
 
 from filelock import FileLock
 
-__all__ = ["atomic_path", "locked", "write_text_atomic"]
+__all__ = ["atomic_path", "locked", "write_text_atomic", "umask", "file_mode"]
+
+
+def umask() -> int:
+    """The process's umask (read by setting it, so set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a new file gets from ``open``: 0o666 less the umask (``mkstemp`` and safetensors write 0o600)."""
+    return 0o666 & ~umask()
 
 
 @contextlib.contextmanager
@@ -27,6 +39,8 @@ def atomic_path(path: Union[str, Path]) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
+        if tmp.exists():
+            os.chmod(tmp, file_mode())  # as any file the user's tools write: the umask decides, not mkstemp's 0o600
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -39,7 +39,7 @@ import torch
 
 from .faults import READ_ERRORS, check_files, read_array_shape, reading
 
-__all__ = ["Scene", "PointFormat", "FORMATS", "IGNORE", "SCANNET20_CLASSES", "SEMANTICKITTI_CLASSES",
+__all__ = ["labelled_split", "Scene", "PointFormat", "FORMATS", "IGNORE", "SCANNET20_CLASSES", "SEMANTICKITTI_CLASSES",
            "SEMANTICKITTI_LEARNING_MAP", "SEMANTICKITTI_SPLITS", "SPLITS", "load_scannet_scene",
            "load_semantickitti_scan", "load_ply", "write_ply", "PointDataset", "detect_format", "voxelize", "collate",
            "Batch", "AugmentConfig", "augment", "check_data"]
@@ -450,6 +450,21 @@ def detect_format(root: PathLike) -> str:
     raise ValueError(f"{root} is not a point-cloud dataset: expected {{train,val,test}}/<scene>/coord.npy (ScanNet, "
                      f"as Pointcept preprocesses it), sequences/XX/velodyne/*.bin (SemanticKITTI) or "
                      f"{{train,val,test}}/*.ply")
+
+
+def labelled_split(root: PathLike, format: Optional[str] = None) -> str:
+    """The first split with labels, ``test`` else ``val``: ScanNet's and SemanticKITTI's test scenes carry none, so an
+    evaluation that defaults to the test split takes validation there (and says so)."""
+    try:
+        ds = PointDataset(root, "test", format)
+    except (FileNotFoundError, ValueError):
+        return "val"
+    if ds.format.name == "semantickitti":
+        return "test" if all(label is not None for _, label in ds.paths) else "val"
+    if ds.format.name == "scannet":
+        first = ds.paths[0][0]
+        return "test" if (first / "segment20.npy").is_file() or (first / "segment.npy").is_file() else "val"
+    return "test"
 
 
 class PointDataset:

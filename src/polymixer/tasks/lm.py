@@ -170,11 +170,13 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="run folder or checkpoint folder")
     p.add_argument("--prompt", action="append", default=None,
                    help="prompt text (repeat for a batch; default: end-of-text, i.e. unconditional)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens to generate after each prompt")
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="softmax temperature of the sampling (lower: more deterministic; 0: greedy)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens only (default: all)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="sample among the most likely tokens whose probabilities sum to p (nucleus; default: off)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the sampling (the same seed, the same text)")
     p.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
     p.add_argument("--no-stop", action="store_true", help="do not stop at end-of-text")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -28,6 +29,7 @@ from ..data.points import (
     augment,
     collate,
     detect_format,
+    labelled_split,
     load_ply,
     load_scannet_scene,
     load_semantickitti_scan,
@@ -309,15 +311,18 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     add_preset_argument(p, "points")
     p.add_argument("--data", default=None, help="dataset folder, or 'rooms' (default): synthetic indoor rooms in "
                                                 "ScanNet's layout, generated offline on first use")
-    p.add_argument("--format", default=None, choices=sorted(FORMATS), help="dataset format (default: detected)")
-    p.add_argument("--mixer", default=None, help="override the preset's blocks (attention, pom, hybrid, a pattern)")
+    p.add_argument("--format", default=None, choices=sorted(FORMATS),
+                   help="dataset format (default: detected from the folder)")
+    p.add_argument("--mixer", default=None,
+                   help="override the preset's blocks: attention, pom, hybrid or a pattern (default: the preset's)")
     p.add_argument("--patch-size", type=_patch_arg, default=None,
-                   help="attention patch size ('scene': whole scenes)")
+                   help="attention patch size, or 'scene': whole scenes (default: the preset's, 1,024 points)")
     p.add_argument("--pom-patch-size", type=_patch_arg, default=None,
-                   help="PoM context in every stage ('scene': the whole scene)")
+                   help="PoM context in every stage, or 'scene': the whole scene (default: the preset's)")
     p.add_argument("--no-augment", action="store_true", help="no augmentation of the training scenes")
     p.add_argument("--lovasz", type=float, default=1.0, help="weight of the Lovász-softmax term (0: cross-entropy)")
-    p.add_argument("--eval-limit", type=int, default=None, help="validate on the first N scenes only")
+    p.add_argument("--eval-limit", type=int, default=None,
+                   help="validate on the first N scenes only (default: every validation scene)")
     p.add_argument("--max-points", type=int, default=None, metavar="N",
                    help=f"sphere-crop each training scene to N points (0: whole scenes; default: "
                         f"{TINY_MAX_POINTS:,} for the tiny presets, the format's own — PTv3's 102,400 indoors — for "
@@ -364,14 +369,16 @@ def _format_of(cfg: Dict[str, Any]) -> PointFormat:
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="run folder or checkpoint folder")
     p.add_argument("--data", default=None, help="dataset folder (default: the one the model was trained on)")
-    p.add_argument("--split", default="test", choices=["train", "val", "test"])
+    p.add_argument("--split", default=None, choices=["train", "val", "test"],
+                   help="split to evaluate (default: the first labelled one, test else val — ScanNet's and "
+                        "SemanticKITTI's test scenes carry no labels)")
     p.add_argument("--limit", type=int, default=None, help="the first N scenes only")
     p.add_argument("--batch", type=int, default=4, help="scenes per forward call")
     p.add_argument("--scenes", type=int, default=2, help="scenes drawn in the PNG (0: none)")
     p.add_argument("--png", default=None, help="prefix of the PNGs (default: <run>/eval_<split>)")
     p.add_argument("--json", default=None, help="also write the scores (per class, confusion matrix) to this file")
-    p.add_argument("--no-ema", action="store_true")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--no-ema", action="store_true", help="the raw weights even where the checkpoint has EMA weights")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="compute dtype of the forward pass")
 
 
 def main_eval(args: argparse.Namespace) -> int:
@@ -381,6 +388,9 @@ def main_eval(args: argparse.Namespace) -> int:
     data = cfg.get("data", {})
     root = resolve_data(args.data or data.get("path"))
     fmt = data.get("format") or detect_format(root)
+    if args.split is None:
+        args.split = labelled_split(root, fmt)
+        print(f"evaluating the {args.split} split (the first labelled one; --split to choose)", file=sys.stderr)
     dataset = PointDataset(root, args.split, fmt)
     m = evaluate_points(model, dataset, batch=args.batch, limit=args.limit, progress=True, keep_predictions=args.scenes)
     summary = {k: m[k] for k in ("miou", "oa", "mpts_per_s", "mvoxels_per_s", "scenes", "points", "voxels",

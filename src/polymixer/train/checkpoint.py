@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..families import canonical_family
+from ..files import file_mode
 
 __all__ = ["save_checkpoint", "resolve_checkpoint", "read_config", "load_weights", "load_model", "load_trainer_state",
            "rng_state", "set_rng_state", "config_diff", "verify_checkpoint", "CheckpointError",
@@ -128,13 +129,6 @@ class CheckpointWarning(UserWarning):
     """A damaged checkpoint was skipped (the command line prints the message alone)."""
 
 
-def _umask() -> int:
-    """The process's umask (read by setting it, so set it straight back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -176,7 +170,7 @@ def save_checkpoint(run_dir: Union[str, Path], step: int, model: nn.Module, conf
         (tmp / "config.json").write_text(json.dumps({**config, "step": step}, indent=2, default=str))
         if trainer_state is not None:
             torch.save(trainer_state, tmp / "trainer.pt")
-        mode = 0o666 & ~_umask()  # safetensors writes 0600: others on a shared machine could not read a model
+        mode = file_mode()  # safetensors writes 0600: others on a shared machine could not read a model
         for f in tmp.iterdir():
             os.chmod(f, mode)
             with open(f, "rb") as fh:
