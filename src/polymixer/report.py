@@ -140,9 +140,12 @@ def plot_history(runs: Sequence[Run], path: Union[str, Path], title: str = "", w
                 ax.plot(steps, values, marker="o" if panel in metrics and len(steps) < 30 else None, ms=3,
                         color=f"C{k % 10}", label=label)
     names = {"loss": "training loss", "lr": "learning rate"}
+    from matplotlib.ticker import MaxNLocator
+
     for ax, panel in zip(axes, panels):
         ax.set_title(names.get(panel, f"eval {panel}"), fontsize=9)
         ax.set_xlabel("step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole (a one-point panel too)
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
         last = max((r["step"] for _, h in runs for r in h if "step" in r), default=0)
@@ -168,13 +171,14 @@ def add_plot_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (or their history.json)")
     p.add_argument("--out", default=None,
                    help="the PNG to write (default: <run>/curves.png for one run, curves.png for several)")
-    p.add_argument("--labels", nargs="+", default=None, help="one label per run (default: the run folders' names)")
+    p.add_argument("--labels", nargs="+", default=None, help="one label per run (default: the run folders as given)")
 
 
 def main_plot(args: argparse.Namespace) -> int:
     if args.labels is not None and len(args.labels) != len(args.runs):
         raise ValueError(f"{len(args.labels)} labels for {len(args.runs)} runs")
-    labels = args.labels or [Path(r).name if Path(r).is_dir() else Path(r).parent.name for r in args.runs]
+    # a run is named by its folder as given (runs/points/tiny-ppomv3), not its last name alone ("run", "seed1")
+    labels = args.labels or [str(Path(r) if Path(r).is_dir() else Path(r).parent) for r in args.runs]
     runs = [(label, read_history(r)) for label, r in zip(labels, args.runs)]
     if args.out:
         out = Path(args.out)

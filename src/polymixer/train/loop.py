@@ -538,15 +538,16 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
         _write_json(out / "history.json", history)
         if cfg.curves and history:
             try:
-                plot_history([(out.name, history)], out / "curves.png", title=f"{model_config.get('preset') or ''} "
-                             f"{out.name}".strip(), warmup=cfg.warmup)
+                name = " ".join(str(v) for v in (model_config.get("family"), model_config.get("preset")) if v)
+                plot_history([(str(out), history)], out / "curves.png", title=f"{name} — {out}" if name else str(out),
+                             warmup=cfg.warmup)
             except Exception as e:  # a plot must never stop a run
                 bar.write(f"could not draw {out / 'curves.png'}: {e}")
 
     if ctx.main and start == 0 and cfg.steps <= cfg.warmup:
         bar.write(f"note: steps ({cfg.steps}) ≤ warmup ({cfg.warmup}): the learning rate only climbs towards lr "
-                  f"({cfg.lr:g}) and never decays — a run this short tests the plumbing, not the model (its samples "
-                  f"look like noise); pass --warmup to shorten the warm-up")
+                  f"({cfg.lr:g}) and never decays — a run this short tests the plumbing, not the model (expect "
+                  f"untrained outputs); pass --warmup to shorten the warm-up")
     fwd_model.train()
     for step in range(start, cfg.steps):
         lr = lr_at(step, cfg)
