@@ -355,13 +355,13 @@ def test_check_data_command(tmp_path, capsys):
     assert main(["check-data", "points", "--data", str(scenes), "--format", "scannet", "--quiet"]) == 0
     (scenes / "train" / "scene0000_00" / "color.npy").unlink()
     assert main(["check-data", "points", "--data", str(scenes), "--quiet"]) == 1
-    assert "color.npy not found" in capsys.readouterr().out
+    assert "color.npy: not found" in capsys.readouterr().out
     texts = tmp_path / "texts"
     texts.mkdir()
     (texts / "a.txt").write_text("some text")
     assert main(["check-data", "lm", "--data", str(texts), str(texts / "a.txt"), "--quiet"]) == 0
     assert main(["check-data", "lm", "--data", str(texts), str(tmp_path / "gone"), "--quiet"]) == 1
-    assert "gone does not exist" in capsys.readouterr().out
+    assert "gone: corpus path does not exist" in capsys.readouterr().out
 
 
 def test_train_stops_before_its_first_step_listing_the_bad_files(tmp_path, capsys):
@@ -387,3 +387,33 @@ def test_train_stops_before_its_first_step_listing_the_bad_files(tmp_path, capsy
     s2, ann = root / "DATA_S2", root / "ANNOTATIONS"
     assert skipped - {str(ann / "TARGET_105.npy")} == {str(s2 / "S2_101.npy"), str(ann / "TARGET_102.npy"),
                                                        str(s2 / "S2_108.npy")}
+
+
+def test_check_data_ocr_finds_what_train_refuses_each_file_once(tmp_path, capsys):
+    """The newcomer's folder of issue 40: a missing transcription, a corrupt PNG, an empty PNG, a 2 × 400 image and a
+    split entry without a file. check-data lists each once, as ``path: reason``, the narrow image included (at the
+    tiny preset's line height, as train); train refuses the same files before its first step."""
+    root = write_lines(tmp_path / "htr", pages=5)
+    lines = root / "lines"
+    (lines / "p00-00.txt").unlink()  # missing transcription
+    (lines / "p00-01.png").write_bytes(b"\x89PNG\r\n\x1a\n corrupt")  # corrupt
+    Image.new("L", (0, 0)).save(lines / "p00-02.png") if False else (lines / "p00-02.png").write_bytes(b"")  # empty
+    Image.new("L", (2, 400), 255).save(lines / "p01-00.png")  # 0 pixels wide at height 32
+    with open(root / "train.ln", "a") as f:
+        f.write("p09-09.png\n")  # an entry without a file
+    expected = {lines / "p00-00.txt", lines / "p00-01.png", lines / "p00-02.png", lines / "p01-00.png",
+                lines / "p09-09.png"}
+    assert main(["check-data", "ocr", "--data", str(root), "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert f"{len(expected)} bad files" in out
+    listed = [ln.strip() for ln in out.splitlines()[1:]]
+    assert len(listed) == len(expected)  # each once
+    for path in expected:
+        [line] = [ln for ln in listed if ln.startswith(f"{path}: ")]  # one format: path: reason
+        assert line[len(str(path)) + 2:]
+    assert any("too narrow for one token" in ln for ln in listed)
+    cmd = ["train", "ocr", "--data", str(root), "--steps", "1", "--batch-size", "2", "--quiet",
+           "--out", str(tmp_path / "run")]
+    assert main(cmd) == 2
+    err = capsys.readouterr().err
+    assert f"{len(expected)} bad files in {root}" in err and all(str(p) in err for p in expected)

@@ -16,8 +16,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Ty
 
 import numpy as np
 
-__all__ = ["SampleError", "SampleFaults", "DataCheckError", "READ_ERRORS", "SKIP_HINT", "reading", "check_files",
-           "read_array_shape"]
+__all__ = ["SampleError", "SampleFaults", "DataCheckError", "merge_bad", "READ_ERRORS", "SKIP_HINT", "reading",
+           "check_files", "read_array_shape"]
 
 T = TypeVar("T")
 
@@ -37,20 +37,36 @@ class SampleError(ValueError):
         super().__init__(text + (f" ({hint})" if hint else ""))
 
 
+def merge_bad(bad: Sequence[Tuple[str, str]]) -> List[Tuple[str, str]]:
+    """One entry per bad file, in the order met, its reasons joined with "; " (each once), each reason without the
+    file's own name (the line shows it first): what ``check-data`` prints as ``path: reason``, and what it counts."""
+    merged: Dict[str, List[str]] = {}
+    for path, reason in bad:
+        path = str(path)
+        text = str(reason)
+        for form in (f"{path}: ", f" {path} ", f" {path}", path):
+            text = text.replace(form, " " if form == f" {path} " else "")
+        text = " ".join(text.split()) or "bad"
+        reasons = merged.setdefault(path, [])
+        if text not in reasons:
+            reasons.append(text)
+    return [(p, "; ".join(r)) for p, r in merged.items()]
+
+
 class DataCheckError(ValueError):
     """The upfront check of a dataset found bad files: ``bad`` lists (file, reason) for every one of them."""
 
     SHOWN = 20
 
     def __init__(self, where: str, bad: List[Tuple[str, str]]) -> None:
-        self.where, self.bad = where, list(bad)
+        self.where, self.bad = where, merge_bad(bad)
         if len(self.bad) == 1:  # one line: the file and what is wrong with it
             p, r = self.bad[0]
-            super().__init__(f"{r if p in r else f'{p}: {r}'} — fix or remove it, or train with --skip-bad-samples")
+            super().__init__(f"{p}: {r} — fix or remove it, or train with --skip-bad-samples")
             return
         lines = [f"{len(self.bad)} bad file{'s' if len(self.bad) != 1 else ''} in {where} — fix or remove "
                  f"{'them' if len(self.bad) != 1 else 'it'}, or train with --skip-bad-samples:"]
-        lines += [f"  {p}: {r}" if p not in r else f"  {r}" for p, r in self.bad[:self.SHOWN]]
+        lines += [f"  {p}: {r}" for p, r in self.bad[:self.SHOWN]]
         if len(self.bad) > self.SHOWN:
             lines.append(f"  … and {len(self.bad) - self.SHOWN} more (polymixer check-data lists them all)")
         super().__init__("\n".join(lines))

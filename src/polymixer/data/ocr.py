@@ -201,6 +201,8 @@ def _split_lines(root: Path, layout: str, split: str
                 problems.append((lines / entry, e))
             base = entry[:-len(Path(entry).suffix)] if Path(entry).suffix.lower() in IMAGE_SUFFIXES else entry
             txt = image.with_suffix(".txt") if image is not None else lines / (base + ".txt")
+            if image is None and not txt.exists():  # an entry with no file at all: reported once, as the entry
+                continue
             try:
                 text = read_transcription(txt)
             except ValueError as e:

@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the dataset: a folder (or, for lm, text files and folders); default: the family's offline "
                         "default")
     p.add_argument("--format", default=None, help="points: the dataset format (default: detected)")
+    p.add_argument("--preset", default=None, metavar="NAME",
+                   help="ocr: the model whose line height decides which lines are too narrow for one token (default: "
+                        "the family's tiny preset, as train)")
     p.add_argument("--json", default=None, help="also write the bad files and their reasons to this file")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -40,10 +43,15 @@ def main(args: argparse.Namespace) -> int:
             print("image: the default (scikit-learn's digits) is bundled with scikit-learn: nothing to check")
             return 0
         data = given if fam.name == "image" else resolve(given, progress=not args.quiet)
-    kw = {"format": args.format} if fam.name == "points" else {}
+    kw: dict = {"format": args.format} if fam.name == "points" else {}
+    if fam.name == "ocr":  # the checks train makes with its model: the line height and width cap
+        from ..models import model_config
+
+        cfg = model_config(args.preset or fam.tiny)
+        kw.update(height=cfg.height, max_width=cfg.max_width)
     t0 = time.perf_counter()
     bad = scan_dataset(fam.name, data, progress=not args.quiet, **kw)
-    where = data if data is not None else "the default corpus"
+    where = "the default corpus" if data is None else ", ".join(map(str, data)) if isinstance(data, list) else data
     seconds = time.perf_counter() - t0
     if args.json:
         with open(args.json, "w") as f:
@@ -54,5 +62,5 @@ def main(args: argparse.Namespace) -> int:
         return 0
     print(f"{fam.name}: {where}: {len(bad)} bad file{'s' if len(bad) != 1 else ''} ({seconds:.1f} s)")
     for path, reason in bad:
-        print(f"  {path}: {reason}" if path not in reason else f"  {reason}")
+        print(f"  {path}: {reason}")
     return 1

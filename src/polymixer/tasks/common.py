@@ -8,7 +8,7 @@ import importlib
 from pathlib import Path
 from typing import Any, List, Sequence, Tuple, Union
 
-from ..data.faults import DataCheckError
+from ..data.faults import DataCheckError, merge_bad
 from ..families import family as family_entry
 from ..models import list_models, preset_of
 
@@ -42,7 +42,7 @@ def scan_dataset(family: str, data: Any, progress: bool = True, **kw: Any) -> Li
     files of a language model)."""
     fam = family_entry(family)
     module = importlib.import_module(fam.loader_module)
-    return list(module.check_data(data, progress=progress, **kw))
+    return merge_bad(module.check_data(data, progress=progress, **kw))  # each bad file once, all its reasons
 
 
 def check_dataset(family: str, data: Any, progress: bool = True, skip_bad_samples: bool = False,

@@ -197,9 +197,10 @@ def train_ocr(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, s
     check_preset("ocr", preset)
     spec = spec or PageSpec()
     root = resolve_data(data, progress=progress)
-    if train_cfg.check_data:
-        check_dataset("ocr", root, progress=progress, skip_bad_samples=train_cfg.skip_bad_samples)
     cfg = model_config(preset, **overrides)
+    if train_cfg.check_data:  # with the model's line height: a line too narrow for one token is bad (as load_split)
+        check_dataset("ocr", root, progress=progress, skip_bad_samples=train_cfg.skip_bad_samples, height=cfg.height,
+                      max_width=cfg.max_width)
     faults = SampleFaults.training(train_cfg.skip_bad_samples)
     train_set = load_split(root, "train", cfg.height, cfg.max_width, progress, faults)
     val_set = load_split(root, "val", cfg.height, cfg.max_width, progress, faults)
