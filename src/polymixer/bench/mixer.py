@@ -16,6 +16,8 @@ import argparse
 import itertools
 import json
 import math
+import os
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -28,7 +30,8 @@ from ..mixer import PoM
 from ..report import format_table, new_figure, save_figure
 from ..values import value_mix
 from ..ops import backend
-from .common import apply_overrides, machine, peak_memory_mb, synchronized, time_interleaved, write_json
+from .common import (MachineLoad, apply_overrides, machine, peak_memory_mb, synchronized, time_interleaved,
+                     write_json)
 
 __all__ = ["MixerBenchConfig", "run", "predicted_crossover", "add_arguments", "main"]
 
@@ -47,6 +50,7 @@ class MixerBenchConfig:
     compile: bool = True
     backward: bool = True
     naive_max_gb: float = 2.5  # skip naive attention when its N×N score tensors would exceed this
+    naive: bool = True  # time naive attention (the textbook N×N baseline) too
     value_dim: int = 512  # the value-carrying PoM: dv, split over value_heads (state D·dv/H per head... and layer)
     value_heads: int = 8
     mixers: Tuple[str, ...] = ("pom", "value_pom", "attention")
@@ -59,8 +63,10 @@ class MixerBenchConfig:
     extra: Dict[str, Any] = field(default_factory=dict)
 
 
-# about a minute: eager only (compiling a graph per shape and mode costs more than the whole quick sweep)
-QUICK = dict(lengths=(512, 2048), pom_lengths=(8192,), tokens=4096, repeats=3, warmup=1, compile=False)
+# README command 1: the README's own rows (N 1k and 4k at its 16k-token budget, forward), PoM against its floor and
+# SDPA, eager, 7 interleaved repeats (13 when the machine is busy): ~1–2 min and < 1 GB alone
+QUICK = dict(lengths=(1024, 4096), pom_lengths=(), tokens=16384, repeats=7, warmup=1, compile=False, backward=False,
+             mixers=("pom", "attention"), packed_layouts=(), naive=False)
 
 
 def predicted_crossover(d: int, D: int, k: int) -> float:
@@ -151,7 +157,7 @@ def _configs(cfg: MixerBenchConfig, N: int, B: int, pom: PoM, pom_c: Optional[to
         out["sdpa full"] = (lambda x: att(x), True)
         out["sdpa causal"] = (lambda x: att(x, causal=True), True)
         score_gb = B * cfg.heads * N * N * 4 / 1e9
-        if 2 * score_gb <= cfg.naive_max_gb:
+        if cfg.naive and 2 * score_gb <= cfg.naive_max_gb:
             out["naive full"] = (lambda x: naive(x), 6 * score_gb <= cfg.naive_max_gb)
             out["naive causal"] = (lambda x: naive(x, causal=True), 6 * score_gb <= cfg.naive_max_gb)
     return out
@@ -180,8 +186,22 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
     for N in lengths:
         B = max(1, cfg.tokens // N)
         plans.append((N, B))
-    n_configs = lambda N: 9 + (3 if cfg.compile else 0)  # noqa: E731  (upper bound, for the progress bar)
-    total = sum(n_configs(N) * (cfg.repeats + cfg.warmup) * (2 if cfg.backward else 1) for N, _ in plans)
+    cores = os.cpu_count() or 1
+    busy = hasattr(os, "getloadavg") and os.getloadavg()[0] / cores > MachineLoad.BUSY_LOAD
+    repeats = 2 * cfg.repeats - 1 if busy else cfg.repeats  # more samples for the medians on a busy machine
+    placeholder = torch.nn.Identity() if cfg.compile else None
+
+    def calls(N: int, B: int) -> int:
+        """Every call a length makes: warm-up and repeats of each configuration, one more for its memory, per
+        phase (forward, and forward + backward)."""
+        names = _configs(cfg, N, B, pom, placeholder, vpom, placeholder, att, naive)
+        fwd = len(names) * (repeats + cfg.warmup + (1 if cfg.compile else 0) + 1)
+        bwd = sum(ok for _, ok in names.values()) * (repeats + cfg.warmup + (1 if cfg.compile else 0) + 1)
+        return fwd + (bwd if cfg.backward else 0)
+
+    total = sum(calls(N, B) for N, B in plans)
+    if "value_pom" in cfg.mixers:
+        total += 3 * (repeats + cfg.warmup) * len(cfg.packed_layouts)
     bar = tqdm(total=total, disable=not progress, desc="bench mixer", unit="call", dynamic_ncols=True)
 
     rows: List[Dict[str, Any]] = []
@@ -198,11 +218,22 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
             bar.set_postfix_str(f"N={N} {name}")
             bar.update(1)
 
+        def measured(fns: Dict[str, Callable[[], Any]]) -> Dict[str, Optional[float]]:
+            out = {}
+            for k, f in fns.items():
+                out[k] = peak_memory_mb(f, dev)
+                tick(k + " (memory)")
+            return out
+
+        warm = cfg.warmup + (1 if cfg.compile else 0)
         with torch.no_grad():
             fwd = {k: synchronized(lambda f=f: f(x), dev) for k, (f, _) in configs.items()}
-            t_fwd = time_interleaved(fwd, warmup=cfg.warmup + (1 if cfg.compile else 0), repeats=cfg.repeats,
-                                     on_sample=tick)
-            mem_fwd = {k: peak_memory_mb(f, dev) for k, f in fwd.items()}
+            for _ in range(warm):  # the warm-up calls, on the bar too
+                for k, f in fwd.items():
+                    f()
+                    tick(k + " (warm-up)")
+            t_fwd = time_interleaved(fwd, warmup=0, repeats=repeats, on_sample=tick)
+            mem_fwd = measured(fwd)
         t_bwd: Dict[str, Any] = {}
         mem_bwd: Dict[str, Optional[float]] = {}
         if cfg.backward:
@@ -218,9 +249,12 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
                 return step
 
             bwd = {k: synchronized(train_step(f), dev) for k, (f, ok) in configs.items() if ok}
-            t_bwd = time_interleaved(bwd, warmup=cfg.warmup + (1 if cfg.compile else 0), repeats=cfg.repeats,
-                                     on_sample=tick)
-            mem_bwd = {k: peak_memory_mb(f, dev) for k, f in bwd.items()}
+            for _ in range(warm):
+                for k, f in bwd.items():
+                    f()
+                    tick(k + " (warm-up)")
+            t_bwd = time_interleaved(bwd, warmup=0, repeats=repeats, on_sample=tick)
+            mem_bwd = measured(bwd)
         for k in configs:
             base = "value pom matmuls (floor)" if k.startswith("value pom") else "pom matmuls (floor)"
             floor = t_fwd[base].median if base in t_fwd else float("nan")
@@ -230,21 +264,21 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
             rows.append({
                 "N": N, "batch": B, "mixer": k,
                 "fwd_ms": 1e3 * tf, "fwd_spread": t_fwd[k].spread, "fwd_tok_s": B * N / tf,
+                "fwd_samples_ms": [1e3 * v for v in t_fwd[k].samples],
                 "fwd_vs_floor": tf / floor,
                 "fwdbwd_ms": None if tb is None else 1e3 * tb,
                 "fwdbwd_vs_floor": None if tb is None else tb / floor_b,
                 "fwd_peak_mb": mem_fwd.get(k), "fwdbwd_peak_mb": mem_bwd.get(k),
             })
-        bar.total = bar.n + sum(n_configs(n) * (cfg.repeats + cfg.warmup) * (2 if cfg.backward else 1)
-                                for n, _ in plans if n > N)
+    packed = run_packed(cfg, vpom, repeats, bar) if "value_pom" in cfg.mixers and cfg.packed_layouts else None
     bar.close()
-    packed = run_packed(cfg, vpom) if "value_pom" in cfg.mixers and cfg.packed_layouts else None
     out = Path(cfg.out)
     if set(cfg.mixers) != {"pom", "value_pom", "attention"} and (out / "mixer.json").is_file():
         kept = [r for r in json.loads((out / "mixer.json").read_text()).get("rows", []) if _owner(r["mixer"])
                 not in cfg.mixers]  # the rows of mixers not run again
         rows = sorted(kept + rows, key=lambda r: r["N"])
-    payload = {"config": asdict(cfg), "machine": machine(), "rows": rows, "summary": summarize(cfg, rows)}
+    payload = {"config": asdict(cfg), "machine": machine(), "rows": rows, "summary": summarize(cfg, rows),
+               "repeats": repeats, "busy_at_start": bool(busy)}
     if packed is not None:
         payload["packed"] = packed
     write_json(out / "mixer.json", payload)
@@ -253,7 +287,7 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return payload
 
 
-def run_packed(cfg: MixerBenchConfig, vpom: PoM) -> List[Dict[str, Any]]:
+def run_packed(cfg: MixerBenchConfig, vpom: PoM, repeats: int, bar: Any = None) -> List[Dict[str, Any]]:
     """Causal packed sequences (``cu_seqlens``) through the value PoM, forward + backward: in place, as the same
     sequences padded into a (S, L_max) batch with a key mask, and as one unpacked sequence of the same tokens."""
     from ..values import pad_packed
@@ -274,7 +308,11 @@ def run_packed(cfg: MixerBenchConfig, vpom: PoM) -> List[Dict[str, Any]]:
                               "padded batch": synchronized(step(lambda: vpom(padded, mask=valid, causal=True)),
                                                            p.device),
                               "one sequence": synchronized(step(lambda: vpom(x, causal=True)), p.device)},
-                             warmup=cfg.warmup, repeats=cfg.repeats)
+                             warmup=cfg.warmup, repeats=repeats,
+                             on_sample=None if bar is None else lambda k: (bar.set_postfix_str(f"packed {k}"),
+                                                                           bar.update(1)))
+        if bar is not None:
+            bar.update(3 * cfg.warmup)  # the warm-up calls time_interleaved made
         name = " + ".join(f"{c} × {n}" for n, c in _runs(lens))  # count × length
         for k, v in t.items():
             rows.append({"layout": name, "tokens": T, "sequences": len(lens), "mode": k,
@@ -317,6 +355,32 @@ def _crossover(rows: List[Dict[str, Any]], a: str, b: str) -> Optional[str]:
     return f"> {ratios[-1][0]}"
 
 
+def _quartiles(rows: List[Dict[str, Any]], N: int, mixer: str) -> Optional[Tuple[float, float]]:
+    """(lower, upper) quartile of a row's forward samples (its median twice for rows without samples)."""
+    for r in rows:
+        if r["N"] == N and r["mixer"] == mixer:
+            xs = r.get("fwd_samples_ms") or [r["fwd_ms"]]
+            if len(xs) < 4:
+                return min(xs), max(xs)
+            q = statistics.quantiles(xs, n=4)
+            return q[0], q[2]
+    return None
+
+
+def ratio_verdict(rows: List[Dict[str, Any]], N: int, a: str, b: str, at_most: float) -> str:
+    """Whether time(a) ÷ time(b) ≤ ``at_most`` at N, judged on the spread of the repeats, not the medians alone:
+    "met" when even a's upper quartile over b's lower one is within the bound, "MISSED" when even a's lower quartile
+    over b's upper one exceeds it, else "not measured (the repeats straddle the bound: a busy machine?)"."""
+    qa, qb = _quartiles(rows, N, a), _quartiles(rows, N, b)
+    if qa is None or qb is None:
+        return "not run"
+    if qa[1] / qb[0] <= at_most:
+        return "met"
+    if qa[0] / qb[1] > at_most:
+        return "MISSED"
+    return "not measured (the repeats straddle the bound: a busy machine?)"
+
+
 def summarize(cfg: MixerBenchConfig, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Ratios against the targets, the predicted and measured crossovers."""
     s: Dict[str, Any] = {"predicted_crossover": predicted_crossover(cfg.dim, round(cfg.expand * cfg.dim), cfg.degree)}
@@ -352,13 +416,12 @@ def report(payload: Dict[str, Any]) -> str:
     lines = [table, ""]
     lines.append(f"crossover (PoM cheaper than attention): paper's cost model n ≥ {s['predicted_crossover']:.0f}; "
                  f"measured here: full {s['measured_crossover_full']}, causal {s['measured_crossover_causal']}")
-    checks = [("pom full / floor @4096", s.get("pom full / floor @4096"), 1.25),
-              ("pom full compiled / floor @4096", s.get("pom full compiled / floor @4096"), 1.25),
-              ("pom causal / floor @4096", s.get("pom causal / floor @4096"), 1.4),
-              ("pom causal compiled / floor @4096", s.get("pom causal compiled / floor @4096"), 1.4)]
-    for name, v, target in checks:
+    checks = [("pom full", 1.25), ("pom full compiled", 1.25), ("pom causal", 1.4), ("pom causal compiled", 1.4)]
+    for name, target in checks:
+        v = s.get(f"{name} / floor @4096")
         if v is not None:
-            lines.append(f"{name}: {v:.3f}  (target ≤ {target}: {'met' if v <= target else 'MISSED'})")
+            verdict = ratio_verdict(rows, 4096, name, "pom matmuls (floor)", target)
+            lines.append(f"{name} / floor @4096: {v:.3f}  (target ≤ {target}: {verdict})")
     for variant in ("", " compiled"):
         by_n = {int(k): v for k, v in s.get(f"value pom causal{variant} / floor by N", {}).items()}
         if by_n:
@@ -372,12 +435,18 @@ def report(payload: Dict[str, Any]) -> str:
     for mode in ("full", "causal"):
         sp = {int(k): v for k, v in s[f"sdpa/pom {mode} speedup by N"].items()}
         if sp:
-            ge = {n: v for n, v in sp.items() if n >= 2048}
-            faster = all(v > 1 for v in ge.values()) if ge else None
+            # PoM faster than SDPA: time(PoM) ÷ time(SDPA) < 1, judged on the repeats' spread
+            judged = {n: ratio_verdict(rows, n, f"pom {mode}", f"sdpa {mode}", 1.0) for n in sp if n >= 2048}
             txt = ", ".join(f"{n}: {v:.2f}×" for n, v in sorted(sp.items()))
             lines.append(f"PoM {mode} speed-up over SDPA by N: {txt}")
-            if faster is not None:
-                lines.append(f"  faster at every N ≥ 2048: {'met' if faster else 'MISSED'}")
+            if judged:
+                if all(v == "met" for v in judged.values()):
+                    verdict = "met"
+                elif any(v == "MISSED" for v in judged.values()):
+                    verdict = "MISSED"
+                else:
+                    verdict = "not measured (busy: the repeats of PoM and SDPA overlap)"
+                lines.append(f"  faster at every N ≥ 2048: {verdict}")
             if 16384 in sp:
                 lines.append(f"  ≥ 5× at N = 16384: {sp[16384]:.2f}× ({'met' if sp[16384] >= 5 else 'MISSED'})")
     return "\n".join(lines)
@@ -416,8 +485,9 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = MixerBenchConfig()
-    p.add_argument("--quick", action="store_true", help="a one-minute sweep: N = 512, 2k (and 8k for PoM) at a "
-                   "4k-token budget, eager only")
+    p.add_argument("--quick", action="store_true",
+                   help="the README's rows in 1–2 minutes: N = 1,024 and 4,096 at a 16k-token budget, forward, PoM "
+                        "and its floor against SDPA, eager, 7 interleaved repeats (13 on a busy machine)")
     p.add_argument("--dim", type=int, default=d.dim)
     p.add_argument("--expand", type=float, default=d.expand)
     p.add_argument("--degree", type=int, default=d.degree)
@@ -451,6 +521,8 @@ def main(args: argparse.Namespace) -> int:
                            dtype=args.dtype, out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {name: name for name in ("lengths", "pom_lengths", "repeats", "warmup", "mixers")})
+    if args.quick and args.out == MixerBenchConfig.out:  # its own folder: no rows of an earlier full sweep mixed in
+        cfg.out = MixerBenchConfig.out + "-quick"
     if any(n < 1 for n in cfg.lengths + cfg.pom_lengths) or cfg.tokens < 1 or cfg.repeats < 1:
         raise ValueError("lengths, tokens and repeats must be positive")
     payload = run(cfg)
