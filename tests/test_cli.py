@@ -439,7 +439,7 @@ def test_eo_verdict_takes_the_medians_of_the_seeds_both_models_ran():
         return next(v for v in lines if v.startswith("parity") and what in v)
 
     single = line(verdicts(main), "best without full attention")
-    assert "tiny-tsvipom-value +0.3 — **met**" in single  # one seed: no median, no spread
+    assert "tiny-tsvipom-value +0.3 — **met on 1 seed, unsettled" in single  # one seed: no verdict settles
     three = line(verdicts(main, seeds), "best without full attention")
     assert "tiny-tsvipom-value -3.0 (median of 3 seeds) — **MISSED**" in three  # 39.7 against 42.7
     two = line(verdicts(main, seeds[:1]), "all-PoM or all-value-PoM within 8 points")

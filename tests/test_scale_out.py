@@ -98,6 +98,7 @@ def test_context_parallel_needs_a_family_that_splits_and_plain_windows(tmp_path,
     assert x.tolist() == [[4, 5, 6, 7], [12, 13, 14, 15]] and torch.equal(x, y)
 
 
+@pytest.mark.slow  # four, two and one processes of LM training: ~70 s on 2 cores
 def test_fsdp_checkpoint_resumes_on_fewer_ranks_and_unsharded(tmp_path, corpus_dir):
     straight, _ = _run(tmp_path, corpus_dir, tmp_path / "straight", 3)
     four = tmp_path / "four"
@@ -111,6 +112,7 @@ def test_fsdp_checkpoint_resumes_on_fewer_ranks_and_unsharded(tmp_path, corpus_d
             torch.testing.assert_close(weights[k], straight[k], rtol=1e-4, atol=1e-5, msg=f"{name}: {k}")
 
 
+@pytest.mark.slow  # the LM's context-parallel step runs by default; this is the image family's (~30 s)
 def test_context_parallel_image_step_equals_the_single_process_step(tmp_path, corpus_dir):
     """The image family splits its patch tokens inside the model (2-D rotary positions sliced with them)."""
     one, losses_one = _run(tmp_path, corpus_dir, tmp_path / "one", 2, script_text=IMAGE_SCRIPT)
