@@ -485,3 +485,21 @@ def test_every_bench_reports_again_from_its_json(bench, tmp_path, capsys):
     assert capsys.readouterr().out == f"{text}\nwrote {files}\n"
     assert main(["bench", bench, "--report", "--out", str(tmp_path / "empty")]) == 2
     assert f"{bench}.json: no bench results to report" in capsys.readouterr().err
+
+
+def test_bench_mixer_verdicts_need_separated_repeats_and_a_quiet_machine():
+    """A verdict the repeats cannot support is "not measured", never met or MISSED; a miss on a busy machine too."""
+    from polymixer.bench.mixer import _unless_busy, ratio_verdict
+
+    def row(mixer, samples):
+        return {"N": 4096, "mixer": mixer, "fwd_ms": sorted(samples)[len(samples) // 2], "fwd_samples_ms": samples}
+
+    floor = row("pom matmuls (floor)", [100, 101, 102, 103, 104, 105, 106])
+    clear = [row("pom full", [110, 111, 112, 113, 114, 115, 116]), floor]
+    assert ratio_verdict(clear, 4096, "pom full", "pom matmuls (floor)", 1.25) == "met"
+    slow = [row("pom full", [200, 201, 202, 203, 204, 205, 206]), floor]
+    assert ratio_verdict(slow, 4096, "pom full", "pom matmuls (floor)", 1.25) == "MISSED"
+    noisy = [row("pom full", [90, 100, 120, 125, 130, 160, 200]), floor]
+    assert ratio_verdict(noisy, 4096, "pom full", "pom matmuls (floor)", 1.25).startswith("not measured")
+    assert _unless_busy({"busy": True}, "MISSED").startswith("not measured (busy")
+    assert _unless_busy({"busy": False}, "MISSED") == "MISSED" and _unless_busy({"busy": True}, "met") == "met"
