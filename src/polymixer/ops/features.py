@@ -24,7 +24,7 @@ from .common import (
 )
 
 __all__ = ["poly_features", "horner", "horner_derivative", "cumsum", "chunked_cumsum", "segment_prefix_sum",
-           "aggregate", "last_visible", "safe_inverse", "pattern_mask", "gate_mix", "expand_heads"]
+           "aggregate", "last_visible", "safe_inverse", "pattern_mask", "gate_mix", "expand_heads", "reverse_logs"]
 
 # ----------------------------------------------------------------------------------------------------------------
 # Polynomial features
@@ -431,3 +431,9 @@ def gate_mix(zs: Tensor, bias: Tensor, h: Tensor, gate: ActivationLike = "hardsi
         raise ValueError(f"gate width {Ds} must divide the polynomial width {D}")
     return _GateMix.apply(zs, bias, h, gate, zs.dtype if out_dtype is None else out_dtype)
 
+
+def reverse_logs(g: Tensor) -> Tensor:
+    """Log-decays of the backward scan run as a forward scan on the flipped sequence: step r of the flipped scan
+    decays by the original token N − r's g (token i + 1 carries the weight of the pair (i, i + 1))."""
+    f = g.flip(-1)
+    return torch.cat([torch.zeros_like(f[..., :1]), f[..., :-1]], dim=-1)

@@ -25,12 +25,11 @@ import torch
 from torch import Tensor
 
 __all__ = ["ContextParallel", "context_parallel", "active", "gather", "agree", "Slice", "block_tail_ranks",
-           "CONTEXT_PARALLEL_MODES", "mode_facts", "summary", "gather_rows", "FACTS", "TOTAL", "even_slice",
+           "mode_facts", "gather_rows", "FACTS", "TOTAL", "even_slice",
            "gather_tokens", "local"]
 
 TOTAL = {"bytes_sent": 0, "calls": 0}  # over every context of this process (logs, tests)
 FACTS = 24  # integers a call is described by in the agreement (padded)
-CONTEXT_PARALLEL_MODES = ("full", "causal", "block-causal", "key padding", "rotary")
 
 
 @dataclass
@@ -281,10 +280,3 @@ def mode_facts(causal: bool, block_size: Optional[int], key_mask: Optional[Tenso
     return {"causal": int(causal), "block_size": int(block_size or 0), "key padding": int(key_mask is not None),
             "rotary": {None: 0, "1d": 1, "2d": 2}[rope], "explicit positions": int(positions is not None),
             "streaming": int(stream)}
-
-
-def summary(cp: Optional[ContextParallel]) -> Dict[str, Any]:
-    """What the context has communicated (for benches and logs)."""
-    if cp is None:
-        return {"bytes_sent": 0, "calls": 0}
-    return {"bytes_sent": cp.bytes_sent, "calls": cp.calls}

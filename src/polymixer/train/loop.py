@@ -426,7 +426,7 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
 
     ctx = distributed_context()
     out = Path(cfg.out)
-    unsupported = parallel.check_supported(cfg.fsdp, cfg.context_parallel, cfg.ema, cfg.sam_rho)
+    unsupported = parallel.check_supported(cfg.fsdp, cfg.ema, cfg.sam_rho)
     if unsupported:
         raise ValueError(f"--fsdp with {unsupported[0]}: {unsupported[1]}")
     lay = parallel.layout(ctx.rank, ctx.world, cfg.context_parallel, ctx.device)

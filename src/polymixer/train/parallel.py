@@ -144,7 +144,7 @@ def by_names(state: Dict[str, Any], names: List[str]) -> Dict[str, Any]:
             "param_groups": [{**g, "params": [of[i] for i in g["params"]]} for g in state["param_groups"]]}
 
 
-def check_supported(fsdp: bool, cp_size: int, ema: float, sam_rho: float) -> Optional[Tuple[str, str]]:
+def check_supported(fsdp: bool, ema: float, sam_rho: float) -> Optional[Tuple[str, str]]:
     """(flag, why) for an option the sharded or context-parallel loop does not run, else None."""
     if fsdp and ema > 0:
         return "--ema", "the EMA copy of the weights is not sharded: run --fsdp without --ema"

@@ -193,8 +193,7 @@ def _split_call(cp: "parallel.ContextParallel", x: Tensor, context: Optional[Ten
         problem = str(e)
     if call is None:  # the agreement still has to take place, so that the other ranks raise too
         parallel.agree(cp, "pom", {"length": 0}, problem)
-    y, final, n_total = pom_parallel.forward(call, cp, problem, state)
-    return y, final, n_total
+    return pom_parallel.forward(call, cp, problem, state)
 
 
 def backend_for(*args: Any, **kwargs: Any) -> Dict[str, Any]:

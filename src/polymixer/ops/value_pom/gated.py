@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..common import ActivationLike, CuSeqlens, batch_packed, check_mix_inputs, triton_possible
-from ..features import gate_mix
+from ..features import gate_mix, reverse_logs
 from .modular import (CHUNK, EPS, check_layout, check_rope, heads_view, positions_or_default, rotate_heads,
                       value_features)
 
@@ -106,13 +106,6 @@ def gated_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Optional[Tensor]
     return o.reshape(B, H, L, E)[:, :, :N], S
 
 
-def _reverse_logs(g: Tensor) -> Tensor:
-    """Log-decays of the backward scan run as a forward scan on the flipped sequence: step r of the flipped scan
-    decays by the original token N − r's g (token i + 1 carries the weight of the pair (i, i + 1))."""
-    f = g.flip(-1)
-    return torch.cat([torch.zeros_like(f[..., :1]), f[..., :-1]], dim=-1)
-
-
 def gated_mix(q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, causal: bool, block_size: Optional[int],
               seq: Optional[Tensor] = None, chunk: int = CHUNK, state: Optional[Tensor] = None,
               scan: Optional[Callable[..., Tuple[Tensor, Optional[Tensor]]]] = None) -> Tuple[Tensor, Tensor]:
@@ -134,7 +127,7 @@ def gated_mix(q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, causal: bool, block
             first = torch.cummax(torch.where(starts, pos, 0), dim=1).values
             pos = pos - first
         seg = seg * (N + 1) + torch.div(pos, block_size, rounding_mode="floor")
-    ob, _ = scan(q.flip(2), k.flip(2), v.flip(2), _reverse_logs(g), seg.flip(1), chunk, None)
+    ob, _ = scan(q.flip(2), k.flip(2), v.flip(2), reverse_logs(g), seg.flip(1), chunk, None)
     diag = (q * k).sum(-1, keepdim=True) * v  # the scans both count j = i
     return o + ob.flip(2) - diag, final
 

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..triton_common import dot_precision, launch, mma, offset64, pow2
+from ..features import reverse_logs
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -148,11 +149,6 @@ def _scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Tensor, chunk: int) -
     return o, final
 
 
-def _reverse_logs(g: Tensor) -> Tensor:
-    f = g.flip(-1)
-    return torch.cat([torch.zeros_like(f[..., :1]), f[..., :-1]], dim=-1)
-
-
 class _GatedScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Tensor, chunk: int  # type: ignore[override]
@@ -169,7 +165,7 @@ class _GatedScan(torch.autograd.Function):
         do = do.contiguous()
         dq, _ = _scan(do, v, k, g, seg, C)  # Σ_{j ≤ i} D_ij (do_i · v_j) k_j
         rev = lambda t: t.flip(2)  # noqa: E731
-        gr, sr = _reverse_logs(g), seg.flip(1)
+        gr, sr = reverse_logs(g), seg.flip(1)
         dk = rev(_scan(rev(v), rev(do), rev(q), gr, sr, C)[0])  # Σ_{i ≥ j} D_ij (v_j · do_i) q_i
         dv = rev(_scan(rev(k), rev(q), rev(do), gr, sr, C)[0])  # Σ_{i ≥ j} D_ij (k_j · q_i) do_i
         dlam = (q.float() * dq.float()).sum(-1) - (k.float() * dk.float()).sum(-1)
