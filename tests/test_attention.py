@@ -16,12 +16,25 @@ from conftest import assert_close
 B, N, DIM, H = 2, 29, 16, 4
 
 
-def _ref(m: Attention, x, vis, context=None, positions=None, context_positions=None):
+def _shifted(m: Attention, t, key_mask=None):
+    """The token shift written out: t'_j = Σ_s w[s] ⊙ t_{j−s}, masked tokens and tokens before the first as 0."""
+    if not m.shift_width:
+        return t
+    t = t if key_mask is None else t * key_mask[..., None]
+    out = torch.zeros_like(t)
+    for j in range(t.shape[1]):
+        for s in range(m.shift_width):
+            if j - s >= 0:
+                out[:, j] += m.shift[s].double() * t[:, j - s]
+    return out
+
+
+def _ref(m: Attention, x, vis, context=None, positions=None, context_positions=None, key_mask=None):
     W, b = m.qkv.weight.double(), m.qkv.bias.double()
     c = x if context is None else context
     q = x @ W[:DIM].T + b[:DIM]
-    k = c @ W[DIM:2 * DIM].T + b[DIM:2 * DIM]
-    v = c @ W[2 * DIM:].T + b[2 * DIM:]
+    kv = _shifted(m, c @ W[DIM:].T + b[DIM:], key_mask)
+    k, v = kv[..., :DIM], kv[..., DIM:]
     heads = lambda t: t.view(t.shape[0], t.shape[1], H, DIM // H).transpose(1, 2)  # noqa: E731
     q, k, v = heads(q), heads(k), heads(v)
     if m.rope:
@@ -185,3 +198,69 @@ def test_kv_cache_reorder():
     assert_close(y, m(x[order], causal=True)[:, 7:])
     with pytest.raises(ValueError, match="batch"):
         m.step(x[:2, 7:], st)
+
+
+# -- the token shift (a short causal convolution of keys and values), offered to attention as to the value PoM ----
+
+
+def _shift_att(width, **kw):
+    m = _att(token_shift=width, **kw)
+    with torch.no_grad():
+        m.shift.copy_(torch.randn_like(m.shift))
+    return m
+
+
+def test_token_shift_is_off_by_default_and_checked():
+    assert not any("shift" in k for k in _att().state_dict())
+    assert _att(token_shift=True).shift.shape == (2, 2 * DIM)
+    init = _att(token_shift=4).shift
+    assert init[:2].eq(0.5).all() and init[2:].eq(0).all() and init.no_weight_decay
+    with pytest.raises(ValueError, match="token_shift must be"):
+        _att(token_shift=1)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("width", [2, 4])
+def test_token_shift_matches_reference(mode, width):
+    m = _shift_att(width, rope="1d")
+    x = torch.randn(B, N, DIM, dtype=torch.float64)
+    kw, vis = _materialise(MODES[mode])
+    km = kw.get("mask") if kw.get("mask") is not None and kw["mask"].dim() == 2 else None
+    pos = torch.arange(N)
+    assert_close(m(x, positions=pos, **kw), _ref(m, x, vis, positions=pos, key_mask=km))
+
+
+def test_token_shift_cross_attention_shifts_the_context():
+    m = _shift_att(3)
+    x, c = torch.randn(B, 7, DIM, dtype=torch.float64), torch.randn(B, N, DIM, dtype=torch.float64)
+    km = torch.rand(B, N) > 0.3
+    vis = visibility(B, 7, N, key_mask=km)
+    assert_close(m(x, c, mask=km), _ref(m, x, vis, context=c, key_mask=km))
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_token_shift_packed_equals_separate(window):
+    m = _shift_att(3, window=window)
+    lens = [3, 11, 1, 14]
+    seqs = [torch.randn(1, n, DIM, dtype=torch.float64) for n in lens]
+    cu = torch.tensor([0, 3, 14, 15, 29], dtype=torch.int32)
+    assert_close(m(torch.cat(seqs, 1), cu_seqlens=cu, causal=True), torch.cat([m(s, causal=True) for s in seqs], 1))
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("width", [2, 5])
+def test_token_shift_streaming_equals_forward(window, width):
+    m = _shift_att(width, window=window, rope="1d")
+    x = torch.randn(B, 40, DIM, dtype=torch.float64)
+    mask = torch.ones(B, 40, dtype=torch.bool)
+    mask[1, :6] = False  # left padding: never part of the shift
+    full = m(x, causal=True, mask=mask)
+    st = m.init_state(B)
+    ys = []
+    for a, b in _chunks(40, width):
+        y, st = m.step(x[:, a:b], st, mask=mask[:, a:b])
+        ys.append(y)
+    assert_close(torch.cat(ys, 1)[mask], full[mask])
+    assert st.shift_prev.shape == (B, width - 1, 2 * DIM) and st[[1, 0]].shift_prev.shape == st.shift_prev.shape
+    with pytest.raises(ValueError, match="token shift"):
+        _att(window=window).step(x[:, :2], st)

@@ -105,6 +105,11 @@ for split_name, n, split in SPLITS:
     for name, kw in (("causal", dict(causal=True)), ("full", dict()), ("block 4", dict(causal=True, block_size=4))):
         check(f"attention {name} {split_name}", dbl(Attention(8, heads=2, rope="1d")), n, split, kw, mask=True)
     check(f"attention causal unmasked {split_name}", dbl(Attention(8, heads=2)), n, split, dict(causal=True))
+    for W, kw in ((2, dict(causal=True)), (4, dict()), (3, dict(causal=True, block_size=4))):  # the token shift's halo
+        sh = dbl(Attention(8, heads=2, rope="1d", token_shift=W))
+        check(f"attention shift {W} {sorted(kw)} {split_name}", sh, n, split, kw, mask=True)
+    check(f"local attention 3 shift 4 {split_name}", dbl(Attention(8, heads=2, window=3, token_shift=4)), n, split,
+          dict(causal=True))
     for W in (2, 4, 7):
         at = dbl(Attention(8, heads=2, window=W))
         check(f"local attention {W} causal {split_name}", at, n, split, dict(causal=True), mask=True)

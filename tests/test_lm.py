@@ -75,6 +75,27 @@ def test_prefill_then_decode_reproduces_forward(mixer, position):
     assert rel <= 1e-5, rel
 
 
+def test_attention_shift_decodes_like_forward_and_leaves_other_layers_alone():
+    m = _tiny("ALPV", "rope", attention_shift=3)
+    assert [hasattr(b.mixer, "shift") and b.mixer.shift.shape[0] for b in m.blocks] == [3, 3, False, 2]
+    with torch.no_grad():
+        for blk in m.blocks[:2]:
+            blk.mixer.shift.normal_()
+    idx = torch.randint(0, 256, (2, 30))
+    with torch.no_grad():
+        full, _ = m(idx)
+        state = m.init_state(2)
+        first, state = m.step(idx[:, :11], state)
+        outs = [first]
+        for t in range(11, 30):
+            logit, state = m.step(idx[:, t:t + 1], state)
+            outs.append(logit)
+    rel = (torch.cat(outs, 1) - full).norm() / full.norm()
+    assert rel <= 1e-5, rel
+    with pytest.raises(ValueError, match="attention_shift must be 0"):
+        LMConfig(attention_shift=1)
+
+
 @pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "VL"])
 @pytest.mark.parametrize("position", ["learned", "rope"])
 def test_left_padded_batch_decodes_like_single_prompts(mixer, position):

@@ -9,7 +9,7 @@ last ``window`` keys / values for local attention, so local layers decode in con
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ from .ops.common import (
 )
 from .ops import parallel
 from .ops.features import pattern_mask
+from .values import token_shift as shift_tokens
 
 __all__ = ["Attention", "AttentionState", "sdpa"]
 
@@ -44,6 +45,8 @@ class AttentionState:
         offset: (B,) int64 stream index of the next token.
         window: ring-buffer size for local attention, None for a growing global cache.
         ptr: next ring slot to overwrite (local attention only).
+        shift_prev: (B, W − 1, 2·dim) the last tokens' key / value projections, before the shift (the memory of a
+            token shift of width W), None for a layer without one.
 
     ``step`` updates the buffers in place and returns the state (like every KV cache: no copy per token).
     """
@@ -56,6 +59,7 @@ class AttentionState:
     filled: int = 0
     window: Optional[int] = None
     ptr: int = 0
+    shift_prev: Optional[Tensor] = None
 
     @property
     def batch_size(self) -> int:
@@ -68,7 +72,8 @@ class AttentionState:
         """Select / reorder sequences along the batch (copies the cache of the selected rows)."""
         i = batch_index(index, self.k.device)
         return AttentionState(
-            self.k[i], self.v[i], self.index[i], self.valid[i], self.offset[i], self.filled, self.window, self.ptr
+            self.k[i], self.v[i], self.index[i], self.valid[i], self.offset[i], self.filled, self.window, self.ptr,
+            None if self.shift_prev is None else self.shift_prev[i],
         )
 
     def index_select(self, index: Tensor) -> "AttentionState":
@@ -76,7 +81,9 @@ class AttentionState:
 
     @property
     def memory_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.index, self.valid, self.offset))
+        kept = (self.k, self.v, self.index, self.valid, self.offset) + (
+            () if self.shift_prev is None else (self.shift_prev,))
+        return sum(t.numel() * t.element_size() for t in kept)
 
 
 
@@ -131,6 +138,11 @@ class Attention(nn.Module):
         bias: biases of the projections; qkv_bias: the q/k/v projection's alone (default: ``bias``; TSViT has
             none there but one on the output projection); dropout: attention-probability dropout.
         rope: None, "1d" or "2d" rotary positions on queries / keys (positions as for PoM).
+        token_shift: a causal depthwise convolution of the key and value projections along the tokens — True (width
+            2: each token and the previous one) or a width W ≥ 2 — the value-carrying PoM's token shift and the
+            short convolution linear-attention libraries give every mixer (learned per channel, initialised 0.5 /
+            0.5 on the current and previous token, 0 beyond); off by default. Queries are not shifted; packed
+            sequences and padding never leak across it; ``step`` keeps the last W − 1 projections.
     """
 
     def __init__(
@@ -144,6 +156,7 @@ class Attention(nn.Module):
         rope: Optional[str] = None,
         rope_base: float = 10000.0,
         qkv_bias: Optional[bool] = None,
+        token_shift: Union[bool, int, None] = None,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
     ) -> None:
@@ -156,6 +169,10 @@ class Attention(nn.Module):
             raise ValueError(f"window must be a positive int or None, got {window!r}")
         if rope not in (None, "1d", "2d"):
             raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
+        if token_shift is not None and not isinstance(token_shift, bool) and (
+                not isinstance(token_shift, int) or token_shift < 2):
+            raise ValueError(f"token_shift must be a bool or a width ≥ 2 (tokens the convolution reads), got "
+                             f"{token_shift!r}")
         self.head_dim = dim // heads
         if rope == "1d" and self.head_dim % 2:
             raise ValueError(f"1-D rotary needs an even head_dim, got {self.head_dim}")
@@ -167,10 +184,24 @@ class Attention(nn.Module):
         fk = {"device": device, "dtype": dtype}
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias if qkv_bias is None else qkv_bias, **fk)
         self.proj = nn.Linear(dim, dim, bias=bias, **fk)
+        # tokens the key / value shift reads (the current one included); 0: no shift
+        self.shift_width = 0 if not token_shift else 2 if token_shift is True else int(token_shift)
+        if self.shift_width:
+            self.shift = nn.Parameter(torch.empty(self.shift_width, 2 * dim, **fk))
+            self.shift.no_weight_decay = True
+            self.reset_shift()
+
+    def reset_shift(self) -> None:
+        """The token shift's initial weights: 0.5 on the current and previous token, 0 on older ones."""
+        if self.shift_width:
+            with torch.no_grad():
+                self.shift.zero_()
+                self.shift[:2] = 0.5
 
     def extra_repr(self) -> str:
         s = f"dim={self.dim}, heads={self.heads}, causal={self.causal}"
-        return s + (f", window={self.window}" if self.window else "") + (f", rope={self.rope!r}" if self.rope else "")
+        s += (f", window={self.window}" if self.window else "") + (f", rope={self.rope!r}" if self.rope else "")
+        return s + (f", token_shift={self.shift_width}" if self.shift_width else "")
 
     # -- projections ----------------------------------------------------------------------------------------------
 
@@ -178,13 +209,23 @@ class Attention(nn.Module):
         B, N, _ = t.shape
         return t.view(B, N, self.heads, self.head_dim).transpose(1, 2)
 
-    def _project(self, x: Tensor, context: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    def _project_flat(self, x: Tensor, context: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """(B, M, dim) queries and (B, N, 2·dim) keys ‖ values, before the token shift."""
         if context is None:
-            q, k, v = F.linear(x, self.qkv.weight, self.qkv.bias).split(self.dim, dim=-1)
-        else:
-            w, b = self.qkv.weight, self.qkv.bias
-            q = F.linear(x, w[: self.dim], None if b is None else b[: self.dim])
-            k, v = F.linear(context, w[self.dim:], None if b is None else b[self.dim:]).split(self.dim, dim=-1)
+            qkv = F.linear(x, self.qkv.weight, self.qkv.bias)
+            return qkv[..., :self.dim], qkv[..., self.dim:]
+        w, b = self.qkv.weight, self.qkv.bias
+        q = F.linear(x, w[: self.dim], None if b is None else b[: self.dim])
+        return q, F.linear(context, w[self.dim:], None if b is None else b[self.dim:])
+
+    def _project(self, x: Tensor, context: Optional[Tensor], key_mask: Optional[Tensor] = None,
+                 prev: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values split into heads; keys and values through the token shift where the layer has
+        one (over the context's tokens for cross-attention; ``prev``: the W − 1 projections before the first)."""
+        q, kv = self._project_flat(x, context)
+        if self.shift_width:
+            kv = shift_tokens(kv, self.shift, key_mask, prev)[0]
+        k, v = kv.split(self.dim, dim=-1)
         return self._heads(q), self._heads(k), self._heads(v)
 
     def _rotate(self, t: Tensor, positions: Tensor) -> Tensor:
@@ -228,7 +269,7 @@ class Attention(nn.Module):
                                      key_mask, positions, context_positions)
             return y.squeeze(0) if squeeze else y
 
-        q, k, v = self._project(x, context)
+        q, k, v = self._project(x, context, key_mask)
         if self.rope is not None:
             two_d = self.rope == "2d"
             if positions is None:
@@ -264,12 +305,20 @@ class Attention(nn.Module):
         n = x.shape[1] if isinstance(x, Tensor) and x.dim() == 3 else 0
         facts = {"length": n}
         if problem is None:
-            facts.update({"batch": x.shape[0], "width": x.shape[-1], "window": self.window or 0})
+            facts.update({"batch": x.shape[0], "width": x.shape[-1], "window": self.window or 0,
+                          "shift": self.shift_width})
             facts.update(parallel.mode_facts(causal, block_size, key_mask, self.rope, positions, False))
         lengths = parallel.agree(cp, "attention", facts, problem)
         sl = parallel.Slice(cp.rank, lengths)
         B = x.shape[0]
-        q, k, v = self._project(x, None)
+        prev = None
+        if self.shift_width:  # the W − 1 key / value projections before this slice, from the ranks before it
+            take = min(self.shift_width - 1, n)
+            tail = self._project_flat(x[:, n - take:], None)[1]
+            if key_mask is not None:
+                tail = tail * key_mask[:, n - take:, None].to(tail.dtype)
+            prev = parallel.halo_before(tail, self.shift_width - 1, sl, cp, "attention token-shift halo")
+        q, k, v = self._project(x, None, key_mask, prev)
         if self.rope is not None:
             pos = sl.start + torch.arange(n, device=x.device) if positions is None else positions
             check_positions(pos, B, n, self.rope == "2d", "positions")
@@ -379,6 +428,8 @@ class Attention(nn.Module):
         device = self.qkv.weight.device if device is None else device
         dtype = self.qkv.weight.dtype if dtype is None else dtype
         cap = self.window or 0
+        prev = None if not self.shift_width else torch.zeros(batch_size, self.shift_width - 1, 2 * self.dim,
+                                                             device=device, dtype=dtype)
         return AttentionState(
             k=torch.zeros(batch_size, self.heads, cap, self.head_dim, device=device, dtype=dtype),
             v=torch.zeros(batch_size, self.heads, cap, self.head_dim, device=device, dtype=dtype),
@@ -386,6 +437,7 @@ class Attention(nn.Module):
             valid=torch.zeros(batch_size, cap, dtype=torch.bool, device=device),
             offset=torch.zeros(batch_size, dtype=torch.int64, device=device),
             window=self.window,
+            shift_prev=prev,
         )
 
     def step(self, x: Tensor, state: AttentionState, causal: bool = True, positions: Optional[Tensor] = None,
@@ -401,7 +453,16 @@ class Attention(nn.Module):
             raise ValueError(f"state was made for window={state.window}, this layer has window={self.window}")
         if mask is not None:
             check_bool_mask(mask, [(B, T)], f"a chunk of batch {B} × {T} tokens")
-        q, k, v = self._project(x, None)
+        if (state.shift_prev is None) != (not self.shift_width):
+            raise ValueError(f"state was made for a layer {'with' if state.shift_prev is not None else 'without'} a "
+                             f"token shift; this layer has {self.shift_width or 'none'}: use its init_state")
+        if self.shift_width:
+            q, kv = self._project_flat(x, None)
+            kv, state.shift_prev = shift_tokens(kv, self.shift, mask, state.shift_prev)
+            k, v = kv.split(self.dim, dim=-1)
+            q, k, v = self._heads(q), self._heads(k), self._heads(v)
+        else:
+            q, k, v = self._project(x, None)
         idx = state.offset[:, None] + torch.arange(T, device=x.device)  # (B, T) stream indices
         if self.rope is not None:
             if positions is None:

@@ -78,6 +78,7 @@ class PolymixerConfig(PreTrainedConfig):
     value_dim: int | None = None
     value_heads: int = 1
     shift_width: int = 2
+    attention_shift: int = 0
     position: str = "rope"
     dropout: float | int = 0.0
     bias: bool = True

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
 from ..ops import parallel
 from ..positions import grid_positions
 
@@ -83,6 +83,8 @@ class TSViTConfig:
     value_dim: Optional[int] = None  # V blocks (value-carrying PoM): value width dv (None: dim)
     value_heads: int = 1  # V blocks: heads splitting D and dv
     shift_width: int = 2  # V blocks: tokens the key / value shift reads along each sequence (2: each and the previous)
+    attention_shift: int = 0  # A / L layers: tokens their key / value shift reads (0: none; the value PoM's shift,
+    #                           offered to attention alike)
     norm_eps: float = 1e-5
     dropout: float = 0.0
 
@@ -92,6 +94,7 @@ class TSViTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_attention_shift(self.attention_shift)
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size = {self.image_size} is not a multiple of patch_size = {self.patch_size}")
         if self.dim % self.heads:
@@ -202,7 +205,8 @@ class TSViT(nn.Module):
         mixer = mixer_spec(letter).make(c.dim, heads=c.heads, qkv_bias=False, bias=True, rope=rope,
                                         rope_base=rope_base, degree=c.degree,
                                         expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim,
-                                        value_heads=c.value_heads, token_shift=c.shift_width)
+                                        value_heads=c.value_heads, token_shift=c.shift_width,
+                                        attention_shift=c.attention_shift)
         return PolyMorpher(c.dim, mixer=mixer, mlp_ratio=c.mlp_ratio, dropout=c.dropout, norm_eps=c.norm_eps)
 
     # -- inputs ---------------------------------------------------------------------------------------------------

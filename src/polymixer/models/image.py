@@ -19,7 +19,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
 from ..ops import parallel
 from ..positions import grid_positions, sincos_2d
 
@@ -48,6 +48,8 @@ class DiTConfig:
     value_dim: Optional[int] = None  # V blocks (value-carrying PoM): value width dv (None: hidden_size)
     value_heads: int = 1  # V blocks: heads splitting D and dv
     shift_width: int = 2  # V blocks: patches the key / value shift reads in row-major order (2: each and the previous)
+    attention_shift: int = 0  # A / L layers: tokens their key / value shift reads (0: none; the value PoM's shift,
+    #                           offered to attention alike)
     position: str = "sincos"  # "sincos" (fixed 2-D sin-cos added to the patches) | "rope" (2-D rotary in the mixer)
     #                           | "sincos_rope" (both: absolute positions added, relative ones turning the mixer)
     local_conv: int = 0  # k > 0: every block's mixer branch adds a depthwise k × k convolution of its input over the
@@ -58,6 +60,7 @@ class DiTConfig:
         if isinstance(self.shift_width, bool) or not isinstance(self.shift_width, int) or self.shift_width < 2:
             raise ValueError(f"shift_width must be an int ≥ 2 (patches the key / value shift reads), got "
                              f"{self.shift_width!r}")
+        check_attention_shift(self.attention_shift)
         if isinstance(self.local_conv, bool) or not isinstance(self.local_conv, int) or self.local_conv < 0 or (
                 self.local_conv and self.local_conv % 2 == 0):
             raise ValueError(f"local_conv must be 0 (none) or an odd kernel size, got {self.local_conv!r}")
@@ -192,6 +195,7 @@ class DiT(nn.Module):
         return mixer_spec(letter).make(c.hidden_size, heads=c.num_heads, bias=True, causal=False, window=c.window,
                                        degree=c.degree, expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim,
                                        value_heads=c.value_heads, token_shift=c.shift_width,
+                                       attention_shift=c.attention_shift,
                                        rope="2d" if "rope" in c.position else None)
 
     def initialize_weights(self) -> None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
 from ..mixer import Index, batch_index
 from ..ops import parallel
 from ..ops.common import documents_cu_seqlens, is_compiling, segments
@@ -43,6 +43,8 @@ class LMConfig:
     value_dim: Optional[int] = None  # V layers (value-carrying PoM): value width dv (None: n_embd)
     value_heads: int = 1  # V layers: heads splitting D and dv; state D·dv/value_heads floats per layer
     shift_width: int = 2  # V layers: tokens the key / value shift reads (2: each and the previous; more: a short conv)
+    attention_shift: int = 0  # A / L layers: tokens their key / value shift reads (0: none; the value PoM's shift,
+    #                           offered to attention alike)
     position: str = "learned"  # "learned" | "rope" | "none"
     dropout: float = 0.0
     bias: bool = True
@@ -59,6 +61,7 @@ class LMConfig:
         if isinstance(self.shift_width, bool) or not isinstance(self.shift_width, int) or self.shift_width < 2:
             raise ValueError(f"shift_width must be an int ≥ 2 (tokens the value PoM's shift reads), got "
                              f"{self.shift_width!r}")
+        check_attention_shift(self.attention_shift)
         self.layer_pattern()
 
     def layer_pattern(self) -> str:
@@ -143,7 +146,7 @@ class GPT(nn.Module):
         return mixer_spec(letter).make(
             c.n_embd, heads=c.n_head, causal=True, dropout=c.dropout, window=c.window, degree=c.degree,
             expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim or c.n_embd, value_heads=c.value_heads,
-            token_shift=c.shift_width,
+            token_shift=c.shift_width, attention_shift=c.attention_shift,
             rope="1d" if c.position == "rope" else None, rope_base=c.rope_base, bias=c.bias)
 
     @staticmethod

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
 from ..data.ocr import PIXELS_PER_TOKEN
 from ..positions import sincos_1d, sincos_2d
 
@@ -53,6 +53,8 @@ class HTRConfig:
     sel_heads: int = 6  # PoM gate width: 1 = a gate per channel, h = one gate scalar per head of D/h channels
     value_dim: Optional[int] = None  # V blocks (value-carrying PoM): value width dv (None: dim)
     value_heads: int = 1  # V blocks: heads splitting D and dv
+    attention_shift: int = 0  # A / L layers: tokens their key / value shift reads (0: none; the value PoM's shift,
+    #                           offered to attention alike)
     position: str = "grid"  # "grid": HTR-VT's 2-D sin-cos on a grid grid_width wide | "sincos": 1-D sin-cos
     grid_width: int = 8
     mask_ratio: float = 0.4  # training-time span masking: this fraction of each line's tokens …
@@ -70,6 +72,7 @@ class HTRConfig:
         for name in ("num_classes", "max_width", "dim", "depth", "heads", "window", "grid_width", "mask_span"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        check_attention_shift(self.attention_shift)
         if self.num_classes < 2:
             raise ValueError(f"num_classes counts the CTC blank and at least one character, got {self.num_classes}")
         if self.dim % self.heads:
@@ -264,7 +267,8 @@ class HTR(nn.Module):
         for letter in self.pattern:  # full (non-causal) mixers from the mixer table, a bias on their output
             mixer = mixer_spec(letter).make(c.dim, heads=c.heads, causal=False, window=c.window, dropout=c.dropout,
                                             bias=True, degree=c.degree, expand=c.expand, sel_heads=c.sel_heads,
-                                            value_dim=c.value_dim, value_heads=c.value_heads)
+                                            value_dim=c.value_dim, value_heads=c.value_heads,
+                                            attention_shift=c.attention_shift)
             self.blocks.append(PolyMorpher(c.dim, mixer=mixer, mlp_ratio=c.mlp_ratio, dropout=c.dropout,
                                            norm_eps=c.norm_eps))
         self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps)

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
 from ..mixer import PoM
 
 __all__ = ["PTv3Config", "PTv3", "ORDERS", "MAX_DEPTH", "z_order_encode", "hilbert_encode", "encode",
@@ -429,8 +429,11 @@ class PTv3Config:
     pom_bias: bool = True
     value_dim: Optional[int] = None  # V blocks (value-carrying PoM): value width dv (None: the stage's width)
     value_heads: int = 1  # V blocks: heads splitting D and dv
+    attention_shift: int = 0  # A / L layers: tokens their key / value shift reads (0: none; the value PoM's shift,
+    #                           offered to attention alike)
 
     def __post_init__(self) -> None:
+        check_attention_shift(self.attention_shift)
         for name in ("enc_depths", "enc_channels", "enc_heads", "dec_depths", "dec_channels", "dec_heads", "orders"):
             setattr(self, name, tuple(getattr(self, name)))
         stages = len(self.enc_depths)
@@ -473,7 +476,8 @@ class PTv3Block(nn.Module):
         self.cpe_norm = nn.LayerNorm(dim)
         inner = mixer_spec(letter).make(dim, heads=heads, qkv_bias=cfg.qkv_bias, degree=cfg.degree,
                                         expand=cfg.expand, sel_heads=cfg.sel_heads, value_dim=cfg.value_dim,
-                                        value_heads=cfg.value_heads, bias=True if letter == "A" else cfg.pom_bias)
+                                        value_heads=cfg.value_heads, attention_shift=cfg.attention_shift,
+                                        bias=True if letter == "A" else cfg.pom_bias)
         self.letter = letter
         self.order_index = order_index
         self.body = PolyMorpher(dim, mixer=SerializedMixer(inner, patch_size), mlp_ratio=cfg.mlp_ratio,

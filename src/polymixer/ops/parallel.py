@@ -26,7 +26,7 @@ from torch import Tensor
 
 __all__ = ["ContextParallel", "context_parallel", "active", "gather", "agree", "Slice", "block_tail_ranks",
            "mode_facts", "gather_rows", "FACTS", "TOTAL", "even_slice",
-           "gather_tokens", "local"]
+           "gather_tokens", "local", "halo_before"]
 
 TOTAL = {"bytes_sent": 0, "calls": 0}  # over every context of this process (logs, tests)
 FACTS = 24  # integers a call is described by in the agreement (padded)
@@ -175,6 +175,25 @@ def gather_rows(t: Tensor, cp: ContextParallel, lengths: Sequence[int], what: st
     pad = [0, 0] * (t.dim() - 2) + [0, L - t.shape[1]]
     parts = gather(torch.nn.functional.pad(t, pad), cp, what)  # (P, B, L, …)
     return [parts[r][:, :n] for r, n in enumerate(lengths)], parts[0][:, :0] * 0
+
+
+def halo_before(tail: Tensor, lags: int, sl: "Slice", cp: ContextParallel, what: str,
+                prev: Optional[Tensor] = None) -> Tensor:
+    """The ``lags`` rows before this slice's first token (B, lags, C), oldest first — what a causal token shift /
+    short convolution of width ``lags + 1`` reads across the slice boundary: the last rows of the ranks before this
+    one (as many ranks as short slices need), after a stream's ``prev`` (B, ≤ lags, C), zeros before the sequence.
+
+    ``tail``: this slice's last ``min(lags, n)`` rows (B, ≤ lags, C), already masked; one all-gather of (B, lags, C)
+    per call, whatever N."""
+    take = tail.shape[1]
+    z = torch.nn.functional.pad(tail, (0, 0, lags - take, 0))
+    tails = gather(z, cp, what)  # (P, B, lags, C)
+    pieces = [] if prev is None else [prev.to(tails.dtype)]
+    pieces += [tails[r][:, lags - min(lags, sl.lengths[r]):] for r in range(sl.rank)]
+    # the zeros are taken from the gathered tensor so that every rank's graph reaches the all-gather: its backward
+    # is a collective, and a rank that skipped it (the first, which reads no halo) would leave the others waiting
+    before = torch.cat([tails[0] * 0] + pieces, dim=1)
+    return before[:, -lags:]
 
 
 def even_slice(n: int, cp: ContextParallel, what: str) -> Tuple[int, int]:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..common import check_mix_inputs, check_positions
-from ..parallel import ContextParallel, Slice, agree, block_tail_ranks, gather, mode_facts
+from ..parallel import ContextParallel, Slice, agree, block_tail_ranks, gather, halo_before, mode_facts
 from .modular import (check_layout, check_rope, heads_view, rotate_heads, value_features, value_mix, value_output,
                       value_pom, value_pom_step)
 
@@ -58,21 +58,13 @@ def _validate(a: Dict[str, Any], stream: bool) -> Tuple[int, int, Optional[Tenso
 
 def _halo(x: Tensor, in_weight: Tensor, rows: int, key_mask: Optional[Tensor], lags: int, sl: Slice,
           cp: ContextParallel, prev: Optional[Tensor]) -> Tensor:
-    """The ``lags`` key / value projections before this slice's first token (B, lags, D + dv), oldest first: the
-    last ones of the ranks before it (as many ranks as short slices need), after a stream's ``prev``."""
+    """The ``lags`` key / value projections before this slice's first token (B, lags, D + dv), oldest first."""
     n = x.shape[1]
     take = min(lags, n)
     z = F.linear(x[:, n - take:], in_weight[:rows])
     if key_mask is not None:
         z = z * key_mask[:, n - take:, None].to(z.dtype)
-    z = F.pad(z, (0, 0, lags - take, 0))
-    tails = gather(z, cp, "value-pom token-shift halo")  # (P, B, lags, D + dv)
-    pieces = [] if prev is None else [prev.to(tails.dtype)]
-    pieces += [tails[r][:, lags - min(lags, sl.lengths[r]):] for r in range(sl.rank)]
-    # the zeros are taken from the gathered tensor so that every rank's graph reaches the all-gather: its backward
-    # is a collective, and a rank that skipped it (the first, which reads no halo) would leave the others waiting
-    before = torch.cat([tails[0] * 0] + pieces, dim=1)
-    return before[:, -lags:]
+    return halo_before(z, lags, sl, cp, "value-pom token-shift halo", prev)
 
 
 def _mix(a: Dict[str, Any], cp: ContextParallel, problem: Optional[str], stream: Optional[Tuple[Tensor, ...]]
