@@ -79,13 +79,17 @@ def test_parity_takes_medians_over_the_seed_folders_on_the_seeds_both_ran(tmp_pa
     assert sorted(v["by_seed"]) == [0, 1, 2] and v["value"] == pytest.approx(36.6) and v["seeds"] == 3
     assert v["gap"] == pytest.approx(-1.4)  # 36.6 − 38.0: medians over seeds 0, 1, 2
     assert f["pom"]["seeds"] == 1 and f["pom"]["gap"] == pytest.approx(15.6 - 39.4)  # seed 0 only
-    assert "tiny-tsvipom-value -1.4 (median of 3 seeds) — **MISSED**" in parity.report(parity.collect(tmp_path))
+    # settled on seeds, but the value PoM was not run with the family's options (rotary dates): still unsettled
+    dates = "+date_rope=true / +date_rope=true+date_rope_speed=0.3+date_rope_base=30"
+    assert (f"tiny-tsvipom-value -1.4 (median of 3 seeds) — **MISSED, unsettled: not run with tiny-tsvipom {dates}, "
+            f"tiny-tsvipom-value {dates}**") in parity.report(
+        parity.collect(tmp_path))
     # the bench's own report judges the same way: one verdict path (its seed folders read the same)
     from polymixer.bench.common import seed_payloads
 
     main = json.loads((tmp_path / "eo.json").read_text())
     lines = parity.verdict_lines("eo", main, seed_payloads(tmp_path, "eo"))
-    assert any("tiny-tsvipom-value -1.4 (median of 3 seeds) — **MISSED**" in line for line in lines)
+    assert any("tiny-tsvipom-value -1.4 (median of 3 seeds) — **MISSED, unsettled" in line for line in lines)
     assert parity.verdict_lines("eo", {"config": {}}) == []  # a speed-only JSON: nothing to judge
     with pytest.raises(ValueError, match="no parity family reads nope.json"):
         parity.verdict_lines("nope", main)
@@ -139,16 +143,24 @@ def test_a_verdict_on_fewer_than_3_seeds_inside_attentions_spread_is_unsettled(t
     image(tmp_path / "image_seed1", 1, [row("tiny-sit", 34.7), row("tiny-sipom-value", 44.0, 0.008)])
     image(tmp_path / "image_seed2", 2, [row("tiny-sit", 32.8), row("tiny-sipom-value", 41.0, 0.008)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
-    assert [t["verdict"] for t in fam["targets"]] == ["MISSED", "MISSED"]  # 42.1 / 34.7 = 1.21× on 3 seeds
+    # 42.1 / 34.7 = 1.21× on 3 seeds; the value PoM not run with rotary positions: unsettled by that alone
+    assert [t["verdict"] for t in fam["targets"]] == [
+        "MISSED, unsettled: not run with tiny-sipom +position=sincos_rope, tiny-sipom-value +position=sincos_rope",
+        "MISSED, unsettled: not run with tiny-sipom +position=sincos_rope, tiny-sipom-value +position=sincos_rope"]
     text = parity.report(parity.collect(tmp_path))
-    assert "tiny-sipom-value 1.21× (median of 3 seeds) — **MISSED**" in text
+    assert "tiny-sipom-value 1.21× (median of 3 seeds) — **MISSED, unsettled" in text
     # a margin wider than the spread is still unsettled on one seed of the model: a verdict needs 3 of both
     image(tmp_path / "image_seed1", 1, [row("tiny-sit", 36.9)])
     image(tmp_path / "image_seed2", 2, [row("tiny-sit", 36.8)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
+    not_run = "tiny-sipom +position=sincos_rope, tiny-sipom-value +position=sincos_rope"
+    attention_not_run = ("tiny-sit +position=sincos_rope / +attention_shift=2 / "
+                         "+position=sincos_rope+attention_shift=2")
     assert [t["verdict"] for t in fam["targets"]] == [
-        "MISSED on 1 seed, unsettled: 1 seed of the model, 3 of attention; needs 3 seeds of both",
-        "met on 1 seed, unsettled: 1 seed of the model, 3 of attention; needs 3 seeds of both"]
+        f"MISSED on 1 seed, unsettled: 1 seed of the model, 3 of attention; not run with {not_run}; needs 3 seeds "
+        "of both",
+        f"met on 1 seed, unsettled: 1 seed of the model, 3 of attention; not run with {attention_not_run}; needs 3 "
+        "seeds of both"]
 
 
 def test_a_gap_that_rounds_to_its_target_gets_one_more_digit(tmp_path):
@@ -200,7 +212,9 @@ def test_options_are_offered_to_every_model_alike(tmp_path):
                      row("tiny-tsvipom-value" + slow, 0.47, 0.004)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["eo"]
     assert fam["attention"]["model"] == "tiny-tsvit" and fam["value"]["model"] == "tiny-tsvipom-value" + slow
-    assert f"with +date_rope=true / {slow}, whichever" in parity.report(parity.collect(tmp_path))
+    assert (f"with +date_rope=true / {slow} / +date_rope=true+attention_shift=4 where it applies (the token shift: "
+            "to attention and hybrids), whichever scores best on validation (val_miou)") in parity.report(
+        parity.collect(tmp_path))
 
 
 def test_an_option_on_one_seed_borrows_its_presets_spread(tmp_path):
@@ -224,3 +238,64 @@ def test_an_option_on_one_seed_borrows_its_presets_spread(tmp_path):
     best, every = fam["targets"]
     assert best["verdict"].startswith("MISSED on 1 seed, unsettled") and "spread 4.2" in best["verdict"]
     assert every["verdict"].startswith("met on 1 seed, unsettled")
+
+
+def test_the_fairness_rule_picks_on_validation_offers_the_shift_and_reports_flips(tmp_path):
+    """Options are picked on the validation figure, the token shift is offered to attention (and to hybrids, not to
+    models without attention layers), every row shows its parameters against attention's, and a verdict the rule
+    changes says what it read before, with both figures."""
+
+    def eo(rows):
+        (tmp_path / "eo.json").write_text(json.dumps({"quality": {"config": {"seed": 0}, "rows": rows}}))
+
+    def row(spec, test, val, params=1000):
+        return {"spec": spec, "miou_24": test, "val_miou": val, "lr": 0.004, "steps": 800, "best_lr": True,
+                "params": params}
+
+    dates, slow = "+date_rope=true", "+date_rope=true+date_rope_speed=0.3+date_rope_base=30"
+    shift = "+date_rope=true+attention_shift=4"
+    eo([row("tiny-tsvit", 0.40, 0.33), row("tiny-tsvit" + dates, 0.639, 0.631), row("tiny-tsvit" + slow, 0.56, 0.54),
+        row("tiny-tsvit" + shift, 0.66, 0.65, 1008),
+        row("tiny-tsvipom", 0.15, 0.17, 1010), row("tiny-tsvipom" + dates, 0.16, 0.18, 1010),
+        row("tiny-tsvipom" + slow, 0.15, 0.17, 1010),
+        row("tiny-tsvipom-value", 0.40, 0.37, 1007), row("tiny-tsvipom-value" + dates, 0.518, 0.446, 1007),
+        # better on test, worse on validation: the earlier rule took it, the fair one does not
+        row("tiny-tsvipom-value" + slow, 0.557, 0.437, 1007)])
+    f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["eo"]
+    assert f["attention"]["model"] == "tiny-tsvit" + shift and f["attention"]["picked_by"] == "validation"
+    assert f["value"]["model"] == "tiny-tsvipom-value" + dates and f["value"]["gap"] == pytest.approx(51.8 - 66)
+    assert f["pom"]["not_run"] == [] and "tiny-tsvipom" not in f["not_run"]  # the shift option is not PoM's
+    assert f["value"]["params_vs_attention"] == pytest.approx(1007 / 1008 - 1)
+    every = f["targets"][1]
+    assert every["verdict"].startswith("MISSED on 1 seed")
+    # the earlier rule (test-picked options, no shift for attention): 55.7 − 63.9 = −8.2 points, missed as well
+    text = parity.report(parity.collect(tmp_path))
+    assert " +0.2% / -0.1% / — |" in text  # PoM / value PoM / hybrid against attention's 1,008 parameters
+    assert "some forms were picked on" not in text
+    # a verdict the fair rule flips: the value PoM within 8 points under the earlier rule, not under the fair one
+    eo([row("tiny-tsvit" + dates, 0.60, 0.60), row("tiny-tsvit", 0.40, 0.33), row("tiny-tsvit" + slow, 0.5, 0.5),
+         row("tiny-tsvit" + shift, 0.66, 0.65),
+         row("tiny-tsvipom-value", 0.40, 0.37), row("tiny-tsvipom-value" + dates, 0.50, 0.446),
+         row("tiny-tsvipom-value" + slow, 0.557, 0.437)])
+    every = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["eo"]["targets"][1]
+    assert every["verdict"].startswith("MISSED") and every["measured"].startswith(
+        "tiny-tsvipom-value+date_rope=true -16.0")
+    assert every["flipped"]["verdict"].startswith("met") and every["flipped"]["measured"].startswith(
+        f"tiny-tsvipom-value{slow} -4.3")
+    assert "↳ flipped by the fairness rule: under the earlier rule" in parity.report(parity.collect(tmp_path))
+
+
+def test_recall_offers_attention_its_shift_and_still_judges_attention_without_it(tmp_path):
+    def row(variant, acc, params=100):
+        return {"variant": variant, "seq_len": 64, "pairs": 16, "steps": 2000, "median": acc, "lr": 0.003,
+                "best_lr": True, "params": params, "seeds": 3, "by_seed": {}}
+
+    (tmp_path / "recall.json").write_text(json.dumps({"state": {"rows": [
+        row("attention", 0.986), row("attention-shift", 1.0, 104), row("vpom-16k", 0.9999, 130),
+        row("pom", 0.05, 110)]}}))
+    f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["recall"]
+    assert f["attention"]["model"] == "attention-shift" and f["value"]["gap"] == pytest.approx(-0.01)
+    assert f["value"]["params_vs_attention"] == pytest.approx(130 / 104 - 1)
+    assert f["not_run"] == {}  # the value PoM and PoM take no attention shift; the hybrid was not run at all
+    t = f["targets"][0]
+    assert t["what"] == "attention without the shift ≥ 99% at its best rate" and t["measured"] == "98.6%"

@@ -16,10 +16,17 @@ margin to its target is within attention's seed spread (max − min over its see
 the 3 seeds it needs. Every verdict, met or missed, needs 3 seeds of both the model and attention: on fewer it reads
 "unsettled" (with the reason).
 
-Options: a family may offer every model the same variants of its preset (image: ``+position=sincos_rope``,
-satellite: ``+date_rope=true``); each model — attention included — is then compared as whichever of its preset and
-those variants scores better on the main seed, so an encoding that helps attention as much as PoM raises the
-baseline rather than crediting the mixer.
+Options (the fairness rule): a family offers every model the same variants of its preset — rotary positions
+(image: ``+position=sincos_rope``), rotary dates (satellite: ``+date_rope=true``) and the token shift / short causal
+convolution the value PoM carries, given to attention's keys and values (``+attention_shift=W``, the value PoM's
+width; recall: the ``-shift`` variants). Each model — attention included — is compared as whichever of its preset
+and the variants that apply to it scores best on the family's *validation* figure (``Family.select``: validation
+loss, validation mIoU or CER; the reported test figure only where a family has none, said beside the table), so an
+option that helps attention as much as PoM raises the baseline rather than crediting the mixer. A variant that
+applies to a model but was not run is listed as "not run", and a verdict it could change (attention not run with
+an option: a "met"; a hybrid not run with it: a "MISSED") reads "unsettled". A verdict that differs from the one the
+earlier rule gave (options picked on the reported figure, no shift offered to attention) says so, with both
+figures. Every compared model shows its parameter count relative to attention's.
 
 Gaps are signed so that positive is worse than attention where the metric is a loss or a distance (val loss and
 CER: relative; Fréchet distance: a ratio) and negative is worse where it is an accuracy (mIoU, MQAR: points).
@@ -32,7 +39,7 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import median
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..files import write_text_atomic
 from ..report import format_table
@@ -68,6 +75,12 @@ class Family:
     # compared in whichever of its plain preset and these variants scores best on the main seed, so an option that
     # helps attention as much as PoM raises the baseline instead of crediting the mixer
     options: Tuple[str, ...] = ()
+    # options that give attention layers the token shift: they apply to attention and the hybrids only (a model with
+    # no attention layer would be the same model)
+    shift_options: Tuple[str, ...] = ()
+    # the validation figure options are picked on (the benches pick rates on it too); None: the family has none and
+    # picks on the reported figure, which the table says
+    select: Optional[str] = None
     # ``name`` and ``metric`` may name fields of the bench's configuration ("miou_{crop}"): a bench run with another
     # configuration is judged on its own figures; these are the fields' values where the JSON names none
     defaults: Dict[str, Any] = field(default_factory=dict)
@@ -86,23 +99,31 @@ class Family:
 FAMILIES: Tuple[Family, ...] = (
     Family("language model", "lm", "val loss", "val_loss", False, "relative", "tiny-attention", "tiny-pom",
            "tiny-vpom", hybrids=("tiny-hybrid", "tiny-vhybrid"), best_target=0.02, all_target=0.10,
-           guide="docs/lm.md"),
+           guide="docs/lm.md", options=("+attention_shift=4",), shift_options=("+attention_shift=4",),
+           select="val_loss"),
     Family("recall (MQAR, L 64, K 16)", "recall", "accuracy %", "median", True, "points", "attention", "pom",
            "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000}, key="variant",
-           scale=100, part="state", guide="docs/recall.md"),
+           scale=100, part="state", guide="docs/recall.md", options=("-shift",), shift_options=("-shift",)),
     Family("image generation (flow)", "image", "FD", "fd", False, "ratio", "tiny-sit", "tiny-sipom",
            "tiny-sipom-value", hybrids=("tiny-sipom-vhybrid",), where={"objective": "flow"}, key="model",
-           best_target=1.10, all_target=1.15, guide="docs/image.md", options=("+position=sincos_rope",)),
+           best_target=1.10, all_target=1.15, guide="docs/image.md",
+           options=("+position=sincos_rope", "+attention_shift=2", "+position=sincos_rope+attention_shift=2"),
+           shift_options=("+attention_shift=2", "+position=sincos_rope+attention_shift=2")),
     Family("handwriting (synthetic lines)", "ocr", "CER %", "cer", False, "relative", "tiny-htr-vt", "tiny-htr-vpom",
            "tiny-htr-vpom-value", full_hybrids=("tiny-htr-vpom-hybrid",), where={"task": "synthetic"},
-           key="preset", scale=100, best_target=0.05, guide="docs/ocr.md"),
+           key="preset", scale=100, best_target=0.05, guide="docs/ocr.md", options=("+attention_shift=2",),
+           shift_options=("+attention_shift=2",), select="val_cer"),
     Family("satellite ({crop} px windows)", "eo", "test mIoU %", "miou_{crop}", True, "points", "tiny-tsvit",
            "tiny-tsvipom", "tiny-tsvipom-value", full_hybrids=("tiny-tsvipom-hybrid",), scale=100, best_target=-1.0,
            all_target=-8.0, guide="docs/eo.md", defaults={"crop": 24},
-           # rotary dates with the LM's frequencies, and with periods of 21 days to 500 days suited to days of a year
-           options=("+date_rope=true", "+date_rope=true+date_rope_speed=0.3+date_rope_base=30")),
+           # rotary dates with the LM's frequencies, and with periods of 21 days to 500 days suited to days of a
+           # year; the value PoM's 4-token shift given to attention, with rotary dates
+           options=("+date_rope=true", "+date_rope=true+date_rope_speed=0.3+date_rope_base=30",
+                    "+date_rope=true+attention_shift=4"),
+           shift_options=("+date_rope=true+attention_shift=4",), select="val_miou"),
     Family("point clouds", "points", "test mIoU %", "miou", True, "points", "tiny-ptv3", "tiny-ppomv3",
-           "tiny-ppomv3-value", hybrids=("tiny-ppomv3-hybrid",), scale=100, best_target=-1.0, guide="docs/points.md"),
+           "tiny-ppomv3-value", hybrids=("tiny-ppomv3-hybrid",), scale=100, best_target=-1.0, guide="docs/points.md",
+           options=("+attention_shift=2",), shift_options=("+attention_shift=2",), select="val_miou"),
 )
 
 
@@ -217,22 +238,25 @@ def _entry(fam: Family, row: Optional[Dict[str, Any]], base: Optional[Dict[str, 
 
 
 def _verdict(fam: Family, e: Optional[Dict[str, Any]], target: float, spread: Optional[float],
-             attention_seeds: int = 3) -> str:
-    """"met" / "MISSED" on medians of ≥ 3 seeds of both the model and attention; on fewer, the same word followed by
-    "unsettled" and why (attention's seed spread when the margin to the target is within it, else the seed counts):
-    a verdict, met or missed, needs 3 seeds of both sides."""
+             attention_seeds: int = 3, missing: Sequence[str] = ()) -> str:
+    """"met" / "MISSED" on medians of ≥ 3 seeds of both the model and attention, every option that could change it
+    run; else the same word followed by "unsettled" and why: attention's seed spread when the margin to the target
+    is within it, else the seed counts (a verdict, met or missed, needs 3 seeds of both sides), and the options not
+    run that could change it (``missing``: "tiny-attention +attention_shift=4")."""
     if e is None:
         return "not run"
     verdict = "MISSED" if _worse(fam, e["gap"], target) else "met"
     n = len(e.get("by_seed", {})) or 1
+    opts = f"not run with {', '.join(missing)}" if missing else ""
     if n >= 3 and attention_seeds >= 3:
-        return verdict
+        return f"{verdict}, unsettled: {opts}" if opts else verdict
     margin = (e["gap"] - target) * (1 if fam.gap == "points" else e["against"])  # in the metric's units
     if spread is not None and abs(margin) <= spread:
         why = f"the margin {abs(margin):.2g} is within attention's seed spread {spread:.2g}"
     else:
         why = f"{n} seed{'s' if n > 1 else ''} of the model, {attention_seeds} of attention"
-    return f"{verdict} on {n} seed{'s' if n > 1 else ''}, unsettled: {why}; needs 3 seeds of both"
+    return (f"{verdict} on {n} seed{'s' if n > 1 else ''}, unsettled: {why}" + (f"; {opts}" if opts else "")
+            + "; needs 3 seeds of both")
 
 
 def _measured(fam: Family, e: Dict[str, Any], target: float) -> str:
@@ -250,34 +274,72 @@ def family(bench: str) -> Family:
     raise ValueError(f"no parity family reads {bench}.json (families: {', '.join(f.bench for f in FAMILIES)})")
 
 
-def judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]]) -> Dict[str, Any]:
-    """One family's comparison and its targets judged, from its main bench JSON ``data`` (None: not run) and the
-    rows of its other seeds (:func:`seeded_rows`)."""
-    fam = fam.resolved(data)
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _has_attention(fam: Family, name: str) -> bool:
+    """Whether the compared model has attention layers (attention and every hybrid): the token shift applies."""
+    return name == fam.attention or name in fam.hybrids + fam.full_hybrids
+
+
+def _choose(fam: Family, by: Dict[str, Dict[str, Any]], name: str, fair: bool
+            ) -> Tuple[Optional[Dict[str, Any]], List[str], str]:
+    """The model's form it is compared as: its preset or a variant (``fam.options`` that apply to it; ``fair``
+    False: the earlier rule, no shift offered), whichever scores best on the validation figure (``fair``, where
+    every candidate has one) or on the reported figure; the options that apply but were not run; how it was picked."""
+    options = [o for o in fam.options if (fair or o not in fam.shift_options)
+               and (o not in fam.shift_options or _has_attention(fam, name))]
+    found = [by[n] for n in [name] + [name + o for o in options] if n in by and _number(by[n].get(fam.metric))]
+    missing = [o for o in options if name + o not in by] if name in by else []
+    if not found:
+        return by.get(name), missing, ""
+    key, how = fam.metric, "the reported figure" if len(found) > 1 else ""  # "": nothing to choose from
+    if fair and fam.select and all(_number(r.get(fam.select)) for r in found):
+        key, how = fam.select, "validation"
+    elif fair and fam.select and len(found) > 1:
+        how = "the reported figure (a form has no validation figure)"
+    chosen = (max if fam.higher else min)(found, key=lambda r: r[key])  # ties keep the plain preset
+    return chosen, missing, how
+
+
+def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]],
+           fair: bool = True) -> Dict[str, Any]:
+    """:func:`judge` under the fair rule (``fair``) or the earlier one (options picked on the reported figure, no
+    token shift offered)."""
     raw = [] if data is None else data.get(fam.part, {}).get("rows", [])  # every rate and budget
     rows = None if data is None else _rows(fam, raw)
     by = {r[fam.key]: r for r in rows or []}
+    picked: Dict[str, Tuple[Optional[Dict[str, Any]], List[str], str]] = {}
 
     def pick(name: str) -> Optional[Dict[str, Any]]:
-        """The preset's row, or its variant's (``fam.options``) where that scores better on the main seed."""
-        found = [by[n] for n in (name, *(name + o for o in fam.options))
-                 if n in by and isinstance(by[n].get(fam.metric), (int, float))]
-        if not found:
-            return by.get(name)
-        return (max if fam.higher else min)(found, key=lambda r: r[fam.metric])  # ties keep the plain preset
+        picked[name] = _choose(fam, by, name, fair)
+        return picked[name][0]
 
     base = pick(fam.attention)
     seed = _main_seed(fam, data or {})
+    base_params = (base or {}).get("params")
 
-    def entry(name: str) -> Dict[str, Any]:
-        return _entry(fam, pick(name), base, seed, seeded)
+    def entry(name: str, row: Optional[Dict[str, Any]] = None, against: Optional[Dict[str, Any]] = base
+              ) -> Dict[str, Any]:
+        row = pick(name) if row is None else row
+        e = _entry(fam, row, against, seed, seeded)
+        if e["run"]:
+            e["not_run"] = picked[name][1]
+            e["picked_by"] = picked[name][2]
+            params = row.get("params")
+            if _number(params) and _number(base_params) and base_params:
+                e["params"] = params
+                e["params_vs_attention"] = params / base_params - 1
+        return e
 
     item: Dict[str, Any] = {"family": fam.name, "bench": fam.bench, "metric": fam.label, "higher": fam.higher,
                             "gap_kind": fam.gap, "guide": fam.guide, "found": rows is not None,
-                            "options": list(fam.options),
-                            "attention": _entry(fam, base, None, seed, seeded), "pom": entry(fam.pom),
+                            "options": list(fam.options), "select": fam.select,
+                            "attention": entry(fam.attention, base, None), "pom": entry(fam.pom),
                             "value": entry(fam.value)}
     hybrids = [entry(h) | {"full_attention": h in fam.full_hybrids} for h in fam.hybrids + fam.full_hybrids]
+    item["not_run"] = {name: miss for name, (row, miss, _) in picked.items() if row is not None and miss}
     hybrids = [h for h in hybrids if h["run"] and "gap" in h]
     sign = 1 if fam.gap == "points" else -1  # larger × sign is better
     item["hybrid"] = max(hybrids, key=lambda h: sign * h["gap"]) if hybrids else {"run": False}
@@ -294,20 +356,31 @@ def judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, D
         # attention's chosen option has one seed: its spread is unknown, so take its preset's seeds' spread
         seeds_of_attention = [v * fam.scale for v in _by_seed(fam, preset, seed, seeded).values()]
     spread = max(seeds_of_attention) - min(seeds_of_attention) if len(seeds_of_attention) > 1 else None
+
+    def missing(e: Optional[Dict[str, Any]], candidates: List[Dict[str, Any]]) -> List[str]:
+        """The options not run that could change the verdict on ``e``: attention's (it could only do better, so
+        they matter to a "met") and the linear-time candidates' (they matter to a "MISSED")."""
+        if e is None:
+            return []
+        worse = _worse(fam, e["gap"], fam.best_target if candidates is linear else fam.all_target)
+        who = [item["attention"]] if not worse else [c for c in candidates if c.get("not_run")]
+        return [f"{c['model'].split('+')[0] if fam.key != 'variant' else c['model']} {' / '.join(c['not_run'])}"
+                for c in who if c.get("run") and c.get("not_run")]
+
     if fam.best_target is not None:
         bound = _bound(fam, fam.best_target)
-        verdict = _verdict(fam, best, fam.best_target, spread, len(seeds_of_chosen))
+        verdict = _verdict(fam, best, fam.best_target, spread, len(seeds_of_chosen), missing(best, linear))
         targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
                         "measured": None if best is None else _measured(fam, best, fam.best_target)})
     if fam.all_target is not None:
         alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
         top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
-        verdict = _verdict(fam, top, fam.all_target, spread, len(seeds_of_chosen))
+        verdict = _verdict(fam, top, fam.all_target, spread, len(seeds_of_chosen), missing(top, alls))
         targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
                         "verdict": verdict,
                         "measured": None if top is None else _measured(fam, top, fam.all_target)})
-    if fam.bench == "recall":
-        a = item["attention"]
+    if fam.bench == "recall":  # attention itself, without the shift
+        a = _entry(fam, preset, None, seed, seeded)
         verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
         na = len(a.get("by_seed", {})) or 1
         if a["run"] and na < 3:
@@ -320,8 +393,23 @@ def judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, D
             measured += (f" at {fam.where['steps']:,} steps; with more steps (not the equal budget): "
                          + ", ".join(f"{r[fam.metric] * fam.scale:.1f}% at {n:,} (lr {r.get('lr'):g})"
                                      for n, r in longer.items()))
-        targets.append({"what": "attention ≥ 99% at its best rate", "verdict": verdict, "measured": measured})
+        targets.append({"what": "attention without the shift ≥ 99% at its best rate", "verdict": verdict,
+                        "measured": measured})
     item["targets"] = targets
+    return item
+
+
+def judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]]) -> Dict[str, Any]:
+    """One family's comparison and its targets judged, from its main bench JSON ``data`` (None: not run) and the
+    rows of its other seeds (:func:`seeded_rows`), under the fairness rule (module docstring). A target whose
+    verdict differs under the earlier rule (options picked on the reported figure, no shift offered to attention)
+    carries ``flipped``: that verdict and its figure."""
+    fam = fam.resolved(data)
+    item = _judge(fam, data, seeded)
+    before = _judge(fam, data, seeded, fair=False)
+    for now, then in zip(item["targets"], before["targets"]):
+        if now["verdict"].split()[0].rstrip(",") != then["verdict"].split()[0].rstrip(","):
+            now["flipped"] = {"verdict": then["verdict"], "measured": then["measured"]}
     return item
 
 
@@ -333,16 +421,30 @@ def collect(folder: Path) -> Dict[str, Any]:
 
 
 def target_lines(item: Dict[str, Any]) -> List[str]:
-    """A family's targets (:func:`judge`), one line each, with the rule its options follow."""
+    """A family's targets (:func:`judge`), one line each, with the rule its options follow, the options not run and
+    the verdicts the fairness rule flipped."""
     lines = []
     if item.get("options"):
         most = "best" if len(item["options"]) > 1 else "better"
+        on = f"validation ({item['select']})" if item.get("select") else \
+            "the reported figure (the family has no validation figure)"
         lines.append(f"{item['family']}: every model is compared as its preset or with "
-                     f"{' / '.join(item['options'])}, whichever scores {most} on the main seed (the option shown "
-                     f"beside a figure is the one taken)")
+                     f"{' / '.join(item['options'])} where it applies (the token shift: to attention and hybrids), "
+                     f"whichever scores {most} on {on}; the option shown beside a figure is the one taken")
+        odd = sorted({e["picked_by"] for e in [item["attention"], item["pom"], item["value"], item["hybrid"]]
+                      if e.get("run") and e.get("picked_by") not in (None, "", "validation")})
+        if item.get("select") and odd:
+            lines.append(f"{item['family']}: some forms were picked on {'; '.join(odd)}")
+    for name, options in (item.get("not_run") or {}).items():
+        lines.append(f"{item['family']}: not run — {name} with {', '.join(options)}")
     for t in item["targets"]:
         measured = f": {t['measured']}" if t["measured"] else ""
         lines.append(f"{item['family']}: {t['what']}{measured} — **{t['verdict']}**")
+        if t.get("flipped"):
+            f = t["flipped"]
+            lines.append(f"{item['family']}: ↳ flipped by the fairness rule: under the earlier rule (options picked on "
+                         f"the reported figure, no shift offered to attention) it read {f['verdict']}"
+                         + (f" at {f['measured']}" if f.get("measured") else ""))
     return lines
 
 
@@ -370,6 +472,11 @@ def _cell(fam: Dict[str, Any], e: Dict[str, Any], option: bool = True) -> str:
     return text
 
 
+def _params(e: Dict[str, Any]) -> str:
+    """The model's parameter count relative to attention's (the forms compared)."""
+    return f"{100 * e['params_vs_attention']:+.1f}%" if "params_vs_attention" in e else "—"
+
+
 def _rates(e: Dict[str, Any]) -> str:
     """How many rates the model has tried (1: the recipe's only)."""
     return str(e.get("rates", 1)) if e.get("run") else "—"
@@ -389,10 +496,12 @@ def report(payload: Dict[str, Any]) -> str:
                      "metric": f["metric"] + (" ↑" if f["higher"] else " ↓"), "attention": _cell(f, f["attention"]),
                      "pom": _cell(f, f["pom"]), "value": _cell(f, f["value"]), "hybrid": hyb,
                      "rate": " / ".join(_rates(e) for e in (f["attention"], f["pom"], f["value"])),
+                     "params": " / ".join(_params(e) for e in (f["pom"], f["value"], h)),
                      "seeds": "/".join(map(str, seeds)) or "—", "guide": f"[{f['bench']}]({f['guide']})"})
-    cols = ["family", "metric", "attention", "pom", "value", "hybrid", "rate", "seeds", "guide"]
+    cols = ["family", "metric", "attention", "pom", "value", "hybrid", "params", "rate", "seeds", "guide"]
     heads = ["family", "metric", "attention", "PoM (gap)", "value PoM (gap)", "best hybrid (gap)",
-             "rates tried: attention / PoM / value PoM", "seeds", "bench"]
+             "params vs attention: PoM / value PoM / hybrid", "rates tried: attention / PoM / value PoM", "seeds",
+             "bench"]
     lines = [format_table(rows, cols, heads), ""]
     for f in payload["families"]:
         lines += [f"- {line}" for line in target_lines(f)]
