@@ -29,6 +29,7 @@ from .common import (
     add_report_argument,
     apply_overrides,
     best_rows,
+    check_seed,
     earlier_rows,
     lr_grid,
     mark_best,
@@ -367,6 +368,7 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 def run(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Run the parts asked for, keeping the other parts of an earlier run in the same folder."""
     out = Path(cfg.out)
+    check_seed(out / "lm.json", cfg.seed, ["quality"] if "quality" in cfg.parts else [])
     payload = run_parts(cfg, out / "lm.json", {"throughput": run_throughput, "decode": run_decode,
                                                "hf_decode": run_hf_decode, "quality": run_quality}, progress)
     write_report(out, "lm", payload, plot, report)  # the tables the guide quotes
@@ -401,6 +403,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=d.device,
                    help="cuda: the throughput part on the GPU with the paper's models in bf16 (GPT-2 small vs "
                         "GPPoM2-S on the Triton kernels), the paper's protocol")
+    p.add_argument("--seed", type=int, default=None, help="seed of the quality runs (their init and batches); one "
+                                                          "--out per seed (bench parity reads lm_seed<N>/lm.json)")
     add_report_argument(p, "lm")
     p.add_argument("--out", default=d.out)
 
@@ -414,7 +418,7 @@ def main(args: argparse.Namespace) -> int:
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {"tokens": "tokens", "lengths": "throughput_lengths", "contexts": "decode_contexts",
                      "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets",
-                     "sweep": "sweep", "lr_factors": "lr_factors", "lrs": "lrs"})
+                     "sweep": "sweep", "lr_factors": "lr_factors", "lrs": "lrs", "seed": "seed"})
     run(cfg)
     print_written(Path(cfg.out), "lm")
     return 0
