@@ -404,8 +404,39 @@ def test_eo_per_class_table_means_each_model_over_its_seeds(tmp_path):
     assert per_class_over_seeds(main, []) == []  # one seed: nothing to average, no table
 
 
-@pytest.mark.parametrize("family", ["image", "ocr"])
-def test_image_and_ocr_benches_take_a_seed_with_its_own_out(tmp_path, family, capsys):
+def test_bench_image_heldout_gives_a_validation_fd_that_chooses_the_rate(tmp_path):
+    """--heldout: a fixed, stratified share of the digits never trains; every run gets a validation FD (its own
+    samples against those digits) and the rate is chosen on it, not on the reported FD; runs of another --heldout
+    are refused in the same folder (other training images)."""
+    from dataclasses import replace
+
+    from polymixer.bench.image import HELDOUT_SEED, ImageBenchConfig, report, run
+    from polymixer.data.image import digits
+
+    cfg = ImageBenchConfig(quality_steps=2, quality_batch=8, quality_samples=20, sample_steps=2, objectives=("flow",),
+                           quality_presets=("tiny-sit",), sweep=("tiny-sit",), lr_factors=(1.0, 2.0),
+                           model_overrides=dict(hidden_size=32, depth=1, num_heads=4), parts=("quality",),
+                           heldout=0.2, out=str(tmp_path))
+    q = run(cfg, progress=False)["quality"]
+    assert q["selected_by"] == "fd_val" and q["heldout"] == 0.2
+    rows = q["rows"]
+    assert all(r["fd_val"] > 0 and r["fd_val"] != r["fd"] and r["heldout"] == 0.2 for r in rows)
+    best = [r for r in rows if r["best_lr"]]
+    assert len(best) == 1 and best[0]["fd_val"] == min(r["fd_val"] for r in rows)
+    assert (tmp_path / "quality" / "tiny-sit-flow-heldout0.2").is_dir()
+    train, held = digits(16).split(0.2, seed=HELDOUT_SEED)
+    assert len(held.labels) == 359 and len(train.labels) == 1797 - 359  # 20% of each class, rounded
+    assert "the lowest validation FD" in report({"quality": q})
+    from polymixer.bench.parity import collect
+
+    image = next(f for f in collect(tmp_path)["families"] if f["bench"] == "image")
+    assert image["attention"]["picked_by"] == ""  # one form run: nothing to choose
+    with pytest.raises(ValueError, match="made with --heldout 0.2, not 0.0: give these runs their own --out"):
+        run(replace(cfg, heldout=0.0), progress=False)
+
+
+@pytest.mark.parametrize("family", ["lm", "image", "ocr", "eo", "points"])
+def test_every_family_bench_takes_a_seed_with_its_own_out(tmp_path, family, capsys):
     """--seed exists, and another seed into a folder holding seed 0's runs is refused before anything trains (its rows
     would replace seed 0's under the same run folders)."""
     import json

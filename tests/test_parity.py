@@ -300,13 +300,3 @@ def test_recall_offers_attention_its_shift_and_still_judges_attention_without_it
     t = f["targets"][0]
     assert t["what"] == "attention without the shift ≥ 99% at its best rate" and t["measured"] == "98.6%"
 
-
-@pytest.mark.parametrize("bench", ["lm", "eo", "image", "ocr", "points"])
-def test_every_family_bench_takes_a_seed_and_keeps_one_out_per_seed(bench, tmp_path, capsys):
-    """``--seed N`` is how a family's other seeds are trained (``<bench>_seed<N>``); a folder holding another seed's
-    quality runs is refused before anything trains, so seed 0's rows are never replaced by seed 1's."""
-    from polymixer.cli import main
-
-    (tmp_path / f"{bench}.json").write_text(json.dumps({"quality": {"config": {"seed": 0}, "rows": []}}))
-    assert main(["bench", bench, "--parts", "quality", "--seed", "1", "--out", str(tmp_path)]) != 0
-    assert "holds the quality part of seed 0, not 1: give seed 1 its own --out" in capsys.readouterr().err

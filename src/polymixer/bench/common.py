@@ -369,6 +369,18 @@ def check_seed(path: Path, seed: int, parts: Sequence[str]) -> None:
             raise ValueError(f"{path} holds the {part} part of seed {old}, not {seed}: give seed {seed} its own --out")
 
 
+def check_recipe(path: Path, parts: Sequence[str], name: str, value: Any, unrecorded: Any, flag: str) -> None:
+    """Refuse to train ``parts`` with the configuration field ``name`` = ``value`` where the bench JSON at ``path``
+    holds runs made with another value (``unrecorded``: the value of runs that recorded none): their rows would be
+    merged with this run's as if comparable (one ``--out`` per value of ``flag``)."""
+    for part in parts:
+        earlier = earlier_part(path, part)
+        old = earlier.get("config", {}).get(name, unrecorded) if earlier else value
+        if old != value:
+            raise ValueError(f"{path} holds the {part} part made with {flag} {old}, not {value}: give these runs "
+                             f"their own --out")
+
+
 def seed_payloads(out: Path, bench: str, part: str = "quality") -> List[Dict[str, Any]]:
     """The bench JSONs of the other seeds beside ``out/<bench>.json`` (``out/<bench>_seed<N>/<bench>.json``, written
     by ``polymixer bench <bench> --seed N --out out/<bench>_seed<N>``), in seed order. A file that is not JSON, or

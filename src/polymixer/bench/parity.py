@@ -106,7 +106,7 @@ FAMILIES: Tuple[Family, ...] = (
            scale=100, part="state", guide="docs/recall.md", options=("-shift",), shift_options=("-shift",)),
     Family("image generation (flow)", "image", "FD", "fd", False, "ratio", "tiny-sit", "tiny-sipom",
            "tiny-sipom-value", hybrids=("tiny-sipom-vhybrid",), where={"objective": "flow"}, key="model",
-           best_target=1.10, all_target=1.15, guide="docs/image.md",
+           best_target=1.10, all_target=1.15, guide="docs/image.md", select="fd_val",
            options=("+position=sincos_rope", "+attention_shift=2", "+position=sincos_rope+attention_shift=2"),
            shift_options=("+attention_shift=2", "+position=sincos_rope+attention_shift=2")),
     Family("handwriting (synthetic lines)", "ocr", "CER %", "cer", False, "relative", "tiny-htr-vt", "tiny-htr-vpom",
@@ -294,10 +294,12 @@ def _choose(fam: Family, by: Dict[str, Dict[str, Any]], name: str, fair: bool
     missing = [o for o in options if name + o not in by] if name in by else []
     if not found:
         return by.get(name), missing, ""
-    key, how = fam.metric, "the reported figure" if len(found) > 1 else ""  # "": nothing to choose from
+    if len(found) == 1:
+        return found[0], missing, ""  # nothing to choose from
+    key, how = fam.metric, "the reported figure"
     if fair and fam.select and all(_number(r.get(fam.select)) for r in found):
         key, how = fam.select, "validation"
-    elif fair and fam.select and len(found) > 1:
+    elif fair and fam.select:
         how = "the reported figure (a form has no validation figure)"
     chosen = (max if fam.higher else min)(found, key=lambda r: r[key])  # ties keep the plain preset
     return chosen, missing, how

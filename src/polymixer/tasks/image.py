@@ -172,6 +172,21 @@ def evaluate_generator(model: nn.Module, objective: str, data: ImageDataset, n: 
             "fd_real_floor": frechet_distance(fb, fa), "samples": n}
 
 
+def validation_fd(model: nn.Module, objective: str, data: ImageDataset, heldout: ImageDataset, n: int = 500,
+                  guidance: float = 2.0, steps: int = 50, sampler: Optional[str] = None, seed: int = 1,
+                  progress: bool = False) -> float:
+    """The Fréchet distance a model is *chosen* on, distinct from the one it is reported with: ``n`` samples drawn
+    with their own ``seed`` (independent of the reported figure's) against the features of every image of
+    ``heldout`` — real images the model never trained on — in the feature space of ``data``'s classifier (the
+    reported figure's)."""
+    clf, _, _ = get_classifier(data, progress=progress)
+    k = data.num_classes
+    x, _ = sample_images(model, objective, list(range(k)), max(1, n // k), guidance, steps, sampler, seed,
+                         progress=progress)
+    with torch.no_grad():
+        return frechet_distance(clf.embed(x).numpy(), clf.embed(heldout.images).numpy())
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------------------------
@@ -223,8 +238,9 @@ class ImageTask:
 
 
 def train_image(preset: str, train_cfg: TrainConfig, objective: str = "flow", data: Optional[str] = None,
-                eval_samples: int = 100, **overrides: Any) -> Dict[str, Any]:
-    """Build ``preset`` (with overrides), load the images (default: digits), and train with the shared loop."""
+                eval_samples: int = 100, images: Optional[ImageDataset] = None, **overrides: Any) -> Dict[str, Any]:
+    """Build ``preset`` (with overrides), load the images (default: digits; ``images``: already loaded ones, e.g. a
+    bench's training split), and train with the shared loop."""
     check_preset("image", preset)
     cfg = model_config(preset, **overrides)
     if objective == "flow" and cfg.learn_sigma:
@@ -232,7 +248,8 @@ def train_image(preset: str, train_cfg: TrainConfig, objective: str = "flow", da
     faults = SampleFaults.training(train_cfg.skip_bad_samples)
     if data is not None and train_cfg.check_data:
         check_dataset("image", data, progress=train_cfg.progress, skip_bad_samples=train_cfg.skip_bad_samples)
-    images = load_images(data, cfg.input_size, cfg.in_channels, faults)
+    if images is None:
+        images = load_images(data, cfg.input_size, cfg.in_channels, faults)
     if images.num_classes != cfg.num_classes:
         if "num_classes" in overrides:
             raise ValueError(f"the data has {images.num_classes} classes but num_classes={cfg.num_classes}")
