@@ -224,6 +224,15 @@ def test_bench_ocr_both_parts(tmp_path):
     assert "best lr" in text and "synthetic val CER % at lr →" in text and "synthetic test CER % at lr →" in text
     assert "*" in text
     assert "handwriting (synthetic lines): best without full attention within +5.0%: tiny-htr-vpom" in text
+    # a variant — the option every family offers alike: its own folder and row, its preset's config overridden
+    spec = "tiny-htr-vt+attention_shift=2"
+    var = run(replace(cfg, parts=("quality",), tasks=("synthetic",), quality_presets=(spec,), sweep=(), lrs=()),
+              progress=False)["quality"]["rows"]
+    row = next(r for r in var if r["preset"] == spec)
+    assert (quality / "synthetic-tiny-htr-vt_attention_shift-2").is_dir() and row["model"].endswith(
+        "(attention_shift=2)")
+    plain = next(r for r in rows if r["preset"] == "tiny-htr-vt")["params"]
+    assert row["params"] == plain + 2 * 2 * 2 * 32  # a (2, 2·dim) shift in each of the 2 attention layers
 
 
 def test_bench_eo_both_parts(tmp_path, monkeypatch, capsys):

@@ -496,6 +496,38 @@ def sweep_plan(models: Sequence[str], swept: Sequence[str], base: float,
     return [(m, lr) for m in models for lr in (grid if m in swept else (base,))]
 
 
+@dataclass(frozen=True)
+class SweepRun:
+    """One training run of a family's quality sweep: a model (a preset, or a variant ``preset+field=value…``), the
+    config fields it overrides (the variant's over the bench's own), its rate and its folder."""
+
+    spec: str
+    preset: str
+    overrides: Dict[str, Any]
+    slug: str
+    lr: float
+    out: Path
+    source: str  # where the rate comes from: "sweep", "recipe" or "best <run>"
+
+
+def sweep_runs(plan: Sequence[Tuple[str, float]], root: Path, base: float, model_overrides: Dict[str, Any],
+               lrs: Sequence[float] = (), factors: Sequence[float] = LR_FACTORS, prefix: str = "", suffix: str = "",
+               sources: Optional[Dict[str, str]] = None) -> List[SweepRun]:
+    """The runs of ``plan`` ((spec, rate) pairs: :func:`sweep_plan`, or each spec at a rate chosen earlier) that this
+    process trains (``lrs``: its share of the grid, :func:`only_rates`), each with its folder under ``root``
+    (``<prefix><slug><suffix>``, the rate appended off the recipe's ``base``: :func:`sweep_folder`) and its
+    variant's overrides parsed — the one place every family's bench turns a model name into a run, so a variant
+    (an option such as ``+attention_shift=4``) is accepted by every family alike."""
+    runs = []
+    for spec, lr in only_rates(plan, lrs, lr_grid(base, factors)):
+        preset, overrides = parse_variant(spec)
+        slug = variant_slug(spec)
+        runs.append(SweepRun(spec, preset, {**model_overrides, **overrides}, slug, lr,
+                             sweep_folder(root, f"{prefix}{slug}{suffix}", lr, base),
+                             (sources or {}).get(spec, "recipe")))
+    return runs
+
+
 def mark_best(rows: List[Dict[str, Any]], metric: str, higher: bool, key: str = "spec") -> List[Dict[str, Any]]:
     """Mark each model's run at its best rate (``best_lr`` True), chosen by ``metric`` (the selection metric: the
     validation score where the family has a validation split), and give every row the model's number of rates."""

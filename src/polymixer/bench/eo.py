@@ -41,10 +41,8 @@ from .common import (
     earlier_part,
     earlier_rows,
     keep_freed_memory,
-    lr_grid,
     mark_best,
     merge_rows,
-    only_rates,
     parse_variant,
     picture_owner,
     rates_tried,
@@ -53,8 +51,8 @@ from .common import (
     resume_point,
     run_parts,
     same_rate,
-    sweep_folder,
     sweep_plan,
+    sweep_runs,
     sweep_table,
     time_interleaved,
     training_minutes,
@@ -178,17 +176,13 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
     root = resolve_data(cfg.data_dir, progress=progress)
     plan = sweep_plan(cfg.quality_models, cfg.sweep, cfg.lr, cfg.lr_factors)
-    plan = only_rates(plan, cfg.lrs, lr_grid(cfg.lr, cfg.lr_factors))
     path = Path(cfg.out) / "eo.json"
     rows: List[Dict[str, Any]] = []
     pictures: Dict[str, str] = dict(earlier_part(path).get("pictures", {}))
     drawn = picture_owner(cfg.picture_model, cfg.quality_models, "confusion" in pictures)
     draw_window = cfg.crop if cfg.crop in cfg.eval_windows else cfg.eval_windows[0]
-    for spec, lr in plan:
-        preset, overrides = parse_variant(spec)
-        overrides = {**cfg.model_overrides, **overrides}
-        slug = variant_slug(spec)
-        out = sweep_folder(Path(cfg.out) / "quality", slug, lr, cfg.lr)
+    for job in sweep_runs(plan, Path(cfg.out) / "quality", cfg.lr, cfg.model_overrides, cfg.lrs, cfg.lr_factors):
+        spec, preset, overrides, lr, out = job.spec, job.preset, job.overrides, job.lr, job.out
         tcfg = _train_cfg(cfg, out, lr, cfg.quality_steps, cfg.quality_steps, 3, progress)
         finished = resume_point(out, tcfg)
         t0 = time.perf_counter()

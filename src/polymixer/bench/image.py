@@ -30,24 +30,20 @@ from .common import (
     check_recipe,
     check_seed,
     earlier_rows,
-    lr_grid,
     mark_best,
     merge_rows,
-    only_rates,
-    parse_variant,
     rates_tried,
     print_written,
     report_again,
     resume_point,
     run_parts,
     same_rate,
-    sweep_folder,
     sweep_plan,
+    sweep_runs,
     sweep_table,
     synchronized,
     time_interleaved,
     training_minutes,
-    variant_slug,
     write_report,
 )
 
@@ -208,20 +204,18 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
             best = _best_flow_rates(_with_earlier(cfg, rows), cfg)
             plan = [(p, best.get(p, base)) for p in cfg.quality_presets]
             source = {p: f"best {SWEPT}" if p in best else "recipe" for p in cfg.quality_presets}
-        plan = only_rates(plan, cfg.lrs, lr_grid(base, cfg.lr_factors))
-        for preset, lr in plan:  # a preset, or a variant "preset+field=value…" of its config
-            name, overrides = parse_variant(preset)
-            slug = variant_slug(preset)
-            held = f"-heldout{cfg.heldout:g}" if cfg.heldout else ""  # trained on other images: its own folder
-            out = sweep_folder(Path(cfg.out) / "quality", f"{slug}-{objective}{held}", lr, base)
+        held = f"-heldout{cfg.heldout:g}" if cfg.heldout else ""  # trained on other images: its own folder
+        # a preset, or a variant "preset+field=value…" of its config
+        for job in sweep_runs(plan, Path(cfg.out) / "quality", base, cfg.model_overrides, cfg.lrs, cfg.lr_factors,
+                              suffix=f"-{objective}{held}", sources=source):
+            preset, name, overrides, slug, lr, out = job.spec, job.preset, job.overrides, job.slug, job.lr, job.out
             tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 10,
                                weight_decay=0.0, warmup=max(1, cfg.quality_steps // 20), ema=0.999,
                                eval_every=cfg.quality_steps, ckpt_every=cfg.quality_steps, out=str(out),
                                progress=progress, seed=cfg.seed + 7)
             finished = resume_point(out, tcfg)  # a run trained to the end is only evaluated again
             t0 = time.perf_counter()
-            res = train_image(name, tcfg, objective, eval_samples=0, images=train_set,
-                              **{**cfg.model_overrides, **overrides})
+            res = train_image(name, tcfg, objective, eval_samples=0, images=train_set, **overrides)
             minutes = training_minutes(out, t0, finished, res["history"], cfg.quality_batch)
             model = res["model"]
             load_weights(model, out, ema=True)
@@ -235,7 +229,7 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
             suffix = out.name[len(f"{slug}-{objective}"):].replace("-", "_")  # "" at the recipe's rate
             grid = Path(cfg.out) / f"samples_{slug}_{objective}{suffix}.png"
             save_grid(x.view(10, 6, *x.shape[1:]).transpose(0, 1).reshape(-1, *x.shape[1:]), grid, nrow=10)
-            rows.append({"model": preset, "objective": objective, "lr": lr, "lr_from": source[preset],
+            rows.append({"model": preset, "objective": objective, "lr": lr, "lr_from": job.source,
                          "params": count_parameters(model), "pattern": model.config.layer_pattern(),
                          "steps": cfg.quality_steps, "train_min": minutes, "grid": grid.name, **m})
     # read the earlier rows only now: a process sharing the sweep may have finished its runs in the meantime

@@ -31,22 +31,18 @@ from .common import (
     best_rows,
     check_seed,
     earlier_rows,
-    lr_grid,
     mark_best,
     merge_rows,
-    only_rates,
-    parse_variant,
     rates_tried,
     print_written,
     report_again,
     resume_point,
     run_parts,
-    sweep_folder,
     sweep_plan,
+    sweep_runs,
     sweep_table,
     time_interleaved,
     training_minutes,
-    variant_slug,
     write_report,
 )
 
@@ -225,23 +221,21 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from ..train.loop import TrainConfig
 
     plan = sweep_plan(cfg.quality_presets, cfg.sweep, cfg.quality_lr, cfg.lr_factors)
-    plan = only_rates(plan, cfg.lrs, lr_grid(cfg.quality_lr, cfg.lr_factors))
     rows: List[Dict[str, Any]] = []
-    for preset, lr in plan:  # a preset, or a variant of one: "tiny-vpom+value_heads=1+shift_width=2"
-        base, overrides = parse_variant(preset)
-        slug = variant_slug(preset)
-        out = sweep_folder(Path(cfg.out) / "quality", slug, lr, cfg.quality_lr)
+    # a preset, or a variant of one: "tiny-vpom+value_heads=1+shift_width=2"
+    for job in sweep_runs(plan, Path(cfg.out) / "quality", cfg.quality_lr, {}, cfg.lrs, cfg.lr_factors):
+        lr = job.lr
         tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 10,
                            warmup=max(1, cfg.quality_steps // 20), eval_every=cfg.quality_steps,
-                           ckpt_every=cfg.quality_steps, out=str(out), progress=progress, seed=cfg.seed + 1337)
-        finished = resume_point(out, tcfg)  # a run trained to the end (here or copied in) is only evaluated
+                           ckpt_every=cfg.quality_steps, out=str(job.out), progress=progress, seed=cfg.seed + 1337)
+        finished = resume_point(job.out, tcfg)  # a run trained to the end (here or copied in) is only evaluated
         t0 = time.perf_counter()
-        res = train_lm(base, tcfg, eval_windows=cfg.quality_eval_windows, **overrides)
-        model = create_model(base, device="meta", **overrides)
-        rows.append({"model": preset, "spec": preset, "lr": lr, "params": count_parameters(model),
+        res = train_lm(job.preset, tcfg, eval_windows=cfg.quality_eval_windows, **job.overrides)
+        model = create_model(job.preset, device="meta", **job.overrides)
+        rows.append({"model": job.spec, "spec": job.spec, "lr": lr, "params": count_parameters(model),
                      "steps": cfg.quality_steps,
                      "tokens": cfg.quality_steps * cfg.quality_batch * model.config.block_size,
-                     "train_min": training_minutes(out, t0, finished, res.get("history", []), cfg.quality_batch),
+                     "train_min": training_minutes(job.out, t0, finished, res.get("history", []), cfg.quality_batch),
                      **res["metrics"]})
     # the rows of runs not trained again are kept, read after training: processes sharing a sweep keep each other's
     earlier = earlier_rows(Path(cfg.out) / "lm.json", 2e-3)  # rows from before sweeps: the recipe's rate then

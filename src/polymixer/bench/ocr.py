@@ -29,12 +29,11 @@ from .common import (
     apply_overrides,
     best_rows,
     check_seed,
+    describe_variant,
     earlier_rows,
     keep_freed_memory,
-    lr_grid,
     mark_best,
     merge_rows,
-    only_rates,
     picture_owner,
     rates_tried,
     print_written,
@@ -44,6 +43,7 @@ from .common import (
     same_rate,
     sweep_folder,
     sweep_plan,
+    sweep_runs,
     sweep_table,
     time_interleaved,
     training_minutes,
@@ -206,13 +206,14 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
         else:
             plan = sweep_plan(cfg.quality_presets, cfg.sweep, base, cfg.lr_factors)
             source = {p: "sweep" if p in cfg.sweep else "recipe" for p in cfg.quality_presets}
-        plan = only_rates(plan, cfg.lrs, lr_grid(base, cfg.lr_factors))
         drawn = picture_owner(PICTURE, cfg.quality_presets, (Path(cfg.out) / f"ocr_samples_{task}.png").is_file())
-        for preset, lr in plan:
-            out = sweep_folder(Path(cfg.out) / "quality", f"{task}-{preset}", lr, base)
+        # a preset, or a variant "preset+field=value…" (its row's "preset" is the variant)
+        for job in sweep_runs(plan, Path(cfg.out) / "quality", base, cfg.model_overrides, cfg.lrs, cfg.lr_factors,
+                              prefix=f"{task}-", sources=source):
+            preset, lr, out = job.spec, job.lr, job.out
             init = None
             if derived:
-                init = sweep_folder(Path(cfg.out) / "quality", f"{single}-{preset}", lr, base)
+                init = sweep_folder(Path(cfg.out) / "quality", f"{single}-{job.slug}", lr, base)
                 if not (init / "checkpoints").is_dir():
                     raise ValueError(f"{task} starts from the single-line run {init}, which does not exist: put "
                                      f"{single!r} before it in tasks, or multiline_init='scratch'")
@@ -223,8 +224,8 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
                                seed=cfg.seed + 11)
             finished = resume_point(out, tcfg)
             t0 = time.perf_counter()
-            res = train_ocr(preset, tcfg, data, spec, eval_limit=cfg.eval_limit or None, progress=progress,
-                            **cfg.model_overrides)
+            res = train_ocr(job.preset, tcfg, data, spec, eval_limit=cfg.eval_limit or None, progress=progress,
+                            **job.overrides)
             minutes = training_minutes(out, t0, finished, res["history"], batch)
             model, charset = res["model"], res["charset"]
             load_weights(model, out, ema=True)
@@ -234,15 +235,16 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
             if preset == drawn:  # one picture per task and rate: test examples, references, predictions
                 examples = examples_of(test, spec)[:cfg.eval_limit or None]
                 pick = sorted(set(int(i) for i in torch.linspace(0, len(examples) - 1, min(6, len(examples)))))
-                suffix = out.name[len(f"{task}-{preset}"):].replace("-", "_")  # "" at the recipe's rate
+                suffix = out.name[len(f"{task}-{job.slug}"):].replace("-", "_")  # "" at the recipe's rate
                 sample_png = Path(cfg.out) / f"ocr_samples_{task}{suffix}.png"
                 draw_samples([make_example(test, examples[i], spec)[0] for i in pick],
                              [m["references"][i] for i in pick],
                              [m["predictions"][i] for i in pick], sample_png,
-                             title=f"{NAMES.get(preset, preset)}, {task}, lr {lr:g}: test CER {100 * m['cer']:.2f}%")
+                             title=f"{describe_variant(preset, NAMES)}, {task}, lr {lr:g}: test CER "
+                                   f"{100 * m['cer']:.2f}%")
             val = res["metrics"]  # the training loop's final evaluation: the validation split (EMA weights)
-            rows.append({"task": task, "model": NAMES.get(preset, preset), "preset": preset, "lr": lr,
-                         "lr_from": source[preset], "params": count_parameters(model),
+            rows.append({"task": task, "model": describe_variant(preset, NAMES), "preset": preset, "lr": lr,
+                         "lr_from": job.source, "params": count_parameters(model),
                          "pattern": model.config.layer_pattern(), "steps": steps, "batch": batch, "train_min": minutes,
                          "val_cer": val.get("cer"), "val_wer": val.get("wer"),
                          "cer": m["cer"], "wer": m["wer"], "test_examples": m["examples"], "test_lines": m["lines"],
@@ -383,7 +385,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sam-rho", type=float, default=None)
     p.add_argument("--quality-presets", nargs="+", default=None,
                    help=f"presets of the quality part (default: {' '.join(d.quality_presets)}; runs not redone keep "
-                        f"their earlier rows)")
+                        f"their earlier rows); a variant overrides fields of its preset's config: "
+                        f"tiny-htr-vt+attention_shift=2")
     p.add_argument("--sweep", nargs="*", default=None,
                    help="presets trained at every rate of the grid (default: all four; none: the recipe's rate only)")
     p.add_argument("--lr-factors", type=float, nargs="+", default=None,

@@ -37,10 +37,8 @@ from .common import (
     earlier_part,
     earlier_rows,
     keep_freed_memory,
-    lr_grid,
     mark_best,
     merge_rows,
-    only_rates,
     parse_variant,
     picture_owner,
     rates_tried,
@@ -49,12 +47,11 @@ from .common import (
     resume_point,
     run_parts,
     same_rate,
-    sweep_folder,
     sweep_plan,
+    sweep_runs,
     sweep_table,
     time_interleaved,
     training_minutes,
-    variant_slug,
     write_report,
 )
 
@@ -235,12 +232,9 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
             best = {r["spec"]: r["lr"] for r in _select(_with_earlier(cfg, rows), cfg) if r.get("best_lr")}
             plan = [(s, best.get(parent[s], base)) for s in group]
             source = {s: f"best {parent[s]}" if parent[s] in best else "recipe" for s in group}
-        plan = only_rates(plan, cfg.lrs, lr_grid(base, cfg.lr_factors))
-        for spec, lr in plan:
-            preset, overrides = parse_variant(spec)
-            overrides = {**cfg.model_overrides, **overrides}
-            slug = variant_slug(spec)
-            out = sweep_folder(Path(cfg.out) / "quality", slug, lr, base)
+        for job in sweep_runs(plan, Path(cfg.out) / "quality", base, cfg.model_overrides, cfg.lrs, cfg.lr_factors,
+                              sources=source):
+            spec, preset, overrides, slug, lr, out = job.spec, job.preset, job.overrides, job.slug, job.lr, job.out
             tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 100,
                                warmup=max(1, cfg.quality_steps // 20), weight_decay=0.05, beta2=0.999,
                                grad_clip=1.0, eval_every=cfg.quality_steps, ckpt_every=cfg.quality_steps,
@@ -262,7 +256,7 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
                                                title).name
             val = res["metrics"]  # the training loop's final evaluation: the validation rooms
             rows.append({"model": describe_variant(spec, NAMES), "spec": spec, "preset": preset, "lr": lr,
-                         "lr_from": source[spec], "params": count_parameters(model),
+                         "lr_from": job.source, "params": count_parameters(model),
                          "pattern": model.config.pattern, "steps": cfg.quality_steps, "batch": cfg.quality_batch,
                          "train_min": minutes,
                          "final_loss": next((h["loss"] for h in reversed(res["history"]) if "loss" in h), None),
