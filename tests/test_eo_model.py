@@ -311,6 +311,36 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="date_rope_base must be above 1"):
         TSViTConfig(date_rope_base=1)
     with pytest.raises(ValueError, match="unknown letters"):
-        TSViTConfig(mixer="PL")
+        TSViTConfig(mixer="PI")  # linear attention: not a TSViT mixer
     with pytest.raises(ValueError, match="divisible by 4"):
         TSViTConfig(dim=24, heads=4, spatial_position="rope")
+
+
+def test_local_attention_in_time_reaches_local_days_and_the_class_tokens():
+    """L blocks (temporal only): a frame attends to the frames within local_days of it and to the class tokens; the
+    class tokens see every frame; padded frames are seen by none — so the short window of the season a crop is
+    decided in can be read apart from the rest."""
+    torch.manual_seed(0)
+    m = create_model("tiny-tsvipom-local", image_size=8, local_days=20).eval()
+    assert m.pattern == "LVVV"
+    K = m.config.num_classes
+    doy = torch.tensor([[10, 20, 100, 200, 215]])
+    band = m.local_band(doy, None, 3)
+    assert band.shape == (3, K + 5, K + 5) and band[:, :K].all() and band[:, :, :K].all()
+    assert torch.equal(band[0, K:, K:], (doy[0, :, None] - doy[0, None, :]).abs() <= 20)
+    key = torch.ones(3, K + 5, dtype=torch.bool)
+    key[:, -1] = False
+    assert not m.local_band(doy, key, 3)[:, :, -1].any()
+    seq = torch.randn(1, K + 5, m.config.dim)
+    far = seq.clone()
+    far[0, K + 2] += 1  # day 100: 80 days from day 20, 90 from day 10
+    with torch.no_grad():
+        y, y2 = m.temporal[0](seq, mask=band[:1]), m.temporal[0](far, mask=band[:1])
+    assert torch.equal(y[0, K:K + 2], y2[0, K:K + 2]) and not torch.allclose(y[0, :K], y2[0, :K])
+    x = torch.randn(2, 5, 8, 8, m.config.num_bands)
+    assert m(x, doy.expand(2, -1)).shape == (2, K, 8, 8)
+    with pytest.raises(ValueError, match="temporal blocks only"):
+        create_model("tiny-tsvit", mixer="AALL")
+    params = sum(p.numel() for p in m.parameters())
+    base = sum(p.numel() for p in create_model("tiny-tsvit", image_size=8).parameters())
+    assert abs(params / base - 1) < 0.01

@@ -114,7 +114,8 @@ FAMILIES: Tuple[Family, ...] = (
            key="preset", scale=100, best_target=0.05, guide="docs/ocr.md", options=("+attention_shift=2",),
            shift_options=("+attention_shift=2",), select="val_cer"),
     Family("satellite ({crop} px windows)", "eo", "test mIoU %", "miou_{crop}", True, "points", "tiny-tsvit",
-           "tiny-tsvipom", "tiny-tsvipom-value", full_hybrids=("tiny-tsvipom-hybrid",), scale=100, best_target=-1.0,
+           "tiny-tsvipom", "tiny-tsvipom-value", hybrids=("tiny-tsvipom-local",),
+           full_hybrids=("tiny-tsvipom-hybrid",), scale=100, best_target=-1.0,
            all_target=-8.0, guide="docs/eo.md", defaults={"crop": 24},
            # rotary dates with the LM's frequencies, and with periods of 21 days to 500 days suited to days of a
            # year; the value PoM's 4-token shift given to attention, with rotary dates

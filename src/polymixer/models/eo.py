@@ -67,8 +67,9 @@ class TSViTConfig:
     spatial_depth: int = 4
     heads: int = 4
     mlp_ratio: float = 4.0
-    # "attention" (TSViT) | "pom" (TSViPoM) | "value_pom" | "hybrid" | a pattern over A / P / V tiled over the blocks,
-    # temporal first (e.g. "AAVV": attention in time, the value PoM in space)
+    # "attention" (TSViT) | "pom" (TSViPoM) | "value_pom" | "hybrid" | a pattern over A / P / V / G tiled over the
+    # blocks, temporal first (e.g. "AAVV": attention in time, the value PoM in space); L (local attention in time,
+    # temporal blocks only): attention within local_days of each frame
     mixer: str = "attention"
     hybrid_pom: str = "spatial"  # mixer="hybrid": the encoder whose blocks are PoM (the other one keeps attention)
     spatial_position: str = "learned"  # "learned": TSViT's table, interpolated to any grid | "rope": 2-D rotary
@@ -85,12 +86,14 @@ class TSViTConfig:
     shift_width: int = 2  # V blocks: tokens the key / value shift reads along each sequence (2: each and the previous)
     attention_shift: int = 0  # A / L layers: tokens their key / value shift reads (0: none; the value PoM's shift,
     #                           offered to attention alike)
+    local_days: int = 30  # L blocks: the days a frame's attention reaches on either side (frames further apart in
+    #                       the season are masked; the class tokens see, and are seen by, every frame)
     norm_eps: float = 1e-5
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size", "max_frames", "num_bands", "num_classes", "dim", "temporal_depth",
-                     "spatial_depth", "heads", "degree", "sel_heads", "shift_width"):
+                     "spatial_depth", "heads", "degree", "sel_heads", "shift_width", "local_days"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -117,7 +120,9 @@ class TSViTConfig:
                 raise ValueError(f"2-D rotary positions need a head width divisible by 4, got {self.dim // self.heads}")
             if round(self.expand * self.dim) % 4:
                 raise ValueError(f"2-D rotary positions need expand·dim divisible by 4, got {self.expand * self.dim}")
-        self.layer_pattern()
+        if "L" in self.layer_pattern()[self.temporal_depth:]:
+            raise ValueError(f"local attention (L) mixes frames within local_days: put it in the temporal blocks only "
+                             f"(the first {self.temporal_depth} letters), got {self.layer_pattern()!r}")
 
     @property
     def grid_size(self) -> int:
@@ -129,7 +134,7 @@ class TSViTConfig:
         t, s = self.temporal_depth, self.spatial_depth
         if self.mixer == "hybrid":
             return "P" * t + "A" * s if self.hybrid_pom == "temporal" else "A" * t + "P" * s
-        return layer_pattern(self.mixer, t + s, hybrid="PA", allowed="PAVG")
+        return layer_pattern(self.mixer, t + s, hybrid="PA", allowed="PAVGL")
 
 
 def unpack_dates(inputs: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -201,12 +206,13 @@ class TSViT(nn.Module):
 
     def _block(self, letter: str, rope: Optional[str], rope_base: Optional[float] = None) -> PolyMorpher:
         c = self.config
-        # TSViT's attention: q / k / v without bias, the output projection with one; PoMs with a bias on W_o
-        mixer = mixer_spec(letter).make(c.dim, heads=c.heads, qkv_bias=False, bias=True, rope=rope,
-                                        rope_base=rope_base, degree=c.degree,
-                                        expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim,
-                                        value_heads=c.value_heads, token_shift=c.shift_width,
-                                        attention_shift=c.attention_shift)
+        # TSViT's attention: q / k / v without bias, the output projection with one; PoMs with a bias on W_o. Local
+        # attention in time is attention under a band of local_days (irregular frames: the band is in days, given
+        # as a mask by the temporal encoder)
+        spec = mixer_spec("A" if letter == "L" else letter)
+        mixer = spec.make(c.dim, heads=c.heads, qkv_bias=False, bias=True, rope=rope, rope_base=rope_base,
+                          degree=c.degree, expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim,
+                          value_heads=c.value_heads, token_shift=c.shift_width, attention_shift=c.attention_shift)
         return PolyMorpher(c.dim, mixer=mixer, mlp_ratio=c.mlp_ratio, dropout=c.dropout, norm_eps=c.norm_eps)
 
     # -- inputs ---------------------------------------------------------------------------------------------------
@@ -276,9 +282,22 @@ class TSViT(nn.Module):
         if c.date_rope:  # the class tokens at day 0, each frame at its day of year
             days = torch.cat([doy.new_zeros(B, c.num_classes), doy], dim=1).repeat_interleave(N, dim=0)
             kw["positions"] = days if c.date_rope_speed == 1 else days.double() * c.date_rope_speed
-        for blk in self.temporal:
-            seq = blk(seq, **kw)
+        band = self.local_band(doy, kw.get("mask"), N) if "L" in self.pattern[:c.temporal_depth] else None
+        for letter, blk in zip(self.pattern, self.temporal):
+            seq = blk(seq, **({**kw, "mask": band} if letter == "L" else kw))
         return self.temporal_norm(seq[:, :c.num_classes]).reshape(B, N, c.num_classes, c.dim)
+
+    def local_band(self, doy: Tensor, key_mask: Optional[Tensor], patches: int) -> Tensor:
+        """(B·N, K + T, K + T) which tokens an L block's queries see: frames within ``local_days`` of each other,
+        the class tokens every token and every token the class tokens; padded frames (``key_mask`` False) none."""
+        K = self.config.num_classes
+        d = doy.long()
+        near = (d[:, :, None] - d[:, None, :]).abs() <= self.config.local_days  # (B, T, T)
+        B, T = d.shape
+        vis = near.new_ones(B, K + T, K + T)
+        vis[:, K:, K:] = near
+        vis = vis.repeat_interleave(patches, dim=0)
+        return vis if key_mask is None else vis & key_mask[:, None, :]
 
     def _encode_time_split(self, x: Tensor, doy: Tensor, mask: Optional[Tensor], cp: "parallel.ContextParallel"
                            ) -> Tensor:
@@ -286,6 +305,9 @@ class TSViT(nn.Module):
         rank the class tokens in front of its share; the class tokens' outputs are then sent to every rank (the
         spatial encoder and the head run on each, alike)."""
         c = self.config
+        if "L" in self.pattern[:c.temporal_depth]:
+            raise ValueError("local attention in time (L) cannot split the frames across ranks (its band in days "
+                             "spans the slices): run it without context parallelism")
         B, T = x.shape[:2]
         a, b = parallel.even_slice(T, cp, "the frames")
         x, doy = x[:, a:b], doy[:, a:b]
@@ -419,6 +441,11 @@ def _register() -> None:
                    mixer="value_pom", degree=2, expand=1, sel_heads=4, value_heads=4)
     register_model("tiny-tsvipom-value", "eo", TSViTConfig, TSViT, "tiny TSViPoM with the value-carrying PoM",
                    **{**tiny, "mixer": "value_pom", "expand": 0.9375, "value_heads": 2, "shift_width": 4})
+    # local attention beside the value PoM where the gap is (time): the first temporal block attends within 30 days
+    # (the short window of the season that decides some crops), the value PoM everywhere else (+0.53% of tiny TSViT)
+    register_model("tiny-tsvipom-local", "eo", TSViTConfig, TSViT,
+                   "tiny TSViPoM: local attention (30 days) then the value PoM in time, the value PoM in space",
+                   **{**tiny, "mixer": "LVVV", "expand": 0.9375, "value_heads": 2, "shift_width": 4})
 
 
 _register()
