@@ -109,6 +109,8 @@ def test_recall_models_and_state_sizes():
              for n in list_models(family="recall")}
     assert sizes["mqar-attention"] == 2 * 16 * 16 and sizes["mqar-swa"] == 2 * 16 * 16  # window 16 ≥ seq_len
     assert sizes["mqar-pom"] == 64 and sizes["mqar-vpom"] == 64 * 16 + 64 + 16
+    bare = create_model("mqar-vpom", vocab_size=64, seq_len=16, d_model=16, value_dim=16, value_shift=False)
+    assert bare.state_floats() == 64 * 16 and not any("shift" in n for n, _ in bare.named_parameters())
     assert sizes["mqar-linear"] == 4 * 16 and sizes["mqar-based"] == 21 * 16 + 21
     shifted = create_model("mqar-attention", vocab_size=64, seq_len=16, d_model=16, token_shift=True)
     assert shifted.state_floats() == 2 * 16 * 16 + 16  # the KV cache and the previous token
@@ -353,3 +355,43 @@ def test_bench_recall_trains_the_other_seeds_at_the_best_rate(tmp_path, monkeypa
     trained.clear()
     bench.run(cfg, progress=False)
     assert trained == []
+
+
+def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift(tmp_path, monkeypatch):
+    """The zoology part (Zoology's figure 2): every variant at every point swept (seed 0 at every rate, the others at
+    the best), runs shared with the state part's folders, one panel per point in recall_zoology.png, the value PoM
+    judged against Based at each state size with and without the shift; only under Zoology's recipe."""
+    from dataclasses import replace
+
+    import polymixer.bench.recall as bench
+
+    trained = []
+
+    def fake(cfg, variant, L, K, seed, lr, progress, train=True):
+        if not train:
+            return None
+        trained.append((variant, L, seed, lr))
+        good = {"attention": 0.995, "vpom-1k": 0.9, "based-1k": 0.8, "vpom-noshift-1k": 0.5,
+                "based-noshift-1k": 0.6}[variant]
+        return {"variant": variant, "family": bench.VARIANTS[variant][2], "seq_len": L, "pairs": K, "seed": seed,
+                "steps": cfg.steps, "lr": lr, "accuracy": good * (1 if lr > 1e-3 else 0.5), "loss": 1.0,
+                "state_floats": 1000 + L, "params": 1, "minutes": 0.0}
+
+    monkeypatch.setattr(bench, "_run", fake)
+    variants = ("attention", "vpom-1k", "vpom-noshift-1k", "based-1k", "based-noshift-1k")
+    cfg = bench.RecallBenchConfig(parts=("zoology",), zoology_points=((16, 4), (32, 8)), zoology_variants=variants,
+                                  lr_factors=(1.0, 3.0), seeds=(0, 1, 2), curves=False, out=str(tmp_path),
+                                  **{k: v for k, v in bench.ZOOLOGY.items() if k != "lr_factors"})
+    payload = bench.run(cfg, progress=False)
+    assert len(trained) == 2 * len(variants) * (2 + 2)  # per point: seed 0 at both rates, seeds 1, 2 at the best
+    assert all(lr == 3e-3 for v, L, seed, lr in trained if seed > 0)
+    rows = [r for r in payload["zoology"]["rows"] if r["best_lr"]]
+    assert {(r["variant"], r["seq_len"]) for r in rows} == {(v, L) for v in variants for L in (16, 32)}
+    assert (tmp_path / "recall_zoology.png").stat().st_size > 10_000
+    text = bench.report(payload)
+    assert "zoology: each variant at its best learning rate" in text
+    assert "zoology recipe, L = 16, K = 4, 1k state: value PoM 0.9000" in text and "(target at least level: met)" in text
+    assert "1k state, no shift: value PoM 0.5000" in text and "MISSED" in text
+    assert "attention without the shift, L = 16, K = 4 (lr 0.003, best of 2): median 0.9950 over 3" in text
+    with pytest.raises(ValueError, match="add --zoology"):
+        bench.run(replace(cfg, mlp_ratio=4.0, batch=64, out=str(tmp_path / "other")), progress=False)

@@ -11,6 +11,9 @@ come at about 1k, 4k and 16k floats of state per layer. Two parts:
 
 - ``state``: accuracy against state floats per layer at (L, K) = (64, 16), the plot people expect from Zoology.
 - ``length``: the 16k-state mixers and attention as the sequence and the number of pairs grow, up to (512, 64).
+- ``zoology`` (under ``--zoology``, Zoology's recipe): Zoology's figure 2 — the value PoM, Based and linear
+  attention at three state sizes, each with and without the short convolution, PoM, and attention with and without
+  it as the ceiling, at L = 64 / 128 / 256 (K = L / 4), every variant swept; ``recall_zoology.png``.
 
 Learning rates: in the state part, attention (with and without the token shift), the value PoM and Based at each
 state size (``SWEPT``) train at every rate of a grid around the recipe's 1e-3 (0.5×, 1×, 2× by default): the first
@@ -41,7 +44,8 @@ from ..report import format_table, new_figure, save_figure
 from .common import (LR_FACTORS, apply_overrides, best_rows, lr_grid, mark_best, resume_point, run_parts, same_rate,
                      sweep_folder, sweep_table)
 
-__all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "run", "report", "plot", "main", "add_arguments"]
+__all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "ZOOLOGY_POINTS", "ZOOLOGY_VARIANTS", "run", "report", "plot",
+           "plot_zoology", "main", "add_arguments"]
 
 # name → (preset, RecallConfig overrides, mixer family for the plot)
 VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
@@ -67,7 +71,24 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
     "linear-1k": ("mqar-linear", {"feature_dim": 16, "value_dim": 64, "token_shift": True}, "linear attention"),
     "linear-4k": ("mqar-linear", {"feature_dim": 64, "value_dim": 64, "token_shift": True}, "linear attention"),
     "linear-16k": ("mqar-linear", {"feature_dim": 256, "value_dim": 64, "token_shift": True}, "linear attention"),
+    # every mixer without the short convolution (Zoology's figure 2 shows both)
+    "vpom-noshift-1k": ("mqar-vpom", {"expand": 1, "value_dim": 16, "value_shift": False}, "value PoM, no shift"),
+    "vpom-noshift-4k": ("mqar-vpom", {"expand": 2, "value_dim": 32, "value_shift": False}, "value PoM, no shift"),
+    "vpom-noshift-16k": ("mqar-vpom", {"expand": 4, "value_dim": 64, "value_shift": False}, "value PoM, no shift"),
+    "based-noshift-1k": ("mqar-based", {"feature_dim": 4, "value_dim": 48}, "Based, no shift"),
+    "based-noshift-4k": ("mqar-based", {"feature_dim": 8, "value_dim": 56}, "Based, no shift"),
+    "linear-noshift-1k": ("mqar-linear", {"feature_dim": 16, "value_dim": 64}, "linear attention, no shift"),
+    "linear-noshift-4k": ("mqar-linear", {"feature_dim": 64, "value_dim": 64}, "linear attention, no shift"),
+    "linear-noshift-16k": ("mqar-linear", {"feature_dim": 256, "value_dim": 64}, "linear attention, no shift"),
 }
+# Zoology's figure 2 at this bench's budget (the ``zoology`` part, under Zoology's recipe): every sub-quadratic mixer
+# at three state sizes with and without the short convolution, PoM, and attention with and without it as the
+# ceiling, at L = 64, 128, 256 with K = L / 4 pairs; every variant swept over the rate grid
+ZOOLOGY_POINTS = ((64, 16), (128, 32), (256, 64))
+ZOOLOGY_VARIANTS = ("attention", "attention-shift", "pom", "vpom-1k", "vpom-4k", "vpom-16k", "vpom-noshift-1k",
+                    "vpom-noshift-4k", "vpom-noshift-16k", "based-1k", "based-4k", "based-16k", "based-noshift-1k",
+                    "based-noshift-4k", "based-noshift-16k", "linear-1k", "linear-4k", "linear-16k",
+                    "linear-noshift-1k", "linear-noshift-4k", "linear-noshift-16k")
 
 
 # the recipe every run had before sweeps existed: runs at this budget keep their folders (no budget in the name)
@@ -95,6 +116,8 @@ class RecallBenchConfig:
     state_variants: Tuple[str, ...] = tuple(VARIANTS)
     length_points: Tuple[Tuple[int, int], ...] = ((64, 8), (128, 32), (256, 64), (512, 64))
     length_variants: Tuple[str, ...] = ("attention", "vpom-16k", "based-16k")
+    zoology_points: Tuple[Tuple[int, int], ...] = ZOOLOGY_POINTS
+    zoology_variants: Tuple[str, ...] = ZOOLOGY_VARIANTS
     test_examples: int = 1000
     parts: Tuple[str, ...] = ("state", "length")
     train: bool = True  # False (--collect): report the runs that have finished, train nothing
@@ -251,17 +274,24 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
 
 
 def run(cfg: RecallBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    unknown = [v for v in list(cfg.state_variants) + list(cfg.length_variants) + list(cfg.sweep) if v not in VARIANTS]
+    unknown = [v for v in list(cfg.state_variants) + list(cfg.length_variants) + list(cfg.sweep)
+               + list(cfg.zoology_variants) if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     if cfg.sweep_seeds < 1:
         raise ValueError(f"sweep_seeds must be ≥ 1, got {cfg.sweep_seeds}")
+    if "zoology" in cfg.parts and (cfg.mlp_ratio, cfg.batch) != (ZOOLOGY["mlp_ratio"], ZOOLOGY["batch"]):
+        raise ValueError("the zoology part follows Zoology's MQAR recipe (mixer-only blocks, batch 128): add --zoology")
     parts = {"state": lambda c, p: _part("state", [tuple(c.state_point)], c.state_variants, c.sweep)(c, p),
-             "length": lambda c, p: _part("length", [tuple(x) for x in c.length_points], c.length_variants, ())(c, p)}
+             "length": lambda c, p: _part("length", [tuple(x) for x in c.length_points], c.length_variants, ())(c, p),
+             "zoology": lambda c, p: _part("zoology", [tuple(x) for x in c.zoology_points], c.zoology_variants,
+                                           c.zoology_variants)(c, p)}
     payload = run_parts(cfg, Path(cfg.out) / "recall.json", parts, progress)
     out = Path(cfg.out)
     write_text_atomic(out / "recall.txt", report(payload) + "\n")
     plot(payload, out / "recall.png")
+    if "zoology" in payload:
+        plot_zoology(payload, out / "recall_zoology.png")
     return payload
 
 
@@ -271,7 +301,7 @@ def report(payload: Dict[str, Any]) -> str:
     heads = ["variant", "mixer", "L", "K", "state floats / layer", "steps", "best lr", "rates tried",
              "accuracy (median)", "min", "max", "seeds"]
     out = []
-    for name in ("state", "length"):
+    for name in ("state", "length", "zoology"):
         if name not in payload:
             continue
         part = payload[name]
@@ -335,6 +365,25 @@ def _targets(payload: Dict[str, Any]) -> List[str]:
                 lines.append(f"{size} state at K = 16, L = 64 ({budget}): value PoM {a['median']:.4f} ({at(a)}, "
                              f"{a['seeds']} seeds) vs Based {b['median']:.4f} ({at(b)}, {b['seeds']} seeds) "
                              f"(target at least level: {'met' if ok else 'MISSED'})")
+    z = best_rows(payload.get("zoology", {}).get("rows", []))
+    zb = {(r["variant"], r["seq_len"], r["pairs"]): r for r in z}
+    for L, K in sorted({(r["seq_len"], r["pairs"]) for r in z}):
+        a = zb.get(("attention", L, K))
+        if a:
+            word = "met" if a["median"] >= 0.99 else "MISSED"
+            lines.append(f"zoology recipe, attention without the shift, L = {L}, K = {K} ({at(a)}): median "
+                         f"{a['median']:.4f} over {a['seeds']} seed(s) (target ≥ 0.99: {word}"
+                         f"{'' if a['seeds'] >= 3 else ', unsettled: needs 3 seeds'})")
+        for shift in ("", "noshift-"):
+            for size in ("1k", "4k", "16k"):
+                v, b = zb.get((f"vpom-{shift}{size}", L, K)), zb.get((f"based-{shift}{size}", L, K))
+                if v and b:
+                    ok = v["median"] >= b["median"] - 0.01
+                    lines.append(f"zoology recipe, L = {L}, K = {K}, {size} state{', no shift' if shift else ''}: "
+                                 f"value PoM {v['median']:.4f} ({v['state_floats']:,} floats, {v['seeds']} seeds) vs "
+                                 f"Based {b['median']:.4f} ({b['state_floats']:,} floats, {b['seeds']} seeds) "
+                                 f"(target at least level: {'met' if ok else 'MISSED'}"
+                                 f"{'' if min(v['seeds'], b['seeds']) >= 3 else ', unsettled: needs 3 seeds'})")
     return ["\n".join(lines)] if lines else []
 
 
@@ -389,6 +438,42 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
+def plot_zoology(payload: Dict[str, Any], path: Path) -> None:
+    """Zoology's figure 2: one panel per (L, K) of the zoology part, accuracy against state floats per layer, each
+    mixer with the short convolution (solid) and without it (dashed, same colour), each variant at its best rate
+    (median, range over seeds; open markers without the shift); attention with and without the shift as the ceiling
+    (its KV cache: 2·L·d floats)."""
+    rows = best_rows(payload.get("zoology", {}).get("rows", []))
+    points = sorted({(r["seq_len"], r["pairs"]) for r in rows})
+    fig, axes = new_figure(max(1, len(points)), width=4.2, height=3.8)
+    mixers = ("value PoM", "Based", "linear attention", "PoM")
+    for ax, (L, K) in zip(axes, points or [(0, 0)]):
+        here = [r for r in rows if (r["seq_len"], r["pairs"]) == (L, K)]
+        for k, mixer in enumerate(mixers):
+            for fam, style in ((mixer, "-"), (f"{mixer}, no shift", "--")):
+                mine = sorted((r for r in here if r["family"] == fam), key=lambda r: r["state_floats"])
+                if not mine:
+                    continue
+                ax.errorbar([r["state_floats"] for r in mine], [r["median"] for r in mine],
+                            yerr=[[r["median"] - r["low"] for r in mine], [r["high"] - r["median"] for r in mine]],
+                            linestyle=style, marker="o", color=f"C{k}", capsize=3, label=fam,
+                            markerfacecolor=f"C{k}" if style == "-" else "none")
+        for fam, style in (("attention", "-"), ("attention + shift", "--")):
+            a = next((r for r in here if r["family"] == fam), None)
+            if a is not None:
+                ax.axhline(a["median"], color="k", linestyle=style, linewidth=1,
+                           label=f"{fam} ({a['state_floats']:,} floats)")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_xlabel("state floats per layer")
+        ax.set_title(f"MQAR, L = {L}, K = {K}" if L else "zoology part: not measured yet", fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+    axes[0].set_ylabel("accuracy (each at its best rate)")
+    save_figure(fig, path)
+
+
 def _point(text: str) -> Tuple[int, int]:
     """``"L:K"`` → (L, K)."""
     try:
@@ -401,7 +486,10 @@ def _point(text: str) -> Tuple[int, int]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = RecallBenchConfig()
     p.add_argument("--quick", action="store_true", help="a few-minute version (150 steps, 1 seed, 4 mixers)")
-    p.add_argument("--parts", nargs="+", choices=["state", "length"], default=list(d.parts))
+    p.add_argument("--parts", nargs="+", choices=["state", "length", "zoology"], default=list(d.parts),
+                   help="zoology (with --zoology): Zoology's figure 2 — every mixer with and without the shift at 3 "
+                        "state sizes, L 64 / 128 / 256, every variant swept (hundreds of runs; share them with "
+                        "--zoology-variants / --lrs / --seeds, finished runs are read back)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None,
@@ -423,6 +511,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="(sequence length, pairs) of the length sweep, e.g. 64:8 512:64")
     p.add_argument("--length-variants", nargs="+", choices=list(VARIANTS), default=None,
                    help="mixers of the length sweep (default: attention, vpom-16k, based-16k)")
+    p.add_argument("--zoology-variants", nargs="+", choices=list(VARIANTS), default=None,
+                   help=f"mixers of the zoology part (default: the {len(ZOOLOGY_VARIANTS)} of Zoology's figure 2)")
+    p.add_argument("--zoology-points", nargs="+", type=_point, default=None, metavar="L:K",
+                   help="(sequence length, pairs) of the zoology part (default: 64:16 128:32 256:64)")
     p.add_argument("--zoology", action="store_true",
                    help="Zoology's MQAR recipe at this budget: mixer-only blocks (mlp_ratio 0), batch 128, rates "
                         "0.3× to 10× the recipe's for every swept mixer")
@@ -440,7 +532,8 @@ def main(args: argparse.Namespace) -> int:
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {"steps": "steps", "seeds": "seeds", "variants": "state_variants", "lr": "lr",
                      "sweep": "sweep", "lr_factors": "lr_factors", "lrs": "lrs", "sweep_seeds": "sweep_seeds",
-                     "length_points": "length_points", "length_variants": "length_variants"})
+                     "length_points": "length_points", "length_variants": "length_variants",
+                     "zoology_variants": "zoology_variants", "zoology_points": "zoology_points"})
     payload = run(cfg)
     print(report(payload))
     print(f"\nwrote {Path(cfg.out) / 'recall.json'}, recall.txt and recall.png")

@@ -42,6 +42,8 @@ class RecallConfig:
     value_heads: int = 1  # V, I and B layers: the heads splitting D (or f) and dv
     feature_dim: int = 16  # I and B layers: f per head
     token_shift: bool = False  # A, L, I and B layers: the value PoM's causal token shift on keys and values
+    value_shift: bool = True  # V and G layers: the value PoM's own token shift (False: without it, Zoology's figure
+    #                          2 "with and without the shift" for every mixer)
     rope: bool = False  # A and L layers: rotary positions on queries and keys (on top of the learned positions)
     mlp_ratio: float = 4.0
 
@@ -51,7 +53,7 @@ class RecallConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name in ("token_shift", "rope"):
+        for name in ("token_shift", "rope", "value_shift"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self.layer_pattern()
@@ -84,7 +86,8 @@ class RecallLM(nn.Module):
         if letter not in LETTERS:  # every mixer of the table
             raise ValueError(f"unknown layer letter {letter!r}: use {', '.join(LETTERS)}")
         # the baselines' token shift (Based's short convolution) is a recall option; the value PoM keeps its own
-        shift = c.token_shift if letter in "IB" else None
+        # unless value_shift is off
+        shift = c.token_shift if letter in "IB" else None if c.value_shift else False
         mixer = mixer_spec(letter).make(c.d_model, heads=c.heads, causal=True, window=c.window,
                                         rope="1d" if c.rope else None, degree=c.degree, expand=c.expand,
                                         value_dim=c.value_dim, value_heads=c.value_heads, feature_dim=c.feature_dim,
