@@ -390,7 +390,8 @@ def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift
     assert (tmp_path / "recall_zoology.png").stat().st_size > 10_000
     text = bench.report(payload)
     assert "zoology: each variant at its best learning rate" in text
-    assert "zoology recipe, L = 16, K = 4, 1k state: value PoM 0.9000" in text and "(target at least level: met)" in text
+    assert "zoology recipe, L = 16, K = 4, 1k state: value PoM 0.9000" in text
+    assert "(target at least level: met)" in text
     assert "1k state, no shift: value PoM 0.5000" in text and "MISSED" in text
     assert "attention without the shift, L = 16, K = 4 (lr 0.003, best of 2): median 0.9950 over 3" in text
     with pytest.raises(ValueError, match="add --zoology"):
