@@ -428,6 +428,78 @@ def print_written(out: Path, bench: str) -> None:
     print(f"\nwrote {out / f'{bench}.json'}, {out / f'{bench}.txt'}, {out / f'{bench}.png'}")
 
 
+@dataclass(frozen=True)
+class FamilyBench:
+    """What a family's bench declares — its parts, plot and report, the config field naming its quality models, the
+    parts whose runs belong to one seed, and the recipe fields that need their own folder. :func:`run_bench`,
+    :func:`bench_main` and :func:`add_sweep_arguments` do the rest alike for every family (the seed and recipe
+    checks, resumable parts, the report and plot, ``--report``, the sweep flags), so a rule is written once."""
+
+    name: str  # <out>/<name>.json, .txt, .png
+    parts: Dict[str, Callable[[Any, bool], Dict[str, Any]]]
+    plot: Callable[[Dict[str, Any], Path], None]
+    report: Callable[..., str]
+    models: Tuple[str, ...] = ("quality_presets",)  # config fields naming models (variants checked before any part)
+    trained: Tuple[str, ...] = ("quality",)  # parts whose runs belong to one seed: one --out per seed
+    recipes: Tuple[Tuple[str, Any, str], ...] = ()  # (config field, its value in files that record none, flag)
+
+
+def run_bench(bench: FamilyBench, cfg: Any, progress: bool = True) -> Dict[str, Any]:
+    """Run the parts ``cfg.parts`` names, keeping the other parts of an earlier run in the same folder: refuse a
+    folder holding another seed's or another recipe's runs, run the parts (:func:`run_parts`), write the report and
+    the plot the guide quotes."""
+    out = Path(cfg.out)
+    path = out / f"{bench.name}.json"
+    trained = [p for p in bench.trained if p in cfg.parts]
+    check_seed(path, cfg.seed, trained)
+    for name, unrecorded, flag in bench.recipes:
+        check_recipe(path, trained, name, getattr(cfg, name), unrecorded, flag)
+    payload = run_parts(cfg, path, bench.parts, progress)
+    write_report(out, bench.name, payload, bench.plot, bench.report)
+    return payload
+
+
+def bench_main(bench: FamilyBench, args: Any, cfg: Any, quick: Optional[Dict[str, Any]],
+               fields: Dict[str, str]) -> int:
+    """A family bench's command: ``--report`` writes the report again and trains nothing; otherwise ``cfg`` with
+    ``--quick`` and the options given (:func:`apply_overrides`), every model name checked before the first part
+    starts (not an hour later), the parts run and the report printed."""
+    if args.report:
+        print(report_again(Path(args.out), bench.name, bench.plot, bench.report))
+        return 0
+    apply_overrides(cfg, quick if args.quick else None, args, {**fields, **{k: k for k in SWEEP_FIELDS}})
+    for field_name in bench.models:
+        for spec in getattr(cfg, field_name):
+            parse_variant(spec)
+    run_bench(bench, cfg)
+    print_written(Path(cfg.out), bench.name)
+    return 0
+
+
+SWEEP_FIELDS = ("sweep", "lr_factors", "lrs", "seed")  # the options add_sweep_arguments adds, as config fields
+
+
+def add_sweep_arguments(p: Any, bench: str, recipe_lr: float, factors: Sequence[float], out: str,
+                        models: str = "presets", sweep_note: str = "", lrs_note: str = "", seed_note: str = "") -> None:
+    """The options every family's quality sweep takes: ``--sweep``, ``--lr-factors``, ``--lrs``, ``--seed``,
+    ``--report`` and ``--out`` (default ``out``)."""
+    p.add_argument("--sweep", nargs="*", default=None,
+                   help=f"{models} trained at every rate of the grid (default: all; none: the recipe's rate only)"
+                        + (f"; {sweep_note}" if sweep_note else ""))
+    p.add_argument("--lr-factors", type=float, nargs="+", default=None,
+                   help=f"the grid: the recipe's rate ({recipe_lr:g}) times these (default: "
+                        f"{' '.join(map(str, factors))})")
+    p.add_argument("--lrs", type=float, nargs="+", default=None,
+                   help="run only these rates of the grid (to share a sweep among processes)"
+                        + (f"; {lrs_note}" if lrs_note else ""))
+    p.add_argument("--seed", type=int, default=None,
+                   help=f"seed of the quality runs (their init and batches); one --out per seed, e.g. --out "
+                        f"docs/bench/{bench}_seed1, which `polymixer bench parity` reads"
+                        + (f"; {seed_note}" if seed_note else ""))
+    add_report_argument(p, bench)
+    p.add_argument("--out", default=out)
+
+
 def add_report_argument(p: Any, bench: str) -> None:
     """The ``--report`` flag of every family's bench."""
     p.add_argument("--report", action="store_true",

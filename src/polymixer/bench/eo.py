@@ -32,11 +32,12 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from .parity import verdict_lines
 from .common import (
+    FamilyBench,
+    add_sweep_arguments,
+    bench_main,
+    run_bench,
     LR_FACTORS,
-    add_report_argument,
-    apply_overrides,
     best_rows,
-    check_seed,
     describe_variant,
     earlier_part,
     earlier_rows,
@@ -46,10 +47,7 @@ from .common import (
     parse_variant,
     picture_owner,
     rates_tried,
-    print_written,
-    report_again,
     resume_point,
-    run_parts,
     same_rate,
     sweep_plan,
     sweep_runs,
@@ -57,7 +55,6 @@ from .common import (
     time_interleaved,
     training_minutes,
     variant_slug,
-    write_report,
 )
 
 __all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdicts", "report", "plot", "run", "main",
@@ -525,14 +522,13 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
+BENCH = FamilyBench("eo", {"speed": run_speed, "quality": run_quality, "curves": run_curves}, plot, report,
+                    models=("quality_models", "curve_models"), trained=("quality", "curves"))
+
+
 def run(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Run the parts asked for, keeping the other part of an earlier run in the same folder."""
-    out = Path(cfg.out)
-    check_seed(out / "eo.json", cfg.seed, [p for p in ("quality", "curves") if p in cfg.parts])
-    payload = run_parts(cfg, out / "eo.json", {"speed": run_speed, "quality": run_quality, "curves": run_curves},
-                        progress)
-    write_report(out, "eo", payload, plot, report)
-    return payload
+    return run_bench(BENCH, cfg, progress)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -554,35 +550,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-windows", type=int, nargs="+", default=None,
                    help="evaluation window sides of the quality part (0: whole patches)")
     p.add_argument("--eval-limit", type=int, default=None, help="test patches scored (0: all)")
-    p.add_argument("--sweep", nargs="*", default=None,
-                   help=f"quality models trained at every rate of the grid (default: {' '.join(d.sweep)})")
-    p.add_argument("--lr-factors", type=float, nargs="+", default=None,
-                   help=f"the grid: the recipe's rate ({d.lr:g}) times these "
-                        f"(default: {' '.join(map(str, d.lr_factors))})")
-    p.add_argument("--lrs", type=float, nargs="+", default=None,
-                   help="run only these rates of the grid (to share a sweep among processes)")
     p.add_argument("--curve-models", nargs="+", default=None, help="models of the curves part")
     p.add_argument("--curve-factor", type=int, default=None, help="curves: this many times the quality steps")
     p.add_argument("--data", default=None, help="PASTIS folder for the quality part (default: the synthetic one)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the training runs (their init and batches); "
-                                                          "one --out per seed")
-    add_report_argument(p, "eo")
-    p.add_argument("--out", default=d.out)
+    add_sweep_arguments(p, "eo", d.lr, d.lr_factors, d.out, models="quality models",
+                        sweep_note=f"default: {' '.join(d.sweep)}")
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.report:
-        print(report_again(Path(args.out), "eo", plot, report))
-        return 0
     cfg = EOBenchConfig(parts=tuple(args.parts), out=args.out)
-    apply_overrides(cfg, QUICK if args.quick else None, args,
-                    {n: n for n in ("presets", "sides", "frames", "budget", "repeats", "dtypes", "quality_models",
-                                    "quality_steps", "quality_batch", "eval_windows", "eval_limit", "sweep",
-                                    "lr_factors", "lrs", "curve_models", "curve_factor", "seed")})
     if args.data is not None:
         cfg.data_dir = args.data
-    for spec in cfg.quality_models:
-        parse_variant(spec)  # fail before the speed part, not an hour later
-    run(cfg)
-    print_written(Path(cfg.out), "eo")
-    return 0
+    return bench_main(BENCH, args, cfg, QUICK,
+                      {n: n for n in ("presets", "sides", "frames", "budget", "repeats", "dtypes", "quality_models",
+                                      "quality_steps", "quality_batch", "eval_windows", "eval_limit", "curve_models",
+                                      "curve_factor")})

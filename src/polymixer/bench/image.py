@@ -23,20 +23,17 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, save_figure
 from .parity import verdict_lines
 from .common import (
+    FamilyBench,
+    add_sweep_arguments,
+    bench_main,
+    run_bench,
     LR_FACTORS,
-    add_report_argument,
-    apply_overrides,
     best_rows,
-    check_recipe,
-    check_seed,
     earlier_rows,
     mark_best,
     merge_rows,
     rates_tried,
-    print_written,
-    report_again,
     resume_point,
-    run_parts,
     same_rate,
     sweep_plan,
     sweep_runs,
@@ -44,7 +41,6 @@ from .common import (
     synchronized,
     time_interleaved,
     training_minutes,
-    write_report,
 )
 
 __all__ = ["ImageBenchConfig", "run_speed", "run_quality", "report", "main", "add_arguments"]
@@ -339,15 +335,13 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
+BENCH = FamilyBench("image", {"speed": run_speed, "quality": run_quality}, plot, report,
+                    recipes=(("heldout", 0.0, "--heldout"),))
+
+
 def run(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Run the parts asked for, keeping the other part of an earlier run in the same folder."""
-    out = Path(cfg.out)
-    check_seed(out / "image.json", cfg.seed, ["quality"] if "quality" in cfg.parts else [])
-    check_recipe(out / "image.json", ["quality"] if "quality" in cfg.parts else [], "heldout", cfg.heldout, 0.0,
-                 "--heldout")
-    payload = run_parts(cfg, out / "image.json", {"speed": run_speed, "quality": run_quality}, progress)
-    write_report(out, "image", payload, plot, report)  # the tables the guide quotes
-    return payload
+    return run_bench(BENCH, cfg, progress)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -365,36 +359,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"presets of the quality part, ratios taken against {BASELINE} (default: "
                         f"{' '.join(d.quality_presets)}; runs not redone keep their earlier rows); a variant "
                         f"overrides fields of its preset's config: tiny-sipom-value+value_heads=4+shift_width=4")
-    p.add_argument("--sweep", nargs="*", default=None,
-                   help="presets trained at every rate of the grid with flow matching (default: all; none: the "
-                        "recipe's rate only)")
-    p.add_argument("--lr-factors", type=float, nargs="+", default=None,
-                   help=f"the grid: the recipe's rate ({d.quality_lr:g}) times these (default: "
-                        f"{' '.join(map(str, d.lr_factors))})")
-    p.add_argument("--lrs", type=float, nargs="+", default=None,
-                   help="run only these rates (to share a sweep among processes; a ddpm run's rate is its preset's "
-                        "best flow rate)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the quality runs (their init and batches); one "
-                                                          "--out per seed, e.g. --out docs/bench/image_seed1, which "
-                                                          "`polymixer bench parity` reads")
     p.add_argument("--heldout", type=float, default=None,
                    help="hold this fraction of the digits out of training (e.g. 0.15) and choose rates and options "
                         "on a validation FD against them (independent samples); default 0: the committed results' "
                         "recipe, chosen on the reported FD; one --out per value")
-    add_report_argument(p, "image")
-    p.add_argument("--out", default=d.out)
+    add_sweep_arguments(p, "image", d.quality_lr, d.lr_factors, d.out, sweep_note="with flow matching",
+                        lrs_note="a ddpm run's rate is its preset's best flow rate")
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.report:
-        print(report_again(Path(args.out), "image", plot, report))
-        return 0
     cfg = ImageBenchConfig(parts=tuple(args.parts), out=args.out, objectives=tuple(args.objectives),
                            device=args.device)
-    apply_overrides(cfg, QUICK if args.quick else None, args,
-                    {**{name: name for name in ("sides", "pom_sides", "quality_steps", "sweep", "lr_factors", "lrs",
-                                                 "seed", "heldout")},
-                     "presets": "quality_presets"})
-    run(cfg)
-    print_written(Path(cfg.out), "image")
-    return 0
+    return bench_main(BENCH, args, cfg, QUICK, {**{name: name for name in ("sides", "pom_sides", "quality_steps",
+                                                                          "heldout")},
+                                                "presets": "quality_presets"})

@@ -25,25 +25,22 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, save_figure
 from .parity import verdict_lines
 from .common import (
+    FamilyBench,
+    add_sweep_arguments,
+    bench_main,
+    run_bench,
     LR_FACTORS,
-    add_report_argument,
-    apply_overrides,
     best_rows,
-    check_seed,
     earlier_rows,
     mark_best,
     merge_rows,
     rates_tried,
-    print_written,
-    report_again,
     resume_point,
-    run_parts,
     sweep_plan,
     sweep_runs,
     sweep_table,
     time_interleaved,
     training_minutes,
-    write_report,
 )
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]
@@ -359,14 +356,13 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
+BENCH = FamilyBench("lm", {"throughput": run_throughput, "decode": run_decode, "hf_decode": run_hf_decode,
+                            "quality": run_quality}, plot, report)
+
+
 def run(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Run the parts asked for, keeping the other parts of an earlier run in the same folder."""
-    out = Path(cfg.out)
-    check_seed(out / "lm.json", cfg.seed, ["quality"] if "quality" in cfg.parts else [])
-    payload = run_parts(cfg, out / "lm.json", {"throughput": run_throughput, "decode": run_decode,
-                                               "hf_decode": run_hf_decode, "quality": run_quality}, progress)
-    write_report(out, "lm", payload, plot, report)  # the tables the guide quotes
-    return payload
+    return run_bench(BENCH, cfg, progress)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -387,32 +383,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presets", nargs="+", default=None,
                    help="presets of the quality part (those not given keep their earlier rows); a variant overrides "
                         "config fields: tiny-vpom+value_heads=1+shift_width=2")
-    p.add_argument("--sweep", nargs="*", default=None,
-                   help="presets trained at every rate of the grid (default: all; none: the recipe's rate only)")
-    p.add_argument("--lr-factors", type=float, nargs="+", default=None,
-                   help=f"the grid: the recipe's rate ({d.quality_lr:g}) times these "
-                        f"(default: {' '.join(map(str, d.lr_factors))})")
-    p.add_argument("--lrs", type=float, nargs="+", default=None,
-                   help="run only these rates of the grid (to share a sweep among processes)")
     p.add_argument("--device", default=d.device,
                    help="cuda: the throughput part on the GPU with the paper's models in bf16 (GPT-2 small vs "
                         "GPPoM2-S on the Triton kernels), the paper's protocol")
-    p.add_argument("--seed", type=int, default=None, help="seed of the quality runs (their init and batches); one "
-                                                          "--out per seed (bench parity reads lm_seed<N>/lm.json)")
-    add_report_argument(p, "lm")
-    p.add_argument("--out", default=d.out)
+    add_sweep_arguments(p, "lm", d.quality_lr, d.lr_factors, d.out)
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.report:
-        print(report_again(Path(args.out), "lm", plot, report))
-        return 0
     cfg = LMBenchConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, window=args.window,
                         parts=tuple(args.parts), device=args.device, out=args.out)
-    apply_overrides(cfg, QUICK if args.quick else None, args,
-                    {"tokens": "tokens", "lengths": "throughput_lengths", "contexts": "decode_contexts",
-                     "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets",
-                     "sweep": "sweep", "lr_factors": "lr_factors", "lrs": "lrs", "seed": "seed"})
-    run(cfg)
-    print_written(Path(cfg.out), "lm")
-    return 0
+    return bench_main(BENCH, args, cfg, QUICK,
+                      {"tokens": "tokens", "lengths": "throughput_lengths", "contexts": "decode_contexts",
+                       "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets"})

@@ -24,11 +24,12 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from .parity import verdict_lines
 from .common import (
+    FamilyBench,
+    add_sweep_arguments,
+    bench_main,
+    run_bench,
     LR_FACTORS,
-    add_report_argument,
-    apply_overrides,
     best_rows,
-    check_seed,
     describe_variant,
     earlier_rows,
     keep_freed_memory,
@@ -36,10 +37,7 @@ from .common import (
     merge_rows,
     picture_owner,
     rates_tried,
-    print_written,
-    report_again,
     resume_point,
-    run_parts,
     same_rate,
     sweep_folder,
     sweep_plan,
@@ -47,7 +45,6 @@ from .common import (
     sweep_table,
     time_interleaved,
     training_minutes,
-    write_report,
 )
 
 __all__ = ["OCRBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
@@ -359,13 +356,12 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
+BENCH = FamilyBench("ocr", {"speed": run_speed, "quality": run_quality}, plot, report)
+
+
 def run(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Run the parts asked for, keeping the other part of an earlier run in the same folder."""
-    out = Path(cfg.out)
-    check_seed(out / "ocr.json", cfg.seed, ["quality"] if "quality" in cfg.parts else [])
-    payload = run_parts(cfg, out / "ocr.json", {"speed": run_speed, "quality": run_quality}, progress)
-    write_report(out, "ocr", payload, plot, report)  # the tables the guide quotes
-    return payload
+    return run_bench(BENCH, cfg, progress)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -387,30 +383,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"presets of the quality part (default: {' '.join(d.quality_presets)}; runs not redone keep "
                         f"their earlier rows); a variant overrides fields of its preset's config: "
                         f"tiny-htr-vt+attention_shift=2")
-    p.add_argument("--sweep", nargs="*", default=None,
-                   help="presets trained at every rate of the grid (default: all four; none: the recipe's rate only)")
-    p.add_argument("--lr-factors", type=float, nargs="+", default=None,
-                   help=f"the grid: the recipe's rate ({d.lr:g}) times these (default: "
-                        f"{' '.join(map(str, d.lr_factors))})")
-    p.add_argument("--lrs", type=float, nargs="+", default=None,
-                   help="run only these rates (to share a sweep among processes; a page run's rate is its model's "
-                        "best single-line rate)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the quality runs (their init and batches); one "
-                                                          "--out per seed, e.g. --out docs/bench/ocr_seed1, which "
-                                                          "`polymixer bench parity` reads")
-    add_report_argument(p, "ocr")
-    p.add_argument("--out", default=d.out)
+    add_sweep_arguments(p, "ocr", d.lr, d.lr_factors, d.out,
+                        lrs_note="a page run's rate is its model's best single-line rate")
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.report:
-        print(report_again(Path(args.out), "ocr", plot, report))
-        return 0
     cfg = OCRBenchConfig(parts=tuple(args.parts), out=args.out)
-    apply_overrides(cfg, QUICK if args.quick else None, args,
-                    {n: n for n in ("lines", "budget", "repeats", "dtypes", "tasks", "quality_steps", "multiline_steps",
-                                    "digits_steps", "multiline_init", "sam_rho", "quality_presets", "sweep",
-                                    "lr_factors", "lrs", "seed")})
-    run(cfg)
-    print_written(Path(cfg.out), "ocr")
-    return 0
+    return bench_main(BENCH, args, cfg, QUICK,
+                      {n: n for n in ("lines", "budget", "repeats", "dtypes", "tasks", "quality_steps",
+                                      "multiline_steps", "digits_steps", "multiline_init", "sam_rho",
+                                      "quality_presets")})

@@ -28,11 +28,12 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, save_figure
 from .parity import verdict_lines
 from .common import (
+    FamilyBench,
+    add_sweep_arguments,
+    bench_main,
+    run_bench,
     LR_FACTORS,
-    add_report_argument,
-    apply_overrides,
     best_rows,
-    check_seed,
     describe_variant,
     earlier_part,
     earlier_rows,
@@ -42,17 +43,13 @@ from .common import (
     parse_variant,
     picture_owner,
     rates_tried,
-    print_written,
-    report_again,
     resume_point,
-    run_parts,
     same_rate,
     sweep_plan,
     sweep_runs,
     sweep_table,
     time_interleaved,
     training_minutes,
-    write_report,
 )
 
 __all__ = ["PointBenchConfig", "make_scene", "run_speed", "run_conv", "run_quality", "verdicts", "report", "plot",
@@ -398,14 +395,13 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
+BENCH = FamilyBench("points", {"speed": run_speed, "conv": run_conv, "quality": run_quality}, plot, report,
+                    models=("quality_models", "patch_models"))
+
+
 def run(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Run the parts asked for, keeping the other parts of an earlier run in the same folder."""
-    out = Path(cfg.out)
-    check_seed(out / "points.json", cfg.seed, ["quality"] if "quality" in cfg.parts else [])
-    payload = run_parts(cfg, out / "points.json", {"speed": run_speed, "conv": run_conv, "quality": run_quality},
-                        progress)
-    write_report(out, "points", payload, plot, report)  # the tables the guide quotes
-    return payload
+    return run_bench(BENCH, cfg, progress)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -421,39 +417,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quality-models", nargs="+", default=None,
                    help="presets of the quality part, each optionally with +field=value overrides "
                         "(e.g. tiny-ppomv3+pom_patch_size=scene)")
-    p.add_argument("--sweep", nargs="*", default=None,
-                   help="quality models trained at every rate of the grid (default: the four tiny presets; none: the "
-                        "recipe's rate only); a variant of a swept preset takes that preset's best rate")
-    p.add_argument("--lr-factors", type=float, nargs="+", default=None,
-                   help=f"the grid: the recipe's rate ({d.lr:g}) times these (default: "
-                        f"{' '.join(map(str, d.lr_factors))})")
-    p.add_argument("--lrs", type=float, nargs="+", default=None,
-                   help="run only these rates (to share a sweep among processes)")
     p.add_argument("--quality-steps", type=int, default=None)
     p.add_argument("--quality-batch", type=int, default=None)
     p.add_argument("--quality-points", type=int, default=None, help="sphere-crop budget of each training room")
     p.add_argument("--eval-limit", type=int, default=None, help="test rooms scored (0: all)")
     p.add_argument("--data", default=None, help="a ScanNet-layout folder for the quality part (default: the "
                                                 "synthetic rooms)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the training runs (their init and batches) and "
-                                                          "of the speed scenes; use another --out per seed")
-    add_report_argument(p, "points")
-    p.add_argument("--out", default=d.out)
+    add_sweep_arguments(p, "points", d.lr, d.lr_factors, d.out, models="quality models",
+                        sweep_note="a variant of a swept preset takes that preset's best rate",
+                        seed_note="it also seeds the speed scenes")
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.report:
-        print(report_again(Path(args.out), "points", plot, report))
-        return 0
     cfg = PointBenchConfig(parts=tuple(args.parts), out=args.out)
-    apply_overrides(cfg, QUICK if args.quick else None, args,
-                    {n: n for n in ("presets", "sizes", "patch_models", "patch_scene", "repeats", "quality_models",
-                                    "quality_steps", "quality_batch", "quality_points", "eval_limit", "seed", "sweep",
-                                    "lr_factors", "lrs")})
     if args.data is not None:
         cfg.data_dir = args.data
-    for spec in cfg.quality_models + cfg.patch_models:
-        parse_variant(spec)  # fail before the speed part, not an hour later
-    run(cfg)
-    print_written(Path(cfg.out), "points")
-    return 0
+    return bench_main(BENCH, args, cfg, QUICK,
+                      {n: n for n in ("presets", "sizes", "patch_models", "patch_scene", "repeats", "quality_models",
+                                      "quality_steps", "quality_batch", "quality_points", "eval_limit")})
