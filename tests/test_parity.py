@@ -300,3 +300,22 @@ def test_recall_offers_attention_its_shift_and_still_judges_attention_without_it
     t = f["targets"][0]
     assert t["what"] == "attention without the shift ≥ 99% at its best rate" and t["measured"] == "98.6%"
 
+
+
+def test_a_recall_row_counts_its_own_seeds_and_zoologys_recipe_has_its_own_row(tmp_path):
+    """A recall row summarises its seeds (``by_seed``): a verdict on 3 of them is settled. Runs under Zoology's recipe
+    (``bench recall --zoology``) are read from their own folder and compared in their own row."""
+    def row(variant, by_seed, lr=0.003):
+        vals = sorted(by_seed.values())
+        return {"variant": variant, "seq_len": 64, "pairs": 16, "steps": 2000, "median": vals[len(vals) // 2],
+                "lr": lr, "best_lr": True, "params": 100, "seeds": len(vals), "by_seed": by_seed}
+
+    (tmp_path / "recall_zoology").mkdir()
+    (tmp_path / "recall_zoology" / "recall.json").write_text(json.dumps({"state": {"rows": [
+        row("attention", {"0": 0.994, "1": 0.996, "2": 0.991}), row("vpom-16k", {"0": 0.9999, "1": 1.0, "2": 1.0})]}}))
+    fams = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}
+    z = fams["recall_zoology"]
+    assert z["found"] and not fams["recall"]["found"]
+    assert z["attention"]["by_seed"] == {0: 99.4, 1: 99.6, 2: 99.1} and z["value"]["gap"] == pytest.approx(0.6)
+    assert z["targets"][0]["verdict"] == "met" and z["targets"][0]["measured"] == "99.4%"
+    assert "recall (MQAR, L 64, K 16) (no recall.json)" in parity.report(parity.collect(tmp_path))

@@ -54,7 +54,7 @@ class Family:
     """Where a family's quality rows are and how to read them."""
 
     name: str
-    bench: str  # <out>/<bench>.json
+    bench: str  # <out>/<bench>.json (unless ``file`` says otherwise), the family's bench
     label: str  # the metric as the table names it
     metric: str  # the row's key
     higher: bool  # higher is better
@@ -84,6 +84,7 @@ class Family:
     # ``name`` and ``metric`` may name fields of the bench's configuration ("miou_{crop}"): a bench run with another
     # configuration is judged on its own figures; these are the fields' values where the JSON names none
     defaults: Dict[str, Any] = field(default_factory=dict)
+    file: Optional[str] = None  # the JSON under <out> where it is not <bench>.json (another recipe's folder)
 
     def resolved(self, data: Optional[Dict[str, Any]]) -> "Family":
         """This family with ``name`` and ``metric`` filled from the configuration of ``data`` (its bench JSON)."""
@@ -104,6 +105,12 @@ FAMILIES: Tuple[Family, ...] = (
     Family("recall (MQAR, L 64, K 16)", "recall", "accuracy %", "median", True, "points", "attention", "pom",
            "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000}, key="variant",
            scale=100, part="state", guide="docs/recall.md", options=("-shift",), shift_options=("-shift",)),
+    # the same probe under Zoology's recipe (mixer-only blocks, batch 128, rates 0.3× to 10×: bench recall --zoology),
+    # in which attention learns MQAR at the equal budget
+    Family("recall, Zoology's recipe (L 64, K 16)", "recall_zoology", "accuracy %", "median", True, "points",
+           "attention", "pom", "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000},
+           key="variant", scale=100, part="state", guide="docs/recall.md", options=("-shift",),
+           shift_options=("-shift",), file="recall_zoology/recall.json"),
     Family("image generation (flow)", "image", "FD", "fd", False, "ratio", "tiny-sit", "tiny-sipom",
            "tiny-sipom-value", hybrids=("tiny-sipom-vhybrid",), where={"objective": "flow"}, key="model",
            best_target=1.10, all_target=1.15, guide="docs/image.md", select="fd_val",
@@ -130,7 +137,7 @@ FAMILIES: Tuple[Family, ...] = (
 
 def _load(fam: Family, folder: Path) -> Optional[Dict[str, Any]]:
     """The family's main bench JSON, or None where it has none."""
-    path = folder / f"{fam.bench}.json"
+    path = folder / (fam.file or f"{fam.bench}.json")
     if not path.is_file():
         return None
     try:
@@ -173,7 +180,11 @@ def seeded_rows(fam: Family, payloads: List[Dict[str, Any]]) -> List[Tuple[int, 
 
 def _by_seed(fam: Family, row: Dict[str, Any], seed: int, seeded: List[Tuple[int, Dict[str, Any]]]
              ) -> Dict[int, float]:
-    """The model's metric per seed at ``row``'s rate and steps: ``row`` itself (seed ``seed``) and its seed folders."""
+    """The model's metric per seed at ``row``'s rate and steps: ``row`` itself (seed ``seed``) and its seed folders;
+    a row that summarises its own seeds (recall: ``by_seed``, the metric their median) gives those."""
+    own = row.get("by_seed")
+    if isinstance(own, dict) and own and all(_number(v) for v in own.values()):
+        return {int(s): float(v) for s, v in sorted(own.items(), key=lambda kv: int(kv[0]))}
     values = {seed: row[fam.metric]}
     for s, r in seeded:
         if (r.get(fam.key) == row[fam.key] and isinstance(r.get(fam.metric), (int, float))
@@ -272,7 +283,8 @@ def family(bench: str) -> Family:
     for fam in FAMILIES:
         if fam.bench == bench:
             return fam
-    raise ValueError(f"no parity family reads {bench}.json (families: {', '.join(f.bench for f in FAMILIES)})")
+    names = ", ".join(dict.fromkeys(f.bench for f in FAMILIES))
+    raise ValueError(f"no parity family reads {bench}.json (families: {names})")
 
 
 def _number(v: Any) -> bool:
@@ -338,7 +350,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
 
     item: Dict[str, Any] = {"family": fam.name, "bench": fam.bench, "metric": fam.label, "higher": fam.higher,
                             "gap_kind": fam.gap, "guide": fam.guide, "found": rows is not None,
-                            "options": list(fam.options), "select": fam.select,
+                            "options": list(fam.options), "select": fam.select, "file": fam.file,
                             "attention": entry(fam.attention, base, None), "pom": entry(fam.pom),
                             "value": entry(fam.value)}
     hybrids = [entry(h) | {"full_attention": h in fam.full_hybrids} for h in fam.hybrids + fam.full_hybrids]
@@ -382,7 +394,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
         targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
                         "verdict": verdict,
                         "measured": None if top is None else _measured(fam, top, fam.all_target)})
-    if fam.bench == "recall":  # attention itself, without the shift
+    if fam.bench.startswith("recall"):  # attention itself, without the shift
         a = _entry(fam, preset, None, seed, seeded)
         verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
         na = len(a.get("by_seed", {})) or 1
@@ -418,7 +430,8 @@ def judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, D
 
 def collect(folder: Path) -> Dict[str, Any]:
     """Each family's comparison from the bench results in ``folder``."""
-    families = [judge(fam, _load(fam, folder), seeded_rows(fam, seed_payloads(folder, fam.bench, fam.part)))
+    families = [judge(fam, _load(fam, folder), [] if fam.file else seeded_rows(fam, seed_payloads(folder, fam.bench,
+                                                                                                   fam.part)))
                 for fam in FAMILIES]
     return {"families": families, "source": str(folder)}
 
@@ -466,7 +479,7 @@ def _cell(fam: Dict[str, Any], e: Dict[str, Any], option: bool = True) -> str:
     """A model's figure in the table, its gap to attention and (``option``) the option it is compared with."""
     if not e.get("run"):
         return "not run"
-    digits = 4 if fam["bench"] == "lm" else (2 if fam["bench"] in ("ocr", "recall") else 1)
+    digits = 4 if fam["bench"] == "lm" else (2 if fam["bench"] == "ocr" or fam["bench"].startswith("recall") else 1)
     text = f"{e['value']:.{digits}f}"
     if "gap" in e:
         text += f" ({_gap_text(fam['gap_kind'], e['gap'])})"
@@ -495,7 +508,8 @@ def report(payload: Dict[str, Any]) -> str:
         if not f.get("hybrid_presets", True):
             hyb = "— (no hybrid preset)"
         seeds = sorted({e.get("seeds", 1) for e in (f["attention"], f["pom"], f["value"], h) if e.get("run")})
-        rows.append({"family": f["family"] if f["found"] else f"{f['family']} (no {f['bench']}.json)",
+        where = f.get("file") or f["bench"] + ".json"
+        rows.append({"family": f["family"] if f["found"] else f"{f['family']} (no {where})",
                      "metric": f["metric"] + (" ↑" if f["higher"] else " ↓"), "attention": _cell(f, f["attention"]),
                      "pom": _cell(f, f["pom"]), "value": _cell(f, f["value"]), "hybrid": hyb,
                      "rate": " / ".join(_rates(e) for e in (f["attention"], f["pom"], f["value"])),
@@ -518,8 +532,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     folder = Path(args.out)
     if not any((folder / f"{f.bench}.json").is_file() for f in FAMILIES):
-        raise SystemExit(f"polymixer bench parity: no bench results in {folder} (looked for "
-                         f"{', '.join(f.bench + '.json' for f in FAMILIES)}); run the families' benches there first")
+        looked = ", ".join(dict.fromkeys(f.bench + ".json" for f in FAMILIES))
+        raise SystemExit(f"polymixer bench parity: no bench results in {folder} (looked for {looked}); run the "
+                         f"families' benches there first")
     payload = collect(folder)
     text = report(payload)
     write_text_atomic(folder / "parity.json", json.dumps(payload, indent=1) + "\n")
