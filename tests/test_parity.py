@@ -319,3 +319,23 @@ def test_a_recall_row_counts_its_own_seeds_and_zoologys_recipe_has_its_own_row(t
     assert z["attention"]["by_seed"] == {0: 99.4, 1: 99.6, 2: 99.1} and z["value"]["gap"] == pytest.approx(0.6)
     assert z["targets"][0]["verdict"] == "met" and z["targets"][0]["measured"] == "99.4%"
     assert "recall (MQAR, L 64, K 16) (no recall.json)" in parity.report(parity.collect(tmp_path))
+
+
+def test_every_to_run_line_is_a_command_the_cli_takes():
+    """The "to run" lines under the table are commands a reader can paste: each parses with polymixer's own parser,
+    and the model form it names is one its bench can build."""
+    import shlex
+    from pathlib import Path
+
+    from polymixer.bench.common import parse_variant
+    from polymixer.bench.recall import VARIANTS
+    from polymixer.cli import build_parser
+
+    payload = parity.collect(Path(__file__).parents[1] / "docs" / "bench")
+    commands = [c for f in payload["families"] for c in f["to_run"]]
+    assert commands  # the committed results leave options to run
+    for command in commands:
+        words = shlex.split(command.split(" (")[0])
+        args = build_parser().parse_args(words[1:])
+        for spec in args.sweep:
+            assert spec in VARIANTS if args.noun == "recall" else parse_variant(spec)

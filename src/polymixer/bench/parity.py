@@ -85,6 +85,8 @@ class Family:
     # configuration is judged on its own figures; these are the fields' values where the JSON names none
     defaults: Dict[str, Any] = field(default_factory=dict)
     file: Optional[str] = None  # the JSON under <out> where it is not <bench>.json (another recipe's folder)
+    # the command that trains a model form ({spec}) of this family's comparison, for the "to run" lines
+    command: str = ""
 
     def resolved(self, data: Optional[Dict[str, Any]]) -> "Family":
         """This family with ``name`` and ``metric`` filled from the configuration of ``data`` (its bench JSON)."""
@@ -101,25 +103,33 @@ FAMILIES: Tuple[Family, ...] = (
     Family("language model", "lm", "val loss", "val_loss", False, "relative", "tiny-attention", "tiny-pom",
            "tiny-vpom", hybrids=("tiny-hybrid", "tiny-vhybrid"), best_target=0.02, all_target=0.10,
            guide="docs/lm.md", options=("+attention_shift=4",), shift_options=("+attention_shift=4",),
-           select="val_loss"),
+           select="val_loss", command="polymixer bench lm --parts quality --presets {spec} --sweep {spec} "
+                                      "--lr-factors 0.5 1 2 4 8 --out docs/bench"),
     Family("recall (MQAR, L 64, K 16)", "recall", "accuracy %", "median", True, "points", "attention", "pom",
            "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000}, key="variant",
-           scale=100, part="state", guide="docs/recall.md", options=("-shift",), shift_options=("-shift",)),
+           scale=100, part="state", guide="docs/recall.md", options=("-shift",), shift_options=("-shift",),
+           command="polymixer bench recall --parts state --variants {spec} --sweep {spec} --out docs/bench"),
     # the same probe under Zoology's recipe (mixer-only blocks, batch 128, rates 0.3× to 10×: bench recall --zoology),
     # in which attention learns MQAR at the equal budget
     Family("recall, Zoology's recipe (L 64, K 16)", "recall_zoology", "accuracy %", "median", True, "points",
            "attention", "pom", "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000},
            key="variant", scale=100, part="state", guide="docs/recall.md", options=("-shift",),
-           shift_options=("-shift",), file="recall_zoology/recall.json"),
+           shift_options=("-shift",), file="recall_zoology/recall.json",
+           command="polymixer bench recall --zoology --parts state --variants {spec} --sweep {spec} "
+                   "--out runs/bench/recall-zoology (then its recall.* into docs/bench/recall_zoology/)"),
     Family("image generation (flow)", "image", "FD", "fd", False, "ratio", "tiny-sit", "tiny-sipom",
            "tiny-sipom-value", hybrids=("tiny-sipom-vhybrid",), where={"objective": "flow"}, key="model",
            best_target=1.10, all_target=1.15, guide="docs/image.md", select="fd_val",
            options=("+position=sincos_rope", "+attention_shift=2", "+position=sincos_rope+attention_shift=2"),
-           shift_options=("+attention_shift=2", "+position=sincos_rope+attention_shift=2")),
+           shift_options=("+attention_shift=2", "+position=sincos_rope+attention_shift=2"),
+           command="polymixer bench image --parts quality --objectives flow --presets {spec} --sweep {spec} "
+                   "--lr-factors 0.5 1 2 4 8 16 --out docs/bench"),
     Family("handwriting (synthetic lines)", "ocr", "CER %", "cer", False, "relative", "tiny-htr-vt", "tiny-htr-vpom",
            "tiny-htr-vpom-value", full_hybrids=("tiny-htr-vpom-hybrid",), where={"task": "synthetic"},
            key="preset", scale=100, best_target=0.05, guide="docs/ocr.md", options=("+attention_shift=2",),
-           shift_options=("+attention_shift=2",), select="val_cer"),
+           shift_options=("+attention_shift=2",), select="val_cer",
+           command="polymixer bench ocr --parts quality --tasks synthetic --quality-presets {spec} --sweep {spec} "
+                   "--lr-factors 0.5 1 2 4 --out docs/bench"),
     Family("satellite ({crop} px windows)", "eo", "test mIoU %", "miou_{crop}", True, "points", "tiny-tsvit",
            "tiny-tsvipom", "tiny-tsvipom-value", hybrids=("tiny-tsvipom-local",),
            full_hybrids=("tiny-tsvipom-hybrid",), scale=100, best_target=-1.0,
@@ -128,10 +138,14 @@ FAMILIES: Tuple[Family, ...] = (
            # year; the value PoM's 4-token shift given to attention, with rotary dates
            options=("+date_rope=true", "+date_rope=true+date_rope_speed=0.3+date_rope_base=30",
                     "+date_rope=true+attention_shift=4"),
-           shift_options=("+date_rope=true+attention_shift=4",), select="val_miou"),
+           shift_options=("+date_rope=true+attention_shift=4",), select="val_miou",
+           command="polymixer bench eo --parts quality --quality-models {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
+                   "--out docs/bench"),
     Family("point clouds", "points", "test mIoU %", "miou", True, "points", "tiny-ptv3", "tiny-ppomv3",
            "tiny-ppomv3-value", hybrids=("tiny-ppomv3-hybrid",), scale=100, best_target=-1.0, guide="docs/points.md",
-           options=("+attention_shift=2",), shift_options=("+attention_shift=2",), select="val_miou"),
+           options=("+attention_shift=2",), shift_options=("+attention_shift=2",), select="val_miou",
+           command="polymixer bench points --parts quality --quality-models {spec} --sweep {spec} "
+                   "--lr-factors 0.25 0.5 1 2 --out docs/bench"),
 )
 
 
@@ -355,6 +369,8 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
                             "value": entry(fam.value)}
     hybrids = [entry(h) | {"full_attention": h in fam.full_hybrids} for h in fam.hybrids + fam.full_hybrids]
     item["not_run"] = {name: miss for name, (row, miss, _) in picked.items() if row is not None and miss}
+    item["to_run"] = [fam.command.format(spec=name + o) for name, miss in item["not_run"].items() for o in miss
+                      if fam.command]
     hybrids = [h for h in hybrids if h["run"] and "gap" in h]
     sign = 1 if fam.gap == "points" else -1  # larger × sign is better
     item["hybrid"] = max(hybrids, key=lambda h: sign * h["gap"]) if hybrids else {"run": False}
@@ -453,6 +469,8 @@ def target_lines(item: Dict[str, Any]) -> List[str]:
             lines.append(f"{item['family']}: some forms were picked on {'; '.join(odd)}")
     for name, options in (item.get("not_run") or {}).items():
         lines.append(f"{item['family']}: not run — {name} with {', '.join(options)}")
+    for command in item.get("to_run") or []:
+        lines.append(f"{item['family']}: to run: `{command}`")
     for t in item["targets"]:
         measured = f": {t['measured']}" if t["measured"] else ""
         lines.append(f"{item['family']}: {t['what']}{measured} — **{t['verdict']}**")

@@ -62,6 +62,8 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
     "vpom-4k": ("mqar-vpom", {"expand": 2, "value_dim": 32}, "value PoM"),
     "vpom-16k": ("mqar-vpom", {"expand": 4, "value_dim": 64}, "value PoM"),
     "hybrid-LV": ("mqar-vpom", {"mixer": "LV", "expand": 4, "value_dim": 64, "window": 16}, "hybrid (L + value PoM)"),
+    "hybrid-LV-shift": ("mqar-vpom", {"mixer": "LV", "expand": 4, "value_dim": 64, "window": 16, "token_shift": True},
+                        "hybrid (L + value PoM) + shift"),
     # Based and linear attention with the value PoM's token shift (Based's short convolution): a comparison of the
     # feature map and the state, all else equal
     "based-1k": ("mqar-based", {"feature_dim": 4, "value_dim": 48, "token_shift": True}, "Based"),
