@@ -87,6 +87,10 @@ class Family:
     file: Optional[str] = None  # the JSON under <out> where it is not <bench>.json (another recipe's folder)
     # the command that trains a model form ({spec}) of this family's comparison, for the "to run" lines
     command: str = ""
+    # config fields of a model's own preset (value heads, shift width, …): every run variant of a model over these
+    # (and the options' fields) is one of its forms, chosen on validation like the options — so a preset steered
+    # by test figures is replaced by the form validation picks
+    tuned: Tuple[str, ...] = ()
 
     def resolved(self, data: Optional[Dict[str, Any]]) -> "Family":
         """This family with ``name`` and ``metric`` filled from the configuration of ``data`` (its bench JSON)."""
@@ -103,8 +107,9 @@ FAMILIES: Tuple[Family, ...] = (
     Family("language model", "lm", "val loss", "val_loss", False, "relative", "tiny-attention", "tiny-pom",
            "tiny-vpom", hybrids=("tiny-hybrid", "tiny-vhybrid"), best_target=0.02, all_target=0.10,
            guide="docs/lm.md", options=("+attention_shift=4",), shift_options=("+attention_shift=4",),
-           select="val_loss", command="polymixer bench lm --parts quality --presets {spec} --sweep {spec} "
-                                      "--lr-factors 0.5 1 2 4 8 --out docs/bench"),
+           select="val_loss", tuned=("value_heads", "shift_width"),
+           command="polymixer bench lm --parts quality --presets {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
+                   "--out docs/bench"),
     Family("recall (MQAR, L 64, K 16)", "recall", "accuracy %", "median", True, "points", "attention", "pom",
            "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000}, key="variant",
            scale=100, part="state", guide="docs/recall.md", options=("-shift",), shift_options=("-shift",),
@@ -122,6 +127,7 @@ FAMILIES: Tuple[Family, ...] = (
            best_target=1.10, all_target=1.15, guide="docs/image.md", select="fd_val",
            options=("+position=sincos_rope", "+attention_shift=2", "+position=sincos_rope+attention_shift=2"),
            shift_options=("+attention_shift=2", "+position=sincos_rope+attention_shift=2"),
+           tuned=("value_heads", "shift_width", "degree", "local_conv"),
            command="polymixer bench image --parts quality --objectives flow --presets {spec} --sweep {spec} "
                    "--lr-factors 0.5 1 2 4 8 16 --out docs/bench"),
     Family("handwriting (synthetic lines)", "ocr", "CER %", "cer", False, "relative", "tiny-htr-vt", "tiny-htr-vpom",
@@ -139,11 +145,13 @@ FAMILIES: Tuple[Family, ...] = (
            options=("+date_rope=true", "+date_rope=true+date_rope_speed=0.3+date_rope_base=30",
                     "+date_rope=true+attention_shift=4"),
            shift_options=("+date_rope=true+attention_shift=4",), select="val_miou",
+           tuned=("value_heads", "shift_width", "expand", "degree"),
            command="polymixer bench eo --parts quality --quality-models {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
                    "--out docs/bench"),
     Family("point clouds", "points", "test mIoU %", "miou", True, "points", "tiny-ptv3", "tiny-ppomv3",
            "tiny-ppomv3-value", hybrids=("tiny-ppomv3-hybrid",), scale=100, best_target=-1.0, guide="docs/points.md",
            options=("+attention_shift=2",), shift_options=("+attention_shift=2",), select="val_miou",
+           tuned=("pom_patch_size",),
            command="polymixer bench points --parts quality --quality-models {spec} --sweep {spec} "
                    "--lr-factors 0.25 0.5 1 2 --out docs/bench"),
 )
@@ -268,12 +276,13 @@ def _verdict(fam: Family, e: Optional[Dict[str, Any]], target: float, spread: Op
     """"met" / "MISSED" on medians of ≥ 3 seeds of both the model and attention, every option that could change it
     run; else the same word followed by "unsettled" and why: attention's seed spread when the margin to the target
     is within it, else the seed counts (a verdict, met or missed, needs 3 seeds of both sides), and the options not
-    run that could change it (``missing``: "tiny-attention +attention_shift=4")."""
+    run or the choices made on the reported figure that could change it (``missing``: "not run with tiny-attention
+    +attention_shift=4")."""
     if e is None:
         return "not run"
     verdict = "MISSED" if _worse(fam, e["gap"], target) else "met"
     n = len(e.get("by_seed", {})) or 1
-    opts = f"not run with {', '.join(missing)}" if missing else ""
+    opts = "; ".join(missing)
     if n >= 3 and attention_seeds >= 3:
         return f"{verdict}, unsettled: {opts}" if opts else verdict
     margin = (e["gap"] - target) * (1 if fam.gap == "points" else e["against"])  # in the metric's units
@@ -312,22 +321,30 @@ def _has_attention(fam: Family, name: str) -> bool:
 
 def _choose(fam: Family, by: Dict[str, Dict[str, Any]], name: str, fair: bool
             ) -> Tuple[Optional[Dict[str, Any]], List[str], str]:
-    """The model's form it is compared as: its preset or a variant (``fam.options`` that apply to it; ``fair``
-    False: the earlier rule, no shift offered), whichever scores best on the validation figure (``fair``, where
-    every candidate has one) or on the reported figure; the options that apply but were not run; how it was picked."""
+    """The model's form it is compared as: its preset, a variant (``fam.options`` that apply to it) or, under the
+    fair rule, another run of its own preset fields (``fam.tuned``), whichever scores best on the validation figure
+    among the forms that have one (``fair``), else on the reported figure (``fair`` False: the earlier rule, options
+    on the reported figure, no shift offered); the options that apply but were not run; how it was picked."""
     options = [o for o in fam.options if (fair or o not in fam.shift_options)
                and (o not in fam.shift_options or _has_attention(fam, name))]
-    found = [by[n] for n in [name] + [name + o for o in options] if n in by and _number(by[n].get(fam.metric))]
+    forms = [name] + [name + o for o in options]
+    if fair and fam.tuned:  # the model's own run variants over its preset's fields (and the options' fields)
+        allowed = set(fam.tuned) | {kv.split("=")[0] for o in options for kv in o.split("+")[1:]}
+        forms += [n for n in by if n.startswith(name + "+") and n not in forms
+                  and {kv.split("=")[0] for kv in n[len(name) + 1:].split("+")} <= allowed]
+    found = [by[n] for n in forms if n in by and _number(by[n].get(fam.metric))]
     missing = [o for o in options if name + o not in by] if name in by else []
     if not found:
         return by.get(name), missing, ""
     if len(found) == 1:
         return found[0], missing, ""  # nothing to choose from
     key, how = fam.metric, "the reported figure"
-    if fair and fam.select and all(_number(r.get(fam.select)) for r in found):
-        key, how = fam.select, "validation"
-    elif fair and fam.select:
-        how = "the reported figure (a form has no validation figure)"
+    if fair and fam.select:
+        scored = [r for r in found if _number(r.get(fam.select))]
+        if scored:  # forms without a validation figure are not chosen on the test figure instead
+            found, key, how = scored, fam.select, "validation"
+        else:
+            how = "the reported figure (no form has a validation figure)"
     chosen = (max if fam.higher else min)(found, key=lambda r: r[key])  # ties keep the plain preset
     return chosen, missing, how
 
@@ -356,6 +373,8 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
         if e["run"]:
             e["not_run"] = picked[name][1]
             e["picked_by"] = picked[name][2]
+            # chosen on the reported figure: its form, or its rate (a run without a validation figure)
+            e["on_reported"] = fair and bool(fam.select) and not _number(row.get(fam.select))
             params = row.get("params")
             if _number(params) and _number(base_params) and base_params:
                 e["params"] = params
@@ -389,14 +408,20 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
     spread = max(seeds_of_attention) - min(seeds_of_attention) if len(seeds_of_attention) > 1 else None
 
     def missing(e: Optional[Dict[str, Any]], candidates: List[Dict[str, Any]]) -> List[str]:
-        """The options not run that could change the verdict on ``e``: attention's (it could only do better, so
-        they matter to a "met") and the linear-time candidates' (they matter to a "MISSED")."""
+        """What could change the verdict on ``e``: the options not run — attention's (it could only do better, so
+        they matter to a "met") and the linear-time candidates' (they matter to a "MISSED") — and a choice of form
+        or rate made on the reported figure, by attention or ``e``."""
         if e is None:
             return []
         worse = _worse(fam, e["gap"], fam.best_target if candidates is linear else fam.all_target)
         who = [item["attention"]] if not worse else [c for c in candidates if c.get("not_run")]
-        return [f"{c['model'].split('+')[0] if fam.key != 'variant' else c['model']} {' / '.join(c['not_run'])}"
+        runs = [f"{c['model'].split('+')[0] if fam.key != 'variant' else c['model']} {' / '.join(c['not_run'])}"
                 for c in who if c.get("run") and c.get("not_run")]
+        out = [f"not run with {', '.join(runs)}"] if runs else []
+        test = [c["model"] for c in (item["attention"], e) if c.get("on_reported")]
+        if test:
+            out.append(f"{' and '.join(test)} chosen on the reported figure (no validation figure)")
+        return out
 
     if fam.best_target is not None:
         bound = _bound(fam, fam.best_target)
