@@ -57,22 +57,25 @@ def test_patterns():
         create_model("tiny-pom", n_layers=2)
 
 
-@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "PALP", "LLPA", "VLPV"])
-@pytest.mark.parametrize("position", ["learned", "rope", "none"])
-def test_prefill_then_decode_reproduces_forward(mixer, position):
-    m = _tiny(mixer, position)
-    idx = torch.randint(0, 256, (2, 40))
+def _assert_decode_reproduces_forward(m, n: int, prefix: int) -> None:
+    """A prefill of ``prefix`` tokens then token-by-token decoding gives the full forward's logits (≤ 1e-5)."""
+    idx = torch.randint(0, 256, (2, n))
     with torch.no_grad():
         full, _ = m(idx)
         state = m.init_state(2)
-        first, state = m.step(idx[:, :13], state)
+        first, state = m.step(idx[:, :prefix], state)
         outs = [first]
-        for t in range(13, 40):
+        for t in range(prefix, n):
             logit, state = m.step(idx[:, t:t + 1], state)
             outs.append(logit)
-    got = torch.cat(outs, 1)
-    rel = (got - full).norm() / full.norm()
+    rel = (torch.cat(outs, 1) - full).norm() / full.norm()
     assert rel <= 1e-5, rel
+
+
+@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "PALP", "LLPA", "VLPV"])
+@pytest.mark.parametrize("position", ["learned", "rope", "none"])
+def test_prefill_then_decode_reproduces_forward(mixer, position):
+    _assert_decode_reproduces_forward(_tiny(mixer, position), 40, 13)
 
 
 def test_attention_shift_decodes_like_forward_and_leaves_other_layers_alone():
@@ -81,17 +84,7 @@ def test_attention_shift_decodes_like_forward_and_leaves_other_layers_alone():
     with torch.no_grad():
         for blk in m.blocks[:2]:
             blk.mixer.shift.normal_()
-    idx = torch.randint(0, 256, (2, 30))
-    with torch.no_grad():
-        full, _ = m(idx)
-        state = m.init_state(2)
-        first, state = m.step(idx[:, :11], state)
-        outs = [first]
-        for t in range(11, 30):
-            logit, state = m.step(idx[:, t:t + 1], state)
-            outs.append(logit)
-    rel = (torch.cat(outs, 1) - full).norm() / full.norm()
-    assert rel <= 1e-5, rel
+    _assert_decode_reproduces_forward(m, 30, 11)
     with pytest.raises(ValueError, match="attention_shift must be 0"):
         LMConfig(attention_shift=1)
 

@@ -219,14 +219,16 @@ class Attention(nn.Module):
         return q, F.linear(context, w[self.dim:], None if b is None else b[self.dim:])
 
     def _project(self, x: Tensor, context: Optional[Tensor], key_mask: Optional[Tensor] = None,
-                 prev: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values split into heads; keys and values through the token shift where the layer has
-        one (over the context's tokens for cross-attention; ``prev``: the W − 1 projections before the first)."""
+                 prev: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+        """Queries, keys and values split into heads, keys and values through the token shift where the layer has
+        one (over the context's tokens for cross-attention; ``prev``: the W − 1 projections before the first), and
+        the last W − 1 projections (the shift's stream memory; None without a shift)."""
         q, kv = self._project_flat(x, context)
+        last = None
         if self.shift_width:
-            kv = shift_tokens(kv, self.shift, key_mask, prev)[0]
+            kv, last = shift_tokens(kv, self.shift, key_mask, prev)
         k, v = kv.split(self.dim, dim=-1)
-        return self._heads(q), self._heads(k), self._heads(v)
+        return self._heads(q), self._heads(k), self._heads(v), last
 
     def _rotate(self, t: Tensor, positions: Tensor) -> Tensor:
         cos, sin = rope_angles(positions, self.head_dim, self.rope_base, self.rope == "2d", t.dtype)
@@ -269,7 +271,7 @@ class Attention(nn.Module):
                                      key_mask, positions, context_positions)
             return y.squeeze(0) if squeeze else y
 
-        q, k, v = self._project(x, context, key_mask)
+        q, k, v, _ = self._project(x, context, key_mask)
         if self.rope is not None:
             two_d = self.rope == "2d"
             if positions is None:
@@ -311,14 +313,16 @@ class Attention(nn.Module):
         lengths = parallel.agree(cp, "attention", facts, problem)
         sl = parallel.Slice(cp.rank, lengths)
         B = x.shape[0]
-        prev = None
+        q, kv = self._project_flat(x, None)
         if self.shift_width:  # the W − 1 key / value projections before this slice, from the ranks before it
             take = min(self.shift_width - 1, n)
-            tail = self._project_flat(x[:, n - take:], None)[1]
+            tail = kv[:, n - take:]
             if key_mask is not None:
                 tail = tail * key_mask[:, n - take:, None].to(tail.dtype)
             prev = parallel.halo_before(tail, self.shift_width - 1, sl, cp, "attention token-shift halo")
-        q, k, v = self._project(x, None, key_mask, prev)
+            kv = shift_tokens(kv, self.shift, key_mask, prev)[0]
+        k, v = kv.split(self.dim, dim=-1)
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)
         if self.rope is not None:
             pos = sl.start + torch.arange(n, device=x.device) if positions is None else positions
             check_positions(pos, B, n, self.rope == "2d", "positions")
@@ -456,13 +460,9 @@ class Attention(nn.Module):
         if (state.shift_prev is None) != (not self.shift_width):
             raise ValueError(f"state was made for a layer {'with' if state.shift_prev is not None else 'without'} a "
                              f"token shift; this layer has {self.shift_width or 'none'}: use its init_state")
+        q, k, v, last = self._project(x, None, mask, state.shift_prev)
         if self.shift_width:
-            q, kv = self._project_flat(x, None)
-            kv, state.shift_prev = shift_tokens(kv, self.shift, mask, state.shift_prev)
-            k, v = kv.split(self.dim, dim=-1)
-            q, k, v = self._heads(q), self._heads(k), self._heads(v)
-        else:
-            q, k, v = self._project(x, None)
+            state.shift_prev = last
         idx = state.offset[:, None] + torch.arange(T, device=x.device)  # (B, T) stream indices
         if self.rope is not None:
             if positions is None:

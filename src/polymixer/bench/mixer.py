@@ -84,7 +84,7 @@ class _NaiveAttention(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
         a = self.att
-        q, k, v = a._project(x, None)
+        q, k, v, _ = a._project(x, None)
         s = (q @ k.transpose(-1, -2)) * (a.head_dim ** -0.5)
         if causal:
             n = x.shape[1]

@@ -103,6 +103,11 @@ class Family:
         return replace(self, name=self.name.format(**config), metric=self.metric.format(**config))
 
 
+RECALL = Family("recall (MQAR, L 64, K 16)", "recall", "accuracy %", "median", True, "points", "attention", "pom",
+                "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000}, key="variant",
+                scale=100, part="state", guide="docs/recall.md", options=("-shift",), shift_options=("-shift",),
+                command="polymixer bench recall --parts state --variants {spec} --sweep {spec} --out docs/bench")
+
 FAMILIES: Tuple[Family, ...] = (
     Family("language model", "lm", "val loss", "val_loss", False, "relative", "tiny-attention", "tiny-pom",
            "tiny-vpom", hybrids=("tiny-hybrid", "tiny-vhybrid"), best_target=0.02, all_target=0.10,
@@ -110,18 +115,13 @@ FAMILIES: Tuple[Family, ...] = (
            select="val_loss", tuned=("value_heads", "shift_width"),
            command="polymixer bench lm --parts quality --presets {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
                    "--out docs/bench"),
-    Family("recall (MQAR, L 64, K 16)", "recall", "accuracy %", "median", True, "points", "attention", "pom",
-           "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000}, key="variant",
-           scale=100, part="state", guide="docs/recall.md", options=("-shift",), shift_options=("-shift",),
-           command="polymixer bench recall --parts state --variants {spec} --sweep {spec} --out docs/bench"),
+    RECALL,
     # the same probe under Zoology's recipe (mixer-only blocks, batch 128, rates 0.3× to 10×: bench recall --zoology),
     # in which attention learns MQAR at the equal budget
-    Family("recall, Zoology's recipe (L 64, K 16)", "recall_zoology", "accuracy %", "median", True, "points",
-           "attention", "pom", "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000},
-           key="variant", scale=100, part="state", guide="docs/recall.md", options=("-shift",),
-           shift_options=("-shift",), file="recall_zoology/recall.json",
-           command="polymixer bench recall --zoology --parts state --variants {spec} --sweep {spec} "
-                   "--out runs/bench/recall-zoology (then its recall.* into docs/bench/recall_zoology/)"),
+    replace(RECALL, name="recall, Zoology's recipe (L 64, K 16)", bench="recall_zoology",
+            file="recall_zoology/recall.json",
+            command="polymixer bench recall --zoology --parts state --variants {spec} --sweep {spec} "
+                    "--out runs/bench/recall-zoology (then its recall.* into docs/bench/recall_zoology/)"),
     Family("image generation (flow)", "image", "FD", "fd", False, "ratio", "tiny-sit", "tiny-sipom",
            "tiny-sipom-value", hybrids=("tiny-sipom-vhybrid",), where={"objective": "flow"}, key="model",
            best_target=1.10, all_target=1.15, guide="docs/image.md", select="fd_val",
@@ -407,13 +407,13 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
         seeds_of_attention = [v * fam.scale for v in _by_seed(fam, preset, seed, seeded).values()]
     spread = max(seeds_of_attention) - min(seeds_of_attention) if len(seeds_of_attention) > 1 else None
 
-    def missing(e: Optional[Dict[str, Any]], candidates: List[Dict[str, Any]]) -> List[str]:
+    def missing(e: Optional[Dict[str, Any]], candidates: List[Dict[str, Any]], target: float) -> List[str]:
         """What could change the verdict on ``e``: the options not run — attention's (it could only do better, so
         they matter to a "met") and the linear-time candidates' (they matter to a "MISSED") — and a choice of form
         or rate made on the reported figure, by attention or ``e``."""
         if e is None:
             return []
-        worse = _worse(fam, e["gap"], fam.best_target if candidates is linear else fam.all_target)
+        worse = _worse(fam, e["gap"], target)
         who = [item["attention"]] if not worse else [c for c in candidates if c.get("not_run")]
         runs = [f"{c['model'].split('+')[0] if fam.key != 'variant' else c['model']} {' / '.join(c['not_run'])}"
                 for c in who if c.get("run") and c.get("not_run")]
@@ -425,13 +425,14 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
 
     if fam.best_target is not None:
         bound = _bound(fam, fam.best_target)
-        verdict = _verdict(fam, best, fam.best_target, spread, len(seeds_of_chosen), missing(best, linear))
+        verdict = _verdict(fam, best, fam.best_target, spread, len(seeds_of_chosen),
+                           missing(best, linear, fam.best_target))
         targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
                         "measured": None if best is None else _measured(fam, best, fam.best_target)})
     if fam.all_target is not None:
         alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
         top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
-        verdict = _verdict(fam, top, fam.all_target, spread, len(seeds_of_chosen), missing(top, alls))
+        verdict = _verdict(fam, top, fam.all_target, spread, len(seeds_of_chosen), missing(top, alls, fam.all_target))
         targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
                         "verdict": verdict,
                         "measured": None if top is None else _measured(fam, top, fam.all_target)})
@@ -574,8 +575,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     folder = Path(args.out)
-    if not any((folder / f"{f.bench}.json").is_file() for f in FAMILIES):
-        looked = ", ".join(dict.fromkeys(f.bench + ".json" for f in FAMILIES))
+    files = list(dict.fromkeys(f.file or f"{f.bench}.json" for f in FAMILIES))
+    if not any((folder / name).is_file() for name in files):
+        looked = ", ".join(files)
         raise SystemExit(f"polymixer bench parity: no bench results in {folder} (looked for {looked}); run the "
                          f"families' benches there first")
     payload = collect(folder)
