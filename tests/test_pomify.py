@@ -33,7 +33,7 @@ def test_pom_init_reproduces_uniform_attention_exactly():
     student = pomify(copy.deepcopy(teacher), "PA")
     att, pom = teacher.blocks[0].mixer, student.blocks[0].mixer
     h = torch.randn(2, 24, 32) * 0.3
-    q, k, v = att._project(h, None)
+    q, k, v, _ = att._project(h, None)
     mean_v = v.cumsum(2) / torch.arange(1, 25)[None, None, :, None]
     torch.testing.assert_close(pom(h, causal=True), att._merge(mean_v), atol=1e-6, rtol=1e-5)
 
