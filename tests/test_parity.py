@@ -79,10 +79,10 @@ def test_parity_takes_medians_over_the_seed_folders_on_the_seeds_both_ran(tmp_pa
     assert sorted(v["by_seed"]) == [0, 1, 2] and v["value"] == pytest.approx(36.6) and v["seeds"] == 3
     assert v["gap"] == pytest.approx(-1.4)  # 36.6 − 38.0: medians over seeds 0, 1, 2
     assert f["pom"]["seeds"] == 1 and f["pom"]["gap"] == pytest.approx(15.6 - 39.4)  # seed 0 only
-    # settled on seeds, but the value PoM was not run with the family's options (rotary dates): still unsettled
+    # settled on seeds, but the value PoM was not run with the family's options (rotary dates) nor gated: unsettled
     dates = "+date_rope=true / +date_rope=true+date_rope_speed=0.3+date_rope_base=30"
     assert (f"tiny-tsvipom-value -1.4 (median of 3 seeds) — **MISSED, unsettled: not run with tiny-tsvipom {dates}, "
-            f"tiny-tsvipom-value {dates}**") in parity.report(
+            f"tiny-tsvipom-value {dates} / +date_rope=true+mixer=gated_value_pom**") in parity.report(
         parity.collect(tmp_path))
     # the bench's own report judges the same way: one verdict path (its seed folders read the same)
     from polymixer.bench.common import seed_payloads
@@ -147,15 +147,16 @@ def test_a_verdict_on_fewer_than_3_seeds_inside_attentions_spread_is_unsettled(t
     # no validation FD (rates chosen on the reported FD)
     test = "tiny-sit and tiny-sipom-value chosen on the reported figure (no validation figure)"
     assert [t["verdict"] for t in fam["targets"]] == [
-        f"MISSED, unsettled: not run with tiny-sipom +position=sincos_rope, tiny-sipom-value +position=sincos_rope; "
-        f"{test}"] * 2
+        f"MISSED, unsettled: not run with tiny-sipom +position=sincos_rope, tiny-sipom-value +position=sincos_rope"
+        f" / +position=sincos_rope+mixer=gated_value_pom; {test}"] * 2
     text = parity.report(parity.collect(tmp_path))
     assert "tiny-sipom-value 1.21× (median of 3 seeds) — **MISSED, unsettled" in text
     # a margin wider than the spread is still unsettled on one seed of the model: a verdict needs 3 of both
     image(tmp_path / "image_seed1", 1, [row("tiny-sit", 36.9)])
     image(tmp_path / "image_seed2", 2, [row("tiny-sit", 36.8)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
-    not_run = "tiny-sipom +position=sincos_rope, tiny-sipom-value +position=sincos_rope"
+    not_run = ("tiny-sipom +position=sincos_rope, tiny-sipom-value +position=sincos_rope / "
+               "+position=sincos_rope+mixer=gated_value_pom")
     attention_not_run = ("tiny-sit +position=sincos_rope / +attention_shift=2 / "
                          "+position=sincos_rope+attention_shift=2")
     assert [t["verdict"] for t in fam["targets"]] == [
@@ -295,6 +296,32 @@ def test_the_fairness_rule_picks_on_validation_offers_the_shift_and_reports_flip
     v = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["eo"]["value"]
     assert v["model"] == "tiny-tsvipom-value+date_rope=true+value_heads=4+expand=0.875"
     assert v["picked_by"] == "validation"
+
+
+def test_the_gated_value_pom_is_a_form_of_the_value_pom_only_and_shown_not_run(tmp_path):
+    """The gated value PoM (``+mixer=gated_value_pom``) is offered to the value PoM as one of its forms, chosen on
+    validation like the others (with the options and its preset fields, never with another mixer value); a value PoM
+    without it reads "not run" and its MISSED verdicts stay unsettled."""
+
+    def lm(rows):
+        (tmp_path / "lm.json").write_text(json.dumps({"quality": {"config": {"seed": 0}, "rows": rows}}))
+
+    def row(spec, val):
+        return {"spec": spec, "model": spec, "val_loss": val, "lr": 0.004, "best_lr": True, "params": 1000}
+
+    lm([row("tiny-attention", 1.0), row("tiny-vpom", 1.2)])
+    f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["lm"]
+    assert f["not_run"]["tiny-vpom"] == ["+mixer=gated_value_pom"] and "tiny-pom" not in f["not_run"]
+    every = f["targets"][1]
+    assert every["verdict"].startswith("MISSED") and "not run with tiny-vpom +mixer=gated_value_pom" in every["verdict"]
+    assert any("--presets tiny-vpom+mixer=gated_value_pom" in c for c in f["to_run"])
+    gated = "tiny-vpom+mixer=gated_value_pom"
+    lm([row("tiny-attention", 1.0), row("tiny-vpom", 1.2), row(gated, 1.08), row(gated + "+value_heads=4", 1.05),
+        row("tiny-vpom+mixer=VVAV", 1.01), row("tiny-attention+mixer=gated_value_pom", 0.9)])
+    f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["lm"]
+    assert f["value"]["model"] == gated + "+value_heads=4" and f["value"]["picked_by"] == "validation"
+    assert f["attention"]["model"] == "tiny-attention"  # another mixer is not a form of attention
+    assert "tiny-vpom" not in f["not_run"]
 
 
 def test_recall_offers_attention_its_shift_and_still_judges_attention_without_it(tmp_path):

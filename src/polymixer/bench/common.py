@@ -600,6 +600,75 @@ def sweep_runs(plan: Sequence[Tuple[str, float]], root: Path, base: float, model
     return runs
 
 
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a family's quality sweep (the family's only stage, or one per task / objective): its models run
+    at every rate of the grid where ``cfg.sweep`` names them, else at the recipe's rate — or, where ``rates`` is
+    given, each at the rate it picks from the runs known so far (a later stage reusing an earlier one's best rates;
+    ``rates_label(model)`` says where that rate came from)."""
+
+    models: Tuple[str, ...]
+    name: str = ""  # the task / objective, for the family's hooks
+    prefix: str = ""  # run folders: <prefix><slug><suffix>
+    suffix: str = ""
+    rates: Optional[Callable[[List[Dict[str, Any]]], Dict[str, float]]] = None
+    rates_label: Callable[[str], str] = str
+
+
+@dataclass(frozen=True)
+class QualitySweep:
+    """What a family's quality part declares — its file, what names one run in a row besides its rate, its recipe
+    (``recipe(cfg, job, stage) -> TrainConfig``), how one run is trained and scored (``evaluate(cfg, job, stage,
+    train_cfg) -> (result, row)``: the result's ``history`` gives the resumed runs' minutes) and how the rows are
+    ordered and each model's best rate marked (``select(rows, cfg)``, on the validation figure). :meth:`run` does
+    the rest alike for every family: the plan (sweep or earlier stage's best rates), resuming finished and
+    interrupted runs, the training minutes, the earlier file's rows not redone, the grid reported."""
+
+    bench: str
+    recipe_lr: float  # the rate of rows from before sweeps
+    keys: Tuple[str, ...]  # with the rate, what names one run (rows of another process sharing the sweep are kept)
+    recipe: Callable[[Any, "SweepRun", Stage], Any]
+    evaluate: Callable[[Any, "SweepRun", Stage, Any], Tuple[Dict[str, Any], Dict[str, Any]]]
+    select: Callable[[List[Dict[str, Any]], Any], List[Dict[str, Any]]]
+    selected_by: Callable[[List[Dict[str, Any]]], str]
+    base: str = "lr"  # the config field holding the recipe's rate
+    earlier_defaults: Callable[[Dict[str, Any]], Dict[str, Any]] = lambda r: {}
+
+    def known(self, cfg: Any, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """This process's rows and those of the earlier ``<out>/<bench>.json`` it does not redo — read each time,
+        since a process sharing the sweep may have finished its runs in the meantime."""
+        earlier = earlier_rows(Path(cfg.out) / f"{self.bench}.json", self.recipe_lr)
+        for r in earlier:
+            for k, v in self.earlier_defaults(r).items():
+                r.setdefault(k, v)
+        return merge_rows(earlier, rows, self.keys)
+
+    def run(self, cfg: Any, stages: Sequence[Stage]) -> Dict[str, Any]:
+        """Train and score every stage's runs in order; the rows (this process's and the earlier file's, selected),
+        the grid of rates tried and the figure rates were chosen on."""
+        base = getattr(cfg, self.base)
+        rows: List[Dict[str, Any]] = []
+        for stage in stages:
+            if stage.rates is None:
+                plan = sweep_plan(stage.models, cfg.sweep, base, cfg.lr_factors)
+                source = {m: "sweep" if m in cfg.sweep else "recipe" for m in stage.models}
+            else:
+                best = stage.rates(self.select(self.known(cfg, rows), cfg))
+                plan = [(m, best.get(m, base)) for m in stage.models]
+                source = {m: stage.rates_label(m) if m in best else "recipe" for m in stage.models}
+            for job in sweep_runs(plan, Path(cfg.out) / "quality", base, getattr(cfg, "model_overrides", {}),
+                                  cfg.lrs, cfg.lr_factors, prefix=stage.prefix, suffix=stage.suffix,
+                                  sources=source):
+                tcfg = self.recipe(cfg, job, stage)
+                finished = resume_point(job.out, tcfg)  # a run trained to the end (here or copied in): scored only
+                t0 = time.perf_counter()
+                res, row = self.evaluate(cfg, job, stage, tcfg)
+                minutes = training_minutes(job.out, t0, finished, res.get("history", []), tcfg.batch_size)
+                rows.append({**row, "lr": job.lr, "lr_from": job.source, "train_min": minutes})
+        rows = self.select(self.known(cfg, rows), cfg)
+        return {"rows": rows, "grid": rates_tried(rows, base, cfg.lr_factors), "selected_by": self.selected_by(rows)}
+
+
 def mark_best(rows: List[Dict[str, Any]], metric: str, higher: bool, key: str = "spec") -> List[Dict[str, Any]]:
     """Mark each model's run at its best rate (``best_lr`` True), chosen by ``metric`` (the selection metric: the
     validation score where the family has a validation split), and give every row the model's number of rates."""

@@ -37,20 +37,18 @@ from .common import (
     bench_main,
     run_bench,
     LR_FACTORS,
+    QualitySweep,
+    Stage,
+    SweepRun,
     best_rows,
     describe_variant,
     earlier_part,
-    earlier_rows,
     keep_freed_memory,
     mark_best,
-    merge_rows,
     parse_variant,
     picture_owner,
-    rates_tried,
     resume_point,
     same_rate,
-    sweep_plan,
-    sweep_runs,
     sweep_table,
     time_interleaved,
     training_minutes,
@@ -172,25 +170,20 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from ..tasks.eo import draw_confusion, draw_tiles, evaluate_eo, train_eo
 
     root = resolve_data(cfg.data_dir, progress=progress)
-    plan = sweep_plan(cfg.quality_models, cfg.sweep, cfg.lr, cfg.lr_factors)
     path = Path(cfg.out) / "eo.json"
-    rows: List[Dict[str, Any]] = []
     pictures: Dict[str, str] = dict(earlier_part(path).get("pictures", {}))
     drawn = picture_owner(cfg.picture_model, cfg.quality_models, "confusion" in pictures)
     draw_window = cfg.crop if cfg.crop in cfg.eval_windows else cfg.eval_windows[0]
-    for job in sweep_runs(plan, Path(cfg.out) / "quality", cfg.lr, cfg.model_overrides, cfg.lrs, cfg.lr_factors):
-        spec, preset, overrides, lr, out = job.spec, job.preset, job.overrides, job.lr, job.out
-        tcfg = _train_cfg(cfg, out, lr, cfg.quality_steps, cfg.quality_steps, 3, progress)
-        finished = resume_point(out, tcfg)
-        t0 = time.perf_counter()
-        res = train_eo(preset, tcfg, str(root), cfg.fold, cfg.crop, eval_limit=cfg.eval_limit or None,
-                       progress=progress, **overrides)
-        minutes = training_minutes(out, t0, finished, res["history"], cfg.quality_batch)
+
+    def evaluate(cfg: EOBenchConfig, job: SweepRun, stage: Stage, tcfg: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        res = train_eo(job.preset, tcfg, str(root), cfg.fold, cfg.crop, eval_limit=cfg.eval_limit or None,
+                       progress=progress, **job.overrides)
         model, stats = res["model"], res["stats"]
         test = PastisSplit(root, fold_splits(cfg.fold)["test"], model.config.num_bands, model.config.max_frames)
         by_window: Dict[str, Dict[str, float]] = {}
+        per_class = None
         for w in cfg.eval_windows:
-            draw = spec == drawn and w == draw_window and same_rate(lr, cfg.lr)
+            draw = job.spec == drawn and w == draw_window and same_rate(job.lr, cfg.lr)
             m = evaluate_eo(model, test, stats, window=w or None, limit=cfg.eval_limit or None, progress=progress,
                             keep_predictions=3 if draw else 0)
             key = str(w) if w else "whole"
@@ -199,23 +192,29 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
             if w == cfg.crop:
                 per_class = {int(c["class"]): c["iou"] for c in m["per_class"]}
             if draw:  # one model's pictures: its confusion matrix and three test tiles
-                title = f"{variant_name(spec)}, test fold: OA {100 * m['oa']:.1f}%, mIoU {100 * m['miou']:.1f}%"
+                title = f"{variant_name(job.spec)}, test fold: OA {100 * m['oa']:.1f}%, mIoU {100 * m['miou']:.1f}%"
                 pictures["confusion"] = draw_confusion(m["confusion"], Path(cfg.out) / "eo_confusion.png", title).name
                 pictures["tiles"] = draw_tiles(test, m["predictions"], Path(cfg.out) / "eo_tiles.png", title).name
-        rows.append({"model": variant_name(spec), "spec": spec, "preset": preset, "lr": lr,
+        return res, {"model": variant_name(job.spec), "spec": job.spec, "preset": job.preset,
                      "params": count_parameters(model), "pattern": model.pattern,
                      "spatial_position": model.config.spatial_position,
-                     "steps": cfg.quality_steps, "batch": cfg.quality_batch, "train_min": minutes,
+                     "steps": cfg.quality_steps, "batch": cfg.quality_batch,
                      "final_loss": res["history"][-1].get("loss") if res["history"] else None,
                      "val_miou": res["metrics"].get("miou"), "test_patches": m["patches"], "windows": by_window,
-                     "per_class_iou": per_class if cfg.crop in cfg.eval_windows else None,
+                     "per_class_iou": per_class,
                      **{f"oa_{k}": v["oa"] for k, v in by_window.items()},
-                     **{f"miou_{k}": v["miou"] for k, v in by_window.items()}})
-    # read the earlier rows only now: a process sharing the sweep may have finished its runs in the meantime
-    rows = merge_rows(earlier_rows(path, cfg.lr), rows, ("spec",))
-    mark_best(rows, "val_miou", higher=True)
-    return {"rows": rows, "data": str(root), "pictures": pictures, "grid": rates_tried(rows, cfg.lr, cfg.lr_factors),
-            "selected_by": "val_miou"}
+                     **{f"miou_{k}": v["miou"] for k, v in by_window.items()}}
+
+    sweep = QualitySweep("eo", cfg.lr, ("spec",),
+                         recipe=lambda c, job, stage: _train_cfg(c, job.out, job.lr, c.quality_steps,
+                                                                 c.quality_steps, 3, progress),
+                         evaluate=evaluate, select=_select, selected_by=lambda rows: "val_miou")
+    return {**sweep.run(cfg, [Stage(tuple(cfg.quality_models))]), "data": str(root), "pictures": pictures}
+
+
+def _select(rows: List[Dict[str, Any]], cfg: EOBenchConfig) -> List[Dict[str, Any]]:
+    """Each model's best rate marked, chosen on validation mIoU."""
+    return mark_best(rows, "val_miou", higher=True)
 
 
 def best_rates(cfg: EOBenchConfig) -> Dict[str, float]:

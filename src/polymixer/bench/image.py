@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -29,18 +28,14 @@ from .common import (
     run_bench,
     LR_FACTORS,
     best_rows,
-    earlier_rows,
+    QualitySweep,
+    Stage,
+    SweepRun,
     mark_best,
-    merge_rows,
-    rates_tried,
-    resume_point,
     same_rate,
-    sweep_plan,
-    sweep_runs,
     sweep_table,
     synchronized,
     time_interleaved,
-    training_minutes,
 )
 
 __all__ = ["ImageBenchConfig", "run_speed", "run_quality", "report", "main", "add_arguments"]
@@ -147,11 +142,6 @@ def run_speed(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return {"rows": rows, "images_per_s": throughput, "throughput_side": side, "params": params}
 
 
-def _with_earlier(cfg: Any, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """This process's rows and the earlier image.json's rows it does not redo (same model, objective, rate)."""
-    return merge_rows(earlier_rows(Path(cfg.out) / "image.json", RECIPE_LR), rows, ("model", "objective"))
-
-
 def _select(rows: List[Dict[str, Any]], cfg: ImageBenchConfig) -> List[Dict[str, Any]]:
     """Order the rows (objective, preset, rate), mark each model's best rate per objective (the lowest FD) and give
     each row its FD ÷ SiT's at SiT's best rate."""
@@ -173,12 +163,6 @@ def _selection(rows: List[Dict[str, Any]]) -> str:
     return "fd_val" if rows and all(isinstance(r.get("fd_val"), (int, float)) for r in rows) else "fd"
 
 
-def _best_flow_rates(rows: List[Dict[str, Any]], cfg: ImageBenchConfig) -> Dict[str, float]:
-    """Each preset's best rate of the swept objective among the runs known so far."""
-    flow = _select([r for r in rows if r["objective"] == SWEPT], cfg)
-    return {r["model"]: r["lr"] for r in flow if r.get("best_lr")}
-
-
 def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Train the quality presets for the same steps on the digits: with flow matching, each swept preset at every rate
     of the grid; with the other objectives, each preset at its best flow rate (the recipe's where it has no flow run
@@ -190,49 +174,45 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
     data = digits(16)
     train_set, heldout = data.split(cfg.heldout, seed=HELDOUT_SEED) if cfg.heldout else (data, None)
-    rows: List[Dict[str, Any]] = []
-    base = cfg.quality_lr
-    for objective in cfg.objectives:
-        if objective == SWEPT:
-            plan = sweep_plan(cfg.quality_presets, cfg.sweep, base, cfg.lr_factors)
-            source = {p: "sweep" if p in cfg.sweep else "recipe" for p in cfg.quality_presets}
-        else:  # the flow runs known now, this run's and the earlier file's
-            best = _best_flow_rates(_with_earlier(cfg, rows), cfg)
-            plan = [(p, best.get(p, base)) for p in cfg.quality_presets]
-            source = {p: f"best {SWEPT}" if p in best else "recipe" for p in cfg.quality_presets}
-        held = f"-heldout{cfg.heldout:g}" if cfg.heldout else ""  # trained on other images: its own folder
+    held = f"-heldout{cfg.heldout:g}" if cfg.heldout else ""  # trained on other images: its own folder
+
+    def recipe(cfg: ImageBenchConfig, job: SweepRun, stage: Stage) -> Any:
+        return TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=job.lr, min_lr=job.lr / 10,
+                           weight_decay=0.0, warmup=max(1, cfg.quality_steps // 20), ema=0.999,
+                           eval_every=cfg.quality_steps, ckpt_every=cfg.quality_steps, out=str(job.out),
+                           progress=progress, seed=cfg.seed + 7)
+
+    def evaluate(cfg: ImageBenchConfig, job: SweepRun, stage: Stage,
+                 tcfg: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        objective = stage.name
         # a preset, or a variant "preset+field=value…" of its config
-        for job in sweep_runs(plan, Path(cfg.out) / "quality", base, cfg.model_overrides, cfg.lrs, cfg.lr_factors,
-                              suffix=f"-{objective}{held}", sources=source):
-            preset, name, overrides, slug, lr, out = job.spec, job.preset, job.overrides, job.slug, job.lr, job.out
-            tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 10,
-                               weight_decay=0.0, warmup=max(1, cfg.quality_steps // 20), ema=0.999,
-                               eval_every=cfg.quality_steps, ckpt_every=cfg.quality_steps, out=str(out),
-                               progress=progress, seed=cfg.seed + 7)
-            finished = resume_point(out, tcfg)  # a run trained to the end is only evaluated again
-            t0 = time.perf_counter()
-            res = train_image(name, tcfg, objective, eval_samples=0, images=train_set, **overrides)
-            minutes = training_minutes(out, t0, finished, res["history"], cfg.quality_batch)
-            model = res["model"]
-            load_weights(model, out, ema=True)
-            m = evaluate_generator(model, objective, data, cfg.quality_samples, cfg.guidance, cfg.sample_steps,
-                                   progress=progress)
-            if heldout is not None:
-                m["fd_val"] = validation_fd(model, objective, data, heldout, cfg.quality_samples, cfg.guidance,
-                                            cfg.sample_steps, progress=progress)
-                m["heldout"] = cfg.heldout
-            x, _ = sample_images(model, objective, list(range(10)), 6, 4.0, cfg.sample_steps, seed=1)
-            suffix = out.name[len(f"{slug}-{objective}"):].replace("-", "_")  # "" at the recipe's rate
-            grid = Path(cfg.out) / f"samples_{slug}_{objective}{suffix}.png"
-            save_grid(x.view(10, 6, *x.shape[1:]).transpose(0, 1).reshape(-1, *x.shape[1:]), grid, nrow=10)
-            rows.append({"model": preset, "objective": objective, "lr": lr, "lr_from": job.source,
-                         "params": count_parameters(model), "pattern": model.config.layer_pattern(),
-                         "steps": cfg.quality_steps, "train_min": minutes, "grid": grid.name, **m})
-    # read the earlier rows only now: a process sharing the sweep may have finished its runs in the meantime
-    rows = _select(_with_earlier(cfg, rows), cfg)
-    flow = [r for r in rows if r["objective"] == SWEPT]
-    return {"rows": rows, "grid": rates_tried(rows, base, cfg.lr_factors), "swept": SWEPT,
-            "selected_by": _selection(flow), "heldout": cfg.heldout, "guidance": cfg.guidance,
+        res = train_image(job.preset, tcfg, objective, eval_samples=0, images=train_set, **job.overrides)
+        model = res["model"]
+        load_weights(model, job.out, ema=True)
+        m = evaluate_generator(model, objective, data, cfg.quality_samples, cfg.guidance, cfg.sample_steps,
+                               progress=progress)
+        if heldout is not None:
+            m["fd_val"] = validation_fd(model, objective, data, heldout, cfg.quality_samples, cfg.guidance,
+                                        cfg.sample_steps, progress=progress)
+            m["heldout"] = cfg.heldout
+        x, _ = sample_images(model, objective, list(range(10)), 6, 4.0, cfg.sample_steps, seed=1)
+        suffix = job.out.name[len(f"{job.slug}-{objective}"):].replace("-", "_")  # "" at the recipe's rate
+        grid = Path(cfg.out) / f"samples_{job.slug}_{objective}{suffix}.png"
+        save_grid(x.view(10, 6, *x.shape[1:]).transpose(0, 1).reshape(-1, *x.shape[1:]), grid, nrow=10)
+        return res, {"model": job.spec, "objective": objective, "params": count_parameters(model),
+                     "pattern": model.config.layer_pattern(), "steps": cfg.quality_steps, "grid": grid.name, **m}
+
+    def best_flow_rates(rows: List[Dict[str, Any]]) -> Dict[str, float]:
+        """Each preset's best rate of the swept objective among the runs known now."""
+        return {r["model"]: r["lr"] for r in rows if r["objective"] == SWEPT and r.get("best_lr")}
+
+    # with flow matching, the swept presets at every rate; the other objectives at each preset's best flow rate
+    stages = [Stage(tuple(cfg.quality_presets), name=o, suffix=f"-{o}{held}",
+                    rates=None if o == SWEPT else best_flow_rates, rates_label=lambda p: f"best {SWEPT}")
+              for o in cfg.objectives]
+    sweep = QualitySweep("image", RECIPE_LR, ("model", "objective"), recipe, evaluate, _select,
+                         lambda rows: _selection([r for r in rows if r["objective"] == SWEPT]), base="quality_lr")
+    return {**sweep.run(cfg, stages), "swept": SWEPT, "heldout": cfg.heldout, "guidance": cfg.guidance,
             "sample_steps": cfg.sample_steps}
 
 

@@ -31,16 +31,12 @@ from .common import (
     run_bench,
     LR_FACTORS,
     best_rows,
-    earlier_rows,
+    QualitySweep,
+    Stage,
+    SweepRun,
     mark_best,
-    merge_rows,
-    rates_tried,
-    resume_point,
-    sweep_plan,
-    sweep_runs,
     sweep_table,
     time_interleaved,
-    training_minutes,
 )
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]
@@ -217,33 +213,33 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from ..tasks.lm import train_lm
     from ..train.loop import TrainConfig
 
-    plan = sweep_plan(cfg.quality_presets, cfg.sweep, cfg.quality_lr, cfg.lr_factors)
-    rows: List[Dict[str, Any]] = []
-    # a preset, or a variant of one: "tiny-vpom+value_heads=1+shift_width=2"
-    for job in sweep_runs(plan, Path(cfg.out) / "quality", cfg.quality_lr, {}, cfg.lrs, cfg.lr_factors):
-        lr = job.lr
-        tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 10,
+    def recipe(cfg: LMBenchConfig, job: SweepRun, stage: Stage) -> Any:
+        return TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=job.lr, min_lr=job.lr / 10,
                            warmup=max(1, cfg.quality_steps // 20), eval_every=cfg.quality_steps,
                            ckpt_every=cfg.quality_steps, out=str(job.out), progress=progress, seed=cfg.seed + 1337)
-        finished = resume_point(job.out, tcfg)  # a run trained to the end (here or copied in) is only evaluated
-        t0 = time.perf_counter()
+
+    def evaluate(cfg: LMBenchConfig, job: SweepRun, stage: Stage,
+                 tcfg: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        # a preset, or a variant of one: "tiny-vpom+value_heads=1+shift_width=2"
         res = train_lm(job.preset, tcfg, eval_windows=cfg.quality_eval_windows, **job.overrides)
         model = create_model(job.preset, device="meta", **job.overrides)
-        rows.append({"model": job.spec, "spec": job.spec, "lr": lr, "params": count_parameters(model),
+        return res, {"model": job.spec, "spec": job.spec, "params": count_parameters(model),
                      "steps": cfg.quality_steps,
-                     "tokens": cfg.quality_steps * cfg.quality_batch * model.config.block_size,
-                     "train_min": training_minutes(job.out, t0, finished, res.get("history", []), cfg.quality_batch),
-                     **res["metrics"]})
-    # the rows of runs not trained again are kept, read after training: processes sharing a sweep keep each other's
-    earlier = earlier_rows(Path(cfg.out) / "lm.json", 2e-3)  # rows from before sweeps: the recipe's rate then
-    for r in earlier:
-        r.setdefault("spec", r["model"])
-    rows = merge_rows(earlier, rows, ("model",))
+                     "tokens": cfg.quality_steps * cfg.quality_batch * model.config.block_size, **res["metrics"]}
+
+    # rows from before sweeps carry no spec and no rate: the preset's name and the recipe's rate then (2e-3)
+    sweep = QualitySweep("lm", 2e-3, ("model",), recipe, evaluate, _select, lambda rows: "val_loss",
+                         base="quality_lr", earlier_defaults=lambda r: {"spec": r["model"]})
+    return sweep.run(cfg, [Stage(tuple(cfg.quality_presets))])
+
+
+def _select(rows: List[Dict[str, Any]], cfg: LMBenchConfig) -> List[Dict[str, Any]]:
+    """Each preset's best rate marked (the lowest validation loss), each row's loss ÷ attention's at its best."""
     mark_best(rows, "val_loss", higher=False)
     att = next((r for r in best_rows(rows) if r["model"].endswith("attention")), None)
     for r in rows:
         r["loss_vs_attention"] = r["val_loss"] / att["val_loss"] if att else None
-    return {"rows": rows, "grid": rates_tried(rows, cfg.quality_lr, cfg.lr_factors), "selected_by": "val_loss"}
+    return rows
 
 
 def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> str:

@@ -13,10 +13,9 @@
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -31,20 +30,16 @@ from .common import (
     LR_FACTORS,
     best_rows,
     describe_variant,
-    earlier_rows,
+    QualitySweep,
+    Stage,
+    SweepRun,
     keep_freed_memory,
     mark_best,
-    merge_rows,
     picture_owner,
-    rates_tried,
-    resume_point,
     same_rate,
     sweep_folder,
-    sweep_plan,
-    sweep_runs,
     sweep_table,
     time_interleaved,
-    training_minutes,
 )
 
 __all__ = ["OCRBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
@@ -149,11 +144,6 @@ def run_speed(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return {"rows": rows, "params": params, "allocator_tuned": allocator}
 
 
-def _with_earlier(cfg: Any, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """This process's rows and those of the earlier ocr.json that it does not redo (same task, preset and rate)."""
-    return merge_rows(earlier_rows(Path(cfg.out) / "ocr.json", RECIPE_LR), rows, ("task", "preset"))
-
-
 def _select(rows: List[Dict[str, Any]], cfg: OCRBenchConfig) -> List[Dict[str, Any]]:
     """Order the rows (task, preset, rate), mark each model's best rate per task (the lowest validation CER) and give
     each row its test CER ÷ HTR-VT's at HTR-VT's best rate."""
@@ -183,74 +173,82 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
     if cfg.multiline_init not in ("single-line", "scratch"):
         raise ValueError(f"multiline_init must be 'single-line' or 'scratch', got {cfg.multiline_init!r}")
-    rows: List[Dict[str, Any]] = []
-    base = cfg.lr
-    for task in cfg.tasks:
-        data = cfg.data_dir or ("digits" if task.startswith("digits") else "synthetic")
+    roots: Dict[str, Path] = {}
+    drawn: Dict[str, Optional[str]] = {}
+
+    def task_of(stage: Stage) -> Tuple[str, PageSpec, int, int]:
+        """A task's data, page layout, steps and batch."""
+        task = stage.name
         multiline = task.endswith("multiline")
-        single = task.replace("-multiline", "")
-        derived = multiline and cfg.multiline_init == "single-line"
-        spec = PageSpec(multiline=multiline, max_lines=cfg.max_lines)
         steps = cfg.multiline_steps if multiline else cfg.digits_steps if task.startswith("digits") else \
             cfg.quality_steps
         batch = cfg.multiline_batch if multiline else cfg.quality_batch
-        root = resolve_data(data, progress=progress)
-        if derived:  # each model's best single-line rate among the runs known now
-            known = _select([r for r in _with_earlier(cfg, rows) if r["task"] == single], cfg)
-            best = {r["preset"]: r["lr"] for r in known if r.get("best_lr")}
-            plan = [(p, best.get(p, base)) for p in cfg.quality_presets]
-            source = {p: f"best {single}" if p in best else "recipe" for p in cfg.quality_presets}
-        else:
-            plan = sweep_plan(cfg.quality_presets, cfg.sweep, base, cfg.lr_factors)
-            source = {p: "sweep" if p in cfg.sweep else "recipe" for p in cfg.quality_presets}
-        drawn = picture_owner(PICTURE, cfg.quality_presets, (Path(cfg.out) / f"ocr_samples_{task}.png").is_file())
-        # a preset, or a variant "preset+field=value…" (its row's "preset" is the variant)
-        for job in sweep_runs(plan, Path(cfg.out) / "quality", base, cfg.model_overrides, cfg.lrs, cfg.lr_factors,
-                              prefix=f"{task}-", sources=source):
-            preset, lr, out = job.spec, job.lr, job.out
-            init = None
-            if derived:
-                init = sweep_folder(Path(cfg.out) / "quality", f"{single}-{job.slug}", lr, base)
-                if not (init / "checkpoints").is_dir():
-                    raise ValueError(f"{task} starts from the single-line run {init}, which does not exist: put "
-                                     f"{single!r} before it in tasks, or multiline_init='scratch'")
-            tcfg = TrainConfig(steps=steps, batch_size=batch, lr=lr, min_lr=lr / 100,
-                               warmup=max(1, steps // 20), weight_decay=0.5, beta2=0.99, grad_clip=0.0, ema=0.999,
-                               sam_rho=cfg.sam_rho, init_from=None if init is None else str(init),
-                               eval_every=steps, ckpt_every=steps, out=str(out), progress=progress,
-                               seed=cfg.seed + 11)
-            finished = resume_point(out, tcfg)
-            t0 = time.perf_counter()
-            res = train_ocr(job.preset, tcfg, data, spec, eval_limit=cfg.eval_limit or None, progress=progress,
-                            **job.overrides)
-            minutes = training_minutes(out, t0, finished, res["history"], batch)
-            model, charset = res["model"], res["charset"]
-            load_weights(model, out, ema=True)
-            test = load_split(root, "test", model.config.height, model.config.max_width)
-            m = evaluate_ocr(model, test, charset, spec, limit=cfg.eval_limit or None, progress=progress)
-            sample_png = None
-            if preset == drawn:  # one picture per task and rate: test examples, references, predictions
-                examples = examples_of(test, spec)[:cfg.eval_limit or None]
-                pick = sorted(set(int(i) for i in torch.linspace(0, len(examples) - 1, min(6, len(examples)))))
-                suffix = out.name[len(f"{task}-{job.slug}"):].replace("-", "_")  # "" at the recipe's rate
-                sample_png = Path(cfg.out) / f"ocr_samples_{task}{suffix}.png"
-                draw_samples([make_example(test, examples[i], spec)[0] for i in pick],
-                             [m["references"][i] for i in pick],
-                             [m["predictions"][i] for i in pick], sample_png,
-                             title=f"{describe_variant(preset, NAMES)}, {task}, lr {lr:g}: test CER "
-                                   f"{100 * m['cer']:.2f}%")
-            val = res["metrics"]  # the training loop's final evaluation: the validation split (EMA weights)
-            rows.append({"task": task, "model": describe_variant(preset, NAMES), "preset": preset, "lr": lr,
-                         "lr_from": job.source, "params": count_parameters(model),
-                         "pattern": model.config.layer_pattern(), "steps": steps, "batch": batch, "train_min": minutes,
-                         "val_cer": val.get("cer"), "val_wer": val.get("wer"),
-                         "cer": m["cer"], "wer": m["wer"], "test_examples": m["examples"], "test_lines": m["lines"],
-                         "final_loss": res["history"][-1].get("loss") if res["history"] else None,
-                         "samples": None if sample_png is None else sample_png.name})
-    # read the earlier rows only now: a process sharing the sweep may have finished its runs in the meantime
-    rows = _select(_with_earlier(cfg, rows), cfg)
-    return {"rows": rows, "grid": rates_tried(rows, base, cfg.lr_factors),
-            "selected_by": "val_cer"}
+        data = cfg.data_dir or ("digits" if task.startswith("digits") else "synthetic")
+        return data, PageSpec(multiline=multiline, max_lines=cfg.max_lines), steps, batch
+
+    def recipe(cfg: OCRBenchConfig, job: SweepRun, stage: Stage) -> Any:
+        task = stage.name
+        _, spec, steps, batch = task_of(stage)
+        init = None
+        if spec.multiline and cfg.multiline_init == "single-line":
+            single = task.replace("-multiline", "")
+            init = sweep_folder(Path(cfg.out) / "quality", f"{single}-{job.slug}", job.lr, cfg.lr)
+            if not (init / "checkpoints").is_dir():
+                raise ValueError(f"{task} starts from the single-line run {init}, which does not exist: put "
+                                 f"{single!r} before it in tasks, or multiline_init='scratch'")
+        return TrainConfig(steps=steps, batch_size=batch, lr=job.lr, min_lr=job.lr / 100,
+                           warmup=max(1, steps // 20), weight_decay=0.5, beta2=0.99, grad_clip=0.0, ema=0.999,
+                           sam_rho=cfg.sam_rho, init_from=None if init is None else str(init),
+                           eval_every=steps, ckpt_every=steps, out=str(job.out), progress=progress,
+                           seed=cfg.seed + 11)
+
+    def evaluate(cfg: OCRBenchConfig, job: SweepRun, stage: Stage,
+                 tcfg: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        task = stage.name
+        data, spec, steps, batch = task_of(stage)
+        if data not in roots:
+            roots[data] = resolve_data(data, progress=progress)
+        if task not in drawn:  # whose pictures: decided before the task's first run, as the file stood then
+            drawn[task] = picture_owner(PICTURE, cfg.quality_presets,
+                                        (Path(cfg.out) / f"ocr_samples_{task}.png").is_file())
+        res = train_ocr(job.preset, tcfg, data, spec, eval_limit=cfg.eval_limit or None, progress=progress,
+                        **job.overrides)
+        model, charset = res["model"], res["charset"]
+        load_weights(model, job.out, ema=True)
+        test = load_split(roots[data], "test", model.config.height, model.config.max_width)
+        m = evaluate_ocr(model, test, charset, spec, limit=cfg.eval_limit or None, progress=progress)
+        sample_png = None
+        if job.spec == drawn[task]:  # one picture per task and rate: test examples, references, predictions
+            examples = examples_of(test, spec)[:cfg.eval_limit or None]
+            pick = sorted(set(int(i) for i in torch.linspace(0, len(examples) - 1, min(6, len(examples)))))
+            suffix = job.out.name[len(f"{task}-{job.slug}"):].replace("-", "_")  # "" at the recipe's rate
+            sample_png = Path(cfg.out) / f"ocr_samples_{task}{suffix}.png"
+            draw_samples([make_example(test, examples[i], spec)[0] for i in pick],
+                         [m["references"][i] for i in pick],
+                         [m["predictions"][i] for i in pick], sample_png,
+                         title=f"{describe_variant(job.spec, NAMES)}, {task}, lr {job.lr:g}: test CER "
+                               f"{100 * m['cer']:.2f}%")
+        val = res["metrics"]  # the training loop's final evaluation: the validation split (EMA weights)
+        return res, {"task": task, "model": describe_variant(job.spec, NAMES), "preset": job.spec,
+                     "params": count_parameters(model), "pattern": model.config.layer_pattern(), "steps": steps,
+                     "batch": batch, "val_cer": val.get("cer"), "val_wer": val.get("wer"),
+                     "cer": m["cer"], "wer": m["wer"], "test_examples": m["examples"], "test_lines": m["lines"],
+                     "final_loss": res["history"][-1].get("loss") if res["history"] else None,
+                     "samples": None if sample_png is None else sample_png.name}
+
+    def single_line_rates(task: str) -> Callable[[List[Dict[str, Any]]], Dict[str, float]]:
+        """Each model's best rate on the task's single-line form among the runs known now."""
+        return lambda rows: {r["preset"]: r["lr"] for r in rows if r["task"] == task and r.get("best_lr")}
+
+    stages = []
+    for task in cfg.tasks:
+        single = task.replace("-multiline", "")
+        derived = task.endswith("multiline") and cfg.multiline_init == "single-line"
+        stages.append(Stage(tuple(cfg.quality_presets), name=task, prefix=f"{task}-",
+                            rates=single_line_rates(single) if derived else None,
+                            rates_label=lambda p, single=single: f"best {single}"))
+    sweep = QualitySweep("ocr", RECIPE_LR, ("task", "preset"), recipe, evaluate, _select, lambda rows: "val_cer")
+    return sweep.run(cfg, stages)
 
 
 def _quality_rows(q: Dict[str, Any]) -> List[Dict[str, Any]]:

@@ -91,6 +91,10 @@ class Family:
     # (and the options' fields) is one of its forms, chosen on validation like the options — so a preset steered
     # by test figures is replaced by the form validation picks
     tuned: Tuple[str, ...] = ()
+    # forms of the value PoM only, with their exact values (the gated value PoM, "+mixer=gated_value_pom": the value
+    # PoM whose state forgets): offered like the options, so the value PoM is compared in its best form, and shown
+    # "not run" where they were not
+    value_options: Tuple[str, ...] = ()
 
     def resolved(self, data: Optional[Dict[str, Any]]) -> "Family":
         """This family with ``name`` and ``metric`` filled from the configuration of ``data`` (its bench JSON)."""
@@ -112,7 +116,7 @@ FAMILIES: Tuple[Family, ...] = (
     Family("language model", "lm", "val loss", "val_loss", False, "relative", "tiny-attention", "tiny-pom",
            "tiny-vpom", hybrids=("tiny-hybrid", "tiny-vhybrid"), best_target=0.02, all_target=0.10,
            guide="docs/lm.md", options=("+attention_shift=4",), shift_options=("+attention_shift=4",),
-           select="val_loss", tuned=("value_heads", "shift_width"),
+           select="val_loss", tuned=("value_heads", "shift_width"), value_options=("+mixer=gated_value_pom",),
            command="polymixer bench lm --parts quality --presets {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
                    "--out docs/bench"),
     RECALL,
@@ -128,6 +132,7 @@ FAMILIES: Tuple[Family, ...] = (
            options=("+position=sincos_rope", "+attention_shift=2", "+position=sincos_rope+attention_shift=2"),
            shift_options=("+attention_shift=2", "+position=sincos_rope+attention_shift=2"),
            tuned=("value_heads", "shift_width", "degree", "local_conv"),
+           value_options=("+position=sincos_rope+mixer=gated_value_pom",),
            command="polymixer bench image --parts quality --objectives flow --presets {spec} --sweep {spec} "
                    "--lr-factors 0.5 1 2 4 8 16 --out docs/bench"),
     Family("handwriting (synthetic lines)", "ocr", "CER %", "cer", False, "relative", "tiny-htr-vt", "tiny-htr-vpom",
@@ -146,6 +151,7 @@ FAMILIES: Tuple[Family, ...] = (
                     "+date_rope=true+attention_shift=4"),
            shift_options=("+date_rope=true+attention_shift=4",), select="val_miou",
            tuned=("value_heads", "shift_width", "expand", "degree"),
+           value_options=("+date_rope=true+mixer=gated_value_pom",),
            command="polymixer bench eo --parts quality --quality-models {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
                    "--out docs/bench"),
     Family("point clouds", "points", "test mIoU %", "miou", True, "points", "tiny-ptv3", "tiny-ppomv3",
@@ -327,11 +333,14 @@ def _choose(fam: Family, by: Dict[str, Dict[str, Any]], name: str, fair: bool
     on the reported figure, no shift offered); the options that apply but were not run; how it was picked."""
     options = [o for o in fam.options if (fair or o not in fam.shift_options)
                and (o not in fam.shift_options or _has_attention(fam, name))]
-    forms = [name] + [name + o for o in options]
+    mine = [o for o in fam.value_options if fair and name == fam.value]
+    forms = [name] + [name + o for o in options + mine]
     if fair and fam.tuned:  # the model's own run variants over its preset's fields (and the options' fields)
         allowed = set(fam.tuned) | {kv.split("=")[0] for o in options for kv in o.split("+")[1:]}
+        fixed = {kv for o in mine for kv in o.split("+")[1:]}  # the value PoM's own forms: with their values only
         forms += [n for n in by if n.startswith(name + "+") and n not in forms
-                  and {kv.split("=")[0] for kv in n[len(name) + 1:].split("+")} <= allowed]
+                  and all(kv.split("=")[0] in allowed or kv in fixed for kv in n[len(name) + 1:].split("+"))]
+    options += mine
     found = [by[n] for n in forms if n in by and _number(by[n].get(fam.metric))]
     missing = [o for o in options if name + o not in by] if name in by else []
     if not found:
@@ -383,7 +392,8 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
 
     item: Dict[str, Any] = {"family": fam.name, "bench": fam.bench, "metric": fam.label, "higher": fam.higher,
                             "gap_kind": fam.gap, "guide": fam.guide, "found": rows is not None,
-                            "options": list(fam.options), "select": fam.select, "file": fam.file,
+                            "options": list(fam.options), "value_options": list(fam.value_options),
+                            "select": fam.select, "file": fam.file,
                             "attention": entry(fam.attention, base, None), "pom": entry(fam.pom),
                             "value": entry(fam.value)}
     hybrids = [entry(h) | {"full_attention": h in fam.full_hybrids} for h in fam.hybrids + fam.full_hybrids]
@@ -488,7 +498,9 @@ def target_lines(item: Dict[str, Any]) -> List[str]:
             "the reported figure (the family has no validation figure)"
         lines.append(f"{item['family']}: every model is compared as its preset or with "
                      f"{' / '.join(item['options'])} where it applies (the token shift: to attention and hybrids), "
-                     f"whichever scores {most} on {on}; the option shown beside a figure is the one taken")
+                     f"whichever scores {most} on {on}"
+                     + (f"; the value PoM also as {' / '.join(item['value_options'])}" if item.get("value_options")
+                        else "") + "; the option shown beside a figure is the one taken")
         odd = sorted({e["picked_by"] for e in [item["attention"], item["pom"], item["value"], item["hybrid"]]
                       if e.get("run") and e.get("picked_by") not in (None, "", "validation")})
         if item.get("select") and odd:

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -33,23 +32,19 @@ from .common import (
     bench_main,
     run_bench,
     LR_FACTORS,
+    QualitySweep,
+    Stage,
+    SweepRun,
     best_rows,
     describe_variant,
     earlier_part,
-    earlier_rows,
     keep_freed_memory,
     mark_best,
-    merge_rows,
     parse_variant,
     picture_owner,
-    rates_tried,
-    resume_point,
     same_rate,
-    sweep_plan,
-    sweep_runs,
     sweep_table,
     time_interleaved,
-    training_minutes,
 )
 
 __all__ = ["PointBenchConfig", "make_scene", "run_speed", "run_conv", "run_quality", "verdicts", "report", "plot",
@@ -184,11 +179,6 @@ def run_conv(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return {"rows": rows}
 
 
-def _with_earlier(cfg: Any, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """This process's rows and those of the earlier points.json that it does not redo (same spec and rate)."""
-    return merge_rows(earlier_rows(Path(cfg.out) / "points.json", RECIPE_LR), rows, ("spec",))
-
-
 def _select(rows: List[Dict[str, Any]], cfg: PointBenchConfig) -> List[Dict[str, Any]]:
     """Order the rows (model, rate), mark each model's best rate (the highest validation mIoU) and give each row its
     test mIoU minus PTv3's at PTv3's best rate."""
@@ -214,56 +204,49 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     root = resolve_data(cfg.data_dir, progress=progress)
     test_set = PointDataset(root, cfg.eval_split, "scannet")
     augment = replace(AugmentConfig.for_format("scannet"), max_points=cfg.quality_points)
-    rows: List[Dict[str, Any]] = []
     pictures: Dict[str, str] = dict(earlier_part(Path(cfg.out) / "points.json").get("pictures", {}))
     drawn = picture_owner(cfg.picture_model, cfg.quality_models, (Path(cfg.out) / "points_scene.png").is_file())
-    base = cfg.lr
     parent = {spec: parse_variant(spec)[0] for spec in cfg.quality_models}
-    derived = [s for s in cfg.quality_models if s not in cfg.sweep and parent[s] in cfg.sweep]
-    first = [s for s in cfg.quality_models if s not in derived]
-    for group in (first, derived):
-        if group is first:
-            plan = sweep_plan(group, cfg.sweep, base, cfg.lr_factors)
-            source = {s: "sweep" if s in cfg.sweep else "recipe" for s in group}
-        else:  # the best rate of each model's preset among the runs known now
-            best = {r["spec"]: r["lr"] for r in _select(_with_earlier(cfg, rows), cfg) if r.get("best_lr")}
-            plan = [(s, best.get(parent[s], base)) for s in group]
-            source = {s: f"best {parent[s]}" if parent[s] in best else "recipe" for s in group}
-        for job in sweep_runs(plan, Path(cfg.out) / "quality", base, cfg.model_overrides, cfg.lrs, cfg.lr_factors,
-                              sources=source):
-            spec, preset, overrides, slug, lr, out = job.spec, job.preset, job.overrides, job.slug, job.lr, job.out
-            tcfg = TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=lr, min_lr=lr / 100,
-                               warmup=max(1, cfg.quality_steps // 20), weight_decay=0.05, beta2=0.999,
-                               grad_clip=1.0, eval_every=cfg.quality_steps, ckpt_every=cfg.quality_steps,
-                               out=str(out), progress=progress, seed=cfg.seed + 11)
-            finished = resume_point(out, tcfg)
-            t0 = time.perf_counter()
-            res = train_points(preset, tcfg, str(root), "scannet", augment, eval_limit=cfg.eval_limit or None,
-                               progress=progress, **overrides)
-            model = res["model"]
-            minutes = training_minutes(out, t0, finished, res["history"], cfg.quality_batch)
-            m = evaluate_points(model, test_set, limit=cfg.eval_limit or None, progress=progress,
-                                keep_predictions=1 if spec == drawn else 0)
-            if m["predictions"]:  # one picture per rate of the drawn model ("" suffix at the recipe's rate)
-                scene, pred = m["predictions"][0]
-                title = (f"{describe_variant(spec, NAMES)}, lr {lr:g}, {scene.name}: {cfg.eval_split} mIoU "
-                         f"{100 * m['miou']:.1f}%")
-                name = "points_scene" + out.name[len(slug):].replace("-", "_") + ".png"
-                pictures["scene"] = draw_scene(scene, pred, test_set.format.class_names, Path(cfg.out) / name,
-                                               title).name
-            val = res["metrics"]  # the training loop's final evaluation: the validation rooms
-            rows.append({"model": describe_variant(spec, NAMES), "spec": spec, "preset": preset, "lr": lr,
-                         "lr_from": job.source, "params": count_parameters(model),
-                         "pattern": model.config.pattern, "steps": cfg.quality_steps, "batch": cfg.quality_batch,
-                         "train_min": minutes,
-                         "final_loss": next((h["loss"] for h in reversed(res["history"]) if "loss" in h), None),
-                         "val_miou": val.get("miou"), "val_oa": val.get("oa"),
-                         "miou": m["miou"], "oa": m["oa"], "scenes": m["scenes"], "points": m["points"],
-                         "per_class": {r["name"]: r["iou"] for r in m["per_class"] if r["iou"] is not None}})
-    # read the earlier rows only now: a process sharing the sweep may have finished its runs in the meantime
-    rows = _select(_with_earlier(cfg, rows), cfg)
-    return {"rows": rows, "grid": rates_tried(rows, base, cfg.lr_factors),
-            "selected_by": "val_miou", "data": str(root), "split": cfg.eval_split, "pictures": pictures}
+    derived = tuple(s for s in cfg.quality_models if s not in cfg.sweep and parent[s] in cfg.sweep)
+    first = tuple(s for s in cfg.quality_models if s not in derived)
+
+    def recipe(cfg: PointBenchConfig, job: SweepRun, stage: Stage) -> Any:
+        return TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=job.lr, min_lr=job.lr / 100,
+                           warmup=max(1, cfg.quality_steps // 20), weight_decay=0.05, beta2=0.999,
+                           grad_clip=1.0, eval_every=cfg.quality_steps, ckpt_every=cfg.quality_steps,
+                           out=str(job.out), progress=progress, seed=cfg.seed + 11)
+
+    def evaluate(cfg: PointBenchConfig, job: SweepRun, stage: Stage,
+                 tcfg: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        res = train_points(job.preset, tcfg, str(root), "scannet", augment, eval_limit=cfg.eval_limit or None,
+                           progress=progress, **job.overrides)
+        model = res["model"]
+        m = evaluate_points(model, test_set, limit=cfg.eval_limit or None, progress=progress,
+                            keep_predictions=1 if job.spec == drawn else 0)
+        if m["predictions"]:  # one picture per rate of the drawn model ("" suffix at the recipe's rate)
+            scene, pred = m["predictions"][0]
+            title = (f"{describe_variant(job.spec, NAMES)}, lr {job.lr:g}, {scene.name}: {cfg.eval_split} mIoU "
+                     f"{100 * m['miou']:.1f}%")
+            name = "points_scene" + job.out.name[len(job.slug):].replace("-", "_") + ".png"
+            pictures["scene"] = draw_scene(scene, pred, test_set.format.class_names, Path(cfg.out) / name,
+                                           title).name
+        val = res["metrics"]  # the training loop's final evaluation: the validation rooms
+        return res, {"model": describe_variant(job.spec, NAMES), "spec": job.spec, "preset": job.preset,
+                     "params": count_parameters(model), "pattern": model.config.pattern,
+                     "steps": cfg.quality_steps, "batch": cfg.quality_batch,
+                     "final_loss": next((h["loss"] for h in reversed(res["history"]) if "loss" in h), None),
+                     "val_miou": val.get("miou"), "val_oa": val.get("oa"),
+                     "miou": m["miou"], "oa": m["oa"], "scenes": m["scenes"], "points": m["points"],
+                     "per_class": {r["name"]: r["iou"] for r in m["per_class"] if r["iou"] is not None}}
+
+    def preset_rates(rows: List[Dict[str, Any]]) -> Dict[str, float]:
+        """The best rate of each derived model's preset among the runs known now."""
+        best = {r["spec"]: r["lr"] for r in rows if r.get("best_lr")}
+        return {s: best[parent[s]] for s in derived if parent[s] in best}
+
+    sweep = QualitySweep("points", RECIPE_LR, ("spec",), recipe, evaluate, _select, lambda rows: "val_miou")
+    stages = [Stage(first), Stage(derived, rates=preset_rates, rates_label=lambda s: f"best {parent[s]}")]
+    return {**sweep.run(cfg, stages), "data": str(root), "split": cfg.eval_split, "pictures": pictures}
 
 
 def _quality_rows(q: Dict[str, Any]) -> List[Dict[str, Any]]:

@@ -1,0 +1,81 @@
+"""The one quality-sweep runner every family's bench declares itself to (bench.common.QualitySweep): the plan (the
+swept models at every rate, a later stage at an earlier stage's best rates), the earlier file's rows kept, each
+model's best rate marked on the family's selection figure, the rows of runs already trained kept by a second
+process sharing the sweep."""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Dict, List, Tuple
+
+from polymixer.bench.common import QualitySweep, Stage, SweepRun, mark_best
+
+A, B = "tiny-vpom", "tiny-attention+attention_shift=4"  # a preset and a variant (its overrides parsed)
+
+
+@dataclass
+class _Recipe:  # the fields resume_point and the runner read of a TrainConfig
+    lr: float
+    batch_size: int = 4
+    steps: int = 10
+    resume: bool = True
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+def _cfg(tmp_path: Path, **kw: Any) -> SimpleNamespace:
+    return SimpleNamespace(**{"out": str(tmp_path), "lr": 1e-3, "sweep": (A,), "lr_factors": (0.5, 1.0, 2.0),
+                              "lrs": (), "model_overrides": {}, **kw})
+
+
+def _sweep(trained: List[Tuple[str, str, float]], score: Dict[Tuple[str, float], float]) -> QualitySweep:
+    def evaluate(cfg: Any, job: SweepRun, stage: Stage, tcfg: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        trained.append((stage.name, job.spec, job.lr))
+        job.out.mkdir(parents=True)  # as training would (each run its own folder)
+        assert tcfg.lr == job.lr and job.out.parent == Path(cfg.out) / "quality"
+        return {"history": []}, {"task": stage.name, "spec": job.spec, "val": score[(job.spec, job.lr)],
+                                 "test": 2 * score[(job.spec, job.lr)]}
+
+    def select(rows: List[Dict[str, Any]], cfg: Any) -> List[Dict[str, Any]]:
+        for task in {r["task"] for r in rows}:
+            mark_best([r for r in rows if r["task"] == task], "val", higher=False)
+        return rows
+
+    return QualitySweep("fam", 1e-3, ("task", "spec"), lambda cfg, job, stage: _Recipe(job.lr), evaluate, select,
+                        lambda rows: "val")
+
+
+def test_stages_sweep_then_reuse_the_best_rate_chosen_on_validation(tmp_path):
+    score = {(A, 5e-4): 3.0, (A, 1e-3): 1.0, (A, 2e-3): 2.0, (B, 1e-3): 5.0}
+    score.update({(B, lr): 9.0 for lr in (5e-4, 2e-3)})
+    trained: List[Tuple[str, str, float]] = []
+    sweep = _sweep(trained, score)
+    best = lambda rows: {r["spec"]: r["lr"] for r in rows if r["task"] == "one" and r.get("best_lr")}  # noqa: E731
+    stages = [Stage((A, B), name="one", prefix="one-"),
+              Stage((A, B), name="two", prefix="two-", rates=best, rates_label=lambda m: "best one")]
+    out = sweep.run(_cfg(tmp_path), stages)
+    # A swept at the three rates, B (not swept) at the recipe's; stage two at stage one's best rates
+    assert trained == [("one", A, 5e-4), ("one", A, 1e-3), ("one", A, 2e-3), ("one", B, 1e-3),
+                       ("two", A, 1e-3), ("two", B, 1e-3)]
+    rows = out["rows"]
+    assert out["selected_by"] == "val" and out["grid"] == [5e-4, 1e-3, 2e-3]
+    assert [(r["spec"], r["lr"]) for r in rows if r["task"] == "one" and r["best_lr"]] == [(A, 1e-3), (B, 1e-3)]
+    assert {r["lr_from"] for r in rows if r["task"] == "two"} == {"best one"}
+    assert {r["lr_from"] for r in rows if r["task"] == "one"} == {"sweep", "recipe"}
+    assert all(isinstance(r["train_min"], float) for r in rows)
+    # the run folders: the recipe's rate without a suffix (the folders of runs made before sweeps)
+    folders = {Path(p).name for p in (tmp_path / "quality").iterdir()}
+    assert folders >= {"one-tiny-vpom", "one-tiny-vpom-lr0.0005", "two-tiny-vpom"}
+
+
+def test_a_second_process_keeps_the_first_ones_rows_and_redoes_none(tmp_path):
+    score = {(A, 5e-4): 3.0, (A, 1e-3): 1.0, (A, 2e-3): 0.5}
+    trained: List[Tuple[str, str, float]] = []
+    first = _sweep(trained, score).run(_cfg(tmp_path, lrs=(1e-3,)), [Stage((A,), name="one")])
+    (tmp_path / "fam.json").write_text(json.dumps({"quality": first}))
+    second = _sweep(trained, score).run(_cfg(tmp_path, lrs=(2e-3,)), [Stage((A,), name="one")])
+    assert trained == [("one", A, 1e-3), ("one", A, 2e-3)]
+    rows = second["rows"]
+    assert sorted(r["lr"] for r in rows) == [1e-3, 2e-3]
+    assert [r["lr"] for r in rows if r["best_lr"]] == [2e-3]  # chosen on "val" over both processes' runs
+    assert all(r["rates"] == 2 for r in rows)
