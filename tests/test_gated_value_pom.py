@@ -137,23 +137,25 @@ def test_one_entry_of_the_mixer_table_that_every_family_builds():
 
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
                          ids=["fp32", "bf16"])
-def test_triton_scan_matches_the_torch_form_forward_and_backward(dtype):
-    """The Triton kernels in the interpreter: segments that restart inside chunks and at their edges, a length
-    that is no multiple of the chunk; the backward (three more scans and the log-decay identity) against autograd
-    through the torch form."""
+def test_triton_scan_matches_the_torch_form_forward_and_backward(dtype, device):
+    """The Triton kernels (in the interpreter on CPU tensors, compiled with ``POLYMIXER_TEST_DEVICE=cuda``):
+    segments that restart inside chunks and at their edges, a length that is no multiple of the chunk; the backward
+    (three more scans and the log-decay identity) against autograd through the torch form."""
     pytest.importorskip("triton")
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         pytest.skip("CPU tensors need TRITON_INTERPRET=1")
     from polymixer.ops.value_pom.gated import gated_mix
     from polymixer.ops.value_pom.gated_triton import triton_gated_scan
 
     torch.manual_seed(4)
-    B, H, N, Dh, E = 2, 2, 37, 16, 8
+    # chunks of 16 in the interpreter; a GPU takes its own (64 on sm_90): a longer row crosses them there too
+    B, H, N, Dh, E = 2, 2, 37 if device.type == "cpu" else 150, 16, 8
     q, k = torch.randn(B, H, N, Dh), torch.randn(B, H, N, Dh)
     v = torch.randn(B, H, N, E)
     g = -torch.rand(B, H, N) * 0.5
-    seq = torch.tensor([[0] * 16 + [1] * 5 + [2] * 16, [0] * 37])  # restarts at a chunk edge and inside one
+    seq = torch.tensor([[0] * 16 + [1] * 5 + [2] * (N - 21), [0] * N])  # restarts at a chunk edge and inside one
     do = torch.randn(B, H, N, E)
+    q, k, v, g, seq, do = (t.to(device) for t in (q, k, v, g, seq, do))
     for kw in (dict(causal=True, block_size=None), dict(causal=False, block_size=None),
                dict(causal=True, block_size=3)):
         leaves = [t.clone().to(dtype).requires_grad_() for t in (q, k, v)] + [g.clone().requires_grad_()]

@@ -65,7 +65,9 @@ _ACT_POINTERS = {"z_ptr", "x_ptr", "win_ptr", "g_ptr", "dz_ptr", "dg_ptr", "q_pt
 _INT_POINTERS = {"seqid_ptr", "cu_ptr", "has_ptr", "seg_ptr", "start_ptr", "first_ptr"}
 _BYTE_POINTERS = {"w_ptr"}
 _F64_POINTERS = {"pos_ptr"}
-_FLOAT_SCALARS = {"log2base", "scale"}
+_FLOAT_SCALARS = {"scale"}
+# float arguments the kernels annotate as float64 (``log2base: tl.float64``: rotary angles stay exact at long range)
+_F64_SCALARS = {"log2base"}
 # integer arguments that a real model makes multiples of 16 (strides and widths): the JIT marks them divisible
 _ALIGNED_INTS = re.compile(r"^(s_\w+|D|half|d|DK|DV|W)$")
 
@@ -83,6 +85,8 @@ def _signature(fn: Any, b: Build) -> Tuple[Dict[str, str], Dict[Tuple[int, ...],
             sig[name] = "*" + (act if name in _ACT_POINTERS else "i32" if name in _INT_POINTERS
                                else "u8" if name in _BYTE_POINTERS else "fp64" if name in _F64_POINTERS else "fp32")
             attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in _F64_SCALARS:
+            sig[name] = "fp64"
         elif name in _FLOAT_SCALARS:
             sig[name] = "fp32"
         else:

@@ -32,8 +32,8 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment (the [gpu] extra)
     raise ImportError("the triton backend needs Triton: pip install 'polymixer[gpu]'") from e
 
-__all__ = ["interpreted", "ACT_CODES", "GATE_CODES", "DTYPES", "MAX_DEGREE", "TWO_PI", "sigmoid", "act_fn",
-           "act_grad", "gate_fn", "gate_grad", "horner", "horner_grad", "seg_add", "or_", "rope_cos_sin",
+__all__ = ["interpreted", "ACT_CODES", "GATE_CODES", "DTYPES", "MAX_DEGREE", "TWO_PI", "allowed_difference", "sigmoid",
+           "act_fn", "act_grad", "gate_fn", "gate_grad", "horner", "horner_grad", "seg_add", "or_", "rope_cos_sin",
            "offset64", "last_row", "mma", "dot_precision", "sequence_of", "end_of", "kernel_op", "launch", "sm_count",
            "first_use", "check_results", "CHECKED",
            "pow2", "tolerance"]
@@ -298,6 +298,17 @@ def tolerance(dtype: torch.dtype) -> float:
     """How far (max error ÷ max value) the kernels may be from the float32 torch form on the check's inputs: fp32
     1e-3 (tf32 products on a GPU), bf16 / fp16 3e-2 (a few roundings of 8- or 11-bit mantissas)."""
     return 1e-3 if dtype == torch.float32 else 3e-2
+
+
+def allowed_difference(dtype: torch.dtype, torch_difference: Optional[float] = None, floor: float = 0.0) -> float:
+    """The difference the first-use check allows the kernels from the float32 torch form: :func:`tolerance` (at
+    least ``floor``), and in bf16 / fp16 at least twice the torch form's own difference in that dtype
+    (``torch_difference``) — the kernels may round no worse than the torch form does, whatever the inputs' scale
+    (a gradient through several bf16 products can differ by more than 3e-2 in either form)."""
+    allowed = max(tolerance(dtype), floor)
+    if dtype != torch.float32 and torch_difference is not None:
+        allowed = max(allowed, 2.0 * torch_difference)
+    return allowed
 
 
 @contextlib.contextmanager

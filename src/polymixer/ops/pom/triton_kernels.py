@@ -73,7 +73,7 @@ from ..triton_common import (
     sequence_of,
     end_of,
     sm_count,
-    tolerance,
+    allowed_difference,
 )
 
 import triton  # noqa: E402  (triton_common raised a clear ImportError already if it is missing)
@@ -288,8 +288,8 @@ def _unrotate_weight(dlo, dhi, cs, sn, w, ROPE: tl.constexpr, HAS_W: tl.constexp
 @triton.jit
 def _walk_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr, cu_ptr, g_ptr, sav_ptr,
                  savw_ptr, cin_ptr, cinw_ptr, summ_ptr, summw_ptr, has_ptr,
-                 N, D, half, d, BS, CPS, NC, log2base, s_zb, s_zn, s_xb, s_xn, s_w, s_gb, s_gn, s_wb, s_pb, s_sb,
-                 s_swb,
+                 N, D, half, d, BS, CPS, NC, log2base: tl.float64, s_zb, s_zn, s_xb, s_xn, s_w, s_gb, s_gn, s_wb, s_pb,
+                 s_sb, s_swb,
                  K: tl.constexpr, ACT: tl.constexpr, GATE: tl.constexpr, ROPE: tl.constexpr, HAS_W: tl.constexpr,
                  HAS_POS: tl.constexpr, PACKED: tl.constexpr, MEAN: tl.constexpr, MODE: tl.constexpr,
                  HAS_CARRY: tl.constexpr, SUMMARY: tl.constexpr, FUSED: tl.constexpr, GB: tl.constexpr,
@@ -406,7 +406,7 @@ def _walk_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, seq
 
 @triton.jit
 def _gate_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, pos_ptr, seqid_ptr, cu_ptr, end_ptr, endw_ptr, g_ptr,
-                 N, D, half, d, BS, log2base, s_zb, s_zn, s_xb, s_xn, s_w, s_gb, s_gn, s_pb, s_eb, s_ewb,
+                 N, D, half, d, BS, log2base: tl.float64, s_zb, s_zn, s_xb, s_xn, s_w, s_gb, s_gn, s_pb, s_eb, s_ewb,
                  GATE: tl.constexpr, ROPE: tl.constexpr, HAS_POS: tl.constexpr, PACKED: tl.constexpr,
                  MEAN: tl.constexpr, MODE: tl.constexpr, FUSED: tl.constexpr, GB: tl.constexpr, NSP: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
@@ -476,8 +476,8 @@ def _carry_kernel(summ_ptr, summw_ptr, has_ptr, cin_ptr, cinw_ptr, S, W, REVERSE
 @triton.jit
 def _causal_backward_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr, cu_ptr, dg_ptr,
                             dz_ptr, sav_ptr, savw_ptr, cin_ptr, summ_ptr, has_ptr, dcoeff_ptr, dbias_ptr,
-                            N, D, half, d, CPS, NC, log2base, s_zb, s_zn, s_xb, s_xn, s_w, s_gb, s_gn, s_wb, s_pb,
-                            s_sb, s_swb,
+                            N, D, half, d, CPS, NC, log2base: tl.float64, s_zb, s_zn, s_xb, s_xn, s_w, s_gb, s_gn, s_wb,
+                            s_pb, s_sb, s_swb,
                             K: tl.constexpr, ACT: tl.constexpr, GATE: tl.constexpr, ROPE: tl.constexpr,
                             HAS_W: tl.constexpr, HAS_POS: tl.constexpr, PACKED: tl.constexpr, MEAN: tl.constexpr,
                             HAS_CARRY: tl.constexpr, SUMMARY: tl.constexpr, FUSED: tl.constexpr, GB: tl.constexpr,
@@ -634,8 +634,8 @@ def _store_partials(dcoeff_ptr, dbias_ptr, pid, dclo, dchi, dblo, dbhi, ch, cmas
 @triton.jit
 def _group_backward_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, pos_ptr, seqid_ptr, cu_ptr, dg_ptr, dz_ptr, end_ptr,
                            endw_ptr, dend_ptr, cin_ptr, summ_ptr, has_ptr, dbias_ptr,
-                           N, D, half, d, BS, CPS, NC, log2base, s_zb, s_zn, s_xb, s_xn, s_w, s_gb, s_gn, s_pb,
-                           s_eb, s_ewb,
+                           N, D, half, d, BS, CPS, NC, log2base: tl.float64, s_zb, s_zn, s_xb, s_xn, s_w, s_gb, s_gn,
+                           s_pb, s_eb, s_ewb,
                            GATE: tl.constexpr, ROPE: tl.constexpr, HAS_POS: tl.constexpr, PACKED: tl.constexpr,
                            MEAN: tl.constexpr, MODE: tl.constexpr, HAS_CARRY: tl.constexpr, SUMMARY: tl.constexpr,
                            FUSED: tl.constexpr, GB: tl.constexpr, NSP: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -763,7 +763,8 @@ def _group_backward_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, pos_ptr, seqid_ptr, 
 @triton.jit
 def _end_backward_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, w_ptr, pos_ptr, seqid_ptr, cu_ptr, dz_ptr, dend_ptr,
                          cin_ptr, summ_ptr, has_ptr, dcoeff_ptr,
-                         N, D, half, d, BS, CPS, NC, log2base, s_zb, s_zn, s_xb, s_xn, s_w, s_wb, s_pb, s_eb,
+                         N, D, half, d, BS, CPS, NC, log2base: tl.float64, s_zb, s_zn, s_xb, s_xn, s_w, s_wb, s_pb,
+                         s_eb,
                          K: tl.constexpr, ACT: tl.constexpr, ROPE: tl.constexpr, HAS_W: tl.constexpr,
                          HAS_POS: tl.constexpr, PACKED: tl.constexpr, MODE: tl.constexpr, HAS_CARRY: tl.constexpr,
                          SUMMARY: tl.constexpr, FUSED: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -1344,19 +1345,33 @@ def run_check(device: torch.device, dtype: torch.dtype, name: str = "triton") ->
     every = dict(causal=dict(causal=True), full={}, block=dict(causal=True, block_size=17),
                  padding=dict(causal=True, mask=mask), rotary=dict(rope="1d", causal=True),
                  packed_causal=dict(causal=True, cu_seqlens=cu), packed_full=dict(cu_seqlens=cu))
+    ran = 0
     for kw in (every[m] for m in CHECK_MODES):
         xs = x[:1] if "cu_seqlens" in kw else x
         outs = []
-        for backend, dt in ((name, dtype), ("torch", torch.float32)):
+        runs = ((name, dtype), ("torch", torch.float32)) + ((("torch", dtype),) if dtype != torch.float32 else ())
+        for backend, dt in runs:
             xx = xs.clone().requires_grad_()
             params = [t.clone().requires_grad_() for t in (w_in, bias, coeff, w_out)]
-            with dispatch.backend(backend), torch.autocast(device.type, dtype=dtype, enabled=dt != torch.float32):
-                y = pom(xx, None, params[0], params[1], params[2], params[3], **kw)
+            try:
+                with dispatch.backend(backend), torch.autocast(device.type, dtype=dtype,
+                                                               enabled=dt != torch.float32):
+                    y = pom(xx, None, params[0], params[1], params[2], params[3], **kw)
+            except NotImplementedError as e:  # a call this route refuses (e.g. no fused tile fits a rotary gate
+                if backend != name or "cannot take" not in str(e):  # head): it never runs one, nothing to check
+                    raise
+                break
             y.float().square().sum().backward()
             outs.append([y.detach(), xx.grad] + [p.grad for p in params])
-        worst = check_results(*outs)
-        if not worst <= tolerance(dtype):
-            raise AssertionError(f"{kw}: relative difference {worst:.2e} > {tolerance(dtype):.0e}")
+        if len(outs) < 2:
+            continue
+        ran += 1
+        worst = check_results(outs[0], outs[1])
+        allowed = allowed_difference(dtype, check_results(outs[2], outs[1]) if len(outs) > 2 else None)
+        if not worst <= allowed:
+            raise AssertionError(f"{kw}: relative difference {worst:.2e} > {allowed:.1e}")
+    if not ran:
+        raise AssertionError(f"backend {name!r} took none of the check's calls")
 
 
 def self_check(device: torch.device, dtype: torch.dtype = torch.float32) -> Optional[str]:

@@ -436,8 +436,9 @@ def _packed_causal(x: Tensor, weights: Tuple, cu: Tensor, key_mask: Optional[Ten
     in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight, out_bias = weights
     T = x.shape[1]
     cu64 = cu.to(torch.int64)
-    starts = torch.zeros(T, dtype=torch.bool, device=x.device)
-    starts[cu64[:-1]] = True  # the first token of every sequence (cu_seqlens holds no empty one)
+    # the first token of every sequence (cu_seqlens holds no empty one); index_fill_, not an indexed assignment,
+    # which synchronises with the host on a GPU
+    starts = torch.zeros(T, dtype=torch.bool, device=x.device).index_fill_(0, cu64[:-1], True)
     ar = torch.arange(T, device=x.device)
     first = torch.cummax(torch.where(starts, ar, 0), dim=0).values  # each token's sequence start
     phi, v, psi, zs, _ = value_features(x, x, in_weight, coeff, coeff_q, dv, shift_weight, key_mask, None, True,
