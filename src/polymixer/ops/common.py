@@ -19,7 +19,8 @@ ActivationLike = Union[str, Callable[[Tensor], Tensor]]
 CuSeqlens = Union[Tensor, Tuple[Tensor, Tensor]]
 
 __all__ = ["ActivationLike", "CuSeqlens", "ACTIVATIONS", "GATES", "GATES_INPLACE", "FUSED_BACKWARD", "resolve",
-           "activation", "gate_fn", "compute_dtype", "elementwise_backward", "is_compiling", "check_cu_seqlens",
+           "activation", "gate_fn", "compute_dtype", "elementwise_backward", "is_compiling", "wanted_grads",
+           "check_cu_seqlens",
            "segments", "documents_cu_seqlens", "rope_angles", "rotate", "check_tokens", "check_bool_mask",
            "check_positions", "default_positions", "batch_packed", "check_mix_inputs", "packed_local_positions",
            "triton_precheck", "triton_possible"]
@@ -137,6 +138,16 @@ def elementwise_backward(fn, grad_fn, u: Tensor, grad_out: Tensor) -> Tensor:
 
 def is_compiling() -> bool:
     return torch.compiler.is_compiling()
+
+
+def wanted_grads(ctx: Any) -> Tuple[bool, ...]:
+    """Which inputs of an autograd.Function's backward want a gradient: ``ctx.needs_input_grad`` in eager, every
+    one while torch.compile traces the backward. Some PyTorch releases trace ``needs_input_grad`` as all False there
+    (seen with torch 2.11 on an H200: every gradient upstream of the gate came out zero under
+    ``torch.compile(backend="eager")``); a gradient for an input that does not want one is discarded."""
+    if torch.compiler.is_compiling():
+        return (True,) * len(ctx.needs_input_grad)
+    return tuple(ctx.needs_input_grad)
 
 
 def check_cu_seqlens(cu_seqlens: Tensor, total: int, name: str = "cu_seqlens") -> None:

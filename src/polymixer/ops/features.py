@@ -21,6 +21,7 @@ from .common import (
     elementwise_backward,
     resolve,
     segments,
+    wanted_grads,
 )
 
 __all__ = ["poly_features", "horner", "horner_derivative", "cumsum", "chunked_cumsum", "segment_prefix_sum",
@@ -81,7 +82,8 @@ class _PolyFeatures(torch.autograd.Function):
         g = grad.to(cd).contiguous()
         h = fn(zc)
         grad_z = grad_coeff = None
-        if ctx.needs_input_grad[1]:
+        wanted = wanted_grads(ctx)
+        if wanted[1]:
             lead = tuple(range(h.dim() - 1))
             cols = []
             hp = h
@@ -90,7 +92,7 @@ class _PolyFeatures(torch.autograd.Function):
                 if p + 1 < rows.shape[0]:
                     hp = hp * h
             grad_coeff = torch.stack(cols, dim=-1).to(coeff.dtype)
-        if ctx.needs_input_grad[0]:
+        if wanted[0]:
             grad_h = g * horner_derivative(h, rows)
             grad_z = elementwise_backward(fn, dfn, zc, grad_h).to(z.dtype)
         return grad_z, grad_coeff, None
@@ -382,8 +384,9 @@ class _GateMix(torch.autograd.Function):
         fn, _ = resolve(GATES, gate, "gate")
         cd = h.dtype
         s = zs.to(cd) + bias.to(cd)  # fresh buffer
-        s = GATES_INPLACE[gate](s) if isinstance(gate, str) else fn(s)
-        if s.shape[-1] == h.shape[-1] and h.shape[1] in (1, s.shape[1]) and h.shape[0] == s.shape[0]:
+        s = GATES_INPLACE[gate](s) if isinstance(gate, str) and not torch.compiler.is_compiling() else fn(s)
+        if (s.shape[-1] == h.shape[-1] and h.shape[1] in (1, s.shape[1]) and h.shape[0] == s.shape[0]
+                and not torch.compiler.is_compiling()):  # in place saves a buffer in eager; compiled code fuses it
             out = s.mul_(h)
         else:
             out = expand_heads(s, h.shape[-1]) * h
@@ -401,18 +404,19 @@ class _GateMix(torch.autograd.Function):
         u = zs.to(cd) + bias.to(cd)
         D, Ds = h.shape[-1], zs.shape[-1]
         grad_zs = grad_bias = grad_h = None
-        if ctx.needs_input_grad[2]:
+        wanted = wanted_grads(ctx)
+        if wanted[2]:
             grad_h = g * expand_heads(fn(u), D)
             if h.shape[1] == 1 and grad_h.shape[1] != 1:
                 grad_h = grad_h.sum(1, keepdim=True)
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+        if wanted[0] or wanted[1]:
             gs = g * h
             if Ds != D:
                 gs = gs.view(*gs.shape[:-1], Ds, D // Ds).sum(-1)
             gu = elementwise_backward(fn, dfn, u, gs)
-            if ctx.needs_input_grad[0]:
+            if wanted[0]:
                 grad_zs = gu.to(zs.dtype)
-            if ctx.needs_input_grad[1]:
+            if wanted[1]:
                 grad_bias = gu.sum(tuple(range(gu.dim() - 1))).to(bias.dtype)
         return grad_zs, grad_bias, grad_h, None, None
 
