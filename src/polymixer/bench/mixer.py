@@ -208,6 +208,7 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
     bar = tqdm(total=total, disable=not progress, desc="bench mixer", unit="call", dynamic_ncols=True)
 
     rows: List[Dict[str, Any]] = []
+    skipped: Dict[str, str] = {}  # configuration -> why it could not run
     load = MachineLoad().__enter__()
     for N, B in plans:
         pom_c = vpom_c = None
@@ -230,8 +231,21 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
             return out
 
         warm = cfg.warmup + (1 if cfg.compile else 0)
+
+        def refused(k: str, call: Callable[[], Any]) -> bool:
+            """Whether a configuration cannot run here (a strict backend that refuses the call, e.g. kernels that
+            failed their first-use check): it is reported, not timed, and the others still run."""
+            try:
+                call()
+                return False
+            except NotImplementedError as e:
+                skipped.setdefault(k, str(e))
+                configs.pop(k, None)
+                return True
+
         with torch.no_grad():
             fwd = {k: synchronized(lambda f=f: f(x), dev) for k, (f, _) in configs.items()}
+            fwd = {k: f for k, f in fwd.items() if not refused(k, f)}
             for _ in range(warm):  # the warm-up calls, on the bar too
                 for k, f in fwd.items():
                     f()
@@ -253,6 +267,7 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
                 return step
 
             bwd = {k: synchronized(train_step(f), dev) for k, (f, ok) in configs.items() if ok}
+            bwd = {k: f for k, f in bwd.items() if not refused(k, f)}
             for _ in range(warm):
                 for k, f in bwd.items():
                     f()
@@ -288,6 +303,8 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
                "threads": 1 if busy and dev.type == "cpu" else threads}
     if packed is not None:
         payload["packed"] = packed
+    if skipped:
+        payload["skipped"] = skipped
     write_json(out / "mixer.json", payload)
     (out / "mixer.txt").write_text(report(payload) + "\n")
     plot(payload, out / "mixer.png")
@@ -428,6 +445,8 @@ def report(payload: Dict[str, Any]) -> str:
     )
     s = payload["summary"]
     lines = [table, ""]
+    for k, why in payload.get("skipped", {}).items():
+        lines.append(f"not timed: {k} — {why}")
     if payload.get("busy_at_start"):
         lines.append(f"the machine was busy when this started: {payload.get('repeats')} repeats, "
                      f"{payload.get('threads')} thread(s); a miss measured beside other work reads 'not measured'")
