@@ -150,6 +150,22 @@ def test_rotary_at_long_range(device):
     _check(_mixer(rope="1d"), torch.randn(2, 21, 8), device, causal=True, positions=pos.to(device))
 
 
+def test_rotary_base_reaches_the_kernels_as_float64():
+    """On a GPU Triton passes a Python float argument as fp32 unless the kernel annotates it (the interpreter keeps
+    a double, so only this check sees it): every kernel that takes log2(base) declares it float64, and the
+    ahead-of-time builds give it that type — else the angles at long range lose 24 bits (3.6e-4 off on an H200)."""
+    import inspect
+
+    from polymixer.ops import aot
+
+    takes = {name: k for name, k in tk.KERNELS.items() if "log2base" in k.arg_names}
+    assert takes
+    for name, k in takes.items():  # the JIT's and the interpreter's wrappers both keep the function as .fn
+        annotation = inspect.signature(k.fn).parameters["log2base"].annotation
+        assert "float64" in str(annotation), (name, annotation)
+    assert "log2base" in aot.F64_SCALARS
+
+
 def test_rotary_2d(device):
     rows, cols = torch.meshgrid(torch.arange(3), torch.arange(5), indexing="ij")
     pos = torch.stack([rows.flatten(), cols.flatten()], -1)  # a 3 × 5 grid

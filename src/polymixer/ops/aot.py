@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
-__all__ = ["Build", "builds", "build", "build_all", "summarise", "occupancy", "SHARED_LIMIT", "add_arguments",
-           "main"]
+__all__ = ["Build", "builds", "build", "build_all", "summarise", "occupancy", "SHARED_LIMIT", "F64_SCALARS",
+           "add_arguments", "main"]
 
 # the most shared memory one block may use (bytes): sm_80 (A100) 163 KB, sm_90 (H100) 227 KB; and per SM
 SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
@@ -67,7 +67,7 @@ _BYTE_POINTERS = {"w_ptr"}
 _F64_POINTERS = {"pos_ptr"}
 _FLOAT_SCALARS = {"scale"}
 # float arguments the kernels annotate as float64 (``log2base: tl.float64``: rotary angles stay exact at long range)
-_F64_SCALARS = {"log2base"}
+F64_SCALARS = {"log2base"}
 # integer arguments that a real model makes multiples of 16 (strides and widths): the JIT marks them divisible
 _ALIGNED_INTS = re.compile(r"^(s_\w+|D|half|d|DK|DV|W)$")
 
@@ -85,7 +85,7 @@ def _signature(fn: Any, b: Build) -> Tuple[Dict[str, str], Dict[Tuple[int, ...],
             sig[name] = "*" + (act if name in _ACT_POINTERS else "i32" if name in _INT_POINTERS
                                else "u8" if name in _BYTE_POINTERS else "fp64" if name in _F64_POINTERS else "fp32")
             attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name in _F64_SCALARS:
+        elif name in F64_SCALARS:
             sig[name] = "fp64"
         elif name in _FLOAT_SCALARS:
             sig[name] = "fp32"
