@@ -96,6 +96,11 @@ class Family:
     # "not run" where they were not
     value_options: Tuple[str, ...] = ()
 
+    @property
+    def json_name(self) -> str:
+        """The family's bench JSON under ``<out>``: ``file``, else ``<bench>.json``."""
+        return self.file or f"{self.bench}.json"
+
     def resolved(self, data: Optional[Dict[str, Any]]) -> "Family":
         """This family with ``name`` and ``metric`` filled from the configuration of ``data`` (its bench JSON)."""
         if not self.defaults:
@@ -165,7 +170,7 @@ FAMILIES: Tuple[Family, ...] = (
 
 def _load(fam: Family, folder: Path) -> Optional[Dict[str, Any]]:
     """The family's main bench JSON, or None where it has none."""
-    path = folder / (fam.file or f"{fam.bench}.json")
+    path = folder / fam.json_name
     if not path.is_file():
         return None
     try:
@@ -587,7 +592,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     folder = Path(args.out)
-    files = list(dict.fromkeys(f.file or f"{f.bench}.json" for f in FAMILIES))
+    files = list(dict.fromkeys(f.json_name for f in FAMILIES))
     if not any((folder / name).is_file() for name in files):
         looked = ", ".join(files)
         raise SystemExit(f"polymixer bench parity: no bench results in {folder} (looked for {looked}); run the "
