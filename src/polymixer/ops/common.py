@@ -145,7 +145,7 @@ def wanted_grads(ctx: Any) -> Tuple[bool, ...]:
     one while torch.compile traces the backward. Some PyTorch releases trace ``needs_input_grad`` as all False there
     (seen with torch 2.11 on an H200: every gradient upstream of the gate came out zero under
     ``torch.compile(backend="eager")``); a gradient for an input that does not want one is discarded."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         return (True,) * len(ctx.needs_input_grad)
     return tuple(ctx.needs_input_grad)
 

@@ -19,6 +19,7 @@ from .common import (
     ActivationLike,
     compute_dtype,
     elementwise_backward,
+    is_compiling,
     resolve,
     segments,
     wanted_grads,
@@ -384,9 +385,9 @@ class _GateMix(torch.autograd.Function):
         fn, _ = resolve(GATES, gate, "gate")
         cd = h.dtype
         s = zs.to(cd) + bias.to(cd)  # fresh buffer
-        s = GATES_INPLACE[gate](s) if isinstance(gate, str) and not torch.compiler.is_compiling() else fn(s)
-        if (s.shape[-1] == h.shape[-1] and h.shape[1] in (1, s.shape[1]) and h.shape[0] == s.shape[0]
-                and not torch.compiler.is_compiling()):  # in place saves a buffer in eager; compiled code fuses it
+        eager = not is_compiling()  # in place saves a buffer in eager; compiled code fuses it anyway
+        s = GATES_INPLACE[gate](s) if isinstance(gate, str) and eager else fn(s)
+        if eager and s.shape[-1] == h.shape[-1] and h.shape[1] in (1, s.shape[1]) and h.shape[0] == s.shape[0]:
             out = s.mul_(h)
         else:
             out = expand_heads(s, h.shape[-1]) * h

@@ -35,7 +35,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment (the [
 __all__ = ["interpreted", "ACT_CODES", "GATE_CODES", "DTYPES", "MAX_DEGREE", "TWO_PI", "allowed_difference", "sigmoid",
            "act_fn", "act_grad", "gate_fn", "gate_grad", "horner", "horner_grad", "seg_add", "or_", "rope_cos_sin",
            "offset64", "last_row", "mma", "dot_precision", "sequence_of", "end_of", "kernel_op", "launch", "sm_count",
-           "first_use", "check_results", "CHECKED",
+           "first_use", "check_results", "check_runs", "judge_check", "CHECKED",
            "pow2", "tolerance"]
 
 ACT_CODES = {"leaky_clamp": 0, "relu": 1, "identity": 2, "silu": 3, "gelu": 4, "tanh": 5}
@@ -328,6 +328,22 @@ def _clean_context(device: torch.device) -> Any:
 
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def check_runs(name: str, dtype: torch.dtype) -> Tuple[Tuple[str, torch.dtype], ...]:
+    """The (backend, dtype) runs of a first-use check: the kernels in ``dtype``, the torch form in float32, and in a
+    low-precision ``dtype`` the torch form in it too (:func:`judge_check` measures its own rounding)."""
+    runs = ((name, dtype), ("torch", torch.float32))
+    return runs + ((("torch", dtype),) if dtype != torch.float32 else ())
+
+
+def judge_check(outs: list, dtype: torch.dtype, what: Any, floor: float = 0.0) -> None:
+    """Raise when the kernels' outputs (``outs[0]``) differ from the float32 torch form's (``outs[1]``) by more than
+    :func:`allowed_difference` (the torch form's own low-precision outputs, ``outs[2]``, where there are any)."""
+    worst = check_results(outs[0], outs[1])
+    allowed = allowed_difference(dtype, check_results(outs[2], outs[1]) if len(outs) > 2 else None, floor)
+    if not worst <= allowed:
+        raise AssertionError(f"{what}: relative difference {worst:.2e} > {allowed:.1e}")
 
 
 def check_results(got: Iterable[torch.Tensor], want: Iterable[torch.Tensor]) -> float:

@@ -54,7 +54,7 @@ from ..triton_common import (
     MAX_DEGREE,
     act_fn,
     act_grad,
-    check_results,
+    check_runs,
     first_use,
     gate_fn,
     gate_grad,
@@ -73,7 +73,7 @@ from ..triton_common import (
     sequence_of,
     end_of,
     sm_count,
-    allowed_difference,
+    judge_check,
 )
 
 import triton  # noqa: E402  (triton_common raised a clear ImportError already if it is missing)
@@ -1349,8 +1349,7 @@ def run_check(device: torch.device, dtype: torch.dtype, name: str = "triton") ->
     for kw in (every[m] for m in CHECK_MODES):
         xs = x[:1] if "cu_seqlens" in kw else x
         outs = []
-        runs = ((name, dtype), ("torch", torch.float32)) + ((("torch", dtype),) if dtype != torch.float32 else ())
-        for backend, dt in runs:
+        for backend, dt in check_runs(name, dtype):
             xx = xs.clone().requires_grad_()
             params = [t.clone().requires_grad_() for t in (w_in, bias, coeff, w_out)]
             try:
@@ -1366,10 +1365,7 @@ def run_check(device: torch.device, dtype: torch.dtype, name: str = "triton") ->
         if len(outs) < 2:
             continue
         ran += 1
-        worst = check_results(outs[0], outs[1])
-        allowed = allowed_difference(dtype, check_results(outs[2], outs[1]) if len(outs) > 2 else None)
-        if not worst <= allowed:
-            raise AssertionError(f"{kw}: relative difference {worst:.2e} > {allowed:.1e}")
+        judge_check(outs, dtype, kw)
     if not ran:
         raise AssertionError(f"backend {name!r} took none of the check's calls")
 

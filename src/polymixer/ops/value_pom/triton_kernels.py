@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..triton_common import (
     DTYPES,
-    check_results,
+    check_runs,
     dot_precision,
     first_use,
     kernel_op,
@@ -39,7 +39,7 @@ from ..triton_common import (
     or_,
     pow2,
     sequence_of,
-    allowed_difference,
+    judge_check,
 )
 from . import modular
 
@@ -564,18 +564,14 @@ def run_check(device: torch.device, dtype: torch.dtype) -> None:
     for kw in (dict(causal=True), dict(causal=True, block_size=4), dict(causal=True, cu_seqlens=cu),
                dict(cu_seqlens=cu)):
         outs = []
-        runs = (("triton", dtype), ("torch", torch.float32)) + ((("torch", dtype),) if dtype != torch.float32 else ())
-        for name, dt in runs:
+        for name, dt in check_runs("triton", dtype):
             xs = x.clone().requires_grad_()
             ws = [w.clone().requires_grad_() for w in weights]
             with dispatch.backend(name), torch.autocast(device.type, dtype=dtype, enabled=dt != torch.float32):
                 y = value_pom(xs, None, *ws, heads=H, **kw)
             y.float().square().sum().backward()
             outs.append([y.detach(), xs.grad] + [w.grad for w in ws])
-        worst = check_results(outs[0], outs[1])
-        allowed = allowed_difference(dtype, check_results(outs[2], outs[1]) if len(outs) > 2 else None, floor=5e-3)
-        if not worst <= allowed:
-            raise AssertionError(f"{kw}: relative difference {worst:.2e} > {allowed:.1e}")
+        judge_check(outs, dtype, kw, floor=5e-3)
 
 
 def self_check(device: torch.device, dtype: torch.dtype = torch.float32) -> Optional[str]:
