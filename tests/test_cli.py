@@ -535,6 +535,22 @@ def test_every_bench_reports_again_from_its_json(bench, tmp_path, capsys):
     assert f"{bench}.json: no bench results to report" in capsys.readouterr().err
 
 
+def test_a_bench_names_only_the_files_it_wrote(tmp_path, capsys):
+    """A quality-only OCR run draws no plot (its plot is the speed part's): the closing line must not name one."""
+    from pathlib import Path
+
+    from polymixer.bench.common import print_written
+    from polymixer.cli import main
+
+    payload = json.loads((Path(__file__).resolve().parent.parent / "docs" / "bench" / "ocr.json").read_text())
+    payload.pop("speed")
+    (tmp_path / "ocr.json").write_text(json.dumps(payload))
+    assert main(["bench", "ocr", "--report", "--out", str(tmp_path)]) == 0
+    assert not (tmp_path / "ocr.png").exists()
+    capsys.readouterr()
+    print_written(tmp_path, "ocr")
+    assert capsys.readouterr().out.endswith(f"\nwrote {tmp_path / 'ocr.json'}, {tmp_path / 'ocr.txt'}\n")
+
 def test_bench_mixer_verdicts_need_separated_repeats_and_a_quiet_machine():
     """A verdict the repeats cannot support is "not measured", never met or MISSED; a miss on a busy machine too."""
     from polymixer.bench.mixer import _unless_busy, ratio_verdict

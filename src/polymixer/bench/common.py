@@ -423,9 +423,11 @@ def report_again(out: Path, bench: str, plot: Callable[[Dict[str, Any], Path], N
 
 
 def print_written(out: Path, bench: str) -> None:
-    """Print the report a bench's run wrote (``out/<bench>.txt``) and the files it wrote, without building it again."""
+    """Print the report a bench's run wrote (``out/<bench>.txt``) and the files it wrote, without building it again;
+    the plot is named only where there is one (a quality-only OCR run draws none)."""
     print((out / f"{bench}.txt").read_text(), end="")
-    print(f"\nwrote {out / f'{bench}.json'}, {out / f'{bench}.txt'}, {out / f'{bench}.png'}")
+    files = [out / f"{bench}.{ext}" for ext in ("json", "txt", "png")]
+    print(f"\nwrote {', '.join(str(f) for f in files if f.is_file())}")
 
 
 @dataclass(frozen=True)
