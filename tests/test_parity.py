@@ -360,6 +360,36 @@ def test_a_recall_row_counts_its_own_seeds_and_zoologys_recipe_has_its_own_row(t
     assert "recall (MQAR, L 64, K 16) (no recall.json)" in parity.report(parity.collect(tmp_path))
 
 
+def test_a_verdict_waiting_on_seeds_lists_the_runs_it_needs(tmp_path):
+    """An unsettled-by-seeds verdict comes with the commands that settle it: the seeds (of 0, 1, 2 or those either
+    side ran) that attention and the judged model lack, each at the rate its own sweep chose, into the seed folders
+    parity reads; a settled verdict asks for none."""
+
+    def eo(folder, seed, rows):
+        folder.mkdir(exist_ok=True)
+        (folder / "eo.json").write_text(json.dumps({"quality": {"config": {"seed": seed, "lr": 0.001}, "rows": rows}}))
+
+    def row(spec, miou, lr):
+        return {"spec": spec, "miou_24": miou, "val_miou": miou, "lr": lr, "steps": 800, "best_lr": True}
+
+    eo(tmp_path, 0, [row("tiny-tsvit", 0.40, 0.002), row("tiny-tsvipom-value", 0.30, 0.004),
+                     row("tiny-tsvipom", 0.10, 0.001)])
+    eo(tmp_path / "eo_seed3", 3, [row("tiny-tsvit", 0.41, 0.002)])
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "eo")
+    assert all("needs 3 seeds" in t["verdict"] for t in f["targets"])
+    seeds = [c for c in f["to_run"] if "--seed" in c]
+    value = ("polymixer bench eo --parts quality --quality-models tiny-tsvipom-value --sweep tiny-tsvipom-value "
+             "--lr-factors 4 --seed {0} --out docs/bench/eo_seed{0}")
+    tsvit = ("polymixer bench eo --parts quality --quality-models tiny-tsvit --sweep tiny-tsvit --lr-factors 2 "
+             "--seed {0} --out docs/bench/eo_seed{0}")
+    # seeds 0 and 3 ran (attention's): the third is seed 1, for both; the value PoM also needs attention's seed 3
+    assert seeds == [tsvit.format(1), value.format(1), value.format(3)]
+    for s in (1, 2, 3):
+        eo(tmp_path / f"eo_seed{s}", s, [row("tiny-tsvit", 0.41, 0.002), row("tiny-tsvipom-value", 0.31, 0.004)])
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "eo")
+    assert not any("needs 3 seeds" in t["verdict"] for t in f["targets"])
+    assert not [c for c in f["to_run"] if "--seed" in c]
+
 def test_every_to_run_line_is_a_command_the_cli_takes():
     """The "to run" lines under the table are commands a reader can paste: each parses with polymixer's own parser,
     and the model form it names is one its bench can build."""

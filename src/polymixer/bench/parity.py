@@ -14,7 +14,8 @@ attention, and the gap is between the two medians over those seeds, so a model i
 did not run. Attention's own value is the median over all its seeds. A verdict reached on fewer than 3 seeds whose
 margin to its target is within attention's seed spread (max − min over its seeds) is marked *unsettled* and names
 the 3 seeds it needs. Every verdict, met or missed, needs 3 seeds of both the model and attention: on fewer it reads
-"unsettled" (with the reason).
+"unsettled" (with the reason), and the "to run" lines give the commands that run the seeds it lacks (each side at
+the rate its sweep chose, into its seed folder).
 
 Options (the fairness rule): a family offers every model the same variants of its preset — rotary positions
 (image: ``+position=sincos_rope``), rotary dates (satellite: ``+date_rope=true``) and the token shift / short causal
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import median
@@ -100,6 +102,12 @@ class Family:
     def json_name(self) -> str:
         """The family's bench JSON under ``<out>``: ``file``, else ``<bench>.json``."""
         return self.file or f"{self.bench}.json"
+
+    def seed_command(self, spec: str, factor: float, seed: int) -> str:
+        """``command`` for ``spec`` at ``factor`` × the recipe's rate only, on seed ``seed``, into the seed folder
+        this module reads (``docs/bench/<bench>_seed<N>``)."""
+        one = re.sub(r"--lr-factors( [0-9.]+)+", f"--lr-factors {round(factor, 6):g}", self.command.format(spec=spec))
+        return one.replace("--out docs/bench", f"--seed {seed} --out docs/bench/{self.bench}_seed{seed}")
 
     def resolved(self, data: Optional[Dict[str, Any]]) -> "Family":
         """This family with ``name`` and ``metric`` filled from the configuration of ``data`` (its bench JSON)."""
@@ -270,7 +278,8 @@ def _entry(fam: Family, row: Optional[Dict[str, Any]], base: Optional[Dict[str, 
     if row is None or not isinstance(row.get(fam.metric), (int, float)):
         return {"run": False}
     mine = _by_seed(fam, row, seed, seeded or [])
-    out = {"run": True, "model": row[fam.key], "lr": row.get("lr"), "rates": row.get("rates", 1)}
+    out = {"run": True, "model": row[fam.key], "lr": row.get("lr"), "rates": row.get("rates", 1),
+           "own_seeds": sorted(mine)}
     if base is None or row is base or not isinstance(base.get(fam.metric), (int, float)):
         return out | {"value": median(mine.values()) * fam.scale, "seeds": row.get("seeds", len(mine)),
                       "by_seed": {s: v * fam.scale for s, v in mine.items()}}
@@ -303,6 +312,30 @@ def _verdict(fam: Family, e: Optional[Dict[str, Any]], target: float, spread: Op
         why = f"{n} seed{'s' if n > 1 else ''} of the model, {attention_seeds} of attention"
     return (f"{verdict} on {n} seed{'s' if n > 1 else ''}, unsettled: {why}" + (f"; {opts}" if opts else "")
             + "; needs 3 seeds of both")
+
+
+def _seed_commands(fam: Family, data: Optional[Dict[str, Any]], attention: Dict[str, Any],
+                   models: Sequence[Dict[str, Any]]) -> List[str]:
+    """The commands that run the seeds the verdicts on ``models`` wait on: for each, the first 3 seeds either it or
+    attention ran (0, 1, 2 where fewer ran), each side at the rate its sweep chose, into the seed folders. None
+    where the family keeps its seeds another way (recall) or its JSON names no recipe rate."""
+    config = (data or {}).get(fam.part, {}).get("config") or {}
+    recipe = config.get("lr", config.get("quality_lr"))
+    if fam.file or "--lr-factors" not in fam.command or not _number(recipe) or recipe <= 0:
+        return []
+    out: List[str] = []
+    for e in models:
+        seeds, s = set(attention.get("own_seeds", [])) | set(e.get("own_seeds", [])), 0
+        while len(seeds) < 3:
+            seeds.add(s)
+            s += 1
+        for who in (attention, e):
+            for seed in sorted(seeds)[:3]:
+                if seed not in who.get("own_seeds", []) and _number(who.get("lr")):
+                    command = fam.seed_command(who["model"], who["lr"] / recipe, seed)
+                    if command not in out:
+                        out.append(command)
+    return out
 
 
 def _measured(fam: Family, e: Dict[str, Any], target: float) -> str:
@@ -414,6 +447,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
     best = max(linear, key=lambda e: sign * e["gap"]) if linear else None
     item["best_linear"] = best
     targets = []
+    waiting: List[Dict[str, Any]] = []  # the models whose verdict waits on seeds
     seeds_of_attention = list(item["attention"].get("by_seed", {}).values())
     seeds_of_chosen = list(seeds_of_attention)  # the seeds of attention in the form it is compared as
     preset = by.get(fam.attention)
@@ -444,6 +478,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
                            missing(best, linear, fam.best_target))
         targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
                         "measured": None if best is None else _measured(fam, best, fam.best_target)})
+        waiting += [best] if "needs 3 seeds" in verdict else []
     if fam.all_target is not None:
         alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
         top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
@@ -451,6 +486,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
         targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
                         "verdict": verdict,
                         "measured": None if top is None else _measured(fam, top, fam.all_target)})
+        waiting += [top] if "needs 3 seeds" in verdict else []
     if fam.bench.startswith("recall"):  # attention itself, without the shift
         a = _entry(fam, preset, None, seed, seeded)
         verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
@@ -468,6 +504,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
         targets.append({"what": "attention without the shift ≥ 99% at its best rate", "verdict": verdict,
                         "measured": measured})
     item["targets"] = targets
+    item["to_run"] += _seed_commands(fam, data, item["attention"], waiting)
     return item
 
 
