@@ -291,6 +291,12 @@ def _entry(fam: Family, row: Optional[Dict[str, Any]], base: Optional[Dict[str, 
                   "against": against * fam.scale}
 
 
+def _short_of_seeds(e: Optional[Dict[str, Any]], attention_seeds: int) -> bool:
+    """Whether the verdict on ``e`` waits on seeds: fewer than 3 of the model (those it shares with attention) or of
+    attention."""
+    return e is not None and ((len(e.get("by_seed", {})) or 1) < 3 or attention_seeds < 3)
+
+
 def _verdict(fam: Family, e: Optional[Dict[str, Any]], target: float, spread: Optional[float],
              attention_seeds: int = 3, missing: Sequence[str] = ()) -> str:
     """"met" / "MISSED" on medians of ≥ 3 seeds of both the model and attention, every option that could change it
@@ -303,7 +309,7 @@ def _verdict(fam: Family, e: Optional[Dict[str, Any]], target: float, spread: Op
     verdict = "MISSED" if _worse(fam, e["gap"], target) else "met"
     n = len(e.get("by_seed", {})) or 1
     opts = "; ".join(missing)
-    if n >= 3 and attention_seeds >= 3:
+    if not _short_of_seeds(e, attention_seeds):
         return f"{verdict}, unsettled: {opts}" if opts else verdict
     margin = (e["gap"] - target) * (1 if fam.gap == "points" else e["against"])  # in the metric's units
     if spread is not None and abs(margin) <= spread:
@@ -478,7 +484,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
                            missing(best, linear, fam.best_target))
         targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
                         "measured": None if best is None else _measured(fam, best, fam.best_target)})
-        waiting += [best] if "needs 3 seeds" in verdict else []
+        waiting += [best] if _short_of_seeds(best, len(seeds_of_chosen)) else []
     if fam.all_target is not None:
         alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
         top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
@@ -486,7 +492,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
         targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
                         "verdict": verdict,
                         "measured": None if top is None else _measured(fam, top, fam.all_target)})
-        waiting += [top] if "needs 3 seeds" in verdict else []
+        waiting += [top] if _short_of_seeds(top, len(seeds_of_chosen)) else []
     if fam.bench.startswith("recall"):  # attention itself, without the shift
         a = _entry(fam, preset, None, seed, seeded)
         verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
