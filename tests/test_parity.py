@@ -390,6 +390,37 @@ def test_a_verdict_waiting_on_seeds_lists_the_runs_it_needs(tmp_path):
     assert not any("needs 3 seeds" in t["verdict"] for t in f["targets"])
     assert not [c for c in f["to_run"] if "--seed" in c]
 
+def test_a_seed_folders_report_judges_the_family_not_its_seed_alone(tmp_path):
+    """A seed folder's own report (``bench <family> --seed N --out docs/bench/<family>_seedN``) gives the family's
+    verdicts, judged on the main JSON and every seed folder as ``bench parity`` judges them — judged on its seed
+    alone it would ask again for the seeds the main folder holds ("--seed 0 --out docs/bench/eo_seed0")."""
+    from polymixer.bench import eo as eo_bench
+    from polymixer.bench.common import main_payload, seed_payloads, write_report
+
+    def eo(folder, seed, rows):
+        folder.mkdir(exist_ok=True)
+        config = {"seed": seed, "lr": 0.001, "crop": 24}
+        (folder / "eo.json").write_text(json.dumps({"config": config, "quality": {"config": config, "rows": rows}}))
+
+    def row(spec, miou, lr):
+        return {"spec": spec, "model": spec, "miou_24": miou, "val_miou": miou, "lr": lr, "steps": 800,
+                "best_lr": True, "windows": {"24": {"oa": 0.5, "miou": miou}}}
+
+    eo(tmp_path, 0, [row("tiny-tsvit", 0.40, 0.002), row("tiny-tsvipom-value", 0.30, 0.004)])
+    eo(tmp_path / "eo_seed1", 1, [row("tiny-tsvit", 0.42, 0.002), row("tiny-tsvipom-value", 0.31, 0.004)])
+    seed = tmp_path / "eo_seed1"
+    payload = json.loads((seed / "eo.json").read_text())
+    assert main_payload(tmp_path, "eo") is None and main_payload(seed, "eo")["quality"]["config"]["seed"] == 0
+    text = write_report(seed, "eo", payload, lambda p, path: None, eo_bench.report)
+    family = parity.verdict_lines("eo", json.loads((tmp_path / "eo.json").read_text()), seed_payloads(tmp_path, "eo"))
+    assert family and [line for line in text.splitlines() if line.startswith("parity (")] == family
+    assert "--seed 2 --out docs/bench/eo_seed2" in text and "eo_seed0" not in text and "eo_seed1`" not in text
+    assert "(median of 2 seeds)" in text  # seeds 0 and 1 both counted
+    (tmp_path / "eo.json").write_text("{")
+    with pytest.raises(ValueError, match="eo.json: not valid JSON"):
+        main_payload(seed, "eo")
+
+
 def test_every_to_run_line_is_a_command_the_cli_takes():
     """The "to run" lines under the table are commands a reader can paste: each parses with polymixer's own parser,
     and the model form it names is one its bench can build."""

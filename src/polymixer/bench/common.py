@@ -9,6 +9,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -401,11 +402,28 @@ def seed_payloads(out: Path, bench: str, part: str = "quality") -> List[Dict[str
 def write_report(out: Path, bench: str, payload: Dict[str, Any], plot: Callable[[Dict[str, Any], Path], None],
                  report: Callable[..., str]) -> str:
     """Write ``out/<bench>.png`` and ``out/<bench>.txt`` from ``payload`` and the seed folders beside it (the
-    bench's ``plot`` and ``report(payload, seeds)``); return the report."""
+    bench's ``plot`` and ``report(payload, seeds)``); in a seed folder the verdicts are judged on the main JSON and
+    all seed folders (``report(payload, seeds, main)``). Return the report."""
     plot(payload, out / f"{bench}.png")
-    text = report(payload, seed_payloads(out, bench))
+    main = main_payload(out, bench)
+    if main is None:
+        text = report(payload, seed_payloads(out, bench))
+    else:
+        text = report(payload, seed_payloads(out.parent, bench), main)
     write_text_atomic(out / f"{bench}.txt", text + "\n")
     return text
+
+
+def main_payload(out: Path, bench: str) -> Optional[Dict[str, Any]]:
+    """The family's main JSON (``out/../<bench>.json``) where ``out`` is one of its seed folders
+    (``<bench>_seed<N>``), else None: a seed folder's report judges the family as ``polymixer bench parity`` does."""
+    path = out.parent / f"{bench}.json"
+    if not re.fullmatch(rf"{re.escape(bench)}_seed\d+", out.name) or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
 def report_again(out: Path, bench: str, plot: Callable[[Dict[str, Any], Path], None],

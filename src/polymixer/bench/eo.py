@@ -295,7 +295,8 @@ def seed_rows(payload: Dict[str, Any], seeds: List[Dict[str, Any]], row: Dict[st
     return found
 
 
-def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> List[str]:
+def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
+             main_json: Optional[Dict[str, Any]] = None) -> List[str]:
     """The issue's targets, each said met or MISSED with the measured figure; the parity targets as
     ``polymixer bench parity`` judges them, over the other seeds' JSONs in ``seeds``
     (:func:`~polymixer.bench.common.seed_payloads`)."""
@@ -317,7 +318,7 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
     if "quality" in payload:
         rows = best_rows(payload["quality"]["rows"])
         crop = str(payload["quality"].get("config", payload["config"])["crop"])
-        out += verdict_lines("eo", payload, seeds)
+        out += verdict_lines("eo", payload, seeds, main_json)
         for r in rows:
             if f"miou_{crop}" in r and "miou_whole" in r:
                 keep = [f"{k}: {100 * v['miou']:.1f}" for k, v in r["windows"].items()]
@@ -357,7 +358,10 @@ def per_class_over_seeds(payload: Dict[str, Any], seeds: List[Dict[str, Any]]) -
                          ["class", "TSViT"] + names + [f"{m} − TSViT" for m in names]), ""]
 
 
-def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> str:
+def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
+           main_json: Optional[Dict[str, Any]] = None) -> str:
+    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets;
+    ``main_json``: the family's main JSON where ``payload`` is one of its seed folders)."""
     lines = []
     if "speed" in payload:
         p = payload["speed"]
@@ -399,10 +403,10 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
                       format_table([{"model": r["model"], **{str(c): _pct(r["per_class_iou"].get(str(c), r[
                           "per_class_iou"].get(c))) for c in cls}} for r in timing], ["model"] + [str(c) for c in cls],
                           ["model"] + [PASTIS_CLASSES[c] for c in cls]), ""]
-        lines += per_class_over_seeds(payload, seeds or [])
+        lines += per_class_over_seeds(main_json if main_json is not None else payload, seeds or [])
     if "curves" in payload:
         lines += _curves_report(payload["curves"])
-    return "\n".join(lines + verdicts(payload, seeds))
+    return "\n".join(lines + verdicts(payload, seeds, main_json))
 
 
 def _pct(v: Any) -> Optional[float]:

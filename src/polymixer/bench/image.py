@@ -221,7 +221,8 @@ def _quality_rows(q: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [{"lr": RECIPE_LR, "lr_from": "recipe", **r} for r in q["rows"]]
 
 
-def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> List[str]:
+def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
+             main_json: Optional[Dict[str, Any]] = None) -> List[str]:
     """The issue's targets, each said met or MISSED with the measured figure, judged at each model's best rate; the
     parity targets as ``polymixer bench parity`` judges them, over the other seeds' JSONs in ``seeds``
     (:func:`~polymixer.bench.common.seed_payloads`)."""
@@ -246,7 +247,7 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
                        f"{100 * sit['cond_accuracy']:.1f}% ({'met' if acc_ok else 'MISSED'}: ≥ 90% and within "
                        f"5 points); FD {pom['fd']:.3g} vs {sit['fd']:.3g} ({pom['fd'] / sit['fd']:.2f}×, "
                        f"{'met' if fd_ok else 'MISSED'}: ≤ 1.5×)")
-    out += verdict_lines("image", payload, seeds)
+    out += verdict_lines("image", payload, seeds, main_json)
     flow = {r["model"]: r["lr"] for r in rows if r["objective"] == swept}
     for r in rows:
         if r["objective"] != swept and r["model"] in flow and not same_rate(r["lr"], flow[r["model"]]):
@@ -255,8 +256,10 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
     return out
 
 
-def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> str:
-    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets)."""
+def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
+           main_json: Optional[Dict[str, Any]] = None) -> str:
+    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets;
+    ``main_json``: the family's main JSON where ``payload`` is one of its seed folders)."""
     lines = []
     if "speed" in payload:
         p = payload["speed"]
@@ -293,7 +296,7 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
                   "", "every rate (AdamW, warm-up then cosine to lr / 10; * = best)"]
         for obj in dict.fromkeys(r["objective"] for r in all_rows):
             lines.append(sweep_table([r for r in all_rows if r["objective"] == obj], "fd", f"{obj} FD", key="model"))
-        lines += [""] + verdicts(payload, seeds)
+        lines += [""] + verdicts(payload, seeds, main_json)
     return "\n".join(lines)
 
 

@@ -242,8 +242,10 @@ def _select(rows: List[Dict[str, Any]], cfg: LMBenchConfig) -> List[Dict[str, An
     return rows
 
 
-def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> str:
-    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets)."""
+def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
+           main_json: Optional[Dict[str, Any]] = None) -> str:
+    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets;
+    ``main_json``: the family's main JSON where ``payload`` is one of its seed folders)."""
     lines = []
     if "throughput" in payload:
         p = payload["throughput"]
@@ -309,7 +311,7 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
                                 "÷ attention", "train min"]),
                   "", "every rate (AdamW, warm-up then cosine to lr / 10; * = best)",
                   sweep_table(all_rows, "val_loss", "val loss"), ""]
-        lines += verdict_lines("lm", payload, seeds)
+        lines += verdict_lines("lm", payload, seeds, main_json)
     return "\n".join(lines)
 
 

@@ -257,7 +257,8 @@ def _quality_rows(q: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 
-def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> List[str]:
+def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
+             main_json: Optional[Dict[str, Any]] = None) -> List[str]:
     """The issue's targets, each said met or MISSED with the measured figure; the parity targets as
     ``polymixer bench parity`` judges them, over the other seeds' JSONs in ``seeds``
     (:func:`~polymixer.bench.common.seed_payloads`)."""
@@ -302,12 +303,14 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
                     out.append(f"note: {r['task']} {r['model']} was fine-tuned at lr {r['lr']:g}, its best "
                                f"{r['lr_from'][5:]} rate is now {single[r['preset']]:g}: run --tasks {r['task']} "
                                f"--quality-presets {r['preset']} again")
-        out += verdict_lines("ocr", payload, seeds)
+        out += verdict_lines("ocr", payload, seeds, main_json)
     return out
 
 
-def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> str:
-    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets)."""
+def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
+           main_json: Optional[Dict[str, Any]] = None) -> str:
+    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets;
+    ``main_json``: the family's main JSON where ``payload`` is one of its seed folders)."""
     lines = []
     if "speed" in payload:
         p = payload["speed"]
@@ -341,7 +344,7 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
             lines += [sweep_table(mine, metric, f"{task} {label} CER %", scale=100, key="preset")
                       for metric, label in (("val_cer", "val"), ("cer", "test"))]
         lines.append("")
-    return "\n".join(lines + verdicts(payload, seeds))
+    return "\n".join(lines + verdicts(payload, seeds, main_json))
 
 
 def plot(payload: Dict[str, Any], path: Path) -> None:

@@ -568,14 +568,18 @@ def target_lines(item: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def verdict_lines(bench: str, payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> List[str]:
+def verdict_lines(bench: str, payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
+                  main_json: Optional[Dict[str, Any]] = None) -> List[str]:
     """The parity targets of the family whose bench wrote ``payload`` (its other seeds' JSONs in ``seeds``), judged
     exactly as ``polymixer bench parity`` judges them — the one verdict path, so a family's bench report and the
-    parity table never disagree. Empty where the payload holds no part the family is judged on."""
+    parity table never disagree. Where ``payload`` is a seed folder's, ``main_json`` is the family's main JSON (and
+    ``seeds`` its seed folders, this one among them): the verdicts are the family's, not this seed's alone, which
+    would ask again for the seeds the main folder holds. Empty where the payload holds no part the family is
+    judged on."""
     fam = family(bench)
     if fam.part not in payload:
         return []
-    item = judge(fam, payload, seeded_rows(fam, seeds or []))
+    item = judge(fam, main_json if main_json is not None else payload, seeded_rows(fam, seeds or []))
     return [f"parity (as `polymixer bench parity` judges): {line}" for line in target_lines(item)]
 
 

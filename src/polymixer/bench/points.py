@@ -254,7 +254,8 @@ def _quality_rows(q: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [{"lr": RECIPE_LR, "lr_from": "recipe", **r} for r in q["rows"]]
 
 
-def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> List[str]:
+def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
+             main_json: Optional[Dict[str, Any]] = None) -> List[str]:
     """The issue's targets, each said met or MISSED with the measured figure; the parity targets as
     ``polymixer bench parity`` judges them, over the other seeds' JSONs in ``seeds``
     (:func:`~polymixer.bench.common.seed_payloads`)."""
@@ -288,7 +289,7 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
             d = 100 * (h["miou"] - a["miou"])
             out.append(f"test mIoU: tiny hybrid {100 * h['miou']:.1f} ({d:+.1f} points vs PTv3; "
                        f"{'met' if d >= -1 else 'MISSED'}: level, i.e. within 1 point; the paper: +0.1)")
-        out += verdict_lines("points", payload, seeds)
+        out += verdict_lines("points", payload, seeds, main_json)
         for r in rows:
             if r["lr_from"].startswith("best ") and r["lr_from"][5:] in by:
                 lr = by[r["lr_from"][5:]]["lr"]
@@ -298,8 +299,10 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
     return out
 
 
-def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None) -> str:
-    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets)."""
+def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
+           main_json: Optional[Dict[str, Any]] = None) -> str:
+    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets;
+    ``main_json``: the family's main JSON where ``payload`` is one of its seed folders)."""
     lines = []
     if "speed" in payload:
         p = payload["speed"]
@@ -338,7 +341,7 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
                       f"mIoU %, then {split} mIoU %",
                   sweep_table(all_rows, "val_miou", "val mIoU %", scale=100),
                   sweep_table(all_rows, "miou", f"{split} mIoU %", scale=100), ""]
-    return "\n".join(lines + verdicts(payload, seeds))
+    return "\n".join(lines + verdicts(payload, seeds, main_json))
 
 
 def plot(payload: Dict[str, Any], path: Path) -> None:
