@@ -382,16 +382,21 @@ def check_recipe(path: Path, parts: Sequence[str], name: str, value: Any, unreco
                              f"their own --out")
 
 
+def read_json(path: Path) -> Dict[str, Any]:
+    """A bench's JSON; a file that is not JSON is an error naming it."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
 def seed_payloads(out: Path, bench: str, part: str = "quality") -> List[Dict[str, Any]]:
     """The bench JSONs of the other seeds beside ``out/<bench>.json`` (``out/<bench>_seed<N>/<bench>.json``, written
     by ``polymixer bench <bench> --seed N --out out/<bench>_seed<N>``), in seed order. A file that is not JSON, or
     whose ``part`` names no seed (its runs could not count as another seed), is an error naming it."""
     found = []
     for path in sorted(out.glob(f"{bench}_seed*/{bench}.json")):
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        data = read_json(path)
         config = data.get(part, {}).get("config") or data.get("config") or {}
         if "seed" not in config:
             raise ValueError(f"{path}: its configuration names no seed, so its runs cannot count as another seed")
@@ -406,10 +411,7 @@ def write_report(out: Path, bench: str, payload: Dict[str, Any], plot: Callable[
     all seed folders (``report(payload, seeds, main)``). Return the report."""
     plot(payload, out / f"{bench}.png")
     main = main_payload(out, bench)
-    if main is None:
-        text = report(payload, seed_payloads(out, bench))
-    else:
-        text = report(payload, seed_payloads(out.parent, bench), main)
+    text = report(payload, seed_payloads(out if main is None else out.parent, bench), main)
     write_text_atomic(out / f"{bench}.txt", text + "\n")
     return text
 
@@ -420,10 +422,7 @@ def main_payload(out: Path, bench: str) -> Optional[Dict[str, Any]]:
     path = out.parent / f"{bench}.json"
     if not re.fullmatch(rf"{re.escape(bench)}_seed\d+", out.name) or not path.is_file():
         return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    return read_json(path)
 
 
 def report_again(out: Path, bench: str, plot: Callable[[Dict[str, Any], Path], None],
@@ -433,11 +432,7 @@ def report_again(out: Path, bench: str, plot: Callable[[Dict[str, Any], Path], N
     path = out / f"{bench}.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no bench results to report (run a part with --out {out})")
-    try:
-        payload = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    return write_report(out, bench, payload, plot, report)
+    return write_report(out, bench, read_json(path), plot, report)
 
 
 def print_written(out: Path, bench: str) -> None:

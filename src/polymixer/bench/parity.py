@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..files import write_text_atomic
 from ..report import format_table
-from .common import best_rows, same_rate, seed_payloads
+from .common import best_rows, read_json, same_rate, seed_payloads
 
 __all__ = ["Family", "FAMILIES", "family", "seeded_rows", "judge", "collect", "target_lines", "verdict_lines", "report",
            "main", "add_arguments"]
@@ -179,12 +179,7 @@ FAMILIES: Tuple[Family, ...] = (
 def _load(fam: Family, folder: Path) -> Optional[Dict[str, Any]]:
     """The family's main bench JSON, or None where it has none."""
     path = folder / fam.json_name
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    return read_json(path) if path.is_file() else None
 
 
 def _rows(fam: Family, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
