@@ -80,6 +80,23 @@ def test_a_part_written_by_another_process_meanwhile_is_kept(tmp_path):
     assert saved["speed"]["rows"] == ["old speed"] and out["curves"]["rows"] == ["new curves"]
 
 
+def test_a_bench_file_that_is_not_json_stops_the_bench_before_it_trains(tmp_path):
+    from dataclasses import dataclass, field
+
+    from polymixer.bench.common import run_parts
+
+    @dataclass
+    class Cfg:
+        parts: tuple = field(default_factory=tuple)
+
+    path = tmp_path / "eo.json"
+    path.write_text('{"quality": {"rows": [')  # cut short
+    ran = []
+    with pytest.raises(ValueError, match=r"eo\.json: not valid JSON"):
+        run_parts(Cfg(("quality",)), path, {"quality": lambda cfg, progress: ran.append(1) or {"rows": []}}, False)
+    assert ran == [] and path.read_text() == '{"quality": {"rows": ['  # nothing trained, nothing overwritten
+
+
 def test_the_lock_excludes_a_second_holder(tmp_path):
     from filelock import FileLock, Timeout
 

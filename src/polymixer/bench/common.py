@@ -235,6 +235,8 @@ def run_parts(cfg: Any, path: Path, parts: Dict[str, Callable[[Any, bool], Dict[
     being interrupted, and the other parts are read again under a lock just before, so a part another process wrote
     meanwhile (a learning-curve run beside a quality sweep) is kept, not overwritten with what the file held at start.
     A part's own rows are merged with the earlier ones by the part itself, read at its end."""
+    if path.is_file():
+        read_json(path)  # a file that is not JSON stops the bench now, naming it, not after an hour of training
     payload: Dict[str, Any] = {"config": asdict(cfg), "machine": machine()}
     mine: List[str] = []
     for name, fn in parts.items():
@@ -244,11 +246,11 @@ def run_parts(cfg: Any, path: Path, parts: Dict[str, Callable[[Any, bool], Dict[
             mine.append(name)
             with locked(path):
                 # every other part as the file holds it now: another process may have written one during this part
-                old = json.loads(path.read_text()) if path.is_file() else {}
+                old = read_json(path) if path.is_file() else {}
                 payload.update({n: old[n] for n in parts if n in old and n not in mine})
                 write_json(path, payload)
     if not mine and path.is_file():
-        old = json.loads(path.read_text())
+        old = read_json(path)
         payload.update({n: old[n] for n in parts if n in old})
     return payload
 
@@ -279,10 +281,10 @@ def training_minutes(out: Path, started: float, resumed_finished: bool, history:
     record = Path(out) / "train_time.json"
     if not resumed_finished:
         minutes = (time.perf_counter() - started) / 60
-        record.write_text(json.dumps({"minutes": minutes}))
+        write_json(record, {"minutes": minutes})
         return minutes
     if record.is_file():
-        return json.loads(record.read_text())["minutes"]
+        return read_json(record)["minutes"]
     seconds, last = 0.0, 0
     for rec in history:
         rate = next((v for k, v in rec.items() if k.endswith("_s") and v), None)
@@ -358,7 +360,7 @@ def same_rate(a: float, b: float) -> bool:
 
 def earlier_part(path: Path, part: str = "quality") -> Dict[str, Any]:
     """``part`` of an earlier bench JSON at ``path`` (empty if the file is not there)."""
-    return json.loads(path.read_text()).get(part, {}) if path.is_file() else {}
+    return read_json(path).get(part, {}) if path.is_file() else {}
 
 
 def check_seed(path: Path, seed: int, parts: Sequence[str]) -> None:
@@ -382,7 +384,7 @@ def check_recipe(path: Path, parts: Sequence[str], name: str, value: Any, unreco
                              f"their own --out")
 
 
-def read_json(path: Path) -> Dict[str, Any]:
+def read_json(path: Path) -> Any:
     """A bench's JSON; a file that is not JSON is an error naming it."""
     try:
         return json.loads(path.read_text())

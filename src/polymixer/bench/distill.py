@@ -15,7 +15,6 @@ Runs live in ``<out>/quality/distill-*`` and ``<out>/quality/scratch-*``; an int
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..models import count_parameters, create_model, model_config
 from ..report import format_table, new_figure, save_figure
-from .common import apply_overrides, resume_point, run_parts, training_minutes
+from .common import apply_overrides, read_json, resume_point, run_parts, training_minutes
 
 __all__ = ["DistillBenchConfig", "run_quality", "report", "plot", "run", "main", "add_arguments"]
 
@@ -60,7 +59,7 @@ QUICK = dict(teacher_steps=120, stage1_steps=10, eval_every=10, eval_windows=64)
 
 def _history(run: Path) -> List[Dict[str, Any]]:
     f = run / "history.json"
-    return json.loads(f.read_text()) if f.is_file() else []
+    return read_json(f) if f.is_file() else []
 
 
 def _evals(history: List[Dict[str, Any]], tokens_per_step: int, offset: int = 0) -> List[Dict[str, float]]:

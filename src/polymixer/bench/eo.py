@@ -32,6 +32,7 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from .parity import verdict_lines
 from .common import (
+    read_json,
     FamilyBench,
     add_sweep_arguments,
     bench_main,
@@ -219,10 +220,8 @@ def _select(rows: List[Dict[str, Any]], cfg: EOBenchConfig) -> List[Dict[str, An
 
 def best_rates(cfg: EOBenchConfig) -> Dict[str, float]:
     """Each quality model's best rate from the quality part in ``<out>/eo.json`` (models not there: the recipe's)."""
-    import json
-
     path = Path(cfg.out) / "eo.json"
-    rows = json.loads(path.read_text()).get("quality", {}).get("rows", []) if path.is_file() else []
+    rows = read_json(path).get("quality", {}).get("rows", []) if path.is_file() else []
     return {r["spec"]: r["lr"] for r in rows if r.get("best_lr")}
 
 
@@ -268,10 +267,8 @@ def run_curves(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
                      if spec in rates else "recipe (no sweep result)", "steps": steps, "train_min": minutes,
                      "points": points})
     # the curves of models not run again are kept (read after training: processes sharing the part keep each other's)
-    import json
-
     path = Path(cfg.out) / "eo.json"
-    earlier = json.loads(path.read_text()).get("curves", {}).get("rows", []) if path.is_file() else []
+    earlier = read_json(path).get("curves", {}).get("rows", []) if path.is_file() else []
     done = {r["spec"] for r in rows}
     rows = [r for r in earlier if r["spec"] not in done] + rows
     order = {s: i for i, s in enumerate(SWEPT)}

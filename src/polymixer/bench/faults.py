@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..families import FAMILIES as FAMILY_TABLE
 from ..families import run_family_command
 from ..report import format_table, new_figure, save_figure
-from .common import apply_overrides, machine, write_json
+from .common import apply_overrides, machine, read_json, write_json
 
 __all__ = ["FaultsBenchConfig", "FAMILIES", "run", "report", "plot", "main", "add_arguments"]
 
@@ -441,7 +441,7 @@ def run(cfg: FaultsBenchConfig, progress: bool = True) -> Dict[str, Any]:
     for family in cfg.families:
         result = {**run_family(cfg, family, progress), "machine": machine(), "config": dict(vars(cfg))}
         if path.is_file():  # families measured earlier (or by another run meanwhile) and not redone now are kept
-            payload["families"] = json.loads(path.read_text()).get("families", {})
+            payload["families"] = read_json(path).get("families", {})
         payload["families"][family] = result
         write_json(path, payload)
     out = Path(cfg.out)

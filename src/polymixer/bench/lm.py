@@ -13,7 +13,6 @@ Each part prints a table and writes ``lm_<part>.json``; ``lm.png`` plots parts 1
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, save_figure
 from .parity import verdict_lines
 from .common import (
+    read_json,
     FamilyBench,
     add_sweep_arguments,
     bench_main,
@@ -91,7 +91,7 @@ def _earlier(cfg: LMBenchConfig, part: str, run: Tuple[str, ...]) -> Tuple[List[
     """The rows of ``part`` in the earlier lm.json whose model this run does not measure again (kept), and that
     part as a whole."""
     path = Path(cfg.out) / "lm.json"
-    earlier = json.loads(path.read_text()).get(part, {}) if path.is_file() else {}
+    earlier = read_json(path).get(part, {}) if path.is_file() else {}
     return [r for r in earlier.get("rows", []) if r["model"] not in run], earlier
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import os
 import statistics
@@ -31,7 +30,7 @@ from ..report import format_table, new_figure, save_figure
 from ..values import value_mix
 from ..ops import backend
 from .common import (MachineLoad, apply_overrides, machine, peak_memory_mb, synchronized, time_interleaved,
-                     write_json)
+                     read_json, write_json)
 
 __all__ = ["MixerBenchConfig", "run", "predicted_crossover", "add_arguments", "main"]
 
@@ -295,7 +294,7 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
     torch.set_num_threads(threads)
     out = Path(cfg.out)
     if set(cfg.mixers) != {"pom", "value_pom", "attention"} and (out / "mixer.json").is_file():
-        kept = [r for r in json.loads((out / "mixer.json").read_text()).get("rows", []) if _owner(r["mixer"])
+        kept = [r for r in read_json(out / "mixer.json").get("rows", []) if _owner(r["mixer"])
                 not in cfg.mixers]  # the rows of mixers not run again
         rows = sorted(kept + rows, key=lambda r: r["N"])
     payload = {"config": asdict(cfg), "machine": machine(), "rows": rows, "summary": summarize(cfg, rows),

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Tuple
 import torch
 
 from ..report import format_table, new_figure, save_figure
-from .common import machine, peak_memory_mb, time_interleaved, write_json
+from .common import machine, peak_memory_mb, read_json, time_interleaved, write_json
 
 __all__ = ["ParallelBenchConfig", "run", "report", "nvlink_model", "add_arguments", "main"]
 
@@ -153,7 +153,7 @@ def run(cfg: ParallelBenchConfig, progress: bool = True) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for P in tqdm(cfg.ranks, desc="bench parallel (ranks)", disable=not progress):
             mp.spawn(_worker, args=(P, _free_port(), cfg, _plan(cfg, P), tmp), nprocs=P, join=True)
-            rows += json.loads(Path(tmp, f"ranks{P}.json").read_text())
+            rows += read_json(Path(tmp, f"ranks{P}.json"))
     single = {(r["mixer"], r["N"]): r for r in rows if r["P"] == 1}
     for r in rows:
         base = single.get((r["mixer"], r["N"]))

@@ -41,8 +41,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..files import write_text_atomic
 from ..report import format_table, new_figure, save_figure
-from .common import (LR_FACTORS, apply_overrides, best_rows, lr_grid, mark_best, resume_point, run_parts, same_rate,
-                     sweep_folder, sweep_table)
+from .common import (LR_FACTORS, apply_overrides, best_rows, lr_grid, mark_best, read_json, resume_point, run_parts,
+                     same_rate, sweep_folder, sweep_table, write_json)
 
 __all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "ZOOLOGY_POINTS", "ZOOLOGY_VARIANTS", "run", "report", "plot",
            "plot_zoology", "main", "add_arguments"]
@@ -164,7 +164,7 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
            "vocab": cfg.vocab_size, "d_model": cfg.d_model, "test": cfg.test_examples}
     record = out / "result.json"
     if record.is_file():  # where the run folder sits and whether it showed progress change nothing
-        saved = json.loads(record.read_text())
+        saved = read_json(record)
         if _comparable(saved.get("key", {})) == _comparable(json.loads(json.dumps(key))):
             return saved["result"]
     if not train:
@@ -179,7 +179,7 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
               "accuracy": res["metrics"]["accuracy"], "loss": res["metrics"]["loss"],
               "state_floats": model.state_floats(), "params": sum(p.numel() for p in model.parameters()),
               "minutes": (time.perf_counter() - t0) / 60}
-    record.write_text(json.dumps({"key": key, "result": result}, indent=1))
+    write_json(record, {"key": key, "result": result})
     return result
 
 
@@ -234,7 +234,7 @@ def _earlier_runs(cfg: RecallBenchConfig, name: str) -> List[Dict[str, Any]]:
     path = Path(cfg.out) / "recall.json"
     if not path.is_file():
         return []
-    part = json.loads(path.read_text()).get(name, {})
+    part = read_json(path).get(name, {})
     old = part.get("config", {})
     if any(old.get(k, RecallBenchConfig.mlp_ratio if k == "mlp_ratio" else None) != getattr(cfg, k)
            for k in _SAME):  # (runs recorded before mlp_ratio existed had the 4× feed-forward)
