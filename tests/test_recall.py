@@ -396,3 +396,24 @@ def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift
     assert "attention without the shift, L = 16, K = 4 (lr 0.003, best of 2): median 0.9950 over 3" in text
     with pytest.raises(ValueError, match="add --zoology"):
         bench.run(replace(cfg, mlp_ratio=4.0, batch=64, out=str(tmp_path / "other")), progress=False)
+    # --report: the text and both plots written again from recall.json, nothing trained
+    import argparse
+
+    (tmp_path / "recall.txt").unlink()
+    (tmp_path / "recall_zoology.png").unlink()
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    n = len(trained)
+    assert bench.main(p.parse_args(["--report", "--out", str(tmp_path)])) == 0 and len(trained) == n
+    assert (tmp_path / "recall.txt").read_text() == text + "\n" and (tmp_path / "recall_zoology.png").is_file()
+    with pytest.raises(FileNotFoundError, match="no bench results"):
+        bench.main(p.parse_args(["--report", "--out", str(tmp_path / "none")]))
+    # the report folder alone (recall.json without the run folders, as in docs/bench/recall_zoology): a run there
+    # keeps its rows and trains none of their runs again
+    import shutil
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    shutil.copy(tmp_path / "recall.json", kept / "recall.json")
+    again = bench.run(replace(cfg, out=str(kept)), progress=False)
+    assert len(trained) == n and again["zoology"]["rows"] == payload["zoology"]["rows"]

@@ -138,7 +138,7 @@ FAMILIES: Tuple[Family, ...] = (
     replace(RECALL, name="recall, Zoology's recipe (L 64, K 16)", bench="recall_zoology",
             file="recall_zoology/recall.json",
             command="polymixer bench recall --zoology --parts state --variants {spec} --sweep {spec} "
-                    "--out runs/bench/recall-zoology (then its recall.* into docs/bench/recall_zoology/)"),
+                    "--out docs/bench/recall_zoology"),
     Family("image generation (flow)", "image", "FD", "fd", False, "ratio", "tiny-sit", "tiny-sipom",
            "tiny-sipom-value", hybrids=("tiny-sipom-vhybrid",), where={"objective": "flow"}, key="model",
            best_target=1.10, all_target=1.15, guide="docs/image.md", select="fd_val",

@@ -39,13 +39,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..files import write_text_atomic
 from ..report import format_table, new_figure, save_figure
-from .common import (LR_FACTORS, apply_overrides, best_rows, lr_grid, mark_best, read_json, resume_point, run_parts,
-                     same_rate, sweep_folder, sweep_table, write_json)
+from .common import (LR_FACTORS, add_report_argument, apply_overrides, best_rows, lr_grid, mark_best, read_json,
+                     report_again, resume_point, run_parts, same_rate, sweep_folder, sweep_table, write_json,
+                     write_report)
 
 __all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "ZOOLOGY_POINTS", "ZOOLOGY_VARIANTS", "run", "report", "plot",
-           "plot_zoology", "main", "add_arguments"]
+           "plots", "plot_zoology", "main", "add_arguments"]
 
 # name → (preset, RecallConfig overrides, mixer family for the plot)
 VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
@@ -289,12 +289,15 @@ def run(cfg: RecallBenchConfig, progress: bool = True) -> Dict[str, Any]:
              "zoology": lambda c, p: _part("zoology", [tuple(x) for x in c.zoology_points], c.zoology_variants,
                                            c.zoology_variants)(c, p)}
     payload = run_parts(cfg, Path(cfg.out) / "recall.json", parts, progress)
-    out = Path(cfg.out)
-    write_text_atomic(out / "recall.txt", report(payload) + "\n")
-    plot(payload, out / "recall.png")
-    if "zoology" in payload:
-        plot_zoology(payload, out / "recall_zoology.png")
+    write_report(Path(cfg.out), "recall", payload, plots, lambda payload, *seeds: report(payload))
     return payload
+
+
+def plots(payload: Dict[str, Any], path: Path) -> None:
+    """``recall.png`` at ``path``, and ``recall_zoology.png`` beside it when the payload has the zoology part."""
+    plot(payload, path)
+    if "zoology" in payload:
+        plot_zoology(payload, path.with_name("recall_zoology.png"))
 
 
 def report(payload: Dict[str, Any]) -> str:
@@ -523,10 +526,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the models (same runs, same results key)")
     p.add_argument("--collect", action="store_true",
                    help="report the runs that have finished (e.g. trained elsewhere and copied in); train nothing")
+    add_report_argument(p, "recall")
     p.add_argument("--out", default=d.out)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.report:
+        print(report_again(Path(args.out), "recall", plots, lambda payload, *seeds: report(payload)))
+        return 0
     cfg = RecallBenchConfig(parts=tuple(args.parts), train=not args.collect, compile=args.compile, out=args.out)
     if args.zoology:
         for k, v in ZOOLOGY.items():
