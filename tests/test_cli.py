@@ -567,3 +567,31 @@ def test_bench_mixer_verdicts_need_separated_repeats_and_a_quiet_machine():
     assert ratio_verdict(noisy, 4096, "pom full", "pom matmuls (floor)", 1.25).startswith("not measured")
     assert _unless_busy({"busy": True}, "MISSED").startswith("not measured (busy")
     assert _unless_busy({"busy": False}, "MISSED") == "MISSED" and _unless_busy({"busy": True}, "met") == "met"
+
+
+def test_a_command_destroys_the_process_group_it_joined_and_only_that(tmp_path):
+    """A run under torchrun joins a group inside the command; it is destroyed when the command ends (even on an
+    error), so no gloo thread is left to the interpreter's exit. A group the caller joined first is left alone."""
+    import argparse
+
+    import torch.distributed as dist
+
+    from polymixer.families import process_group_joined, run_command
+
+    def join(args):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / args.store}", rank=0, world_size=1)
+        assert process_group_joined()
+        if args.fail:
+            raise ValueError("bad input")
+        return 0
+
+    assert run_command(join, argparse.Namespace(store="a", fail=False), "train lm") == 0
+    assert not process_group_joined()
+    assert run_command(join, argparse.Namespace(store="b", fail=True), "train lm") == 2
+    assert not process_group_joined()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'c'}", rank=0, world_size=1)
+    try:
+        assert run_command(lambda args: 0, argparse.Namespace(), "train lm") == 0
+        assert process_group_joined()  # the caller's
+    finally:
+        dist.destroy_process_group()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 __all__ = ["Family", "FAMILIES", "family", "canonical_family", "load_command", "task_target", "run_command",
-           "run_family_command", "COMMAND_ERRORS"]
+           "process_group_joined", "run_family_command", "COMMAND_ERRORS"]
 
 
 @dataclass(frozen=True)
@@ -149,13 +149,27 @@ def load_command(target: str) -> Tuple[Callable, Callable]:
 COMMAND_ERRORS = (ValueError, TypeError, FileNotFoundError, FloatingPointError)
 
 
+def process_group_joined() -> bool:
+    """Whether this process has joined a torch.distributed default group (False where torch is not even imported)."""
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
 def run_command(run: Callable[[argparse.Namespace], Optional[int]], args: argparse.Namespace, name: str) -> int:
-    """Run a parsed command: its status, or 2 with one line ``polymixer <name>: error: …`` on bad input."""
+    """Run a parsed command: its status, or 2 with one line ``polymixer <name>: error: …`` on bad input.
+
+    A process group the command joined (a run under torchrun) is destroyed when it ends, whatever the outcome, so no
+    communicator thread is left to the interpreter's exit (gloo's can abort a finished rank there); a group the
+    caller had joined before is left alone."""
+    owned = not process_group_joined()
     try:
         return int(run(args) or 0)
     except COMMAND_ERRORS as e:
         print(f"polymixer {name}: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if owned and process_group_joined():
+            sys.modules["torch.distributed"].destroy_process_group()
 
 
 def run_family_command(verb: str, noun: str, argv: Sequence[str]) -> int:
