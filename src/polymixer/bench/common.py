@@ -517,11 +517,11 @@ def add_sweep_arguments(p: Any, bench: str, recipe_lr: float, factors: Sequence[
     p.add_argument("--out", default=out)
 
 
-def add_report_argument(p: Any, bench: str) -> None:
-    """The ``--report`` flag of every family's bench."""
+def add_report_argument(p: Any, bench: str, seed_folders: bool = True) -> None:
+    """The ``--report`` flag of every family's bench (``seed_folders``: whether its report reads seed folders too)."""
+    source = f"--out's {bench}.json" + (" and its seed folders" if seed_folders else "")
     p.add_argument("--report", action="store_true",
-                   help=f"train nothing: write {bench}.txt and {bench}.png again from --out's {bench}.json and its "
-                        f"seed folders")
+                   help=f"train nothing: write {bench}.txt and its pictures again from {source}")
 
 
 def earlier_rows(path: Path, recipe_lr: float, part: str = "quality") -> List[Dict[str, Any]]:

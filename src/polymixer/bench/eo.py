@@ -32,7 +32,6 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from .parity import verdict_lines
 from .common import (
-    read_json,
     FamilyBench,
     add_sweep_arguments,
     bench_main,
@@ -54,6 +53,7 @@ from .common import (
     time_interleaved,
     training_minutes,
     variant_slug,
+    read_json,
 )
 
 __all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdicts", "report", "plot", "run", "main",

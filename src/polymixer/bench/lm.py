@@ -24,7 +24,6 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, save_figure
 from .parity import verdict_lines
 from .common import (
-    read_json,
     FamilyBench,
     add_sweep_arguments,
     bench_main,
@@ -37,6 +36,7 @@ from .common import (
     mark_best,
     sweep_table,
     time_interleaved,
+    read_json,
 )
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]

@@ -528,7 +528,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the models (same runs, same results key)")
     p.add_argument("--collect", action="store_true",
                    help="report the runs that have finished (e.g. trained elsewhere and copied in); train nothing")
-    add_report_argument(p, "recall")
+    add_report_argument(p, "recall", seed_folders=False)
     p.add_argument("--out", default=d.out)
 
 
