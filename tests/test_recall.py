@@ -359,7 +359,7 @@ def test_bench_recall_trains_the_other_seeds_at_the_best_rate(tmp_path, monkeypa
 
 def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift(tmp_path, monkeypatch):
     """The zoology part (Zoology's figure 2): every variant at every point swept (seed 0 at every rate, the others at
-    the best), runs shared with the state part's folders, one panel per point in recall_zoology.png, the value PoM
+    the best), runs shared with the state part (its folders and its recorded runs), one panel per point in recall_zoology.png, the value PoM
     judged against Based at each state size with and without the shift; only under Zoology's recipe."""
     from dataclasses import replace
 
@@ -382,8 +382,15 @@ def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift
     cfg = bench.RecallBenchConfig(parts=("zoology",), zoology_points=((16, 4), (32, 8)), zoology_variants=variants,
                                   lr_factors=(1.0, 3.0), seeds=(0, 1, 2), curves=False, out=str(tmp_path),
                                   **{k: v for k, v in bench.ZOOLOGY.items() if k != "lr_factors"})
+    # attention at L 16 under the same recipe in the state part first: the zoology part reads those runs back
+    bench.run(replace(cfg, parts=("state",), state_point=(16, 4), state_variants=("attention",),
+                      sweep=("attention",)), progress=False)
+    assert len(trained) == 2 + 2
+    trained.clear()
     payload = bench.run(cfg, progress=False)
-    assert len(trained) == 2 * len(variants) * (2 + 2)  # per point: seed 0 at both rates, seeds 1, 2 at the best
+    # per point: seed 0 at both rates, seeds 1, 2 at the best — but attention at L 16 only at L 32
+    assert len(trained) == 2 * len(variants) * (2 + 2) - 4
+    assert ("attention", 16) not in {(v, L) for v, L, seed, lr in trained}
     assert all(lr == 3e-3 for v, L, seed, lr in trained if seed > 0)
     rows = [r for r in payload["zoology"]["rows"] if r["best_lr"]]
     assert {(r["variant"], r["seq_len"]) for r in rows} == {(v, L) for v in variants for L in (16, 32)}

@@ -249,6 +249,9 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
         grid = lr_grid(cfg.lr, cfg.lr_factors)
         runs = {_key(r): r for r in _earlier_runs(cfg, name)
                 if name != "state" or (r["seq_len"], r["pairs"]) in points}
+        if name == "zoology":  # the state part's runs under the same recipe are the same runs (same folders too)
+            runs.update({_key(r): r for r in _earlier_runs(cfg, "state") if (r["seq_len"], r["pairs"]) in points
+                         and r["variant"] in variants and r["steps"] == cfg.steps and _key(r) not in runs})
 
         def one(variant: str, L: int, K: int, seed: int, lr: float, train: bool) -> None:
             key = _key({"variant": variant, "seq_len": L, "pairs": K, "seed": seed, "steps": cfg.steps, "lr": lr})
