@@ -360,6 +360,49 @@ def test_a_recall_row_counts_its_own_seeds_and_zoologys_recipe_has_its_own_row(t
     assert "recall (MQAR, L 64, K 16) (no recall.json)" in parity.report(parity.collect(tmp_path))
 
 
+def test_zoologys_figure_2_judges_the_value_pom_against_based_at_every_state_size(tmp_path):
+    """The state target reads the zoology part (figure 2): not run without it; met only when every length, size and
+    form ran on 3 seeds of both; a miss on 3 seeds is a settled MISSED, on fewer an unsettled one with its command."""
+    import polymixer.bench.recall as recall
+
+    def row(variant, L, value, seeds=3, best=True):
+        return {"variant": variant, "seq_len": L, "pairs": L // 4, "steps": 2000, "median": value, "lr": 0.003,
+                "best_lr": best, "seeds": seeds, "state_floats": 1000}
+
+    def target(rows):
+        (tmp_path / "recall_zoology").mkdir(exist_ok=True)
+        (tmp_path / "recall_zoology" / "recall.json").write_text(json.dumps({"zoology": {"rows": rows}}))
+        z = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["recall_zoology"]
+        t = [t for t in z["targets"] if t["what"].startswith("value PoM at least level with Based")]
+        assert len(t) == 1
+        return t[0], z["to_run"]
+
+    t, to_run = target([])
+    assert t["verdict"] == "not run" and any("--parts zoology" in c for c in to_run)
+    every = [row(f"{m}-{tag}{size}", L, 0.95) for L, _ in recall.ZOOLOGY_POINTS for tag in ("", "noshift-")
+             for size in recall.STATE_SIZES for m in ("vpom", "based")]
+    t, to_run = target(every)
+    assert t["verdict"] == "met" and not any("--parts zoology" in c for c in to_run)
+    assert t["measured"].startswith("L 64 1k 95.0 vs 95.0, L 64 4k")
+    # a worse rate of Based does not count; one size short of 3 seeds or not run leaves "met" unsettled
+    t, _ = target(every + [row("based-1k", 64, 1.0, best=False)])
+    assert t["verdict"] == "met"
+    t, to_run = target([r for r in every if (r["variant"], r["seq_len"]) != ("based-noshift-16k", 256)])
+    assert t["verdict"] == "met where run, unsettled: not run at L 256 16k no shift"
+    assert any("--parts zoology" in c for c in to_run)
+    fewer = [dict(r, seeds=1) if r["variant"] == "vpom-4k" and r["seq_len"] == 128 else r for r in every]
+    t, _ = target(fewer)
+    assert t["verdict"] == "met where run, unsettled: fewer than 3 seeds at L 128 4k"
+    # below Based by more than a point: MISSED — settled on 3 seeds, else unsettled with the command
+    worse = [dict(r, median=0.9) if r["variant"] == "vpom-1k" and r["seq_len"] == 64 else r for r in every]
+    t, to_run = target(worse)
+    assert t["verdict"] == "MISSED at L 64 1k" and not any("--parts zoology" in c for c in to_run)
+    t, to_run = target([dict(r, seeds=1) if r["variant"] == "vpom-1k" else r for r in worse])
+    assert t["verdict"] == "MISSED on 1 seed(s), unsettled: needs 3 seeds at L 64 1k"
+    assert any("--parts zoology" in c for c in to_run)
+    assert "L 64 1k 90.0 vs 95.0 (1 seed)" in t["measured"]
+
+
 def test_a_verdict_waiting_on_seeds_lists_the_runs_it_needs(tmp_path):
     """An unsettled-by-seeds verdict comes with the commands that settle it: the seeds (of 0, 1, 2 or those either
     side ran) that attention and the judged model lack, each at the rate its own sweep chose, into the seed folders
@@ -437,5 +480,7 @@ def test_every_to_run_line_is_a_command_the_cli_takes():
     for command in commands:
         words = shlex.split(command.split(" (")[0])
         args = build_parser().parse_args(words[1:])
-        for spec in args.sweep:
+        for spec in list(args.sweep or []) + list(getattr(args, "zoology_variants", None) or []):
             assert spec in VARIANTS if args.noun == "recall" else parse_variant(spec)
+        if "zoology" in (getattr(args, "parts", None) or []):
+            assert args.zoology  # the part runs under Zoology's recipe only

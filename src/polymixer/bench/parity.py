@@ -29,6 +29,10 @@ an option: a "met"; a hybrid not run with it: a "MISSED") reads "unsettled". A v
 earlier rule gave (options picked on the reported figure, no shift offered to attention) says so, with both
 figures. Every compared model shows its parameter count relative to attention's.
 
+Recall under Zoology's recipe also judges the state target on Zoology's figure 2 (the ``zoology`` part of
+``recall_zoology/recall.json``): the value PoM at least level with Based at every state size, length and form,
+met only when all of them ran on 3 seeds of both.
+
 Gaps are signed so that positive is worse than attention where the metric is a loss or a distance (val loss and
 CER: relative; Fréchet distance: a ratio) and negative is worse where it is an accuracy (mIoU, MQAR: points).
 """
@@ -97,6 +101,9 @@ class Family:
     # PoM whose state forgets): offered like the options, so the value PoM is compared in its best form, and shown
     # "not run" where they were not
     value_options: Tuple[str, ...] = ()
+    # the part of the JSON holding Zoology's figure 2 (bench recall --zoology --parts zoology): the value PoM judged
+    # against Based at every state size, length and form (with and without the shift)
+    per_state: Optional[str] = None
 
     @property
     def json_name(self) -> str:
@@ -138,7 +145,7 @@ FAMILIES: Tuple[Family, ...] = (
     replace(RECALL, name="recall, Zoology's recipe (L 64, K 16)", bench="recall_zoology",
             file="recall_zoology/recall.json",
             command="polymixer bench recall --zoology --parts state --variants {spec} --sweep {spec} "
-                    "--out docs/bench/recall_zoology"),
+                    "--out docs/bench/recall_zoology", per_state="zoology"),
     Family("image generation (flow)", "image", "FD", "fd", False, "ratio", "tiny-sit", "tiny-sipom",
            "tiny-sipom-value", hybrids=("tiny-sipom-vhybrid",), where={"objective": "flow"}, key="model",
            best_target=1.10, all_target=1.15, guide="docs/image.md", select="fd_val",
@@ -504,9 +511,52 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
                                      for n, r in longer.items()))
         targets.append({"what": "attention without the shift ≥ 99% at its best rate", "verdict": verdict,
                         "measured": measured})
+    if fam.per_state:
+        target, commands = _versus_based(fam, data)
+        targets.append(target)
+        item["to_run"] += commands
     item["targets"] = targets
     item["to_run"] += _seed_commands(fam, data, item["attention"], waiting)
     return item
+
+
+def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
+    """Issue 39's state target, judged on Zoology's figure 2 (the ``per_state`` part): the value PoM's accuracy at
+    least level with Based's (within :data:`~polymixer.bench.recall.LEVEL`) at every state size, length and form.
+    Met needs every one of them run on 3 seeds of both; a miss on 3 seeds settles a MISSED. With the command that
+    runs what is missing."""
+    from .recall import LEVEL, STATE_SIZES, ZOOLOGY_POINTS, versus_based
+
+    pairs = versus_based((data or {}).get(str(fam.per_state), {}).get("rows", []))
+    what = ("value PoM at least level with Based at every state size (Zoology's figure 2: L "
+            + " / ".join(str(L) for L, _ in ZOOLOGY_POINTS) + f", {' / '.join(STATE_SIZES)} state floats, with and "
+            f"without the shift; level: within {100 * LEVEL:g} point)")
+    command = ("polymixer bench recall --zoology --parts zoology --zoology-variants "
+               + " ".join(f"{m}-{t}{size}" for m in ("vpom", "based") for t in ("", "noshift-") for size in STATE_SIZES)
+               + " --out docs/bench/recall_zoology")
+    if not pairs:
+        return {"what": what, "verdict": "not run", "measured": None}, [command]
+
+    def name(c: Dict[str, Any]) -> str:
+        return f"L {c['seq_len']} {c['size']}{'' if c['shift'] else ' no shift'}"
+
+    measured = ", ".join(f"{name(c)} {100 * c['value']['median']:.1f} vs {100 * c['based']['median']:.1f}"
+                         + ("" if c["seeds"] >= 3 else f" ({c['seeds']} seed{'s' if c['seeds'] > 1 else ''})")
+                         for c in pairs)
+    missed = [c for c in pairs if not c["met"]]
+    if missed:
+        settled = [c for c in missed if c["seeds"] >= 3]
+        verdict = "MISSED" + ("" if settled else f" on {min(c['seeds'] for c in missed)} seed(s), unsettled: "
+                                                 "needs 3 seeds") + f" at {', '.join(name(c) for c in missed)}"
+        return {"what": what, "verdict": verdict, "measured": measured}, [] if settled else [command]
+    ran = {(c["seq_len"], c["pairs"], c["shift"], c["size"]) for c in pairs}
+    lacking = [f"L {L} {size}{'' if shift else ' no shift'}" for L, K in ZOOLOGY_POINTS for shift in (True, False)
+               for size in STATE_SIZES if (L, K, shift, size) not in ran]
+    few = [name(c) for c in pairs if c["seeds"] < 3]
+    why = ([f"not run at {', '.join(lacking)}"] if lacking else []) + \
+        ([f"fewer than 3 seeds at {', '.join(few)}"] if few else [])
+    verdict = "met" if not why else f"met where run, unsettled: {'; '.join(why)}"
+    return {"what": what, "verdict": verdict, "measured": measured}, [command] if why else []
 
 
 def judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]]) -> Dict[str, Any]:
