@@ -20,6 +20,12 @@ from polymixer import PoM
 from polymixer import functional as Fn
 from polymixer.reference import reference_pom
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # the suite runs as one worker per core (pyproject's `-n 2`): one thread each (and each process a test starts),
+    # or the workers fight for the cores
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 
 @pytest.fixture(autouse=True)
 def _seed():
