@@ -359,8 +359,9 @@ def test_bench_recall_trains_the_other_seeds_at_the_best_rate(tmp_path, monkeypa
 
 def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift(tmp_path, monkeypatch):
     """The zoology part (Zoology's figure 2): every variant at every point swept (seed 0 at every rate, the others at
-    the best), runs shared with the state part (its folders and its recorded runs), one panel per point in recall_zoology.png, the value PoM
-    judged against Based at each state size with and without the shift; only under Zoology's recipe."""
+    the best), runs shared with the state part (its folders and its recorded runs), one panel per point in
+    recall_zoology.png, the value PoM judged against Based at each state size with and without the shift; only under
+    Zoology's recipe."""
     from dataclasses import replace
 
     import polymixer.bench.recall as bench
