@@ -331,9 +331,9 @@ def report(payload: Dict[str, Any], *seed_payloads: Any) -> str:
             text += (f"\n\nevery rate of the sweep (grid {grid}; accuracy of {who}, which picks the best rate, * ; "
                      f"the other seeds train at the best rate; — = not run)\n"
                      + sweep_table(swept, "select", "accuracy", digits=4, key="spec", name="label"))
-            for end, pick in (("highest", max), ("lowest", min)):
-                edge = [r["label"] for r in best_rows(swept) if r["lr"] == pick(x["lr"] for x in swept
-                                                                              if x["spec"] == r["spec"])]
+            for end, pick in (("highest", max), ("lowest", min)):  # (a perfect score cannot be beaten)
+                edge = [r["label"] for r in best_rows(swept) if r["select"] < 1.0 and
+                        r["lr"] == pick(x["lr"] for x in swept if x["spec"] == r["spec"])]
                 if edge:
                     text += f"\nbest at the {end} rate tried (a rate beyond it may do better): {', '.join(edge)}"
             others = sorted({r["variant"] for r in all_rows if r.get("rates", 1) == 1})
