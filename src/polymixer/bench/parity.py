@@ -537,8 +537,11 @@ def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str
     if not pairs:
         return {"what": what, "verdict": "not run", "measured": None}, [command]
 
+    def where(L: int, shift: bool, size: str) -> str:
+        return f"L {L} {size}{'' if shift else ' no shift'}"
+
     def name(c: Dict[str, Any]) -> str:
-        return f"L {c['seq_len']} {c['size']}{'' if c['shift'] else ' no shift'}"
+        return where(c["seq_len"], c["shift"], c["size"])
 
     measured = ", ".join(f"{name(c)} {100 * c['value']['median']:.1f} vs {100 * c['based']['median']:.1f}"
                          + ("" if c["seeds"] >= 3 else f" ({c['seeds']} seed{'s' if c['seeds'] > 1 else ''})")
@@ -550,8 +553,8 @@ def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str
                                                  "needs 3 seeds") + f" at {', '.join(name(c) for c in missed)}"
         return {"what": what, "verdict": verdict, "measured": measured}, [] if settled else [command]
     ran = {(c["seq_len"], c["pairs"], c["shift"], c["size"]) for c in pairs}
-    lacking = [f"L {L} {size}{'' if shift else ' no shift'}" for L, K in ZOOLOGY_POINTS for shift in (True, False)
-               for size in STATE_SIZES if (L, K, shift, size) not in ran]
+    lacking = [where(L, shift, size) for L, K in ZOOLOGY_POINTS for shift in (True, False) for size in STATE_SIZES
+               if (L, K, shift, size) not in ran]
     few = [name(c) for c in pairs if c["seeds"] < 3]
     why = ([f"not run at {', '.join(lacking)}"] if lacking else []) + \
         ([f"fewer than 3 seeds at {', '.join(few)}"] if few else [])

@@ -244,15 +244,18 @@ def _earlier_runs(cfg: RecallBenchConfig, name: str) -> List[Dict[str, Any]]:
     return [_with_budget(r) for r in part.get("runs", [])]
 
 
-def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], swept: Tuple[str, ...]):
+def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], swept: Tuple[str, ...],
+          shares: Tuple[str, ...] = ()):
     """A part of the bench: every variant at every point, the ``swept`` ones at every rate of the grid (the sweep
-    seeds first; the other seeds at the best rate), the others at the recipe rate."""
+    seeds first; the other seeds at the best rate), the others at the recipe rate. The recorded runs of the parts
+    in ``shares`` (same recipe, same run folders) count as this part's where they match its points, variants and
+    steps."""
     def part(cfg: RecallBenchConfig, progress: bool) -> Dict[str, Any]:
         grid = lr_grid(cfg.lr, cfg.lr_factors)
         runs = {_key(r): r for r in _earlier_runs(cfg, name)
                 if name != "state" or (r["seq_len"], r["pairs"]) in points}
-        if name == "zoology":  # the state part's runs under the same recipe are the same runs (same folders too)
-            runs.update({_key(r): r for r in _earlier_runs(cfg, "state") if (r["seq_len"], r["pairs"]) in points
+        for other in shares:
+            runs.update({_key(r): r for r in _earlier_runs(cfg, other) if (r["seq_len"], r["pairs"]) in points
                          and r["variant"] in variants and r["steps"] == cfg.steps and _key(r) not in runs})
 
         def one(variant: str, L: int, K: int, seed: int, lr: float, train: bool) -> None:
@@ -292,7 +295,7 @@ def run(cfg: RecallBenchConfig, progress: bool = True) -> Dict[str, Any]:
     parts = {"state": lambda c, p: _part("state", [tuple(c.state_point)], c.state_variants, c.sweep)(c, p),
              "length": lambda c, p: _part("length", [tuple(x) for x in c.length_points], c.length_variants, ())(c, p),
              "zoology": lambda c, p: _part("zoology", [tuple(x) for x in c.zoology_points], c.zoology_variants,
-                                           c.zoology_variants)(c, p)}
+                                           c.zoology_variants, shares=("state",))(c, p)}
     payload = run_parts(cfg, Path(cfg.out) / "recall.json", parts, progress)
     write_report(Path(cfg.out), "recall", payload, plots, report)
     return payload
@@ -370,13 +373,13 @@ def _targets(payload: Dict[str, Any]) -> List[str]:
         if v:
             lines.append(f"value PoM, 16k state, K = 64, L = 256 ({budget}, {at(v)}): median {v['median']:.3f} over "
                          f"{v['seeds']} seed(s) (target ≥ 0.9: {'met' if v['median'] >= 0.9 else 'MISSED'})")
-        for size in STATE_SIZES:
-            a, b = by.get((f"vpom-{size}", 64, 16, steps)), by.get((f"based-{size}", 64, 16, steps))
-            if a and b:
-                ok = a["median"] >= b["median"] - LEVEL
-                lines.append(f"{size} state at K = 16, L = 64 ({budget}): value PoM {a['median']:.4f} ({at(a)}, "
-                             f"{a['seeds']} seeds) vs Based {b['median']:.4f} ({at(b)}, {b['seeds']} seeds) "
-                             f"(target at least level: {'met' if ok else 'MISSED'})")
+        at_point = [r for r in rows if (r["seq_len"], r["pairs"], r["steps"]) == (64, 16, steps)]
+        for c in versus_based(at_point):
+            if c["shift"]:
+                a, b = c["value"], c["based"]
+                lines.append(f"{c['size']} state at K = 16, L = 64 ({budget}): value PoM {a['median']:.4f} "
+                             f"({at(a)}, {a['seeds']} seeds) vs Based {b['median']:.4f} ({at(b)}, {b['seeds']} "
+                             f"seeds) (target at least level: {'met' if c['met'] else 'MISSED'})")
     z = best_rows(payload.get("zoology", {}).get("rows", []))
     zb = {(r["variant"], r["seq_len"], r["pairs"]): r for r in z}
     for L, K in sorted({(r["seq_len"], r["pairs"]) for r in z}):
