@@ -383,7 +383,12 @@ def test_zoologys_figure_2_judges_the_value_pom_against_based_at_every_state_siz
              for size in recall.STATE_SIZES for m in ("vpom", "based")]
     t, to_run = target(every)
     assert t["verdict"] == "met" and not any("--parts zoology" in c for c in to_run)
-    assert t["measured"].startswith("L 64 1k 95.0 vs 95.0, L 64 4k")
+    assert t["measured"].startswith("L 64 1k 95.0 vs 95.0, L 64 4k") and "neither learns" not in t["measured"]
+    # both far below learning the task (no shift): level, and said to be a comparison of two failures
+    failing = [dict(r, median=0.09 if r["variant"].startswith("vpom") else 0.08) if "noshift" in r["variant"] else r
+               for r in every]
+    t, _ = target(failing)
+    assert t["verdict"] == "met" and "L 64 1k no shift 9.0 vs 8.0 (neither learns)" in t["measured"]
     # a worse rate of Based does not count; one size short of 3 seeds or not run leaves "met" unsettled
     t, _ = target(every + [row("based-1k", 64, 1.0, best=False)])
     assert t["verdict"] == "met"

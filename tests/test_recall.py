@@ -400,12 +400,16 @@ def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift
     assert "zoology: each variant at its best learning rate" in text
     assert "zoology recipe, L = 16, K = 4, 1k state: value PoM 0.9000" in text
     assert "(target at least level: met)" in text
-    assert "1k state, no shift: value PoM 0.5000" in text and "MISSED" in text
+    assert "1k state, no shift: value PoM 0.5000" in text and "MISSED" in text and "neither learns" not in text
     assert "attention without the shift, L = 16, K = 4 (lr 0.003, best of 2): median 0.9950 over 3" in text
     assert "best at the highest rate tried (a rate beyond it may do better): attention (L 16, K 4)" in text
     perfect = {**payload, "zoology": {**payload["zoology"], "rows": [{**r, "select": 1.0, "median": 1.0}
                                                                      for r in payload["zoology"]["rows"]]}}
     assert "may do better" not in bench.report(perfect).split("zoology: each variant")[1]  # 1.000 cannot be beaten
+    failing = {**payload, "zoology": {**payload["zoology"], "rows": [
+        {**r, "select": 0.09, "median": 0.09} if "noshift" in r["variant"] else r for r in payload["zoology"]["rows"]]}}
+    assert "1k state, no shift: value PoM 0.0900" in bench.report(failing)
+    assert "neither learns the task (both below 0.5)" in bench.report(failing)
     with pytest.raises(ValueError, match="add --zoology"):
         bench.run(replace(cfg, mlp_ratio=4.0, batch=64, out=str(tmp_path / "other")), progress=False)
     # --report: the text and both plots written again from recall.json, nothing trained

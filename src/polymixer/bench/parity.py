@@ -545,6 +545,7 @@ def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str
 
     measured = ", ".join(f"{name(c)} {100 * c['value']['median']:.1f} vs {100 * c['based']['median']:.1f}"
                          + ("" if c["seeds"] >= 3 else f" ({c['seeds']} seed{'s' if c['seeds'] > 1 else ''})")
+                         + (" (neither learns)" if c["neither"] else "")
                          for c in pairs)
     missed = [c for c in pairs if not c["met"]]
     if missed:

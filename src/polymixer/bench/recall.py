@@ -45,7 +45,7 @@ from .common import (LR_FACTORS, add_report_argument, apply_overrides, best_rows
                      write_report)
 
 __all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "ZOOLOGY_POINTS", "ZOOLOGY_VARIANTS", "run", "report", "plot",
-           "plots", "plot_zoology", "versus_based", "STATE_SIZES", "LEVEL", "main", "add_arguments"]
+           "plots", "plot_zoology", "versus_based", "STATE_SIZES", "LEVEL", "LEARNED", "main", "add_arguments"]
 
 # name → (preset, RecallConfig overrides, mixer family for the plot)
 VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
@@ -101,6 +101,7 @@ RECIPE_LR = 1e-3
 SWEPT = ("attention", "attention-shift", "vpom-1k", "vpom-4k", "vpom-16k", "based-1k", "based-4k", "based-16k")
 STATE_SIZES = ("1k", "4k", "16k")  # the nominal state floats per layer of the value PoM, Based, linear attention
 LEVEL = 0.01  # "at least level": the value PoM within one point of accuracy of Based, or above
+LEARNED = 0.5  # below it a mixer has not learned MQAR (near 1/K: it knows which tokens are values, not whose)
 
 
 @dataclass
@@ -395,14 +396,16 @@ def _targets(payload: Dict[str, Any]) -> List[str]:
                      f"{'' if c['shift'] else ', no shift'}: value PoM {v['median']:.4f} ({v['state_floats']:,} "
                      f"floats, {v['seeds']} seeds) vs Based {b['median']:.4f} ({b['state_floats']:,} floats, "
                      f"{b['seeds']} seeds) (target at least level: {'met' if c['met'] else 'MISSED'}"
-                     f"{'' if c['seeds'] >= 3 else ', unsettled: needs 3 seeds'})")
+                     f"{'' if c['seeds'] >= 3 else ', unsettled: needs 3 seeds'})"
+                     + (f"; neither learns the task (both below {LEARNED:g})" if c["neither"] else ""))
     return ["\n".join(lines)] if lines else []
 
 
 def versus_based(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """The value PoM against Based at each state size of the zoology part (issue 39's target: its accuracy per state
     float at least Based's), from rows at their best rate: one entry per (L, K, shift, size) where both ran, with
-    both rows, whether it is met (at most :data:`LEVEL` below) and the fewer seeds of the two."""
+    both rows, whether it is met (at most :data:`LEVEL` below), whether neither learned the task (both below
+    :data:`LEARNED`: a level comparison of two failures says nothing of the mixers) and the fewer seeds of the two."""
     by = {(r["variant"], r["seq_len"], r["pairs"]): r for r in rows if r.get("best_lr", True)}
     out = []
     for L, K in sorted({(r["seq_len"], r["pairs"]) for r in rows}):
@@ -412,7 +415,8 @@ def versus_based(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 v, b = by.get((f"vpom-{tag}{size}", L, K)), by.get((f"based-{tag}{size}", L, K))
                 if v and b:
                     out.append({"seq_len": L, "pairs": K, "shift": shift, "size": size, "value": v, "based": b,
-                                "met": v["median"] >= b["median"] - LEVEL, "seeds": min(v["seeds"], b["seeds"])})
+                                "met": v["median"] >= b["median"] - LEVEL, "seeds": min(v["seeds"], b["seeds"]),
+                                "neither": max(v["median"], b["median"]) < LEARNED})
     return out
 
 
