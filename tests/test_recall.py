@@ -114,11 +114,14 @@ def test_recall_models_and_state_sizes():
     assert sizes["mqar-linear"] == 4 * 16 and sizes["mqar-based"] == 21 * 16 + 21
     shifted = create_model("mqar-attention", vocab_size=64, seq_len=16, d_model=16, token_shift=True)
     assert shifted.state_floats() == 2 * 16 * 16 + 16  # the KV cache and the previous token
+    pom = create_model("mqar-pom", vocab_size=64, seq_len=16, d_model=16, token_shift=True)
+    assert pom.state_floats() == 64 + 16  # PoM's running mean and the previous token
     x = mqar(2, 16, 2, 64, seed=1)[0]
     x2 = x.clone()
     x2[:, 9] = (x2[:, 9] + 1) % 64
-    a, b = shifted(x)[0], shifted(x2)[0]  # the shift stays causal
-    assert torch.equal(a[:, :9], b[:, :9]) and not torch.equal(a[:, 9:], b[:, 9:])
+    for m in (shifted, pom):
+        a, b = m(x)[0], m(x2)[0]  # the shift stays causal
+        assert torch.equal(a[:, :9], b[:, :9]) and not torch.equal(a[:, 9:], b[:, 9:])
     m = create_model("mqar-vpom", vocab_size=64, seq_len=16, d_model=16, mixer="LV")
     logits, loss = m(*mqar(3, 16, 2, 64, seed=0))
     assert logits.shape == (3, 16, 64) and torch.isfinite(loss)
@@ -355,6 +358,19 @@ def test_bench_recall_trains_the_other_seeds_at_the_best_rate(tmp_path, monkeypa
     trained.clear()
     bench.run(cfg, progress=False)
     assert trained == []
+
+
+def test_zoology_forms_name_the_mixer_and_whether_it_reads_the_shift():
+    """Figure 2 draws each mixer solid with the shift and dashed without it, read from the variant's own config (PoM
+    has no shift unless asked; the value PoM has its own unless value_shift is off)."""
+    from polymixer.bench.recall import ZOOLOGY_VARIANTS, zoology_form
+
+    forms = {v: zoology_form(v) for v in ZOOLOGY_VARIANTS}
+    assert forms["pom"] == ("PoM", False) and forms["pom-shift"] == ("PoM", True)
+    assert forms["vpom-1k"] == ("value PoM", True) and forms["vpom-noshift-1k"] == ("value PoM", False)
+    assert forms["based-noshift-4k"] == ("Based", False) and forms["linear-16k"] == ("linear attention", True)
+    assert forms["attention"] == ("attention", False) and forms["attention-shift"] == ("attention", True)
+    assert all((mixer, not shifted) in forms.values() for mixer, shifted in forms.values())  # both forms of each
 
 
 def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift(tmp_path, monkeypatch):

@@ -44,8 +44,9 @@ from .common import (LR_FACTORS, add_report_argument, apply_overrides, best_rows
                      report_again, resume_point, run_parts, same_rate, sweep_folder, sweep_table, write_json,
                      write_report)
 
-__all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "ZOOLOGY_POINTS", "ZOOLOGY_VARIANTS", "run", "report", "plot",
-           "plots", "plot_zoology", "versus_based", "STATE_SIZES", "LEVEL", "LEARNED", "main", "add_arguments"]
+__all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "ZOOLOGY_POINTS", "ZOOLOGY_VARIANTS", "zoology_form", "run",
+           "report", "plot", "plots", "plot_zoology", "versus_based", "STATE_SIZES", "LEVEL", "LEARNED", "main",
+           "add_arguments"]
 
 # name → (preset, RecallConfig overrides, mixer family for the plot)
 VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
@@ -58,6 +59,7 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
     "swa-8": ("mqar-swa", {"window": 8}, "sliding window"),
     "swa-32": ("mqar-swa", {"window": 32}, "sliding window"),
     "pom": ("mqar-pom", {"expand": 4}, "PoM"),
+    "pom-shift": ("mqar-pom", {"expand": 4, "token_shift": True}, "PoM + shift"),
     "vpom-1k": ("mqar-vpom", {"expand": 1, "value_dim": 16}, "value PoM"),
     "vpom-4k": ("mqar-vpom", {"expand": 2, "value_dim": 32}, "value PoM"),
     "vpom-16k": ("mqar-vpom", {"expand": 4, "value_dim": 64}, "value PoM"),
@@ -87,10 +89,10 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
 # at three state sizes with and without the short convolution, PoM, and attention with and without it as the
 # ceiling, at L = 64, 128, 256 with K = L / 4 pairs; every variant swept over the rate grid
 ZOOLOGY_POINTS = ((64, 16), (128, 32), (256, 64))
-ZOOLOGY_VARIANTS = ("attention", "attention-shift", "pom", "vpom-1k", "vpom-4k", "vpom-16k", "vpom-noshift-1k",
-                    "vpom-noshift-4k", "vpom-noshift-16k", "based-1k", "based-4k", "based-16k", "based-noshift-1k",
-                    "based-noshift-4k", "based-noshift-16k", "linear-1k", "linear-4k", "linear-16k",
-                    "linear-noshift-1k", "linear-noshift-4k", "linear-noshift-16k")
+ZOOLOGY_VARIANTS = ("attention", "attention-shift", "pom", "pom-shift", "vpom-1k", "vpom-4k", "vpom-16k",
+                    "vpom-noshift-1k", "vpom-noshift-4k", "vpom-noshift-16k", "based-1k", "based-4k", "based-16k",
+                    "based-noshift-1k", "based-noshift-4k", "based-noshift-16k", "linear-1k", "linear-4k",
+                    "linear-16k", "linear-noshift-1k", "linear-noshift-4k", "linear-noshift-16k")
 
 
 # the recipe every run had before sweeps existed: runs at this budget keep their folders (no budget in the name)
@@ -471,6 +473,15 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
+def zoology_form(variant: str) -> Tuple[str, bool]:
+    """A variant's mixer (``"value PoM"``, ``"Based"``, ``"linear attention"``, ``"PoM"``, ``"attention"``, …) and
+    whether it reads the short causal token shift, from its configuration: the value PoM has its own unless
+    ``value_shift`` is off, every other mixer only with ``token_shift``."""
+    model, kwargs, label = VARIANTS[variant]
+    shifted = kwargs.get("value_shift", True) if model == "mqar-vpom" else kwargs.get("token_shift", False)
+    return label.replace(", no shift", "").replace(" + shift", ""), bool(shifted)
+
+
 def plot_zoology(payload: Dict[str, Any], path: Path) -> None:
     """Zoology's figure 2: one panel per (L, K) of the zoology part, accuracy against state floats per layer, each
     mixer with the short convolution (solid) and without it (dashed, same colour), each variant at its best rate
@@ -483,13 +494,15 @@ def plot_zoology(payload: Dict[str, Any], path: Path) -> None:
     for ax, (L, K) in zip(axes, points or [(0, 0)]):
         here = [r for r in rows if (r["seq_len"], r["pairs"]) == (L, K)]
         for k, mixer in enumerate(mixers):
-            for fam, style in ((mixer, "-"), (f"{mixer}, no shift", "--")):
-                mine = sorted((r for r in here if r["family"] == fam), key=lambda r: r["state_floats"])
+            for shifted, style in ((True, "-"), (False, "--")):
+                mine = sorted((r for r in here if r["variant"] in VARIANTS and zoology_form(r["variant"])
+                               == (mixer, shifted)), key=lambda r: r["state_floats"])
                 if not mine:
                     continue
                 ax.errorbar([r["state_floats"] for r in mine], [r["median"] for r in mine],
                             yerr=[[r["median"] - r["low"] for r in mine], [r["high"] - r["median"] for r in mine]],
-                            linestyle=style, marker="o", color=f"C{k}", capsize=3, label=fam,
+                            linestyle=style, marker="o", color=f"C{k}", capsize=3,
+                            label=mixer + ("" if shifted else ", no shift"),
                             markerfacecolor=f"C{k}" if style == "-" else "none")
         for fam, style in (("attention", "-"), ("attention + shift", "--")):
             a = next((r for r in here if r["family"] == fam), None)

@@ -3,11 +3,11 @@ embeddings, a stack of pre-norm ``PolyMorpher`` blocks whose mixers a pattern na
 
 Pattern letters: ``A`` causal attention, ``L`` sliding-window attention, ``P`` PoM, ``V`` the value-carrying PoM,
 ``I`` linear attention (identity feature map), ``B`` Based (linear attention with the 2nd-order Taylor map).
-``token_shift`` gives the A, L, I and B layers the value-carrying PoM's short causal token shift on their keys and
-values, so that a comparison isolates the mixer. Each mixer's recurrent state per layer and sequence
-(:meth:`RecallLM.state_floats`) is the x-axis of the benchmark:
-``2·L·d`` for attention's KV cache, ``2·window·d`` for a sliding window, D for PoM, D·dv/H (+ D + dv for the token
-shift) for the value-carrying PoM, f·dv for linear attention, and (1 + f + f²)·(dv + H) for Based (+ H·f + dv with
+``token_shift`` gives the A, L, P, I and B layers the value-carrying PoM's short causal token shift on their keys
+and values (PoM's aggregated features), so that a comparison isolates the mixer. Each mixer's recurrent state per
+layer and sequence (:meth:`RecallLM.state_floats`) is the x-axis of the benchmark: ``2·L·d`` for attention's KV
+cache, ``2·window·d`` for a sliding window, D for PoM (+ d with the shift), D·dv/H (+ D + dv for the token shift)
+for the value-carrying PoM, f·dv for linear attention, and (1 + f + f²)·(dv + H) for Based (+ H·f + dv with
 ``token_shift``, the previous token's keys and values).
 """
 
@@ -41,7 +41,7 @@ class RecallConfig:
     value_dim: int = 64  # V, I and B layers: dv
     value_heads: int = 1  # V, I and B layers: the heads splitting D (or f) and dv
     feature_dim: int = 16  # I and B layers: f per head
-    token_shift: bool = False  # A, L, I and B layers: the value PoM's causal token shift on keys and values
+    token_shift: bool = False  # A, L, P, I and B layers: the value PoM's causal token shift on keys and values
     value_shift: bool = True  # V and G layers: the value PoM's own token shift (False: without it, Zoology's figure
     #                          2 "with and without the shift" for every mixer)
     rope: bool = False  # A and L layers: rotary positions on queries and keys (on top of the learned positions)
@@ -92,7 +92,7 @@ class RecallLM(nn.Module):
                                         rope="1d" if c.rope else None, degree=c.degree, expand=c.expand,
                                         value_dim=c.value_dim, value_heads=c.value_heads, feature_dim=c.feature_dim,
                                         token_shift=shift)
-        return _ShiftedKeysValues(mixer) if letter in "AL" and c.token_shift else mixer
+        return _ShiftedKeysValues(mixer) if letter in "ALP" and c.token_shift else mixer
 
     def state_floats(self) -> int:
         """Recurrent state per sequence of the largest layer (what a decoder keeps per layer at this seq_len)."""
@@ -103,6 +103,8 @@ class RecallLM(nn.Module):
             if letter in "AL":
                 kv = 2 * (c.seq_len if letter == "A" else min(c.window, c.seq_len)) * c.d_model
                 sizes.append(kv + c.d_model * c.token_shift)  # + the previous token, with the shift
+            elif isinstance(m, _ShiftedKeysValues):  # PoM reading the shifted tokens: + the previous token
+                sizes.append(m.attention.state_floats + c.d_model)
             else:
                 sizes.append(m.state_floats)
         return max(sizes)
@@ -133,9 +135,9 @@ class RecallLM(nn.Module):
 
 
 class _ShiftedKeysValues(nn.Module):
-    """An attention layer whose keys and values read the value PoM's learned causal token shift of its input,
-    t₀ ⊙ x_j + t₁ ⊙ x_{j−1} (initialised 0.5 / 0.5), while its queries read x_i: the short convolution the other
-    recall mixers have, so that a comparison isolates the mixer."""
+    """An attention layer (or PoM, whose aggregated features play the keys) whose keys and values read the value
+    PoM's learned causal token shift of its input, t₀ ⊙ x_j + t₁ ⊙ x_{j−1} (initialised 0.5 / 0.5), while its
+    queries read x_i: the short convolution the other recall mixers have, so that a comparison isolates the mixer."""
 
     def __init__(self, attention: nn.Module) -> None:
         super().__init__()
