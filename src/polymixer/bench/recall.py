@@ -491,6 +491,8 @@ def plot_zoology(payload: Dict[str, Any], path: Path) -> None:
     points = sorted({(r["seq_len"], r["pairs"]) for r in rows})
     fig, axes = new_figure(max(1, len(points)), width=4.2, height=3.8)
     mixers = ("value PoM", "Based", "linear attention", "PoM")
+    floats = [r["state_floats"] for r in rows if not r["variant"].startswith("attention")]
+    span = (min(floats), max(floats)) if floats else None
     for ax, (L, K) in zip(axes, points or [(0, 0)]):
         here = [r for r in rows if (r["seq_len"], r["pairs"]) == (L, K)]
         for k, mixer in enumerate(mixers):
@@ -510,6 +512,8 @@ def plot_zoology(payload: Dict[str, Any], path: Path) -> None:
                 ax.axhline(a["median"], color="k", linestyle=style, linewidth=1,
                            label=f"{fam} ({a['state_floats']:,} floats)")
         ax.set_xscale("log", base=2)
+        if span:  # one state axis for every panel, so that a length with few variants run reads like the others
+            ax.set_xlim(span[0] / 1.4, span[1] * 1.4)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(True, which="both", alpha=0.3)
         ax.set_xlabel("state floats per layer")
