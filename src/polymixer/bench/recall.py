@@ -491,14 +491,15 @@ def plot_zoology(payload: Dict[str, Any], path: Path) -> None:
     points = sorted({(r["seq_len"], r["pairs"]) for r in rows})
     fig, axes = new_figure(max(1, len(points)), width=4.2, height=3.8)
     mixers = ("value PoM", "Based", "linear attention", "PoM")
-    floats = [r["state_floats"] for r in rows if not r["variant"].startswith("attention")]
+    forms = {r["variant"]: zoology_form(r["variant"]) for r in rows if r["variant"] in VARIANTS}
+    floats = [r["state_floats"] for r in rows if r["variant"] in forms and forms[r["variant"]][0] != "attention"]
     span = (min(floats), max(floats)) if floats else None
     for ax, (L, K) in zip(axes, points or [(0, 0)]):
         here = [r for r in rows if (r["seq_len"], r["pairs"]) == (L, K)]
         for k, mixer in enumerate(mixers):
             for shifted, style in ((True, "-"), (False, "--")):
-                mine = sorted((r for r in here if r["variant"] in VARIANTS and zoology_form(r["variant"])
-                               == (mixer, shifted)), key=lambda r: r["state_floats"])
+                mine = sorted((r for r in here if forms.get(r["variant"]) == (mixer, shifted)),
+                              key=lambda r: r["state_floats"])
                 if not mine:
                     continue
                 ax.errorbar([r["state_floats"] for r in mine], [r["median"] for r in mine],
@@ -506,11 +507,11 @@ def plot_zoology(payload: Dict[str, Any], path: Path) -> None:
                             linestyle=style, marker="o", color=f"C{k}", capsize=3,
                             label=mixer + ("" if shifted else ", no shift"),
                             markerfacecolor=f"C{k}" if style == "-" else "none")
-        for fam, style in (("attention", "-"), ("attention + shift", "--")):
-            a = next((r for r in here if r["family"] == fam), None)
+        for shifted, style in ((False, "-"), (True, "--")):
+            a = next((r for r in here if forms.get(r["variant"]) == ("attention", shifted)), None)
             if a is not None:
                 ax.axhline(a["median"], color="k", linestyle=style, linewidth=1,
-                           label=f"{fam} ({a['state_floats']:,} floats)")
+                           label=f"{a['family']} ({a['state_floats']:,} floats)")
         ax.set_xscale("log", base=2)
         if span:  # one state axis for every panel, so that a length with few variants run reads like the others
             ax.set_xlim(span[0] / 1.4, span[1] * 1.4)
