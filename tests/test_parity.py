@@ -338,6 +338,15 @@ def test_recall_offers_attention_its_shift_and_still_judges_attention_without_it
     assert f["not_run"] == {}  # the value PoM and PoM take no attention shift; the hybrid was not run at all
     t = f["targets"][0]
     assert t["what"] == "attention without the shift ≥ 99% at its best rate" and t["measured"] == "98.6%"
+    assert f["attention"]["on_reported"]  # no row has a validation accuracy: chosen on the test figure, said so
+    # with the validation draw's accuracy (``bench recall`` rows: ``val_accuracy``) the form is chosen on it, even
+    # where the test figure would choose the other
+    (tmp_path / "recall.json").write_text(json.dumps({"state": {"rows": [
+        {**row("attention", 0.986), "val_accuracy": 0.999}, {**row("attention-shift", 1.0, 104), "val_accuracy": 0.99},
+        {**row("vpom-16k", 0.9999, 130), "val_accuracy": 1.0}]}}))
+    f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["recall"]
+    assert f["attention"]["model"] == "attention" and f["attention"]["picked_by"] == "validation"
+    assert not f["attention"]["on_reported"]
 
 
 

@@ -130,6 +130,7 @@ class Family:
 RECALL = Family("recall (MQAR, L 64, K 16)", "recall", "accuracy %", "median", True, "points", "attention", "pom",
                 "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000}, key="variant",
                 scale=100, part="state", guide="docs/recall.md", options=("-shift",), shift_options=("-shift",),
+                select="val_accuracy",
                 command="polymixer bench recall --parts state --variants {spec} --sweep {spec} --out docs/bench")
 
 FAMILIES: Tuple[Family, ...] = (
