@@ -398,6 +398,10 @@ def test_zoologys_figure_2_judges_the_value_pom_against_based_at_every_state_siz
                for r in every]
     t, _ = target(failing)
     assert t["verdict"] == "met" and "L 64 1k no shift 9.0 vs 8.0 (neither learns)" in t["measured"]
+    # a miss between two failures counts by the rule, and the verdict says where neither learns
+    t, _ = target([dict(r, median=0.06) if (r["variant"], r["seq_len"]) == ("vpom-noshift-1k", 64) else r
+                   for r in failing])
+    assert t["verdict"] == "MISSED at L 64 1k no shift (where neither learns)"
     # a worse rate of Based does not count; one size short of 3 seeds or not run leaves "met" unsettled
     t, _ = target(every + [row("based-1k", 64, 1.0, best=False)])
     assert t["verdict"] == "met"

@@ -552,7 +552,8 @@ def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str
     if missed:
         settled = [c for c in missed if c["seeds"] >= 3]
         verdict = "MISSED" + ("" if settled else f" on {min(c['seeds'] for c in missed)} seed(s), unsettled: "
-                                                 "needs 3 seeds") + f" at {', '.join(name(c) for c in missed)}"
+                                                 "needs 3 seeds") + " at " + ", ".join(
+            name(c) + (" (where neither learns)" if c["neither"] else "") for c in missed)
         return {"what": what, "verdict": verdict, "measured": measured}, [] if settled else [command]
     ran = {(c["seq_len"], c["pairs"], c["shift"], c["size"]) for c in pairs}
     lacking = [where(L, shift, size) for L, K in ZOOLOGY_POINTS for shift in (True, False) for size in STATE_SIZES

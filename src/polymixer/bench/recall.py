@@ -540,8 +540,8 @@ def zoology_form(variant: str) -> Tuple[str, bool]:
 def plot_zoology(payload: Dict[str, Any], path: Path) -> None:
     """Zoology's figure 2: one panel per (L, K) of the zoology part, accuracy against state floats per layer, each
     mixer with the short convolution (solid) and without it (dashed, same colour), each variant at its best rate
-    (median, range over seeds; open markers without the shift); attention with and without the shift as the ceiling
-    (its KV cache: 2·L·d floats)."""
+    (median, range over seeds; open markers without the shift); attention with the shift (solid) and without it
+    (dashed) as the ceiling (its KV cache: 2·L·d floats)."""
     rows = best_rows(payload.get("zoology", {}).get("rows", []))
     points = sorted({(r["seq_len"], r["pairs"]) for r in rows})
     fig, axes = new_figure(max(1, len(points)), width=4.2, height=3.8)
@@ -562,7 +562,7 @@ def plot_zoology(payload: Dict[str, Any], path: Path) -> None:
                             linestyle=style, marker="o", color=f"C{k}", capsize=3,
                             label=mixer + ("" if shifted else ", no shift"),
                             markerfacecolor=f"C{k}" if style == "-" else "none")
-        for shifted, style in ((False, "-"), (True, "--")):
+        for shifted, style in ((True, "-"), (False, "--")):  # the mixers' convention: solid with the shift
             a = next((r for r in here if forms.get(r["variant"]) == ("attention", shifted)), None)
             if a is not None:
                 ax.axhline(a["median"], color="k", linestyle=style, linewidth=1,
