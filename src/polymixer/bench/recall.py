@@ -37,6 +37,7 @@ import json
 import math
 import statistics
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -198,8 +199,6 @@ def _rescore(cfg: RecallBenchConfig, out: Path, saved: Dict[str, Any], seq_len: 
     """A run recorded before the validation draw existed, scored on it from its final checkpoint (its record
     rewritten). The checkpoint must give back the recorded test accuracy (else it is not the recorded model);
     without such a checkpoint the result comes back as it was."""
-    import warnings
-
     from ..tasks.recall import RecallTask, recall_accuracy
     from ..train.checkpoint import load_model, resolve_checkpoint
 
