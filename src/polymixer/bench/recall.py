@@ -176,7 +176,7 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
         if _comparable(saved.get("key", {})) == _comparable(json.loads(json.dumps(key))):
             result = saved["result"]
             if "val_accuracy" not in result:
-                result = _rescore(cfg, out, saved, seq_len, pairs)
+                result = _rescore(cfg, tcfg, out, saved, seq_len, pairs)
             return result
     if not train:
         return None
@@ -195,22 +195,19 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
     return result
 
 
-def _rescore(cfg: RecallBenchConfig, out: Path, saved: Dict[str, Any], seq_len: int, pairs: int) -> Dict[str, Any]:
+def _rescore(cfg: RecallBenchConfig, tcfg: Any, out: Path, saved: Dict[str, Any], seq_len: int,
+             pairs: int) -> Dict[str, Any]:
     """A run recorded before the validation draw existed, scored on it from its final checkpoint (its record
     rewritten). The checkpoint must give back the recorded test accuracy (else it is not the recorded model);
     without such a checkpoint the result comes back as it was."""
     from ..tasks.recall import RecallTask, recall_accuracy
-    from ..train.checkpoint import load_model, resolve_checkpoint
+    from ..train.checkpoint import load_model
 
     result = saved["result"]
-    try:
-        ck = resolve_checkpoint(out)
-        if int(ck.name.split("_")[-1]) != cfg.steps:
-            return result
-        model = load_model(ck, family="recall")
-    except (FileNotFoundError, ValueError):
+    if not resume_point(out, tcfg):  # no checkpoint of this run trained to the end
         return result
-    task = RecallTask(seq_len, pairs, cfg.vocab_size, cfg.batch, saved["key"]["tcfg"]["seed"], cfg.test_examples)
+    model = load_model(out, family="recall")
+    task = RecallTask(seq_len, pairs, cfg.vocab_size, cfg.batch, tcfg.seed, cfg.test_examples)
     test, _ = recall_accuracy(model, *task.test)
     if abs(test - result["accuracy"]) > 1e-6:
         warnings.warn(f"{out}: its checkpoint scores {test:.4f} on the test draw, not the recorded "
@@ -254,19 +251,23 @@ def _summarise(results: List[Dict[str, Any]], cfg: RecallBenchConfig) -> List[Di
         if r.get("val_accuracy") is not None:
             row["val_by_seed"][str(r["seed"])] = r["val_accuracy"]
     chosen = {str(s) for s in cfg.seeds[:max(1, cfg.sweep_seeds)]}
-    judged: Dict[str, bool] = {}  # spec → every rate's sweep seeds have a validation score
+
+    def judged_on(row: Dict[str, Any]) -> List[str]:  # the seeds a rate is judged on: the sweep seeds it ran
+        return [s for s in row["by_seed"] if s in chosen] or list(row["by_seed"])
+
+    scored: Dict[str, bool] = {}  # spec → every rate's judged seeds have a validation score
     for row in rows.values():
         a = row["accuracies"]
-        seeds = [s for s in row["by_seed"] if s in chosen] or list(row["by_seed"])
         budget = "" if row["steps"] == RECIPE_STEPS else f", {row['steps']} steps"
-        row.update(median=statistics.median(a), low=min(a), high=max(a), seeds=len(a), judged_seeds=seeds,
+        row.update(median=statistics.median(a), low=min(a), high=max(a), seeds=len(a),
                    spec=f"{row['variant']}-L{row['seq_len']}-K{row['pairs']}-{row['steps']}steps",
                    label=f"{row['variant']} (L {row['seq_len']}, K {row['pairs']}{budget})")
-        judged[row["spec"]] = judged.get(row["spec"], True) and all(s in row["val_by_seed"] for s in seeds)
+        scored[row["spec"]] = scored.get(row["spec"], True) and all(s in row["val_by_seed"]
+                                                                    for s in judged_on(row))
     for row in rows.values():
-        on_val = judged[row["spec"]]
+        on_val = scored[row["spec"]]
         scores = row["val_by_seed"] if on_val else row["by_seed"]
-        row.update(select=statistics.median([scores[s] for s in row.pop("judged_seeds")]),
+        row.update(select=statistics.median([scores[s] for s in judged_on(row)]),
                    selected_on="validation" if on_val else "test")
         row["val_accuracy"] = row["select"] if on_val else None
     out = sorted(rows.values(), key=lambda r: (r["spec"], -r["seeds"], abs(math.log(r["lr"] / cfg.lr)), r["lr"]))
