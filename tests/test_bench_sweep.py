@@ -1,7 +1,7 @@
 """The one quality-sweep runner every family's bench declares itself to (bench.common.QualitySweep): the plan (the
 swept models at every rate, a later stage at an earlier stage's best rates), the earlier file's rows kept, each
 model's best rate marked on the family's selection figure, the rows of runs already trained kept by a second
-process sharing the sweep."""
+process sharing the sweep, a run another process is training now skipped."""
 
 import json
 from dataclasses import dataclass, field
@@ -9,7 +9,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Dict, List, Tuple
 
+import pytest
+
 from polymixer.bench.common import QualitySweep, Stage, SweepRun, mark_best
+from polymixer.files import claimed
 
 A, B = "tiny-vpom", "tiny-attention+attention_shift=4"  # a preset and a variant (its overrides parsed)
 
@@ -31,7 +34,7 @@ def _cfg(tmp_path: Path, **kw: Any) -> SimpleNamespace:
 def _sweep(trained: List[Tuple[str, str, float]], score: Dict[Tuple[str, float], float]) -> QualitySweep:
     def evaluate(cfg: Any, job: SweepRun, stage: Stage, tcfg: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         trained.append((stage.name, job.spec, job.lr))
-        job.out.mkdir(parents=True)  # as training would (each run its own folder)
+        job.out.mkdir(parents=True, exist_ok=True)  # as training would (each run its own folder)
         assert tcfg.lr == job.lr and job.out.parent == Path(cfg.out) / "quality"
         return {"history": []}, {"task": stage.name, "spec": job.spec, "val": score[(job.spec, job.lr)],
                                  "test": 2 * score[(job.spec, job.lr)]}
@@ -79,3 +82,20 @@ def test_a_second_process_keeps_the_first_ones_rows_and_redoes_none(tmp_path):
     assert sorted(r["lr"] for r in rows) == [1e-3, 2e-3]
     assert [r["lr"] for r in rows if r["best_lr"]] == [2e-3]  # chosen on "val" over both processes' runs
     assert all(r["rates"] == 2 for r in rows)
+
+
+def test_a_run_another_process_is_training_is_skipped_not_trained_twice(tmp_path):
+    score = {(A, 5e-4): 3.0, (A, 1e-3): 1.0, (A, 2e-3): 0.5}
+    trained: List[Tuple[str, str, float]] = []
+    busy = tmp_path / "quality" / "tiny-vpom-lr0.002"
+    with claimed(busy) as mine:  # as another process training that run holds its folder's claim
+        assert mine
+        with pytest.warns(UserWarning, match=r"tiny-vpom-lr0\.002: another process is training this run now"):
+            out = _sweep(trained, score).run(_cfg(tmp_path), [Stage((A,), name="one")])
+    assert trained == [("one", A, 5e-4), ("one", A, 1e-3)]
+    assert sorted(r["lr"] for r in out["rows"]) == [5e-4, 1e-3]
+    # the claim ends with its holder: the bench run again takes the run that was skipped (the others, trained to
+    # the end, are only scored again: resume_point)
+    again = _sweep(trained, score).run(_cfg(tmp_path), [Stage((A,), name="one")])
+    assert ("one", A, 2e-3) in trained[2:]
+    assert [r["lr"] for r in again["rows"] if r["best_lr"]] == [2e-3]

@@ -11,8 +11,8 @@ import torch
 
 from polymixer.cli import main
 from polymixer.models import create_model
-from polymixer.train.checkpoint import (CheckpointError, load_model, load_trainer_state, resolve_checkpoint,
-                                        save_checkpoint, verify_checkpoint)
+from polymixer.train.checkpoint import (CheckpointError, checkpoint_folder, checkpoint_step, load_model,
+                                        load_trainer_state, resolve_checkpoint, save_checkpoint, verify_checkpoint)
 
 MODEL = dict(n_layer=2, n_embd=32, n_head=2, block_size=32, window=8, sel_heads=2)
 
@@ -79,6 +79,15 @@ def test_an_unverified_legacy_file_error_names_the_file(tmp_path, capsys):
     assert main(["generate", "--ckpt", str(run), "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err
     assert "model.safetensors: unreadable" in err and "Traceback" not in err
+
+
+def test_a_checkpoint_folder_names_its_step_and_nothing_else_passes_for_one(tmp_path):
+    run = _run(tmp_path, steps=(7, 1234))
+    assert resolve_checkpoint(run) == checkpoint_folder(run, 1234)
+    assert [checkpoint_step(p) for p in sorted((run / "checkpoints").glob("step_*"))] == [7, 1234]
+    for bad in ("latest", "step_", "step_12a", "stage1", "run"):
+        with pytest.raises(ValueError, match=f"{bad} is not a checkpoint folder"):
+            checkpoint_step(run / bad)
 
 
 def test_retention_counts_only_intact_checkpoints(tmp_path):

@@ -1,12 +1,15 @@
-"""Atomic writes (polymixer.files): whole or nothing, and writers of the same file at once never collide."""
+"""Atomic writes (polymixer.files): whole or nothing, and writers of the same file at once never collide; a run
+folder's claim held by one process at a time and ended with it."""
 
 import json
+import subprocess
+import sys
 import threading
 
 import pytest
 
 from polymixer.bench.common import write_json
-from polymixer.files import atomic_path, write_text_atomic
+from polymixer.files import atomic_path, claimed, write_text_atomic
 
 
 def test_a_second_writer_finishing_inside_the_first_leaves_both_working(tmp_path):
@@ -107,3 +110,24 @@ def test_the_lock_excludes_a_second_holder(tmp_path):
         with pytest.raises(Timeout):
             FileLock(str(tmp_path / ".lm.json.lock"), timeout=0.05).acquire()  # another process's attempt
     FileLock(str(tmp_path / ".lm.json.lock"), timeout=0.05).acquire()  # free again once the block ends
+
+
+def test_a_run_folder_is_claimed_by_one_holder_and_freed_when_its_process_dies(tmp_path):
+    run = tmp_path / "quality" / "tiny-vpom-lr0.002"
+    with claimed(run) as mine:
+        with claimed(run) as other:  # a second holder's attempt answers at once
+            assert mine and not other
+    with claimed(run) as again:
+        assert again  # free once the block ends
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom polymixer.files import claimed\n"
+                               f"with claimed({str(run)!r}) as mine:\n    print(mine, flush=True)\n"
+                               "    time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        with claimed(run) as mine:
+            assert not mine  # held by a live process
+    finally:
+        holder.kill()  # killed with the claim held: no stale claim to clear by hand
+        holder.wait()
+    with claimed(run) as mine:
+        assert mine

@@ -196,6 +196,24 @@ def test_bench_recall_on_a_toy(tmp_path):
     assert (tmp_path / "recall.png").is_file() and "state floats / layer" in report(payload)
 
 
+def test_bench_recall_skips_a_run_another_process_is_training(tmp_path):
+    """Two processes given the same run: the one that finds its folder claimed leaves it to the other (a warning
+    says so) and trains the rest; run again once the claim has ended, the bench trains it."""
+    from polymixer.bench.recall import RecallBenchConfig, run
+    from polymixer.files import claimed
+
+    cfg = RecallBenchConfig(vocab_size=64, d_model=16, steps=2, batch=8, seeds=(0, 1), state_point=(16, 2),
+                            state_variants=("pom",), parts=("state",), test_examples=16, sweep=(), curves=False,
+                            out=str(tmp_path))
+    busy = tmp_path / "quality" / "recall" / "pom-L16-K2-s1-2steps"
+    with claimed(busy) as mine:
+        assert mine
+        with pytest.warns(UserWarning, match="pom-L16-K2-s1-2steps: another process is training this run now"):
+            rows = run(cfg, progress=False)["state"]["rows"]
+    assert rows[0]["seeds"] == 1 and not (busy / "result.json").exists()
+    assert run(cfg, progress=False)["state"]["rows"][0]["seeds"] == 2 and (busy / "result.json").is_file()
+
+
 def test_resume_a_run_saved_before_a_config_field_existed(tmp_path):
     """A checkpoint written before a model-config field was added resumes when the run keeps that field's default,
     and is refused when it does not."""

@@ -11,9 +11,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Union
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
-__all__ = ["atomic_path", "locked", "write_text_atomic", "umask", "file_mode"]
+__all__ = ["atomic_path", "locked", "claimed", "write_text_atomic", "umask", "file_mode"]
 
 
 def umask() -> int:
@@ -61,3 +61,27 @@ def locked(path: Union[str, Path]) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path.parent / f".{path.name}.lock")):
         yield
+
+
+CLAIM = ".claim.lock"
+
+
+@contextlib.contextmanager
+def claimed(folder: Union[str, Path]) -> Iterator[bool]:
+    """Claim a run folder for the block: yield True when this process holds the claim, False at once when another
+    process holds it — two processes sharing a sweep never train the same run into one folder. The claim is an OS
+    file lock (``<folder>/.claim.lock``), so it ends with its process however that process ends: a run whose trainer
+    was killed is free to be resumed at once, with no stale claim to clear."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(folder / CLAIM))
+    try:
+        lock.acquire(timeout=0)
+        held = True
+    except Timeout:
+        held = False
+    try:
+        yield held
+    finally:
+        if held:
+            lock.release()

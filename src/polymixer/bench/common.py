@@ -13,13 +13,14 @@ import re
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..files import locked, write_text_atomic
+from ..files import claimed, locked, write_text_atomic
 from ..report import format_table
 
 
@@ -259,18 +260,31 @@ def resume_point(out: Path, train_cfg: Any) -> bool:
     """Prepare a quality bench's training run in ``out`` to continue an interrupted bench, and say whether it was
     already trained to the end (then it is only evaluated again). A run there made with other training settings
     (steps, batch, learning rate, seed…) is not continued: ``train_cfg.resume`` is switched off and it starts over."""
-    from ..train.checkpoint import read_config, resolve_checkpoint
+    from ..train.checkpoint import checkpoint_step, read_config, resolve_checkpoint
 
     try:
         ck = resolve_checkpoint(out)
         saved = read_config(ck).get("train", {})
-        step = int(ck.name.split("_")[-1])
+        step = checkpoint_step(ck)
     except (FileNotFoundError, ValueError, KeyError):
         train_cfg.resume = False
         return False
     keys = ("steps", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "seed", "sam_rho", "ema", "init_from")
     train_cfg.resume = all(saved.get(k) == getattr(train_cfg, k) for k in keys)
     return train_cfg.resume and step >= train_cfg.steps
+
+
+@contextlib.contextmanager
+def training_claim(out: Path) -> Iterator[bool]:
+    """Claim a bench's run folder for training it (:func:`polymixer.files.claimed`): False, with a warning, when
+    another process is training that run now — two processes given the same rate of a sweep would otherwise both
+    train it into one folder. The caller skips the run; the bench run again once the other has finished reads its
+    result back."""
+    with claimed(out) as mine:
+        if not mine:
+            warnings.warn(f"{out}: another process is training this run now; skipped here (run the bench again once "
+                          f"it has finished to read its result)", stacklevel=3)
+        yield mine
 
 
 def training_minutes(out: Path, started: float, resumed_finished: bool, history: List[Dict[str, Any]],
@@ -677,10 +691,13 @@ class QualitySweep:
                                   cfg.lrs, cfg.lr_factors, prefix=stage.prefix, suffix=stage.suffix,
                                   sources=source):
                 tcfg = self.recipe(cfg, job, stage)
-                finished = resume_point(job.out, tcfg)  # a run trained to the end (here or copied in): scored only
-                t0 = time.perf_counter()
-                res, row = self.evaluate(cfg, job, stage, tcfg)
-                minutes = training_minutes(job.out, t0, finished, res.get("history", []), tcfg.batch_size)
+                with training_claim(job.out) as mine:
+                    if not mine:
+                        continue
+                    finished = resume_point(job.out, tcfg)  # a run trained to the end (here or copied in): scored
+                    t0 = time.perf_counter()
+                    res, row = self.evaluate(cfg, job, stage, tcfg)
+                    minutes = training_minutes(job.out, t0, finished, res.get("history", []), tcfg.batch_size)
                 rows.append({**row, "lr": job.lr, "lr_from": job.source, "train_min": minutes})
         rows = self.select(self.known(cfg, rows), cfg)
         return {"rows": rows, "grid": rates_tried(rows, base, cfg.lr_factors), "selected_by": self.selected_by(rows)}

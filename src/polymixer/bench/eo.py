@@ -51,6 +51,7 @@ from .common import (
     same_rate,
     sweep_table,
     time_interleaved,
+    training_claim,
     training_minutes,
     variant_slug,
     read_json,
@@ -232,7 +233,7 @@ def run_curves(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from ..data.eo import PastisSplit, fold_splits
     from ..data.eo_synth import resolve_data
     from ..tasks.eo import evaluate_eo, train_eo
-    from ..train.checkpoint import load_weights, resolve_checkpoint
+    from ..train.checkpoint import checkpoint_step, load_weights, resolve_checkpoint
 
     root = resolve_data(cfg.data_dir, progress=progress)
     rates = best_rates(cfg)
@@ -247,16 +248,19 @@ def run_curves(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
         out = Path(cfg.out) / "curves" / f"{slug}-lr{lr:g}-{steps}steps"
         # every checkpoint kept: one written when a run is interrupted must not push out a scheduled one
         tcfg = _train_cfg(cfg, out, lr, steps, every, steps, progress)
-        finished = resume_point(out, tcfg)
-        t0 = time.perf_counter()
-        res = train_eo(preset, tcfg, str(root), cfg.fold, cfg.crop, eval_limit=cfg.eval_limit or None,
-                       progress=progress, **overrides)
-        minutes = training_minutes(out, t0, finished, res["history"], cfg.quality_batch)
+        with training_claim(out) as mine:
+            if not mine:
+                continue
+            finished = resume_point(out, tcfg)
+            t0 = time.perf_counter()
+            res = train_eo(preset, tcfg, str(root), cfg.fold, cfg.crop, eval_limit=cfg.eval_limit or None,
+                           progress=progress, **overrides)
+            minutes = training_minutes(out, t0, finished, res["history"], cfg.quality_batch)
         model, stats = res["model"], res["stats"]
         test = PastisSplit(root, fold_splits(cfg.fold)["test"], model.config.num_bands, model.config.max_frames)
         points = []
         for ck in sorted((out / "checkpoints").glob("step_*")):
-            step = int(ck.name.split("_")[-1])
+            step = checkpoint_step(ck)
             if step % every and step != steps:
                 continue  # written when the run was interrupted, not a point of the curve
             load_weights(model, resolve_checkpoint(ck))

@@ -230,12 +230,12 @@ class _Job:
 
 
 def _newest(out: Path) -> Optional[int]:
-    from ..train.checkpoint import resolve_checkpoint
+    from ..train.checkpoint import checkpoint_step, resolve_checkpoint
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return int(resolve_checkpoint(out).name.split("_")[-1])
+            return checkpoint_step(resolve_checkpoint(out))
         except (FileNotFoundError, ValueError):
             return None
 
@@ -245,9 +245,9 @@ def _state(out: Path, step: Optional[int] = None) -> Dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
-    from ..train.checkpoint import resolve_checkpoint
+    from ..train.checkpoint import checkpoint_folder, resolve_checkpoint
 
-    ck = out / "checkpoints" / f"step_{step:08d}" if step is not None else resolve_checkpoint(out)
+    ck = checkpoint_folder(out, step) if step is not None else resolve_checkpoint(out)
     tensors: Dict[str, Any] = {f"model.{k}": v for k, v in load_file(str(ck / "model.safetensors")).items()}
     if (ck / "ema.safetensors").is_file():
         tensors.update({f"ema.{k}": v for k, v in load_file(str(ck / "ema.safetensors")).items()})
@@ -347,16 +347,19 @@ def _term_row(cfg: FaultsBenchConfig, family: str, base: Path, ref: Dict[str, An
 
 def _truncate_row(cfg: FaultsBenchConfig, family: str, base: Path, ref: Dict[str, Any], rng: random.Random,
                   t0: float) -> Dict[str, Any]:
+    from ..train.checkpoint import checkpoint_folder
+
     out = base / "truncated"
     shutil.rmtree(out, ignore_errors=True)
     stop = max(2, rng.randrange(2, cfg.steps // cfg.ckpt_every)) * cfg.ckpt_every
     jobs = [_Job(cfg, family, out, t0, stop_after=stop).finish()]
-    f = out / "checkpoints" / f"step_{stop:08d}" / "model.safetensors"
+    damaged = checkpoint_folder(out, stop)
+    f = damaged / "model.safetensors"
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     job = _Job(cfg, family, out, t0)
     jobs.append(job.finish())
     finished = jobs[-1]["returncode"] == 0 and _newest(out) == cfg.steps
-    warned = f"skipping checkpoint step_{stop:08d}" in job.stderr  # said which one it skipped, and why
+    warned = f"skipping checkpoint {damaged.name}" in job.stderr  # said which one it skipped, and why
     resumed = jobs[-1]["first"]
     return {"fault": f"newest checkpoint truncated (step {stop})", "injected": 1,
             "survived": int(finished and warned and resumed == stop - cfg.ckpt_every),

@@ -44,8 +44,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..report import format_table, new_figure, save_figure
 from .common import (LR_FACTORS, add_report_argument, apply_overrides, best_rows, lr_grid, mark_best, read_json,
-                     report_again, resume_point, run_parts, same_rate, sweep_folder, sweep_table, write_json,
-                     write_report)
+                     report_again, resume_point, run_parts, same_rate, sweep_folder, sweep_table, training_claim,
+                     write_json, write_report)
 
 __all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "ZOOLOGY_POINTS", "ZOOLOGY_VARIANTS", "zoology_form", "run",
            "report", "plot", "plots", "plot_zoology", "versus_based", "STATE_SIZES", "LEVEL", "LEARNED", "main",
@@ -171,28 +171,38 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
     key = {"tcfg": asdict(tcfg), "overrides": overrides, "preset": preset, "pairs": pairs, "seq_len": seq_len,
            "vocab": cfg.vocab_size, "d_model": cfg.d_model, "test": cfg.test_examples}
     record = out / "result.json"
-    if record.is_file():  # where the run folder sits and whether it showed progress change nothing
+
+    def recorded() -> Optional[Dict[str, Any]]:
+        """The result a finished run with these settings left (where the run folder sits and whether it showed
+        progress change nothing)."""
+        if not record.is_file():
+            return None
         saved = read_json(record)
-        if _comparable(saved.get("key", {})) == _comparable(json.loads(json.dumps(key))):
-            result = saved["result"]
-            if "val_accuracy" not in result:
-                result = _rescore(cfg, tcfg, out, saved, seq_len, pairs)
+        if _comparable(saved.get("key", {})) != _comparable(json.loads(json.dumps(key))):
+            return None
+        result = saved["result"]
+        return result if "val_accuracy" in result else _rescore(cfg, tcfg, out, saved, seq_len, pairs)
+
+    result = recorded()
+    if result is not None or not train:
+        return result
+    with training_claim(out) as mine:
+        result = recorded() if mine else None  # finished by another process between the look above and the claim
+        if not mine or result is not None:
             return result
-    if not train:
-        return None
-    resume_point(out, tcfg)  # an interrupted run continues; one made with other settings starts over
-    t0 = time.perf_counter()
-    res = train_recall(preset, tcfg, num_kv_pairs=pairs, test_examples=cfg.test_examples, seq_len=seq_len,
-                       vocab_size=cfg.vocab_size, d_model=cfg.d_model, **overrides)
-    model = res["model"]
-    result = {"variant": variant, "family": family, "seq_len": seq_len, "pairs": pairs, "seed": seed,
-              "steps": cfg.steps, "lr": lr,
-              "accuracy": res["metrics"]["accuracy"], "loss": res["metrics"]["loss"],
-              "val_accuracy": res["metrics"]["val_accuracy"], "val_loss": res["metrics"]["val_loss"],
-              "state_floats": model.state_floats(), "params": sum(p.numel() for p in model.parameters()),
-              "minutes": (time.perf_counter() - t0) / 60}
-    write_json(record, {"key": key, "result": result})
-    return result
+        resume_point(out, tcfg)  # an interrupted run continues; one made with other settings starts over
+        t0 = time.perf_counter()
+        res = train_recall(preset, tcfg, num_kv_pairs=pairs, test_examples=cfg.test_examples, seq_len=seq_len,
+                           vocab_size=cfg.vocab_size, d_model=cfg.d_model, **overrides)
+        model = res["model"]
+        result = {"variant": variant, "family": family, "seq_len": seq_len, "pairs": pairs, "seed": seed,
+                  "steps": cfg.steps, "lr": lr,
+                  "accuracy": res["metrics"]["accuracy"], "loss": res["metrics"]["loss"],
+                  "val_accuracy": res["metrics"]["val_accuracy"], "val_loss": res["metrics"]["val_loss"],
+                  "state_floats": model.state_floats(), "params": sum(p.numel() for p in model.parameters()),
+                  "minutes": (time.perf_counter() - t0) / 60}
+        write_json(record, {"key": key, "result": result})
+        return result
 
 
 def _rescore(cfg: RecallBenchConfig, tcfg: Any, out: Path, saved: Dict[str, Any], seq_len: int,

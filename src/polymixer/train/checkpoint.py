@@ -32,13 +32,27 @@ from torch import nn
 from ..families import canonical_family
 from ..files import file_mode
 
-__all__ = ["save_checkpoint", "resolve_checkpoint", "read_config", "load_weights", "load_model", "load_trainer_state",
-           "rng_state", "set_rng_state", "config_diff", "verify_checkpoint", "CheckpointError",
-           "CheckpointWarning"]
+__all__ = ["save_checkpoint", "resolve_checkpoint", "checkpoint_folder", "checkpoint_step", "read_config",
+           "load_weights", "load_model", "load_trainer_state", "rng_state", "set_rng_state", "config_diff",
+           "verify_checkpoint", "CheckpointError", "CheckpointWarning"]
 
 MANIFEST = "manifest.json"
 _WARNED: set = set()
 _VERIFIED: Dict[tuple, Optional[str]] = {}
+
+
+def checkpoint_folder(run_dir: Union[str, Path], step: int) -> Path:
+    """The folder the checkpoint of ``step`` has in a run folder (whether or not it exists)."""
+    return Path(run_dir) / "checkpoints" / f"step_{step:08d}"
+
+
+def checkpoint_step(ck: Union[str, Path]) -> int:
+    """The step a checkpoint folder holds, read from its name; ValueError for a folder that is not a checkpoint's."""
+    name = Path(ck).name
+    head, _, digits = name.partition("_")
+    if head != "step" or not digits.isdigit():
+        raise ValueError(f"{ck} is not a checkpoint folder (expected step_<step>)")
+    return int(digits)
 
 
 class CheckpointError(ValueError):
@@ -151,9 +165,8 @@ def save_checkpoint(run_dir: Union[str, Path], step: int, model: nn.Module, conf
     ``model.state_dict()`` (tied parameters under one name, as safetensors writes a module)."""
     from safetensors.torch import save_file, save_model
 
-    root = Path(run_dir) / "checkpoints"
-    name = f"step_{step:08d}"
-    final = root / name
+    final = checkpoint_folder(run_dir, step)
+    root, name = final.parent, final.name
     tmp = root / f".{name}.tmp-{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
