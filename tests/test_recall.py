@@ -411,6 +411,28 @@ def test_bench_recall_trains_again_the_sweep_runs_recorded_without_a_validation_
     assert trained == []
 
 
+def test_bench_recall_keeps_the_runs_a_process_beside_it_recorded_meanwhile(tmp_path, monkeypatch):
+    """Two slices of one part (``--variants``) run side by side: the one finishing last writes the part with the
+    other's runs, recorded while it trained, not with what the file held when it started."""
+    import polymixer.bench.recall as bench
+
+    beside = []
+
+    def run_one(cfg, variant, L, K, seed, lr, progress, train=True):
+        if variant == "pom" and not beside:  # while this slice trains, the other slice runs and records its runs
+            beside.append(bench.run(_toy_sweep(tmp_path, state_variants=("attention",)), progress=False))
+        return {"variant": variant, "family": variant, "seq_len": L, "pairs": K, "seed": seed, "steps": cfg.steps,
+                "lr": lr, "accuracy": 0.5, "loss": 1.0, "val_accuracy": 0.5, "state_floats": 1, "params": 1,
+                "minutes": 0.0}
+
+    monkeypatch.setattr(bench, "_run", run_one)
+    bench.run(_toy_sweep(tmp_path, state_variants=("pom",)), progress=False)
+    assert {r["variant"] for r in beside[0]["state"]["runs"]} == {"attention"}
+    saved = json.loads((tmp_path / "recall.json").read_text())["state"]
+    assert {r["variant"] for r in saved["runs"]} == {"attention", "pom"}
+    assert {r["variant"] for r in saved["rows"]} == {"attention", "pom"}
+
+
 def test_bench_recall_sweep_flags():
     import argparse
 

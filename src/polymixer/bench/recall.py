@@ -312,11 +312,18 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
     steps."""
     def part(cfg: RecallBenchConfig, progress: bool) -> Dict[str, Any]:
         grid = lr_grid(cfg.lr, cfg.lr_factors)
-        runs = {_key(r): r for r in _earlier_runs(cfg, name)
-                if name != "state" or (r["seq_len"], r["pairs"]) in points}
-        for other in shares:
-            runs.update({_key(r): r for r in _earlier_runs(cfg, other) if (r["seq_len"], r["pairs"]) in points
-                         and r["variant"] in variants and r["steps"] == cfg.steps and _key(r) not in runs})
+
+        def recorded() -> Dict[tuple, Dict[str, Any]]:
+            """The runs ``recall.json`` holds for this part now (read again at the end: a process sharing the part
+            may have recorded its slice meanwhile, which this one's write must keep)."""
+            known = {_key(r): r for r in _earlier_runs(cfg, name)
+                     if name != "state" or (r["seq_len"], r["pairs"]) in points}
+            for other in shares:
+                known.update({_key(r): r for r in _earlier_runs(cfg, other) if (r["seq_len"], r["pairs"]) in points
+                              and r["variant"] in variants and r["steps"] == cfg.steps and _key(r) not in known})
+            return known
+
+        runs = recorded()
 
         def one(variant: str, L: int, K: int, seed: int, lr: float, train: bool, picks: bool = False) -> None:
             """``picks``: the run is one the rate is chosen on, so an earlier record of it without a validation
@@ -341,6 +348,7 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
                 for lr in rates + extra:  # the other seeds: trained at the best rate (of any grid run so far), read
                     for s in cfg.seeds[n:]:  # back at the others
                         one(v, L, K, s, lr, train=best is not None and same_rate(lr, best))
+        runs = {**recorded(), **runs}
         results = sorted(runs.values(), key=lambda r: _key(r))
         return {"runs": results, "rows": _summarise(results, cfg), "grid": list(grid), "swept": list(swept),
                 "selected_by": "validation accuracy of the sweep seeds (median); test accuracy where a run of the "
