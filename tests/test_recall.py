@@ -129,6 +129,33 @@ def test_recall_models_and_state_sizes():
         create_model("mqar-vpom", mixer="VX")
 
 
+def test_a_shifted_mixer_saved_under_its_old_name_loads(tmp_path):
+    """The mixer a token shift wraps was stored as ``attention`` (PoM too) before it was named ``mixer``: such
+    checkpoints load, through the checkpoint loader too, and give the same outputs."""
+    from safetensors.torch import load_file, save_file, save_model
+
+    from polymixer.train.checkpoint import _write_manifest, load_weights
+
+    for preset in ("mqar-attention", "mqar-pom"):
+        m = create_model(preset, vocab_size=64, seq_len=16, d_model=16, token_shift=True)
+        old = {k.replace("mixer.mixer.", "mixer.attention."): v.clone() for k, v in m.state_dict().items()}
+        assert any(".mixer.attention." in k for k in old)
+        fresh = create_model(preset, vocab_size=64, seq_len=16, d_model=16, token_shift=True)
+        fresh.load_state_dict(old)  # strict
+        x = mqar(2, 16, 2, 64, seed=1)[0]
+        assert torch.equal(fresh(x)[0], m(x)[0])
+        ck = tmp_path / preset / "checkpoints" / "step_00000001"
+        ck.mkdir(parents=True)
+        save_model(m, str(ck / "model.safetensors"))  # as the checkpoint writer does (tied weights once)
+        saved = load_file(str(ck / "model.safetensors"))
+        save_file({k.replace("mixer.mixer.", "mixer.attention."): v for k, v in saved.items()},
+                  str(ck / "model.safetensors"))
+        _write_manifest(ck)
+        again = create_model(preset, vocab_size=64, seq_len=16, d_model=16, token_shift=True)
+        load_weights(again, ck)
+        assert torch.equal(again(x)[0], m(x)[0])
+
+
 def test_training_loss_reads_the_head_at_the_queries_only():
     """``labelled_only`` (what training calls): the head only at the labelled positions, the same loss and
     gradients as the full logits."""

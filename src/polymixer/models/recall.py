@@ -14,7 +14,7 @@ for the value-carrying PoM, f·dv for linear attention, and (1 + f + f²)·(dv +
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -104,7 +104,7 @@ class RecallLM(nn.Module):
                 kv = 2 * (c.seq_len if letter == "A" else min(c.window, c.seq_len)) * c.d_model
                 sizes.append(kv + c.d_model * c.token_shift)  # + the previous token, with the shift
             elif isinstance(m, _ShiftedKeysValues):  # PoM reading the shifted tokens: + the previous token
-                sizes.append(m.attention.state_floats + c.d_model)
+                sizes.append(m.mixer.state_floats + c.d_model)
             else:
                 sizes.append(m.state_floats)
         return max(sizes)
@@ -139,17 +139,25 @@ class _ShiftedKeysValues(nn.Module):
     PoM's learned causal token shift of its input, t₀ ⊙ x_j + t₁ ⊙ x_{j−1} (initialised 0.5 / 0.5), while its
     queries read x_i: the short convolution the other recall mixers have, so that a comparison isolates the mixer."""
 
-    def __init__(self, attention: nn.Module) -> None:
+    def __init__(self, mixer: nn.Module) -> None:
         super().__init__()
-        self.attention = attention
-        self.shift = nn.Parameter(torch.full((2, attention.dim), 0.5))
+        self.mixer = mixer
+        self.shift = nn.Parameter(torch.full((2, mixer.dim), 0.5))
         self.shift.no_weight_decay = True
+        self.register_load_state_dict_pre_hook(_renamed_mixer)
 
     def forward(self, x: Tensor, context: Optional[Tensor] = None, *, causal: Optional[bool] = None,
                 **kwargs: Optional[Tensor]) -> Tensor:
         if context is not None:
             raise ValueError("the shifted attention of the recall models mixes a sequence with itself")
-        return self.attention(x, token_shift(x, self.shift)[0], causal=causal, **kwargs)
+        return self.mixer(x, token_shift(x, self.shift)[0], causal=causal, **kwargs)
+
+
+def _renamed_mixer(module: nn.Module, state_dict: Dict[str, Tensor], prefix: str, *args: Any) -> None:
+    """Checkpoints written before the wrapped mixer was named ``mixer`` hold it as ``attention`` (PoM too)."""
+    old = prefix + "attention."
+    for key in [k for k in state_dict if k.startswith(old)]:
+        state_dict[prefix + "mixer." + key[len(old):]] = state_dict.pop(key)
 
 
 def _register() -> None:
