@@ -407,7 +407,8 @@ def test_zoologys_figure_2_judges_the_value_pom_against_based_at_every_state_siz
     assert t["verdict"] == "met"
     t, to_run = target([r for r in every if (r["variant"], r["seq_len"]) != ("based-noshift-16k", 256)])
     assert t["verdict"] == "met where run, unsettled: not run at L 256 16k no shift"
-    assert any("--parts zoology" in c for c in to_run)
+    assert ("polymixer bench recall --zoology --parts zoology --zoology-points 256:64 --zoology-variants "
+            "vpom-noshift-16k based-noshift-16k --seeds 0 1 2 --out docs/bench/recall_zoology") in to_run
     fewer = [dict(r, seeds=1) if r["variant"] == "vpom-4k" and r["seq_len"] == 128 else r for r in every]
     t, _ = target(fewer)
     assert t["verdict"] == "met where run, unsettled: fewer than 3 seeds at L 128 4k"
@@ -419,6 +420,14 @@ def test_zoologys_figure_2_judges_the_value_pom_against_based_at_every_state_siz
     assert t["verdict"] == "MISSED on 1 seed(s), unsettled: needs 3 seeds at L 64 1k"
     assert any("--parts zoology" in c for c in to_run)
     assert "L 64 1k 90.0 vs 95.0 (1 seed)" in t["measured"]
+    # a settled miss read on an incomplete figure says what the figure lacks, and the command runs just that
+    t, to_run = target([r for r in worse if r["seq_len"] != 256 and r["variant"] != "based-16k"])
+    assert t["verdict"] == ("MISSED at L 64 1k; figure 2 not run at L 64 16k, L 128 16k, L 256 1k, L 256 4k, "
+                            "L 256 16k, L 256 1k no shift, L 256 4k no shift, L 256 16k no shift")
+    assert [c for c in to_run if "--parts zoology" in c] == [
+        "polymixer bench recall --zoology --parts zoology --zoology-points 64:16 128:32 256:64 --zoology-variants "
+        "vpom-1k vpom-4k vpom-16k vpom-noshift-1k vpom-noshift-4k vpom-noshift-16k based-1k based-4k based-16k "
+        "based-noshift-1k based-noshift-4k based-noshift-16k --seeds 0 1 2 --out docs/bench/recall_zoology"]
 
 
 def test_a_verdict_waiting_on_seeds_lists_the_runs_it_needs(tmp_path):
