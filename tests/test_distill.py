@@ -129,12 +129,29 @@ def test_distill_a_transformers_llama_teacher(tmp_path, corpus_dir):
 
 
 def test_bench_distill_toy(tmp_path, corpus_dir):
+    import threading
+
     from polymixer.bench.distill import DistillBenchConfig, report, run
+    from polymixer.files import claimed
 
     cfg = DistillBenchConfig(teacher_steps=12, batch=4, stage1_steps=1, eval_every=1, eval_windows=4,
                              students=("hybrid",), data=(str(corpus_dir),), model_overrides=MODEL,
                              out=str(tmp_path / "bench"))
-    payload = run(cfg, progress=False)
+    # a bench beside this one (other students) is training the teacher: this one waits for it, then goes on
+    held, free = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with claimed(tmp_path / "bench" / "quality" / "distill-teacher"):
+            held.set()
+            free.wait(30)
+
+    beside = threading.Thread(target=other)
+    beside.start()
+    held.wait(30)
+    threading.Timer(1.0, free.set).start()
+    with pytest.warns(UserWarning, match="distill-teacher: another process is training this run now; waiting"):
+        payload = run(cfg, progress=False)
+    beside.join()
     rows = payload["quality"]["rows"]
     assert [(r["model"], r["method"]) for r in rows] == [("teacher (attention)", "trained"), ("hybrid", "distilled"),
                                                         ("hybrid", "fine-tuned only"), ("hybrid", "from scratch")]

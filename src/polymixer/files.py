@@ -67,16 +67,17 @@ CLAIM = ".claim.lock"
 
 
 @contextlib.contextmanager
-def claimed(folder: Union[str, Path]) -> Iterator[bool]:
+def claimed(folder: Union[str, Path], wait: bool = False) -> Iterator[bool]:
     """Claim a run folder for the block: yield True when this process holds the claim, False at once when another
-    process holds it — two processes sharing a sweep never train the same run into one folder. The claim is an OS
-    file lock (``<folder>/.claim.lock``), so it ends with its process however that process ends: a run whose trainer
-    was killed is free to be resumed at once, with no stale claim to clear."""
+    process holds it (``wait``: block until it ends, then hold it) — two processes sharing a sweep never train the
+    same run into one folder. The claim is an OS file lock (``<folder>/.claim.lock``), so it ends with its process
+    however that process ends: a run whose trainer was killed is free to be resumed at once, with no stale claim to
+    clear."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(folder / CLAIM))
     try:
-        lock.acquire(timeout=0)
+        lock.acquire(timeout=-1 if wait else 0)
         held = True
     except Timeout:
         held = False

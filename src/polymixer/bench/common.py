@@ -275,15 +275,21 @@ def resume_point(out: Path, train_cfg: Any) -> bool:
 
 
 @contextlib.contextmanager
-def training_claim(out: Path) -> Iterator[bool]:
+def training_claim(out: Path, wait: bool = False) -> Iterator[bool]:
     """Claim a bench's run folder for training it (:func:`polymixer.files.claimed`): False, with a warning, when
     another process is training that run now — two processes given the same rate of a sweep would otherwise both
     train it into one folder. The caller skips the run; the bench run again once the other has finished reads its
-    result back."""
+    result back. ``wait`` (a run the rest of the bench needs, such as a distillation's teacher): say so and wait
+    for the other process, then continue — the run is then finished, and only read back."""
     with claimed(out) as mine:
-        if not mine:
-            warnings.warn(f"{out}: another process is training this run now; skipped here (run the bench again once "
-                          f"it has finished to read its result)", stacklevel=3)
+        if mine or not wait:
+            if not mine:
+                warnings.warn(f"{out}: another process is training this run now; skipped here (run the bench again "
+                              f"once it has finished to read its result)", stacklevel=3)
+            yield mine
+            return
+    warnings.warn(f"{out}: another process is training this run now; waiting for it to finish", stacklevel=3)
+    with claimed(out, wait=True) as mine:
         yield mine
 
 

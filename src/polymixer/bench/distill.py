@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..models import count_parameters, create_model, model_config
 from ..report import format_table, new_figure, save_figure
-from .common import apply_overrides, read_json, resume_point, run_parts, training_minutes
+from .common import apply_overrides, read_json, resume_point, run_parts, training_claim, training_minutes
 
 __all__ = ["DistillBenchConfig", "run_quality", "report", "plot", "run", "main", "add_arguments"]
 
@@ -76,10 +76,11 @@ def _train_scratch(cfg: DistillBenchConfig, preset: str, steps: int, out: Path, 
     tcfg = TrainConfig(steps=steps, batch_size=cfg.batch, lr=2e-3, min_lr=2e-4, warmup=max(1, steps // 20),
                        eval_every=eval_every, ckpt_every=min(500, steps), out=str(out), progress=progress,
                        seed=cfg.seed + 1337)
-    finished = resume_point(out, tcfg)
-    t0 = time.perf_counter()
-    train_lm(preset, tcfg, data=list(cfg.data) if cfg.data else None, eval_windows=cfg.eval_windows,
-             **cfg.model_overrides)
+    with training_claim(out, wait=True):  # the teacher: a bench beside this one (other students) needs it too
+        finished = resume_point(out, tcfg)
+        t0 = time.perf_counter()
+        train_lm(preset, tcfg, data=list(cfg.data) if cfg.data else None, eval_windows=cfg.eval_windows,
+                 **cfg.model_overrides)
     history = _history(out)
     units = cfg.batch * model_config(preset, **cfg.model_overrides).block_size  # the loop counts tokens
     return {"minutes": training_minutes(out, t0, finished, history, units), "history": history}
