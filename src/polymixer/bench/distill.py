@@ -76,7 +76,7 @@ def _train_scratch(cfg: DistillBenchConfig, preset: str, steps: int, out: Path, 
     tcfg = TrainConfig(steps=steps, batch_size=cfg.batch, lr=2e-3, min_lr=2e-4, warmup=max(1, steps // 20),
                        eval_every=eval_every, ckpt_every=min(500, steps), out=str(out), progress=progress,
                        seed=cfg.seed + 1337)
-    with training_claim(out, wait=True):  # the teacher: a bench beside this one (other students) needs it too
+    with training_claim(out, wait=True):  # a bench beside this one (other students) needs the same teacher
         finished = resume_point(out, tcfg)
         t0 = time.perf_counter()
         train_lm(preset, tcfg, data=list(cfg.data) if cfg.data else None, eval_windows=cfg.eval_windows,
