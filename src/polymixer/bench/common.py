@@ -282,15 +282,17 @@ def training_claim(out: Path, wait: bool = False) -> Iterator[bool]:
     result back. ``wait`` (a run the rest of the bench needs, such as a distillation's teacher): say so and wait
     for the other process, then continue — the run is then finished, and only read back."""
     with claimed(out) as mine:
-        if mine or not wait:
-            if not mine:
-                warnings.warn(f"{out}: another process is training this run now; skipped here (run the bench again "
-                              f"once it has finished to read its result)", stacklevel=3)
-            yield mine
+        if mine:
+            yield True
             return
+    if not wait:
+        warnings.warn(f"{out}: another process is training this run now; skipped here (run the bench again once it "
+                      f"has finished to read its result)", stacklevel=3)
+        yield False
+        return
     warnings.warn(f"{out}: another process is training this run now; waiting for it to finish", stacklevel=3)
-    with claimed(out, wait=True) as mine:
-        yield mine
+    with claimed(out, wait=True):
+        yield True
 
 
 def training_minutes(out: Path, started: float, resumed_finished: bool, history: List[Dict[str, Any]],
