@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from polymixer.bench.common import QualitySweep, Stage, SweepRun, mark_best
+from polymixer.bench.common import QualitySweep, Stage, SweepRun, edge_note, mark_best, rate_beyond, round_rate
 from polymixer.files import claimed
 
 A, B = "tiny-vpom", "tiny-attention+attention_shift=4"  # a preset and a variant (its overrides parsed)
@@ -28,7 +28,7 @@ class _Recipe:  # the fields resume_point and the runner read of a TrainConfig
 
 def _cfg(tmp_path: Path, **kw: Any) -> SimpleNamespace:
     return SimpleNamespace(**{"out": str(tmp_path), "lr": 1e-3, "sweep": (A,), "lr_factors": (0.5, 1.0, 2.0),
-                              "lrs": (), "model_overrides": {}, **kw})
+                              "lrs": (), "bracket": 2, "model_overrides": {}, **kw})
 
 
 def _sweep(trained: List[Tuple[str, str, float]], score: Dict[Tuple[str, float], float]) -> QualitySweep:
@@ -45,7 +45,7 @@ def _sweep(trained: List[Tuple[str, str, float]], score: Dict[Tuple[str, float],
         return rows
 
     return QualitySweep("fam", 1e-3, ("task", "spec"), lambda cfg, job, stage: _Recipe(job.lr), evaluate, select,
-                        lambda rows: "val")
+                        lambda rows: "val", model="spec", stage_key="task")
 
 
 def test_stages_sweep_then_reuse_the_best_rate_chosen_on_validation(tmp_path):
@@ -85,7 +85,7 @@ def test_a_second_process_keeps_the_first_ones_rows_and_redoes_none(tmp_path):
 
 
 def test_a_run_another_process_is_training_is_skipped_not_trained_twice(tmp_path):
-    score = {(A, 5e-4): 3.0, (A, 1e-3): 1.0, (A, 2e-3): 0.5}
+    score = {(A, 5e-4): 3.0, (A, 1e-3): 1.0, (A, 2e-3): 0.5, (A, 4e-3): 0.9}
     trained: List[Tuple[str, str, float]] = []
     busy = tmp_path / "quality" / "tiny-vpom-lr0.002"
     with claimed(busy) as mine:  # as another process training that run holds its folder's claim
@@ -95,7 +95,65 @@ def test_a_run_another_process_is_training_is_skipped_not_trained_twice(tmp_path
     assert trained == [("one", A, 5e-4), ("one", A, 1e-3)]
     assert sorted(r["lr"] for r in out["rows"]) == [5e-4, 1e-3]
     # the claim ends with its holder: the bench run again takes the run that was skipped (the others, trained to
-    # the end, are only scored again: resume_point)
+    # the end, are only scored again: resume_point); best at the grid's top, the sweep tries one rate past it
     again = _sweep(trained, score).run(_cfg(tmp_path), [Stage((A,), name="one")])
-    assert ("one", A, 2e-3) in trained[2:]
+    assert ("one", A, 2e-3) in trained[2:] and trained[-1] == ("one", A, 4e-3)
     assert [r["lr"] for r in again["rows"] if r["best_lr"]] == [2e-3]
+
+
+def test_rate_beyond_steps_past_the_end_the_best_rate_lies_at():
+    assert rate_beyond([5e-4, 1e-3, 2e-3], 2e-3) == 4e-3  # the grid's own step at that end
+    assert rate_beyond([2e-3, 1e-3, 5e-4], 5e-4) == 2.5e-4
+    assert rate_beyond([5e-4, 1e-3, 2e-3], 1e-3) is None  # inside: the sweep shows the best
+    assert rate_beyond([1e-3], 1e-3) is None and rate_beyond([1e-3, 1.0000001e-3], 1e-3) is None
+    assert rate_beyond([3e-4, 1e-3, 3e-3, 1e-2], 1e-2) == 3e-2  # 3.33e-2, written as a person would
+    assert rate_beyond([1e-3, 2e-3, 4e-3, 8e-3], 8e-3) == 1.6e-2  # 2e-2 would be 25 % off the step
+    assert round_rate(3.333e-2) == 3e-2 and round_rate(1.6e-2) == 1.6e-2 and round_rate(9e-5) == 9e-5
+
+
+def test_a_model_best_at_an_end_of_the_grid_is_trained_past_it_until_a_rate_does_worse(tmp_path):
+    """The bracket: a swept model best at the grid's top trains one step higher, again while the new rate is best,
+    up to ``bracket`` rates; one best at the bottom goes lower; a model best inside, a model not swept, a later
+    stage (its rates taken from the first) and a share of the sweep (``--lrs``) add none."""
+    C = "tiny-pom"
+    score = {(A, 5e-4): 3.0, (A, 1e-3): 2.0, (A, 2e-3): 1.0, (A, 4e-3): 0.5, (A, 8e-3): 0.7, (A, 1.6e-2): 0.1}
+    score.update({(B, 2.5e-4): 1.5, (B, 5e-4): 1.0, (B, 1e-3): 2.0, (B, 2e-3): 3.0, (C, 1e-3): 1.0})
+    trained: List[Tuple[str, str, float]] = []
+    best = lambda rows: {r["spec"]: r["lr"] for r in rows if r["task"] == "one" and r.get("best_lr")}  # noqa: E731
+    stages = [Stage((A, B, C), name="one"), Stage((A,), name="two", prefix="two-", rates=best)]
+    out = _sweep(trained, score).run(_cfg(tmp_path, sweep=(A, B)), stages)
+    assert trained == [("one", A, 5e-4), ("one", A, 1e-3), ("one", A, 2e-3), ("one", B, 5e-4), ("one", B, 1e-3),
+                       ("one", B, 2e-3), ("one", C, 1e-3),
+                       ("one", A, 4e-3), ("one", A, 8e-3),  # 4e-3 best again: one more; 8e-3 worse: stop
+                       ("one", B, 2.5e-4),  # B best at the bottom: one step lower, which does worse
+                       ("two", A, 4e-3)]  # the later stage at the bracketed best
+    rows = {(r["task"], r["spec"], r["lr"]): r for r in out["rows"]}
+    assert rows[("one", A, 4e-3)]["best_lr"] and rows[("one", A, 4e-3)]["lr_from"] == "bracket"
+    assert rows[("one", B, 5e-4)]["best_lr"] and rows[("one", A, 8e-3)]["rates"] == 5
+    assert out["grid"] == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3]
+    assert (tmp_path / "quality" / "tiny-vpom-lr0.008").is_dir()
+    # at most `bracket` rates per model and run; a later run of the bench goes on from where the bracket stopped
+    score[(A, 8e-3)] = 0.2
+    trained.clear()
+    fresh = tmp_path / "fresh"
+    first = _sweep(trained, score).run(_cfg(fresh, sweep=(A,), bracket=1), [Stage((A,), name="one")])
+    assert trained[3:] == [("one", A, 4e-3)]
+    (fresh / "fam.json").write_text(json.dumps({"quality": first}))
+    trained.clear()
+    _sweep(trained, score).run(_cfg(fresh, sweep=(A,), bracket=1), [Stage((A,), name="one")])
+    assert trained[3:] == [("one", A, 8e-3)]
+    trained.clear()
+    _sweep(trained, score).run(_cfg(tmp_path / "share", sweep=(A,), lrs=(2e-3,)), [Stage((A,), name="one")])
+    assert trained == [("one", A, 2e-3)]  # a share of the sweep: its rate only
+
+
+def test_edge_note_names_the_models_best_at_an_end_of_their_rates():
+    rows = [{"spec": A, "model": "vpom", "lr": lr, "best_lr": lr == 2e-3, "val": v}
+            for lr, v in ((5e-4, 3.0), (1e-3, 2.0), (2e-3, 1.0))]
+    rows += [{"spec": B, "model": "attention", "lr": lr, "best_lr": lr == 1e-3, "val": 1.0}
+             for lr in (5e-4, 1e-3, 2e-3)]
+    rows += [{"spec": "one-rate", "lr": 1e-3, "best_lr": True}]
+    assert edge_note(rows) == ("best at an end of the rates tried (a rate beyond may do better; the sweep's --bracket "
+                               "trains it): vpom at 0.002 (0.004 not run)")
+    assert edge_note(rows[3:]) == ""
+    assert edge_note(rows, score="val", ceiling=0.5) == ""  # at its ceiling: no rate can beat it

@@ -99,7 +99,7 @@ def test_bench_image_both_parts(tmp_path):
     cfg = ImageBenchConfig(hidden=32, depth=1, heads=2, sides=(8, 16), pom_sides=(32,), tokens=128, repeats=1,
                            throughput_batch=2, quality_steps=2, quality_batch=8, quality_samples=20, sample_steps=2,
                            objectives=("flow",), quality_presets=("tiny-sit", "tiny-sipom"), sweep=("tiny-sipom",),
-                           lrs=(1e-3,), model_overrides=toy, out=str(tmp_path))
+                           lrs=(1e-3,), bracket=0, model_overrides=toy, out=str(tmp_path))
     payload = run(cfg, progress=False)
     rows = payload["speed"]["rows"]
     assert [(r["side"], r["model"]) for r in rows] == [(8, "SiT"), (8, "SiPoM"), (16, "SiT"), (16, "SiPoM"),
@@ -254,7 +254,7 @@ def test_bench_eo_both_parts(tmp_path, monkeypatch, capsys):
         "tiny-tsvit", "tiny-tsvipom", "tiny-tsvipom+spatial_position=rope"), quality_steps=2, quality_batch=2,
         crop=8, eval_windows=(8, 16, 0), data_dir=str(data), model_overrides=toy, out=str(tmp_path / "bench"),
         sweep=("tiny-tsvit",), curve_models=("tiny-tsvit", "tiny-tsvipom"), curve_factor=2, curve_points=2,
-        parts=("speed", "quality", "curves"))
+        parts=("speed", "quality", "curves"), bracket=0)
     payload = run(cfg, progress=False)
     rows = payload["speed"]["rows"]
     assert [(r["dtype"], r["side"], r["preset"]) for r in rows] == [(d, s, p) for d in ("fp32", "bf16")
@@ -355,7 +355,8 @@ def test_bench_lm_quality_keeps_finished_runs(tmp_path):
     from polymixer.bench.lm import LMBenchConfig, report, run
 
     cfg = LMBenchConfig(quality_presets=("tiny-pom",), sweep=("tiny-pom",), quality_steps=2, quality_batch=2,
-                        quality_eval_windows=4, parts=("quality",), out=str(tmp_path), lrs=(2e-3,))
+                        quality_eval_windows=4, parts=("quality",), out=str(tmp_path), lrs=(2e-3,),
+                        bracket=0)
     first = run(cfg, progress=False)["quality"]["rows"]
     assert [(r["model"], r["lr"]) for r in first] == [("tiny-pom", 2e-3)]  # --lrs: one rate of the grid only
     ckpt = next((tmp_path / "quality" / "tiny-pom").rglob("model.safetensors"))
@@ -432,7 +433,7 @@ def test_bench_image_heldout_gives_a_validation_fd_that_chooses_the_rate(tmp_pat
     cfg = ImageBenchConfig(quality_steps=2, quality_batch=8, quality_samples=20, sample_steps=2, objectives=("flow",),
                            quality_presets=("tiny-sit",), sweep=("tiny-sit",), lr_factors=(1.0, 2.0),
                            model_overrides=dict(hidden_size=32, depth=1, num_heads=4), parts=("quality",),
-                           heldout=0.2, out=str(tmp_path))
+                           heldout=0.2, bracket=0, out=str(tmp_path))
     q = run(cfg, progress=False)["quality"]
     assert q["selected_by"] == "fd_val" and q["heldout"] == 0.2
     rows = q["rows"]

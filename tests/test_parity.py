@@ -428,6 +428,21 @@ def test_zoologys_figure_2_judges_the_value_pom_against_based_at_every_state_siz
         "polymixer bench recall --zoology --parts zoology --zoology-points 64:16 128:32 256:64 --zoology-variants "
         "vpom-1k vpom-4k vpom-16k vpom-noshift-1k vpom-noshift-4k vpom-noshift-16k based-1k based-4k based-16k "
         "based-noshift-1k based-noshift-4k based-noshift-16k --seeds 0 1 2 --out docs/bench/recall_zoology"]
+    # the value PoM's miss at the top of the rates it was tried at: a higher rate could level it
+    top = worse + [dict(r, lr=lr, best_lr=False, median=0.5) for r in worse if r["variant"] == "vpom-1k"
+                   and r["seq_len"] == 64 for lr in (0.001, 0.0003)]
+    t, to_run = target(top)
+    assert t["verdict"] == ("MISSED at L 64 1k, unsettled: best at an end of the rates tried at L 64 1k: vpom-1k at "
+                            "0.003 (0.009 not run)")
+    assert any("--zoology-points 64:16 --zoology-variants vpom-1k based-1k" in c for c in to_run)
+    # Based's end matters to a met cell, not at its ceiling (no rate beats 100 %)
+    based = every + [dict(r, lr=0.001, best_lr=False, median=0.5) for r in every if r["variant"] == "based-4k"]
+    t, _ = target(based)
+    assert t["verdict"] == ("met where run, unsettled: best at an end of the rates tried at L 64 4k: based-4k at "
+                            "0.003 (0.009 not run), L 128 4k: based-4k at 0.003 (0.009 not run), L 256 4k: based-4k "
+                            "at 0.003 (0.009 not run)")
+    t, _ = target([dict(r, select=1.0) if r["variant"] == "based-4k" else r for r in based])
+    assert t["verdict"] == "met"
 
 
 def test_a_verdict_waiting_on_seeds_lists_the_runs_it_needs(tmp_path):
@@ -511,3 +526,60 @@ def test_every_to_run_line_is_a_command_the_cli_takes():
             assert spec in VARIANTS if args.noun == "recall" else parse_variant(spec)
         if "zoology" in (getattr(args, "parts", None) or []):
             assert args.zoology  # the part runs under Zoology's recipe only
+
+
+def test_a_rate_at_the_end_of_a_sweep_leaves_a_verdict_it_could_flip_unsettled(tmp_path):
+    """A model compared at the highest or lowest rate it was tried at has not been shown at its best rate: where a
+    better rate of that side could flip the verdict — attention's for a "met", a linear-time model's for a "MISSED" —
+    the verdict is unsettled, says which rate was not run, and "to run" trains it (the bench brackets on from
+    there); the other side at an end does not matter."""
+
+    def lm(folder, seed, rows):
+        folder.mkdir(exist_ok=True)
+        (folder / "lm.json").write_text(json.dumps({"quality": {"config": {"seed": seed, "lr": 0.002},
+                                                                "rows": rows}}))
+
+    def row(spec, loss, lr, best=True):
+        return {"model": spec, "spec": spec, "val_loss": loss, "lr": lr, "best_lr": best, "steps": 1500}
+
+    def judged(main_rows, vpom=1.01):
+        lm(tmp_path, 0, main_rows)
+        for s in (1, 2):
+            lm(tmp_path / f"lm_seed{s}", s, [row("tiny-attention", 1.0, 0.002), row("tiny-vpom", vpom, 0.002),
+                                             row("tiny-vpom", vpom, 0.004)])
+        f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "lm")
+        return {t["what"].split(" within")[0]: t["verdict"] for t in f["targets"]}, f["to_run"]
+
+    attention = [row("tiny-attention", 1.0, 0.002), row("tiny-attention", 1.1, 0.004, best=False)]
+    vpom = [row("tiny-vpom", 1.2, 0.001, best=False), row("tiny-vpom", 1.01, 0.002), row("tiny-vpom", 1.1, 0.004,
+                                                                                        best=False)]
+    verdicts, to_run = judged(attention + vpom)
+    assert verdicts["best without full attention"].startswith("met, unsettled: ")
+    assert "best at an end of the rates tried: tiny-attention at 0.002 (0.001 not run)" in verdicts[
+        "best without full attention"]
+    assert ("polymixer bench lm --parts quality --presets tiny-attention --sweep tiny-attention --lr-factors 0.5 "
+            "--out docs/bench") in to_run
+    # attention tried lower and worse there: its rate is inside the rates tried
+    verdicts, to_run = judged(attention + [row("tiny-attention", 1.05, 0.001, best=False)] + vpom)
+    assert "best at an end" not in verdicts["best without full attention"]
+    assert not any("--lr-factors 0.5 --" in c for c in to_run)
+    # a miss: the value PoM best at the top of its rates could do better at 0.008; attention's end does not matter
+    worse = [row("tiny-vpom", 1.2, 0.002, best=False), row("tiny-vpom", 1.05, 0.004)]
+    verdicts, to_run = judged(attention + worse, vpom=1.05)
+    verdict = verdicts["best without full attention"]
+    assert verdict.startswith("MISSED, unsettled: ") and "tiny-vpom at 0.004 (0.008 not run)" in verdict
+    assert "tiny-attention at 0.002" not in verdict
+    assert ("polymixer bench lm --parts quality --presets tiny-vpom --sweep tiny-vpom --lr-factors 4 "
+            "--out docs/bench") in to_run
+    assert verdicts["all-PoM or all-value-PoM"].startswith("met, unsettled: ")  # +5 % ≤ +10 %: attention's end
+
+
+def test_the_beyond_rate_of_a_compared_row():
+    rows = [{"v": "a", "lr": 1e-3, "L": 64}, {"v": "a", "lr": 3e-3, "L": 64}, {"v": "a", "lr": 1e-2, "L": 64},
+            {"v": "a", "lr": 3e-2, "L": 128}, {"v": "b", "lr": 3e-2, "L": 64}]
+    top = {"v": "a", "lr": 1e-2, "L": 64, "select": 0.5}
+    assert parity.beyond(rows, top, "v", ("L",)) == 3e-2  # the L 128 run and model b's are other sweeps
+    assert parity.beyond(rows, top, "v") is None  # over every L, 1e-2 lies inside
+    assert parity.beyond(rows, {**top, "select": 0.9995}, "v", ("L",), "select", 0.999) is None  # at the ceiling
+    assert parity.beyond(rows, {**top, "lr": 3e-3}, "v", ("L",)) is None
+    assert parity.beyond(rows, {**top, "lr": 1e-3}, "v", ("L",)) == 3e-4

@@ -155,7 +155,7 @@ def test_bench_points_runs_every_part(rooms, tmp_path):
                            patch_scene=600, repeats=1, conv_points=600, conv_channels=(4,),
                            quality_models=("tiny-ptv3", "tiny-ppomv3", "tiny-ppomv3+pom_patch_size=scene"),
                            sweep=("tiny-ppomv3",), lrs=(6e-3,), quality_steps=2, quality_batch=1, quality_points=1500,
-                           data_dir=str(rooms), model_overrides=TOY, out=str(tmp_path / "bench"))
+                           data_dir=str(rooms), model_overrides=TOY, bracket=0, out=str(tmp_path / "bench"))
     payload = run(cfg, progress=False)
     text = report(payload)
     assert "PPoMv3 ÷ PTv3 at 600 voxels" in text and "whole scene" in text and "tiny PPoMv3" in text

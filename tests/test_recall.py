@@ -279,7 +279,7 @@ def _toy_sweep(tmp_path, **kw):
 
     return RecallBenchConfig(**{**dict(vocab_size=64, d_model=16, steps=2, batch=8, seeds=(0, 1), state_point=(16, 2),
                                        state_variants=("attention", "pom"), sweep=("attention",), test_examples=16,
-                                       parts=("state",), curves=False, out=str(tmp_path)), **kw})
+                                       parts=("state",), curves=False, bracket=0, out=str(tmp_path)), **kw})
 
 
 def test_bench_recall_sweeps_the_learning_rate(tmp_path):
@@ -516,6 +516,41 @@ def test_bench_recall_trains_the_other_seeds_at_the_best_rate(tmp_path, monkeypa
     assert trained == []
 
 
+def test_bench_recall_brackets_a_best_rate_at_the_end_of_the_grid(tmp_path, monkeypatch):
+    """A swept variant best at the grid's top trains its sweep seed one step higher, again while the new rate is
+    best (up to ``bracket`` rates), and its other seeds at the bracketed best; not a variant at the ceiling (no
+    rate can gain a point there), nor a share of the sweep (``--lrs``)."""
+    import polymixer.bench.recall as bench
+
+    acc = {5e-4: 0.1, 1e-3: 0.2, 2e-3: 0.3, 4e-3: 0.5, 8e-3: 0.4}
+    trained = []
+
+    def fake(cfg, variant, L, K, seed, lr, progress, train=True):
+        if not train:
+            return None
+        trained.append((variant, seed, lr))
+        return {"variant": variant, "family": variant, "seq_len": L, "pairs": K, "seed": seed, "steps": cfg.steps,
+                "lr": lr, "accuracy": acc[lr], "val_accuracy": acc[lr], "loss": 1.0, "state_floats": 1, "params": 1,
+                "minutes": 0.0}
+
+    monkeypatch.setattr(bench, "_run", fake)
+    payload = bench.run(_toy_sweep(tmp_path, bracket=2), progress=False)
+    assert trained == [("attention", 0, 5e-4), ("attention", 0, 1e-3), ("attention", 0, 2e-3),
+                       ("attention", 0, 4e-3), ("attention", 0, 8e-3), ("attention", 1, 4e-3), ("pom", 0, 1e-3),
+                       ("pom", 1, 1e-3)]
+    best = [r for r in payload["state"]["rows"] if r["best_lr"] and r["variant"] == "attention"]
+    assert [(r["lr"], r["rates"], r["seeds"]) for r in best] == [(4e-3, 5, 2)]
+    trained.clear()
+    acc[2e-3] = 0.9995  # at the ceiling: the grid's top is kept
+    bench.run(_toy_sweep(tmp_path / "ceiling", bracket=2, seeds=(0,), state_variants=("attention",)), progress=False)
+    assert trained == [("attention", 0, 5e-4), ("attention", 0, 1e-3), ("attention", 0, 2e-3)]
+    trained.clear()
+    acc[2e-3] = 0.3
+    bench.run(_toy_sweep(tmp_path / "share", bracket=2, seeds=(0,), state_variants=("attention",), lrs=(2e-3,)),
+              progress=False)
+    assert trained == [("attention", 0, 2e-3)]
+
+
 def test_zoology_forms_name_the_mixer_and_whether_it_reads_the_shift():
     """Figure 2 draws each mixer solid with the shift and dashed without it, read from the variant's own config (PoM
     has no shift unless asked; the value PoM has its own unless value_shift is off)."""
@@ -554,8 +589,8 @@ def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift
     monkeypatch.setattr(bench, "_run", fake)
     variants = ("attention", "vpom-1k", "vpom-noshift-1k", "based-1k", "based-noshift-1k")
     cfg = bench.RecallBenchConfig(parts=("zoology",), zoology_points=((16, 4), (32, 8)), zoology_variants=variants,
-                                  lr_factors=(1.0, 3.0), seeds=(0, 1, 2), curves=False, out=str(tmp_path),
-                                  **{k: v for k, v in bench.ZOOLOGY.items() if k != "lr_factors"})
+                                  lr_factors=(1.0, 3.0), seeds=(0, 1, 2), curves=False, bracket=0,
+                                  out=str(tmp_path), **{k: v for k, v in bench.ZOOLOGY.items() if k != "lr_factors"})
     # attention at L 16 under the same recipe in the state part first: the zoology part reads those runs back
     bench.run(replace(cfg, parts=("state",), state_point=(16, 4), state_variants=("attention",),
                       sweep=("attention",)), progress=False)
@@ -575,7 +610,8 @@ def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift
     assert "(target at least level: met)" in text
     assert "1k state, no shift: value PoM 0.5000" in text and "MISSED" in text and "neither learns" not in text
     assert "attention without the shift, L = 16, K = 4 (lr 0.003, best of 2): median 0.9950 over 3" in text
-    assert "best at the highest rate tried (a rate beyond it may do better): attention (L 16, K 4)" in text
+    assert ("best at an end of the rates tried (a rate beyond may do better; the sweep's --bracket trains it): "
+            "attention (L 16, K 4) at 0.003 (0.009 not run)") in text
     perfect = {**payload, "zoology": {**payload["zoology"], "rows": [{**r, "select": 1.0, "median": 1.0}
                                                                      for r in payload["zoology"]["rows"]]}}
     assert "may do better" not in bench.report(perfect).split("zoology: each variant")[1]  # 1.000 cannot be beaten

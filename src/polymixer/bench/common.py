@@ -380,6 +380,34 @@ def same_rate(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6)
 
 
+BRACKET = 2  # rates a sweep adds past the end of the rates tried, where a model is best at that end
+ACCURACY_CEILING = 0.999  # recall: no other rate can gain a point at this accuracy, so its sweep is not bracketed
+
+
+def round_rate(x: float) -> float:
+    """A computed rate as a person would write it: one significant digit where that moves it by at most 15 %
+    (3.33e-2 → 3e-2), else two (1.6e-2 stays)."""
+    one = float(f"{x:.1g}")
+    return one if abs(one / x - 1) <= 0.15 else float(f"{x:.2g}")
+
+
+def rate_beyond(rates: Sequence[float], best: float) -> Optional[float]:
+    """The rate one step past the end of ``rates`` (the step: the ratio of the two rates at that end) where the
+    best rate ``best`` lies at that end — the sweep has then not shown it to be the model's best, a rate beyond
+    may do better — else None (``best`` inside the rates tried, or fewer than 2 rates)."""
+    tried: List[float] = []
+    for r in sorted(rates):
+        if not any(same_rate(r, t) for t in tried):
+            tried.append(r)
+    if len(tried) < 2:
+        return None
+    if same_rate(best, tried[-1]):
+        return round_rate(tried[-1] * tried[-1] / tried[-2])
+    if same_rate(best, tried[0]):
+        return round_rate(tried[0] * tried[0] / tried[1])
+    return None
+
+
 def earlier_part(path: Path, part: str = "quality") -> Dict[str, Any]:
     """``part`` of an earlier bench JSON at ``path`` (empty if the file is not there)."""
     return read_json(path).get(part, {}) if path.is_file() else {}
@@ -515,7 +543,8 @@ def bench_main(bench: FamilyBench, args: Any, cfg: Any, quick: Optional[Dict[str
     return 0
 
 
-SWEEP_FIELDS = ("sweep", "lr_factors", "lrs", "seed")  # the options add_sweep_arguments adds, as config fields
+# the options add_sweep_arguments adds, as config fields
+SWEEP_FIELDS = ("sweep", "lr_factors", "lrs", "seed", "bracket")
 
 
 def add_sweep_arguments(p: Any, bench: str, recipe_lr: float, factors: Sequence[float], out: str,
@@ -531,12 +560,21 @@ def add_sweep_arguments(p: Any, bench: str, recipe_lr: float, factors: Sequence[
     p.add_argument("--lrs", type=float, nargs="+", default=None,
                    help="run only these rates of the grid (to share a sweep among processes)"
                         + (f"; {lrs_note}" if lrs_note else ""))
+    add_bracket_argument(p)
     p.add_argument("--seed", type=int, default=None,
                    help=f"seed of the quality runs (their init and batches); one --out per seed, e.g. --out "
                         f"docs/bench/{bench}_seed1, which `polymixer bench parity` reads"
                         + (f"; {seed_note}" if seed_note else ""))
     add_report_argument(p, bench)
     p.add_argument("--out", default=out)
+
+
+def add_bracket_argument(p: Any) -> None:
+    """``--bracket N``: how many rates past the end of the rates tried a sweep adds for a model best at that end."""
+    p.add_argument("--bracket", type=int, default=None,
+                   help=f"a swept model best at the highest (lowest) rate tried is trained one grid step higher "
+                        f"(lower), again while it stays best at the end, up to this many rates (default {BRACKET}; "
+                        f"0: the grid only); a share of a sweep (--lrs) adds none")
 
 
 def add_report_argument(p: Any, bench: str, seed_folders: bool = True) -> None:
@@ -671,6 +709,8 @@ class QualitySweep:
     select: Callable[[List[Dict[str, Any]], Any], List[Dict[str, Any]]]
     selected_by: Callable[[List[Dict[str, Any]]], str]
     base: str = "lr"  # the config field holding the recipe's rate
+    model: str = "model"  # the row field naming the model (its spec: the preset or variant swept)
+    stage_key: Optional[str] = None  # the row field holding the stage's name (task, objective), where there are several
     earlier_defaults: Callable[[Dict[str, Any]], Dict[str, Any]] = lambda r: {}
 
     def known(self, cfg: Any, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -683,8 +723,8 @@ class QualitySweep:
         return merge_rows(earlier, rows, self.keys)
 
     def run(self, cfg: Any, stages: Sequence[Stage]) -> Dict[str, Any]:
-        """Train and score every stage's runs in order; the rows (this process's and the earlier file's, selected),
-        the grid of rates tried and the figure rates were chosen on."""
+        """Train and score every stage's runs in order, each swept model bracketed (:meth:`bracket`); the rows (this
+        process's and the earlier file's, selected), the grid of rates tried and the figure rates were chosen on."""
         base = getattr(cfg, self.base)
         rows: List[Dict[str, Any]] = []
         for stage in stages:
@@ -698,17 +738,46 @@ class QualitySweep:
             for job in sweep_runs(plan, Path(cfg.out) / "quality", base, getattr(cfg, "model_overrides", {}),
                                   cfg.lrs, cfg.lr_factors, prefix=stage.prefix, suffix=stage.suffix,
                                   sources=source):
-                tcfg = self.recipe(cfg, job, stage)
-                with training_claim(job.out) as mine:
-                    if not mine:
-                        continue
-                    finished = resume_point(job.out, tcfg)  # a run trained to the end (here or copied in): scored
-                    t0 = time.perf_counter()
-                    res, row = self.evaluate(cfg, job, stage, tcfg)
-                    minutes = training_minutes(job.out, t0, finished, res.get("history", []), tcfg.batch_size)
-                rows.append({**row, "lr": job.lr, "lr_from": job.source, "train_min": minutes})
+                self._train(cfg, job, stage, rows)
+            if stage.rates is None and not cfg.lrs:
+                self.bracket(cfg, stage, rows)
         rows = self.select(self.known(cfg, rows), cfg)
         return {"rows": rows, "grid": rates_tried(rows, base, cfg.lr_factors), "selected_by": self.selected_by(rows)}
+
+    def _train(self, cfg: Any, job: SweepRun, stage: Stage, rows: List[Dict[str, Any]]) -> None:
+        """Train and score one run (resumed, or only scored where it finished) unless another process holds it;
+        its row appended to ``rows``."""
+        tcfg = self.recipe(cfg, job, stage)
+        with training_claim(job.out) as mine:
+            if not mine:
+                return
+            finished = resume_point(job.out, tcfg)  # a run trained to the end (here or copied in): scored
+            t0 = time.perf_counter()
+            res, row = self.evaluate(cfg, job, stage, tcfg)
+            minutes = training_minutes(job.out, t0, finished, res.get("history", []), tcfg.batch_size)
+        rows.append({**row, "lr": job.lr, "lr_from": job.source, "train_min": minutes})
+
+    def bracket(self, cfg: Any, stage: Stage, rows: List[Dict[str, Any]]) -> None:
+        """Each swept model of ``stage`` best (on the selection figure) at the highest or lowest rate it was tried
+        at, by any process: trained one grid step past that end (:func:`rate_beyond`), again while it stays best
+        at the end, up to ``cfg.bracket`` rates — so that it is compared at a rate shown to be its best, not at the
+        edge of a grid. Not while a rate of the grid has no row yet (another process is training it)."""
+        base = getattr(cfg, self.base)
+        grid = lr_grid(base, cfg.lr_factors)
+        for spec in (m for m in stage.models if m in cfg.sweep):
+            for _ in range(max(0, cfg.bracket)):
+                mine = [r for r in self.select(self.known(cfg, rows), cfg) if r.get(self.model) == spec
+                        and (self.stage_key is None or r.get(self.stage_key) == stage.name)]
+                tried = [r["lr"] for r in mine]
+                best = next((r for r in mine if r.get("best_lr")), None)
+                whole = all(any(same_rate(g, x) for x in tried) for g in grid)
+                beyond = rate_beyond(tried, best["lr"]) if best is not None and whole else None
+                if beyond is None:
+                    break
+                job, = sweep_runs([(spec, beyond)], Path(cfg.out) / "quality", base,
+                                  getattr(cfg, "model_overrides", {}), (), cfg.lr_factors, prefix=stage.prefix,
+                                  suffix=stage.suffix, sources={spec: "bracket"})
+                self._train(cfg, job, stage, rows)
 
 
 def mark_best(rows: List[Dict[str, Any]], metric: str, higher: bool, key: str = "spec") -> List[Dict[str, Any]]:
@@ -740,6 +809,27 @@ def picture_owner(preferred: str, models: Sequence[str], drawn_before: bool) -> 
     if preferred in models:
         return preferred
     return None if drawn_before or not models else models[-1]
+
+
+def edge_note(rows: Sequence[Dict[str, Any]], key: str = "spec", name: str = "model", score: Optional[str] = None,
+              ceiling: Optional[float] = None) -> str:
+    """A line naming each model of a sweep best at the highest or lowest of the rates it was tried at — a rate
+    beyond may do better — and that rate (``--bracket`` trains it); none for a ``score`` at its ``ceiling``; "" where
+    every best rate lies inside its rates."""
+    groups: Dict[Any, List[Dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r[key], []).append(r)
+    ends = []
+    for runs in groups.values():
+        best = next((r for r in runs if r.get("best_lr")), None)
+        if best is None or "lr" not in best or (ceiling is not None and isinstance(best.get(score), (int, float))
+                                                and best[score] >= ceiling):
+            continue
+        past = rate_beyond([r["lr"] for r in runs if "lr" in r], best["lr"])
+        if past is not None:
+            ends.append(f"{best.get(name, best[key])} at {best['lr']:g} ({past:g} not run)")
+    return ("best at an end of the rates tried (a rate beyond may do better; the sweep's --bracket trains it): "
+            + ", ".join(ends)) if ends else ""
 
 
 def sweep_table(rows: Sequence[Dict[str, Any]], metric: str, label: str, scale: float = 1.0, digits: int = 3,

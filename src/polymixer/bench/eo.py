@@ -32,6 +32,8 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from .parity import verdict_lines
 from .common import (
+    BRACKET,
+    edge_note,
     FamilyBench,
     add_sweep_arguments,
     bench_main,
@@ -88,6 +90,7 @@ class EOBenchConfig:
     lr_factors: Tuple[float, ...] = LR_FACTORS
     sweep: Tuple[str, ...] = SWEPT  # quality models trained at every rate of the grid (the others at lr)
     lrs: Tuple[float, ...] = ()  # run only these rates of the grid (several processes side by side); () = all
+    bracket: int = BRACKET  # rates added past an end of the grid where a swept model is best there
     curve_models: Tuple[str, ...] = SWEPT  # the curves part: these at their best rates …
     curve_factor: int = 5  # … for this many times quality_steps …
     curve_points: int = 10  # … scored on the test fold at this many checkpoints
@@ -210,7 +213,7 @@ def run_quality(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     sweep = QualitySweep("eo", cfg.lr, ("spec",),
                          recipe=lambda c, job, stage: _train_cfg(c, job.out, job.lr, c.quality_steps,
                                                                  c.quality_steps, 3, progress),
-                         evaluate=evaluate, select=_select, selected_by=lambda rows: "val_miou")
+                         evaluate=evaluate, select=_select, selected_by=lambda rows: "val_miou", model="spec")
     return {**sweep.run(cfg, [Stage(tuple(cfg.quality_models))]), "data": str(root), "pictures": pictures}
 
 
@@ -394,7 +397,8 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
                                + [f"mIoU {label(k)}" for k in keys]), "",
                   "every rate: validation mIoU % (the selection; * = best) and test mIoU % at the training crop",
                   sweep_table(all_rows, "val_miou", "val mIoU", scale=100),
-                  sweep_table(all_rows, f"miou_{crop}", "test mIoU", scale=100), ""]
+                  sweep_table(all_rows, f"miou_{crop}", "test mIoU", scale=100)]
+        lines += [note for note in [edge_note(all_rows, name="model")] if note] + [""]
         timing = [r for r in rows if r.get("per_class_iou")]
         if timing:
             cls = [c for group in TIMING_CLASSES.values() for c in group]

@@ -22,6 +22,8 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, save_figure
 from .parity import verdict_lines
 from .common import (
+    BRACKET,
+    edge_note,
     FamilyBench,
     add_sweep_arguments,
     bench_main,
@@ -67,6 +69,7 @@ class ImageBenchConfig:
     lr_factors: Tuple[float, ...] = LR_FACTORS
     sweep: Tuple[str, ...] = QUALITY  # presets trained at every rate of the grid (flow objective)
     lrs: Tuple[float, ...] = ()  # run only these rates (several processes side by side); () = all
+    bracket: int = BRACKET  # rates added past an end of the grid where a swept model is best there
     model_overrides: Dict[str, Any] = field(default_factory=dict)  # applied to every quality preset (tests: toy sizes)
     quality_samples: int = 500
     guidance: float = 2.0
@@ -211,7 +214,8 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
                     rates=None if o == SWEPT else best_flow_rates, rates_label=lambda p: f"best {SWEPT}")
               for o in cfg.objectives]
     sweep = QualitySweep("image", RECIPE_LR, ("model", "objective"), recipe, evaluate, _select,
-                         lambda rows: _selection([r for r in rows if r["objective"] == SWEPT]), base="quality_lr")
+                         lambda rows: _selection([r for r in rows if r["objective"] == SWEPT]), base="quality_lr",
+                         stage_key="objective")
     return {**sweep.run(cfg, stages), "swept": SWEPT, "heldout": cfg.heldout, "guidance": cfg.guidance,
             "sample_steps": cfg.sample_steps}
 
@@ -295,7 +299,9 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
                                + (["validation FD"] if held else []) + ["train min"]),
                   "", "every rate (AdamW, warm-up then cosine to lr / 10; * = best)"]
         for obj in dict.fromkeys(r["objective"] for r in all_rows):
-            lines.append(sweep_table([r for r in all_rows if r["objective"] == obj], "fd", f"{obj} FD", key="model"))
+            mine = [r for r in all_rows if r["objective"] == obj]
+            lines += [sweep_table(mine, "fd", f"{obj} FD", key="model")] + [
+                note for note in [edge_note(mine, key="model")] if note]
         lines += [""] + verdicts(payload, seeds, main_json)
     return "\n".join(lines)
 

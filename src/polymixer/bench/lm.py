@@ -24,6 +24,8 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, save_figure
 from .parity import verdict_lines
 from .common import (
+    BRACKET,
+    edge_note,
     FamilyBench,
     add_sweep_arguments,
     bench_main,
@@ -63,6 +65,7 @@ class LMBenchConfig:
     lr_factors: Tuple[float, ...] = LR_FACTORS
     sweep: Tuple[str, ...] = tuple(f"tiny-{k}" for k in KINDS)  # presets trained at every rate of the grid
     lrs: Tuple[float, ...] = ()  # run only these rates of the grid (several processes side by side); () = all
+    bracket: int = BRACKET  # rates added past an end of the grid where a swept model is best there
     quality_steps: int = 1500
     quality_batch: int = 32
     quality_eval_windows: int = 1024
@@ -310,7 +313,8 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
                                ["model", "params", "best lr", "rates tried", "steps", "tokens", "val loss", "val bpb",
                                 "÷ attention", "train min"]),
                   "", "every rate (AdamW, warm-up then cosine to lr / 10; * = best)",
-                  sweep_table(all_rows, "val_loss", "val loss"), ""]
+                  sweep_table(all_rows, "val_loss", "val loss")]
+        lines += [note for note in [edge_note(all_rows, key="model")] if note] + [""]
         lines += verdict_lines("lm", payload, seeds, main_json)
     return "\n".join(lines)
 

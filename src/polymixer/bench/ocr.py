@@ -23,6 +23,8 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from .parity import verdict_lines
 from .common import (
+    BRACKET,
+    edge_note,
     FamilyBench,
     add_sweep_arguments,
     bench_main,
@@ -78,6 +80,7 @@ class OCRBenchConfig:
     # single lines takes its model's best single-line rate
     sweep: Tuple[str, ...] = ("tiny-htr-vt", "tiny-htr-vpom", "tiny-htr-vpom-value", "tiny-htr-vpom-hybrid")
     lrs: Tuple[float, ...] = ()  # run only these rates (several processes side by side); () = all
+    bracket: int = BRACKET  # rates added past an end of the grid where a swept model is best there
     sam_rho: float = 0.0
     eval_limit: int = 0  # held-out examples scored (0: all)
     parts: Tuple[str, ...] = ("speed", "quality")
@@ -247,7 +250,8 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
         stages.append(Stage(tuple(cfg.quality_presets), name=task, prefix=f"{task}-",
                             rates=single_line_rates(single) if derived else None,
                             rates_label=lambda p, single=single: f"best {single}"))
-    sweep = QualitySweep("ocr", RECIPE_LR, ("task", "preset"), recipe, evaluate, _select, lambda rows: "val_cer")
+    sweep = QualitySweep("ocr", RECIPE_LR, ("task", "preset"), recipe, evaluate, _select, lambda rows: "val_cer",
+                         model="preset", stage_key="task")
     return sweep.run(cfg, stages)
 
 
@@ -343,6 +347,7 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
             mine = [r for r in all_rows if r["task"] == task]
             lines += [sweep_table(mine, metric, f"{task} {label} CER %", scale=100, key="preset")
                       for metric, label in (("val_cer", "val"), ("cer", "test"))]
+            lines += [note for note in [edge_note(mine, key="preset")] if note]
         lines.append("")
     return "\n".join(lines + verdicts(payload, seeds, main_json))
 

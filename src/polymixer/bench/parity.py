@@ -49,7 +49,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..files import write_text_atomic
 from ..report import format_table
-from .common import best_rows, read_json, same_rate, seed_payloads
+from .common import ACCURACY_CEILING, best_rows, rate_beyond, read_json, same_rate, seed_payloads
 
 __all__ = ["Family", "FAMILIES", "family", "seeded_rows", "judge", "collect", "target_lines", "verdict_lines", "report",
            "main", "add_arguments"]
@@ -104,6 +104,9 @@ class Family:
     # the part of the JSON holding Zoology's figure 2 (bench recall --zoology --parts zoology): the value PoM judged
     # against Based at every state size, length and form (with and without the shift)
     per_state: Optional[str] = None
+    # a score (on the selection figure, unscaled) no other rate can beat: a model there at an end of its sweep
+    # needs no rate beyond it
+    ceiling: Optional[float] = None
 
     @property
     def json_name(self) -> str:
@@ -115,6 +118,12 @@ class Family:
         this module reads (``docs/bench/<bench>_seed<N>``)."""
         one = re.sub(r"--lr-factors( [0-9.]+)+", f"--lr-factors {round(factor, 6):g}", self.command.format(spec=spec))
         return one.replace("--out docs/bench", f"--seed {seed} --out docs/bench/{self.bench}_seed{seed}")
+
+    def rate_command(self, spec: str, factor: float) -> str:
+        """``command`` for ``spec`` at ``factor`` × the recipe's rate only (a rate past the end of its sweep; the
+        bench brackets on from there while the model stays best at the end); the command itself where it names no
+        grid (recall: run again, its sweep brackets)."""
+        return re.sub(r"--lr-factors( [0-9.]+)+", f"--lr-factors {round(factor, 6):g}", self.command.format(spec=spec))
 
     def resolved(self, data: Optional[Dict[str, Any]]) -> "Family":
         """This family with ``name`` and ``metric`` filled from the configuration of ``data`` (its bench JSON)."""
@@ -130,7 +139,7 @@ class Family:
 RECALL = Family("recall (MQAR, L 64, K 16)", "recall", "accuracy %", "median", True, "points", "attention", "pom",
                 "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000}, key="variant",
                 scale=100, part="state", guide="docs/recall.md", options=("-shift",), shift_options=("-shift",),
-                select="val_accuracy",
+                select="val_accuracy", ceiling=ACCURACY_CEILING,
                 command="polymixer bench recall --parts state --variants {spec} --sweep {spec} --out docs/bench")
 
 FAMILIES: Tuple[Family, ...] = (
@@ -205,6 +214,39 @@ def _longer_runs(fam: Family, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]
               and r["steps"] > fam.where["steps"] and all(r.get(k) == v for k, v in same.items())
               and isinstance(r.get(fam.metric), (int, float))]
     return sorted(longer, key=lambda r: (r["steps"], -r[fam.metric] if fam.higher else r[fam.metric]))
+
+
+def beyond(rows: Sequence[Dict[str, Any]], row: Optional[Dict[str, Any]], key: str, same: Sequence[str] = (),
+           score: Optional[str] = None, ceiling: Optional[float] = None) -> Optional[float]:
+    """The rate one grid step past the end of the rates ``row``'s model (``row[key]``; the rows agreeing on the
+    fields ``same``: its task, budget) was tried at, where ``row``'s rate — the one chosen for it — lies at that
+    end: a rate beyond may do better (:func:`~polymixer.bench.common.rate_beyond`). None where the chosen rate lies
+    inside, and where its ``score`` has reached ``ceiling`` (no rate can beat it)."""
+    if row is None or not _number(row.get("lr")):
+        return None
+    if ceiling is not None and _number(row.get(score)) and row[score] >= ceiling:
+        return None
+    tried = [r["lr"] for r in rows if r.get(key) == row.get(key) and _number(r.get("lr"))
+             and all(r.get(k) == row.get(k) for k in same)]
+    return rate_beyond(tried, row["lr"])
+
+
+def _beyond(fam: Family, raw: Sequence[Dict[str, Any]], row: Optional[Dict[str, Any]]) -> Optional[float]:
+    """:func:`beyond` for a family's compared row, chosen on its validation figure where it has one."""
+    score = fam.select if row is not None and _number(row.get(fam.select)) else fam.metric
+    return beyond(raw, row, fam.key, tuple(fam.where), score, fam.ceiling)
+
+
+def _recipe_rate(fam: Family, data: Optional[Dict[str, Any]]) -> Optional[float]:
+    """The recipe's rate the family's JSON was run with (None where it names none)."""
+    config = (data or {}).get(fam.part, {}).get("config") or {}
+    recipe = config.get("lr", config.get("quality_lr"))
+    return recipe if _number(recipe) and recipe > 0 else None
+
+
+def _past_end(e: Dict[str, Any]) -> str:
+    """``e``'s model, its rate at the end of its sweep and the rate beyond it not run."""
+    return f"{e['model']} at {e['lr']:g} ({e['beyond']:g} not run)"
 
 
 def seeded_rows(fam: Family, payloads: List[Dict[str, Any]]) -> List[Tuple[int, Dict[str, Any]]]:
@@ -328,9 +370,8 @@ def _seed_commands(fam: Family, data: Optional[Dict[str, Any]], attention: Dict[
     """The commands that run the seeds the verdicts on ``models`` wait on: for each, the first 3 seeds either it or
     attention ran (0, 1, 2 where fewer ran), each side at the rate its sweep chose, into the seed folders. None
     where the family keeps its seeds another way (recall) or its JSON names no recipe rate."""
-    config = (data or {}).get(fam.part, {}).get("config") or {}
-    recipe = config.get("lr", config.get("quality_lr"))
-    if fam.file or "--lr-factors" not in fam.command or not _number(recipe) or recipe <= 0:
+    recipe = _recipe_rate(fam, data)
+    if fam.file or "--lr-factors" not in fam.command or recipe is None:
         return []
     out: List[str] = []
     for e in models:
@@ -431,6 +472,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
             e["picked_by"] = picked[name][2]
             # chosen on the reported figure: its form, or its rate (a run without a validation figure)
             e["on_reported"] = fair and bool(fam.select) and not _number(row.get(fam.select))
+            e["beyond"] = _beyond(fam, raw, row)
             params = row.get("params")
             if _number(params) and _number(base_params) and base_params:
                 e["params"] = params
@@ -457,6 +499,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
     item["best_linear"] = best
     targets = []
     waiting: List[Dict[str, Any]] = []  # the models whose verdict waits on seeds
+    past: List[Dict[str, Any]] = []  # the models whose verdict waits on a rate past the end of their sweep
     seeds_of_attention = list(item["attention"].get("by_seed", {}).values())
     seeds_of_chosen = list(seeds_of_attention)  # the seeds of attention in the form it is compared as
     preset = by.get(fam.attention)
@@ -479,6 +522,12 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
         test = [c["model"] for c in (item["attention"], e) if c.get("on_reported")]
         if test:
             out.append(f"{' and '.join(test)} chosen on the reported figure (no validation figure)")
+        # a rate past the end of a sweep could move the side that would flip the verdict: attention's for a "met",
+        # any linear-time candidate's for a "MISSED"
+        ends = [c for c in ([item["attention"]] if not worse else candidates) if c.get("run") and c.get("beyond")]
+        if ends:
+            out.append(f"best at an end of the rates tried: {', '.join(_past_end(c) for c in ends)}")
+            past.extend(c for c in ends if c not in past)
         return out
 
     if fam.best_target is not None:
@@ -500,8 +549,12 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
         a = _entry(fam, preset, None, seed, seeded)
         verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
         na = len(a.get("by_seed", {})) or 1
-        if a["run"] and na < 3:
-            verdict += f" on {na} seed{'s' if na > 1 else ''}, unsettled: needs 3 seeds"
+        a["beyond"] = _beyond(fam, raw, preset) if verdict == "MISSED" else None  # a better rate could meet it
+        why = (["needs 3 seeds"] if a["run"] and na < 3 else []) + (
+            [f"best at an end of the rates tried: {_past_end(a)}"] if a.get("beyond") else [])
+        past += [a] if a.get("beyond") else []
+        if why:
+            verdict += (f" on {na} seed{'s' if na > 1 else ''}" if na < 3 else "") + f", unsettled: {'; '.join(why)}"
         measured = None if not a["run"] else f"{a['value']:.1f}%"
         longer = {}
         for r in _longer_runs(fam, raw):  # the best rate at each longer budget
@@ -518,6 +571,9 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
         item["to_run"] += commands
     item["targets"] = targets
     item["to_run"] += _seed_commands(fam, data, item["attention"], waiting)
+    recipe = _recipe_rate(fam, data) or 1.0
+    item["to_run"] += [c for c in dict.fromkeys(fam.rate_command(e["model"], e["beyond"] / recipe) for e in past)
+                       if fam.command and c not in item["to_run"]]
     return item
 
 
@@ -528,7 +584,8 @@ def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str
     runs what is missing."""
     from .recall import LEVEL, STATE_SIZES, ZOOLOGY_POINTS, versus_based
 
-    pairs = versus_based((data or {}).get(str(fam.per_state), {}).get("rows", []))
+    rows = (data or {}).get(str(fam.per_state), {}).get("rows", [])
+    pairs = versus_based(rows)
     what = ("value PoM at least level with Based at every state size (Zoology's figure 2: L "
             + " / ".join(str(L) for L, _ in ZOOLOGY_POINTS) + f", {' / '.join(STATE_SIZES)} state floats, with and "
             f"without the shift; level: within {100 * LEVEL:g} point)")
@@ -560,17 +617,26 @@ def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str
     ran = {(c["seq_len"], c["pairs"], c["shift"], c["size"]) for c in pairs}
     lacking = [cell for cell in every if cell not in ran]
     few = [c for c in pairs if c["seeds"] < 3]
-    gaps = lacking + [(c["seq_len"], c["pairs"], c["shift"], c["size"]) for c in few]
+    for c in pairs:  # the side whose better rate would flip the cell: the value PoM's where missed, Based's where met
+        side = c["based" if c["met"] else "value"]
+        c["beyond"] = beyond(rows, side, "variant", ("seq_len", "pairs", "steps"), "select", fam.ceiling)
+        c["past"] = {"model": side["variant"], "lr": side["lr"], "beyond": c["beyond"]}
+    ends = [c for c in pairs if c["beyond"] is not None]
+    gaps = lacking + [(c["seq_len"], c["pairs"], c["shift"], c["size"]) for c in few + ends]
     why = ([f"not run at {', '.join(where(L, shift, size) for L, _, shift, size in lacking)}"] if lacking else []) + \
-        ([f"fewer than 3 seeds at {', '.join(name(c) for c in few)}"] if few else [])
+        ([f"fewer than 3 seeds at {', '.join(name(c) for c in few)}"] if few else []) + \
+        ([f"best at an end of the rates tried at {', '.join(name(c) + ': ' + _past_end(c['past']) for c in ends)}"]
+         if ends else [])
     missed = [c for c in pairs if not c["met"]]
     if missed:
-        settled = [c for c in missed if c["seeds"] >= 3]
-        verdict = "MISSED" + ("" if settled else f" on {min(c['seeds'] for c in missed)} seed(s), unsettled: "
-                                                 "needs 3 seeds") + " at " + ", ".join(
-            name(c) + (" (where neither learns)" if c["neither"] else "") for c in missed)
-        if settled and why:  # settled by the rule, yet the figure the target is read on is not complete
-            verdict += f"; figure 2 {'; '.join(why)}"
+        settled = [c for c in missed if c["seeds"] >= 3 and c["beyond"] is None]
+        at = " at " + ", ".join(name(c) + (" (where neither learns)" if c["neither"] else "") for c in missed)
+        if settled:  # settled by the rule; the figure the target is read on may yet be incomplete
+            verdict = "MISSED" + at + (f"; figure 2 {'; '.join(why)}" if why else "")
+        elif all(c["beyond"] is None for c in missed):
+            verdict = f"MISSED on {min(c['seeds'] for c in missed)} seed(s), unsettled: needs 3 seeds" + at
+        else:  # a rate past the end of the value PoM's sweep could level it
+            verdict = "MISSED" + at + f", unsettled: {'; '.join(why)}"
         return {"what": what, "verdict": verdict, "measured": measured}, [command(gaps)] if gaps else []
     verdict = "met" if not why else f"met where run, unsettled: {'; '.join(why)}"
     return {"what": what, "verdict": verdict, "measured": measured}, [command(gaps)] if gaps else []

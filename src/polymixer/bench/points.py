@@ -27,6 +27,8 @@ from ..models import count_parameters, create_model
 from ..report import format_table, new_figure, save_figure
 from .parity import verdict_lines
 from .common import (
+    BRACKET,
+    edge_note,
     FamilyBench,
     add_sweep_arguments,
     bench_main,
@@ -81,6 +83,7 @@ class PointBenchConfig:
     # (tiny-ppomv3+pom_patch_size=scene: tiny-ppomv3's), else the recipe's
     sweep: Tuple[str, ...] = ("tiny-ptv3", "tiny-ppomv3", "tiny-ppomv3-value", "tiny-ppomv3-hybrid")
     lrs: Tuple[float, ...] = ()  # run only these rates (several processes side by side); () = all
+    bracket: int = BRACKET  # rates added past an end of the grid where a swept model is best there
     eval_split: str = "test"
     eval_limit: int = 0
     parts: Tuple[str, ...] = ("speed", "conv", "quality")
@@ -244,7 +247,8 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
         best = {r["spec"]: r["lr"] for r in rows if r.get("best_lr")}
         return {s: best[parent[s]] for s in derived if parent[s] in best}
 
-    sweep = QualitySweep("points", RECIPE_LR, ("spec",), recipe, evaluate, _select, lambda rows: "val_miou")
+    sweep = QualitySweep("points", RECIPE_LR, ("spec",), recipe, evaluate, _select, lambda rows: "val_miou",
+                         model="spec")
     stages = [Stage(first), Stage(derived, rates=preset_rates, rates_label=lambda s: f"best {parent[s]}")]
     return {**sweep.run(cfg, stages), "data": str(root), "split": cfg.eval_split, "pictures": pictures}
 
@@ -340,7 +344,8 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
                   "", "every rate (AdamW, warm-up then cosine to lr / 100; * = best by validation mIoU): validation "
                       f"mIoU %, then {split} mIoU %",
                   sweep_table(all_rows, "val_miou", "val mIoU %", scale=100),
-                  sweep_table(all_rows, "miou", f"{split} mIoU %", scale=100), ""]
+                  sweep_table(all_rows, "miou", f"{split} mIoU %", scale=100)]
+        lines += [note for note in [edge_note(all_rows, name="model")] if note] + [""]
     return "\n".join(lines + verdicts(payload, seeds, main_json))
 
 

@@ -40,10 +40,11 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..report import format_table, new_figure, save_figure
-from .common import (LR_FACTORS, add_report_argument, apply_overrides, best_rows, lr_grid, mark_best, read_json,
+from .common import (ACCURACY_CEILING, BRACKET, LR_FACTORS, add_bracket_argument, add_report_argument,
+                     apply_overrides, best_rows, edge_note, lr_grid, mark_best, rate_beyond, read_json,
                      report_again, resume_point, run_parts, same_rate, sweep_folder, sweep_table, training_claim,
                      write_json, write_report)
 
@@ -107,6 +108,7 @@ SWEPT = ("attention", "attention-shift", "vpom-1k", "vpom-4k", "vpom-16k", "base
 STATE_SIZES = ("1k", "4k", "16k")  # the nominal state floats per layer of the value PoM, Based, linear attention
 LEVEL = 0.01  # "at least level": the value PoM within one point of accuracy of Based, or above
 LEARNED = 0.5  # below it a mixer has not learned MQAR (near 1/K: it knows which tokens are values, not whose)
+CEILING = ACCURACY_CEILING  # no other rate can gain a point here: a best rate at the end of a sweep is not bracketed
 
 
 @dataclass
@@ -121,6 +123,7 @@ class RecallBenchConfig:
     sweep: Tuple[str, ...] = SWEPT  # state-part variants trained at every rate of the grid
     sweep_seeds: int = 1  # the first seeds train at every rate; the others only at the variant's best rate
     lrs: Tuple[float, ...] = ()  # train only these rates of the grid (several processes side by side); () = all
+    bracket: int = BRACKET  # rates added past an end of the grid where a swept model is best there
     seeds: Tuple[int, ...] = (0, 1, 2)
     state_point: Tuple[int, int] = (64, 16)  # (seq_len, num_kv_pairs) of the state sweep
     state_variants: Tuple[str, ...] = tuple(VARIANTS)
@@ -289,6 +292,18 @@ def _best_lr(rows: List[Dict[str, Any]], variant: str, seq_len: int, pairs: int,
                  (variant, seq_len, pairs, steps) and r["best_lr"]), None)
 
 
+def _beyond(rows: List[Dict[str, Any]], variant: str, seq_len: int, pairs: int, steps: int,
+            grid: Sequence[float]) -> Optional[float]:
+    """The rate a sweep adds for the variant at the point: one step past the end of its rates tried where its best
+    rate lies at that end (:func:`~polymixer.bench.common.rate_beyond`) below :data:`CEILING`; None there, and
+    while a rate of the ``grid`` has no run yet (another process is training it)."""
+    mine = [r for r in rows if (r["variant"], r["seq_len"], r["pairs"], r["steps"]) == (variant, seq_len, pairs, steps)]
+    best = next((r for r in mine if r["best_lr"]), None)
+    if best is None or best["select"] >= CEILING or not all(any(same_rate(g, r["lr"]) for r in mine) for g in grid):
+        return None
+    return rate_beyond([r["lr"] for r in mine], best["lr"])
+
+
 def _earlier_runs(cfg: RecallBenchConfig, name: str) -> List[Dict[str, Any]]:
     """The runs of part ``name`` recorded in an earlier ``recall.json`` in the same folder, when made with the same
     data and model settings: a run trained elsewhere (its folder not copied here) keeps its row, and a slice of
@@ -343,6 +358,12 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
                 for lr in rates:
                     for s in cfg.seeds[:n]:
                         one(v, L, K, s, lr, train=True, picks=len(rates) > 1)
+                for _ in range(max(0, cfg.bracket) if len(rates) > 1 and cfg.train and not cfg.lrs else 0):
+                    beyond = _beyond(_summarise(list(runs.values()), cfg), v, L, K, cfg.steps, rates)
+                    if beyond is None:
+                        break
+                    for s in cfg.seeds[:n]:
+                        one(v, L, K, s, beyond, train=True, picks=True)
                 best = _best_lr(_summarise(list(runs.values()), cfg), v, L, K, cfg.steps)
                 extra = () if best is None or any(same_rate(best, x) for x in rates) else (best,)
                 for lr in rates + extra:  # the other seeds: trained at the best rate (of any grid run so far), read
@@ -410,11 +431,8 @@ def report(payload: Dict[str, Any], *seed_payloads: Any) -> str:
                      f"rate, * ; [test]: the test accuracy, where a run of the variant has no validation score; the "
                      f"other seeds train at the best rate; — = not run)\n"
                      + sweep_table(on_test, "select", "accuracy", digits=4, key="spec", name="label"))
-            for end, pick in (("highest", max), ("lowest", min)):  # (a perfect score cannot be beaten)
-                edge = [r["label"] for r in best_rows(swept) if r["select"] < 1.0 and
-                        r["lr"] == pick(x["lr"] for x in swept if x["spec"] == r["spec"])]
-                if edge:
-                    text += f"\nbest at the {end} rate tried (a rate beyond it may do better): {', '.join(edge)}"
+            note = edge_note(swept, key="spec", name="label", score="select", ceiling=CEILING)
+            text += f"\n{note}" if note else ""
             others = sorted({r["variant"] for r in all_rows if r.get("rates", 1) == 1})
             if others:
                 text += f"\none rate only (not swept, or not yet): {', '.join(others)}"
@@ -628,6 +646,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lrs", type=float, nargs="+", default=None,
                    help="train only these rates of the grid (to share a sweep among processes); the others' "
                         "finished runs are still read")
+    add_bracket_argument(p)
     p.add_argument("--sweep-seeds", type=int, default=None,
                    help=f"how many of the seeds train at every rate (default {d.sweep_seeds}); the other seeds "
                         "train only at each variant's best rate")
@@ -659,7 +678,8 @@ def main(args: argparse.Namespace) -> int:
             setattr(cfg, k, v)
     apply_overrides(cfg, QUICK if args.quick else None, args,
                     {"steps": "steps", "seeds": "seeds", "variants": "state_variants", "lr": "lr",
-                     "sweep": "sweep", "lr_factors": "lr_factors", "lrs": "lrs", "sweep_seeds": "sweep_seeds",
+                     "sweep": "sweep", "lr_factors": "lr_factors", "lrs": "lrs", "bracket": "bracket",
+                     "sweep_seeds": "sweep_seeds",
                      "length_points": "length_points", "length_variants": "length_variants",
                      "zoology_variants": "zoology_variants", "zoology_points": "zoology_points"})
     payload = run(cfg)
