@@ -28,7 +28,7 @@ class _Recipe:  # the fields resume_point and the runner read of a TrainConfig
 
 def _cfg(tmp_path: Path, **kw: Any) -> SimpleNamespace:
     return SimpleNamespace(**{"out": str(tmp_path), "lr": 1e-3, "sweep": (A,), "lr_factors": (0.5, 1.0, 2.0),
-                              "lrs": (), "bracket": 2, "model_overrides": {}, **kw})
+                              "lrs": (), "bracket": 2, "seed": 0, "model_overrides": {}, **kw})
 
 
 def _sweep(trained: List[Tuple[str, str, float]], score: Dict[Tuple[str, float], float]) -> QualitySweep:
@@ -114,7 +114,7 @@ def test_rate_beyond_steps_past_the_end_the_best_rate_lies_at():
 def test_a_model_best_at_an_end_of_the_grid_is_trained_past_it_until_a_rate_does_worse(tmp_path):
     """The bracket: a swept model best at the grid's top trains one step higher, again while the new rate is best,
     up to ``bracket`` rates; one best at the bottom goes lower; a model best inside, a model not swept, a later
-    stage (its rates taken from the first) and a share of the sweep (``--lrs``) add none."""
+    stage (its rates taken from the first), a share of the sweep (``--lrs``) and another seed's run add none."""
     C = "tiny-pom"
     score = {(A, 5e-4): 3.0, (A, 1e-3): 2.0, (A, 2e-3): 1.0, (A, 4e-3): 0.5, (A, 8e-3): 0.7, (A, 1.6e-2): 0.1}
     score.update({(B, 2.5e-4): 1.5, (B, 5e-4): 1.0, (B, 1e-3): 2.0, (B, 2e-3): 3.0, (C, 1e-3): 1.0})
@@ -145,6 +145,9 @@ def test_a_model_best_at_an_end_of_the_grid_is_trained_past_it_until_a_rate_does
     trained.clear()
     _sweep(trained, score).run(_cfg(tmp_path / "share", sweep=(A,), lrs=(2e-3,)), [Stage((A,), name="one")])
     assert trained == [("one", A, 2e-3)]  # a share of the sweep: its rate only
+    trained.clear()
+    _sweep(trained, score).run(_cfg(tmp_path / "seed1", sweep=(A,), seed=1), [Stage((A,), name="one")])
+    assert [lr for _, _, lr in trained] == [5e-4, 1e-3, 2e-3]  # another seed's folder: never past the grid
 
 
 def test_edge_note_names_the_models_best_at_an_end_of_their_rates():

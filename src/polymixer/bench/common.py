@@ -574,7 +574,7 @@ def add_bracket_argument(p: Any) -> None:
     p.add_argument("--bracket", type=int, default=None,
                    help=f"a swept model best at the highest (lowest) rate tried is trained one grid step higher "
                         f"(lower), again while it stays best at the end, up to this many rates (default {BRACKET}; "
-                        f"0: the grid only); a share of a sweep (--lrs) adds none")
+                        f"0: the grid only); a share of a sweep (--lrs) and another seed's run (--seed) add none")
 
 
 def add_report_argument(p: Any, bench: str, seed_folders: bool = True) -> None:
@@ -739,7 +739,7 @@ class QualitySweep:
                                   cfg.lrs, cfg.lr_factors, prefix=stage.prefix, suffix=stage.suffix,
                                   sources=source):
                 self._train(cfg, job, stage, rows)
-            if stage.rates is None and not cfg.lrs:
+            if stage.rates is None and not cfg.lrs and not cfg.seed:
                 self.bracket(cfg, stage, rows)
         rows = self.select(self.known(cfg, rows), cfg)
         return {"rows": rows, "grid": rates_tried(rows, base, cfg.lr_factors), "selected_by": self.selected_by(rows)}
@@ -761,7 +761,8 @@ class QualitySweep:
         """Each swept model of ``stage`` best (on the selection figure) at the highest or lowest rate it was tried
         at, by any process: trained one grid step past that end (:func:`rate_beyond`), again while it stays best
         at the end, up to ``cfg.bracket`` rates — so that it is compared at a rate shown to be its best, not at the
-        edge of a grid. Not while a rate of the grid has no row yet (another process is training it)."""
+        edge of a grid. Not while a rate of the grid has no row yet (another process is training it); never in
+        another seed's folder (``cfg.seed`` not 0: its runs are that seed at the rate seed 0's sweep chose)."""
         base = getattr(cfg, self.base)
         grid = lr_grid(base, cfg.lr_factors)
         for spec in (m for m in stage.models if m in cfg.sweep):
