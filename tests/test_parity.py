@@ -443,6 +443,9 @@ def test_zoologys_figure_2_judges_the_value_pom_against_based_at_every_state_siz
                             "at 0.003 (0.009 not run)")
     t, _ = target([dict(r, select=1.0) if r["variant"] == "based-4k" else r for r in based])
     assert t["verdict"] == "met"
+    # a side run at one rate only (never swept) is not at a rate shown to be its best either
+    t, _ = target([dict(r, rates=1) if (r["variant"], r["seq_len"]) == ("based-16k", 128) else r for r in every])
+    assert t["verdict"] == "met where run, unsettled: run at one rate only at L 128 16k: based-16k"
 
 
 def test_a_verdict_waiting_on_seeds_lists_the_runs_it_needs(tmp_path):
@@ -572,6 +575,20 @@ def test_a_rate_at_the_end_of_a_sweep_leaves_a_verdict_it_could_flip_unsettled(t
     assert ("polymixer bench lm --parts quality --presets tiny-vpom --sweep tiny-vpom --lr-factors 4 "
             "--out docs/bench") in to_run
     assert verdicts["all-PoM or all-value-PoM"].startswith("met, unsettled: ")  # +5 % ≤ +10 %: attention's end
+    # a model never swept (its sweep says one rate) is not at a rate shown to be its best either: attention run at
+    # one rate leaves a "met" unsettled with the sweep to run; another candidate's single rate leaves a miss alone
+    one = [dict(r, rates=1) for r in attention[:1]]
+    verdicts, to_run = judged(one + vpom + [dict(row("tiny-pom", 1.5, 0.002), rates=1)])
+    assert "run at one rate only: tiny-attention" in verdicts["best without full attention"]
+    assert ("polymixer bench lm --parts quality --presets tiny-attention --sweep tiny-attention --lr-factors 0.5 1 2 "
+            "4 8 --out docs/bench") in to_run
+    verdicts, to_run = judged(attention + [row("tiny-attention", 1.05, 0.001, best=False)] + worse
+                              + [dict(row("tiny-pom", 1.5, 0.002), rates=1)], vpom=1.05)
+    assert "one rate" not in verdicts["best without full attention"]  # tiny-pom is not the judged model
+    verdicts, _ = judged(attention + [row("tiny-attention", 1.05, 0.001, best=False)]
+                         + [dict(row("tiny-vpom", 1.05, 0.004), rates=1)], vpom=1.05)
+    assert verdicts["best without full attention"] == ("MISSED, unsettled: not run with tiny-vpom "
+                                                       "+mixer=gated_value_pom; run at one rate only: tiny-vpom")
 
 
 def test_the_beyond_rate_of_a_compared_row():

@@ -473,6 +473,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
             # chosen on the reported figure: its form, or its rate (a run without a validation figure)
             e["on_reported"] = fair and bool(fam.select) and not _number(row.get(fam.select))
             e["beyond"] = _beyond(fam, raw, row)
+            e["one_rate"] = row.get("rates") == 1  # its sweep says it ran one rate only
             params = row.get("params")
             if _number(params) and _number(base_params) and base_params:
                 e["params"] = params
@@ -500,6 +501,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
     targets = []
     waiting: List[Dict[str, Any]] = []  # the models whose verdict waits on seeds
     past: List[Dict[str, Any]] = []  # the models whose verdict waits on a rate past the end of their sweep
+    unswept: List[Dict[str, Any]] = []  # the models whose verdict waits on their sweep (run at one rate only)
     seeds_of_attention = list(item["attention"].get("by_seed", {}).values())
     seeds_of_chosen = list(seeds_of_attention)  # the seeds of attention in the form it is compared as
     preset = by.get(fam.attention)
@@ -522,9 +524,15 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
         test = [c["model"] for c in (item["attention"], e) if c.get("on_reported")]
         if test:
             out.append(f"{' and '.join(test)} chosen on the reported figure (no validation figure)")
-        # a rate past the end of a sweep could move the side that would flip the verdict: attention's for a "met",
-        # any linear-time candidate's for a "MISSED"
-        ends = [c for c in ([item["attention"]] if not worse else candidates) if c.get("run") and c.get("beyond")]
+        # the two models a verdict compares must each be at a rate shown to be its best, where a better rate would
+        # flip it — attention for a "met", the judged model for a "MISSED" — not run at one rate only (never
+        # swept), not best at an end of its rates
+        side = [c for c in ([item["attention"]] if not worse else [e]) if c.get("run")]
+        single = [c for c in side if c.get("one_rate")]
+        if single:
+            out.append(f"run at one rate only: {', '.join(c['model'] for c in single)}")
+            unswept.extend(c for c in single if c not in unswept)
+        ends = [c for c in side if c.get("beyond")]
         if ends:
             out.append(f"best at an end of the rates tried: {', '.join(_past_end(c) for c in ends)}")
             past.extend(c for c in ends if c not in past)
@@ -572,8 +580,9 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
     item["targets"] = targets
     item["to_run"] += _seed_commands(fam, data, item["attention"], waiting)
     recipe = _recipe_rate(fam, data) or 1.0
-    item["to_run"] += [c for c in dict.fromkeys(fam.rate_command(e["model"], e["beyond"] / recipe) for e in past)
-                       if fam.command and c not in item["to_run"]]
+    commands = [fam.command.format(spec=e["model"]) for e in unswept]
+    commands += [fam.rate_command(e["model"], e["beyond"] / recipe) for e in past]
+    item["to_run"] += [c for c in dict.fromkeys(commands) if fam.command and c not in item["to_run"]]
     return item
 
 
@@ -621,19 +630,23 @@ def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str
         side = c["based" if c["met"] else "value"]
         c["beyond"] = beyond(rows, side, "variant", ("seq_len", "pairs", "steps"), "select", fam.ceiling)
         c["past"] = {"model": side["variant"], "lr": side["lr"], "beyond": c["beyond"]}
+        c["one_rate"] = side.get("rates") == 1
     ends = [c for c in pairs if c["beyond"] is not None]
-    gaps = lacking + [(c["seq_len"], c["pairs"], c["shift"], c["size"]) for c in few + ends]
+    single = [c for c in pairs if c["one_rate"]]
+    gaps = lacking + [(c["seq_len"], c["pairs"], c["shift"], c["size"]) for c in few + ends + single]
     why = ([f"not run at {', '.join(where(L, shift, size) for L, _, shift, size in lacking)}"] if lacking else []) + \
         ([f"fewer than 3 seeds at {', '.join(name(c) for c in few)}"] if few else []) + \
         ([f"best at an end of the rates tried at {', '.join(name(c) + ': ' + _past_end(c['past']) for c in ends)}"]
-         if ends else [])
+         if ends else []) + \
+        ([f"run at one rate only at {', '.join(name(c) + ': ' + c['past']['model'] for c in single)}"]
+         if single else [])
     missed = [c for c in pairs if not c["met"]]
     if missed:
-        settled = [c for c in missed if c["seeds"] >= 3 and c["beyond"] is None]
+        settled = [c for c in missed if c["seeds"] >= 3 and c["beyond"] is None and not c["one_rate"]]
         at = " at " + ", ".join(name(c) + (" (where neither learns)" if c["neither"] else "") for c in missed)
         if settled:  # settled by the rule; the figure the target is read on may yet be incomplete
             verdict = "MISSED" + at + (f"; figure 2 {'; '.join(why)}" if why else "")
-        elif all(c["beyond"] is None for c in missed):
+        elif all(c["beyond"] is None and not c["one_rate"] for c in missed):
             verdict = f"MISSED on {min(c['seeds'] for c in missed)} seed(s), unsettled: needs 3 seeds" + at
         else:  # a rate past the end of the value PoM's sweep could level it
             verdict = "MISSED" + at + f", unsettled: {'; '.join(why)}"
