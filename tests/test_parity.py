@@ -366,6 +366,13 @@ def test_a_recall_row_counts_its_own_seeds_and_zoologys_recipe_has_its_own_row(t
     assert z["found"] and not fams["recall"]["found"]
     assert z["attention"]["by_seed"] == {0: 99.4, 1: 99.6, 2: 99.1} and z["value"]["gap"] == pytest.approx(0.6)
     assert z["targets"][0]["verdict"] == "met" and z["targets"][0]["measured"] == "99.4%"
+    # attention short of 0.99 at its one rate (never swept): a better rate could meet the target
+    (tmp_path / "recall_zoology" / "recall.json").write_text(json.dumps({"state": {"rows": [
+        {**row("attention", {"0": 0.5, "1": 0.6, "2": 0.55}), "rates": 1}]}}))
+    z = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["recall_zoology"]
+    assert z["targets"][0]["verdict"] == "MISSED, unsettled: run at one rate only: attention"
+    assert ("polymixer bench recall --zoology --parts state --variants attention --sweep attention --out "
+            "docs/bench/recall_zoology") in z["to_run"]
     assert "recall (MQAR, L 64, K 16) (no recall.json)" in parity.report(parity.collect(tmp_path))
 
 

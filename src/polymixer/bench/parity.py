@@ -116,8 +116,8 @@ class Family:
     def seed_command(self, spec: str, factor: float, seed: int) -> str:
         """``command`` for ``spec`` at ``factor`` × the recipe's rate only, on seed ``seed``, into the seed folder
         this module reads (``docs/bench/<bench>_seed<N>``)."""
-        one = re.sub(r"--lr-factors( [0-9.]+)+", f"--lr-factors {round(factor, 6):g}", self.command.format(spec=spec))
-        return one.replace("--out docs/bench", f"--seed {seed} --out docs/bench/{self.bench}_seed{seed}")
+        return self.rate_command(spec, factor).replace("--out docs/bench",
+                                                       f"--seed {seed} --out docs/bench/{self.bench}_seed{seed}")
 
     def rate_command(self, spec: str, factor: float) -> str:
         """``command`` for ``spec`` at ``factor`` × the recipe's rate only (a rate past the end of its sweep; the
@@ -557,10 +557,14 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
         a = _entry(fam, preset, None, seed, seeded)
         verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
         na = len(a.get("by_seed", {})) or 1
-        a["beyond"] = _beyond(fam, raw, preset) if verdict == "MISSED" else None  # a better rate could meet it
+        missed = verdict == "MISSED"  # a better rate could meet it
+        a["beyond"] = _beyond(fam, raw, preset) if missed else None
+        single = missed and preset.get("rates") == 1
         why = (["needs 3 seeds"] if a["run"] and na < 3 else []) + (
-            [f"best at an end of the rates tried: {_past_end(a)}"] if a.get("beyond") else [])
+            [f"best at an end of the rates tried: {_past_end(a)}"] if a.get("beyond") else []) + (
+            [f"run at one rate only: {a['model']}"] if single else [])
         past += [a] if a.get("beyond") else []
+        unswept += [a] if single else []
         if why:
             verdict += (f" on {na} seed{'s' if na > 1 else ''}" if na < 3 else "") + f", unsettled: {'; '.join(why)}"
         measured = None if not a["run"] else f"{a['value']:.1f}%"
@@ -648,7 +652,7 @@ def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str
             verdict = "MISSED" + at + (f"; figure 2 {'; '.join(why)}" if why else "")
         elif all(c["beyond"] is None and not c["one_rate"] for c in missed):
             verdict = f"MISSED on {min(c['seeds'] for c in missed)} seed(s), unsettled: needs 3 seeds" + at
-        else:  # a rate past the end of the value PoM's sweep could level it
+        else:  # another rate of the value PoM (past the end of its rates, or its sweep) could level it
             verdict = "MISSED" + at + f", unsettled: {'; '.join(why)}"
         return {"what": what, "verdict": verdict, "measured": measured}, [command(gaps)] if gaps else []
     verdict = "met" if not why else f"met where run, unsettled: {'; '.join(why)}"
