@@ -160,3 +160,16 @@ def test_edge_note_names_the_models_best_at_an_end_of_their_rates():
                                "trains it): vpom at 0.002 (0.004 not run)")
     assert edge_note(rows[3:]) == ""
     assert edge_note(rows, score="val", ceiling=0.5) == ""  # at its ceiling: no rate can beat it
+
+
+def test_every_family_bench_takes_bracket_from_the_command_line():
+    import argparse
+
+    from polymixer.bench.common import BRACKET, SWEEP_FIELDS, add_sweep_arguments, apply_overrides
+    from polymixer.bench.lm import LMBenchConfig
+
+    p = argparse.ArgumentParser()
+    add_sweep_arguments(p, "lm", 2e-3, (0.5, 1, 2), "runs/bench")
+    fields = {k: k for k in SWEEP_FIELDS}
+    assert apply_overrides(LMBenchConfig(), None, p.parse_args([]), fields).bracket == BRACKET
+    assert apply_overrides(LMBenchConfig(), None, p.parse_args(["--bracket", "0"]), fields).bracket == 0

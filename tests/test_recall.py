@@ -471,6 +471,7 @@ def test_bench_recall_sweep_flags():
                       "--sweep-seeds", "2"])
     assert (a.sweep, a.lr_factors, a.lrs, a.sweep_seeds) == (["attention", "vpom-16k"], [0.33, 1, 3], [0.003], 2)
     assert p.parse_args(["--sweep"]).sweep == [] and p.parse_args([]).sweep is None
+    assert p.parse_args(["--bracket", "1"]).bracket == 1 and p.parse_args([]).bracket is None
     assert set(SWEPT) == {"attention", "attention-shift", "vpom-1k", "vpom-4k", "vpom-16k", "based-1k", "based-4k",
                           "based-16k"}
     with pytest.raises(SystemExit):
