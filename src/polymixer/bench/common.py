@@ -408,6 +408,25 @@ def rate_beyond(rates: Sequence[float], best: float) -> Optional[float]:
     return None
 
 
+def beyond(rows: Sequence[Dict[str, Any]], row: Optional[Dict[str, Any]], key: str, same: Sequence[str] = (),
+           score: Optional[str] = None, ceiling: Optional[float] = None, grid: Sequence[float] = ()
+           ) -> Optional[float]:
+    """The rate one grid step past the end of the rates ``row``'s model (``row[key]``; the rows agreeing on the
+    fields ``same``: its task, budget) was tried at, where ``row``'s rate — the one chosen for it — lies at that
+    end: a rate beyond may do better (:func:`rate_beyond`). None where the chosen rate lies inside, where its
+    ``score`` has reached ``ceiling`` (no rate can beat it), and while a rate of ``grid`` has no row yet (another
+    process is training it)."""
+    if row is None or not isinstance(row.get("lr"), (int, float)):
+        return None
+    if ceiling is not None and isinstance(row.get(score), (int, float)) and row[score] >= ceiling:
+        return None
+    tried = [r["lr"] for r in rows if r.get(key) == row.get(key) and isinstance(r.get("lr"), (int, float))
+             and all(r.get(k) == row.get(k) for k in same)]
+    if not all(any(same_rate(g, x) for x in tried) for g in grid):
+        return None
+    return rate_beyond(tried, row["lr"])
+
+
 def earlier_part(path: Path, part: str = "quality") -> Dict[str, Any]:
     """``part`` of an earlier bench JSON at ``path`` (empty if the file is not there)."""
     return read_json(path).get(part, {}) if path.is_file() else {}
@@ -769,13 +788,10 @@ class QualitySweep:
             for _ in range(max(0, cfg.bracket)):
                 mine = [r for r in self.select(self.known(cfg, rows), cfg) if r.get(self.model) == spec
                         and (self.stage_key is None or r.get(self.stage_key) == stage.name)]
-                tried = [r["lr"] for r in mine]
-                best = next((r for r in mine if r.get("best_lr")), None)
-                whole = all(any(same_rate(g, x) for x in tried) for g in grid)
-                beyond = rate_beyond(tried, best["lr"]) if best is not None and whole else None
-                if beyond is None:
+                past = beyond(mine, next((r for r in mine if r.get("best_lr")), None), self.model, grid=grid)
+                if past is None:
                     break
-                job, = sweep_runs([(spec, beyond)], Path(cfg.out) / "quality", base,
+                job, = sweep_runs([(spec, past)], Path(cfg.out) / "quality", base,
                                   getattr(cfg, "model_overrides", {}), (), cfg.lr_factors, prefix=stage.prefix,
                                   suffix=stage.suffix, sources={spec: "bracket"})
                 self._train(cfg, job, stage, rows)
@@ -823,10 +839,7 @@ def edge_note(rows: Sequence[Dict[str, Any]], key: str = "spec", name: str = "mo
     ends = []
     for runs in groups.values():
         best = next((r for r in runs if r.get("best_lr")), None)
-        if best is None or "lr" not in best or (ceiling is not None and isinstance(best.get(score), (int, float))
-                                                and best[score] >= ceiling):
-            continue
-        past = rate_beyond([r["lr"] for r in runs if "lr" in r], best["lr"])
+        past = beyond(runs, best, key, score=score, ceiling=ceiling)
         if past is not None:
             ends.append(f"{best.get(name, best[key])} at {best['lr']:g} ({past:g} not run)")
     return ("best at an end of the rates tried (a rate beyond may do better; the sweep's --bracket trains it): "

@@ -49,7 +49,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..files import write_text_atomic
 from ..report import format_table
-from .common import ACCURACY_CEILING, best_rows, rate_beyond, read_json, same_rate, seed_payloads
+from .common import ACCURACY_CEILING, best_rows, beyond, read_json, same_rate, seed_payloads
 
 __all__ = ["Family", "FAMILIES", "family", "seeded_rows", "judge", "collect", "target_lines", "verdict_lines", "report",
            "main", "add_arguments"]
@@ -216,23 +216,9 @@ def _longer_runs(fam: Family, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]
     return sorted(longer, key=lambda r: (r["steps"], -r[fam.metric] if fam.higher else r[fam.metric]))
 
 
-def beyond(rows: Sequence[Dict[str, Any]], row: Optional[Dict[str, Any]], key: str, same: Sequence[str] = (),
-           score: Optional[str] = None, ceiling: Optional[float] = None) -> Optional[float]:
-    """The rate one grid step past the end of the rates ``row``'s model (``row[key]``; the rows agreeing on the
-    fields ``same``: its task, budget) was tried at, where ``row``'s rate — the one chosen for it — lies at that
-    end: a rate beyond may do better (:func:`~polymixer.bench.common.rate_beyond`). None where the chosen rate lies
-    inside, and where its ``score`` has reached ``ceiling`` (no rate can beat it)."""
-    if row is None or not _number(row.get("lr")):
-        return None
-    if ceiling is not None and _number(row.get(score)) and row[score] >= ceiling:
-        return None
-    tried = [r["lr"] for r in rows if r.get(key) == row.get(key) and _number(r.get("lr"))
-             and all(r.get(k) == row.get(k) for k in same)]
-    return rate_beyond(tried, row["lr"])
-
-
 def _beyond(fam: Family, raw: Sequence[Dict[str, Any]], row: Optional[Dict[str, Any]]) -> Optional[float]:
-    """:func:`beyond` for a family's compared row, chosen on its validation figure where it has one."""
+    """:func:`~polymixer.bench.common.beyond` for a family's compared row, chosen on its validation figure where it
+    has one."""
     score = fam.select if row is not None and _number(row.get(fam.select)) else fam.metric
     return beyond(raw, row, fam.key, tuple(fam.where), score, fam.ceiling)
 

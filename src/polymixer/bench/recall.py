@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..report import format_table, new_figure, save_figure
 from .common import (ACCURACY_CEILING, BRACKET, LR_FACTORS, add_bracket_argument, add_report_argument,
-                     apply_overrides, best_rows, edge_note, lr_grid, mark_best, rate_beyond, read_json,
+                     apply_overrides, best_rows, beyond, edge_note, lr_grid, mark_best, read_json,
                      report_again, resume_point, run_parts, same_rate, sweep_folder, sweep_table, training_claim,
                      write_json, write_report)
 
@@ -108,7 +108,6 @@ SWEPT = ("attention", "attention-shift", "vpom-1k", "vpom-4k", "vpom-16k", "base
 STATE_SIZES = ("1k", "4k", "16k")  # the nominal state floats per layer of the value PoM, Based, linear attention
 LEVEL = 0.01  # "at least level": the value PoM within one point of accuracy of Based, or above
 LEARNED = 0.5  # below it a mixer has not learned MQAR (near 1/K: it knows which tokens are values, not whose)
-CEILING = ACCURACY_CEILING  # no other rate can gain a point here: a best rate at the end of a sweep is not bracketed
 
 
 @dataclass
@@ -294,14 +293,12 @@ def _best_lr(rows: List[Dict[str, Any]], variant: str, seq_len: int, pairs: int,
 
 def _beyond(rows: List[Dict[str, Any]], variant: str, seq_len: int, pairs: int, steps: int,
             grid: Sequence[float]) -> Optional[float]:
-    """The rate a sweep adds for the variant at the point: one step past the end of its rates tried where its best
-    rate lies at that end (:func:`~polymixer.bench.common.rate_beyond`) below :data:`CEILING`; None there, and
-    while a rate of the ``grid`` has no run yet (another process is training it)."""
-    mine = [r for r in rows if (r["variant"], r["seq_len"], r["pairs"], r["steps"]) == (variant, seq_len, pairs, steps)]
-    best = next((r for r in mine if r["best_lr"]), None)
-    if best is None or best["select"] >= CEILING or not all(any(same_rate(g, r["lr"]) for r in mine) for g in grid):
-        return None
-    return rate_beyond([r["lr"] for r in mine], best["lr"])
+    """The rate a sweep adds for the variant at the point (:func:`~polymixer.bench.common.beyond`: past the end
+    of its rates where its best rate lies there, below :data:`~polymixer.bench.common.ACCURACY_CEILING`, once its
+    ``grid`` has run)."""
+    best = next((r for r in rows if r["best_lr"] and (r["variant"], r["seq_len"], r["pairs"], r["steps"])
+                 == (variant, seq_len, pairs, steps)), None)
+    return beyond(rows, best, "variant", ("seq_len", "pairs", "steps"), "select", ACCURACY_CEILING, grid)
 
 
 def _earlier_runs(cfg: RecallBenchConfig, name: str) -> List[Dict[str, Any]]:
@@ -431,7 +428,7 @@ def report(payload: Dict[str, Any], *seed_payloads: Any) -> str:
                      f"rate, * ; [test]: the test accuracy, where a run of the variant has no validation score; the "
                      f"other seeds train at the best rate; — = not run)\n"
                      + sweep_table(on_test, "select", "accuracy", digits=4, key="spec", name="label"))
-            note = edge_note(swept, key="spec", name="label", score="select", ceiling=CEILING)
+            note = edge_note(swept, key="spec", name="label", score="select", ceiling=ACCURACY_CEILING)
             text += f"\n{note}" if note else ""
             others = sorted({r["variant"] for r in all_rows if r.get("rates", 1) == 1})
             if others:
