@@ -587,8 +587,9 @@ def test_a_rate_at_the_end_of_a_sweep_leaves_a_verdict_it_could_flip_unsettled(t
     one = [dict(r, rates=1) for r in attention[:1]]
     verdicts, to_run = judged(one + vpom + [dict(row("tiny-pom", 1.5, 0.002), rates=1)])
     assert "run at one rate only: tiny-attention" in verdicts["best without full attention"]
-    assert ("polymixer bench lm --parts quality --presets tiny-attention --sweep tiny-attention --lr-factors 0.5 1 2 "
-            "4 8 --out docs/bench") in to_run
+    # its sweep's other rates only: a fresh machine without that run's checkpoint would train it again
+    assert ("polymixer bench lm --parts quality --presets tiny-attention --sweep tiny-attention --lr-factors 0.5 2 4 "
+            "8 --out docs/bench") in to_run
     verdicts, to_run = judged(attention + [row("tiny-attention", 1.05, 0.001, best=False)] + worse
                               + [dict(row("tiny-pom", 1.5, 0.002), rates=1)], vpom=1.05)
     assert "one rate" not in verdicts["best without full attention"]  # tiny-pom is not the judged model
@@ -596,6 +597,17 @@ def test_a_rate_at_the_end_of_a_sweep_leaves_a_verdict_it_could_flip_unsettled(t
                          + [dict(row("tiny-vpom", 1.05, 0.004), rates=1)], vpom=1.05)
     assert verdicts["best without full attention"] == ("MISSED, unsettled: not run with tiny-vpom "
                                                        "+mixer=gated_value_pom; run at one rate only: tiny-vpom")
+
+
+def test_the_sweep_command_leaves_out_the_rate_run():
+    fam = next(f for f in parity.FAMILIES if f.bench == "lm")
+    full = fam.command.format(spec="tiny-x")
+    assert "--lr-factors 0.5 1 2 4 8 " in full
+    assert fam.sweep_command("tiny-x") == full
+    assert "--lr-factors 0.5 1 4 8 " in fam.sweep_command("tiny-x", 2.0)
+    assert fam.sweep_command("tiny-x", 3.0) == full  # off the grid: the whole grid
+    recall = next(f for f in parity.FAMILIES if f.bench == "recall")
+    assert recall.sweep_command("attention", 1.0) == recall.command.format(spec="attention")  # names no grid
 
 
 def test_the_beyond_rate_of_a_compared_row():

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -124,6 +125,17 @@ class Family:
         bench brackets on from there while the model stays best at the end); the command itself where it names no
         grid (recall: run again, its sweep brackets)."""
         return re.sub(r"--lr-factors( [0-9.]+)+", f"--lr-factors {round(factor, 6):g}", self.command.format(spec=spec))
+
+    def sweep_command(self, spec: str, done: Optional[float] = None) -> str:
+        """``command`` for ``spec``: its sweep over the family's grid, less the factor ``done`` (× the recipe's rate)
+        it already ran at — a model run at one rate only trains the others, and a fresh machine without that run's
+        checkpoint does not train it again."""
+        command = self.command.format(spec=spec)
+        grid = re.search(r"--lr-factors((?: [0-9.]+)+)", command)
+        if grid is None or done is None:
+            return command
+        rest = [f for f in grid.group(1).split() if not math.isclose(float(f), done, rel_tol=1e-3)]
+        return command if not rest else command.replace(grid.group(0), f"--lr-factors {' '.join(rest)}")
 
     def resolved(self, data: Optional[Dict[str, Any]]) -> "Family":
         """This family with ``name`` and ``metric`` filled from the configuration of ``data`` (its bench JSON)."""
@@ -570,7 +582,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
     item["targets"] = targets
     item["to_run"] += _seed_commands(fam, data, item["attention"], waiting)
     recipe = _recipe_rate(fam, data) or 1.0
-    commands = [fam.command.format(spec=e["model"]) for e in unswept]
+    commands = [fam.sweep_command(e["model"], e["lr"] / recipe if _number(e.get("lr")) else None) for e in unswept]
     commands += [fam.rate_command(e["model"], e["beyond"] / recipe) for e in past]
     item["to_run"] += [c for c in dict.fromkeys(commands) if fam.command and c not in item["to_run"]]
     return item
