@@ -162,14 +162,19 @@ def test_edge_note_names_the_models_best_at_an_end_of_their_rates():
     assert edge_note(rows, score="val", ceiling=0.5) == ""  # at its ceiling: no rate can beat it
 
 
-def test_every_family_bench_takes_bracket_from_the_command_line():
+@pytest.mark.parametrize("bench, config", [("lm", "LMBenchConfig"), ("image", "ImageBenchConfig"),
+                                           ("ocr", "OCRBenchConfig"), ("eo", "EOBenchConfig"),
+                                           ("points", "PointBenchConfig")])
+def test_every_family_bench_takes_bracket_from_the_command_line(bench, config):
     import argparse
+    import importlib
 
-    from polymixer.bench.common import BRACKET, SWEEP_FIELDS, add_sweep_arguments, apply_overrides
-    from polymixer.bench.lm import LMBenchConfig
+    from polymixer.bench.common import BRACKET, SWEEP_FIELDS, apply_overrides
 
+    module = importlib.import_module(f"polymixer.bench.{bench}")
     p = argparse.ArgumentParser()
-    add_sweep_arguments(p, "lm", 2e-3, (0.5, 1, 2), "runs/bench")
+    module.add_arguments(p)  # the family's own command line, as `polymixer bench <family>` builds it
     fields = {k: k for k in SWEEP_FIELDS}
-    assert apply_overrides(LMBenchConfig(), None, p.parse_args([]), fields).bracket == BRACKET
-    assert apply_overrides(LMBenchConfig(), None, p.parse_args(["--bracket", "0"]), fields).bracket == 0
+    cfg = getattr(module, config)
+    assert apply_overrides(cfg(), None, p.parse_args([]), fields).bracket == BRACKET
+    assert apply_overrides(cfg(), None, p.parse_args(["--bracket", "0"]), fields).bracket == 0

@@ -56,6 +56,9 @@ __all__ = ["Family", "FAMILIES", "family", "seeded_rows", "judge", "collect", "t
            "main", "add_arguments"]
 
 
+_LR_FACTORS = re.compile(r"--lr-factors((?: [0-9.]+)+)")  # a family command's grid of rate factors
+
+
 @dataclass(frozen=True)
 class Family:
     """Where a family's quality rows are and how to read them."""
@@ -124,18 +127,21 @@ class Family:
         """``command`` for ``spec`` at ``factor`` × the recipe's rate only (a rate past the end of its sweep; the
         bench brackets on from there while the model stays best at the end); the command itself where it names no
         grid (recall: run again, its sweep brackets)."""
-        return re.sub(r"--lr-factors( [0-9.]+)+", f"--lr-factors {round(factor, 6):g}", self.command.format(spec=spec))
+        return self._with_factors(spec, [f"{round(factor, 6):g}"])
 
     def sweep_command(self, spec: str, done: Optional[float] = None) -> str:
         """``command`` for ``spec``: its sweep over the family's grid, less the factor ``done`` (× the recipe's rate)
         it already ran at — a model run at one rate only trains the others, and a fresh machine without that run's
         checkpoint does not train it again."""
-        command = self.command.format(spec=spec)
-        grid = re.search(r"--lr-factors((?: [0-9.]+)+)", command)
-        if grid is None or done is None:
-            return command
-        rest = [f for f in grid.group(1).split() if not math.isclose(float(f), done, rel_tol=1e-3)]
-        return command if not rest else command.replace(grid.group(0), f"--lr-factors {' '.join(rest)}")
+        grid = _LR_FACTORS.search(self.command)
+        factors = grid.group(1).split() if grid else []
+        rest = [f for f in factors if done is None or not math.isclose(float(f), done, rel_tol=1e-3)]
+        return self._with_factors(spec, rest or factors)
+
+    def _with_factors(self, spec: str, factors: Sequence[str]) -> str:
+        """``command`` for ``spec`` with its ``--lr-factors`` replaced by ``factors`` (unchanged where it names
+        none)."""
+        return _LR_FACTORS.sub(f"--lr-factors {' '.join(factors)}", self.command.format(spec=spec))
 
     def resolved(self, data: Optional[Dict[str, Any]]) -> "Family":
         """This family with ``name`` and ``metric`` filled from the configuration of ``data`` (its bench JSON)."""
