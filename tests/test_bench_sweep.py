@@ -3,6 +3,7 @@ swept models at every rate, a later stage at an earlier stage's best rates), the
 model's best rate marked on the family's selection figure, the rows of runs already trained kept by a second
 process sharing the sweep, a run another process is training now skipped."""
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,31 @@ def test_a_run_another_process_is_training_is_skipped_not_trained_twice(tmp_path
     again = _sweep(trained, score).run(_cfg(tmp_path), [Stage((A,), name="one")])
     assert ("one", A, 2e-3) in trained[2:] and trained[-1] == ("one", A, 4e-3)
     assert [r["lr"] for r in again["rows"] if r["best_lr"]] == [2e-3]
+
+
+def test_each_finished_run_is_on_file_before_the_next_one_starts(tmp_path):
+    """A sweep stopped between runs (killed, or its machine given back) leaves the rows of the runs it finished in
+    ``<bench>.json``, selected, with the family's own fields of the part as the file held them and the other parts
+    untouched: a rerun or the report starts from them, and scoring them again is not needed."""
+    score = {(A, 5e-4): 3.0, (A, 1e-3): 1.0, (A, 2e-3): 0.5}
+    trained: List[Tuple[str, str, float]] = []
+    sweep = _sweep(trained, score)
+    path = tmp_path / "fam.json"
+    path.write_text(json.dumps({"speed": {"rows": [1]}, "quality": {"rows": [], "pictures": {"x": "y.png"}}}))
+    evaluate = sweep.evaluate
+
+    def stopped(cfg: Any, job: SweepRun, stage: Stage, tcfg: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        if len(trained) == 2:
+            raise KeyboardInterrupt
+        return evaluate(cfg, job, stage, tcfg)
+
+    with pytest.raises(KeyboardInterrupt):
+        dataclasses.replace(sweep, evaluate=stopped).run(_cfg(tmp_path), [Stage((A,), name="one")])
+    saved = json.loads(path.read_text())
+    assert saved["speed"] == {"rows": [1]} and saved["quality"]["pictures"] == {"x": "y.png"}
+    rows = saved["quality"]["rows"]
+    assert sorted(r["lr"] for r in rows) == [5e-4, 1e-3] and [r["lr"] for r in rows if r["best_lr"]] == [1e-3]
+    assert saved["quality"]["config"]["lr"] == 1e-3 and saved["quality"]["selected_by"] == "val"
 
 
 def test_rate_beyond_steps_past_the_end_the_best_rate_lies_at():

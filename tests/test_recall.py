@@ -460,6 +460,38 @@ def test_bench_recall_keeps_the_runs_a_process_beside_it_recorded_meanwhile(tmp_
     assert {r["variant"] for r in saved["rows"]} == {"attention", "pom"}
 
 
+def test_bench_recall_records_each_run_as_it_finishes(tmp_path, monkeypatch):
+    """A process stopped in the middle of a part (killed, or its machine given back with the run folders) leaves the
+    runs it finished in recall.json, with their rows, and a process beside it that recorded meanwhile keeps its runs:
+    the next process (or ``--collect``) starts from them, not from nothing."""
+    import polymixer.bench.recall as bench
+
+    def row(cfg, variant, L, K, seed, lr):
+        return {"variant": variant, "family": variant, "seq_len": L, "pairs": K, "seed": seed, "steps": cfg.steps,
+                "lr": lr, "accuracy": 0.5, "loss": 1.0, "val_accuracy": 0.5, "state_floats": 1, "params": 1,
+                "minutes": 0.0}
+
+    monkeypatch.setattr(bench, "_run", lambda cfg, v, L, K, s, lr, progress, train=True: row(cfg, v, L, K, s, lr))
+    bench.run(_toy_sweep(tmp_path, state_variants=("pom",), seeds=(0,)), progress=False)  # another slice, before
+
+    calls = []
+
+    def stopped(cfg, variant, L, K, seed, lr, progress, train=True):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(lr)
+        return row(cfg, variant, L, K, seed, lr)
+
+    monkeypatch.setattr(bench, "_run", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run(_toy_sweep(tmp_path, state_variants=("attention",)), progress=False)
+    saved = json.loads((tmp_path / "recall.json").read_text())["state"]
+    assert sorted((r["variant"], r["lr"]) for r in saved["runs"]) == [("attention", 5e-4), ("attention", 1e-3),
+                                                                      ("pom", 1e-3)]
+    assert {r["variant"] for r in saved["rows"]} == {"attention", "pom"}
+    assert saved["config"]["state_variants"] == ["attention"]
+
+
 def test_bench_recall_sweep_flags():
     import argparse
 

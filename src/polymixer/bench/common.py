@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -254,6 +254,18 @@ def run_parts(cfg: Any, path: Path, parts: Dict[str, Callable[[Any, bool], Dict[
         old = read_json(path)
         payload.update({n: old[n] for n in parts if n in old})
     return payload
+
+
+def record_part(path: Path, name: str, cfg: Any, update: Callable[[], Dict[str, Any]]) -> None:
+    """Write part ``name`` of the bench file at ``path`` now, in the middle of the part: ``update()`` builds it under
+    the file's lock (so it can merge what another process recorded meanwhile), the other parts stay as the file holds
+    them. A part made of many runs records each one as it finishes, so a process stopped between runs, or a machine
+    given back with its run folders, loses no finished run; ``run_parts`` still writes the whole part at its end."""
+    config = asdict(cfg) if is_dataclass(cfg) else dict(vars(cfg))
+    with locked(path):
+        payload = read_json(path) if path.is_file() else {"config": config, "machine": machine()}
+        payload[name] = json.loads(json.dumps({**update(), "machine": machine(), "config": config}, default=str))
+        write_json(path, payload)
 
 
 def resume_point(out: Path, train_cfg: Any) -> bool:
@@ -760,8 +772,14 @@ class QualitySweep:
                 self._train(cfg, job, stage, rows)
             if stage.rates is None and not cfg.lrs and not cfg.seed:
                 self.bracket(cfg, stage, rows)
+        return self.summary(cfg, rows)
+
+    def summary(self, cfg: Any, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """The part as it stands: this process's rows and the earlier file's not redone, selected; the grid of rates
+        tried; the figure rates were chosen on."""
         rows = self.select(self.known(cfg, rows), cfg)
-        return {"rows": rows, "grid": rates_tried(rows, base, cfg.lr_factors), "selected_by": self.selected_by(rows)}
+        return {"rows": rows, "grid": rates_tried(rows, getattr(cfg, self.base), cfg.lr_factors),
+                "selected_by": self.selected_by(rows)}
 
     def _train(self, cfg: Any, job: SweepRun, stage: Stage, rows: List[Dict[str, Any]]) -> None:
         """Train and score one run (resumed, or only scored where it finished) unless another process holds it;
@@ -775,6 +793,8 @@ class QualitySweep:
             res, row = self.evaluate(cfg, job, stage, tcfg)
             minutes = training_minutes(job.out, t0, finished, res.get("history", []), tcfg.batch_size)
         rows.append({**row, "lr": job.lr, "lr_from": job.source, "train_min": minutes})
+        path = Path(cfg.out) / f"{self.bench}.json"  # on file at once (the family's other fields as the file has them)
+        record_part(path, "quality", cfg, lambda: {**earlier_part(path), **self.summary(cfg, rows)})
 
     def bracket(self, cfg: Any, stage: Stage, rows: List[Dict[str, Any]]) -> None:
         """Each swept model of ``stage`` best (on the selection figure) at the highest or lowest rate it was tried

@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..report import format_table, new_figure, save_figure
 from .common import (ACCURACY_CEILING, BRACKET, LR_FACTORS, add_bracket_argument, add_report_argument,
-                     apply_overrides, best_rows, beyond, edge_note, lr_grid, mark_best, read_json,
+                     apply_overrides, best_rows, beyond, edge_note, lr_grid, mark_best, read_json, record_part,
                      report_again, resume_point, run_parts, same_rate, sweep_folder, sweep_table, training_claim,
                      write_json, write_report)
 
@@ -337,6 +337,13 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
 
         runs = recorded()
 
+        def summary(known: Dict[tuple, Dict[str, Any]]) -> Dict[str, Any]:
+            results = sorted(known.values(), key=lambda r: _key(r))
+            return {"runs": results, "rows": _summarise(results, cfg), "grid": list(grid), "swept": list(swept),
+                    "selected_by": "validation accuracy of the sweep seeds (median); test accuracy where a run of the "
+                                   "variant has no validation score (row: selected_on)",
+                    "sweep_seeds": list(cfg.seeds[:cfg.sweep_seeds])}
+
         def one(variant: str, L: int, K: int, seed: int, lr: float, train: bool, picks: bool = False) -> None:
             """``picks``: the run is one the rate is chosen on, so an earlier record of it without a validation
             score (made before the validation draw, its checkpoint gone) is trained again."""
@@ -346,7 +353,10 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
             r = _run(cfg, variant, L, K, seed, lr, progress,
                      train and cfg.train and wanted and (key not in runs or stale))
             if r is not None:
+                fresh = runs.get(key) != r
                 runs[key] = r
+                if fresh and cfg.train:  # a run just finished (or read back from its folder): on file at once
+                    record_part(Path(cfg.out) / "recall.json", name, cfg, lambda: summary({**recorded(), **runs}))
 
         for (L, K) in points:
             for v in variants:
@@ -366,12 +376,7 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
                 for lr in rates + extra:  # the other seeds: trained at the best rate (of any grid run so far), read
                     for s in cfg.seeds[n:]:  # back at the others
                         one(v, L, K, s, lr, train=best is not None and same_rate(lr, best))
-        runs = {**recorded(), **runs}
-        results = sorted(runs.values(), key=lambda r: _key(r))
-        return {"runs": results, "rows": _summarise(results, cfg), "grid": list(grid), "swept": list(swept),
-                "selected_by": "validation accuracy of the sweep seeds (median); test accuracy where a run of the "
-                               "variant has no validation score (row: selected_on)",
-                "sweep_seeds": list(cfg.seeds[:cfg.sweep_seeds])}
+        return summary({**recorded(), **runs})
     return part
 
 
