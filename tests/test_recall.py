@@ -462,8 +462,8 @@ def test_bench_recall_keeps_the_runs_a_process_beside_it_recorded_meanwhile(tmp_
 
 def test_bench_recall_records_each_run_as_it_finishes(tmp_path, monkeypatch):
     """A process stopped in the middle of a part (killed, or its machine given back with the run folders) leaves the
-    runs it finished in recall.json, with their rows, and a process beside it that recorded meanwhile keeps its runs:
-    the next process (or ``--collect``) starts from them, not from nothing."""
+    runs it finished in recall.json, with their rows, beside the runs another slice recorded before it: the next
+    process (or ``--collect``) starts from them, not from nothing."""
     import polymixer.bench.recall as bench
 
     def row(cfg, variant, L, K, seed, lr):

@@ -256,15 +256,17 @@ def run_parts(cfg: Any, path: Path, parts: Dict[str, Callable[[Any, bool], Dict[
     return payload
 
 
-def record_part(path: Path, name: str, cfg: Any, update: Callable[[], Dict[str, Any]]) -> None:
-    """Write part ``name`` of the bench file at ``path`` now, in the middle of the part: ``update()`` builds it under
-    the file's lock (so it can merge what another process recorded meanwhile), the other parts stay as the file holds
-    them. A part made of many runs records each one as it finishes, so a process stopped between runs, or a machine
-    given back with its run folders, loses no finished run; ``run_parts`` still writes the whole part at its end."""
+def record_part(path: Path, name: str, cfg: Any, update: Callable[[Dict[str, Any]], Dict[str, Any]]) -> None:
+    """Write part ``name`` of the bench file at ``path`` now, in the middle of the part: ``update(part)`` builds it
+    under the file's lock from the part as the file holds it (so it can merge what another process recorded
+    meanwhile), the other parts stay as they are. A part made of many runs records each one as it finishes, so a
+    process stopped between runs, or a machine given back with its run folders, loses no finished run; ``run_parts``
+    still writes the whole part at its end."""
     config = asdict(cfg) if is_dataclass(cfg) else dict(vars(cfg))
     with locked(path):
         payload = read_json(path) if path.is_file() else {"config": config, "machine": machine()}
-        payload[name] = json.loads(json.dumps({**update(), "machine": machine(), "config": config}, default=str))
+        part = update(payload.get(name, {}))
+        payload[name] = json.loads(json.dumps({**part, "machine": machine(), "config": config}, default=str))
         write_json(path, payload)
 
 
@@ -793,8 +795,8 @@ class QualitySweep:
             res, row = self.evaluate(cfg, job, stage, tcfg)
             minutes = training_minutes(job.out, t0, finished, res.get("history", []), tcfg.batch_size)
         rows.append({**row, "lr": job.lr, "lr_from": job.source, "train_min": minutes})
-        path = Path(cfg.out) / f"{self.bench}.json"  # on file at once (the family's other fields as the file has them)
-        record_part(path, "quality", cfg, lambda: {**earlier_part(path), **self.summary(cfg, rows)})
+        record_part(Path(cfg.out) / f"{self.bench}.json", "quality", cfg,  # on file at once, the family's other
+                    lambda part: {**part, **self.summary(cfg, rows)})  # fields of the part as the file has them
 
     def bracket(self, cfg: Any, stage: Stage, rows: List[Dict[str, Any]]) -> None:
         """Each swept model of ``stage`` best (on the selection figure) at the highest or lowest rate it was tried

@@ -356,7 +356,7 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
                 fresh = runs.get(key) != r
                 runs[key] = r
                 if fresh and cfg.train:  # a run just finished (or read back from its folder): on file at once
-                    record_part(Path(cfg.out) / "recall.json", name, cfg, lambda: summary({**recorded(), **runs}))
+                    record_part(Path(cfg.out) / "recall.json", name, cfg, lambda part: summary({**recorded(), **runs}))
 
         for (L, K) in points:
             for v in variants:
