@@ -135,6 +135,13 @@ def test_rate_beyond_steps_past_the_end_the_best_rate_lies_at():
     assert rate_beyond([3e-4, 1e-3, 3e-3, 1e-2], 1e-2) == 3e-2  # 3.33e-2, written as a person would
     assert rate_beyond([1e-3, 2e-3, 4e-3, 8e-3], 8e-3) == 1.6e-2  # 2e-2 would be 25 % off the step
     assert round_rate(3.333e-2) == 3e-2 and round_rate(1.6e-2) == 1.6e-2 and round_rate(9e-5) == 9e-5
+    # a grid of uneven steps (Zoology's 0.3x 1x 3x 10x) goes on to its own next rate, not 3e-3 * 3e-3 / 1e-3
+    ladder = [3e-4, 1e-3, 3e-3, 1e-2]
+    assert rate_beyond([3e-4, 1e-3, 3e-3], 3e-3) == 9e-3
+    assert rate_beyond([3e-4, 1e-3, 3e-3], 3e-3, ladder) == 1e-2
+    assert rate_beyond([1e-3, 3e-3], 1e-3, ladder) == 3e-4
+    assert rate_beyond(ladder, 1e-2, ladder) == 3e-2  # past the grid's top: its last step
+    assert rate_beyond([3e-4, 1e-3, 3e-3], 1e-3, ladder) is None
 
 
 def test_a_model_best_at_an_end_of_the_grid_is_trained_past_it_until_a_rate_does_worse(tmp_path):

@@ -442,6 +442,12 @@ def test_zoologys_figure_2_judges_the_value_pom_against_based_at_every_state_siz
     assert t["verdict"] == ("MISSED at L 64 1k, unsettled: best at an end of the rates tried at L 64 1k: vpom-1k at "
                             "0.003 (0.009 not run)")
     assert any("--zoology-points 64:16 --zoology-variants vpom-1k based-1k" in c for c in to_run)
+    # the rate not run is the next of the sweep's grid where the part names one (0.3x 1x 3x 10x: 1e-2, not 9e-3)
+    (tmp_path / "recall_zoology" / "recall.json").write_text(json.dumps(
+        {"zoology": {"rows": top, "grid": [0.0003, 0.001, 0.003, 0.01]}}))
+    z = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["recall_zoology"]
+    t, = [t for t in z["targets"] if t["what"].startswith("value PoM at least level with Based")]
+    assert t["verdict"].endswith("vpom-1k at 0.003 (0.01 not run)")
     # Based's end matters to a met cell, not at its ceiling (no rate beats 100 %)
     based = every + [dict(r, lr=0.001, best_lr=False, median=0.5) for r in every if r["variant"] == "based-4k"]
     t, _ = target(based)

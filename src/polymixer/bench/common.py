@@ -405,10 +405,12 @@ def round_rate(x: float) -> float:
     return one if abs(one / x - 1) <= 0.15 else float(f"{x:.2g}")
 
 
-def rate_beyond(rates: Sequence[float], best: float) -> Optional[float]:
-    """The rate one step past the end of ``rates`` (the step: the ratio of the two rates at that end) where the
-    best rate ``best`` lies at that end — the sweep has then not shown it to be the model's best, a rate beyond
-    may do better — else None (``best`` inside the rates tried, or fewer than 2 rates)."""
+def rate_beyond(rates: Sequence[float], best: float, ladder: Sequence[float] = ()) -> Optional[float]:
+    """The rate one step past the end of ``rates`` where the best rate ``best`` lies at that end — the sweep has
+    then not shown it to be the model's best, a rate beyond may do better — else None (``best`` inside the rates
+    tried, or fewer than 2 rates). The step: the next rate of the sweep's grid ``ladder`` past that end where it
+    has one (a grid of uneven steps, 0.3× 1× 3× 10×, goes on to its own next rate), else the ratio of the two
+    rates at that end."""
     tried: List[float] = []
     for r in sorted(rates):
         if not any(same_rate(r, t) for t in tried):
@@ -416,20 +418,23 @@ def rate_beyond(rates: Sequence[float], best: float) -> Optional[float]:
     if len(tried) < 2:
         return None
     if same_rate(best, tried[-1]):
-        return round_rate(tried[-1] * tried[-1] / tried[-2])
+        up = [g for g in ladder if g > tried[-1] and not same_rate(g, tried[-1])]
+        return min(up) if up else round_rate(tried[-1] * tried[-1] / tried[-2])
     if same_rate(best, tried[0]):
-        return round_rate(tried[0] * tried[0] / tried[1])
+        down = [g for g in ladder if g < tried[0] and not same_rate(g, tried[0])]
+        return max(down) if down else round_rate(tried[0] * tried[0] / tried[1])
     return None
 
 
 def beyond(rows: Sequence[Dict[str, Any]], row: Optional[Dict[str, Any]], key: str, same: Sequence[str] = (),
-           score: Optional[str] = None, ceiling: Optional[float] = None, grid: Sequence[float] = ()
-           ) -> Optional[float]:
+           score: Optional[str] = None, ceiling: Optional[float] = None, grid: Sequence[float] = (),
+           ladder: Sequence[float] = ()) -> Optional[float]:
     """The rate one grid step past the end of the rates ``row``'s model (``row[key]``; the rows agreeing on the
     fields ``same``: its task, budget) was tried at, where ``row``'s rate — the one chosen for it — lies at that
-    end: a rate beyond may do better (:func:`rate_beyond`). None where the chosen rate lies inside, where its
-    ``score`` has reached ``ceiling`` (no rate can beat it), and while a rate of ``grid`` has no row yet (another
-    process is training it)."""
+    end: a rate beyond may do better (:func:`rate_beyond`, the next rate of ``grid`` or ``ladder`` past the end
+    where there is one). None where the chosen rate lies inside, where its ``score`` has reached ``ceiling`` (no
+    rate can beat it), and while a rate of ``grid`` has no row yet (another process is training it); ``ladder``:
+    the sweep's grid, for a reader that waits on no process (a report)."""
     if row is None or not isinstance(row.get("lr"), (int, float)):
         return None
     if ceiling is not None and isinstance(row.get(score), (int, float)) and row[score] >= ceiling:
@@ -438,7 +443,7 @@ def beyond(rows: Sequence[Dict[str, Any]], row: Optional[Dict[str, Any]], key: s
              and all(r.get(k) == row.get(k) for k in same)]
     if not all(any(same_rate(g, x) for x in tried) for g in grid):
         return None
-    return rate_beyond(tried, row["lr"])
+    return rate_beyond(tried, row["lr"], tuple(grid) + tuple(ladder))
 
 
 def earlier_part(path: Path, part: str = "quality") -> Dict[str, Any]:
@@ -851,17 +856,17 @@ def picture_owner(preferred: str, models: Sequence[str], drawn_before: bool) -> 
 
 
 def edge_note(rows: Sequence[Dict[str, Any]], key: str = "spec", name: str = "model", score: Optional[str] = None,
-              ceiling: Optional[float] = None) -> str:
+              ceiling: Optional[float] = None, ladder: Sequence[float] = ()) -> str:
     """A line naming each model of a sweep best at the highest or lowest of the rates it was tried at — a rate
-    beyond may do better — and that rate (``--bracket`` trains it); none for a ``score`` at its ``ceiling``; "" where
-    every best rate lies inside its rates."""
+    beyond may do better — and that rate (the next of the sweep's grid ``ladder`` where it has one; ``--bracket``
+    trains it); none for a ``score`` at its ``ceiling``; "" where every best rate lies inside its rates."""
     groups: Dict[Any, List[Dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(r[key], []).append(r)
     ends = []
     for runs in groups.values():
         best = next((r for r in runs if r.get("best_lr")), None)
-        past = beyond(runs, best, key, score=score, ceiling=ceiling)
+        past = beyond(runs, best, key, score=score, ceiling=ceiling, ladder=ladder)
         if past is not None:
             ends.append(f"{best.get(name, best[key])} at {best['lr']:g} ({past:g} not run)")
     return ("best at an end of the rates tried (a rate beyond may do better; the sweep's --bracket trains it): "

@@ -234,11 +234,12 @@ def _longer_runs(fam: Family, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]
     return sorted(longer, key=lambda r: (r["steps"], -r[fam.metric] if fam.higher else r[fam.metric]))
 
 
-def _beyond(fam: Family, raw: Sequence[Dict[str, Any]], row: Optional[Dict[str, Any]]) -> Optional[float]:
+def _beyond(fam: Family, raw: Sequence[Dict[str, Any]], row: Optional[Dict[str, Any]],
+            ladder: Sequence[float] = ()) -> Optional[float]:
     """:func:`~polymixer.bench.common.beyond` for a family's compared row, chosen on its validation figure where it
-    has one."""
+    has one; ``ladder``: the grid of its sweep, whose next rate past an end is the one not run."""
     score = fam.select if row is not None and _number(row.get(fam.select)) else fam.metric
-    return beyond(raw, row, fam.key, tuple(fam.where), score, fam.ceiling)
+    return beyond(raw, row, fam.key, tuple(fam.where), score, fam.ceiling, ladder=ladder)
 
 
 def _recipe_rate(fam: Family, data: Optional[Dict[str, Any]]) -> Optional[float]:
@@ -455,6 +456,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
     """:func:`judge` under the fair rule (``fair``) or the earlier one (options picked on the reported figure, no
     token shift offered)."""
     raw = [] if data is None else data.get(fam.part, {}).get("rows", [])  # every rate and budget
+    ladder = [] if data is None else data.get(fam.part, {}).get("grid", [])
     rows = None if data is None else _rows(fam, raw)
     by = {r[fam.key]: r for r in rows or []}
     picked: Dict[str, Tuple[Optional[Dict[str, Any]], List[str], str]] = {}
@@ -476,7 +478,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
             e["picked_by"] = picked[name][2]
             # chosen on the reported figure: its form, or its rate (a run without a validation figure)
             e["on_reported"] = fair and bool(fam.select) and not _number(row.get(fam.select))
-            e["beyond"] = _beyond(fam, raw, row)
+            e["beyond"] = _beyond(fam, raw, row, ladder)
             e["one_rate"] = row.get("rates") == 1  # its sweep says it ran one rate only
             params = row.get("params")
             if _number(params) and _number(base_params) and base_params:
@@ -562,7 +564,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
         verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
         na = len(a.get("by_seed", {})) or 1
         missed = verdict == "MISSED"  # a better rate could meet it
-        a["beyond"] = _beyond(fam, raw, preset) if missed else None
+        a["beyond"] = _beyond(fam, raw, preset, ladder) if missed else None
         single = missed and preset.get("rates") == 1
         why = (["needs 3 seeds"] if a["run"] and na < 3 else []) + (
             [f"best at an end of the rates tried: {_past_end(a)}"] if a.get("beyond") else []) + (
@@ -602,6 +604,7 @@ def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str
     from .recall import LEVEL, STATE_SIZES, ZOOLOGY_POINTS, versus_based
 
     rows = (data or {}).get(str(fam.per_state), {}).get("rows", [])
+    ladder = (data or {}).get(str(fam.per_state), {}).get("grid", [])
     pairs = versus_based(rows)
     what = ("value PoM at least level with Based at every state size (Zoology's figure 2: L "
             + " / ".join(str(L) for L, _ in ZOOLOGY_POINTS) + f", {' / '.join(STATE_SIZES)} state floats, with and "
@@ -636,7 +639,8 @@ def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str
     few = [c for c in pairs if c["seeds"] < 3]
     for c in pairs:  # the side whose better rate would flip the cell: the value PoM's where missed, Based's where met
         side = c["based" if c["met"] else "value"]
-        c["beyond"] = beyond(rows, side, "variant", ("seq_len", "pairs", "steps"), "select", fam.ceiling)
+        c["beyond"] = beyond(rows, side, "variant", ("seq_len", "pairs", "steps"), "select", fam.ceiling,
+                             ladder=ladder)
         c["past"] = {"model": side["variant"], "lr": side["lr"], "beyond": c["beyond"]}
         c["one_rate"] = side.get("rates") == 1
     ends = [c for c in pairs if c["beyond"] is not None]

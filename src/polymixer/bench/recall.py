@@ -433,7 +433,8 @@ def report(payload: Dict[str, Any], *seed_payloads: Any) -> str:
                      f"rate, * ; [test]: the test accuracy, where a run of the variant has no validation score; the "
                      f"other seeds train at the best rate; — = not run)\n"
                      + sweep_table(on_test, "select", "accuracy", digits=4, key="spec", name="label"))
-            note = edge_note(swept, key="spec", name="label", score="select", ceiling=ACCURACY_CEILING)
+            note = edge_note(swept, key="spec", name="label", score="select", ceiling=ACCURACY_CEILING,
+                             ladder=part.get("grid", ()))
             text += f"\n{note}" if note else ""
             others = sorted({r["variant"] for r in all_rows if r.get("rates", 1) == 1})
             if others:
