@@ -390,14 +390,11 @@ def test_sigterm_on_one_torchrun_rank_stops_every_rank_after_the_same_step(tmp_p
     out = tmp_path / "run"
     out.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    import socket
+    from polymixer.bench.parallel import free_port
 
-    with socket.socket() as s:  # a free port: a fixed one collides with another test's world under xdist
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                          f"--master_port={port}", str(script), str(out)], env=env, capture_output=True, text=True,
-                         timeout=300)
+                          f"--master_port={free_port()}", str(script), str(out)], env=env, capture_output=True,
+                         text=True, timeout=300)
     assert res.returncode != 0  # the workers exit with the preemption status
     steps = [(out / f"stopped_rank{r}").read_text() for r in (0, 1)]
     assert steps == ["7", "7"], res.stderr[-2000:]

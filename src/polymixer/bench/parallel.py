@@ -55,7 +55,9 @@ class ParallelBenchConfig:
     out: str = "runs/bench/parallel"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now, for a local process group's rendezvous (a fixed one collides with any
+    other world on the machine, e.g. another test under xdist)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -152,7 +154,7 @@ def run(cfg: ParallelBenchConfig, progress: bool = True) -> Dict[str, Any]:
     rows: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for P in tqdm(cfg.ranks, desc="bench parallel (ranks)", disable=not progress):
-            mp.spawn(_worker, args=(P, _free_port(), cfg, _plan(cfg, P), tmp), nprocs=P, join=True)
+            mp.spawn(_worker, args=(P, free_port(), cfg, _plan(cfg, P), tmp), nprocs=P, join=True)
             rows += read_json(Path(tmp, f"ranks{P}.json"))
     single = {(r["mixer"], r["N"]): r for r in rows if r["P"] == 1}
     for r in rows:

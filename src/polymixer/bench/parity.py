@@ -455,8 +455,8 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
            fair: bool = True) -> Dict[str, Any]:
     """:func:`judge` under the fair rule (``fair``) or the earlier one (options picked on the reported figure, no
     token shift offered)."""
-    raw = [] if data is None else data.get(fam.part, {}).get("rows", [])  # every rate and budget
-    ladder = [] if data is None else data.get(fam.part, {}).get("grid", [])
+    part = {} if data is None else data.get(fam.part, {})
+    raw, ladder = part.get("rows", []), part.get("grid", [])  # every rate and budget; the grid of its sweep
     rows = None if data is None else _rows(fam, raw)
     by = {r[fam.key]: r for r in rows or []}
     picked: Dict[str, Tuple[Optional[Dict[str, Any]], List[str], str]] = {}
