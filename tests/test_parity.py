@@ -625,3 +625,29 @@ def test_the_beyond_rate_of_a_compared_row():
     assert parity.beyond(rows, {**top, "select": 0.9995}, "v", ("L",), "select", 0.999) is None  # at the ceiling
     assert parity.beyond(rows, {**top, "lr": 3e-3}, "v", ("L",)) is None
     assert parity.beyond(rows, {**top, "lr": 1e-3}, "v", ("L",)) == 3e-4
+
+
+def test_a_family_in_its_own_folder_reads_and_names_the_seed_folders_beside_its_json(tmp_path):
+    """A family whose JSON lives in a folder of its own (another recipe's runs: image with a held-out split) keeps its
+    other seeds beside it (``image_heldout/image_seed<N>/image.json``): parity reads them there and its "to run"
+    commands write them there, the command's other flags kept; a family whose rows keep their own seeds (recall under
+    Zoology's recipe) reads no seed folder."""
+    from dataclasses import replace
+
+    fam = replace(parity.family("image"), file="image_heldout/image.json",
+                  command="polymixer bench image --parts quality --presets {spec} --sweep {spec} --lr-factors 0.5 1 "
+                          "--heldout 0.15 --out docs/bench/image_heldout")
+    for folder, seed in ((tmp_path / "image_heldout", 0), (tmp_path / "image_heldout" / "image_seed2", 2),
+                         (tmp_path / "image_seed1", 1)):  # the last: the other recipe's seed folder, not this one's
+        folder.mkdir(parents=True)
+        (folder / "image.json").write_text(json.dumps({"quality": {"config": {"seed": seed}, "rows": []}}))
+    assert [d["quality"]["config"]["seed"] for d in fam.seed_payloads(tmp_path)] == [2]
+    assert fam.seed_command("tiny-sit+position=sincos_rope", 16, 1) == (
+        "polymixer bench image --parts quality --presets tiny-sit+position=sincos_rope --sweep "
+        "tiny-sit+position=sincos_rope --lr-factors 16 --heldout 0.15 --seed 1 --out "
+        "docs/bench/image_heldout/image_seed1")
+    assert parity.family("eo").seed_command("tiny-tsvit", 2, 1).endswith("--seed 1 --out docs/bench/eo_seed1")
+    zoology = parity.family("recall_zoology")
+    (tmp_path / "recall_zoology" / "recall_seed1").mkdir(parents=True)
+    (tmp_path / "recall_zoology" / "recall_seed1" / "recall.json").write_text("{}")  # would be an error if read
+    assert zoology.seed_payloads(tmp_path) == []

@@ -8,7 +8,8 @@ issue's parity targets judged (met / MISSED / not run). Outputs: ``parity.txt`` 
 the repository root, for the README), ``parity.json``.
 
 Seeds: a family's runs of other seeds live beside its JSON, one folder per seed (``<bench>_seed<N>/<bench>.json``,
-written by ``polymixer bench <family> --seed N --out <out>/<bench>_seed<N>``). A model's runs there at the rate its
+written by ``polymixer bench <family> --seed N --out <out>/<bench>_seed<N>``; for a JSON in a folder of its own,
+such as ``image_heldout/image.json``, inside that folder). A model's runs there at the rate its
 seed-0 sweep chose (same steps) count as its other seeds: its value is the median over the seeds it shares with
 attention, and the gap is between the two medians over those seeds, so a model is never compared on seeds attention
 did not run. Attention's own value is the median over all its seeds. A verdict reached on fewer than 3 seeds whose
@@ -57,6 +58,7 @@ __all__ = ["Family", "FAMILIES", "family", "seeded_rows", "judge", "collect", "t
 
 
 _LR_FACTORS = re.compile(r"--lr-factors((?: [0-9.]+)+)")  # a family command's grid of rate factors
+_OUT = re.compile(r"--out (\S+)")  # a family command's output folder
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ class Family:
     # configuration is judged on its own figures; these are the fields' values where the JSON names none
     defaults: Dict[str, Any] = field(default_factory=dict)
     file: Optional[str] = None  # the JSON under <out> where it is not <bench>.json (another recipe's folder)
+    # other seeds' runs in folders beside the JSON (<its folder>/<its name>_seed<N>/<its name>.json); False: the
+    # rows summarise their own seeds (recall: ``by_seed``)
+    seed_folders: bool = True
     # the command that trains a model form ({spec}) of this family's comparison, for the "to run" lines
     command: str = ""
     # config fields of a model's own preset (value heads, shift width, …): every run variant of a model over these
@@ -119,9 +124,18 @@ class Family:
 
     def seed_command(self, spec: str, factor: float, seed: int) -> str:
         """``command`` for ``spec`` at ``factor`` × the recipe's rate only, on seed ``seed``, into the seed folder
-        this module reads (``docs/bench/<bench>_seed<N>``)."""
-        return self.rate_command(spec, factor).replace("--out docs/bench",
-                                                       f"--seed {seed} --out docs/bench/{self.bench}_seed{seed}")
+        this module reads (``<the command's --out>/<its JSON's name>_seed<N>``)."""
+        stem = Path(self.json_name).stem
+        return _OUT.sub(lambda m: f"--seed {seed} --out {m.group(1)}/{stem}_seed{seed}",
+                        self.rate_command(spec, factor), count=1)
+
+    def seed_payloads(self, folder: Path) -> List[Dict[str, Any]]:
+        """The other seeds' bench JSONs beside the family's JSON under ``folder`` (none where its rows keep their own
+        seeds)."""
+        if not self.seed_folders:
+            return []
+        where = folder / self.json_name
+        return seed_payloads(where.parent, where.stem, self.part)
 
     def rate_command(self, spec: str, factor: float) -> str:
         """``command`` for ``spec`` at ``factor`` × the recipe's rate only (a rate past the end of its sweep; the
@@ -157,7 +171,7 @@ class Family:
 RECALL = Family("recall (MQAR, L 64, K 16)", "recall", "accuracy %", "median", True, "points", "attention", "pom",
                 "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000}, key="variant",
                 scale=100, part="state", guide="docs/recall.md", options=("-shift",), shift_options=("-shift",),
-                select="val_accuracy", ceiling=ACCURACY_CEILING,
+                select="val_accuracy", ceiling=ACCURACY_CEILING, seed_folders=False,
                 command="polymixer bench recall --parts state --variants {spec} --sweep {spec} --out docs/bench")
 
 FAMILIES: Tuple[Family, ...] = (
@@ -376,7 +390,7 @@ def _seed_commands(fam: Family, data: Optional[Dict[str, Any]], attention: Dict[
     attention ran (0, 1, 2 where fewer ran), each side at the rate its sweep chose, into the seed folders. None
     where the family keeps its seeds another way (recall) or its JSON names no recipe rate."""
     recipe = _recipe_rate(fam, data)
-    if fam.file or "--lr-factors" not in fam.command or recipe is None:
+    if not fam.seed_folders or "--lr-factors" not in fam.command or recipe is None:
         return []
     out: List[str] = []
     for e in models:
@@ -683,9 +697,7 @@ def judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, D
 
 def collect(folder: Path) -> Dict[str, Any]:
     """Each family's comparison from the bench results in ``folder``."""
-    families = [judge(fam, _load(fam, folder), [] if fam.file else seeded_rows(fam, seed_payloads(folder, fam.bench,
-                                                                                                   fam.part)))
-                for fam in FAMILIES]
+    families = [judge(fam, _load(fam, folder), seeded_rows(fam, fam.seed_payloads(folder))) for fam in FAMILIES]
     return {"families": families, "source": str(folder)}
 
 
