@@ -433,21 +433,21 @@ def test_bench_image_heldout_gives_a_validation_fd_that_chooses_the_rate(tmp_pat
     cfg = ImageBenchConfig(quality_steps=2, quality_batch=8, quality_samples=20, sample_steps=2, objectives=("flow",),
                            quality_presets=("tiny-sit",), sweep=("tiny-sit",), lr_factors=(1.0, 2.0),
                            model_overrides=dict(hidden_size=32, depth=1, num_heads=4), parts=("quality",),
-                           heldout=0.2, bracket=0, out=str(tmp_path))
+                           heldout=0.2, bracket=0, out=str(tmp_path / "image_heldout"))
     q = run(cfg, progress=False)["quality"]
     assert q["selected_by"] == "fd_val" and q["heldout"] == 0.2
     rows = q["rows"]
     assert all(r["fd_val"] > 0 and r["fd_val"] != r["fd"] and r["heldout"] == 0.2 for r in rows)
     best = [r for r in rows if r["best_lr"]]
     assert len(best) == 1 and best[0]["fd_val"] == min(r["fd_val"] for r in rows)
-    assert (tmp_path / "quality" / "tiny-sit-flow-heldout0.2").is_dir()
+    assert (tmp_path / "image_heldout" / "quality" / "tiny-sit-flow-heldout0.2").is_dir()
     train, held = digits(16).split(0.2, seed=HELDOUT_SEED)
     assert len(held.labels) == 359 and len(train.labels) == 1797 - 359  # 20% of each class, rounded
     assert "the lowest validation FD" in report({"quality": q})
     from polymixer.bench.parity import collect
 
-    image = next(f for f in collect(tmp_path)["families"] if f["bench"] == "image")
-    assert image["attention"]["picked_by"] == ""  # one form run: nothing to choose
+    image = next(f for f in collect(tmp_path)["families"] if f["bench"] == "image")  # parity reads image_heldout/
+    assert image["found"] and image["attention"]["picked_by"] == ""  # one form run: nothing to choose
     with pytest.raises(ValueError, match="made with --heldout 0.2, not 0.0: give these runs their own --out"):
         run(replace(cfg, heldout=0.0), progress=False)
 

@@ -8,6 +8,7 @@ from polymixer.bench import parity
 
 
 def _write(folder, name, part, rows):
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.json").write_text(json.dumps({part: {"rows": rows}}))
 
 
@@ -25,7 +26,7 @@ def test_parity_reads_best_rates_and_judges_targets(tmp_path):
     image = [{"model": "tiny-sit", "objective": "flow", "fd": 50.0}, {"model": "tiny-sipom", "objective": "flow",
                                                                        "fd": 60.0},
              {"model": "tiny-sit", "objective": "ddpm", "fd": 10.0}]  # another objective: ignored
-    _write(tmp_path, "image", "quality", image)
+    _write(tmp_path / "image_heldout", "image", "quality", image)
     p = parity.collect(tmp_path)
     fam = {f["bench"]: f for f in p["families"]}
     lmf = fam["lm"]
@@ -82,7 +83,8 @@ def test_parity_takes_medians_over_the_seed_folders_on_the_seeds_both_ran(tmp_pa
     # settled on seeds, but the value PoM was not run with the family's options (rotary dates) nor gated: unsettled
     dates = "+date_rope=true / +date_rope=true+date_rope_speed=0.3+date_rope_base=30"
     assert (f"tiny-tsvipom-value -1.4 (median of 3 seeds) — **MISSED, unsettled: not run with tiny-tsvipom {dates}, "
-            f"tiny-tsvipom-value {dates} / +date_rope=true+mixer=gated_value_pom**") in parity.report(
+            f"tiny-tsvipom-value {dates} / +date_rope=true+mixer=gated_value_pom, tiny-tsvipom-local (any form)**"
+            ) in parity.report(
         parity.collect(tmp_path))
     # the bench's own report judges the same way: one verdict path (its seed folders read the same)
     from polymixer.bench.common import seed_payloads
@@ -125,42 +127,48 @@ def test_a_verdict_on_fewer_than_3_seeds_inside_attentions_spread_is_unsettled(t
     and so does a margin wider than the spread."""
 
     def image(folder, seed, rows):
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / "image.json").write_text(json.dumps({"quality": {"config": {"seed": seed}, "rows": rows}}))
+
+    held = tmp_path / "image_heldout"  # parity reads the image runs with a held-out split
 
     def row(model, fd, lr=0.016):
         return {"model": model, "objective": "flow", "fd": fd, "lr": lr, "steps": 1200, "best_lr": True}
 
-    image(tmp_path, 0, [row("tiny-sit", 37.0), row("tiny-sipom-value", 42.1, 0.008), row("tiny-sipom", 77.5, 0.001)])
-    image(tmp_path / "image_seed1", 1, [row("tiny-sit", 34.7)])
-    image(tmp_path / "image_seed2", 2, [row("tiny-sit", 32.8)])
+    image(held, 0, [row("tiny-sit", 37.0), row("tiny-sipom-value", 42.1, 0.008), row("tiny-sipom", 77.5, 0.001)])
+    image(held / "image_seed1", 1, [row("tiny-sit", 34.7)])
+    image(held / "image_seed2", 2, [row("tiny-sit", 32.8)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
     best, every = fam["targets"]
     assert fam["value"]["gap"] == pytest.approx(42.1 / 37.0) and fam["value"]["against"] == pytest.approx(37.0)
     # 1.138× against 1.15×: met by 0.45 FD, inside SiT's spread of 4.2 over its 3 seeds
     assert every["verdict"].startswith("met on 1 seed, unsettled") and "spread 4.2" in every["verdict"]
     assert best["verdict"].startswith("MISSED on 1 seed, unsettled")  # 1.10×: missed by 1.4 FD, also inside
-    image(tmp_path / "image_seed1", 1, [row("tiny-sit", 34.7), row("tiny-sipom-value", 44.0, 0.008)])
-    image(tmp_path / "image_seed2", 2, [row("tiny-sit", 32.8), row("tiny-sipom-value", 41.0, 0.008)])
+    image(held / "image_seed1", 1, [row("tiny-sit", 34.7), row("tiny-sipom-value", 44.0, 0.008)])
+    image(held / "image_seed2", 2, [row("tiny-sit", 32.8), row("tiny-sipom-value", 41.0, 0.008)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
     # 42.1 / 34.7 = 1.21× on 3 seeds; unsettled by what is left: the value PoM not run with rotary positions, and
     # no validation FD (rates chosen on the reported FD)
     test = "tiny-sit and tiny-sipom-value chosen on the reported figure (no validation figure)"
+    options = ("tiny-sipom +position=sincos_rope, tiny-sipom-value +position=sincos_rope / "
+               "+position=sincos_rope+mixer=gated_value_pom")
+    # the hybrid, never run, could meet the first target (not the all-PoM one)
     assert [t["verdict"] for t in fam["targets"]] == [
-        f"MISSED, unsettled: not run with tiny-sipom +position=sincos_rope, tiny-sipom-value +position=sincos_rope"
-        f" / +position=sincos_rope+mixer=gated_value_pom; {test}"] * 2
+        f"MISSED, unsettled: not run with {options}, tiny-sipom-vhybrid (any form); {test}",
+        f"MISSED, unsettled: not run with {options}; {test}"]
     text = parity.report(parity.collect(tmp_path))
     assert "tiny-sipom-value 1.21× (median of 3 seeds) — **MISSED, unsettled" in text
     # a margin wider than the spread is still unsettled on one seed of the model: a verdict needs 3 of both
-    image(tmp_path / "image_seed1", 1, [row("tiny-sit", 36.9)])
-    image(tmp_path / "image_seed2", 2, [row("tiny-sit", 36.8)])
+    image(held / "image_seed1", 1, [row("tiny-sit", 36.9)])
+    image(held / "image_seed2", 2, [row("tiny-sit", 36.8)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
     not_run = ("tiny-sipom +position=sincos_rope, tiny-sipom-value +position=sincos_rope / "
                "+position=sincos_rope+mixer=gated_value_pom")
     attention_not_run = ("tiny-sit +position=sincos_rope / +attention_shift=2 / "
                          "+position=sincos_rope+attention_shift=2")
     assert [t["verdict"] for t in fam["targets"]] == [
-        f"MISSED on 1 seed, unsettled: 1 seed of the model, 3 of attention; not run with {not_run}; {test}; needs 3 "
+        f"MISSED on 1 seed, unsettled: 1 seed of the model, 3 of attention; not run with {not_run}, tiny-sipom-vhybrid "
+        f"(any form); {test}; needs 3 "
         "seeds of both",
         f"met on 1 seed, unsettled: 1 seed of the model, 3 of attention; not run with {attention_not_run}; {test}; "
         "needs 3 seeds of both"]
@@ -171,7 +179,7 @@ def test_a_gap_that_rounds_to_its_target_gets_one_more_digit(tmp_path):
     digit that decides; the table keeps the short form."""
     rows = [{"model": "tiny-sit", "objective": "flow", "fd": 34.65}, {"model": "tiny-sipom-value", "objective": "flow",
                                                                       "fd": 39.9}]
-    _write(tmp_path, "image", "quality", rows)
+    _write(tmp_path / "image_heldout", "image", "quality", rows)
     text = parity.report(parity.collect(tmp_path))
     assert "all-PoM or all-value-PoM within 1.15×: tiny-sipom-value 1.152× — **MISSED on 1 seed, unsettled" in text
     assert "39.9 (1.15×)" in text
@@ -225,17 +233,19 @@ def test_an_option_on_one_seed_borrows_its_presets_spread(tmp_path):
     preset's seeds and stays unsettled instead of reading as settled."""
 
     def image(folder, seed, rows):
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / "image.json").write_text(json.dumps({"quality": {"config": {"seed": seed}, "rows": rows}}))
+
+    held = tmp_path / "image_heldout"  # parity reads the image runs with a held-out split
 
     def row(model, fd, lr=0.008):
         return {"model": model, "objective": "flow", "fd": fd, "lr": lr, "steps": 1200, "best_lr": True}
 
     rope = "+position=sincos_rope"
-    image(tmp_path, 0, [row("tiny-sit", 37.0, 0.016), row("tiny-sit" + rope, 35.55),
+    image(held, 0, [row("tiny-sit", 37.0, 0.016), row("tiny-sit" + rope, 35.55),
                         row("tiny-sipom-value", 42.1), row("tiny-sipom-value" + rope, 39.6)])
-    image(tmp_path / "image_seed1", 1, [row("tiny-sit", 34.7, 0.016), row("tiny-sipom-value" + rope, 34.8)])
-    image(tmp_path / "image_seed2", 2, [row("tiny-sit", 32.8, 0.016), row("tiny-sipom-value" + rope, 35.6)])
+    image(held / "image_seed1", 1, [row("tiny-sit", 34.7, 0.016), row("tiny-sipom-value" + rope, 34.8)])
+    image(held / "image_seed2", 2, [row("tiny-sit", 32.8, 0.016), row("tiny-sipom-value" + rope, 35.6)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
     assert fam["attention"]["model"] == "tiny-sit" + rope and fam["value"]["gap"] == pytest.approx(39.6 / 35.55)
     best, every = fam["targets"]
@@ -311,7 +321,8 @@ def test_the_gated_value_pom_is_a_form_of_the_value_pom_only_and_shown_not_run(t
 
     lm([row("tiny-attention", 1.0), row("tiny-vpom", 1.2)])
     f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["lm"]
-    assert f["not_run"]["tiny-vpom"] == ["+mixer=gated_value_pom"] and "tiny-pom" not in f["not_run"]
+    assert f["not_run"]["tiny-vpom"] == ["+mixer=gated_value_pom"]
+    assert f["not_run"]["tiny-pom"] == [""]  # not run at all: its preset (it takes no attention shift)
     every = f["targets"][1]
     assert every["verdict"].startswith("MISSED") and "not run with tiny-vpom +mixer=gated_value_pom" in every["verdict"]
     assert any("--presets tiny-vpom+mixer=gated_value_pom" in c for c in f["to_run"])
@@ -335,7 +346,10 @@ def test_recall_offers_attention_its_shift_and_still_judges_attention_without_it
     f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["recall"]
     assert f["attention"]["model"] == "attention-shift" and f["value"]["gap"] == pytest.approx(-0.01)
     assert f["value"]["params_vs_attention"] == pytest.approx(130 / 104 - 1)
-    assert f["not_run"] == {}  # the value PoM and PoM take no attention shift; the hybrid was not run at all
+    # the value PoM and PoM take no attention shift; the hybrid was not run at all: in any form
+    assert f["not_run"] == {"hybrid-LV": ["", "-shift"]}
+    assert "polymixer bench recall --parts state --variants hybrid-LV --sweep hybrid-LV --out docs/bench" in f["to_run"]
+    assert "recall (MQAR, L 64, K 16): not run — hybrid-LV in any form" in parity.report(parity.collect(tmp_path))
     t = f["targets"][0]
     assert t["what"] == "attention without the shift ≥ 99% at its best rate" and t["measured"] == "98.6%"
     assert f["attention"]["on_reported"]  # no row has a validation accuracy: chosen on the test figure, said so
@@ -601,8 +615,9 @@ def test_a_rate_at_the_end_of_a_sweep_leaves_a_verdict_it_could_flip_unsettled(t
     assert "one rate" not in verdicts["best without full attention"]  # tiny-pom is not the judged model
     verdicts, _ = judged(attention + [row("tiny-attention", 1.05, 0.001, best=False)]
                          + [dict(row("tiny-vpom", 1.05, 0.004), rates=1)], vpom=1.05)
-    assert verdicts["best without full attention"] == ("MISSED, unsettled: not run with tiny-vpom "
-                                                       "+mixer=gated_value_pom; run at one rate only: tiny-vpom")
+    assert verdicts["best without full attention"] == (
+        "MISSED, unsettled: not run with tiny-vpom +mixer=gated_value_pom, tiny-pom (any form), tiny-hybrid (any "
+        "form), tiny-vhybrid (any form); run at one rate only: tiny-vpom")
 
 
 def test_the_sweep_command_leaves_out_the_rate_run():

@@ -26,7 +26,8 @@ and the variants that apply to it scores best on the family's *validation* figur
 loss, validation mIoU or CER; the reported test figure only where a family has none, said beside the table), so an
 option that helps attention as much as PoM raises the baseline rather than crediting the mixer. A variant that
 applies to a model but was not run is listed as "not run", and a verdict it could change (attention not run with
-an option: a "met"; a hybrid not run with it: a "MISSED") reads "unsettled". A verdict that differs from the one the
+an option: a "met"; a hybrid not run with it: a "MISSED") reads "unsettled"; so does a compared model not run in
+any form (listed with its preset and every option; a "MISSED" it could meet). A verdict that differs from the one the
 earlier rule gave (options picked on the reported figure, no shift offered to attention) says so, with both
 figures. Every compared model shows its parameter count relative to attention's.
 
@@ -195,8 +196,11 @@ FAMILIES: Tuple[Family, ...] = (
            shift_options=("+attention_shift=2", "+position=sincos_rope+attention_shift=2"),
            tuned=("value_heads", "shift_width", "degree", "local_conv"),
            value_options=("+position=sincos_rope+mixer=gated_value_pom",),
+           # the runs with a held-out 15% of the digits (a validation FD to choose on), in their own folder: the
+           # runs in image.json trained on every digit and could only be chosen on the reported FD
+           file="image_heldout/image.json",
            command="polymixer bench image --parts quality --objectives flow --presets {spec} --sweep {spec} "
-                   "--lr-factors 0.5 1 2 4 8 16 --out docs/bench"),
+                   "--lr-factors 1 2 4 8 16 --heldout 0.15 --out docs/bench/image_heldout"),
     Family("handwriting (synthetic lines)", "ocr", "CER %", "cer", False, "relative", "tiny-htr-vt", "tiny-htr-vpom",
            "tiny-htr-vpom-value", full_hybrids=("tiny-htr-vpom-hybrid",), where={"task": "synthetic"},
            key="preset", scale=100, best_target=0.05, guide="docs/ocr.md", options=("+attention_shift=2",),
@@ -261,6 +265,11 @@ def _recipe_rate(fam: Family, data: Optional[Dict[str, Any]]) -> Optional[float]
     config = (data or {}).get(fam.part, {}).get("config") or {}
     recipe = config.get("lr", config.get("quality_lr"))
     return recipe if _number(recipe) and recipe > 0 else None
+
+
+def _form(option: str) -> str:
+    """An option as the "not run" lines name it: the preset itself ("") as "its preset"."""
+    return option or "its preset"
 
 
 def _past_end(e: Dict[str, Any]) -> str:
@@ -449,7 +458,9 @@ def _choose(fam: Family, by: Dict[str, Dict[str, Any]], name: str, fair: bool
                   and all(kv.split("=")[0] in allowed or kv in fixed for kv in n[len(name) + 1:].split("+"))]
     options += mine
     found = [by[n] for n in forms if n in by and _number(by[n].get(fam.metric))]
-    missing = [o for o in options if name + o not in by] if name in by else []
+    # the forms not run: the options, and the preset itself ("") where it has no run either (a model not run in any
+    # form lists all of them: it is a candidate its verdicts have not seen)
+    missing = [o for o in ([] if name in by else [""]) + options if name + o not in by]
     if not found:
         return by.get(name), missing, ""
     if len(found) == 1:
@@ -507,9 +518,13 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
                             "attention": entry(fam.attention, base, None), "pom": entry(fam.pom),
                             "value": entry(fam.value)}
     hybrids = [entry(h) | {"full_attention": h in fam.full_hybrids} for h in fam.hybrids + fam.full_hybrids]
-    item["not_run"] = {name: miss for name, (row, miss, _) in picked.items() if row is not None and miss}
+    if rows is not None:  # a compared model never run in any form: every form of it is to run
+        for h in fam.hybrids + fam.full_hybrids:
+            picked.setdefault(h, _choose(fam, by, h, fair))
+    item["not_run"] = {name: miss for name, (row, miss, _) in picked.items() if miss and rows is not None}
     item["to_run"] = [fam.command.format(spec=name + o) for name, miss in item["not_run"].items() for o in miss
                       if fam.command]
+    absent = [name for name, (row, _, _) in picked.items() if row is None and rows is not None]
     hybrids = [h for h in hybrids if h["run"] and "gap" in h]
     sign = 1 if fam.gap == "points" else -1  # larger × sign is better
     item["hybrid"] = max(hybrids, key=lambda h: sign * h["gap"]) if hybrids else {"run": False}
@@ -530,7 +545,8 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
         seeds_of_attention = [v * fam.scale for v in _by_seed(fam, preset, seed, seeded).values()]
     spread = max(seeds_of_attention) - min(seeds_of_attention) if len(seeds_of_attention) > 1 else None
 
-    def missing(e: Optional[Dict[str, Any]], candidates: List[Dict[str, Any]], target: float) -> List[str]:
+    def missing(e: Optional[Dict[str, Any]], candidates: List[Dict[str, Any]], target: float,
+                names: Sequence[str] = ()) -> List[str]:
         """What could change the verdict on ``e``: the options not run — attention's (it could only do better, so
         they matter to a "met") and the linear-time candidates' (they matter to a "MISSED") — and a choice of form
         or rate made on the reported figure, by attention or ``e``."""
@@ -538,8 +554,10 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
             return []
         worse = _worse(fam, e["gap"], target)
         who = [item["attention"]] if not worse else [c for c in candidates if c.get("not_run")]
-        runs = [f"{c['model'].split('+')[0] if fam.key != 'variant' else c['model']} {' / '.join(c['not_run'])}"
-                for c in who if c.get("run") and c.get("not_run")]
+        runs = [f"{c['model'].split('+')[0] if fam.key != 'variant' else c['model']} "
+                f"{' / '.join(map(_form, c['not_run']))}" for c in who if c.get("run") and c.get("not_run")]
+        if worse:  # a candidate never run in any form could meet it
+            runs += [f"{name} (any form)" for name in absent if name in names]
         out = [f"not run with {', '.join(runs)}"] if runs else []
         test = [c["model"] for c in (item["attention"], e) if c.get("on_reported")]
         if test:
@@ -561,14 +579,15 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
     if fam.best_target is not None:
         bound = _bound(fam, fam.best_target)
         verdict = _verdict(fam, best, fam.best_target, spread, len(seeds_of_chosen),
-                           missing(best, linear, fam.best_target))
+                           missing(best, linear, fam.best_target, [fam.pom, fam.value, *fam.hybrids]))
         targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
                         "measured": None if best is None else _measured(fam, best, fam.best_target)})
         waiting += [best] if _short_of_seeds(best, len(seeds_of_chosen)) else []
     if fam.all_target is not None:
         alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
         top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
-        verdict = _verdict(fam, top, fam.all_target, spread, len(seeds_of_chosen), missing(top, alls, fam.all_target))
+        verdict = _verdict(fam, top, fam.all_target, spread, len(seeds_of_chosen),
+                           missing(top, alls, fam.all_target, [fam.pom, fam.value]))
         targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
                         "verdict": verdict,
                         "measured": None if top is None else _measured(fam, top, fam.all_target)})
@@ -719,7 +738,9 @@ def target_lines(item: Dict[str, Any]) -> List[str]:
         if item.get("select") and odd:
             lines.append(f"{item['family']}: some forms were picked on {'; '.join(odd)}")
     for name, options in (item.get("not_run") or {}).items():
-        lines.append(f"{item['family']}: not run — {name} with {', '.join(options)}")
+        lines.append(f"{item['family']}: not run — {name} " + (
+            "in any form" if options and not options[0] and len(options) > 1 else
+            f"with {', '.join(map(_form, options))}"))
     for command in item.get("to_run") or []:
         lines.append(f"{item['family']}: to run: `{command}`")
     for t in item["targets"]:
