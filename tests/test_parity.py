@@ -350,6 +350,12 @@ def test_recall_offers_attention_its_shift_and_still_judges_attention_without_it
     assert f["not_run"] == {"hybrid-LV": ["", "-shift"]}
     assert "polymixer bench recall --parts state --variants hybrid-LV --sweep hybrid-LV --out docs/bench" in f["to_run"]
     assert "recall (MQAR, L 64, K 16): not run — hybrid-LV in any form" in parity.report(parity.collect(tmp_path))
+    # run in one form only: the others are named, the preset among them
+    (tmp_path / "recall.json").write_text(json.dumps({"state": {"rows": [
+        row("attention", 0.986), row("attention-shift", 1.0, 104), row("vpom-16k", 0.9999, 130),
+        row("pom", 0.05, 110), row("hybrid-LV-shift", 0.08, 120)]}}))
+    assert ("recall (MQAR, L 64, K 16): not run — hybrid-LV with its preset"
+            in parity.report(parity.collect(tmp_path)))
     t = f["targets"][0]
     assert t["what"] == "attention without the shift ≥ 99% at its best rate" and t["measured"] == "98.6%"
     assert f["attention"]["on_reported"]  # no row has a validation accuracy: chosen on the test figure, said so

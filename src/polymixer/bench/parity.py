@@ -525,6 +525,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
     item["to_run"] = [fam.command.format(spec=name + o) for name, miss in item["not_run"].items() for o in miss
                       if fam.command]
     absent = [name for name, (row, _, _) in picked.items() if row is None and rows is not None]
+    item["absent"] = absent
     hybrids = [h for h in hybrids if h["run"] and "gap" in h]
     sign = 1 if fam.gap == "points" else -1  # larger × sign is better
     item["hybrid"] = max(hybrids, key=lambda h: sign * h["gap"]) if hybrids else {"run": False}
@@ -739,7 +740,7 @@ def target_lines(item: Dict[str, Any]) -> List[str]:
             lines.append(f"{item['family']}: some forms were picked on {'; '.join(odd)}")
     for name, options in (item.get("not_run") or {}).items():
         lines.append(f"{item['family']}: not run — {name} " + (
-            "in any form" if options and not options[0] and len(options) > 1 else
+            "in any form" if name in item.get("absent", []) and len(options) > 1 else
             f"with {', '.join(map(_form, options))}"))
     for command in item.get("to_run") or []:
         lines.append(f"{item['family']}: to run: `{command}`")
