@@ -518,9 +518,7 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
                             "attention": entry(fam.attention, base, None), "pom": entry(fam.pom),
                             "value": entry(fam.value)}
     hybrids = [entry(h) | {"full_attention": h in fam.full_hybrids} for h in fam.hybrids + fam.full_hybrids]
-    if rows is not None:  # a compared model never run in any form: every form of it is to run
-        for h in fam.hybrids + fam.full_hybrids:
-            picked.setdefault(h, _choose(fam, by, h, fair))
+    # every compared model has been picked (``entry``); one never run in any form has all its forms to run
     item["not_run"] = {name: miss for name, (row, miss, _) in picked.items() if miss and rows is not None}
     item["to_run"] = [fam.command.format(spec=name + o) for name, miss in item["not_run"].items() for o in miss
                       if fam.command]
