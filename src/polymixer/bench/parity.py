@@ -519,11 +519,11 @@ def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, 
                             "value": entry(fam.value)}
     hybrids = [entry(h) | {"full_attention": h in fam.full_hybrids} for h in fam.hybrids + fam.full_hybrids]
     # every compared model has been picked (``entry``); one never run in any form has all its forms to run
-    item["not_run"] = {name: miss for name, (row, miss, _) in picked.items() if miss and rows is not None}
+    found = rows is not None  # without the family's JSON nothing is "not run": the family is
+    item["not_run"] = {name: miss for name, (row, miss, _) in picked.items() if miss and found}
     item["to_run"] = [fam.command.format(spec=name + o) for name, miss in item["not_run"].items() for o in miss
                       if fam.command]
-    absent = [name for name, (row, _, _) in picked.items() if row is None and rows is not None]
-    item["absent"] = absent
+    item["absent"] = absent = [name for name, (row, _, _) in picked.items() if row is None and found]
     hybrids = [h for h in hybrids if h["run"] and "gap" in h]
     sign = 1 if fam.gap == "points" else -1  # larger × sign is better
     item["hybrid"] = max(hybrids, key=lambda h: sign * h["gap"]) if hybrids else {"run": False}
