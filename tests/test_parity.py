@@ -7,9 +7,15 @@ import pytest
 from polymixer.bench import parity
 
 
-def _write(folder, name, part, rows):
+def _write(folder, name, part, rows, config=None):
+    """A family's bench JSON with these rows (and the run's config where a test needs its seed or rate)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(json.dumps({part: {"rows": rows}}))
+    (folder / f"{name}.json").write_text(json.dumps({part: {"rows": rows} | ({"config": config} if config else {})}))
+
+
+def _image(folder, seed, rows):
+    """The image bench's JSON of one seed's runs."""
+    _write(folder, "image", "quality", rows, {"seed": seed})
 
 
 def test_parity_reads_best_rates_and_judges_targets(tmp_path):
@@ -126,26 +132,22 @@ def test_a_verdict_on_fewer_than_3_seeds_inside_attentions_spread_is_unsettled(t
     margin to the target is smaller than attention's seed spread gets its verdict marked unsettled; 3 seeds settle it,
     and so does a margin wider than the spread."""
 
-    def image(folder, seed, rows):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "image.json").write_text(json.dumps({"quality": {"config": {"seed": seed}, "rows": rows}}))
-
     held = tmp_path / "image_heldout"  # parity reads the image runs with a held-out split
 
     def row(model, fd, lr=0.016):
         return {"model": model, "objective": "flow", "fd": fd, "lr": lr, "steps": 1200, "best_lr": True}
 
-    image(held, 0, [row("tiny-sit", 37.0), row("tiny-sipom-value", 42.1, 0.008), row("tiny-sipom", 77.5, 0.001)])
-    image(held / "image_seed1", 1, [row("tiny-sit", 34.7)])
-    image(held / "image_seed2", 2, [row("tiny-sit", 32.8)])
+    _image(held, 0, [row("tiny-sit", 37.0), row("tiny-sipom-value", 42.1, 0.008), row("tiny-sipom", 77.5, 0.001)])
+    _image(held / "image_seed1", 1, [row("tiny-sit", 34.7)])
+    _image(held / "image_seed2", 2, [row("tiny-sit", 32.8)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
     best, every = fam["targets"]
     assert fam["value"]["gap"] == pytest.approx(42.1 / 37.0) and fam["value"]["against"] == pytest.approx(37.0)
     # 1.138× against 1.15×: met by 0.45 FD, inside SiT's spread of 4.2 over its 3 seeds
     assert every["verdict"].startswith("met on 1 seed, unsettled") and "spread 4.2" in every["verdict"]
     assert best["verdict"].startswith("MISSED on 1 seed, unsettled")  # 1.10×: missed by 1.4 FD, also inside
-    image(held / "image_seed1", 1, [row("tiny-sit", 34.7), row("tiny-sipom-value", 44.0, 0.008)])
-    image(held / "image_seed2", 2, [row("tiny-sit", 32.8), row("tiny-sipom-value", 41.0, 0.008)])
+    _image(held / "image_seed1", 1, [row("tiny-sit", 34.7), row("tiny-sipom-value", 44.0, 0.008)])
+    _image(held / "image_seed2", 2, [row("tiny-sit", 32.8), row("tiny-sipom-value", 41.0, 0.008)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
     # 42.1 / 34.7 = 1.21× on 3 seeds; unsettled by what is left: the value PoM not run with rotary positions, and
     # no validation FD (rates chosen on the reported FD)
@@ -159,8 +161,8 @@ def test_a_verdict_on_fewer_than_3_seeds_inside_attentions_spread_is_unsettled(t
     text = parity.report(parity.collect(tmp_path))
     assert "tiny-sipom-value 1.21× (median of 3 seeds) — **MISSED, unsettled" in text
     # a margin wider than the spread is still unsettled on one seed of the model: a verdict needs 3 of both
-    image(held / "image_seed1", 1, [row("tiny-sit", 36.9)])
-    image(held / "image_seed2", 2, [row("tiny-sit", 36.8)])
+    _image(held / "image_seed1", 1, [row("tiny-sit", 36.9)])
+    _image(held / "image_seed2", 2, [row("tiny-sit", 36.8)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
     not_run = ("tiny-sipom +position=sincos_rope, tiny-sipom-value +position=sincos_rope / "
                "+position=sincos_rope+mixer=gated_value_pom")
@@ -232,20 +234,16 @@ def test_an_option_on_one_seed_borrows_its_presets_spread(tmp_path):
     """Attention's better form has one seed (its spread unknown): a close verdict then uses the spread of the plain
     preset's seeds and stays unsettled instead of reading as settled."""
 
-    def image(folder, seed, rows):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "image.json").write_text(json.dumps({"quality": {"config": {"seed": seed}, "rows": rows}}))
-
     held = tmp_path / "image_heldout"  # parity reads the image runs with a held-out split
 
     def row(model, fd, lr=0.008):
         return {"model": model, "objective": "flow", "fd": fd, "lr": lr, "steps": 1200, "best_lr": True}
 
     rope = "+position=sincos_rope"
-    image(held, 0, [row("tiny-sit", 37.0, 0.016), row("tiny-sit" + rope, 35.55),
-                        row("tiny-sipom-value", 42.1), row("tiny-sipom-value" + rope, 39.6)])
-    image(held / "image_seed1", 1, [row("tiny-sit", 34.7, 0.016), row("tiny-sipom-value" + rope, 34.8)])
-    image(held / "image_seed2", 2, [row("tiny-sit", 32.8, 0.016), row("tiny-sipom-value" + rope, 35.6)])
+    _image(held, 0, [row("tiny-sit", 37.0, 0.016), row("tiny-sit" + rope, 35.55),
+                     row("tiny-sipom-value", 42.1), row("tiny-sipom-value" + rope, 39.6)])
+    _image(held / "image_seed1", 1, [row("tiny-sit", 34.7, 0.016), row("tiny-sipom-value" + rope, 34.8)])
+    _image(held / "image_seed2", 2, [row("tiny-sit", 32.8, 0.016), row("tiny-sipom-value" + rope, 35.6)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
     assert fam["attention"]["model"] == "tiny-sit" + rope and fam["value"]["gap"] == pytest.approx(39.6 / 35.55)
     best, every = fam["targets"]
@@ -571,9 +569,7 @@ def test_a_rate_at_the_end_of_a_sweep_leaves_a_verdict_it_could_flip_unsettled(t
     there); the other side at an end does not matter."""
 
     def lm(folder, seed, rows):
-        folder.mkdir(exist_ok=True)
-        (folder / "lm.json").write_text(json.dumps({"quality": {"config": {"seed": seed, "lr": 0.002},
-                                                                "rows": rows}}))
+        _write(folder, "lm", "quality", rows, {"seed": seed, "lr": 0.002})
 
     def row(spec, loss, lr, best=True):
         return {"model": spec, "spec": spec, "val_loss": loss, "lr": lr, "best_lr": best, "steps": 1500}
