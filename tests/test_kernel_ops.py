@@ -237,3 +237,28 @@ def test_no_synchronisation_on_a_gpu():
                     m(x, **kw).sum().backward()
             finally:
                 torch.cuda.set_sync_debug_mode(0)
+
+
+def test_the_first_use_check_runs_clean_inside_torch_export(monkeypatch):
+    """A first-use check met while torch.export traces (a model's first call of the kernels) runs outside the trace,
+    in a thread of its own: with torch 2.11 the tracer refused the check's ``torch.Generator`` ("argument of type
+    Generator"), the check failed, and every later call of that process fell back to the torch form."""
+    monkeypatch.setattr(tc, "CHECKED", {})
+    seen = []
+
+    def check(device: torch.device, dtype: torch.dtype) -> None:
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        a = torch.randn(4, 4, generator=gen).to(device).requires_grad_()
+        (a * 2).sum().backward()
+        seen.append((type(a).__name__, torch.is_grad_enabled(), a.grad is not None))
+
+    class Model(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            why = tc.first_use("probe", x.device, torch.float32, check)
+            return x * 2 if why is None else x * 3
+
+    ep = torch.export.export(Model(), (torch.randn(3),))
+    assert tc.CHECKED == {("probe", "cpu", None, torch.float32): None}
+    assert seen == [("Tensor", True, True)]
+    x = torch.randn(3)
+    torch.testing.assert_close(ep.module()(x), x * 2)

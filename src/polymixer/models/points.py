@@ -45,7 +45,6 @@ from torch import Tensor, nn
 
 from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
 from ..mixer import PoM
-from ..ops.common import wanted_grads
 
 __all__ = ["PTv3Config", "PTv3", "ORDERS", "MAX_DEPTH", "z_order_encode", "hilbert_encode", "encode",
            "kernel_offsets", "neighbour_map", "submconv3d", "SubMConv3d", "PointLevel", "SerializedMixer",
@@ -192,7 +191,7 @@ class _SubMConv(torch.autograd.Function):
         K, cin, cout = weight.shape
         g = g.contiguous()
         gx = gw = None
-        wanted = wanted_grads(ctx)
+        wanted = ctx.needs_input_grad
         if wanted[0]:
             # i is j's neighbour at offset K−1−k exactly when j is i's at k: the transposed conv is a conv
             gx = _gather_matmul(g, nbr, weight.flip(0).transpose(1, 2).reshape(K * cout, cin))

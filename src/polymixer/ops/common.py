@@ -19,7 +19,7 @@ ActivationLike = Union[str, Callable[[Tensor], Tensor]]
 CuSeqlens = Union[Tensor, Tuple[Tensor, Tensor]]
 
 __all__ = ["ActivationLike", "CuSeqlens", "ACTIVATIONS", "GATES", "GATES_INPLACE", "FUSED_BACKWARD", "resolve",
-           "activation", "gate_fn", "compute_dtype", "elementwise_backward", "is_compiling", "wanted_grads",
+           "activation", "gate_fn", "compute_dtype", "elementwise_backward", "is_compiling", "cast_output",
            "check_cu_seqlens",
            "segments", "documents_cu_seqlens", "rope_angles", "rotate", "check_tokens", "check_bool_mask",
            "check_positions", "default_positions", "batch_packed", "check_mix_inputs", "packed_local_positions",
@@ -102,6 +102,15 @@ def gate_fn(u: Tensor, name: ActivationLike = "hardsigmoid") -> Tensor:
     return fn(u)
 
 
+def cast_output(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` in ``dtype`` for an autograd.Function's forward to return: ``t`` itself when it has that dtype already.
+
+    Under torch.compile, torch 2.11's dynamo silently returns zero for every gradient of an autograd.Function whose
+    forward returns an alias of an intermediate (``t.to(t.dtype)``) or a tensor it changed in place (``acc.mul_(h)``);
+    torch 2.13 does not. Forwards here therefore return fresh, untouched tensors while compiling."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype: at least fp32 (bf16/fp16 inputs are mixed in fp32, fp64 stays fp64)."""
     return torch.promote_types(dtype, torch.float32)
@@ -138,16 +147,6 @@ def elementwise_backward(fn, grad_fn, u: Tensor, grad_out: Tensor) -> Tensor:
 
 def is_compiling() -> bool:
     return torch.compiler.is_compiling()
-
-
-def wanted_grads(ctx: Any) -> Tuple[bool, ...]:
-    """Which inputs of an autograd.Function's backward want a gradient: ``ctx.needs_input_grad`` in eager, every
-    one while torch.compile traces the backward. Some PyTorch releases trace ``needs_input_grad`` as all False there
-    (seen with torch 2.11 on an H200: every gradient upstream of the gate came out zero under
-    ``torch.compile(backend="eager")``); a gradient for an input that does not want one is discarded."""
-    if is_compiling():
-        return (True,) * len(ctx.needs_input_grad)
-    return tuple(ctx.needs_input_grad)
 
 
 def check_cu_seqlens(cu_seqlens: Tensor, total: int, name: str = "cu_seqlens") -> None:

@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .common import (
+    cast_output,
     ACTIVATIONS,
     GATES,
     GATES_INPLACE,
@@ -22,7 +23,6 @@ from .common import (
     is_compiling,
     resolve,
     segments,
-    wanted_grads,
 )
 
 __all__ = ["poly_features", "horner", "horner_derivative", "cumsum", "chunked_cumsum", "segment_prefix_sum",
@@ -42,6 +42,10 @@ def horner(h: Tensor, rows: Tensor) -> Tensor:
     if k == 1:
         return h * rows[0]
     acc = torch.addcmul(rows[k - 2], h, rows[k - 1])
+    if is_compiling():  # compiled code fuses the loop anyway; see common.cast_output for why nothing in place here
+        for p in range(k - 3, -1, -1):
+            acc = acc * h + rows[p]
+        return acc * h
     for p in range(k - 3, -1, -1):
         acc.mul_(h).add_(rows[p])
     return acc.mul_(h)
@@ -83,7 +87,7 @@ class _PolyFeatures(torch.autograd.Function):
         g = grad.to(cd).contiguous()
         h = fn(zc)
         grad_z = grad_coeff = None
-        wanted = wanted_grads(ctx)
+        wanted = ctx.needs_input_grad
         if wanted[1]:
             lead = tuple(range(h.dim() - 1))
             cols = []
@@ -393,7 +397,7 @@ class _GateMix(torch.autograd.Function):
             out = expand_heads(s, h.shape[-1]) * h
         ctx.gate = gate
         ctx.save_for_backward(zs, bias, h)
-        return out.to(out_dtype)
+        return cast_output(out, out_dtype)
 
     @staticmethod
     @once_differentiable
@@ -405,7 +409,7 @@ class _GateMix(torch.autograd.Function):
         u = zs.to(cd) + bias.to(cd)
         D, Ds = h.shape[-1], zs.shape[-1]
         grad_zs = grad_bias = grad_h = None
-        wanted = wanted_grads(ctx)
+        wanted = ctx.needs_input_grad
         if wanted[2]:
             grad_h = g * expand_heads(fn(u), D)
             if h.shape[1] == 1 and grad_h.shape[1] != 1:

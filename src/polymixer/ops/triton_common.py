@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import warnings
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
@@ -326,6 +327,25 @@ def _clean_context(device: torch.device) -> Any:
         yield
 
 
+def run_in_fresh_thread(fn: Callable[[], None]) -> None:
+    """Run ``fn()`` in a new thread and re-raise what it raised. torch's dispatch modes (torch.export's proxy and
+    fake modes, functionalization), grad mode, inference mode and autocast are thread-local, so ``fn`` sees none of
+    a trace the caller is in (with torch 2.11, torch.export's tracer refused the check's ``torch.Generator``)."""
+    raised: list = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            raised.append(e)
+
+    thread = threading.Thread(target=target, name="polymixer-first-use-check")
+    thread.start()
+    thread.join()
+    if raised:
+        raise raised[0]
+
+
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
@@ -366,8 +386,11 @@ def _run_check(op: str, device_type: str, device_index: Optional[int], dtype: to
         return "not yet checked on this device (a CUDA graph is being captured)"
     CHECKED[key] = None  # while checking, the kernels are taken (the check calls them)
     try:
-        with _clean_context(device):
-            check(device, dtype)
+        def clean_check() -> None:
+            with _clean_context(device):
+                check(device, dtype)
+
+        run_in_fresh_thread(clean_check)
     except Exception as e:  # a failed launch or a wrong result: loud, once
         CHECKED[key] = (f"the kernels failed their first-use check on {device} in {str(dtype).replace('torch.', '')}: "
                         f"{type(e).__name__}: {e}")
