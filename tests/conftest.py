@@ -41,6 +41,25 @@ def device() -> torch.device:
     return dev
 
 
+@pytest.fixture(scope="session")
+def traced_kernels(device: torch.device) -> None:
+    """Skips a test that runs the Triton kernels, which always go through ``torch.library.wrap_triton`` (they are
+    custom ops), on a CPU whose torch refuses Triton's interpreted kernels there (torch 2.11 does: "wrap_triton only
+    works on functions annotated with triton.jit"; torch 2.13 takes them; on a GPU they are compiled, never refused).
+    """
+    if device.type == "cpu":
+        triton = pytest.importorskip("triton")
+
+        @triton.jit
+        def probe(x_ptr):  # noqa: ANN001 - a Triton kernel's pointer
+            pass
+
+        try:
+            torch.library.wrap_triton(probe)
+        except RuntimeError as e:
+            pytest.skip(f"torch {torch.__version__} cannot trace Triton's interpreted kernels: {e}")
+
+
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
     """A small text corpus (Python-like lines) for language-model training tests."""

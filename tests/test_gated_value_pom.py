@@ -137,6 +137,7 @@ def test_one_entry_of_the_mixer_table_that_every_family_builds():
 
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
                          ids=["fp32", "bf16"])
+@pytest.mark.usefixtures("traced_kernels")
 def test_triton_scan_matches_the_torch_form_forward_and_backward(dtype, device):
     """The Triton kernels (in the interpreter on CPU tensors, compiled with ``POLYMIXER_TEST_DEVICE=cuda``):
     segments that restart inside chunks and at their edges, a length that is no multiple of the chunk; the backward

@@ -83,6 +83,7 @@ def _grads(fn: Callable[..., torch.Tensor], m: PoM, x: torch.Tensor, kw: dict) -
 
 @pytest.mark.parametrize("op, mode", [pytest.param(op, mode, marks=() if (op, mode) in DEFAULT else SLOW)
                                       for op in ("pom", "value_pom") for mode in MODES])
+@pytest.mark.usefixtures("traced_kernels")
 def test_compiled_fullgraph_keeps_the_kernels(op, mode, device):
     """Every self-mixing mode of PoM and the value PoM under torch.compile(fullgraph=True) with a strict
     backend("triton") inside: one graph, the custom op in it (the value PoM's full mixing of whole rows is two
@@ -110,6 +111,7 @@ def test_compiled_fullgraph_keeps_the_kernels(op, mode, device):
 
 
 @pytest.mark.parametrize("op", ["pom", pytest.param("value_pom", marks=SLOW)])
+@pytest.mark.usefixtures("traced_kernels")
 def test_inductor_compiles_around_the_kernels(op, device):
     m = _mixer(value=op == "value_pom").to(device)
     x = torch.randn(2, 21, 8, device=device)
@@ -124,6 +126,7 @@ def test_inductor_compiles_around_the_kernels(op, device):
         assert (a - b).abs().max().item() <= 1e-5 * b.abs().max().item()
 
 
+@pytest.mark.usefixtures("traced_kernels")
 def test_the_fused_route_compiles_too(device):
     m = _mixer().to(device)
     x = torch.randn(1, 21, 8, device=device)
@@ -141,6 +144,7 @@ def test_the_fused_route_compiles_too(device):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.usefixtures("traced_kernels")
 def test_torch_export_keeps_the_kernels(device):
     """A model with PoM layers exports with the kernels as one custom op per layer, and the exported program runs
     them."""

@@ -84,6 +84,7 @@ MODES = {
 @pytest.mark.parametrize("route, mode", [
     (r, m) if (r == "triton" and m != "block-causal (block > chunk)") or (r, m) == ("triton_gemm", "full")
     else pytest.param(r, m, marks=SLOW) for r in ROUTES for m in MODES])
+@pytest.mark.usefixtures("traced_kernels")
 def test_modes_match_the_oracle(mode, route, device):
     _check(_mixer(), torch.randn(2, 21, 8), device, route=route, **MODES[mode])
 
@@ -95,6 +96,7 @@ SPLIT_MODES = {"causal": dict(causal=True), "block-causal": dict(causal=True, bl
 @pytest.mark.parametrize("route, mode", [
     (r, m) if (r, m) in (("triton", "causal"), ("triton", "packed full"), ("triton_gemm", "causal"))
     else pytest.param(r, m, marks=SLOW) for r in ROUTES for m in SPLIT_MODES])
+@pytest.mark.usefixtures("traced_kernels")
 def test_rows_cut_into_splits_match_the_oracle(route, mode, device):
     """Few rows × channel blocks: each row walks in splits, whose carries come from a summary walk and the carry
     kernel — forward and backward, in a causal, an end-token and a packed mode."""
@@ -124,6 +126,7 @@ def test_sum_reduction(device):
 
 
 @pytest.mark.parametrize("causal", [pytest.param(False, marks=SLOW), True])
+@pytest.mark.usefixtures("traced_kernels")
 def test_key_padding(causal, device):
     mask = torch.rand(2, 21) > 0.35
     mask[1, :7] = False  # a row whose first queries see nothing: H = 0, never NaN
@@ -131,6 +134,7 @@ def test_key_padding(causal, device):
 
 
 @pytest.mark.parametrize("mode", ["full", "causal", "block"])
+@pytest.mark.usefixtures("traced_kernels")
 def test_packed_sequences(mode, device):
     kw = {"full": {}, "causal": dict(causal=True), "block": dict(causal=True, block_size=3)}[mode]
     mask = torch.rand(1, 21) > 0.2
@@ -139,11 +143,13 @@ def test_packed_sequences(mode, device):
 
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("causal", [pytest.param(False, marks=SLOW), True])
+@pytest.mark.usefixtures("traced_kernels")
 def test_rotary_1d(causal, route, device):
     _check(_mixer(rope="1d"), torch.randn(2, 21, 8), device, route=route, causal=causal)
     _check(_mixer(rope="1d"), torch.randn(1, 21, 8), device, route=route, causal=causal, cu_seqlens=CU.to(device))
 
 
+@pytest.mark.usefixtures("traced_kernels")
 def test_rotary_at_long_range(device):
     """Angles of positions near 10⁶ are reduced modulo 2π in float64 inside the kernels, as the torch form does."""
     pos = torch.arange(21) * 47_000 + 3
@@ -166,6 +172,7 @@ def test_rotary_base_reaches_the_kernels_as_float64():
     assert "log2base" in aot.F64_SCALARS
 
 
+@pytest.mark.usefixtures("traced_kernels")
 def test_rotary_2d(device):
     rows, cols = torch.meshgrid(torch.arange(3), torch.arange(5), indexing="ij")
     pos = torch.stack([rows.flatten(), cols.flatten()], -1)  # a 3 × 5 grid
@@ -175,6 +182,7 @@ def test_rotary_2d(device):
 @pytest.mark.parametrize("route", ["triton", pytest.param("triton_gemm", marks=SLOW)])
 @pytest.mark.parametrize("degree, sel_heads", [(5, 4), pytest.param(1, 1, marks=SLOW), pytest.param(2, 4, marks=SLOW),
                                                pytest.param(1, 4, marks=SLOW), pytest.param(5, 1, marks=SLOW)])
+@pytest.mark.usefixtures("traced_kernels")
 def test_degrees_and_gate_heads(degree, sel_heads, route, device):
     _check(_mixer(degree=degree, sel_heads=sel_heads), torch.randn(2, 13, 8), device, route=route, causal=True)
     if sel_heads > 1:
@@ -185,17 +193,20 @@ def test_degrees_and_gate_heads(degree, sel_heads, route, device):
     pytest.param(g, a, marks=SLOW) for g in ("sigmoid", "identity")
     for a in ("relu", "identity", "silu", "gelu", "tanh")
     if (g, a) != ("sigmoid", "gelu")])
+@pytest.mark.usefixtures("traced_kernels")
 def test_non_linearities(gate, activation, device):
     _check(_mixer(gate=gate, activation=activation), torch.randn(2, 11, 8), device)
 
 
 @pytest.mark.parametrize("n", [1, pytest.param(2, marks=SLOW), pytest.param(9, marks=SLOW)])
+@pytest.mark.usefixtures("traced_kernels")
 def test_odd_lengths(n, device):
     _check(_mixer(), torch.randn(3, n, 8), device, causal=True)
     _check(_mixer(), torch.randn(3, n, 8), device)
 
 
 @pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.usefixtures("traced_kernels")
 def test_bf16_is_within_the_torch_forms_tolerance(route, device):
     """bf16 activations, fp32 accumulation: the kernels stay as close to the float64 oracle as the torch form does."""
     m = _mixer().to(device)
@@ -211,6 +222,7 @@ def test_bf16_is_within_the_torch_forms_tolerance(route, device):
 
 
 @pytest.mark.parametrize("case", [("causal", "triton"), ("full", "triton_gemm")])
+@pytest.mark.usefixtures("traced_kernels")
 def test_hbm_passes_are_counted_at_the_floor(case):
     """The interpreter counts each kernel's distinct bytes read and written: the unfused mixing moves exactly the
     floor (forward: read z_h, z_s, write g = 3 passes over N·D; backward: read z_h, z_s, dg, write dz_h, dz_s = 5),
@@ -230,6 +242,7 @@ def test_hbm_passes_are_counted_at_the_floor(case):
         assert r["backward"]["passes"] == pytest.approx(5.0, abs=0.02)
 
 
+@pytest.mark.usefixtures("traced_kernels")
 def test_deterministic(device):
     m = _mixer().to(device)
     x = torch.randn(2, 21, 8, device=device)
@@ -297,6 +310,7 @@ def test_the_fused_route_is_chosen_where_the_model_predicts_it_faster():
 @pytest.mark.parametrize("key", [pytest.param(k, marks=() if k == (False, False, 16) else SLOW,
                                               id=f"{'fused' if k[0] else 'unfused'}{'-rope' if k[1] else ''}-G{k[2]}")
                                  for k in tk.TILES])
+@pytest.mark.usefixtures("traced_kernels")
 def test_every_tile_matches_the_oracle(key, device):
     """The tiles the dispatcher picks on a GPU (not the tests' tiny ones), per route, rotary and gate-head class:
     causal and full over a length that crosses a chunk of every kernel, against the oracle — forward and backward
@@ -423,6 +437,7 @@ VALUE_MODES = {"causal": dict(causal=True), "block-causal (block divides the chu
                                   pytest.param("block-causal (block divides the chunk)", marks=SLOW),
                                   pytest.param("key padding", marks=SLOW), pytest.param("rotary", marks=SLOW),
                                   pytest.param("full", marks=SLOW)])
+@pytest.mark.usefixtures("traced_kernels")
 def test_value_pom_modes_match_the_oracle(mode, device, small_chunks):
     kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in VALUE_MODES[mode].items()}
     m = _value_mixer(rope="1d" if mode == "rotary" else None)
@@ -430,6 +445,7 @@ def test_value_pom_modes_match_the_oracle(mode, device, small_chunks):
 
 
 @pytest.mark.parametrize("mode", ["causal", "full", pytest.param("block", marks=SLOW)])
+@pytest.mark.usefixtures("traced_kernels")
 def test_value_pom_packed_sequences_match_the_oracle(mode, device, small_chunks):
     """Packed sequences mix in place in every mode (no padding to one length, no host synchronisation)."""
     kw = {"causal": dict(causal=True), "full": {}, "block": dict(causal=True, block_size=3)}[mode]
@@ -459,6 +475,7 @@ def fresh_checks(monkeypatch):
 
 
 @pytest.mark.parametrize("context", ["no_grad", "inference_mode", "autocast"])
+@pytest.mark.usefixtures("traced_kernels")
 def test_the_first_use_check_cannot_fail_because_of_the_callers_context(context, device, fresh_checks, monkeypatch):
     """Evaluation or generate() first (no_grad / inference_mode) or a bf16 autocast region around the first call:
     the check runs in a clean context of its own and passes — in float32 and in the call's dtype."""
