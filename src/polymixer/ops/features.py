@@ -13,11 +13,11 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .common import (
-    cast_output,
     ACTIVATIONS,
     GATES,
     GATES_INPLACE,
     ActivationLike,
+    cast_output,
     compute_dtype,
     elementwise_backward,
     is_compiling,
