@@ -19,7 +19,6 @@ capture — so that the caller's context cannot make it fail by accident. Under 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import warnings
@@ -312,25 +311,12 @@ def allowed_difference(dtype: torch.dtype, torch_difference: Optional[float] = N
     return allowed
 
 
-@contextlib.contextmanager
-def _clean_context(device: torch.device) -> Any:
-    """A context in which a small forward + backward cannot fail because of the caller's: gradients on, no
-    inference mode, no autocast, real tensors (not a trace's fake ones)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(unset_fake_temporarily())
-        stack.enter_context(torch.inference_mode(False))
-        stack.enter_context(torch.enable_grad())
-        for dev in {device.type, "cpu"}:
-            stack.enter_context(torch.autocast(dev, enabled=False))
-        yield
-
-
 def run_in_fresh_thread(fn: Callable[[], None]) -> None:
-    """Run ``fn()`` in a new thread and re-raise what it raised. torch's dispatch modes (torch.export's proxy and
-    fake modes, functionalization), grad mode, inference mode and autocast are thread-local, so ``fn`` sees none of
-    a trace the caller is in (with torch 2.11, torch.export's tracer refused the check's ``torch.Generator``)."""
+    """Run ``fn()`` in a new thread and re-raise what it raised: a context in which a small forward + backward cannot
+    fail because of the caller's. torch's dispatch modes (torch.export's proxy and fake modes, functionalization),
+    grad mode, inference mode and autocast are thread-local, so ``fn`` runs with gradients on, no inference mode, no
+    autocast and real tensors, whatever trace the caller is in (with torch 2.11, torch.export's tracer refused the
+    check's ``torch.Generator``)."""
     raised: list = []
 
     def target() -> None:
@@ -386,11 +372,7 @@ def _run_check(op: str, device_type: str, device_index: Optional[int], dtype: to
         return "not yet checked on this device (a CUDA graph is being captured)"
     CHECKED[key] = None  # while checking, the kernels are taken (the check calls them)
     try:
-        def clean_check() -> None:
-            with _clean_context(device):
-                check(device, dtype)
-
-        run_in_fresh_thread(clean_check)
+        run_in_fresh_thread(lambda: check(device, dtype))
     except Exception as e:  # a failed launch or a wrong result: loud, once
         CHECKED[key] = (f"the kernels failed their first-use check on {device} in {str(dtype).replace('torch.', '')}: "
                         f"{type(e).__name__}: {e}")
