@@ -322,6 +322,9 @@ def test_bench_recall_sweeps_the_learning_rate(tmp_path):
     assert {(r["variant"], r["lr"]) for r in wider["runs"] if r["seed"] == 0} == {
         ("attention", 5e-4), ("attention", 1e-3), ("attention", 2e-3), ("attention", 4e-3), ("pom", 1e-3)}
     assert (root / "attention-L16-K2-s0-2steps-lr0.004").is_dir()
+    # a rate off the grid trains nothing, so it is an error, not a silently finished share
+    with pytest.raises(ValueError, match=r"--lrs 0.008: not a rate of the grid .*--lr-factors"):
+        run(_toy_sweep(tmp_path, lrs=(8e-3,), seeds=(0,)), progress=False)
 
 
 def test_bench_recall_report_shows_each_variant_at_its_best_rate():

@@ -650,6 +650,15 @@ def rates_tried(rows: Sequence[Dict[str, Any]], base: float, factors: Sequence[f
     return sorted(rates)
 
 
+def check_rates(lrs: Sequence[float], grid: Sequence[float]) -> None:
+    """``--lrs`` must name rates of the ``grid``: a rate off it would train nothing and look like a finished share."""
+    off = [x for x in lrs if not any(same_rate(x, g) for g in grid)]
+    if off:
+        raise ValueError(f"--lrs {' '.join(f'{x:g}' for x in off)}: not a rate of the grid "
+                         f"({', '.join(f'{g:g}' for g in grid)}); widen it with --lr-factors "
+                         f"(e.g. 0.5 1 2 4 adds 4× the recipe's rate)")
+
+
 def only_rates(plan: Sequence[Tuple[str, float]], lrs: Sequence[float],
                grid: Sequence[float]) -> List[Tuple[str, float]]:
     """The runs of ``plan`` at one of the rates ``lrs`` (``--lrs``: one process's share of a sweep); all if none.
@@ -657,11 +666,7 @@ def only_rates(plan: Sequence[Tuple[str, float]], lrs: Sequence[float],
     nothing and look like a finished share."""
     if not lrs:
         return list(plan)
-    off = [x for x in lrs if not any(same_rate(x, g) for g in grid)]
-    if off:
-        raise ValueError(f"--lrs {' '.join(f'{x:g}' for x in off)}: not a rate of the grid "
-                         f"({', '.join(f'{g:g}' for g in grid)}); widen it with --lr-factors "
-                         f"(e.g. 0.5 1 2 4 adds 4× the recipe's rate)")
+    check_rates(lrs, grid)
     mine = [(m, lr) for m, lr in plan if any(same_rate(lr, x) for x in lrs)]
     if plan and not mine:
         runs = ", ".join(f"{m} at {lr:g}" for m, lr in plan)

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..report import format_table, new_figure, save_figure
-from .common import (ACCURACY_CEILING, BRACKET, LR_FACTORS, add_bracket_argument, add_report_argument,
+from .common import (ACCURACY_CEILING, BRACKET, LR_FACTORS, add_bracket_argument, add_report_argument, check_rates,
                      apply_overrides, best_rows, beyond, edge_note, lr_grid, mark_best, read_json, record_part,
                      report_again, resume_point, run_parts, same_rate, sweep_folder, sweep_table, training_claim,
                      write_json, write_report)
@@ -387,6 +387,7 @@ def run(cfg: RecallBenchConfig, progress: bool = True) -> Dict[str, Any]:
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     if cfg.sweep_seeds < 1:
         raise ValueError(f"sweep_seeds must be ≥ 1, got {cfg.sweep_seeds}")
+    check_rates(cfg.lrs, lr_grid(cfg.lr, cfg.lr_factors))
     if "zoology" in cfg.parts and (cfg.mlp_ratio, cfg.batch) != (ZOOLOGY["mlp_ratio"], ZOOLOGY["batch"]):
         raise ValueError("the zoology part follows Zoology's MQAR recipe (mixer-only blocks, batch 128): add --zoology")
     parts = {"state": lambda c, p: _part("state", [tuple(c.state_point)], c.state_variants, c.sweep)(c, p),
