@@ -659,6 +659,8 @@ def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift
         {**r, "select": 0.09, "median": 0.09} if "noshift" in r["variant"] else r for r in payload["zoology"]["rows"]]}}
     failing = bench.report(failing)
     assert "1k state, no shift: value PoM 0.0900" in failing and "neither learns the task (both below 0.5)" in failing
+    # the floor is 4× chance where that is below 0.5: 0.09 at K 16 is a failure, 0.43 at K 64 a partial recall
+    assert [bench.learned_floor(k) for k in (4, 8, 16, 64)] == [0.5, 0.5, 0.25, 0.0625]
     with pytest.raises(ValueError, match="add --zoology"):
         bench.run(replace(cfg, mlp_ratio=4.0, batch=64, out=str(tmp_path / "other")), progress=False)
     # --report: the text and both plots written again from recall.json, nothing trained
