@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from polymixer.data.recall import IGNORE, mqar
+from polymixer.data.recall import IGNORE, ZOOLOGY_MIXTURE, mqar, mqar_mixture
 from polymixer.linear_attention import LinearAttention, taylor_features
 from polymixer.models import create_model, list_models
 from polymixer.reference import visibility
@@ -39,6 +39,35 @@ def test_mqar_follows_zoology():
     gaps = [(i - 2 * K) // 2 for row in mqar(400, 256, 8, 2048, seed=0)[1].tolist() for i, t in enumerate(row)
             if t != IGNORE]
     assert np.median(gaps) < 30
+
+
+def test_mqar_mixture_is_zoologys_training_set():
+    """Rows drawn from the points in proportion to their weights, each a whole MQAR example of its point
+    right-padded (inputs 0, labels ignored), shuffled; a pure function of the seed."""
+    n, V, points = 600, 64, ((16, 2, 3), (32, 4, 1))
+    x, y = mqar_mixture(n, 40, points, V, seed=5)
+    assert x.shape == y.shape == (n, 40)
+    asked = (y != IGNORE).sum(1)
+    assert set(asked.tolist()) == {2, 4}
+    short = asked == 2
+    assert abs(float(short.float().mean()) - 0.75) < 0.06  # weights 3 : 1
+    assert (x[short, 16:] == 0).all() and (y[short, 16:] == IGNORE).all()
+    assert (y[~short, 32:] == IGNORE).all() and (x[~short, 32:] == 0).all()
+    assert short[:n // 2].any() and (~short[:n // 2]).any()  # shuffled, not one block per point
+    for row_x, row_y, K in zip(x.tolist(), y.tolist(), asked.tolist()):
+        pairs = dict(zip(row_x[0:2 * K:2], row_x[1:2 * K:2]))
+        assert all(pairs[row_x[i]] == t for i, t in enumerate(row_y) if t != IGNORE)  # the query's key's value
+    assert torch.equal(mqar_mixture(n, 40, points, V, seed=5)[0], x)
+    assert not torch.equal(mqar_mixture(n, 40, points, V, seed=6)[0], x)
+    assert max(L for L, _, _ in ZOOLOGY_MIXTURE) == 256 and sum(w for _, _, w in ZOOLOGY_MIXTURE) == 180_000
+    with pytest.raises(ValueError, match="does not fit"):
+        mqar_mixture(4, 16, points, V)
+    with pytest.raises(ValueError, match="weight must be positive"):
+        mqar_mixture(4, 40, ((16, 2, 0),), V)
+    with pytest.raises(ValueError, match="at least one"):
+        mqar_mixture(4, 40, (), V)
+    with pytest.raises(ValueError, match="pairs need"):
+        mqar_mixture(4, 40, ((16, 8, 1),), V)
 
 
 def test_mqar_rejects_impossible_settings():
@@ -197,6 +226,25 @@ def test_recall_task_trains_through_the_shared_loop(tmp_path):
     assert task.valid[0].shape == task.test[0].shape and not torch.equal(task.valid[0], task.test[0])
 
 
+def test_recall_trains_on_a_mixture_and_tests_at_its_point(tmp_path):
+    """With a mixture the model's positions span its longest example and its batches are the mixture's; the test
+    and validation draws, and the state a decoder keeps, stay at the point asked for."""
+    from polymixer.tasks.recall import RecallTask, train_recall
+    from polymixer.train.loop import TrainConfig
+
+    mixture = ((8, 1, 1), (24, 4, 1))
+    task = RecallTask(16, 2, 64, 8, seed=0, test_examples=20, mixture=mixture)
+    x, y = task.batch(2, 0, 1, torch.device("cpu"))
+    assert x.shape == (8, 24) and task.test[0].shape == task.valid[0].shape == (20, 16)
+    assert set((y != IGNORE).sum(1).tolist()) <= {1, 4}
+    cfg = TrainConfig(steps=4, batch_size=8, eval_every=4, ckpt_every=4, out=str(tmp_path), progress=False)
+    res = train_recall("mqar-attention", cfg, num_kv_pairs=2, test_examples=20, seq_len=16, mixture=mixture,
+                       vocab_size=64, d_model=16)
+    model = res["model"]
+    assert model.config.seq_len == 24 and 0.0 <= res["metrics"]["accuracy"] <= 1.0
+    assert model.state_floats(16) == 2 * 16 * 16 and model.state_floats() == 2 * 24 * 16
+
+
 def test_bench_recall_on_a_toy(tmp_path):
     from polymixer.bench.recall import RecallBenchConfig, report, run
 
@@ -225,6 +273,25 @@ def test_bench_recall_on_a_toy(tmp_path):
     assert not (tmp_path / "quality" / "recall" / "pom-L16-K2-s2-3steps").exists()
     assert json.loads((tmp_path / "recall.json").read_text())["state"]["rows"]
     assert (tmp_path / "recall.png").is_file() and "state floats / layer" in report(payload)
+
+
+def test_bench_recall_keeps_mixture_runs_apart(tmp_path):
+    """Runs trained on a mixture have their own folders and results key, and a bench of the other training data in
+    the same --out does not read them as its own."""
+    from dataclasses import replace
+
+    from polymixer.bench.recall import RecallBenchConfig, report, run
+
+    cfg = RecallBenchConfig(vocab_size=64, d_model=16, steps=2, batch=8, seeds=(0,), state_point=(16, 2),
+                            state_variants=("pom",), parts=("state",), test_examples=16, sweep=(), curves=False,
+                            mixture=((8, 1, 1), (24, 4, 1)), out=str(tmp_path))
+    payload = run(cfg, progress=False)
+    assert (tmp_path / "quality" / "recall" / "pom-L16-K2-s0-2steps-mix" / "result.json").is_file()
+    assert payload["state"]["rows"][0]["seeds"] == 1
+    assert "trained on a mixture of (L, K, examples) (8, 1, 1), (24, 4, 1)" in report(payload)
+    again = run(replace(cfg, train=False), progress=False)  # read back as the same runs
+    assert again["state"]["rows"][0]["seeds"] == 1
+    assert not run(replace(cfg, mixture=(), train=False), progress=False)["state"]["rows"]
 
 
 def test_bench_recall_skips_a_run_another_process_is_training(tmp_path):

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..data.recall import ZOOLOGY_MIXTURE
 from ..report import format_table, new_figure, save_figure
 from .common import (ACCURACY_CEILING, BRACKET, LR_FACTORS, add_bracket_argument, add_report_argument, check_rates,
                      apply_overrides, best_rows, beyond, edge_note, lr_grid, mark_best, read_json, record_part,
@@ -142,6 +143,8 @@ class RecallBenchConfig:
     test_examples: int = 1000
     parts: Tuple[str, ...] = ("state", "length")
     train: bool = True  # False (--collect): report the runs that have finished, train nothing
+    mixture: Tuple[Tuple[int, int, int], ...] = ()  # train on these (L, K, weight) points, test at each point
+    #                                                 (--mixture: Zoology's training set, ZOOLOGY_MIXTURE)
     compile: bool = False  # torch.compile the models (the same runs, faster on CPU)
     curves: bool = True  # each run draws its curves.png (loss, learning rate, accuracy); the same runs without
     out: str = "runs/bench/recall"
@@ -151,7 +154,7 @@ QUICK = dict(steps=150, seeds=(0,), state_point=(32, 4), state_variants=("attent
              length_points=((32, 4), (64, 8)), length_variants=("vpom-4k",), test_examples=200, sweep=())
 
 # what makes runs of two invocations comparable (runs recorded in recall.json are kept when these agree)
-_SAME = ("vocab_size", "d_model", "batch", "test_examples", "mlp_ratio")
+_SAME = ("vocab_size", "d_model", "batch", "test_examples", "mlp_ratio", "mixture")
 # Zoology's MQAR recipe at this bench's budget: mixer-only blocks, larger batches, a wider rate sweep for every mixer
 ZOOLOGY = dict(mlp_ratio=0.0, batch=128, lr_factors=(0.3, 1.0, 3.0, 10.0))
 
@@ -161,6 +164,7 @@ def _folder(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed
     the recipe's, the rate when it is not the recipe's 1e-3 (so the runs made before sweeps keep their folders)."""
     slug = f"{variant}-L{seq_len}-K{pairs}-s{seed}" + ("" if cfg.steps == RECIPE_STEPS else f"-{cfg.steps}steps")
     slug += "" if cfg.mlp_ratio == 4.0 else f"-mlp{cfg.mlp_ratio:g}-b{cfg.batch}"  # another recipe (--zoology)
+    slug += "-mix" if cfg.mixture else ""  # trained on a mixture of points (--mixture)
     return sweep_folder(Path(cfg.out) / "quality" / "recall", slug, lr, RECIPE_LR)
 
 
@@ -180,7 +184,8 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
                        ckpt_every=max(1, cfg.steps // 4), log_every=50, seed=1337 + seed, out=str(out),
                        progress=progress, compile=cfg.compile, curves=cfg.curves)
     key = {"tcfg": asdict(tcfg), "overrides": overrides, "preset": preset, "pairs": pairs, "seq_len": seq_len,
-           "vocab": cfg.vocab_size, "d_model": cfg.d_model, "test": cfg.test_examples}
+           "vocab": cfg.vocab_size, "d_model": cfg.d_model, "test": cfg.test_examples,
+           **({"mixture": [list(p) for p in cfg.mixture]} if cfg.mixture else {})}
     record = out / "result.json"
 
     def recorded() -> Optional[Dict[str, Any]]:
@@ -204,13 +209,13 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
         resume_point(out, tcfg)  # an interrupted run continues; one made with other settings starts over
         t0 = time.perf_counter()
         res = train_recall(preset, tcfg, num_kv_pairs=pairs, test_examples=cfg.test_examples, seq_len=seq_len,
-                           vocab_size=cfg.vocab_size, d_model=cfg.d_model, **overrides)
+                           mixture=cfg.mixture, vocab_size=cfg.vocab_size, d_model=cfg.d_model, **overrides)
         model = res["model"]
         result = {"variant": variant, "family": family, "seq_len": seq_len, "pairs": pairs, "seed": seed,
                   "steps": cfg.steps, "lr": lr,
                   "accuracy": res["metrics"]["accuracy"], "loss": res["metrics"]["loss"],
                   "val_accuracy": res["metrics"]["val_accuracy"], "val_loss": res["metrics"]["val_loss"],
-                  "state_floats": model.state_floats(), "params": sum(p.numel() for p in model.parameters()),
+                  "state_floats": model.state_floats(seq_len), "params": sum(p.numel() for p in model.parameters()),
                   "minutes": (time.perf_counter() - t0) / 60}
         write_json(record, {"key": key, "result": result})
         return result
@@ -228,7 +233,7 @@ def _rescore(cfg: RecallBenchConfig, tcfg: Any, out: Path, saved: Dict[str, Any]
     if not resume_point(out, tcfg):  # no checkpoint of this run trained to the end
         return result
     model = load_model(out, family="recall")
-    task = RecallTask(seq_len, pairs, cfg.vocab_size, cfg.batch, tcfg.seed, cfg.test_examples)
+    task = RecallTask(seq_len, pairs, cfg.vocab_size, cfg.batch, tcfg.seed, cfg.test_examples, cfg.mixture)
     test, _ = recall_accuracy(model, *task.test)
     if abs(test - result["accuracy"]) > 1e-6:
         warnings.warn(f"{out}: its checkpoint scores {test:.4f} on the test draw, not the recorded "
@@ -319,8 +324,9 @@ def _earlier_runs(cfg: RecallBenchConfig, name: str) -> List[Dict[str, Any]]:
         return []
     part = read_json(path).get(name, {})
     old = part.get("config", {})
-    if any(old.get(k, RecallBenchConfig.mlp_ratio if k == "mlp_ratio" else None) != getattr(cfg, k)
-           for k in _SAME):  # (runs recorded before mlp_ratio existed had the 4× feed-forward)
+    # the fields files written before them lack: the 4× feed-forward, one point's training data
+    before = {"mlp_ratio": RecallBenchConfig.mlp_ratio, "mixture": []}
+    if any(old.get(k, before.get(k)) != json.loads(json.dumps(getattr(cfg, k))) for k in _SAME):
         return []
     return [_with_budget(r) for r in part.get("runs", [])]
 
@@ -432,7 +438,10 @@ def report(payload: Dict[str, Any], *seed_payloads: Any) -> str:
                                                           r["steps"]))
         shown = [{**r, "lr": f"{r['lr']:g}", **{k: f"{r[k]:.4f}" for k in ("median", "low", "high")}}
                  for r in rows]
-        text = f"{name}: each variant at its best learning rate\n" + format_table(shown, cols, heads)
+        mixture = part.get("config", {}).get("mixture")
+        trained = ("" if not mixture else " — trained on a mixture of (L, K, examples) "
+                   + ", ".join(f"({L}, {K}, {n:,})" for L, K, n in mixture) + ", tested at each point")
+        text = f"{name}: each variant at its best learning rate{trained}\n" + format_table(shown, cols, heads)
         swept = [r for r in all_rows if r.get("rates", 1) > 1]
         if swept:
             seeds = part.get("sweep_seeds") or [0]
@@ -676,6 +685,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zoology", action="store_true",
                    help="Zoology's MQAR recipe at this budget: mixer-only blocks (mlp_ratio 0), batch 128, rates "
                         "0.3× to 10× the recipe's for every swept mixer")
+    p.add_argument("--mixture", action="store_true",
+                   help="train on Zoology's training set instead of the test point alone: 100k examples of L 64 / "
+                        "K 4 and 20k each of 128/8, 256/16, 256/32, 256/64, shuffled, right-padded to 256 "
+                        "tokens; each point tested as before (give it its own --out)")
     p.add_argument("--compile", action="store_true", help="torch.compile the models (same runs, same results key)")
     p.add_argument("--collect", action="store_true",
                    help="report the runs that have finished (e.g. trained elsewhere and copied in); train nothing")
@@ -687,7 +700,8 @@ def main(args: argparse.Namespace) -> int:
     if args.report:
         print(report_again(Path(args.out), "recall", plots, report))
         return 0
-    cfg = RecallBenchConfig(parts=tuple(args.parts), train=not args.collect, compile=args.compile, out=args.out)
+    cfg = RecallBenchConfig(parts=tuple(args.parts), train=not args.collect, compile=args.compile, out=args.out,
+                            mixture=ZOOLOGY_MIXTURE if args.mixture else ())
     if args.zoology:
         for k, v in ZOOLOGY.items():
             setattr(cfg, k, v)

@@ -12,14 +12,21 @@ Examples are generated on the fly from a seed, so a batch is a pure function of 
 
 from __future__ import annotations
 
-from typing import Tuple, Union
+from typing import Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-__all__ = ["IGNORE", "mqar", "check_mqar"]
+__all__ = ["IGNORE", "ZOOLOGY_MIXTURE", "mqar", "mqar_mixture", "check_mqar"]
 
 IGNORE = -100
+PAD = 0  # the input token after a shorter example's end (its labels there are IGNORE)
+
+# Zoology's MQAR training set: (seq_len, num_kv_pairs, examples) — 100,000 short easy examples and 20,000 of each
+# harder one, shuffled together and right-padded to the longest; every test point is scored on the model trained on
+# all of it
+ZOOLOGY_MIXTURE: Tuple[Tuple[int, int, int], ...] = (
+    (64, 4, 100_000), (128, 8, 20_000), (256, 16, 20_000), (256, 32, 20_000), (256, 64, 20_000))
 
 
 def check_mqar(seq_len: int, num_kv_pairs: int, vocab_size: int) -> None:
@@ -69,3 +76,32 @@ def mqar(num_examples: int, seq_len: int, num_kv_pairs: int, vocab_size: int,
         filler = inputs == 0
         inputs[filler] = rng.integers(0, V, size=int(filler.sum()))
     return torch.from_numpy(np.ascontiguousarray(inputs)), torch.from_numpy(np.ascontiguousarray(labels))
+
+
+def mqar_mixture(num_examples: int, seq_len: int, points: Sequence[Tuple[int, int, float]], vocab_size: int,
+                 seed: Union[int, np.random.Generator, Tuple[int, ...]] = 0, power_a: float = 0.01,
+                 random_non_queries: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels), both (num_examples, seq_len): each row an MQAR example of one of ``points`` — (its
+    seq_len, its pairs, its weight) — drawn with probability ∝ weight, right-padded to ``seq_len`` (inputs
+    :data:`PAD`, labels −100), the rows shuffled: Zoology's training mixture (:data:`ZOOLOGY_MIXTURE`)."""
+    if not points:
+        raise ValueError("a mixture needs at least one (seq_len, num_kv_pairs, weight) point")
+    for L, K, w in points:
+        check_mqar(L, K, vocab_size)
+        if L > seq_len:
+            raise ValueError(f"a mixture point of {L} tokens does not fit the {seq_len} tokens of the rows")
+        if not w > 0:
+            raise ValueError(f"a mixture point's weight must be positive, got {w!r} for ({L}, {K})")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    weights = np.array([float(w) for _, _, w in points])
+    counts = rng.multinomial(num_examples, weights / weights.sum())
+    inputs = torch.full((num_examples, seq_len), PAD, dtype=torch.int64)
+    labels = torch.full((num_examples, seq_len), IGNORE, dtype=torch.int64)
+    start = 0
+    for (L, K, _), n in zip(points, counts.tolist()):
+        if n:
+            inputs[start:start + n, :L], labels[start:start + n, :L] = mqar(
+                n, L, K, vocab_size, seed=rng, power_a=power_a, random_non_queries=random_non_queries)
+            start += n
+    order = torch.from_numpy(rng.permutation(num_examples))
+    return inputs[order], labels[order]

@@ -94,14 +94,16 @@ class RecallLM(nn.Module):
                                         token_shift=shift)
         return _ShiftedKeysValues(mixer) if letter in "ALP" and c.token_shift else mixer
 
-    def state_floats(self) -> int:
-        """Recurrent state per sequence of the largest layer (what a decoder keeps per layer at this seq_len)."""
+    def state_floats(self, seq_len: Optional[int] = None) -> int:
+        """Recurrent state per sequence of the largest layer: what a decoder keeps per layer at ``seq_len`` tokens
+        (default: the model's; attention's cache grows with it)."""
         c = self.config
+        n = c.seq_len if seq_len is None else seq_len
         sizes = []
         for letter, block in zip(c.layer_pattern(), self.blocks):
             m = block.mixer
             if letter in "AL":
-                kv = 2 * (c.seq_len if letter == "A" else min(c.window, c.seq_len)) * c.d_model
+                kv = 2 * (n if letter == "A" else min(c.window, n)) * c.d_model
                 sizes.append(kv + c.d_model * c.token_shift)  # + the previous token, with the shift
             elif isinstance(m, _ShiftedKeysValues):  # PoM reading the shifted tokens: + the previous token
                 sizes.append(m.mixer.state_floats + c.d_model)
