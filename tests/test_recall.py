@@ -275,23 +275,36 @@ def test_bench_recall_on_a_toy(tmp_path):
     assert (tmp_path / "recall.png").is_file() and "state floats / layer" in report(payload)
 
 
-def test_bench_recall_keeps_mixture_runs_apart(tmp_path):
-    """Runs trained on a mixture have their own folders and results key, and a bench of the other training data in
-    the same --out does not read them as its own."""
+def test_bench_recall_trains_a_mixture_run_once_for_every_point(tmp_path):
+    """A run trained on a mixture is one folder and one training for every point it is tested at (each further
+    point scored from its final checkpoint, as the training's own evaluation scores it); a bench of the other
+    training data in the same --out does not read its rows as its own."""
     from dataclasses import replace
 
     from polymixer.bench.recall import RecallBenchConfig, report, run
 
-    cfg = RecallBenchConfig(vocab_size=64, d_model=16, steps=2, batch=8, seeds=(0,), state_point=(16, 2),
-                            state_variants=("pom",), parts=("state",), test_examples=16, sweep=(), curves=False,
+    cfg = RecallBenchConfig(vocab_size=64, d_model=16, steps=2, batch=8, seeds=(0,), length_points=((24, 4),),
+                            length_variants=("attention",), parts=("length",), test_examples=16, curves=False,
                             mixture=((8, 1, 1), (24, 4, 1)), out=str(tmp_path))
-    payload = run(cfg, progress=False)
-    assert (tmp_path / "quality" / "recall" / "pom-L16-K2-s0-2steps-mix" / "result.json").is_file()
-    assert payload["state"]["rows"][0]["seeds"] == 1
+    first = run(cfg, progress=False)["length"]["rows"][0]
+    record = tmp_path / "quality" / "recall" / "attention-mix-s0-2steps" / "result.json"
+    stamp = json.loads(record.read_text())["points"]["24:4"]
+    payload = run(replace(cfg, length_points=((16, 2), (24, 4))), progress=False)
+    assert [p.name for p in (tmp_path / "quality" / "recall").iterdir()] == ["attention-mix-s0-2steps"]
+    points = json.loads(record.read_text())["points"]
+    assert points["24:4"] == stamp and set(points) == {"24:4", "16:2"}  # trained once, tested twice
+    rows = {r["seq_len"]: r for r in payload["length"]["rows"]}
+    assert rows[24]["median"] == first["median"] and rows[16]["state_floats"] == 2 * 16 * 16
+    assert rows[24]["state_floats"] == 2 * 24 * 16  # attention's cache at the point tested
+    # the training's own evaluation at 24:4 and a score from the checkpoint agree
+    from polymixer.tasks.recall import RecallTask, recall_accuracy
+    from polymixer.train.checkpoint import load_model
+
+    model = load_model(record.parent, family="recall")
+    draws = RecallTask(24, 4, 64, 8, seed=1337, test_examples=16).test
+    assert recall_accuracy(model, *draws)[0] == stamp["accuracy"]
     assert "trained on a mixture of (L, K, examples) (8, 1, 1), (24, 4, 1)" in report(payload)
-    again = run(replace(cfg, train=False), progress=False)  # read back as the same runs
-    assert again["state"]["rows"][0]["seeds"] == 1
-    assert not run(replace(cfg, mixture=(), train=False), progress=False)["state"]["rows"]
+    assert not run(replace(cfg, mixture=(), train=False), progress=False)["length"]["rows"]
 
 
 def test_bench_recall_skips_a_run_another_process_is_training(tmp_path):

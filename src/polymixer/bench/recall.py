@@ -161,10 +161,11 @@ ZOOLOGY = dict(mlp_ratio=0.0, batch=128, lr_factors=(0.3, 1.0, 3.0, 10.0))
 
 def _folder(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: int, lr: float) -> Path:
     """``<out>/quality/recall/<variant>-L<L>-K<K>-s<seed>[-<steps>steps][-lr<rate>]``: the steps when they are not
-    the recipe's, the rate when it is not the recipe's 1e-3 (so the runs made before sweeps keep their folders)."""
-    slug = f"{variant}-L{seq_len}-K{pairs}-s{seed}" + ("" if cfg.steps == RECIPE_STEPS else f"-{cfg.steps}steps")
+    the recipe's, the rate when it is not the recipe's 1e-3 (so the runs made before sweeps keep their folders).
+    A run trained on a mixture (``-mix`` in place of the point) is one run for every point it is tested at."""
+    slug = f"{variant}-" + ("mix" if cfg.mixture else f"L{seq_len}-K{pairs}") + f"-s{seed}"
+    slug += "" if cfg.steps == RECIPE_STEPS else f"-{cfg.steps}steps"
     slug += "" if cfg.mlp_ratio == 4.0 else f"-mlp{cfg.mlp_ratio:g}-b{cfg.batch}"  # another recipe (--zoology)
-    slug += "-mix" if cfg.mixture else ""  # trained on a mixture of points (--mixture)
     return sweep_folder(Path(cfg.out) / "quality" / "recall", slug, lr, RECIPE_LR)
 
 
@@ -183,28 +184,34 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
                        warmup=max(1, cfg.steps // 20), weight_decay=0.1, beta2=0.98, eval_every=cfg.steps,
                        ckpt_every=max(1, cfg.steps // 4), log_every=50, seed=1337 + seed, out=str(out),
                        progress=progress, compile=cfg.compile, curves=cfg.curves)
-    key = {"tcfg": asdict(tcfg), "overrides": overrides, "preset": preset, "pairs": pairs, "seq_len": seq_len,
-           "vocab": cfg.vocab_size, "d_model": cfg.d_model, "test": cfg.test_examples,
-           **({"mixture": [list(p) for p in cfg.mixture]} if cfg.mixture else {})}
-    record = out / "result.json"
+    key = {"tcfg": asdict(tcfg), "overrides": overrides, "preset": preset, "vocab": cfg.vocab_size,
+           "d_model": cfg.d_model, "test": cfg.test_examples}
+    # a run on a mixture is the same training whatever point it is tested at; its record holds a result per point
+    key.update({"mixture": [list(p) for p in cfg.mixture]} if cfg.mixture else {"pairs": pairs, "seq_len": seq_len})
+    record, point = out / "result.json", f"{seq_len}:{pairs}"
 
-    def recorded() -> Optional[Dict[str, Any]]:
+    def recorded(score: bool = False) -> Optional[Dict[str, Any]]:
         """The result a finished run with these settings left (where the run folder sits and whether it showed
-        progress change nothing)."""
+        progress change nothing); a run on a mixture not yet tested at this point is tested now where ``score``
+        (from its final checkpoint)."""
         if not record.is_file():
             return None
         saved = read_json(record)
         if _comparable(saved.get("key", {})) != _comparable(json.loads(json.dumps(key))):
             return None
+        if cfg.mixture:
+            done = saved.get("points", {})
+            return done.get(point) or (_score_point(cfg, tcfg, out, saved, seq_len, pairs) if score else None)
         result = saved["result"]
         return result if "val_accuracy" in result else _rescore(cfg, tcfg, out, saved, seq_len, pairs)
 
     result = recorded()
-    if result is not None or not train:
+    if result is not None or (not train and not cfg.mixture):
         return result
     with training_claim(out) as mine:
-        result = recorded() if mine else None  # finished by another process between the look above and the claim
-        if not mine or result is not None:
+        # finished by another process between the look above and the claim, or trained on the mixture already
+        result = recorded(score=True) if mine else None
+        if not mine or result is not None or not train:
             return result
         resume_point(out, tcfg)  # an interrupted run continues; one made with other settings starts over
         t0 = time.perf_counter()
@@ -217,8 +224,30 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
                   "val_accuracy": res["metrics"]["val_accuracy"], "val_loss": res["metrics"]["val_loss"],
                   "state_floats": model.state_floats(seq_len), "params": sum(p.numel() for p in model.parameters()),
                   "minutes": (time.perf_counter() - t0) / 60}
-        write_json(record, {"key": key, "result": result})
+        write_json(record, {"key": key, "points": {point: result}} if cfg.mixture else {"key": key, "result": result})
         return result
+
+
+def _score_point(cfg: RecallBenchConfig, tcfg: Any, out: Path, saved: Dict[str, Any], seq_len: int,
+                 pairs: int) -> Optional[Dict[str, Any]]:
+    """A run trained on a mixture, tested at one more point (L, K) from its final checkpoint: the test and
+    validation draws of that point, the state a decoder keeps there; recorded beside its other points. None
+    where the run has no checkpoint trained to the end."""
+    from ..tasks.recall import RecallTask, recall_accuracy
+    from ..train.checkpoint import load_model
+
+    done = saved.get("points", {})
+    if not done or not resume_point(out, tcfg):
+        return None
+    model = load_model(out, family="recall")
+    if seq_len > model.config.seq_len:
+        raise ValueError(f"{out}: its model spans {model.config.seq_len} tokens; it cannot be tested at L {seq_len}")
+    task = RecallTask(seq_len, pairs, cfg.vocab_size, cfg.batch, tcfg.seed, cfg.test_examples)
+    (acc, loss), (val, val_loss) = recall_accuracy(model, *task.test), recall_accuracy(model, *task.valid)
+    result = {**next(iter(done.values())), "seq_len": seq_len, "pairs": pairs, "accuracy": acc, "loss": loss,
+              "val_accuracy": val, "val_loss": val_loss, "state_floats": model.state_floats(seq_len), "minutes": 0.0}
+    write_json(out / "result.json", {**saved, "points": {**done, f"{seq_len}:{pairs}": result}})
+    return result
 
 
 def _rescore(cfg: RecallBenchConfig, tcfg: Any, out: Path, saved: Dict[str, Any], seq_len: int,
