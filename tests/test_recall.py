@@ -305,6 +305,8 @@ def test_bench_recall_trains_a_mixture_run_once_for_every_point(tmp_path):
     assert recall_accuracy(model, *draws)[0] == stamp["accuracy"]
     assert "trained on a mixture of (L, K, examples) (8, 1, 1), (24, 4, 1)" in report(payload)
     assert not run(replace(cfg, mixture=(), train=False), progress=False)["length"]["rows"]
+    run(replace(cfg, seeds=(0, 1), train=False), progress=False)  # --collect: seed 1 never ran: no folder made
+    assert [p.name for p in (tmp_path / "quality" / "recall").iterdir()] == ["attention-mix-s0-2steps"]
 
 
 def test_bench_recall_skips_a_run_another_process_is_training(tmp_path):
@@ -787,3 +789,22 @@ def test_the_gpu_zoology_script_runs_its_three_phases(tmp_path):
     assert [r["lr"] for r in runs if r["seed"] == 2] == best
     assert {(r["variant"], r["seq_len"], r["pairs"], r["steps"]) for r in runs} == {("vpom-1k", 16, 4, 2)}
     assert "vpom-1k" in (tmp_path / "out" / "report.txt").read_text()
+
+
+@pytest.mark.slow
+def test_the_gpu_zoology_script_trains_the_mixture_once_for_its_points(tmp_path):
+    """``MIXTURE=1 scripts/zoology-gpu``: the runs train on Zoology's mixture, one run per (variant, rate, seed)
+    tested at every point of POINT, into one recall.json (a dry run on the CPU)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "MIXTURE": "1", "STEPS": "2", "JOBS": "2", "POINT": "16:4 32:8", "VARIANTS": "vpom-1k",
+           "BENCH_OUT": str(tmp_path / "bench"), "OUT": str(tmp_path / "out"), "PYTHON": sys.executable}
+    done = subprocess.run([str(root / "scripts" / "zoology-gpu")], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "out" / "zoology-gpu.log").read_text()
+    assert "FAILED" not in log and "budget spent" not in log, log
+    runs = json.loads((tmp_path / "out" / "recall.json").read_text())["zoology"]["runs"]
+    assert {(r["seq_len"], r["pairs"]) for r in runs} == {(16, 4), (32, 8)}
+    folders = {p.name for p in (tmp_path / "bench" / "quality" / "recall").iterdir()}
+    assert folders and all("-mix-" in f for f in folders)
+    assert len(folders) == len({(r["seed"], round(r["lr"], 8)) for r in runs})  # one training for both points

@@ -640,7 +640,8 @@ def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str
     pairs = versus_based(rows)
     what = ("value PoM at least level with Based at every state size (Zoology's figure 2: L "
             + " / ".join(str(L) for L, _ in ZOOLOGY_POINTS) + f", {' / '.join(STATE_SIZES)} state floats, with and "
-            f"without the shift; level: within {100 * LEVEL:g} point)")
+            f"without the shift, each model trained on its test point alone (Zoology trains on a mixture of points: "
+            f"bench recall --mixture, docs/recall.md); level: within {100 * LEVEL:g} point)")
 
     def command(cells: List[Tuple[int, int, bool, str]]) -> str:
         """The bench run that trains ``cells`` ((L, K, shift, size)), each swept at every rate, on 3 seeds."""

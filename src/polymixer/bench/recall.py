@@ -206,8 +206,8 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
         return result if "val_accuracy" in result else _rescore(cfg, tcfg, out, saved, seq_len, pairs)
 
     result = recorded()
-    if result is not None or (not train and not cfg.mixture):
-        return result
+    if result is not None or (not train and not (cfg.mixture and record.is_file())):
+        return result  # (a mixture run on record, not yet tested at this point, is scored below)
     with training_claim(out) as mine:
         # finished by another process between the look above and the claim, or trained on the mixture already
         result = recorded(score=True) if mine else None
