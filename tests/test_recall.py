@@ -768,18 +768,24 @@ def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift
     assert len(trained) == n and again["zoology"]["rows"] == payload["zoology"]["rows"]
 
 
+def _dry_run_zoology_gpu(tmp_path: Path, **env: str) -> None:
+    """``scripts/zoology-gpu`` on the CPU, 2 steps a run, vpom-1k, two processes at a time (``env``: the rest of
+    its environment): it must exit 0 with every run started and none failed."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "STEPS": "2", "JOBS": "2", "VARIANTS": "vpom-1k", "BENCH_OUT": str(tmp_path / "bench"),
+           "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, **env}
+    done = subprocess.run([str(root / "scripts" / "zoology-gpu")], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "out" / "zoology-gpu.log").read_text()
+    assert "FAILED" not in log and "budget spent" not in log, log
+
+
 @pytest.mark.slow
 def test_the_gpu_zoology_script_runs_its_three_phases(tmp_path):
     """``scripts/zoology-gpu`` (a device session's L 256 cells): the sweep at seed 0, the bracket, then seeds 1 and 2
     at the best rate, as parallel processes of the bench merged into one recall.json (a dry run on the CPU)."""
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "STEPS": "2", "JOBS": "2", "POINT": "16:4", "VARIANTS": "vpom-1k",
-           "BENCH_OUT": str(tmp_path / "bench"), "OUT": str(tmp_path / "out"), "PYTHON": sys.executable}
-    done = subprocess.run([str(root / "scripts" / "zoology-gpu")], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    log = (tmp_path / "out" / "zoology-gpu.log").read_text()
-    assert "FAILED" not in log and "budget spent" not in log, log
+    _dry_run_zoology_gpu(tmp_path, POINT="16:4")
     part = json.loads((tmp_path / "out" / "recall.json").read_text())["zoology"]
     runs = part["runs"]
     sweep = {round(r["lr"], 8) for r in runs if r["seed"] == 0}
@@ -795,14 +801,7 @@ def test_the_gpu_zoology_script_runs_its_three_phases(tmp_path):
 def test_the_gpu_zoology_script_trains_the_mixture_once_for_its_points(tmp_path):
     """``MIXTURE=1 scripts/zoology-gpu``: the runs train on Zoology's mixture, one run per (variant, rate, seed)
     tested at every point of POINT, into one recall.json (a dry run on the CPU)."""
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "MIXTURE": "1", "STEPS": "2", "JOBS": "2", "POINT": "16:4 32:8", "VARIANTS": "vpom-1k",
-           "BENCH_OUT": str(tmp_path / "bench"), "OUT": str(tmp_path / "out"), "PYTHON": sys.executable}
-    done = subprocess.run([str(root / "scripts" / "zoology-gpu")], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, done.stderr
-    log = (tmp_path / "out" / "zoology-gpu.log").read_text()
-    assert "FAILED" not in log and "budget spent" not in log, log
+    _dry_run_zoology_gpu(tmp_path, MIXTURE="1", POINT="16:4 32:8")
     runs = json.loads((tmp_path / "out" / "recall.json").read_text())["zoology"]["runs"]
     assert {(r["seq_len"], r["pairs"]) for r in runs} == {(16, 4), (32, 8)}
     folders = {p.name for p in (tmp_path / "bench" / "quality" / "recall").iterdir()}

@@ -262,7 +262,7 @@ def _rescore(cfg: RecallBenchConfig, tcfg: Any, out: Path, saved: Dict[str, Any]
     if not resume_point(out, tcfg):  # no checkpoint of this run trained to the end
         return result
     model = load_model(out, family="recall")
-    task = RecallTask(seq_len, pairs, cfg.vocab_size, cfg.batch, tcfg.seed, cfg.test_examples, cfg.mixture)
+    task = RecallTask(seq_len, pairs, cfg.vocab_size, cfg.batch, tcfg.seed, cfg.test_examples)
     test, _ = recall_accuracy(model, *task.test)
     if abs(test - result["accuracy"]) > 1e-6:
         warnings.warn(f"{out}: its checkpoint scores {test:.4f} on the test draw, not the recorded "

@@ -84,13 +84,12 @@ def train_recall(preset: str, train_cfg: TrainConfig, num_kv_pairs: int = 16, te
     ``seq_len`` (default: the preset's) — or on a ``mixture`` of points (Zoology's training set), the model's
     positions then spanning its longest example, the test still at (``seq_len``, ``num_kv_pairs``)."""
     torch.manual_seed(train_cfg.seed)
-    if seq_len is None:
-        seq_len = model_config(preset, **overrides).seq_len
-    longest = max([seq_len] + [p[0] for p in mixture])
-    model = create_model(preset, **overrides, seq_len=longest)
-    c = model.config
-    task = RecallTask(seq_len, num_kv_pairs, c.vocab_size, train_cfg.batch_size, train_cfg.seed, test_examples,
+    config = model_config(preset, **overrides)
+    seq_len = config.seq_len if seq_len is None else seq_len
+    task = RecallTask(seq_len, num_kv_pairs, config.vocab_size, train_cfg.batch_size, train_cfg.seed, test_examples,
                       mixture)
+    model = create_model(preset, **overrides, seq_len=task.train_len)
+    c = model.config
     meta = {"family": "recall", "preset": preset, "model": asdict(c),
             "task": {"num_kv_pairs": num_kv_pairs, "seq_len": seq_len, "vocab_size": c.vocab_size,
                      "test_examples": test_examples, **({"mixture": [list(p) for p in mixture]} if mixture else {})},
