@@ -766,6 +766,12 @@ def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift
     shutil.copy(tmp_path / "recall.json", kept / "recall.json")
     again = bench.run(replace(cfg, out=str(kept)), progress=False)
     assert len(trained) == n and again["zoology"]["rows"] == payload["zoology"]["rows"]
+    # a folder of the zoology part alone gets its figure, and no empty recall.png
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "recall.json").write_text(json.dumps({k: v for k, v in payload.items() if k not in ("state", "length")}))
+    assert bench.main(p.parse_args(["--report", "--out", str(alone)])) == 0
+    assert (alone / "recall_zoology.png").is_file() and not (alone / "recall.png").exists()
 
 
 def _dry_run_zoology_gpu(tmp_path: Path, **env: str) -> None:

@@ -444,8 +444,10 @@ def run(cfg: RecallBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
 
 def plots(payload: Dict[str, Any], path: Path) -> None:
-    """``recall.png`` at ``path``, and ``recall_zoology.png`` beside it when the payload has the zoology part."""
-    plot(payload, path)
+    """``recall.png`` at ``path`` when the payload has the state or length part, and ``recall_zoology.png`` beside it
+    when it has the zoology part (a zoology-only folder gets no empty recall.png)."""
+    if "state" in payload or "length" in payload or "zoology" not in payload:
+        plot(payload, path)
     if "zoology" in payload:
         plot_zoology(payload, path.with_name("recall_zoology.png"))
 
@@ -742,5 +744,6 @@ def main(args: argparse.Namespace) -> int:
                      "zoology_variants": "zoology_variants", "zoology_points": "zoology_points"})
     payload = run(cfg)
     print(report(payload))
-    print(f"\nwrote {Path(cfg.out) / 'recall.json'}, recall.txt and recall.png")
+    pngs = [p for p in ("recall.png", "recall_zoology.png") if (Path(cfg.out) / p).is_file()]
+    print(f"\nwrote {Path(cfg.out) / 'recall.json'}, recall.txt" + "".join(f", {p}" for p in pngs))
     return 0
