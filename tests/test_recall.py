@@ -766,6 +766,9 @@ def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift
     shutil.copy(tmp_path / "recall.json", kept / "recall.json")
     again = bench.run(replace(cfg, out=str(kept)), progress=False)
     assert len(trained) == n and again["zoology"]["rows"] == payload["zoology"]["rows"]
+    # a process of one more seed (--seeds 2) writes the part with the rates still picked on the sweep seed
+    two = bench.run(replace(cfg, seeds=(2,), train=False, out=str(kept)), progress=False)
+    assert two["zoology"]["rows"] == payload["zoology"]["rows"] and two["zoology"]["sweep_seeds"] == [0]
     # a folder of the zoology part alone gets its figure, and no empty recall.png
     alone = tmp_path / "alone"
     alone.mkdir()

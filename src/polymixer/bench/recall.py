@@ -289,9 +289,23 @@ def _key(r: Dict[str, Any]) -> Tuple[Any, ...]:
     return r["variant"], r["seq_len"], r["pairs"], r["seed"], r["steps"], float(f"{r['lr']:.6g}")
 
 
+def sweep_seeds(results: List[Dict[str, Any]], swept_only: bool = False) -> Dict[Tuple[Any, ...], set]:
+    """Per (variant, L, K, steps), the seeds (as strings) that ran at every rate of it: the seeds a sweep trained
+    at every rate, on which its rate is chosen (the others train at the chosen rate only). Read from the runs, so a
+    process adding one seed (``--seeds 2``) does not change which seeds pick the rate. ``swept_only``: only the
+    (variant, L, K, steps) run at more than one rate."""
+    rates: Dict[Tuple[Any, ...], Dict[float, set]] = {}
+    for r in map(_with_budget, results):
+        k = _key(r)
+        rates.setdefault(k[:3] + (k[4],), {}).setdefault(k[5], set()).add(str(r["seed"]))
+    return {spec: set.intersection(*by_rate.values()) for spec, by_rate in rates.items()
+            if len(by_rate) > 1 or not swept_only}
+
+
 def _summarise(results: List[Dict[str, Any]], cfg: RecallBenchConfig) -> List[Dict[str, Any]]:
     """One row per (variant, L, K, steps, lr): the median, min and max over seeds, and the selection score (the
-    median validation accuracy of the sweep seeds, the first ``cfg.sweep_seeds`` of ``cfg.seeds``, so that every
+    median validation accuracy of the sweep seeds — :func:`sweep_seeds`: those that ran at every rate of the
+    variant at the point, read from the runs, not from the flags of the process that writes the file — so that every
     rate is judged on the same seeds; ``val_accuracy``, None where it is not on validation); each (variant, L, K,
     steps) marked at its best rate (``best_lr``), ties going to the rate with more seeds, then to the one nearer the
     recipe's. A variant any of whose rates lacks the validation score of a sweep seed (recorded before the draw
@@ -305,10 +319,11 @@ def _summarise(results: List[Dict[str, Any]], cfg: RecallBenchConfig) -> List[Di
         row["by_seed"][str(r["seed"])] = r["accuracy"]
         if r.get("val_accuracy") is not None:
             row["val_by_seed"][str(r["seed"])] = r["val_accuracy"]
-    chosen = {str(s) for s in cfg.seeds[:max(1, cfg.sweep_seeds)]}
+    chosen = sweep_seeds(results)
 
     def judged_on(row: Dict[str, Any]) -> List[str]:  # the seeds a rate is judged on: the sweep seeds it ran
-        return [s for s in row["by_seed"] if s in chosen] or list(row["by_seed"])
+        picked = chosen.get((row["variant"], row["seq_len"], row["pairs"], row["steps"]), set())
+        return [s for s in row["by_seed"] if s in picked] or list(row["by_seed"])
 
     scored: Dict[str, bool] = {}  # spec → every rate's judged seeds have a validation score
     for row in rows.values():
@@ -386,7 +401,7 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
             return {"runs": results, "rows": _summarise(results, cfg), "grid": list(grid), "swept": list(swept),
                     "selected_by": "validation accuracy of the sweep seeds (median); test accuracy where a run of the "
                                    "variant has no validation score (row: selected_on)",
-                    "sweep_seeds": list(cfg.seeds[:cfg.sweep_seeds])}
+                    "sweep_seeds": sorted({int(s) for seeds in sweep_seeds(results, True).values() for s in seeds})}
 
         def one(variant: str, L: int, K: int, seed: int, lr: float, train: bool, picks: bool = False) -> None:
             """``picks``: the run is one the rate is chosen on, so an earlier record of it without a validation
