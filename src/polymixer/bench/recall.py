@@ -289,6 +289,11 @@ def _key(r: Dict[str, Any]) -> Tuple[Any, ...]:
     return r["variant"], r["seq_len"], r["pairs"], r["seed"], r["steps"], float(f"{r['lr']:.6g}")
 
 
+def _spec(r: Dict[str, Any]) -> Tuple[Any, ...]:
+    """What a rate is chosen for: (variant, L, K, steps) — a run's or a row's."""
+    return r["variant"], r["seq_len"], r["pairs"], r["steps"]
+
+
 def sweep_seeds(results: List[Dict[str, Any]], swept_only: bool = False) -> Dict[Tuple[Any, ...], set]:
     """Per (variant, L, K, steps), the seeds (as strings) that ran at every rate of it: the seeds a sweep trained
     at every rate, on which its rate is chosen (the others train at the chosen rate only). Read from the runs, so a
@@ -296,8 +301,7 @@ def sweep_seeds(results: List[Dict[str, Any]], swept_only: bool = False) -> Dict
     (variant, L, K, steps) run at more than one rate."""
     rates: Dict[Tuple[Any, ...], Dict[float, set]] = {}
     for r in map(_with_budget, results):
-        k = _key(r)
-        rates.setdefault(k[:3] + (k[4],), {}).setdefault(k[5], set()).add(str(r["seed"]))
+        rates.setdefault(_spec(r), {}).setdefault(_key(r)[5], set()).add(str(r["seed"]))
     return {spec: set.intersection(*by_rate.values()) for spec, by_rate in rates.items()
             if len(by_rate) > 1 or not swept_only}
 
@@ -322,7 +326,7 @@ def _summarise(results: List[Dict[str, Any]], cfg: RecallBenchConfig) -> List[Di
     chosen = sweep_seeds(results)
 
     def judged_on(row: Dict[str, Any]) -> List[str]:  # the seeds a rate is judged on: the sweep seeds it ran
-        picked = chosen.get((row["variant"], row["seq_len"], row["pairs"], row["steps"]), set())
+        picked = chosen.get(_spec(row), set())
         return [s for s in row["by_seed"] if s in picked] or list(row["by_seed"])
 
     scored: Dict[str, bool] = {}  # spec → every rate's judged seeds have a validation score
@@ -345,8 +349,7 @@ def _summarise(results: List[Dict[str, Any]], cfg: RecallBenchConfig) -> List[Di
 
 
 def _best_lr(rows: List[Dict[str, Any]], variant: str, seq_len: int, pairs: int, steps: int) -> Optional[float]:
-    return next((r["lr"] for r in rows if (r["variant"], r["seq_len"], r["pairs"], r["steps"]) ==
-                 (variant, seq_len, pairs, steps) and r["best_lr"]), None)
+    return next((r["lr"] for r in rows if _spec(r) == (variant, seq_len, pairs, steps) and r["best_lr"]), None)
 
 
 def _beyond(rows: List[Dict[str, Any]], variant: str, seq_len: int, pairs: int, steps: int,
@@ -354,8 +357,7 @@ def _beyond(rows: List[Dict[str, Any]], variant: str, seq_len: int, pairs: int, 
     """The rate a sweep adds for the variant at the point (:func:`~polymixer.bench.common.beyond`: past the end
     of its rates where its best rate lies there, below :data:`~polymixer.bench.common.ACCURACY_CEILING`, once its
     ``grid`` has run)."""
-    best = next((r for r in rows if r["best_lr"] and (r["variant"], r["seq_len"], r["pairs"], r["steps"])
-                 == (variant, seq_len, pairs, steps)), None)
+    best = next((r for r in rows if r["best_lr"] and _spec(r) == (variant, seq_len, pairs, steps)), None)
     return beyond(rows, best, "variant", ("seq_len", "pairs", "steps"), "select", ACCURACY_CEILING, grid)
 
 
