@@ -551,6 +551,19 @@ def test_a_bench_names_only_the_files_it_wrote(tmp_path, capsys):
     capsys.readouterr()
     print_written(tmp_path, "ocr")
     assert capsys.readouterr().out.endswith(f"\nwrote {tmp_path / 'ocr.json'}, {tmp_path / 'ocr.txt'}\n")
+    # a plot an earlier run left is not this run's: with the run's start given, it is not named either
+    import os
+    import time
+    stale = tmp_path / "ocr.png"
+    stale.write_bytes(b"png")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    started = time.time() - 60
+    for f in ("ocr.json", "ocr.txt"):
+        os.utime(tmp_path / f, (started + 1, started + 1))
+    print_written(tmp_path, "ocr", since=started)
+    assert capsys.readouterr().out.endswith(f"\nwrote {tmp_path / 'ocr.json'}, {tmp_path / 'ocr.txt'}\n")
+    print_written(tmp_path, "ocr")  # without it, every file there is named
+    assert capsys.readouterr().out.endswith(f", {stale}\n")
 
 def test_bench_mixer_verdicts_need_separated_repeats_and_a_quiet_machine():
     """A verdict the repeats cannot support is "not measured", never met or MISSED; a miss on a busy machine too."""

@@ -525,12 +525,14 @@ def report_again(out: Path, bench: str, plot: Callable[[Dict[str, Any], Path], N
     return write_report(out, bench, read_json(path), plot, report)
 
 
-def print_written(out: Path, bench: str) -> None:
+def print_written(out: Path, bench: str, since: Optional[float] = None) -> None:
     """Print the report a bench's run wrote (``out/<bench>.txt``) and the files it wrote, without building it again;
-    the plot is named only where there is one (a quality-only OCR run draws none)."""
+    the plot is named only where there is one (a quality-only OCR run draws none) and, with ``since`` (the run's
+    start, ``time.time()``), only where this run wrote it — a plot an earlier run left is not named as new."""
     print((out / f"{bench}.txt").read_text(), end="")
     files = [out / f"{bench}.{ext}" for ext in ("json", "txt", "png")]
-    print(f"\nwrote {', '.join(str(f) for f in files if f.is_file())}")
+    fresh = [f for f in files if f.is_file() and (since is None or f.stat().st_mtime >= since)]
+    print(f"\nwrote {', '.join(str(f) for f in fresh)}")
 
 
 @dataclass(frozen=True)
@@ -576,8 +578,9 @@ def bench_main(bench: FamilyBench, args: Any, cfg: Any, quick: Optional[Dict[str
     for field_name in bench.models:
         for spec in getattr(cfg, field_name):
             parse_variant(spec)
+    started = time.time()
     run_bench(bench, cfg)
-    print_written(Path(cfg.out), bench.name)
+    print_written(Path(cfg.out), bench.name, since=started)
     return 0
 
 

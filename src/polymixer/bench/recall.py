@@ -759,8 +759,10 @@ def main(args: argparse.Namespace) -> int:
                      "sweep_seeds": "sweep_seeds",
                      "length_points": "length_points", "length_variants": "length_variants",
                      "zoology_variants": "zoology_variants", "zoology_points": "zoology_points"})
+    started = time.time()
     payload = run(cfg)
     print(report(payload))
-    pngs = [p for p in ("recall.png", "recall_zoology.png") if (Path(cfg.out) / p).is_file()]
+    pngs = [p for p in ("recall.png", "recall_zoology.png")
+            if (Path(cfg.out) / p).is_file() and (Path(cfg.out) / p).stat().st_mtime >= started]  # drawn by this run
     print(f"\nwrote {Path(cfg.out) / 'recall.json'}, recall.txt" + "".join(f", {p}" for p in pngs))
     return 0
