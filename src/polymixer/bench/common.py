@@ -525,14 +525,19 @@ def report_again(out: Path, bench: str, plot: Callable[[Dict[str, Any], Path], N
     return write_report(out, bench, read_json(path), plot, report)
 
 
+def written(paths: Sequence[Path], since: Optional[float] = None) -> List[Path]:
+    """The ``paths`` that exist and, with ``since`` (a run's start, ``time.time()``), were written by that run — a
+    plot an earlier run left in the folder is not the run's."""
+    return [f for f in paths if f.is_file() and (since is None or f.stat().st_mtime >= since)]
+
+
 def print_written(out: Path, bench: str, since: Optional[float] = None) -> None:
     """Print the report a bench's run wrote (``out/<bench>.txt``) and the files it wrote, without building it again;
     the plot is named only where there is one (a quality-only OCR run draws none) and, with ``since`` (the run's
     start, ``time.time()``), only where this run wrote it — a plot an earlier run left is not named as new."""
     print((out / f"{bench}.txt").read_text(), end="")
     files = [out / f"{bench}.{ext}" for ext in ("json", "txt", "png")]
-    fresh = [f for f in files if f.is_file() and (since is None or f.stat().st_mtime >= since)]
-    print(f"\nwrote {', '.join(str(f) for f in fresh)}")
+    print(f"\nwrote {', '.join(str(f) for f in written(files, since))}")
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from ..report import format_table, new_figure, save_figure
 from .common import (ACCURACY_CEILING, BRACKET, LR_FACTORS, add_bracket_argument, add_report_argument, check_rates,
                      apply_overrides, best_rows, beyond, edge_note, lr_grid, mark_best, read_json, record_part,
                      report_again, resume_point, run_parts, same_rate, sweep_folder, sweep_table, training_claim,
-                     write_json, write_report)
+                     write_json, write_report, written)
 
 __all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "ZOOLOGY_POINTS", "ZOOLOGY_VARIANTS", "zoology_form", "run",
            "report", "plot", "plots", "plot_zoology", "versus_based", "STATE_SIZES", "LEVEL", "LEARNED", "CHANCES",
@@ -762,7 +762,6 @@ def main(args: argparse.Namespace) -> int:
     started = time.time()
     payload = run(cfg)
     print(report(payload))
-    pngs = [p for p in ("recall.png", "recall_zoology.png")
-            if (Path(cfg.out) / p).is_file() and (Path(cfg.out) / p).stat().st_mtime >= started]  # drawn by this run
-    print(f"\nwrote {Path(cfg.out) / 'recall.json'}, recall.txt" + "".join(f", {p}" for p in pngs))
+    pngs = written([Path(cfg.out) / p for p in ("recall.png", "recall_zoology.png")], since=started)
+    print(f"\nwrote {Path(cfg.out) / 'recall.json'}, recall.txt" + "".join(f", {p.name}" for p in pngs))
     return 0
