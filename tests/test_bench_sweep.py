@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from polymixer.bench.common import QualitySweep, Stage, SweepRun, edge_note, mark_best, rate_beyond, round_rate
+from polymixer.bench.common import (QualitySweep, Stage, SweepRun, edge_note, mark_best, rate_beyond, round_rate,
+                                    sweep_model)
 from polymixer.files import claimed
 
 A, B = "tiny-vpom", "tiny-attention+attention_shift=4"  # a preset and a variant (its overrides parsed)
@@ -155,10 +156,13 @@ def test_a_model_best_at_an_end_of_the_grid_is_trained_past_it_until_a_rate_does
     best = lambda rows: {r["spec"]: r["lr"] for r in rows if r["task"] == "one" and r.get("best_lr")}  # noqa: E731
     stages = [Stage((A, B, C), name="one"), Stage((A,), name="two", prefix="two-", rates=best)]
     out = _sweep(trained, score).run(_cfg(tmp_path, sweep=(A, B)), stages)
-    assert trained == [("one", A, 5e-4), ("one", A, 1e-3), ("one", A, 2e-3), ("one", B, 5e-4), ("one", B, 1e-3),
-                       ("one", B, 2e-3), ("one", C, 1e-3),
+    # one model after another, each bracketed before the next starts (a sweep stopped between models leaves each
+    # model it reached at a rate shown to be its best)
+    assert trained == [("one", A, 5e-4), ("one", A, 1e-3), ("one", A, 2e-3),
                        ("one", A, 4e-3), ("one", A, 8e-3),  # 4e-3 best again: one more; 8e-3 worse: stop
+                       ("one", B, 5e-4), ("one", B, 1e-3), ("one", B, 2e-3),
                        ("one", B, 2.5e-4),  # B best at the bottom: one step lower, which does worse
+                       ("one", C, 1e-3),
                        ("two", A, 4e-3)]  # the later stage at the bracketed best
     rows = {(r["task"], r["spec"], r["lr"]): r for r in out["rows"]}
     assert rows[("one", A, 4e-3)]["best_lr"] and rows[("one", A, 4e-3)]["lr_from"] == "bracket"
@@ -181,6 +185,23 @@ def test_a_model_best_at_an_end_of_the_grid_is_trained_past_it_until_a_rate_does
     trained.clear()
     _sweep(trained, score).run(_cfg(tmp_path / "seed1", sweep=(A,), seed=1), [Stage((A,), name="one")])
     assert [lr for _, _, lr in trained] == [5e-4, 1e-3, 2e-3]  # another seed's folder: never past the grid
+
+
+def test_one_models_sweep_is_its_rates_then_the_bracket_then_the_other_seeds_at_its_best():
+    """The rule both runners follow (QualitySweep, and the recall bench with its seeds in one file): every rate,
+    then past the end while ``past`` names a rate (at most ``bracket``), then ``then`` at the best rate, if any."""
+    done: List[Tuple[str, float]] = []
+    steps = iter([4e-3, 8e-3, None])
+    sweep_model([1e-3, 2e-3], lambda lr: done.append(("sweep", lr)), lambda: next(steps), 5,
+                lambda: 4e-3, lambda lr: done.append(("seeds", lr)))
+    assert done == [("sweep", 1e-3), ("sweep", 2e-3), ("sweep", 4e-3), ("sweep", 8e-3), ("seeds", 4e-3)]
+    done.clear()
+    sweep_model([1e-3], lambda lr: done.append(("sweep", lr)), lambda: 2e-3, 1)  # one bracket rate at most
+    assert done == [("sweep", 1e-3), ("sweep", 2e-3)]
+    done.clear()
+    sweep_model([1e-3], lambda lr: done.append(("sweep", lr)), lambda: 2e-3, 0, lambda: None,
+                lambda lr: done.append(("seeds", lr)))  # no bracket; no best known (a share): no other seeds
+    assert done == [("sweep", 1e-3)]
 
 
 def test_edge_note_names_the_models_best_at_an_end_of_their_rates():

@@ -774,9 +774,11 @@ class QualitySweep:
         return merge_rows(earlier, rows, self.keys)
 
     def run(self, cfg: Any, stages: Sequence[Stage]) -> Dict[str, Any]:
-        """Train and score every stage's runs in order, each swept model bracketed (:meth:`bracket`); the rows (this
-        process's and the earlier file's, selected), the grid of rates tried and the figure rates were chosen on."""
+        """Train and score every stage's runs in order, one model after another, each swept model bracketed
+        (:func:`sweep_model`); the rows (this process's and the earlier file's, selected), the grid of rates tried
+        and the figure rates were chosen on."""
         base = getattr(cfg, self.base)
+        grid = lr_grid(base, cfg.lr_factors)
         rows: List[Dict[str, Any]] = []
         for stage in stages:
             if stage.rates is None:
@@ -786,12 +788,19 @@ class QualitySweep:
                 best = stage.rates(self.select(self.known(cfg, rows), cfg))
                 plan = [(m, best.get(m, base)) for m in stage.models]
                 source = {m: stage.rates_label(m) if m in best else "recipe" for m in stage.models}
-            for job in sweep_runs(plan, Path(cfg.out) / "quality", base, getattr(cfg, "model_overrides", {}),
-                                  cfg.lrs, cfg.lr_factors, prefix=stage.prefix, suffix=stage.suffix,
-                                  sources=source):
-                self._train(cfg, job, stage, rows)
-            if stage.rates is None and not cfg.lrs and not cfg.seed:
-                self.bracket(cfg, stage, rows)
+            plan = only_rates(plan, cfg.lrs, grid)  # this process's share (an error where it names none)
+            brackets = stage.rates is None and not cfg.lrs and not cfg.seed  # (never in another seed's folder)
+            for spec in stage.models:
+                def train(lr: float, spec: str = spec) -> None:
+                    job, = sweep_runs([(spec, lr)], Path(cfg.out) / "quality", base,
+                                      getattr(cfg, "model_overrides", {}), (), cfg.lr_factors, prefix=stage.prefix,
+                                      suffix=stage.suffix, sources={spec: source[spec] if any(
+                                          same_rate(lr, x) for m, x in plan if m == spec) else "bracket"})
+                    self._train(cfg, job, stage, rows)
+
+                sweep_model([lr for m, lr in plan if m == spec], train,
+                            lambda spec=spec: self.past(cfg, stage, spec, rows),
+                            cfg.bracket if brackets and spec in cfg.sweep else 0)
         return self.summary(cfg, rows)
 
     def summary(self, cfg: Any, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -816,25 +825,34 @@ class QualitySweep:
         record_part(Path(cfg.out) / f"{self.bench}.json", "quality", cfg,  # on file at once, the family's other
                     lambda part: {**part, **self.summary(cfg, rows)})  # fields of the part as the file has them
 
-    def bracket(self, cfg: Any, stage: Stage, rows: List[Dict[str, Any]]) -> None:
-        """Each swept model of ``stage`` best (on the selection figure) at the highest or lowest rate it was tried
-        at, by any process: trained one grid step past that end (:func:`rate_beyond`), again while it stays best
-        at the end, up to ``cfg.bracket`` rates — so that it is compared at a rate shown to be its best, not at the
-        edge of a grid. Not while a rate of the grid has no row yet (another process is training it); never in
-        another seed's folder (``cfg.seed`` not 0: its runs are that seed at the rate seed 0's sweep chose)."""
-        base = getattr(cfg, self.base)
-        grid = lr_grid(base, cfg.lr_factors)
-        for spec in (m for m in stage.models if m in cfg.sweep):
-            for _ in range(max(0, cfg.bracket)):
-                mine = [r for r in self.select(self.known(cfg, rows), cfg) if r.get(self.model) == spec
-                        and (self.stage_key is None or r.get(self.stage_key) == stage.name)]
-                past = beyond(mine, next((r for r in mine if r.get("best_lr")), None), self.model, grid=grid)
-                if past is None:
-                    break
-                job, = sweep_runs([(spec, past)], Path(cfg.out) / "quality", base,
-                                  getattr(cfg, "model_overrides", {}), (), cfg.lr_factors, prefix=stage.prefix,
-                                  suffix=stage.suffix, sources={spec: "bracket"})
-                self._train(cfg, job, stage, rows)
+    def past(self, cfg: Any, stage: Stage, spec: str, rows: List[Dict[str, Any]]) -> Optional[float]:
+        """The rate the bracket adds for ``spec`` in ``stage``: one grid step past the highest or lowest rate it
+        was tried at, by any process, where it is best there on the selection figure (:func:`beyond`); None while
+        a rate inside is best, or while a rate of the grid has no row yet (another process is training it)."""
+        mine = [r for r in self.select(self.known(cfg, rows), cfg) if r.get(self.model) == spec
+                and (self.stage_key is None or r.get(self.stage_key) == stage.name)]
+        return beyond(mine, next((r for r in mine if r.get("best_lr")), None), self.model,
+                      grid=lr_grid(getattr(cfg, self.base), cfg.lr_factors))
+
+
+def sweep_model(rates: Sequence[float], train: Callable[[float], None], past: Callable[[], Optional[float]],
+                bracket: int, best: Callable[[], Optional[float]] = lambda: None,
+                then: Callable[[float], None] = lambda lr: None) -> None:
+    """One model's sweep, the rule every family's bench follows (:class:`QualitySweep`, and the recall bench's
+    seeds in one file): ``train`` at each of its ``rates``; then, while it is best at the highest or lowest rate
+    tried (``past()``: the rate one grid step beyond, :func:`beyond`; None once a rate inside is best), at that
+    rate, up to ``bracket`` rates — so that it is compared at a rate shown to be its best, not at the edge of a
+    grid; then ``then`` at its best rate (``best()``, where known): the seeds that train at the chosen rate only."""
+    for lr in rates:
+        train(lr)
+    for _ in range(max(0, bracket)):
+        lr = past()
+        if lr is None:
+            break
+        train(lr)
+    chosen = best()
+    if chosen is not None:
+        then(chosen)
 
 
 def mark_best(rows: List[Dict[str, Any]], metric: str, higher: bool, key: str = "spec") -> List[Dict[str, Any]]:

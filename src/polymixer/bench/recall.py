@@ -46,8 +46,8 @@ from ..data.recall import ZOOLOGY_MIXTURE
 from ..report import format_table, new_figure, save_figure
 from .common import (ACCURACY_CEILING, BRACKET, LR_FACTORS, add_bracket_argument, add_report_argument, check_rates,
                      apply_overrides, best_rows, beyond, edge_note, lr_grid, mark_best, read_json, record_part,
-                     report_again, resume_point, run_parts, same_rate, sweep_folder, sweep_table, training_claim,
-                     write_json, write_report, written)
+                     report_again, resume_point, run_parts, same_rate, sweep_folder, sweep_model, sweep_table,
+                     training_claim, write_json, write_report, written)
 
 __all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "ZOOLOGY_POINTS", "ZOOLOGY_VARIANTS", "zoology_form", "run",
            "report", "plot", "plots", "plot_zoology", "versus_based", "STATE_SIZES", "LEVEL", "LEARNED", "CHANCES",
@@ -423,20 +423,25 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
             for v in variants:
                 rates = grid if v in swept else (cfg.lr,)
                 n = max(1, cfg.sweep_seeds) if len(rates) > 1 else len(cfg.seeds)
-                for lr in rates:
+
+                def train(lr: float, v: str = v, L: int = L, K: int = K, n: int = n, picks: bool = len(rates) > 1
+                          ) -> None:  # the sweep seeds at one rate
                     for s in cfg.seeds[:n]:
-                        one(v, L, K, s, lr, train=True, picks=len(rates) > 1)
-                for _ in range(max(0, cfg.bracket) if len(rates) > 1 and cfg.train and not cfg.lrs else 0):
-                    beyond = _beyond(_summarise(list(runs.values()), cfg), v, L, K, cfg.steps, rates)
-                    if beyond is None:
-                        break
-                    for s in cfg.seeds[:n]:
-                        one(v, L, K, s, beyond, train=True, picks=True)
-                best = _best_lr(_summarise(list(runs.values()), cfg), v, L, K, cfg.steps)
-                extra = () if best is None or any(same_rate(best, x) for x in rates) else (best,)
-                for lr in rates + extra:  # the other seeds: trained at the best rate (of any grid run so far), read
-                    for s in cfg.seeds[n:]:  # back at the others
-                        one(v, L, K, s, lr, train=best is not None and same_rate(lr, best))
+                        one(v, L, K, s, lr, train=True, picks=picks)
+
+                def then(lr: float, v: str = v, L: int = L, K: int = K, n: int = n) -> None:  # the other seeds
+                    for s in cfg.seeds[n:]:
+                        one(v, L, K, s, lr, train=True)
+
+                sweep_model(rates, train,
+                            lambda v=v, L=L, K=K, rates=rates: _beyond(_summarise(list(runs.values()), cfg), v, L, K,
+                                                                       cfg.steps, rates),
+                            max(0, cfg.bracket) if len(rates) > 1 and cfg.train and not cfg.lrs else 0,
+                            lambda v=v, L=L, K=K: _best_lr(_summarise(list(runs.values()), cfg), v, L, K, cfg.steps),
+                            then)
+                for lr in rates:  # the other seeds' runs at the other rates (finished elsewhere): read back
+                    for s in cfg.seeds[n:]:
+                        one(v, L, K, s, lr, train=False)
         return summary({**recorded(), **runs})
     return part
 
