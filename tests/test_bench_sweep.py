@@ -12,8 +12,8 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from polymixer.bench.common import (QualitySweep, Stage, SweepRun, edge_note, mark_best, rate_beyond, round_rate,
-                                    sweep_model)
+from polymixer.bench.common import (QualitySweep, Stage, SweepRun, edge_note, mark_best, quality_rows, rate_beyond,
+                                    round_rate, stale_rate_notes, sweep_model)
 from polymixer.files import claimed
 
 A, B = "tiny-vpom", "tiny-attention+attention_shift=4"  # a preset and a variant (its overrides parsed)
@@ -202,6 +202,22 @@ def test_one_models_sweep_is_its_rates_then_the_bracket_then_the_other_seeds_at_
     sweep_model([1e-3], lambda lr: done.append(("sweep", lr)), lambda: 2e-3, 0, lambda: None,
                 lambda lr: done.append(("seeds", lr)))  # no bracket; no best known (a share): no other seeds
     assert done == [("sweep", 1e-3)]
+
+
+def test_a_row_at_an_earlier_stages_best_rate_is_noted_once_that_best_has_moved():
+    """A later stage trained at an earlier stage's best rate, whose sweep has since found another best: one note
+    naming both rates and the flags that train it again; none where the rate still agrees (1e-3 written 0.001000001)
+    or the row takes no other run's rate; a file from before sweeps reads at the recipe's rate."""
+    rows = quality_rows({"rows": [{"task": "one", "spec": A, "lr": 4e-3}, {"task": "two", "spec": A, "lr": 1e-3},
+                                  {"task": "one", "spec": B, "lr": 1e-3}, {"task": "two", "spec": B},
+                                  {"task": "three", "spec": A, "lr": 1e-3}]}, 1.000001e-3)
+    assert rows[3]["lr"] == 1.000001e-3 and rows[3]["lr_from"] == "recipe"
+    first = {r["spec"]: r for r in rows if r["task"] == "one"}
+    notes = stale_rate_notes(rows, lambda r: first.get(r["spec"]) if r["task"] == "two" else None,
+                             lambda r: f"--tasks two --models {r['spec']}", lambda r: f"two {r['spec']}",
+                             lambda p: f"one {p['spec']}")
+    assert notes == [f"note: two {A} was trained at lr 0.001, the best rate of one {A} is now 0.004: run --tasks two "
+                     f"--models {A} again"]
 
 
 def test_edge_note_names_the_models_best_at_an_end_of_their_rates():

@@ -872,6 +872,27 @@ def mark_best(rows: List[Dict[str, Any]], metric: str, higher: bool, key: str = 
     return rows
 
 
+def quality_rows(part: Dict[str, Any], recipe_lr: float) -> List[Dict[str, Any]]:
+    """A quality part's rows as the report reads them: those of a file from before sweeps given the recipe's rate
+    (``recipe_lr``) and ``lr_from`` "recipe"."""
+    return [{"lr": recipe_lr, "lr_from": "recipe", **r} for r in part["rows"]]
+
+
+def stale_rate_notes(rows: Sequence[Dict[str, Any]], parent: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]],
+                     rerun: Callable[[Dict[str, Any]], str], what: Callable[[Dict[str, Any]], str],
+                     source: Callable[[Dict[str, Any]], str]) -> List[str]:
+    """One note per row trained at another run's best rate that has moved since (a later stage run before the
+    earlier stage's sweep grew): ``parent(row)`` is that run at its best now (None: the row takes no other run's
+    rate), ``what`` / ``source`` name the two, ``rerun`` the flags that train the row again at the new rate."""
+    notes = []
+    for r in rows:
+        p = parent(r)
+        if p is not None and not same_rate(r["lr"], p["lr"]):
+            notes.append(f"note: {what(r)} was trained at lr {r['lr']:g}, the best rate of {source(p)} is now "
+                         f"{p['lr']:g}: run {rerun(r)} again")
+    return notes
+
+
 def best_rows(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Each model once: its run at its best rate."""
     return [r for r in rows if r.get("best_lr", True)]

@@ -34,7 +34,8 @@ from .common import (
     Stage,
     SweepRun,
     mark_best,
-    same_rate,
+    quality_rows,
+    stale_rate_notes,
     sweep_table,
     synchronized,
     time_interleaved,
@@ -220,11 +221,6 @@ def run_quality(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
             "sample_steps": cfg.sample_steps}
 
 
-def _quality_rows(q: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The quality rows, those of a file from before sweeps given the recipe's rate."""
-    return [{"lr": RECIPE_LR, "lr_from": "recipe", **r} for r in q["rows"]]
-
-
 def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
              main_json: Optional[Dict[str, Any]] = None) -> List[str]:
     """The issue's targets, each said met or MISSED with the measured figure, judged at each model's best rate; the
@@ -234,7 +230,7 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
     if "quality" not in payload:
         return out
     q = payload["quality"]
-    rows = best_rows(_quality_rows(q))
+    rows = best_rows(quality_rows(q, RECIPE_LR))
     swept = q.get("swept", SWEPT)
     for obj in dict.fromkeys(r["objective"] for r in rows):
         mine = {r["model"]: r for r in rows if r["objective"] == obj}
@@ -252,11 +248,10 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
                        f"5 points); FD {pom['fd']:.3g} vs {sit['fd']:.3g} ({pom['fd'] / sit['fd']:.2f}×, "
                        f"{'met' if fd_ok else 'MISSED'}: ≤ 1.5×)")
     out += verdict_lines("image", payload, seeds, main_json)
-    flow = {r["model"]: r["lr"] for r in rows if r["objective"] == swept}
-    for r in rows:
-        if r["objective"] != swept and r["model"] in flow and not same_rate(r["lr"], flow[r["model"]]):
-            out.append(f"note: {r['objective']} {r['model']} was trained at lr {r['lr']:g}, its best {swept} rate is "
-                       f"now {flow[r['model']]:g}: run --objectives {r['objective']} --presets {r['model']} again")
+    flow = {r["model"]: r for r in rows if r["objective"] == swept}  # the other objectives take its best rates
+    out += stale_rate_notes(rows, lambda r: flow.get(r["model"]) if r["objective"] != swept else None,
+                            lambda r: f"--objectives {r['objective']} --presets {r['model']}",
+                            lambda r: f"{r['objective']} {r['model']}", lambda p: f"{swept} {p['model']}")
     return out
 
 
@@ -280,7 +275,7 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
             lines.append(f"SiPoM faster than SiT from 1,024 tokens up: {'met' if ok else 'MISSED'}\n")
     if "quality" in payload:
         q = payload["quality"]
-        all_rows = _quality_rows(q)
+        all_rows = quality_rows(q, RECIPE_LR)
         swept = q.get("swept", SWEPT)
         held = q.get("heldout") or 0
         chosen = (f"the lowest validation FD (fd_val: independent samples against the {100 * held:g}% of the digits "

@@ -38,7 +38,8 @@ from .common import (
     keep_freed_memory,
     mark_best,
     picture_owner,
-    same_rate,
+    quality_rows,
+    stale_rate_notes,
     sweep_folder,
     sweep_table,
     time_interleaved,
@@ -255,11 +256,6 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return sweep.run(cfg, stages)
 
 
-def _quality_rows(q: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The quality rows, those of a file from before sweeps given the recipe's rate."""
-    return [{"lr": RECIPE_LR, "lr_from": "recipe", **r} for r in q["rows"]]
-
-
 
 def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
              main_json: Optional[Dict[str, Any]] = None) -> List[str]:
@@ -282,7 +278,7 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
                 out.append(f"{dtype}: HTR-VPoM ÷ HTR-VT at 16 lines: {s:.3f}× ({'met' if s >= 1.1 else 'MISSED'}: "
                            f"≥ 1.1×)")
     if "quality" in payload:
-        rows = best_rows(_quality_rows(payload["quality"]))
+        rows = best_rows(quality_rows(payload["quality"], RECIPE_LR))
         for task in dict.fromkeys(r["task"] for r in rows):
             by = {r["preset"]: r for r in rows if r["task"] == task}
             vt, pom, hyb = by.get(BASELINE), by.get("tiny-htr-vpom"), by.get("tiny-htr-vpom-hybrid")
@@ -300,13 +296,11 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
                 parts.append(f"all-PoM {100 * pom['cer']:.2f}% ({100 * rel:+.1f}% relative, "
                              f"{'met' if rel <= 0.25 else 'MISSED'}: ≤ +25%)")
             out.append(", ".join(parts))
-        for r in rows:
-            if r["lr_from"].startswith("best "):
-                single = {x["preset"]: x["lr"] for x in rows if x["task"] == r["lr_from"][5:]}
-                if r["preset"] in single and not same_rate(r["lr"], single[r["preset"]]):
-                    out.append(f"note: {r['task']} {r['model']} was fine-tuned at lr {r['lr']:g}, its best "
-                               f"{r['lr_from'][5:]} rate is now {single[r['preset']]:g}: run --tasks {r['task']} "
-                               f"--quality-presets {r['preset']} again")
+        by_task = {(r["task"], r["preset"]): r for r in rows}  # a multi-line task takes its single-line best rate
+        out += stale_rate_notes(rows, lambda r: by_task.get((r["lr_from"][5:], r["preset"]))
+                                if r["lr_from"].startswith("best ") else None,
+                                lambda r: f"--tasks {r['task']} --quality-presets {r['preset']}",
+                                lambda r: f"{r['task']} {r['model']}", lambda p: f"{p['task']} {p['model']}")
         out += verdict_lines("ocr", payload, seeds, main_json)
     return out
 
@@ -331,7 +325,7 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
                   "params: " + ", ".join(f"{NAMES.get(k, k)} {v:,}" for k, v in p["params"].items()), ""]
     if "quality" in payload:
         q = payload["quality"]
-        all_rows = _quality_rows(q)
+        all_rows = quality_rows(q, RECIPE_LR)
         lines += ["equal budget (same steps, batch, seed); CER / WER on the held-out test split, each model at its "
                   "best learning rate: the lowest validation CER (the training loop's final evaluation, EMA weights); "
                   "page runs fine-tuned from single lines are not swept: they take their model's best single-line rate "

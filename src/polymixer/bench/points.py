@@ -44,7 +44,8 @@ from .common import (
     mark_best,
     parse_variant,
     picture_owner,
-    same_rate,
+    quality_rows,
+    stale_rate_notes,
     sweep_table,
     time_interleaved,
 )
@@ -253,11 +254,6 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return {**sweep.run(cfg, stages), "data": str(root), "split": cfg.eval_split, "pictures": pictures}
 
 
-def _quality_rows(q: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The quality rows, those of a file from before sweeps given the recipe's rate."""
-    return [{"lr": RECIPE_LR, "lr_from": "recipe", **r} for r in q["rows"]]
-
-
 def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
              main_json: Optional[Dict[str, Any]] = None) -> List[str]:
     """The issue's targets, each said met or MISSED with the measured figure; the parity targets as
@@ -282,7 +278,7 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
             if whole:
                 out.append(f"PPoMv3 with the whole scene as context: {whole['speedup']:.2f}× PTv3 (patch 1,024)")
     if "quality" in payload:
-        rows = best_rows(_quality_rows(payload["quality"]))
+        rows = best_rows(quality_rows(payload["quality"], RECIPE_LR))
         by = {r["spec"]: r for r in rows}
         a, p, h = by.get(BASELINE), by.get("tiny-ppomv3"), by.get("tiny-ppomv3-hybrid")
         if a and p:
@@ -294,12 +290,8 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
             out.append(f"test mIoU: tiny hybrid {100 * h['miou']:.1f} ({d:+.1f} points vs PTv3; "
                        f"{'met' if d >= -1 else 'MISSED'}: level, i.e. within 1 point; the paper: +0.1)")
         out += verdict_lines("points", payload, seeds, main_json)
-        for r in rows:
-            if r["lr_from"].startswith("best ") and r["lr_from"][5:] in by:
-                lr = by[r["lr_from"][5:]]["lr"]
-                if not same_rate(r["lr"], lr):
-                    out.append(f"note: {r['model']} was trained at lr {r['lr']:g}, the best rate of "
-                               f"{r['lr_from'][5:]} is now {lr:g}: run --quality-models {r['spec']} again")
+        out += stale_rate_notes(rows, lambda r: by.get(r["lr_from"][5:]) if r["lr_from"].startswith("best ") else None,
+                                lambda r: f"--quality-models {r['spec']}", lambda r: r["model"], lambda p: p["spec"])
     return out
 
 
@@ -327,7 +319,7 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
                                 "speedup"]), ""]
     if "quality" in payload:
         q = payload["quality"]
-        all_rows = _quality_rows(q)
+        all_rows = quality_rows(q, RECIPE_LR)
         table = [{**r, "miou_pct": 100 * r["miou"], "oa_pct": 100 * r["oa"],
                   "val_pct": None if r.get("val_miou") is None else 100 * r["val_miou"],
                   "diff": None if r.get("miou_vs_ptv3") is None else 100 * r["miou_vs_ptv3"]}
@@ -377,7 +369,7 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
         k = 2
     if "quality" in payload:
         ax = axes[k]
-        rows = best_rows(_quality_rows(payload["quality"]))  # each model at its best rate
+        rows = best_rows(quality_rows(payload["quality"], RECIPE_LR))  # each model at its best rate
         ax.bar(range(len(rows)), [100 * r["miou"] for r in rows], color=[f"C{j}" for j in range(len(rows))])
         ax.set_xticks(range(len(rows)), [r["model"] for r in rows], rotation=20, ha="right", fontsize=6)
         ax.set_ylabel(f"{payload['quality'].get('split', 'test')} mIoU %")
