@@ -790,16 +790,17 @@ class QualitySweep:
                 source = {m: stage.rates_label(m) if m in best else "recipe" for m in stage.models}
             plan = only_rates(plan, cfg.lrs, grid)  # this process's share (an error where it names none)
             brackets = stage.rates is None and not cfg.lrs and not cfg.seed  # (never in another seed's folder)
-            for spec in stage.models:
-                def train(lr: float, spec: str = spec) -> None:
+            for spec in stage.models:  # (the closures below run within the iteration that makes them)
+                rates = [lr for m, lr in plan if m == spec]
+
+                def train(lr: float) -> None:
                     job, = sweep_runs([(spec, lr)], Path(cfg.out) / "quality", base,
                                       getattr(cfg, "model_overrides", {}), (), cfg.lr_factors, prefix=stage.prefix,
                                       suffix=stage.suffix, sources={spec: source[spec] if any(
-                                          same_rate(lr, x) for m, x in plan if m == spec) else "bracket"})
+                                          same_rate(lr, x) for x in rates) else "bracket"})
                     self._train(cfg, job, stage, rows)
 
-                sweep_model([lr for m, lr in plan if m == spec], train,
-                            lambda spec=spec: self.past(cfg, stage, spec, rows),
+                sweep_model(rates, train, lambda: self.past(cfg, stage, spec, rows),
                             cfg.bracket if brackets and spec in cfg.sweep else 0)
         return self.summary(cfg, rows)
 
@@ -837,12 +838,13 @@ class QualitySweep:
 
 def sweep_model(rates: Sequence[float], train: Callable[[float], None], past: Callable[[], Optional[float]],
                 bracket: int, best: Callable[[], Optional[float]] = lambda: None,
-                then: Callable[[float], None] = lambda lr: None) -> None:
+                then: Callable[[float], None] = lambda lr: None) -> Optional[float]:
     """One model's sweep, the rule every family's bench follows (:class:`QualitySweep`, and the recall bench's
     seeds in one file): ``train`` at each of its ``rates``; then, while it is best at the highest or lowest rate
     tried (``past()``: the rate one grid step beyond, :func:`beyond`; None once a rate inside is best), at that
     rate, up to ``bracket`` rates — so that it is compared at a rate shown to be its best, not at the edge of a
-    grid; then ``then`` at its best rate (``best()``, where known): the seeds that train at the chosen rate only."""
+    grid; then ``then`` at its best rate (``best()``, where known): the seeds that train at the chosen rate only.
+    Returns that rate (None where ``best()`` knows none)."""
     for lr in rates:
         train(lr)
     for _ in range(max(0, bracket)):
@@ -853,6 +855,7 @@ def sweep_model(rates: Sequence[float], train: Callable[[float], None], past: Ca
     chosen = best()
     if chosen is not None:
         then(chosen)
+    return chosen
 
 
 def mark_best(rows: List[Dict[str, Any]], metric: str, higher: bool, key: str = "spec") -> List[Dict[str, Any]]:

@@ -424,24 +424,23 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
                 rates = grid if v in swept else (cfg.lr,)
                 n = max(1, cfg.sweep_seeds) if len(rates) > 1 else len(cfg.seeds)
 
-                def train(lr: float, v: str = v, L: int = L, K: int = K, n: int = n, picks: bool = len(rates) > 1
-                          ) -> None:  # the sweep seeds at one rate
+                # (the closures below run within the iteration that makes them)
+                def train(lr: float) -> None:  # the sweep seeds at one rate
                     for s in cfg.seeds[:n]:
-                        one(v, L, K, s, lr, train=True, picks=picks)
+                        one(v, L, K, s, lr, train=True, picks=len(rates) > 1)
 
-                def then(lr: float, v: str = v, L: int = L, K: int = K, n: int = n) -> None:  # the other seeds
+                def then(lr: float) -> None:  # the other seeds, at the chosen rate
                     for s in cfg.seeds[n:]:
                         one(v, L, K, s, lr, train=True)
 
-                sweep_model(rates, train,
-                            lambda v=v, L=L, K=K, rates=rates: _beyond(_summarise(list(runs.values()), cfg), v, L, K,
-                                                                       cfg.steps, rates),
-                            max(0, cfg.bracket) if len(rates) > 1 and cfg.train and not cfg.lrs else 0,
-                            lambda v=v, L=L, K=K: _best_lr(_summarise(list(runs.values()), cfg), v, L, K, cfg.steps),
-                            then)
+                chosen = sweep_model(
+                    rates, train, lambda: _beyond(_summarise(list(runs.values()), cfg), v, L, K, cfg.steps, rates),
+                    max(0, cfg.bracket) if len(rates) > 1 and cfg.train and not cfg.lrs else 0,
+                    lambda: _best_lr(_summarise(list(runs.values()), cfg), v, L, K, cfg.steps), then)
                 for lr in rates:  # the other seeds' runs at the other rates (finished elsewhere): read back
-                    for s in cfg.seeds[n:]:
-                        one(v, L, K, s, lr, train=False)
+                    if chosen is None or not same_rate(lr, chosen):
+                        for s in cfg.seeds[n:]:
+                            one(v, L, K, s, lr, train=False)
         return summary({**recorded(), **runs})
     return part
 
