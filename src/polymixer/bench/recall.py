@@ -552,7 +552,10 @@ def _targets(payload: Dict[str, Any]) -> List[str]:
     zb = {(r["variant"], r["seq_len"], r["pairs"]): r for r in z}
     for L, K in sorted({(r["seq_len"], r["pairs"]) for r in z}):
         a = zb.get(("attention", L, K))
-        if a:
+        if a and (L, K) != (64, 16):
+            lines.append(f"zoology recipe, attention without the shift, L = {L}, K = {K} ({at(a)}): median "
+                         f"{a['median']:.4f} over {a['seeds']} seed(s) (the ceiling, shown: the target is at L = 64)")
+        elif a:
             word = "met" if a["median"] >= 0.99 else "MISSED"
             lines.append(f"zoology recipe, attention without the shift, L = {L}, K = {K} ({at(a)}): median "
                          f"{a['median']:.4f} over {a['seeds']} seed(s) (target ≥ 0.99: {word}"
