@@ -552,14 +552,12 @@ def _targets(payload: Dict[str, Any]) -> List[str]:
     zb = {(r["variant"], r["seq_len"], r["pairs"]): r for r in z}
     for L, K in sorted({(r["seq_len"], r["pairs"]) for r in z}):
         a = zb.get(("attention", L, K))
-        if a and (L, K) != (64, 16):
+        if a:
+            judged = (f"target ≥ 0.99: {'met' if a['median'] >= 0.99 else 'MISSED'}"
+                      f"{'' if a['seeds'] >= 3 else ', unsettled: needs 3 seeds'}")
             lines.append(f"zoology recipe, attention without the shift, L = {L}, K = {K} ({at(a)}): median "
-                         f"{a['median']:.4f} over {a['seeds']} seed(s) (the ceiling, shown: the target is at L = 64)")
-        elif a:
-            word = "met" if a["median"] >= 0.99 else "MISSED"
-            lines.append(f"zoology recipe, attention without the shift, L = {L}, K = {K} ({at(a)}): median "
-                         f"{a['median']:.4f} over {a['seeds']} seed(s) (target ≥ 0.99: {word}"
-                         f"{'' if a['seeds'] >= 3 else ', unsettled: needs 3 seeds'})")
+                         f"{a['median']:.4f} over {a['seeds']} seed(s) ("
+                         f"{judged if (L, K) == (64, 16) else 'the ceiling, shown: the target is at L = 64'})")
     for c in versus_based(z):
         v, b = c["value"], c["based"]
         lines.append(f"zoology recipe, L = {c['seq_len']}, K = {c['pairs']}, {c['size']} state"
