@@ -5,6 +5,8 @@
     polymixer eval lm --ckpt RUN                val loss, bits per byte, length generalisation
     polymixer bench mixer [--quick]             PoM vs attention across sequence lengths (table, JSON, PNG)
     polymixer bench lm [--quick]                language models: throughput, decoding, quality
+    polymixer bench models --device cuda        the paper's models on a GPU (or --dry-run on the CPU)
+    polymixer bench gpu --report OUT            docs/gpu.md's measured section from a scripts/gpu-check folder
     polymixer export hf --ckpt RUN --out DIR    a language model as a transformers folder (and import hf back)
     polymixer distill lm --teacher RUN --pattern LPLP   convert attention → hybrid / PoM and distil it
     polymixer bench distill [--quick]           distilled vs from-scratch students at an equal token budget
@@ -80,7 +82,18 @@ def _commands() -> Dict[str, Dict[str, Command]]:
                 f"'{fam.default_data}') and list each bad file with its reason, in one pass; status 1 if any.")
     out["bench"].update({
         "mixer": ("PoM vs attention across sequence lengths at a fixed token budget", "polymixer.bench.mixer",
-                  "Time forward and forward+backward of PoM (eager and compiled) against SDPA and naive attention."),
+                  "Time forward and forward+backward of PoM and the value PoM (two sizes), full and causal, eager "
+                  "and compiled, against SDPA and naive attention; on a GPU the Triton routes beside them."),
+        "models": ("the paper's models on a GPU: GPT-2-S vs GPPoM2-S / hybrid / value PoM, SiT-XL/2 vs SiPoM-XL/2",
+                   "polymixer.bench.models",
+                   "Compiled, bf16, FlashAttention: forward tokens/s at the paper's token budget beside its table, "
+                   "training step time and memory, decoding time per token at 1k-64k context, images/s at 256 and "
+                   "512 px; out-of-memory configurations listed. --dry-run: the same on the CPU at tiny sizes."),
+        "gpu": ("the GPU check: every kernel alone against a copy's bandwidth, the check's summary, docs/gpu.md",
+                "polymixer.bench.gpu",
+                "--kernels: time every Triton kernel alone (TB/s, and ÷ a large clone's); --summary: the summary of "
+                "a scripts/gpu-check folder; --report: regenerate docs/gpu.md's measured section from one and copy "
+                "its JSON to docs/bench/gpu_<card>/."),
         "distill": ("attention LM converted to hybrid / all-PoM and distilled vs trained from scratch",
                     "polymixer.bench.distill",
                     "Train the tiny attention teacher, distil it into the hybrid and all-PoM patterns within a quarter "
@@ -127,7 +140,7 @@ def _commands() -> Dict[str, Dict[str, Command]]:
 
 COMMANDS: Dict[str, Dict[str, Command]] = _commands()
 # benches that time nothing (a busy machine changes none of their figures): no warning about the load
-UNTIMED_BENCHES = ("roofline", "faults", "recall", "distill", "parity")
+UNTIMED_BENCHES = ("roofline", "faults", "recall", "distill", "parity", "gpu")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -197,7 +197,7 @@ def machine() -> Dict[str, Any]:
                     break
     except OSError:
         pass
-    return {
+    facts = {
         "cpu": cpu,
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -206,6 +206,85 @@ def machine() -> Dict[str, Any]:
         "platform": platform.platform(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # a bench that ran on the GPU names the card
+        gpu = gpu_facts()
+        facts["gpu"], facts["capability"] = gpu["name"], gpu["arch"]  # "NVIDIA H100 80GB HBM3", "sm_90"
+    return facts
+
+
+_DRIVER: Dict[str, Optional[str]] = {}
+
+
+def _driver_version() -> Optional[str]:
+    """The NVIDIA driver's version from ``nvidia-smi`` (None where there is none), read once per process."""
+    if "v" not in _DRIVER:
+        import subprocess
+
+        try:
+            done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=20)
+            _DRIVER["v"] = done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() \
+                else None
+        except (OSError, subprocess.SubprocessError):
+            _DRIVER["v"] = None
+    return _DRIVER["v"]
+
+
+def gpu_facts(device: Optional[torch.device] = None) -> Optional[Dict[str, Any]]:
+    """The GPU a figure was measured on: its name, its architecture as a compiler target (``"sm_90"``) and compute
+    capability, SMs, memory, and the CUDA, Triton and driver versions — what a reader needs to compare two runs, and
+    what a dispatch table is keyed by. None where PyTorch sees no CUDA device."""
+    if not torch.cuda.is_available():
+        return None
+    dev = torch.device("cuda") if device is None else torch.device(device)
+    props = torch.cuda.get_device_properties(dev)
+    try:
+        import triton
+
+        triton_version: Optional[str] = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"name": props.name, "arch": f"sm_{props.major}{props.minor}", "capability": f"{props.major}.{props.minor}",
+            "sms": props.multi_processor_count, "memory_gib": round(props.total_memory / 2**30, 1),
+            "cuda": torch.version.cuda, "triton": triton_version, "driver": _driver_version()}
+
+
+def kernel_ms(fn: Callable[[], Any], device: torch.device, repeats: int = 5) -> float:
+    """Median milliseconds of one call of ``fn``: on CUDA ``triton.testing.do_bench`` (CUDA events, the L2 flushed
+    between calls), elsewhere the median of ``repeats`` synchronous wall-clock calls after a warm-up
+    (:func:`time_interleaved`) — the CPU timing exists for dry runs of GPU benches, never for a GPU figure."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, return_mode="median"))
+    return 1e3 * time_interleaved({"fn": fn}, warmup=1, repeats=repeats)["fn"].median
+
+
+def recompile_limit(limit: int = 64) -> Any:
+    """A context raising dynamo's limit of graphs per function (8 by default): a bench compiles one static graph per
+    shape, mode and grad mode on purpose, and layers of one class (PoM, the value PoM) or repeated blocks share one
+    ``forward``, so the default limit is reached and ``fullgraph=True`` turns it into an error."""
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # torch < 2.6: the latter
+    return cfg.patch(**{name: limit})
+
+
+def failure(e: BaseException) -> Optional[str]:
+    """"out of memory" where ``e`` is a failed allocation (CUDA or CPU, also when torch.compile wraps it) — a
+    configuration too large for the device, which a bench records and goes on from — else None (another error)."""
+    text = str(e)
+    if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in text.lower() or (
+            "DefaultCPUAllocator: can't allocate memory" in text):
+        return "out of memory"
+    return None
+
+
+def release_memory(device: torch.device) -> None:
+    """Give the memory of dropped tensors back between configurations (an out-of-memory configuration leaves its
+    activations in the caching allocator until collected)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def apply_overrides(cfg: Any, quick: Optional[Dict[str, Any]], args: Any, fields: Dict[str, str]) -> Any:

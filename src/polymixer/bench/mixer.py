@@ -5,9 +5,14 @@ and attention a rising one — the paper's Figure 1a, measured on this machine. 
 with warm-up and the median of several repeats; ratios are taken within one run.
 
 Each PoM is also timed against its own floor, its matrix products alone: for PoM the two projections, for the
-value-carrying PoM (causal, ``value_dim`` × ``value_heads``) the projections and the chunked state products of
-:func:`polymixer.values.value_mix` on the raw projections (no polynomial, shift, norm or gate). ``--mixers`` runs a
-subset and keeps the rows of the others from the earlier ``mixer.json``.
+value-carrying PoM the projections and the state products of :func:`polymixer.values.value_mix` on the raw
+projections (no polynomial, shift, norm or gate), chunked for causal mixing, two products for full mixing. Two
+value PoMs run: ``value_pom`` (D = expand·d, ``value_dim`` × ``value_heads``, a gate per channel) and
+``value_pom_att``, sized as attention (D = dv = d over attention's heads, one gate scalar per head), whose
+projections cost what attention's four d × d ones do (:func:`attention_sized_value_pom`). Every mixer runs full and
+causal, forward and forward + backward, eager and (``compile``) under ``torch.compile``; on a GPU PoM's torch form
+and its Triton routes side by side. ``--mixers`` runs a subset and keeps the rows of the others from the earlier
+``mixer.json``, which is written again after every length (a run stopped early keeps the lengths it finished).
 """
 
 from __future__ import annotations
@@ -26,13 +31,18 @@ import torch.nn.functional as F
 
 from ..attention import Attention
 from ..mixer import PoM
+from ..models import count_parameters
 from ..report import format_table, new_figure, save_figure
 from ..values import value_mix
 from ..ops import backend
-from .common import (MachineLoad, apply_overrides, machine, peak_memory_mb, synchronized, time_interleaved,
-                     read_json, write_json)
+from .common import (MachineLoad, apply_overrides, failure, gpu_facts, machine, peak_memory_mb, recompile_limit,
+                     release_memory, synchronized, time_interleaved, read_json, write_json)
 
-__all__ = ["MixerBenchConfig", "run", "predicted_crossover", "add_arguments", "main"]
+__all__ = ["MixerBenchConfig", "run", "predicted_crossover", "attention_sized_value_pom", "add_arguments", "main"]
+
+MIXERS = ("pom", "value_pom", "value_pom_att", "attention")
+# the row names of the two value PoMs (the rows of a mixer start with its name)
+VALUE_ROWS = {"value_pom": "value pom", "value_pom_att": "value pom att-sized"}
 
 
 @dataclass
@@ -52,7 +62,8 @@ class MixerBenchConfig:
     naive: bool = True  # time naive attention (the textbook N×N baseline) too
     value_dim: int = 512  # the value-carrying PoM: dv, split over value_heads (state D·dv/H per head... and layer)
     value_heads: int = 8
-    mixers: Tuple[str, ...] = ("pom", "value_pom", "attention")
+    mixers: Tuple[str, ...] = MIXERS  # value_pom_att: the value PoM at attention's size (attention_sized_value_pom)
+    compile_lengths: Optional[Tuple[int, ...]] = None  # the lengths with compiled columns (None: every length)
     # packed causal sequences of the value PoM (fwd + bwd): mixed in place against the same sequences as a padded batch
     packed_layouts: Tuple[Tuple[int, ...], ...] = ((128,) * 16, (1024,) + (16,) * 64)
     device: str = "cpu"  # "cuda": every mixer on the GPU, with the Triton kernels' columns beside eager and compiled
@@ -91,15 +102,24 @@ class _NaiveAttention(torch.nn.Module):
         return a._merge(torch.softmax(s, dim=-1) @ v)
 
 
-def _value_floor(vpom: PoM, x: torch.Tensor) -> torch.Tensor:
-    """The value-carrying PoM's matrix products alone: the stacked projection, the causal chunked state products on
-    the raw key / value / query slices, and W_o."""
+def attention_sized_value_pom(dim: int, heads: int, degree: int = 2) -> PoM:
+    """The value-carrying PoM whose projections cost what attention's do: D = dv = d, split over attention's
+    ``heads`` (a D/h × dv/h state per head, as attention's head width), one gate scalar per head. Its input projection
+    is d × (2D + dv + h) = d × (3d + h) and its output projection dv × d = d², so a token costs d·(4d + h)
+    multiply-adds in projections against attention's 4d² (d = 512, 8 heads: +0.4%). A gate per channel would add d
+    rows (5d², +25%); D = 2d, as PoM's, 7d² (+75%, the bench's ``value_pom``)."""
+    return PoM(dim, degree=degree, expand=1, value_dim=dim, heads=heads, sel_heads=heads)
+
+
+def _value_floor(vpom: PoM, x: torch.Tensor, causal: bool = True) -> torch.Tensor:
+    """The value-carrying PoM's matrix products alone: the stacked projection, the state products on the raw key /
+    value / query slices (chunked when causal, two products when full), and W_o."""
     D, dv, H = vpom.poly_dim, vpom.value_dim, vpom.heads
     B, N, _ = x.shape
     z = F.linear(x, vpom.in_proj.weight)
     heads = lambda t: t.reshape(B, N, H, -1).transpose(1, 2)  # noqa: E731
     k, v, q = heads(z[..., :D]), heads(z[..., D:D + dv]), heads(z[..., D + dv:2 * D + dv])
-    o = value_mix(q, k, v, x.new_ones(B, N), causal=True, chunk=vpom.chunk_size)[0]
+    o = value_mix(q, k, v, x.new_ones(B, N), causal=causal, chunk=vpom.chunk_size)[0]
     return F.linear(o.transpose(1, 2).reshape(B, N, dv), vpom.out_proj.weight)
 
 
@@ -119,87 +139,154 @@ def _triton_available() -> bool:
     return True
 
 
-def _configs(cfg: MixerBenchConfig, N: int, B: int, pom: PoM, pom_c: Optional[torch.nn.Module], vpom: PoM,
-             vpom_c: Optional[torch.nn.Module], att: Attention, naive: _NaiveAttention
-             ) -> Dict[str, Tuple[Callable[[torch.Tensor], torch.Tensor], bool]]:
-    """name → (forward function of x, allowed with backward). On CUDA, "pom full" / "pom causal" are the torch form
-    (eager), beside both Triton routes and the compiled module (which keeps the kernels: they are custom ops)."""
-    gpu = cfg.device.startswith("cuda")
-    D = pom.poly_dim
-    w_in, w_out = pom.in_proj.weight, pom.out_proj.weight
-    out: Dict[str, Tuple[Callable, bool]] = {}
-    if "pom" in cfg.mixers:
-        # PoM's own matrix products alone — its floor: x → [W_h x; W_s x] (d → D + Ds), then (B, N, D) → d
-        out["pom matmuls (floor)"] = (lambda x: F.linear(F.linear(x, w_in)[..., :D], w_out), True)
-        if gpu:  # the torch form, eager, beside both Triton routes (the automatic choice would take one of them)
-            out["pom full"] = (_on("torch", lambda x: pom(x)), True)
-            out["pom causal"] = (_on("torch", lambda x: pom(x, causal=True)), True)
-        else:
-            out["pom full"] = (lambda x: pom(x), True)
-            out["pom causal"] = (lambda x: pom(x, causal=True), True)
-        if gpu and _triton_available():
+@dataclass
+class _Layers:
+    """The layers a run times, and at the current length their compiled forms by mixer (none without compile)."""
+
+    pom: PoM
+    values: Dict[str, PoM]  # "value_pom", "value_pom_att" → layer
+    att: Attention
+    naive: _NaiveAttention
+    compiled: Dict[str, torch.nn.Module] = field(default_factory=dict)
+
+    def modules(self) -> Dict[str, torch.nn.Module]:
+        """Every mixer's layer by its key in ``MixerBenchConfig.mixers``."""
+        return {"pom": self.pom, **self.values, "attention": self.att}
+
+    def parameters(self) -> List[torch.nn.Parameter]:
+        return [p for m in self.modules().values() for p in m.parameters()]
+
+
+MODES: Tuple[Tuple[str, Dict[str, Any]], ...] = (("full", {}), ("causal", {"causal": True}))
+Config = Tuple[Callable[[torch.Tensor], torch.Tensor], bool]
+
+
+def _pom_configs(cfg: MixerBenchConfig, layers: _Layers, gpu: bool) -> Dict[str, Config]:
+    """PoM's floor, and every mode eager (on a GPU: the torch form and both Triton routes) and compiled."""
+    pom = layers.pom
+    D, w_in, w_out = pom.poly_dim, pom.in_proj.weight, pom.out_proj.weight
+    # PoM's own matrix products alone — its floor: x → [W_h x; W_s x] (d → D + Ds), then (B, N, D) → d
+    out: Dict[str, Config] = {"pom matmuls (floor)": (lambda x: F.linear(F.linear(x, w_in)[..., :D], w_out), True)}
+    for mode, kw in MODES:  # on a GPU "pom <mode>" is the torch form, beside both Triton routes
+        out[f"pom {mode}"] = (_on("torch", lambda x, kw=kw: pom(x, **kw)) if gpu else lambda x, kw=kw: pom(x, **kw),
+                              True)
+    if gpu and _triton_available():
+        for mode, kw in MODES:
             for route in ("triton", "triton_gemm"):
-                out[f"pom full {route}"] = (_on(route, lambda x: pom(x)), True)
-                out[f"pom causal {route}"] = (_on(route, lambda x: pom(x, causal=True)), True)
-        if pom_c is not None:
-            out["pom full compiled"] = (lambda x: pom_c(x), True)
-            out["pom causal compiled"] = (lambda x: pom_c(x, causal=True), True)
-    if "value_pom" in cfg.mixers:
-        out["value pom matmuls (floor)"] = (lambda x: _value_floor(vpom, x), True)
-        out["value pom causal"] = ((_on("torch", lambda x: vpom(x, causal=True)) if gpu
-                                    else lambda x: vpom(x, causal=True)), True)
-        if gpu and _triton_available():
-            out["value pom causal triton"] = (_on("triton", lambda x: vpom(x, causal=True)), True)
-        if vpom_c is not None:
-            out["value pom causal compiled"] = (lambda x: vpom_c(x, causal=True), True)
-    if N in cfg.lengths and "attention" in cfg.mixers:
-        out["sdpa full"] = (lambda x: att(x), True)
-        out["sdpa causal"] = (lambda x: att(x, causal=True), True)
-        score_gb = B * cfg.heads * N * N * 4 / 1e9
-        if cfg.naive and 2 * score_gb <= cfg.naive_max_gb:
-            out["naive full"] = (lambda x: naive(x), 6 * score_gb <= cfg.naive_max_gb)
-            out["naive causal"] = (lambda x: naive(x, causal=True), 6 * score_gb <= cfg.naive_max_gb)
+                out[f"pom {mode} {route}"] = (_on(route, lambda x, kw=kw: pom(x, **kw)), True)
+    if "pom" in layers.compiled:
+        for mode, kw in MODES:
+            out[f"pom {mode} compiled"] = (lambda x, kw=kw: layers.compiled["pom"](x, **kw), True)
     return out
 
 
+def _value_configs(key: str, layers: _Layers, gpu: bool) -> Dict[str, Config]:
+    """A value PoM's floors (causal, full), and every mode eager (on a GPU: the torch form and the kernels) and
+    compiled."""
+    v, name = layers.values[key], VALUE_ROWS[key]
+    out: Dict[str, Config] = {f"{name} matmuls (floor)": (lambda x: _value_floor(v, x), True),
+                              f"{name} matmuls full (floor)": (lambda x: _value_floor(v, x, causal=False), True)}
+    for mode, kw in MODES:
+        out[f"{name} {mode}"] = (_on("torch", lambda x, kw=kw: v(x, **kw)) if gpu else lambda x, kw=kw: v(x, **kw),
+                                 True)
+        if gpu and _triton_available():
+            out[f"{name} {mode} triton"] = (_on("triton", lambda x, kw=kw: v(x, **kw)), True)
+        if key in layers.compiled:
+            out[f"{name} {mode} compiled"] = (lambda x, kw=kw: layers.compiled[key](x, **kw), True)
+    return out
+
+
+def _attention_configs(cfg: MixerBenchConfig, B: int, N: int, layers: _Layers) -> Dict[str, Config]:
+    """SDPA (FlashAttention in bf16 on a GPU) eager and compiled, and the textbook N × N attention where its scores
+    fit ``naive_max_gb``."""
+    att, naive = layers.att, layers.naive
+    out: Dict[str, Config] = {}
+    for mode, kw in MODES:
+        out[f"sdpa {mode}"] = (lambda x, kw=kw: att(x, **kw), True)
+    if "attention" in layers.compiled:
+        for mode, kw in MODES:
+            out[f"sdpa {mode} compiled"] = (lambda x, kw=kw: layers.compiled["attention"](x, **kw), True)
+    score_gb = B * cfg.heads * N * N * 4 / 1e9
+    if cfg.naive and 2 * score_gb <= cfg.naive_max_gb:
+        for mode, kw in MODES:
+            out[f"naive {mode}"] = (lambda x, kw=kw: naive(x, **kw), 6 * score_gb <= cfg.naive_max_gb)
+    return out
+
+
+def _configs(cfg: MixerBenchConfig, N: int, B: int, layers: _Layers) -> Dict[str, Config]:
+    """name → (forward function of x, allowed with backward), for every mixer of ``cfg.mixers`` at length N."""
+    gpu = cfg.device.startswith("cuda")
+    out: Dict[str, Config] = {}
+    if "pom" in cfg.mixers:
+        out.update(_pom_configs(cfg, layers, gpu))
+    for key in VALUE_ROWS:
+        if key in cfg.mixers:
+            out.update(_value_configs(key, layers, gpu))
+    if N in cfg.lengths and "attention" in cfg.mixers:
+        out.update(_attention_configs(cfg, B, N, layers))
+    return out
+
+
+def _floor_of(name: str) -> str:
+    """The floor row a row's time is divided by: its value PoM's matrix products (causal or full), else PoM's."""
+    for prefix in sorted(VALUE_ROWS.values(), key=len, reverse=True):
+        if name.startswith(prefix):
+            return f"{prefix} matmuls {'full ' if ' full' in name else ''}(floor)"
+    return "pom matmuls (floor)"
+
+
+def _compiled_at(cfg: MixerBenchConfig, N: int) -> bool:
+    return cfg.compile and (cfg.compile_lengths is None or N in cfg.compile_lengths)
+
+
+def _build(cfg: MixerBenchConfig, dev: torch.device, dtype: torch.dtype) -> _Layers:
+    d = cfg.dim
+    values = {"value_pom": PoM(d, degree=cfg.degree, expand=cfg.expand, value_dim=cfg.value_dim,
+                               heads=cfg.value_heads),
+              "value_pom_att": attention_sized_value_pom(d, cfg.heads, cfg.degree)}
+    att = Attention(d, heads=cfg.heads).to(dev, dtype)
+    layers = _Layers(PoM(d, degree=cfg.degree, expand=cfg.expand).to(dev, dtype),
+                     {k: v.to(dev, dtype) for k, v in values.items()}, att, _NaiveAttention(att))
+    for p in layers.parameters():
+        p.requires_grad_(True)
+    return layers
+
+
 def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    """Run the sweep; returns the JSON payload (also written to ``cfg.out``) with rows and a summary."""
+    """Run the sweep; returns the JSON payload (also written to ``cfg.out`` after every length) with rows and a
+    summary."""
     from tqdm.auto import tqdm
 
     torch.manual_seed(cfg.seed)
-    d = cfg.dim
     dev = torch.device(cfg.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda, but PyTorch sees no CUDA device here")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(
         cfg.dtype, torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    pom = PoM(d, degree=cfg.degree, expand=cfg.expand).to(dev, dtype)
-    vpom = PoM(d, degree=cfg.degree, expand=cfg.expand, value_dim=cfg.value_dim, heads=cfg.value_heads).to(dev, dtype)
-    att = Attention(d, heads=cfg.heads).to(dev, dtype)
-    naive = _NaiveAttention(att)
-    for p in list(pom.parameters()) + list(vpom.parameters()) + list(att.parameters()):
-        p.requires_grad_(True)
+    layers = _build(cfg, dev, dtype)
     lengths = sorted(set(cfg.lengths) | set(cfg.pom_lengths))
-
-    plans = []
-    for N in lengths:
-        B = max(1, cfg.tokens // N)
-        plans.append((N, B))
+    plans = [(N, max(1, cfg.tokens // N)) for N in lengths]
     cores = os.cpu_count() or 1
     busy = hasattr(os, "getloadavg") and os.getloadavg()[0] / cores > MachineLoad.BUSY_LOAD
     repeats = 2 * cfg.repeats - 1 if busy else cfg.repeats  # more samples for the medians on a busy machine
     threads = torch.get_num_threads()
     if busy and dev.type == "cpu" and threads > 1:  # one thread per process is steadier beside other work: a
         torch.set_num_threads(1)                    # parallel region waits for its slowest thread
-    placeholder = torch.nn.Identity() if cfg.compile else None
+    out = Path(cfg.out)
+    kept: List[Dict[str, Any]] = []
+    if set(cfg.mixers) != set(MIXERS) and (out / "mixer.json").is_file():
+        kept = [r for r in read_json(out / "mixer.json").get("rows", []) if _owner(r["mixer"])
+                not in cfg.mixers]  # the rows of mixers not run again (read now: this run rewrites the file)
 
     def calls(N: int, B: int) -> int:
         """Every call a length makes: warm-up and repeats of each configuration, one more for its memory, per
         phase (forward, and forward + backward)."""
-        names = _configs(cfg, N, B, pom, placeholder, vpom, placeholder, att, naive)
-        fwd = len(names) * (repeats + cfg.warmup + (1 if cfg.compile else 0) + 1)
-        bwd = sum(ok for _, ok in names.values()) * (repeats + cfg.warmup + (1 if cfg.compile else 0) + 1)
-        return fwd + (bwd if cfg.backward else 0)
+        compiled = _compiled_at(cfg, N)
+        counted = _Layers(layers.pom, layers.values, layers.att, layers.naive,
+                          {k: torch.nn.Identity() for k in MIXERS} if compiled else {})
+        names = _configs(cfg, N, B, counted)
+        per = repeats + cfg.warmup + (1 if compiled else 0) + 1
+        return len(names) * per + (sum(ok for _, ok in names.values()) * per if cfg.backward else 0)
 
     total = sum(calls(N, B) for N, B in plans)
     if "value_pom" in cfg.mixers:
@@ -209,105 +296,136 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
     rows: List[Dict[str, Any]] = []
     skipped: Dict[str, str] = {}  # configuration -> why it could not run
     load = MachineLoad().__enter__()
+    facts = {"repeats": repeats, "busy_at_start": bool(busy), "threads": 1 if busy and dev.type == "cpu" else threads,
+             "params": {k: count_parameters(m) for k, m in layers.modules().items()},
+             "gpu": gpu_facts(dev) if dev.type == "cuda" else None}
     for N, B in plans:
-        pom_c = vpom_c = None
-        if cfg.compile:
-            torch._dynamo.reset()  # fresh static graphs for every shape: the best case, and no recompile limit
-            pom_c = torch.compile(pom, fullgraph=True, dynamic=False)
-            vpom_c = torch.compile(vpom, fullgraph=True, dynamic=False)
-        x = torch.randn(B, N, d, device=dev, dtype=dtype)
-        configs = _configs(cfg, N, B, pom, pom_c, vpom, vpom_c, att, naive)
-
-        def tick(name: str) -> None:
-            bar.set_postfix_str(f"N={N} {name}")
-            bar.update(1)
-
-        def measured(fns: Dict[str, Callable[[], Any]]) -> Dict[str, Optional[float]]:
-            out = {}
-            for k, f in fns.items():
-                out[k] = peak_memory_mb(f, dev)
-                tick(k + " (memory)")
-            return out
-
-        warm = cfg.warmup + (1 if cfg.compile else 0)
-
-        def refused(k: str, call: Callable[[], Any]) -> bool:
-            """Whether a configuration cannot run here (a strict backend that refuses the call, e.g. kernels that
-            failed their first-use check): it is reported, not timed, and the others still run."""
-            try:
-                call()
-                return False
-            except NotImplementedError as e:
-                skipped.setdefault(k, str(e))
-                configs.pop(k, None)
-                return True
-
-        with torch.no_grad():
-            fwd = {k: synchronized(lambda f=f: f(x), dev) for k, (f, _) in configs.items()}
-            fwd = {k: f for k, f in fwd.items() if not refused(k, f)}
-            for _ in range(warm):  # the warm-up calls, on the bar too
-                for k, f in fwd.items():
-                    f()
-                    tick(k + " (warm-up)")
-            t_fwd = time_interleaved(fwd, warmup=0, repeats=repeats, on_sample=tick)
-            mem_fwd = measured(fwd)
-        t_bwd: Dict[str, Any] = {}
-        mem_bwd: Dict[str, Optional[float]] = {}
-        if cfg.backward:
-            xg = x.clone().requires_grad_(True)
-            params = list(pom.parameters()) + list(vpom.parameters()) + list(att.parameters())
-
-            def train_step(f: Callable) -> Callable[[], None]:
-                def step() -> None:
-                    for p in params + [xg]:
-                        p.grad = None
-                    y = f(xg)
-                    y.backward(torch.ones_like(y))
-                return step
-
-            bwd = {k: synchronized(train_step(f), dev) for k, (f, ok) in configs.items() if ok}
-            bwd = {k: f for k, f in bwd.items() if not refused(k, f)}
-            for _ in range(warm):
-                for k, f in bwd.items():
-                    f()
-                    tick(k + " (warm-up)")
-            t_bwd = time_interleaved(bwd, warmup=0, repeats=repeats, on_sample=tick)
-            mem_bwd = measured(bwd)
-        for k in configs:
-            base = "value pom matmuls (floor)" if k.startswith("value pom") else "pom matmuls (floor)"
-            floor = t_fwd[base].median if base in t_fwd else float("nan")
-            floor_b = t_bwd[base].median if base in t_bwd else float("nan")
-            tf = t_fwd[k].median
-            tb = t_bwd[k].median if k in t_bwd else None
-            rows.append({
-                "N": N, "batch": B, "mixer": k,
-                "fwd_ms": 1e3 * tf, "fwd_spread": t_fwd[k].spread, "fwd_tok_s": B * N / tf,
-                "fwd_samples_ms": [1e3 * v for v in t_fwd[k].samples],
-                "fwd_vs_floor": tf / floor,
-                "fwdbwd_ms": None if tb is None else 1e3 * tb,
-                "fwdbwd_vs_floor": None if tb is None else tb / floor_b,
-                "fwd_peak_mb": mem_fwd.get(k), "fwdbwd_peak_mb": mem_bwd.get(k),
-            })
-    packed = run_packed(cfg, vpom, repeats, bar) if "value_pom" in cfg.mixers and cfg.packed_layouts else None
+        with recompile_limit():
+            rows += _measure_length(cfg, layers, N, B, dev, dtype, repeats, bar, skipped)
+        write_json(out / "mixer.json", _payload(cfg, kept + rows, facts, skipped, None, busy, partial=True))
+    packed = (run_packed(cfg, layers.values["value_pom"], repeats, bar)
+              if "value_pom" in cfg.mixers and cfg.packed_layouts else None)
     bar.close()
     load.__exit__(None, None, None)
     torch.set_num_threads(threads)
-    out = Path(cfg.out)
-    if set(cfg.mixers) != {"pom", "value_pom", "attention"} and (out / "mixer.json").is_file():
-        kept = [r for r in read_json(out / "mixer.json").get("rows", []) if _owner(r["mixer"])
-                not in cfg.mixers]  # the rows of mixers not run again
-        rows = sorted(kept + rows, key=lambda r: r["N"])
-    payload = {"config": asdict(cfg), "machine": machine(), "rows": rows, "summary": summarize(cfg, rows),
-               "repeats": repeats, "busy_at_start": bool(busy), "busy": bool(busy) or load.warning() is not None,
-               "threads": 1 if busy and dev.type == "cpu" else threads}
-    if packed is not None:
-        payload["packed"] = packed
-    if skipped:
-        payload["skipped"] = skipped
+    payload = _payload(cfg, kept + rows, facts, skipped, packed, bool(busy) or load.warning() is not None)
     write_json(out / "mixer.json", payload)
     (out / "mixer.txt").write_text(report(payload) + "\n")
     plot(payload, out / "mixer.png")
     return payload
+
+
+def _payload(cfg: MixerBenchConfig, rows: List[Dict[str, Any]], facts: Dict[str, Any], skipped: Dict[str, str],
+             packed: Optional[List[Dict[str, Any]]], busy: bool, partial: bool = False) -> Dict[str, Any]:
+    """The JSON of a run: its rows by length, the summary, the machine (and the GPU: name, ``arch`` such as
+    "sm_90"), and what could not run; ``partial`` while lengths are still to come."""
+    rows = sorted(rows, key=lambda r: r["N"])
+    payload = {"config": asdict(cfg), "machine": {**machine(), **_kernel_hashes()}, "rows": rows,
+               "summary": summarize(cfg, rows), **facts, "busy": busy}
+    if partial:
+        payload["partial"] = True
+    if packed is not None:
+        payload["packed"] = packed
+    if skipped:
+        payload["skipped"] = skipped
+    return payload
+
+
+def _kernel_hashes() -> Dict[str, Any]:
+    """``{"kernels": {op: hash}}``: the kernel source a run measured (the dispatch table's entries apply to it
+    alone), or nothing where this build has no such record."""
+    try:
+        from ..ops import measured
+    except ImportError:
+        return {}
+    return {"kernels": {op: measured.kernel_hash(op) for op in measured.KERNEL_FILES}}
+
+
+def _measure_length(cfg: MixerBenchConfig, layers: _Layers, N: int, B: int, dev: torch.device, dtype: torch.dtype,
+                    repeats: int, bar: Any, skipped: Dict[str, str]) -> List[Dict[str, Any]]:
+    """Every configuration at length N (batch B): forward and forward + backward times, their peak memory and their
+    ratios to the floors. A configuration that a strict backend refuses, or that runs out of memory, is listed in
+    ``skipped`` and the others still run."""
+    layers.compiled = {}
+    if _compiled_at(cfg, N):
+        torch._dynamo.reset()  # fresh static graphs for every shape: the best case, and no recompile limit
+        layers.compiled = {k: torch.compile(m, fullgraph=True, dynamic=False) for k, m in layers.modules().items()
+                           if k in cfg.mixers}
+    x = torch.randn(B, N, cfg.dim, device=dev, dtype=dtype)
+    configs = _configs(cfg, N, B, layers)
+
+    def tick(name: str) -> None:
+        bar.set_postfix_str(f"N={N} {name}")
+        bar.update(1)
+
+    def measured(fns: Dict[str, Callable[[], Any]]) -> Dict[str, Optional[float]]:
+        out = {}
+        for k, f in fns.items():
+            out[k] = peak_memory_mb(f, dev)
+            tick(k + " (memory)")
+        return out
+
+    warm = cfg.warmup + (1 if layers.compiled else 0)
+
+    def refused(k: str, call: Callable[[], Any]) -> bool:
+        """Whether a configuration cannot run here (a strict backend that refuses the call, e.g. kernels that
+        failed their first-use check, or too little memory): it is reported, not timed, and the others still run."""
+        try:
+            call()
+            return False
+        except NotImplementedError as e:
+            skipped.setdefault(k, str(e))
+        except RuntimeError as e:  # torch.cuda.OutOfMemoryError is one
+            if failure(e) is None:
+                raise
+            skipped[f"{k} (N = {N})"] = failure(e)
+            release_memory(dev)
+        configs.pop(k, None)
+        return True
+
+    def timed(fns: Dict[str, Callable[[], Any]]) -> Tuple[Dict[str, Any], Dict[str, Optional[float]]]:
+        fns = {k: f for k, f in fns.items() if not refused(k, f)}
+        for _ in range(warm):  # the warm-up calls, on the bar too
+            for k, f in fns.items():
+                f()
+                tick(k + " (warm-up)")
+        return time_interleaved(fns, warmup=0, repeats=repeats, on_sample=tick), measured(fns)
+
+    with torch.no_grad():
+        t_fwd, mem_fwd = timed({k: synchronized(lambda f=f: f(x), dev) for k, (f, _) in configs.items()})
+    t_bwd: Dict[str, Any] = {}
+    mem_bwd: Dict[str, Optional[float]] = {}
+    if cfg.backward:
+        xg = x.clone().requires_grad_(True)
+        params = layers.parameters()
+
+        def train_step(f: Callable) -> Callable[[], None]:
+            def step() -> None:
+                for p in params + [xg]:
+                    p.grad = None
+                y = f(xg)
+                y.backward(torch.ones_like(y))
+            return step
+
+        t_bwd, mem_bwd = timed({k: synchronized(train_step(f), dev) for k, (f, ok) in configs.items() if ok})
+    rows = []
+    for k in t_fwd:  # (a configuration refused only with backward keeps its forward row)
+        base = _floor_of(k)
+        floor = t_fwd[base].median if base in t_fwd else float("nan")
+        floor_b = t_bwd[base].median if base in t_bwd else float("nan")
+        tf = t_fwd[k].median
+        tb = t_bwd[k].median if k in t_bwd else None
+        rows.append({
+            "N": N, "batch": B, "mixer": k,
+            "fwd_ms": 1e3 * tf, "fwd_spread": t_fwd[k].spread, "fwd_tok_s": B * N / tf,
+            "fwd_samples_ms": [1e3 * v for v in t_fwd[k].samples],
+            "fwd_vs_floor": tf / floor,
+            "fwdbwd_ms": None if tb is None else 1e3 * tb,
+            "fwdbwd_vs_floor": None if tb is None else tb / floor_b,
+            "fwd_peak_mb": mem_fwd.get(k), "fwdbwd_peak_mb": mem_bwd.get(k),
+        })
+    layers.compiled = {}
+    return rows
 
 
 def run_packed(cfg: MixerBenchConfig, vpom: PoM, repeats: int, bar: Any = None) -> List[Dict[str, Any]]:
@@ -349,9 +467,10 @@ def _runs(lens: Tuple[int, ...]) -> List[Tuple[int, int]]:
 
 
 def _owner(name: str) -> str:
-    """The mixer a row belongs to: "pom", "value_pom" or "attention"."""
-    if name.startswith("value pom"):
-        return "value_pom"
+    """The mixer a row belongs to: "pom", "value_pom", "value_pom_att" or "attention"."""
+    for key, prefix in sorted(VALUE_ROWS.items(), key=lambda kv: len(kv[1]), reverse=True):
+        if name.startswith(prefix):
+            return key
     return "pom" if name.startswith("pom") else "attention"
 
 
@@ -425,11 +544,25 @@ def summarize(cfg: MixerBenchConfig, rows: List[Dict[str, Any]]) -> Dict[str, An
             if p is not None and a is not None:
                 speedups[n] = a / p
         s[f"sdpa/pom {mode} speedup by N"] = speedups
-    for variant in ("", " compiled"):
-        key = f"value pom causal{variant}"
-        s[f"{key} / floor by N"] = {r["N"]: (r["fwd_vs_floor"], r["fwdbwd_vs_floor"]) for r in rows
-                                    if r["mixer"] == key}
+    for prefix in VALUE_ROWS.values():
+        for mode in ("causal", "full"):
+            for variant in ("", " compiled"):
+                key = f"{prefix} {mode}{variant}"
+                s[f"{key} / floor by N"] = {r["N"]: (r["fwd_vs_floor"], r["fwdbwd_vs_floor"]) for r in rows
+                                            if r["mixer"] == key}
+    for mode in ("full", "causal"):  # the value PoM at attention's size against attention, forward / fwd + bwd
+        s[f"sdpa/value pom att-sized {mode} speedup by N"] = {
+            n: tuple(_ratio(rows, n, f"sdpa {mode}", f"value pom att-sized {mode}", key)
+                     for key in ("fwd_ms", "fwdbwd_ms"))
+            for n in sorted({r["N"] for r in rows if r["mixer"] == f"value pom att-sized {mode}"})
+            if _lookup(rows, n, f"sdpa {mode}", "fwd_ms") is not None}
     return s
+
+
+def _ratio(rows: List[Dict[str, Any]], N: int, a: str, b: str, key: str) -> Optional[float]:
+    """``key`` of row a ÷ ``key`` of row b at N (None where either is missing)."""
+    x, y = _lookup(rows, N, a, key), _lookup(rows, N, b, key)
+    return None if x is None or y is None else x / y
 
 
 def report(payload: Dict[str, Any]) -> str:
@@ -444,6 +577,14 @@ def report(payload: Dict[str, Any]) -> str:
     )
     s = payload["summary"]
     lines = [table, ""]
+    gpu = payload.get("gpu")
+    if gpu:
+        lines.append(f"GPU: {gpu['name']} ({gpu['arch']}, {gpu['sms']} SMs), CUDA {gpu['cuda']}, Triton "
+                     f"{gpu['triton']}, driver {gpu['driver']}")
+    if payload.get("params"):
+        lines.append("parameters per layer: " + ", ".join(f"{k} {v:,}" for k, v in payload["params"].items()))
+    if payload.get("partial"):
+        lines.append("PARTIAL: the run stopped before its last length")
     for k, why in payload.get("skipped", {}).items():
         lines.append(f"not timed: {k} — {why}")
     if payload.get("busy_at_start"):
@@ -457,12 +598,19 @@ def report(payload: Dict[str, Any]) -> str:
         if v is not None:
             verdict = _unless_busy(payload, ratio_verdict(rows, 4096, name, "pom matmuls (floor)", target))
             lines.append(f"{name} / floor @4096: {v:.3f}  (target ≤ {target}: {verdict})")
-    for variant in ("", " compiled"):
-        by_n = {int(k): v for k, v in s.get(f"value pom causal{variant} / floor by N", {}).items()}
+    for prefix in VALUE_ROWS.values():
+        for mode in ("causal", "full"):
+            for variant in ("", " compiled"):
+                by_n = {int(k): v for k, v in s.get(f"{prefix} {mode}{variant} / floor by N", {}).items()}
+                if by_n:
+                    txt = ", ".join(f"{n}: {f:.2f} / {b:.2f}" if b is not None else f"{n}: {f:.2f}"
+                                    for n, (f, b) in sorted(by_n.items()))
+                    lines.append(f"{prefix} {mode}{variant} ÷ its matrix-product floor (fwd / fwd+bwd) by N: {txt}")
+    for mode in ("full", "causal"):
+        by_n = {int(k): v for k, v in s.get(f"sdpa/value pom att-sized {mode} speedup by N", {}).items()}
         if by_n:
-            txt = ", ".join(f"{n}: {f:.2f} / {b:.2f}" if b is not None else f"{n}: {f:.2f}"
-                            for n, (f, b) in sorted(by_n.items()))
-            lines.append(f"value pom causal{variant} ÷ its matrix-product floor (fwd / fwd+bwd) by N: {txt}")
+            txt = ", ".join(f"{n}: {_times(f)} / {_times(b)}" for n, (f, b) in sorted(by_n.items()))
+            lines.append(f"value pom att-sized {mode} speed-up over SDPA (fwd / fwd+bwd) by N: {txt}")
     if payload.get("packed"):
         lines += ["", "value PoM, packed causal sequences, forward + backward:",
                   format_table(payload["packed"], ["layout", "tokens", "mode", "fwdbwd_ms", "vs_one_sequence"],
@@ -487,12 +635,16 @@ def report(payload: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _times(v: Optional[float]) -> str:
+    return "—" if v is None else f"{v:.2f}×"
+
+
 def plot(payload: Dict[str, Any], path: Path) -> None:
     """Time for a fixed token budget against sequence length (log-x), forward and forward+backward, and memory."""
     rows = payload["rows"]
     cfg = payload["config"]
     mixers = list(dict.fromkeys(r["mixer"] for r in rows))
-    style = {"pom": "-", "sdpa": "--", "naive": ":"}
+    style = {"pom": "-", "value": "-.", "sdpa": "--", "naive": ":"}
     fig, axes = new_figure(3)
     budget = cfg["tokens"]
     for ax, key, title in zip(axes, ["fwd_ms", "fwdbwd_ms", "fwdbwd_peak_mb"],
@@ -535,8 +687,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile columns")
     p.add_argument("--no-backward", action="store_true", help="time the forward pass only")
     p.add_argument("--naive-max-gb", type=float, default=d.naive_max_gb)
-    p.add_argument("--mixers", nargs="+", choices=["pom", "value_pom", "attention"], default=None,
-                   help="mixers to time (default all); the rows of the others are kept from the earlier mixer.json")
+    p.add_argument("--mixers", nargs="+", choices=list(MIXERS), default=None,
+                   help="mixers to time (default all; value_pom_att: the value PoM at attention's size, D = dv = dim "
+                        "over --heads heads, a gate per head); the rows of the others are kept from the earlier "
+                        "mixer.json")
+    p.add_argument("--compile-lengths", type=int, nargs="*", default=None,
+                   help="the lengths that get the torch.compile columns (default: every length; each length "
+                        "compiles every layer afresh, which takes most of a GPU run's time)")
     p.add_argument("--value-dim", type=int, default=d.value_dim, help="value-carrying PoM: dv")
     p.add_argument("--value-heads", type=int, default=d.value_heads, help="value-carrying PoM: heads")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -555,7 +712,8 @@ def main(args: argparse.Namespace) -> int:
                            value_dim=args.value_dim, value_heads=args.value_heads, device=args.device,
                            dtype=args.dtype, out=args.out)
     apply_overrides(cfg, QUICK if args.quick else None, args,
-                    {name: name for name in ("lengths", "pom_lengths", "repeats", "warmup", "mixers")})
+                    {name: name for name in ("lengths", "pom_lengths", "repeats", "warmup", "mixers",
+                                             "compile_lengths")})
     if args.quick and args.out == MixerBenchConfig.out:  # its own folder: no rows of an earlier full sweep mixed in
         cfg.out = MixerBenchConfig.out + "-quick"
     if any(n < 1 for n in cfg.lengths + cfg.pom_lengths) or cfg.tokens < 1 or cfg.repeats < 1:
