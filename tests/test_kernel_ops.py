@@ -184,8 +184,8 @@ def no_launch(monkeypatch):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_the_host_side_reads_nothing_back(mode, no_launch):
     """The whole host side of both ops — call checks, layout, sequence ids, table sizes, the ops' bodies forward
-    and backward on both routes, splits included, and the value PoM's packed modes in place — on meta tensors:
-    reading any value back to the host would raise, so nothing synchronises."""
+    and backward on both routes, programs of several chunks included, and the value PoM's packed modes in place — on
+    meta tensors: reading any value back to the host would raise, so nothing synchronises."""
     from polymixer.ops.pom import make_call
 
     B, kw = MODES[mode]
@@ -194,21 +194,19 @@ def test_the_host_side_reads_nothing_back(mode, no_launch):
     kwm = {k: (meta(v) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     x = torch.empty(B, 21, 8, device="meta")
     w_in, bias, coeff, w_out = (meta(t) for t in (pom.in_proj.weight, pom.gate_bias, pom.coeff, pom.out_proj.weight))
-    for splits in (None, 3):
-        tk.use_config(tk.LaunchConfig(8, 8, 1, 16, splits))
+    for per_program in (None, 3):
+        tk.use_config(tk.LaunchConfig(8, 8, 1, 16, chunks_per_program=per_program))
         call, _ = make_call(x, None, w_in, bias, coeff, w_out, rope=pom.rope, **kwm)
         args = tk.mix_args(call, call.N)
         z = torch.empty(B, 21, call.D + call.Ds, device="meta")
         for fused in (False, True):
             src = (None, x, w_in) if fused else (z, None, None)
-            g, sav, savw = tk.mix(*src, coeff, bias, *args)
-            tk.mix_backward(torch.empty_like(g), *src, coeff, bias, *args[:4], sav, savw, *args[4:])
+            g, *saved = tk.mix(*src, coeff, bias, *args)
+            tk.mix_backward(torch.empty_like(g), *src, coeff, bias, *args[:4], tk.Saved(*saved), *args[4:])
         call = type("Call", (), {"args": (x, None, *(meta(t) for t in value.value_weights())),
                                  "kwargs": dict(heads=2, **kwm)})()
         vk.forward(call)
-    causal = kw.get("causal", False) and "block_size" not in kw
-    want = {"_walk_kernel", "_carry_kernel"} | ({"_causal_backward_kernel"} if causal else
-                                                {"_gate_kernel", "_group_backward_kernel", "_end_backward_kernel"})
+    want = {"_sums_kernel", "_scan_kernel", "_apply_kernel", "_grad_sums_kernel", "_grad_apply_kernel"}
     assert want <= set(no_launch), set(no_launch)
 
 

@@ -61,8 +61,10 @@ class Build:
 
 # pointer arguments whose element type follows the activations; integer, byte and float64 ones; the others fp32
 _ACT_POINTERS = {"z_ptr", "x_ptr", "win_ptr", "g_ptr", "dz_ptr", "dg_ptr", "q_ptr", "k_ptr", "v_ptr", "o_ptr",
-                 "do_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "h_ptr", "dh_ptr"}
-_INT_POINTERS = {"seqid_ptr", "cu_ptr", "has_ptr", "seg_ptr", "start_ptr", "first_ptr"}
+                 "do_ptr", "dq_ptr", "dk_ptr", "dv_ptr"}
+# the value PoM's chunk states: bf16 beside bf16 activations, fp32 otherwise (fp16 would overflow at long N)
+_STATE_POINTERS = {"h_ptr", "dh_ptr"}
+_INT_POINTERS = {"seqid_ptr", "cu_ptr", "has_ptr", "seg_ptr", "first_ptr"}
 _BYTE_POINTERS = {"w_ptr"}
 _F64_POINTERS = {"pos_ptr"}
 _FLOAT_SCALARS = {"scale"}
@@ -82,7 +84,8 @@ def _signature(fn: Any, b: Build) -> Tuple[Dict[str, str], Dict[Tuple[int, ...],
             sig[name] = "constexpr"
             continue
         if name.endswith("_ptr"):
-            sig[name] = "*" + (act if name in _ACT_POINTERS else "i32" if name in _INT_POINTERS
+            sig[name] = "*" + (act if name in _ACT_POINTERS else ("bf16" if act == "bf16" else "fp32")
+                               if name in _STATE_POINTERS else "i32" if name in _INT_POINTERS
                                else "u8" if name in _BYTE_POINTERS else "fp64" if name in _F64_POINTERS else "fp32")
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in F64_SCALARS:
@@ -109,49 +112,43 @@ def _kernel(op: str, name: str) -> Any:
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
 
 
-_ROLE_KERNELS = {"causal_walk": ("walk", dict(MODE=0)), "causal_backward": ("causal_backward", {}),
-                 "walk": ("walk", dict(MODE=2)), "gate": ("gate", dict(MODE=2)),
-                 "group": ("group_backward", dict(MODE=2)), "end": ("end_backward", dict(MODE=2))}
-
-
 def _pom_builds() -> Tuple[List[Build], List[Build]]:
     """(every tile of :data:`~polymixer.ops.pom.triton_kernels.TILES` — route × rotary × gate-head class × role —
-    at the heaviest flags, plus the split summaries and the carry kernel; the covering set of degrees, activations,
-    gates and dtypes at the default tiles of both routes)."""
+    at the heaviest flags, causal and block-causal, plus the scan kernel both ways; the covering set of degrees,
+    activations, gates and dtypes at the default tiles of both routes)."""
     from .pom import triton_kernels as tk
 
     heavy = dict(K=5, ACT=0, GATE=0, HAS_W=1, HAS_POS=1, PACKED=1, MEAN=1)
 
-    def one(role: str, fused: bool, rope: bool, gb: int, flags: Dict[str, Any], dtype: str = "bf16",
-            summary: bool = False) -> Build:
-        bn, bd = tk.TILES[(fused, rope, tk.head_class(gb))][role]  # type: ignore[misc]
-        kernel, mode = _ROLE_KERNELS[role]
-        if summary:
-            mode = {**mode, "MODE": mode.get("MODE", 0) if role != "group" and role != "end" else 1}
-        c = {**flags, **mode, "ROPE": int(rope), "FUSED": int(fused), "GB": gb, "NSP": max(16, bd // gb),
+    def one(role: str, fused: bool, rope: bool, gb: int, flags: Dict[str, Any], mode: int,
+            dtype: str = "bf16") -> Build:
+        bn, bd = tk.TILES[(fused, rope, tk.head_class(gb) if fused else 16)][role]  # type: ignore[misc]
+        c = {**flags, "MODE": mode, "ROPE": 2 if rope else 0, "FUSED": int(fused), "GB": gb,
+             "NSP": max(16, bd // gb), "NS": max(1, bd // gb), "HP": max(1, gb // bd),
              "KP": tk.pow2(flags["K"]), "BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_K": 32 if fused else 16,
-             "PREC": "tf32", "HAS_CARRY": int(not summary), "SUMMARY": int(summary)}
-        return Build("pom", kernel, tuple(c.items()), dtype, 4)
+             "PREC": "tf32", "STAGES": tk.STAGES[role]}
+        return Build("pom", role, tuple(c.items()), dtype, 4)
 
     main: List[Build] = []
     default = [(False, False, 16), (True, False, 16)]
     for key in sorted(tk.TILES, key=lambda k: (k not in default, k)):  # the default tiles first
         fused, rope, hc = key
-        gb = 1 if hc == 16 else hc
-        for role, tile in tk.TILES[key].items():
-            if tile is not None:
-                main.append(one(role, fused, rope, gb, heavy))
-        if key in default:
-            for role in ("causal_walk", "causal_backward", "group", "end"):
-                main.append(one(role, fused, rope, gb, heavy, summary=True))
-    main.append(Build("pom", "carry", (("REVERSE", 0), ("BLOCK_D", 64)), "fp32", 2))
-    main.append(Build("pom", "carry", (("REVERSE", 1), ("BLOCK_D", 64)), "fp32", 2))
+        heads = (1, hc) if fused else (1, 16, 64, 128)  # unfused: heads within a tile, a head per tile, split heads
+        for gb in dict.fromkeys(1 if g == 16 and fused else g for g in heads):
+            for role, tile in tk.TILES[key].items():
+                if tile is not None:
+                    main += [one(role, fused, rope, gb, heavy, mode) for mode in (0, 2)]
+    for reverse in (0, 1):
+        for packed in (0, 1):
+            c = dict(PACKED=packed, REVERSE=bool(reverse), HAS_WT=1 - reverse, CB=tk.SCAN_CHUNKS,
+                     BLOCK_S=tk.SCAN_CHANNELS)
+            main.append(Build("pom", "scan", tuple(c.items()), "fp32", 4))
     cover: List[Build] = []
     for i in range(6):  # every degree, activation, gate and dtype at least once per kernel and route
         flags = dict(K=i % 5 + 1, ACT=i, GATE=i % 3, HAS_W=i % 2, HAS_POS=0, PACKED=(i + 1) % 2, MEAN=1)
         for fused in (False, True):
             for role in tk.ROLES:
-                cover.append(one(role, fused, False, 1, flags, DTYPE_NAMES[i % 3]))
+                cover.append(one(role, fused, False, 1, flags, i % 3, DTYPE_NAMES[i % 3]))
     return main, cover
 
 

@@ -8,16 +8,23 @@ Each op (``pom``, ``pom_step``, ``value_pom``, ``value_pom_step``) has backends 
 * ``cpu`` — the fused, cache-tiled CPU path of the hot modes;
 * ``triton`` — the GPU kernels between cuBLAS projections (CUDA tensors; CPU tensors too under
   ``TRITON_INTERPRET=1``, for testing);
-* ``triton_gemm`` — the same kernels with the input projection inside them (z never written), where the roofline model
-  predicts it faster.
+* ``triton_gemm`` — the same kernels with the input projection inside them (z never written).
 
-The automatic choice tries ``triton_gemm``, ``triton``, ``cpu``, then ``torch`` — the first that supports the call —
-and never picks ``reference``. The Triton backends are custom ops, so they are chosen inside ``torch.compile`` too;
-they are imported with the op's package when they could run (a GPU, or the interpreter), because dynamo cannot
-trace an import. ``with polymixer.backend("cpu"):`` makes a choice explicit, in the style of
-``torch.nn.attention.sdpa_kernel``: an explicit choice is strict and raises ``NotImplementedError`` naming the case
-it cannot take. :func:`backend_for` says which backend a call would get and why the others were passed over; the
-logger ``polymixer.ops`` says the same at DEBUG level for every call.
+The automatic choice tries ``triton_gemm``, ``triton``, ``cpu``, then ``torch`` — the first that takes the call —
+and never picks ``reference``. It never takes a slower path: a Triton route registered with a speed rule
+(:func:`polymixer.ops.measured.rule`) is taken only where a GPU measured it faster than the torch form for this kind
+of call on the kernel code installed now ("table entry"), or, without such a measurement, where the cost model
+recomputed from measured bandwidth predicts it faster ("model"); else it is passed over ("no measurement"). So
+``triton_gemm`` and the value PoM's kernels, measured slower, stay out until a measurement says otherwise. The rule
+runs after the backend's own checks (``supports``, the first-use check included): a route that cannot take a call
+says so first.
+
+The Triton backends are custom ops, so they are chosen inside ``torch.compile`` too; they are imported with the op's
+package when they could run (a GPU, or the interpreter), because dynamo cannot trace an import.
+``with polymixer.backend("cpu"):`` makes a choice explicit, in the style of ``torch.nn.attention.sdpa_kernel``: an
+explicit choice is strict — it raises ``NotImplementedError`` naming the case it cannot take, and ignores the speed
+rules. :func:`backend_for` says which backend a call would get, by which rule, and why the others were passed over;
+the logger ``polymixer.ops`` says the same at DEBUG level for every call.
 """
 
 from __future__ import annotations
@@ -30,8 +37,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from .common import is_compiling
 
-__all__ = ["BACKENDS", "backend", "current_backend", "choose", "backend_for", "disabled_backends", "load_backend",
-           "register"]
+__all__ = ["BACKENDS", "AUTO_ORDER", "backend", "current_backend", "choose", "backend_for", "disabled_backends",
+           "load_backend", "register"]
 
 log = logging.getLogger("polymixer.ops")
 
@@ -44,6 +51,8 @@ _MODULES: Dict[str, Dict[str, Union[str, ModuleType]]] = {}
 # a check run before a lazy backend is imported (e.g. the Triton backends look at the device first, so that a CPU
 # call never imports Triton): (op, name) → call → None or why not
 _PRECHECKS: Dict[Tuple[str, str], Any] = {}
+# the speed rule of a route in the automatic choice: (op, name) → call → polymixer.ops.measured.Verdict
+_SPEED: Dict[Tuple[str, str], Any] = {}
 
 # the explicit choice (a stack: nested ``backend()`` blocks) and the backends switched off for the automatic one
 _STATE: Dict[str, Any] = {"forced": [], "disabled": frozenset()}
@@ -83,10 +92,11 @@ def disabled_backends(*names: str) -> Iterator[None]:
         _STATE["disabled"] = previous
 
 
-def register(op: str, name: str, module: Union[str, ModuleType], precheck: Any = None, eager: bool = False
-             ) -> None:
+def register(op: str, name: str, module: Union[str, ModuleType], precheck: Any = None, eager: bool = False,
+             speed: Any = None) -> None:
     """Make ``module`` (or the module of that name, imported on first use — now when ``eager``) backend ``name`` of
-    ``op``; ``precheck(call, explicit)`` (None or why not) runs before a lazy module is imported."""
+    ``op``; ``precheck(call, explicit)`` (None or why not) runs before a lazy module is imported; ``speed(call)``
+    (a :class:`polymixer.ops.measured.Verdict`) decides whether the automatic choice takes the route at all."""
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; the backends are {', '.join(BACKENDS)}")
     if eager and isinstance(module, str):
@@ -97,6 +107,8 @@ def register(op: str, name: str, module: Union[str, ModuleType], precheck: Any =
     _MODULES.setdefault(op, {})[name] = module
     if precheck is not None:
         _PRECHECKS[(op, name)] = precheck
+    if speed is not None:
+        _SPEED[(op, name)] = speed
 
 
 def load_backend(op: str, name: str) -> Optional[ModuleType]:
@@ -112,8 +124,13 @@ def load_backend(op: str, name: str) -> Optional[ModuleType]:
     return module
 
 
-def _reasons(op: str, call: Any) -> Tuple[Optional[str], List[Tuple[str, str]]]:
-    """(the backend the automatic choice takes, [(backend, why not) for those passed over])."""
+# what a probe of the automatic choice found: (why not, or None; the speed rule's verdict, where the route has one)
+_Probe = Tuple[Optional[str], Any]
+
+
+def _reasons(op: str, call: Any) -> Tuple[Optional[str], List[Tuple[str, str]], Any]:
+    """(the backend the automatic choice takes, [(backend, why not) for those passed over], the speed rule's verdict
+    on the one taken, or None where it has no rule)."""
     passed: List[Tuple[str, str]] = []
     for name in AUTO_ORDER:
         if name not in _MODULES[op]:
@@ -121,11 +138,25 @@ def _reasons(op: str, call: Any) -> Tuple[Optional[str], List[Tuple[str, str]]]:
         if name in _STATE["disabled"]:
             passed.append((name, "switched off"))
             continue
-        why = _probe(op, name, call)
+        why, verdict = _probe_auto(op, name, call)
         if why is None:
-            return name, passed
+            return name, passed, verdict
         passed.append((name, why))
-    return None, passed
+    return None, passed, None
+
+
+def _probe_auto(op: str, name: str, call: Any) -> _Probe:
+    """The automatic choice's probe: the strict probe (the precheck, then the backend's ``supports`` with its
+    first-use check), then the route's speed rule — so that a route that cannot take the call says so first, and a
+    route that could is taken only where it is worth taking."""
+    why = _probe(op, name, call)
+    if why is not None:
+        return why, None
+    speed = _SPEED.get((op, name))
+    if speed is None:
+        return None, None
+    verdict = speed(call)
+    return (None if verdict.taken else f"{verdict.rule}: {verdict.reason}"), verdict
 
 
 def _probe(op: str, name: str, call: Any, explicit: bool = False) -> Optional[str]:
@@ -134,6 +165,10 @@ def _probe(op: str, name: str, call: Any, explicit: bool = False) -> Optional[st
         why = pre(call, explicit)
         if why is not None:
             return why
+    return _supports(op, name, call)
+
+
+def _supports(op: str, name: str, call: Any) -> Optional[str]:
     try:
         module = load_backend(op, name)
     except ImportError as e:  # Triton not installed: the [gpu] extra
@@ -152,21 +187,26 @@ def choose(op: str, call: Any) -> ModuleType:
         if why is not None:
             raise NotImplementedError(f"backend {forced!r} cannot take this {op} call: {why}")
         return load_backend(op, forced)  # type: ignore[return-value]
-    name, passed = _reasons(op, call)
+    name, passed, verdict = _reasons(op, call)
     if name is None:  # the torch form takes every call: only a bug gets here
         raise NotImplementedError(f"no backend can take this {op} call: " + "; ".join(f"{n}: {w}" for n, w in passed))
     if not is_compiling() and log.isEnabledFor(logging.DEBUG):
-        log.debug("%s on %s%s", op, name, "".join(f"; {n} passed over: {w}" for n, w in passed))
+        taken = f" ({verdict.rule}: {verdict.reason})" if verdict is not None else ""
+        log.debug("%s on %s%s%s", op, name, taken, "".join(f"; {n} passed over: {w}" for n, w in passed))
     return load_backend(op, name)  # type: ignore[return-value]
 
 
 def backend_for(op: str, call: Any) -> Dict[str, Any]:
-    """Which backend a call of ``op`` gets and why: {"backend": name, "explicit": bool, "passed_over": {name: why}}
-    (the ``call`` as :func:`polymixer.ops.pom.make_call` / the op's ``make_call`` builds it)."""
+    """Which backend a call of ``op`` gets and why: {"backend": name, "explicit": bool, "rule": the speed rule that
+    let the automatic choice take it ("table entry" or "model"; None for an explicit choice or a backend without
+    one), "reason": that rule's reason, "passed_over": {name: why}} — a route its speed rule passed over says which
+    rule ("table entry", "model" or "no measurement") and why (the ``call`` as :func:`polymixer.ops.pom.make_call` /
+    the op's ``make_call`` builds it)."""
     forced = current_backend()
     if forced is not None:
         why = _probe(op, forced, call, explicit=True) if forced in _MODULES[op] else f"{forced!r} has no {op}"
-        return {"backend": forced if why is None else None, "explicit": True,
+        return {"backend": forced if why is None else None, "explicit": True, "rule": None, "reason": None,
                 "passed_over": {} if why is None else {forced: why}}
-    name, passed = _reasons(op, call)
-    return {"backend": name, "explicit": False, "passed_over": dict(passed)}
+    name, passed, verdict = _reasons(op, call)
+    return {"backend": name, "explicit": False, "rule": None if verdict is None else verdict.rule,
+            "reason": None if verdict is None else verdict.reason, "passed_over": dict(passed)}

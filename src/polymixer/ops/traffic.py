@@ -19,26 +19,24 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-__all__ = ["Case", "CASES", "count", "measure", "table", "main"]
+__all__ = ["Case", "CASES", "count", "counted_bytes", "measure", "table", "main"]
 
 
 
 @dataclass(frozen=True)
 class Case:
-    """One row of the table: a mode, a route, a gate head and whether rows are cut into splits."""
+    """One row of the table: a mode, a route and a gate head."""
 
     mode: str  # causal, full, block-causal, packed causal, packed full
     route: str = "triton"  # or triton_gemm
     G: int = 1
-    splits: bool = False
 
 
 CASES = [Case(m, r) for r in ("triton", "triton_gemm")
          for m in ("causal", "full", "block-causal", "packed causal", "packed full")] + [
-    Case("causal", "triton", 16), Case("causal", "triton_gemm", 16), Case("causal", "triton", 1, True),
-    Case("full", "triton", 1, True), Case("causal", "triton_gemm", 1, True)]
+    Case("causal", "triton", 16), Case("full", "triton", 16), Case("causal", "triton_gemm", 16)]
 
 
 class _Recorder:
@@ -145,7 +143,7 @@ def count(case: Case, B: int = 2, N: int = 256, d: int = 32, D: int = 64) -> Dic
     from .pom import triton_kernels as tk
 
     cpu = torch.device("cpu")
-    tk.use_config(tk.LaunchConfig(None, 16, 4, 32, 4 if case.splits else 1))
+    tk.use_config(tk.LaunchConfig(None, 16, 4, 32))  # the dispatcher's own tiles
     try:
         weights, x, kw = _inputs(case, B, N, d, D, cpu)
         x.requires_grad_(True)
@@ -177,6 +175,15 @@ def count(case: Case, B: int = 2, N: int = 256, d: int = 32, D: int = 64) -> Dic
         tk.use_config(None)
 
 
+def counted_bytes(fn: Callable[[], None]) -> int:
+    """The distinct bytes every launch of ``fn()`` reads and writes, summed over its launches (in Triton's
+    interpreter): what ``scripts/gpu-check`` divides by a kernel's time is checked against this."""
+    rec = _Recorder()
+    with rec.installed():
+        fn()
+    return sum(t["reads"] + t["writes"] for launch in rec.launches for t in launch["tensors"].values())
+
+
 def _per_token(shape: Tuple[int, ...], tokens: int) -> bool:
     """A tensor of a value per token and channel — x, z, g and their gradients: (B, N, C) or (T, C) with C ≥ 8 (not
     weights, masks, positions, or tables of O(N / chunk) rows)."""
@@ -200,17 +207,16 @@ def table(rows: List[Dict[str, Any]]) -> str:
     for r in rows:
         c = r["case"]
         mode = "causal" if c["mode"].endswith("causal") and c["mode"] != "block-causal" else "end"
-        model = hbm_passes(mode, fused=c["route"] == "triton_gemm", G=c["G"], splits=c["splits"],
-                           d_over_D=r["d"] / r["D"])
+        model = hbm_passes(mode, fused=c["route"] == "triton_gemm", G=c["G"], d_over_D=r["d"] / r["D"])
         out.append({"mode": c["mode"], "route": c["route"], "gate": "per channel" if c["G"] == 1 else f"per {c['G']}",
-                    "splits": "yes" if c["splits"] else "no", "fwd": round(r["forward"]["passes"], 2),
+                    "fwd": round(r["forward"]["passes"], 2),
                     "fwd_model": round(model["forward"], 2), "bwd": round(r["backward"]["passes"], 2),
                     "bwd_model": round(model["backward"], 2),
                     "tables": round(r["forward"]["table_passes"] + r["backward"]["table_passes"], 3),
                     "launches": f"{r['forward']['launches']} + {r['backward']['launches']}"})
-    return (format_table(out, ["mode", "route", "gate", "splits", "fwd", "fwd_model", "bwd", "bwd_model", "tables",
+    return (format_table(out, ["mode", "route", "gate", "fwd", "fwd_model", "bwd", "bwd_model", "tables",
                                "launches"],
-                         ["mode", "route", "gate", "splits", "forward (counted)", "forward (model)",
+                         ["mode", "route", "gate", "forward (counted)", "forward (model)",
                           "backward (counted)", "backward (model)", "tables (fwd + bwd)", "kernel launches"])
             + f"\n\nfloor: forward {PASS_FLOOR['forward']:g}, backward {PASS_FLOOR['backward']:g} passes per N·D "
               "element (read z_h, z_s, dg; write g, dz_h, dz_s); the fused route reads x (d / D = 0.5 of a pass) "

@@ -15,14 +15,19 @@ time on a user's GPU. :func:`first_use` runs a small check there once per (op, d
 ``enable_grad``, ``inference_mode(False)``, autocast off, outside fake-tensor tracing and never during CUDA-graph
 capture — so that the caller's context cannot make it fail by accident. Under ``torch.compile`` it runs at trace time
 (``torch._dynamo.assume_constant_result``).
+
+**Devices.** Triton launches on the current CUDA device. Every launch (:func:`launch`) and the first-use check (in its
+own thread, which starts on device 0) run under the device of their tensors (:func:`device_guard`), so that a
+data-parallel rank on ``cuda:3`` never launches on GPU 0 with GPU 3's pointers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import warnings
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterable, Optional, Tuple
 
 import torch
 
@@ -35,7 +40,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment (the [
 __all__ = ["interpreted", "ACT_CODES", "GATE_CODES", "DTYPES", "MAX_DEGREE", "TWO_PI", "allowed_difference", "sigmoid",
            "act_fn", "act_grad", "gate_fn", "gate_grad", "horner", "horner_grad", "seg_add", "or_", "rope_cos_sin",
            "offset64", "last_row", "mma", "dot_precision", "sequence_of", "end_of", "kernel_op", "launch", "sm_count",
-           "first_use", "check_results", "check_runs", "judge_check", "CHECKED",
+           "device_guard", "tensor_device", "run_in_fresh_thread", "first_use", "check_results", "check_runs",
+           "judge_check", "CHECKED",
            "pow2", "tolerance"]
 
 ACT_CODES = {"leaky_clamp": 0, "relu": 1, "identity": 2, "silu": 3, "gelu": 4, "tanh": 5}
@@ -251,10 +257,31 @@ def rope_cos_sin(pos_ptr, n, nmask, s0, ch, half, log2base, ROPE: tl.constexpr, 
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def tensor_device(args: Iterable[Any], kwargs: Dict[str, Any]) -> Optional[torch.device]:
+    """The device of the first tensor among a launch's arguments (None when there is none)."""
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return a.device
+    return None
+
+
+def device_guard(device: Optional[torch.device]) -> ContextManager[Any]:
+    """``torch.cuda.device(device)`` for a CUDA device with an index, else nothing.
+
+    Triton launches on the *current* CUDA device, whatever the pointers it is given: on a data-parallel rank whose
+    tensors live on ``cuda:3`` while the current device is 0 (a fresh thread, a library that reset it), an unguarded
+    launch runs on GPU 0 with GPU 3's pointers. Every launch and the first-use check enter this guard."""
+    if device is None or device.type != "cuda" or device.index is None:
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
 def launch(kernel: Any, grid: Tuple[Any, ...], *args: Any, **kwargs: Any) -> None:
     """Launch a Triton kernel the way a custom op's body must: through ``torch.library.wrap_triton`` (a traceable
-    launch on a GPU; the plain launch under the interpreter). The one place every backend launches from."""
-    torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
+    launch on a GPU; the plain launch under the interpreter), under the device of its tensor arguments
+    (:func:`device_guard`). The one place every backend launches from."""
+    with device_guard(tensor_device(args, kwargs)):
+        torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
 
 
 def kernel_op(name: str, fn: Callable[..., Any], fake: Callable[..., Any], mutates_args: Iterable[str] = ()) -> Any:
@@ -332,6 +359,13 @@ def run_in_fresh_thread(fn: Callable[[], None]) -> None:
         raise raised[0]
 
 
+def _check_on(device: torch.device, dtype: torch.dtype, check: Callable[[torch.device, torch.dtype], None]) -> None:
+    """``check(device, dtype)`` under ``device``'s guard: the check's fresh thread starts on CUDA device 0, whichever
+    device the caller's thread had made current."""
+    with device_guard(device):
+        check(device, dtype)
+
+
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
@@ -372,7 +406,7 @@ def _run_check(op: str, device_type: str, device_index: Optional[int], dtype: to
         return "not yet checked on this device (a CUDA graph is being captured)"
     CHECKED[key] = None  # while checking, the kernels are taken (the check calls them)
     try:
-        run_in_fresh_thread(lambda: check(device, dtype))
+        run_in_fresh_thread(lambda: _check_on(device, dtype, check))
     except Exception as e:  # a failed launch or a wrong result: loud, once
         CHECKED[key] = (f"the kernels failed their first-use check on {device} in {str(dtype).replace('torch.', '')}: "
                         f"{type(e).__name__}: {e}")

@@ -202,7 +202,9 @@ def backend_for(*args: Any, **kwargs: Any) -> Dict[str, Any]:
     return dispatch.backend_for("pom", call)
 
 
-# the backends of pom and pom_step (the Triton ones are imported only where they could run)
+# the backends of pom and pom_step (the Triton ones are imported only where they could run, and taken automatically
+# only where measured — or, for the unfused kernels without a measurement, modelled — faster: polymixer.ops.measured)
+from .. import cost, measured  # noqa: E402
 from ..common import triton_possible, triton_precheck  # noqa: E402
 from . import fused_cpu, modular, modular_step, reference  # noqa: E402
 
@@ -210,7 +212,7 @@ dispatch.register("pom", "reference", reference)
 dispatch.register("pom", "torch", modular)
 dispatch.register("pom", "cpu", fused_cpu)
 dispatch.register("pom", "triton", "polymixer.ops.pom.triton_kernels", precheck=triton_precheck,
-                  eager=triton_possible())
+                  eager=triton_possible(), speed=measured.rule("pom", "triton", model=cost.pom_kernels_vs_torch))
 dispatch.register("pom", "triton_gemm", "polymixer.ops.pom.triton_gemm", precheck=triton_precheck,
-                  eager=triton_possible())
+                  eager=triton_possible(), speed=measured.rule("pom", "triton_gemm"))
 dispatch.register("pom_step", "torch", modular_step)

@@ -1,5 +1,5 @@
-"""The tiles of PoM's Triton kernels: for each route, rotary or not, and gate-head class, the (tokens per chunk,
-channels per program) of every kernel — what ``polymixer kernels`` builds without register spills. Pure data (no
+"""The tiles of PoM's Triton kernels: for each route, rotary or not, and gate-head class, the tokens per chunk and the
+channels per program of every kernel — what ``polymixer kernels`` builds without register spills. Pure data (no
 Triton), read by the kernels' host side and by the cost model (:mod:`polymixer.ops.cost`)."""
 
 from __future__ import annotations
@@ -8,50 +8,39 @@ from typing import Dict, Optional, Tuple
 
 __all__ = ["ROLES", "TILES", "head_class"]
 
-ROLES = ("causal_walk", "causal_backward", "walk", "gate", "group", "end")
-# The kernels of a call by role: the causal walk and its backward (one chunk length: the backward reads the carries
-# the walk saves per chunk), and the end-token modes' walk, gate kernel and backward walks (group: the gradients of
-# the end sums, end: their reverse walk). (fused route, rotary, gate-head class) → role → (BLOCK_N, BLOCK_D) — the
-# longest chunk, then the widest channel tile, that ``polymixer kernels`` builds for sm_80 and sm_90 at degree 5 with
-# every flag on, 4 warps, without register spills (so ≥ 2 CTAs per SM: registers × threads ≤ 32,768); None where
-# none does (the call then runs elsewhere). The gate-head class is the head width rounded up to 16 … 128; a tile
-# holds whole heads, and with rotary both halves of each of its BLOCK_D channel pairs.
-TILES: Dict[Tuple[bool, bool, int], Dict[str, Optional[Tuple[int, int]]]] = {
-    (False, False, 16): dict(causal_walk=(32, 32), causal_backward=(32, 32), walk=(64, 32), gate=(64, 32),
-                             group=(64, 32), end=(64, 32)),
-    (False, False, 32): dict(causal_walk=(32, 32), causal_backward=(32, 32), walk=(64, 32), gate=(64, 32),
-                             group=(64, 32), end=(64, 32)),
-    (False, False, 64): dict(causal_walk=(32, 64), causal_backward=(32, 64), walk=(64, 64), gate=(64, 64),
-                             group=(32, 64), end=(32, 64)),
-    (False, False, 128): dict(causal_walk=(8, 128), causal_backward=(8, 128), walk=(32, 128), gate=(32, 128),
-                              group=(32, 128), end=(16, 128)),
-    (False, True, 16): dict(causal_walk=(32, 16), causal_backward=(32, 16), walk=(64, 16), gate=(64, 16),
-                            group=(64, 16), end=(64, 16)),
-    (False, True, 32): dict(causal_walk=(16, 32), causal_backward=(16, 32), walk=(32, 32), gate=(64, 32),
-                            group=(32, 32), end=(16, 32)),
-    (False, True, 64): dict(causal_walk=(16, 64), causal_backward=(16, 64), walk=(16, 64), gate=(32, 64),
-                            group=(16, 64), end=(16, 64)),
-    (False, True, 128): dict(causal_walk=(8, 128), causal_backward=None, walk=(8, 128), gate=(16, 128),
-                             group=(16, 128), end=None),
-    (True, False, 16): dict(causal_walk=(32, 64), causal_backward=(32, 16), walk=(32, 64), gate=(64, 64),
-                            group=(64, 16), end=(64, 16)),
-    (True, False, 32): dict(causal_walk=(32, 64), causal_backward=(32, 64), walk=(64, 64), gate=(64, 64),
-                            group=(64, 32), end=(64, 32)),
-    (True, False, 64): dict(causal_walk=(32, 64), causal_backward=(32, 64), walk=(64, 64), gate=(64, 64),
-                            group=(32, 64), end=(32, 64)),
-    (True, False, 128): dict(causal_walk=(32, 128), causal_backward=None, walk=(32, 128), gate=(32, 128),
-                             group=(32, 128), end=(16, 128)),
-    (True, True, 16): dict(causal_walk=(64, 16), causal_backward=None, walk=(64, 16), gate=(64, 16),
-                           group=(32, 16), end=(32, 16)),
-    (True, True, 32): dict(causal_walk=(16, 32), causal_backward=(16, 32), walk=(16, 32), gate=(32, 32),
-                           group=(16, 32), end=(16, 32)),
-    (True, True, 64): dict(causal_walk=(16, 64), causal_backward=None, walk=(16, 64), gate=(32, 64),
-                           group=(16, 64), end=(16, 64)),
-    (True, True, 128): dict(causal_walk=None, causal_backward=None, walk=None, gate=(16, 128), group=None,
-                            end=None),
+ROLES = ("sums", "apply", "grad_sums", "grad_apply")
+# The parallel kernels of a call by role: the forward's chunk sums and apply, the backward's chunk sums of the gated
+# gradient and its apply (the scan between them has a tile of its own). (fused route, rotary, gate-head class) →
+# role → (BLOCK_N, BLOCK_D): the chunk (one length for every kernel of a call: the tables hold one row per chunk)
+# and the channel tile that ``polymixer kernels`` builds for sm_80 and sm_90 at degree 5 with every flag on (key
+# padding, positions, packing; causal and block-causal), 4 warps, without register spills (so ≥ 2 CTAs per SM:
+# registers × threads ≤ 32,768) — the longest chunk first, then the widest tile; None where none does (the call then
+# runs elsewhere). The unfused kernels take a gate head of any width in any tile (a head wider than the tile is
+# split over programs), so they have one entry per rotary choice, under class 16; the fused route computes the gate
+# as a product per head, so its tiles hold whole heads: the gate-head class is the head width rounded up to
+# 16 … 128. With rotary a tile holds both halves of each of its BLOCK_D channel pairs.
+_Tile = Optional[Tuple[int, int]]
+
+
+def _tiles(chunk: int, sums: int, apply: int, grad_sums: int, grad_apply: Optional[int]) -> Dict[str, _Tile]:
+    return dict(sums=(chunk, sums), apply=(chunk, apply), grad_sums=(chunk, grad_sums),
+                grad_apply=None if grad_apply is None else (chunk, grad_apply))
+
+
+TILES: Dict[Tuple[bool, bool, int], Dict[str, _Tile]] = {
+    (False, False, 16): _tiles(64, 64, 64, 64, 32),  # every gate head, the unfused route
+    (False, True, 16): _tiles(32, 32, 32, 32, 16),
+    (True, False, 16): _tiles(64, 64, 32, 32, 16),
+    (True, False, 32): _tiles(64, 64, 64, 64, 32),
+    (True, False, 64): _tiles(32, 64, 128, 128, 64),
+    (True, False, 128): _tiles(8, 128, 128, 128, 128),
+    (True, True, 16): _tiles(16, 64, 32, 32, 32),
+    (True, True, 32): _tiles(16, 64, 64, 64, 32),
+    (True, True, 64): _tiles(8, 128, 64, 128, 64),
+    (True, True, 128): dict(sums=None, apply=None, grad_sums=None, grad_apply=None),
 }
-for _tiles in TILES.values():  # the causal walk and its backward share their chunks
-    assert _tiles["causal_backward"] is None or _tiles["causal_walk"][0] == _tiles["causal_backward"][0]
+for _tiles_of_key in TILES.values():  # one chunk length per call
+    assert len({t[0] for t in _tiles_of_key.values() if t is not None}) <= 1
 
 
 def head_class(G: int) -> int:

@@ -6,9 +6,10 @@ activation, polynomial, running sums and gate follow in registers. The forward w
 or the end table); W_o stays a cuBLAS product. The backward recomputes z the same way and writes dz, from which
 cuBLAS forms dL/dx and dL/dW_in.
 
-Chosen automatically where the roofline model (:func:`polymixer.bench.roofline.pom_routes`) predicts it faster than
-cuBLAS + the unfused kernels — predicted, not measured: no GPU has timed it yet. ``backend("triton_gemm")`` forces it,
-``backend("triton")`` forces the unfused route.
+Not in the automatic choice until a GPU measures it faster than the torch form and the unfused route for a kind of
+call (an entry of :mod:`polymixer.ops.measured` on the kernels installed now): the H200 measured it 1.3–2.7× slower
+than the unfused route everywhere it was timed, though the roofline model (:func:`predicted_win`) had predicted it
+faster at narrow widths. ``backend("triton_gemm")`` forces it, ``backend("triton")`` forces the unfused route.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 
 
 def predicted_win(call) -> Optional[str]:  # call: polymixer.ops.pom.PomCall
-    """None when the roofline model predicts the fused route faster than cuBLAS + the unfused kernels for this call
-    (forward + backward when it will be differentiated, else forward), else why not."""
+    """None when the roofline model (:func:`polymixer.ops.cost.pom_routes`, at the measured efficiencies) predicts the
+    fused route faster than cuBLAS + the unfused kernels for this call (forward + backward when it will be
+    differentiated, else forward), else why not. A prediction for reports and benches: the dispatcher takes the fused
+    route automatically only on a measurement (:mod:`polymixer.ops.measured`)."""
     from ..cost import pom_routes
 
     dtype = _compute_dtype(call.x)
@@ -55,8 +58,8 @@ def predicted_win(call) -> Optional[str]:  # call: polymixer.ops.pom.PomCall
 
 
 def supports(call) -> Optional[str]:  # call: polymixer.ops.pom.PomCall
-    """What the unfused kernels take, where the model predicts the fused route faster (always, when chosen
-    explicitly)."""
+    """What the unfused kernels take where a fused tile fits the call's kernels. Whether the automatic choice wants
+    the route at all is the dispatcher's speed rule's to say, after this (:mod:`polymixer.ops.measured`)."""
     x = call.x
     if x.device.type != "cuda" and not (interpreted() and x.device.type == "cpu"):
         return f"CUDA tensors only (got {x.device.type}; CPU tensors run the kernels under TRITON_INTERPRET=1)"
@@ -65,12 +68,6 @@ def supports(call) -> Optional[str]:  # call: polymixer.ops.pom.PomCall
         why = tk.call_layout(call, fused=True).missing(backward=tk.will_differentiate(call))
     if why is not None:
         return why
-    from .. import dispatch
-
-    if dispatch.current_backend() != "triton_gemm":
-        why = predicted_win(call)
-        if why is not None:
-            return why
     if tk.needs_check(x.device):
         return self_check(x.device, _compute_dtype(x))
     return None
@@ -90,5 +87,5 @@ def forward(call) -> Tensor:  # call: polymixer.ops.pom.PomCall
     dtype = _compute_dtype(call.x)
     x = call.x.to(dtype).contiguous()
     w_in = call.in_weight.to(dtype).contiguous()
-    g, _, _ = tk.pom_gemm_op(x, w_in, call.coeff, call.gate_bias, *tk.mix_args(call, call.N))
+    g = tk.pom_gemm_op(x, w_in, call.coeff, call.gate_bias, *tk.mix_args(call, call.N))[0]
     return F.linear(g, call.out_weight, call.out_bias)

@@ -2,33 +2,46 @@
 
 The projections ``z = [W_h x; W_s x]`` and ``y = W_o g`` are cuBLAS matrix products (torch); everything between —
 activation, Horner's polynomial, rotary rotation, key weights, the aggregation over the visible tokens, the gate —
-runs in kernels that read ``z`` once and write ``g = gate(z_s + b) ⊙ H`` once. (The ``triton_gemm`` backend,
-:mod:`polymixer.ops.pom.triton_gemm`, runs the same kernels with the input projection inside them, so that z is
-never written at all.)
+runs in kernels that write ``g = gate(z_s + b) ⊙ H``. (The ``triton_gemm`` backend, :mod:`polymixer.ops.pom.
+triton_gemm`, runs the same kernels with the input projection inside them, so that z is never written at all.)
 
-**Walks.** Aggregation is a segmented prefix sum over the tokens. One program per (row, block of channels) walks the
-row's chunks of ``BLOCK_N`` tokens in order, carrying the running sums (float64) in registers: every element is read
-once, and no carry is computed outside the kernels. When rows × channel blocks are too few to fill the GPU, each row
-is cut into splits: a summary walk sums each split, a one-program-per-row kernel turns the sums into each split's
-carry, and the walks start from it (one more pass over the input). Every mode is a choice of what a query reads:
+**Chunk-parallel passes.** The aggregation is a segmented prefix sum over the tokens, computed the way current scan
+kernels (flash-linear-attention's cumsum and chunk kernels) compute one: the tokens are cut into chunks of
+``BLOCK_N``, and every pass is parallel over (row, chunk, block of channels) — enough programs to fill the GPU at any
+batch, whatever the length:
 
-* causal (plain or packed): its own running sum — the walk gates and writes ``g`` directly; it saves the carry
-  entering each chunk (O(N·D / BLOCK_N)) for the backward;
-* full, block-causal, packed full / block-causal: the running sum at its "end" token (its sequence's or its block's
-  last token) — the walk writes the sums at end tokens to a table, a parallel kernel gates every query from it.
+1. *chunk sums*: each chunk's sum of the features of its last sequence (the tokens from the chunk's last sequence
+   start on; the whole chunk when none starts in it) and its visible weight — in registers, one reduction per chunk,
+   a sequence start is a select. In the end-token modes the same pass also writes each end token's prefix sum within
+   its chunk to the end table;
+2. *scan*: a segmented exclusive scan over the chunk sums (float64 in registers, blocks of chunks at a time) gives the
+   carry entering every chunk — the sum of the earlier tokens of the sequence open at the chunk's start;
+3. *apply*: causal mixing recomputes the features, scans them within the chunk, adds the carry, gates and writes g;
+   the end-token modes (full, block-causal, packed full / block-causal) read each query's end-token sum (its end
+   table row plus the carry of the end's chunk) and never touch z_h again.
 
-**Backward.** Recomputes the features from z (or x). Causal: one reverse walk carries the gradient flowing back from
-later tokens; it writes dz_h, dz_s. End modes: a forward walk sums each end's queries' gradients (and writes dz_s),
-a reverse walk carries them back over the ends (and writes dz_h). The coefficients' and the gate bias's gradients
-are accumulated in registers over a walk and stored once per (row, split) program: partials of O(B·D·K). HBM passes
-per N·D element: forward 3 (read z_h, z_s, write g), backward 5 (read z_h, z_s, dg, write dz_h, dz_s); one more
-each way with splits. Nothing is atomic: results are deterministic.
+The backward has the same shape, reversed: chunk sums of the gated gradient ``R(pos)(gate ⊙ dg) / W`` (the tokens
+before the chunk's first sequence start), a reverse scan, then a parallel apply that forms every feature's gradient
+— its reverse running sum (causal), or the reverse sum from its block's first token (end modes: the gradient of a
+token's feature is the sum over the queries whose end it reaches) — and writes dz_h, dz_s and the parameter-gradient
+partials. Partials of dL/dα and dL/db are stored per program and summed by torch: nothing is atomic, results are
+deterministic.
+
+HBM passes per N·D element (gate per channel; ``polymixer kernels --traffic`` counts them): causal forward 4 (the
+chunk sums read z_h once more than the floor's 3), end-token forward 3; causal backward 7 (the chunk sums read z_s
+and dg once more than the floor's 5), end-token backward 5. Tables (chunk sums, carries, end sums) are
+O(N·D / BLOCK_N).
+
+Every mode is in the kernels: causal, full, block-causal of any block size, key padding (the mean divides by the
+visible weight; nothing visible → 0), packed sequences (``cu_seqlens``) in every mode, rotary positions 1-D and 2-D
+(default or given, fractional allowed; angles in float64 reduced modulo 2π as ``rope_angles`` does), degree 1–5,
+mean and sum, gates hardsigmoid / sigmoid / identity per channel or per head of up to 128 channels, activations
+leaky-clamp, relu, identity, silu, gelu, tanh; fp32, bf16 and fp16 activations with fp32 accumulation.
 
 **Host side.** The kernels run inside the custom ops ``polymixer::pom_mix`` / ``pom_mix_backward``
 (:func:`polymixer.ops.triton_common.kernel_op`): ``torch.compile(fullgraph=True)`` and ``torch.export`` keep them.
-No host synchronisation anywhere: table sizes come from shapes (a bound where packing makes the count data-dependent).
-Offsets that can pass 2³¹ elements are 64-bit. Rotary angles are computed in the kernels (float64 angles reduced
-modulo 2π, like :func:`polymixer.ops.common.rope_angles`).
+No host synchronisation anywhere: table sizes come from shapes (a bound where packing makes the count
+data-dependent). Offsets that can pass 2³¹ elements are 64-bit.
 
 Not here (the dispatcher falls back to the torch form, or raises under an explicit ``backend("triton")``): cross-
 mixing, an explicit (B, M, N) mask, float64, callable non-linearities, a gate head wider than 128 channels or not a
@@ -39,7 +52,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -52,23 +65,20 @@ from ..triton_common import (
     DTYPES,
     GATE_CODES,
     MAX_DEGREE,
+    TWO_PI,
     act_fn,
     act_grad,
     check_runs,
     first_use,
     gate_fn,
     gate_grad,
-    horner,
-    horner_grad,
     interpreted,
     kernel_op,
     launch,
     offset64,
-    or_,
     pow2,
     dot_precision,
     mma,
-    rope_cos_sin,
     seg_add,
     sequence_of,
     end_of,
@@ -81,11 +91,16 @@ import triton.language as tl  # noqa: E402
 
 __all__ = ["supports", "forward", "self_check", "KERNELS", "LaunchConfig", "ROLES", "TILES", "role_tile",
            "head_class", "default_tiles", "use_config", "interpreted", "ACT_CODES", "GATE_CODES", "MODES",
-           "mix_layout", "MixLayout", "mix",
+           "mix_layout", "MixLayout", "mix", "mix_backward", "Saved", "bench_kernels",
            "needs_check", "kernel_limits", "mix_args", "CHECK_SHAPE", "CHECK_MODES", "call_layout",
            "will_differentiate", "run_check", "pom_mix_op", "pom_gemm_op"]
 
 MODES = {"causal": 0, "full": 1, "block": 2}
+SCAN_CHUNKS = 64  # chunks per step of the scan kernel
+SCAN_CHANNELS = 32  # channels per program of the scan kernel
+# software pipelining of the loop over a program's chunks (the next chunk's loads in flight while one is computed),
+# per kernel: the backward's apply keeps so many tiles alive that a second stage of buffers would spill registers
+STAGES = {"sums": 2, "apply": 2, "grad_sums": 2, "grad_apply": 1}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -94,13 +109,100 @@ MODES = {"causal": 0, "full": 1, "block": 2}
 
 
 @triton.jit
-def _tile_z(zc, xc, win_ptr, bias_ptr, rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w,
+def _coeffs(coeff_ptr, ch, cmask, K: tl.constexpr):
+    """α_1 … α_5 of channels ``ch`` (zeros past the degree): loaded once per program, outside its loop."""
+    a1 = tl.load(coeff_ptr + ch * K, mask=cmask, other=0.0).to(tl.float32)
+    a2 = a1 * 0.0
+    a3 = a2
+    a4 = a2
+    a5 = a2
+    if K > 1:
+        a2 = tl.load(coeff_ptr + ch * K + 1, mask=cmask, other=0.0).to(tl.float32)
+    if K > 2:
+        a3 = tl.load(coeff_ptr + ch * K + 2, mask=cmask, other=0.0).to(tl.float32)
+    if K > 3:
+        a4 = tl.load(coeff_ptr + ch * K + 3, mask=cmask, other=0.0).to(tl.float32)
+    if K > 4:
+        a5 = tl.load(coeff_ptr + ch * K + 4, mask=cmask, other=0.0).to(tl.float32)
+    return a1, a2, a3, a4, a5
+
+
+@triton.jit
+def _coef(a1, a2, a3, a4, a5, q: tl.constexpr):
+    """α_q as a row of a tile."""
+    if q == 1:
+        r = a1
+    elif q == 2:
+        r = a2
+    elif q == 3:
+        r = a3
+    elif q == 4:
+        r = a4
+    else:
+        r = a5
+    return r[None, :]
+
+
+@triton.jit
+def _poly(h, a1, a2, a3, a4, a5, K: tl.constexpr):
+    """Σ_{q=1..K} α_q ⊙ h^q by Horner's scheme."""
+    acc = _coef(a1, a2, a3, a4, a5, K) * h
+    for t in tl.static_range(1, K):
+        acc = (acc + _coef(a1, a2, a3, a4, a5, K - t)) * h
+    return acc
+
+
+@triton.jit
+def _poly_grad(h, a1, a2, a3, a4, a5, K: tl.constexpr):
+    """d/dh Σ_q α_q h^q = Σ_q q·α_q h^(q−1)."""
+    acc = K * _coef(a1, a2, a3, a4, a5, K) + h * 0.0
+    for t in tl.static_range(1, K):
+        acc = acc * h + (K - t) * _coef(a1, a2, a3, a4, a5, K - t)
+    return acc
+
+
+@triton.jit
+def _rope_freqs(ch, half, log2base, ROPE: tl.constexpr):
+    """The inverse frequencies of channel pairs ``ch`` (float64), once per program: base^(−k/pairs) — 1-D — or, 2-D,
+    the first half of the pairs turning with the row and the second with the column (``col``)."""
+    if ROPE == 1:
+        col = ch < 0
+        inv = tl.exp2(-(ch.to(tl.float64) / half) * log2base)
+    else:
+        q = half // 2
+        col = ch >= q
+        k = tl.where(col, ch - q, ch)
+        inv = tl.exp2(-(k.to(tl.float64) / q) * log2base)
+    return inv, col
+
+
+@triton.jit
+def _rope_cos_sin(pos_ptr, n, nmask, s0, inv, col, ROPE: tl.constexpr, HAS_POS: tl.constexpr):
+    """cos / sin (tokens, channel pairs) of the rotary angles, as :func:`polymixer.ops.common.rope_angles` computes
+    them: position × inverse frequency in float64, reduced modulo 2π, then cos / sin in fp32. Without positions a
+    token's position is its index in its sequence (``n − s0``); 2-D positions are (row, col) pairs, row-major."""
+    if ROPE == 1:
+        if HAS_POS:
+            p = tl.load(pos_ptr + n, mask=nmask, other=0.0).to(tl.float64)
+        else:
+            p = (n - s0).to(tl.float64)
+        th = p[:, None] * inv[None, :]
+    else:
+        prow = tl.load(pos_ptr + 2 * n, mask=nmask, other=0.0).to(tl.float64)
+        pcol = tl.load(pos_ptr + 2 * n + 1, mask=nmask, other=0.0).to(tl.float64)
+        th = tl.where(col[None, :], pcol[:, None], prow[:, None]) * inv[None, :]
+    red = (th - TWO_PI * tl.floor(th / TWO_PI)).to(tl.float32)
+    return tl.cos(red), tl.sin(red)
+
+
+@triton.jit
+def _tile_z(zc, xc, win_ptr, rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w,
             NEED_H: tl.constexpr, NEED_S: tl.constexpr, ROPE: tl.constexpr, FUSED: tl.constexpr, GB: tl.constexpr,
             NSP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
             PREC: tl.constexpr):
-    """A tile's pre-activations, fp32 (BLOCK_N, BLOCK_D): z_h of its channels (``lo``) and of their rotary partners
-    (``hi`` = channel + D/2), and the gate's z_s + b of each channel's head (lo, hi). From z (loads), or — FUSED —
-    from x and W_in (matrix products over the d input features: z never exists in memory)."""
+    """A chunk's pre-activations, fp32 (BLOCK_N, BLOCK_D): z_h of its channels (``lo``) and of their rotary partners
+    (``hi`` = channel + D/2), and the gate's z_s of each channel's head (lo, hi), bias not added. From z (loads), or —
+    FUSED — from x and W_in (matrix products over the d input features: z never exists in memory)."""
     m2 = nmask[:, None] & cmask[None, :]
     zlo = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     zhi = zlo
@@ -165,21 +267,20 @@ def _tile_z(zc, xc, win_ptr, bias_ptr, rows, nmask, ch, cmask, dblk, half, D, d,
             if ROPE:
                 uhi = tl.load(zc + rows[:, None] * s_zn + D + ((ch + half) // GB)[None, :], mask=m2,
                               other=0.0).to(tl.float32)
-    if NEED_S:
-        ulo += tl.load(bias_ptr + ch // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        if ROPE:
-            uhi += tl.load(bias_ptr + (ch + half) // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     return zlo, zhi, ulo, uhi
 
 
 @triton.jit
-def _features(zlo, zhi, coeff_ptr, ch, cmask, half, cs, sn, w, m2, K: tl.constexpr, ACT: tl.constexpr,
-              ROPE: tl.constexpr, HAS_W: tl.constexpr):
-    """The features of a tile, rotated by position and weighted: (lo, hi) halves (hi = lo without rotary)."""
-    plo = horner(act_fn(zlo, ACT), coeff_ptr, ch, cmask, K)
+def _features(zlo, zhi, alo, ahi, cs, sn, w, m2, K: tl.constexpr, ACT: tl.constexpr, ROPE: tl.constexpr,
+              HAS_W: tl.constexpr):
+    """The features of a tile, rotated by position and weighted: (lo, hi) halves (hi = lo without rotary). ``alo`` /
+    ``ahi``: the coefficient vectors of :func:`_coeffs`."""
+    a1, a2, a3, a4, a5 = alo
+    plo = _poly(act_fn(zlo, ACT), a1, a2, a3, a4, a5, K)
     phi = plo
     if ROPE:
-        phi = horner(act_fn(zhi, ACT), coeff_ptr, ch + half, cmask, K)
+        b1, b2, b3, b4, b5 = ahi
+        phi = _poly(act_fn(zhi, ACT), b1, b2, b3, b4, b5, K)
         rlo = plo * cs - phi * sn
         phi = phi * cs + plo * sn
         plo = rlo
@@ -191,6 +292,7 @@ def _features(zlo, zhi, coeff_ptr, ch, cmask, half, cs, sn, w, m2, K: tl.constex
 
 @triton.jit
 def _weights(w_ptr, n, nmask, HAS_W: tl.constexpr):
+    """Each token's key weight (1 or 0 with key padding; 1 otherwise, 0 past the row)."""
     if HAS_W:
         w = tl.load(w_ptr + n, mask=nmask, other=0).to(tl.float32)
     else:
@@ -206,6 +308,23 @@ def _inverse(W, nmask, MEAN: tl.constexpr):
     else:
         inv = tl.where(nmask, 1.0, 0.0)
     return inv
+
+
+@triton.jit
+def _cumsum(f, n, s0, s1, PACKED: tl.constexpr, REVERSE: tl.constexpr):
+    """The running sum of a tile along its tokens within each sequence (from the chunk's first token, or to its last
+    when REVERSE). Unpacked rows hold one sequence, whose only start is the row's first token: a plain cumsum."""
+    if PACKED:
+        if REVERSE:
+            flag = (n == s1 - 1).to(tl.int32)
+        else:
+            flag = (n == s0).to(tl.int32)
+        if len(f.shape) == 2:
+            flag = flag[:, None] + tl.zeros(f.shape, tl.int32)
+        out, _ = tl.associative_scan((f, flag), 0, seg_add, reverse=REVERSE)
+    else:
+        out = tl.cumsum(f, 0, reverse=REVERSE)
+    return out
 
 
 @triton.jit
@@ -229,45 +348,6 @@ def _from_query_frame(glo, ghi, cs, sn, ROPE: tl.constexpr):
 
 
 @triton.jit
-def _store_g(hlo, hhi, ulo, uhi, gc, rows, s_gn, ch, half, m2, GATE: tl.constexpr, ROPE: tl.constexpr):
-    """g = gate(z_s + b) ⊙ H (H already in the query's frame)."""
-    loc = rows[:, None] * s_gn + ch[None, :]
-    tl.store(gc + loc, (gate_fn(ulo, GATE) * hlo).to(gc.dtype.element_ty), mask=m2)
-    if ROPE:
-        tl.store(gc + loc + half, (gate_fn(uhi, GATE) * hhi).to(gc.dtype.element_ty), mask=m2)
-
-
-@triton.jit
-def _gate_back(hq, u, dg, dzc, rows, nmask, m2, slot0, nslots, D, s_zn, GATE: tl.constexpr, GB: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The gate's gradients for one half of a tile: dL/dz_s of its heads (stored), their column sums (for dL/db),
-    and gate(u) ⊙ dg, the gradient that flows into H (``hq``: H in the query's frame)."""
-    NS: tl.constexpr = BLOCK_D // GB
-    slot = slot0 + tl.arange(0, NS)
-    smask = tl.arange(0, NS) < nslots
-    ds = tl.sum(tl.reshape(tl.where(m2, dg * hq, 0.0), (BLOCK_N, NS, GB)), axis=2)
-    us = tl.max(tl.reshape(u, (BLOCK_N, NS, GB)), axis=2)  # a head's channels share one u
-    sm2 = nmask[:, None] & smask[None, :]
-    du = tl.where(sm2, ds * gate_grad(us, GATE), 0.0)
-    tl.store(dzc + rows[:, None] * s_zn + D + slot[None, :], du.to(dzc.dtype.element_ty), mask=sm2)
-    return tl.where(m2, gate_fn(u, GATE) * dg, 0.0), tl.sum(du, axis=0)
-
-
-@triton.jit
-def _poly_back(z, dp, coeff_ptr, ch, cmask, m2, K: tl.constexpr, ACT: tl.constexpr, KP: tl.constexpr):
-    """From dL/d(feature before rotation and weights) of one half: dL/dz_h, and the tile's dL/dα as (KP, channels)."""
-    h = act_fn(z, ACT)
-    dz = tl.where(m2, dp * horner_grad(h, coeff_ptr, ch, cmask, K) * act_grad(z, ACT), 0.0)
-    kk = tl.arange(0, KP)
-    dc = tl.zeros((KP, dz.shape[1]), tl.float32)
-    hp = h
-    for q in tl.static_range(K):
-        dc += tl.where(kk[:, None] == q, tl.sum(tl.where(m2, dp * hp, 0.0), axis=0)[None, :], 0.0)
-        hp = hp * h
-    return dz, dc
-
-
-@triton.jit
 def _unrotate_weight(dlo, dhi, cs, sn, w, ROPE: tl.constexpr, HAS_W: tl.constexpr):
     """dL/d(rotated, weighted feature) → dL/d(feature): R(−pos), times the key weight."""
     if ROPE:
@@ -280,349 +360,450 @@ def _unrotate_weight(dlo, dhi, cs, sn, w, ROPE: tl.constexpr, HAS_W: tl.constexp
     return dlo, dhi
 
 
+@triton.jit
+def _store_g(hlo, hhi, ulo, uhi, gc, rows, s_gn, ch, half, m2, GATE: tl.constexpr, ROPE: tl.constexpr):
+    """g = gate(z_s + b) ⊙ H (H already in the query's frame)."""
+    loc = rows[:, None] * s_gn + ch[None, :]
+    tl.store(gc + loc, (gate_fn(ulo, GATE) * hlo).to(gc.dtype.element_ty), mask=m2)
+    if ROPE:
+        tl.store(gc + loc + half, (gate_fn(uhi, GATE) * hhi).to(gc.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _gate_back(hq, u, dg, dzc, dspc, rows, nmask, m2, c0, nslots, D, s_zn, s_dn, GATE: tl.constexpr,
+               GB: tl.constexpr, NS: tl.constexpr, HP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The gate's gradients for one half of a tile whose first channel is ``c0``: dL/dz_s of its heads, their column
+    sums (for dL/db), and gate(u) ⊙ dg, the gradient that flows into H (``hq``: H in the query's frame). A tile of
+    NS whole heads stores dL/dz_s itself; a head split over HP programs (wider than the tile) stores this part's
+    share at ``dspc`` (the host sums the parts, and dL/db from them)."""
+    if HP == 1:
+        slot = c0 // GB + tl.arange(0, NS)
+        smask = tl.arange(0, NS) < nslots
+        ds = tl.sum(tl.reshape(tl.where(m2, dg * hq, 0.0), (BLOCK_N, NS, GB)), axis=2)
+        us = tl.max(tl.reshape(u, (BLOCK_N, NS, GB)), axis=2)  # a head's channels share one u
+        sm2 = nmask[:, None] & smask[None, :]
+        du = tl.where(sm2, ds * gate_grad(us, GATE), 0.0)
+        tl.store(dzc + rows[:, None] * s_zn + D + slot[None, :], du.to(dzc.dtype.element_ty), mask=sm2)
+        dbias = tl.sum(du, axis=0)
+    else:
+        first = (tl.arange(0, BLOCK_D) == 0)[None, :]  # every channel of the tile belongs to one head
+        us = tl.sum(tl.where(first, u, 0.0), axis=1)
+        du = tl.where(nmask, tl.sum(tl.where(m2, dg * hq, 0.0), axis=1) * gate_grad(us, GATE), 0.0)
+        tl.store(dspc + rows * s_dn + (c0 // GB) * HP + (c0 % GB) // BLOCK_D, du, mask=nmask)
+        dbias = tl.zeros((NS,), tl.float32)
+    return tl.where(m2, gate_fn(u, GATE) * dg, 0.0), dbias
+
+
+@triton.jit
+def _poly_back(z, dp, a, m2, K: tl.constexpr, ACT: tl.constexpr, KP: tl.constexpr):
+    """From dL/d(feature before rotation and weights) of one half: dL/dz_h, and the tile's dL/dα as (KP, channels)."""
+    a1, a2, a3, a4, a5 = a
+    h = act_fn(z, ACT)
+    dz = tl.where(m2, dp * _poly_grad(h, a1, a2, a3, a4, a5, K) * act_grad(z, ACT), 0.0)
+    kk = tl.arange(0, KP)
+    dc = tl.zeros((KP, dz.shape[1]), tl.float32)
+    hp = h
+    for q in tl.static_range(K):
+        dc += tl.where(kk[:, None] == q, tl.sum(tl.where(m2, dp * hp, 0.0), axis=0)[None, :], 0.0)
+        hp = hp * h
+    return dz, dc
+
+
+@triton.jit
+def _row_sum(x, pick):
+    """Σ over the tokens where ``pick`` of a (tokens, channels) tile."""
+    return tl.sum(tl.where(pick[:, None], x, 0.0), axis=0)
+
+
+@triton.jit
+def _store_row(ptr, ch, cmask, half, vlo, vhi, ROPE: tl.constexpr):
+    """A table row: the lo channels at ``ch``, the hi ones at ``ch + half``."""
+    tl.store(ptr + ch, vlo, mask=cmask)
+    if ROPE:
+        tl.store(ptr + half + ch, vhi, mask=cmask)
+
+
+@triton.jit
+def _load_rows(ptr, idx, half, ch, m2, ROPE: tl.constexpr):
+    """Rows ``idx`` (one per token; int64 offsets of rows of width D) of a table: (lo, hi)."""
+    off = idx[:, None] + ch[None, :]
+    lo = tl.load(ptr + off, mask=m2, other=0.0)
+    hi = lo
+    if ROPE:
+        hi = tl.load(ptr + off + half, mask=m2, other=0.0)
+    return lo, hi
+
+
+@triton.jit
+def _store_rows(ptr, idx, half, ch, m2, vlo, vhi, ROPE: tl.constexpr):
+    """Rows ``idx`` of a table where ``m2``: the inverse of :func:`_load_rows`."""
+    off = idx[:, None] + ch[None, :]
+    tl.store(ptr + off, vlo, mask=m2)
+    if ROPE:
+        tl.store(ptr + off + half, vhi, mask=m2)
+
+
+@triton.jit
+def _scan_tokens(f, n, s0, s1, PACKED: tl.constexpr, REVERSE: tl.constexpr):
+    """The running sum of a (tokens, channels) tile within each sequence, from the chunk's first token (REVERSE: to
+    its last). Unpacked rows hold one sequence, whose only start is the row's first token: a plain cumsum."""
+    if PACKED:
+        if REVERSE:
+            flag = (n == s1 - 1).to(tl.int32)
+        else:
+            flag = (n == s0).to(tl.int32)
+        out, _ = tl.associative_scan((f, flag[:, None] + tl.zeros(f.shape, tl.int32)), 0, seg_add, reverse=REVERSE)
+    else:
+        out = tl.cumsum(f, 0, reverse=REVERSE)
+    return out
+
+
+@triton.jit
+def _scan_weights(w, n, s0, PACKED: tl.constexpr):
+    """The running visible weight of a chunk's tokens within each sequence (from the chunk's first token)."""
+    if PACKED:
+        out, _ = tl.associative_scan((w, (n == s0).to(tl.int32)), 0, seg_add)
+    else:
+        out = tl.cumsum(w, 0)
+    return out
+
+
+@triton.jit
+def _holds_start(c, valid, seqid_ptr, cu_ptr, N, BN, PACKED: tl.constexpr):
+    """Whether chunks ``c`` hold a sequence start: the sequence of a chunk's last token starts inside it."""
+    if PACKED:
+        last = tl.minimum(c * BN + BN, N) - 1
+        sid = tl.load(seqid_ptr + last, mask=valid, other=0)
+        s0 = tl.load(cu_ptr + sid, mask=valid, other=0).to(tl.int32)
+        has = (s0 >= c * BN) & valid
+    else:
+        has = (c == 0) & valid
+    return has.to(tl.int32)
+
+
+@triton.jit
+def _edge_row(x, rows, edge):
+    """Row ``edge`` of a (rows, channels) tile, as a vector."""
+    return tl.sum(tl.where((rows == edge)[:, None], x, 0.0), axis=0)
+
+
 # ----------------------------------------------------------------------------------------------------------------
-# forward kernels
+# the three passes of the forward
 # ----------------------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _walk_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr, cu_ptr, g_ptr, sav_ptr,
-                 savw_ptr, cin_ptr, cinw_ptr, summ_ptr, summw_ptr, has_ptr,
-                 N, D, half, d, BS, CPS, NC, log2base: tl.float64, s_zb, s_zn, s_xb, s_xn, s_w, s_gb, s_gn, s_wb, s_pb,
-                 s_sb, s_swb,
-                 K: tl.constexpr, ACT: tl.constexpr, GATE: tl.constexpr, ROPE: tl.constexpr, HAS_W: tl.constexpr,
-                 HAS_POS: tl.constexpr, PACKED: tl.constexpr, MEAN: tl.constexpr, MODE: tl.constexpr,
-                 HAS_CARRY: tl.constexpr, SUMMARY: tl.constexpr, FUSED: tl.constexpr, GB: tl.constexpr,
-                 NSP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PREC: tl.constexpr):
-    """One program per (row · split, channel block): walk the split's chunks in order with the running sums.
-    Causal: gate and write g, save each chunk's entering carry. End modes: write the sums at end tokens (full mixing
-    of whole rows: no scan, the row's sum alone). SUMMARY: write only the split's final carry and whether it holds a
-    sequence start."""
+def _sums_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, w_ptr, pos_ptr, seqid_ptr, cu_ptr, sums_ptr, sumsw_ptr, end_ptr,
+                 endw_ptr, N, D, half, d, BS, NC, CPP, log2base: tl.float64, s_zb, s_zn, s_xb, s_xn, s_w, s_wb, s_pb,
+                 s_tb, s_twb, s_eb, s_ewb,
+                 K: tl.constexpr, ACT: tl.constexpr, ROPE: tl.constexpr, HAS_W: tl.constexpr, HAS_POS: tl.constexpr,
+                 PACKED: tl.constexpr, MODE: tl.constexpr, FUSED: tl.constexpr, GB: tl.constexpr, NSP: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
+                 STAGES: tl.constexpr):
+    """Forward pass 1, one program per (row · group of CPP chunks, channel block), each chunk independent: the sum
+    of the features of the chunk's last sequence and of their weights (what the chunk carries into the next); in the
+    end-token modes also every end token's prefix sum within its chunk, at its row of the end table."""
     TOTAL: tl.constexpr = (MODE == 1) and (not PACKED)
+    NPB = tl.cdiv(NC, CPP)
     pid = tl.program_id(0)
-    S = tl.cdiv(NC, CPS)
-    b = pid // S
-    split = pid - b * S
+    b = pid // NPB
     dblk = tl.program_id(1)
     ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = ch < half
     rows = tl.arange(0, BLOCK_N)
+    freqs = _rope_freqs(ch, half, log2base, 1)
+    if ROPE:
+        freqs = _rope_freqs(ch, half, log2base, ROPE)
     zrow = z_ptr + offset64(b, s_zb)
     xrow = x_ptr + offset64(b, s_xb)
-    grow = g_ptr + offset64(b, s_gb)
-    srow = sav_ptr + offset64(b, s_sb)
-    swrow = savw_ptr + offset64(b, s_swb)
     wrow = w_ptr + offset64(b, s_wb)
     prow = pos_ptr + offset64(b, s_pb)
-    clo = tl.zeros((BLOCK_D,), tl.float64)
-    chi = clo
-    cw = tl.zeros((), tl.float64)
-    has = tl.zeros((), tl.int32)
-    if HAS_CARRY:
-        clo = tl.load(cin_ptr + offset64(pid, D) + ch, mask=cmask, other=0.0).to(tl.float64)
-        if ROPE:
-            chi = tl.load(cin_ptr + offset64(pid, D) + half + ch, mask=cmask, other=0.0).to(tl.float64)
-        cw = tl.load(cinw_ptr + pid).to(tl.float64)
-    c0 = split * CPS
-    c1 = tl.minimum(c0 + CPS, NC)
-    for c in range(c0, c1):
+    trow = sums_ptr + offset64(b, s_tb)
+    erow = end_ptr + offset64(b, s_eb)
+    ewrow = endw_ptr + offset64(b, s_ewb)
+    c0 = (pid - b * NPB) * CPP
+    for c in tl.range(c0, tl.minimum(c0 + CPP, NC), num_stages=STAGES):
         n = c * BLOCK_N + rows
         nmask = n < N
         m2 = nmask[:, None] & cmask[None, :]
-        zlo, zhi, ulo, uhi = _tile_z(zrow + offset64(c * BLOCK_N, s_zn), xrow + offset64(c * BLOCK_N, s_xn),
-                                     win_ptr, bias_ptr, rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w,
-                                     True, (MODE == 0) and (not SUMMARY), ROPE, FUSED, GB, NSP, BLOCK_N, BLOCK_D,
-                                     BLOCK_K, PREC)
+        alo = _coeffs(coeff_ptr, ch, cmask, K)  # in the loop: hoisted, their broadcasts would hold registers
+        ahi = alo
+        if ROPE:
+            ahi = _coeffs(coeff_ptr, ch + half, cmask, K)
+        zlo, zhi, _, _ = _tile_z(zrow + offset64(c * BLOCK_N, s_zn), xrow + offset64(c * BLOCK_N, s_xn), win_ptr,
+                                 rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w, True, False, ROPE, FUSED,
+                                 GB, NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
         sid, s0, s1 = sequence_of(n, nmask, seqid_ptr, cu_ptr, N, PACKED)
-        st = ((n == s0) & nmask).to(tl.int32)
         w = _weights(wrow, n, nmask, HAS_W)
         cs = zlo
         sn = zlo
         if ROPE:
-            cs, sn = rope_cos_sin(prow, n, nmask, s0, ch, half, log2base, ROPE, HAS_POS)
-        flo, fhi = _features(zlo, zhi, coeff_ptr, ch, cmask, half, cs, sn, w, m2, K, ACT, ROPE, HAS_W)
-        if not TOTAL:  # every query reads a running sum: scan the chunk
-            st2 = st[:, None] + tl.zeros((BLOCK_N, BLOCK_D), tl.int32)
-            plo, _ = tl.associative_scan((flo, st2), 0, seg_add)
+            cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ROPE, HAS_POS)
+        flo, fhi = _features(zlo, zhi, alo, ahi, cs, sn, w, m2, K, ACT, ROPE, HAS_W)
+        tail = (s1 > tl.minimum(c * BLOCK_N + BLOCK_N, N) - 1) & nmask  # the sequence of the chunk's last token
+        _store_row(trow + offset64(c, D), ch, cmask, half, _row_sum(flo, tail), _row_sum(fhi, tail), ROPE)
+        if dblk == 0:
+            tl.store(sumsw_ptr + offset64(b, s_twb) + c, tl.sum(tl.where(tail, w, 0.0), axis=0))
+        if TOTAL:  # the row's one end is its last token: the last chunk's prefix there is the chunk's sum
+            if c == NC - 1:
+                _store_row(erow, ch, cmask, half, _row_sum(flo, nmask), _row_sum(fhi, nmask), ROPE)
+                if dblk == 0:
+                    tl.store(ewrow, tl.sum(w, axis=0))
+        elif MODE != 0:
+            e, eid = end_of(n, sid, s0, s1, BS, MODE)
+            isend = (n == e) & nmask
+            plo = _scan_tokens(flo, n, s0, s1, PACKED, False)
             phi = plo
             if ROPE:
-                phi, _ = tl.associative_scan((fhi, st2), 0, seg_add)
-            sw, _ = tl.associative_scan((w, st), 0, seg_add)
-            opened = tl.associative_scan(st, 0, or_) == 0  # no start in [chunk start, token]: the carried sequence
-            clo32 = clo.to(tl.float32)
-            chi32 = chi.to(tl.float32)
-            cw32 = cw.to(tl.float32)
-            plo = plo + tl.where(opened[:, None], clo32[None, :], 0.0)
-            if ROPE:
-                phi = phi + tl.where(opened[:, None], chi32[None, :], 0.0)
-            W = sw + tl.where(opened, cw32, 0.0)
-        if (not SUMMARY) and (not TOTAL):
-            if MODE == 0:
-                sc = srow + offset64(c, D)
-                tl.store(sc + ch, clo32, mask=cmask)
-                if ROPE:
-                    tl.store(sc + half + ch, chi32, mask=cmask)
-                if dblk == 0:
-                    tl.store(swrow + c, cw32)
-                inv = _inverse(W, nmask, MEAN)
-                hlo, hhi = _to_query_frame(plo * inv[:, None], phi * inv[:, None], cs, sn, ROPE)
-                _store_g(hlo, hhi, ulo, uhi, grow + offset64(c * BLOCK_N, s_gn), rows, s_gn, ch, half, m2, GATE,
-                         ROPE)
-            else:
-                e, eid = end_of(n, sid, s0, s1, BS, MODE)
-                isend = (n == e) & nmask
-                em = isend[:, None] & cmask[None, :]
-                eoff = eid.to(tl.int64)[:, None] * D + ch[None, :]
-                tl.store(srow + eoff, plo, mask=em)
-                if ROPE:
-                    tl.store(srow + eoff + half, phi, mask=em)
-                if dblk == 0:
-                    tl.store(swrow + eid, W, mask=isend)
-        # what the next chunk carries in: the sums of this chunk's last sequence (float64 across chunks)
-        laststart = tl.max(tl.where(st != 0, rows, -1), axis=0)
-        tail = (rows >= laststart) & nmask
-        hs = laststart >= 0
-        clo = tl.where(hs, 0.0, clo) + tl.sum(tl.where(tail[:, None], flo, 0.0), axis=0).to(tl.float64)
-        if ROPE:
-            chi = tl.where(hs, 0.0, chi) + tl.sum(tl.where(tail[:, None], fhi, 0.0), axis=0).to(tl.float64)
-        cw = tl.where(hs, 0.0, cw) + tl.sum(tl.where(tail, w, 0.0), axis=0).to(tl.float64)
-        has = has | hs.to(tl.int32)
-    if SUMMARY:
-        tl.store(summ_ptr + offset64(pid, D) + ch, clo.to(tl.float32), mask=cmask)
-        if ROPE:
-            tl.store(summ_ptr + offset64(pid, D) + half + ch, chi.to(tl.float32), mask=cmask)
-        if dblk == 0:
-            tl.store(summw_ptr + pid, cw.to(tl.float32))
-            tl.store(has_ptr + pid, has)
-    elif TOTAL:  # full mixing of whole rows: the split that ends the row stores the row's sum, its only end
-        if c1 == NC:
-            tl.store(srow + ch, clo.to(tl.float32), mask=cmask)
-            if ROPE:
-                tl.store(srow + half + ch, chi.to(tl.float32), mask=cmask)
+                phi = _scan_tokens(fhi, n, s0, s1, PACKED, False)
+            _store_rows(erow, eid.to(tl.int64) * D, half, ch, isend[:, None] & cmask[None, :], plo, phi, ROPE)
             if dblk == 0:
-                tl.store(swrow, cw.to(tl.float32))
+                tl.store(ewrow + eid, _scan_weights(w, n, s0, PACKED), mask=isend)
 
 
 @triton.jit
-def _gate_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, pos_ptr, seqid_ptr, cu_ptr, end_ptr, endw_ptr, g_ptr,
-                 N, D, half, d, BS, log2base: tl.float64, s_zb, s_zn, s_xb, s_xn, s_w, s_gb, s_gn, s_pb, s_eb, s_ewb,
-                 GATE: tl.constexpr, ROPE: tl.constexpr, HAS_POS: tl.constexpr, PACKED: tl.constexpr,
-                 MEAN: tl.constexpr, MODE: tl.constexpr, FUSED: tl.constexpr, GB: tl.constexpr, NSP: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
-    """End-token modes, in parallel over chunks: g = gate(z_s + b) ⊙ R(−pos) H, H the sum at each query's end token
-    (÷ its weight)."""
+def _scan_kernel(src_ptr, srcw_ptr, dst_ptr, dstw_ptr, seqid_ptr, cu_ptr, N, NC, W, BN, s_tb, s_twb,
+                 PACKED: tl.constexpr, REVERSE: tl.constexpr, HAS_WT: tl.constexpr, CB: tl.constexpr,
+                 BLOCK_S: tl.constexpr):
+    """Pass 2, one program per (row, block of BLOCK_S table columns): the carry entering every chunk, a segmented
+    scan over the chunks' sums in float64, CB chunks per step. Forwards dst[c] = src[c − 1] + dst[c − 1], restarted
+    after a chunk that holds a sequence start; REVERSE dst[c] = src[c + 1] + dst[c + 1], restarted before one. With
+    HAS_WT the first program scans the weights too."""
     b = tl.program_id(0)
-    c = tl.program_id(1)
-    dblk = tl.program_id(2)
-    rows = tl.arange(0, BLOCK_N)
-    n = c * BLOCK_N + rows
-    nmask = n < N
-    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = ch < half
-    m2 = nmask[:, None] & cmask[None, :]
-    _, _, ulo, uhi = _tile_z(z_ptr + offset64(b, s_zb) + offset64(c * BLOCK_N, s_zn),
-                             x_ptr + offset64(b, s_xb) + offset64(c * BLOCK_N, s_xn), win_ptr, bias_ptr, rows, nmask,
-                             ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w, False, True, ROPE, FUSED, GB, NSP, BLOCK_N,
-                             BLOCK_D, BLOCK_K, PREC)
-    sid, s0, s1 = sequence_of(n, nmask, seqid_ptr, cu_ptr, N, PACKED)
-    e, eid = end_of(n, sid, s0, s1, BS, MODE)
-    erow = end_ptr + offset64(b, s_eb)
-    eoff = eid.to(tl.int64)[:, None] * D + ch[None, :]
-    hlo = tl.load(erow + eoff, mask=m2, other=0.0)
-    hhi = hlo
-    if ROPE:
-        hhi = tl.load(erow + eoff + half, mask=m2, other=0.0)
-    inv = _inverse(tl.load(endw_ptr + offset64(b, s_ewb) + eid, mask=nmask, other=0.0), nmask, MEAN)
-    cs = hlo
-    sn = hlo
-    if ROPE:
-        cs, sn = rope_cos_sin(pos_ptr + offset64(b, s_pb), n, nmask, s0, ch, half, log2base, ROPE, HAS_POS)
-    hlo, hhi = _to_query_frame(hlo * inv[:, None], hhi * inv[:, None], cs, sn, ROPE)
-    _store_g(hlo, hhi, ulo, uhi, g_ptr + offset64(b, s_gb) + offset64(c * BLOCK_N, s_gn), rows, s_gn, ch, half, m2,
-             GATE, ROPE)
-
-
-@triton.jit
-def _carry_kernel(summ_ptr, summw_ptr, has_ptr, cin_ptr, cinw_ptr, S, W, REVERSE: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
-    """Splits → carries: what enters each split of a row from the splits before it (after it when REVERSE): the
-    running sum of their summaries, restarted at every split that holds a sequence start. float64."""
-    b = tl.program_id(0)
-    dblk = tl.program_id(1)
-    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    sblk = tl.program_id(1)
+    ch = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
     cmask = ch < W
-    carry = tl.zeros((BLOCK_D,), tl.float64)
-    cw = tl.zeros((), tl.float64)
-    for i in range(0, S):
+    k = tl.arange(0, CB)
+    srow = src_ptr + offset64(b, s_tb)
+    drow = dst_ptr + offset64(b, s_tb)
+    carry = tl.zeros((BLOCK_S,), tl.float64)
+    cw = tl.zeros((1,), tl.float64)
+    nblocks = tl.cdiv(NC, CB)
+    for i in range(0, nblocks):
         if REVERSE:
-            s = S - 1 - i
+            cc = (nblocks - 1 - i) * CB + k
+            src = cc + 1
+            edge = 0
         else:
-            s = i
-        row = offset64(b, S) + s
-        tl.store(cin_ptr + row * W + ch, carry.to(tl.float32), mask=cmask)
-        if dblk == 0:
-            tl.store(cinw_ptr + row, cw.to(tl.float32))
-        h = tl.load(has_ptr + row) != 0
-        carry = tl.where(h, 0.0, carry) + tl.load(summ_ptr + row * W + ch, mask=cmask, other=0.0).to(tl.float64)
-        cw = tl.where(h, 0.0, cw) + tl.load(summw_ptr + row).to(tl.float64)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# backward kernels
-# ----------------------------------------------------------------------------------------------------------------
+            cc = i * CB + k
+            src = cc - 1
+            edge = CB - 1
+        valid = (src >= 0) & (src < NC)
+        has = _holds_start(src, valid, seqid_ptr, cu_ptr, N, BN, PACKED)
+        opened = tl.cumsum(has, 0, reverse=REVERSE) == 0  # no restart between the block's edge and the chunk
+        y = tl.load(srow + src.to(tl.int64)[:, None] * W + ch[None, :], mask=valid[:, None] & cmask[None, :],
+                    other=0.0).to(tl.float64)
+        acc, _flags = tl.associative_scan((y, has[:, None] + tl.zeros((CB, BLOCK_S), tl.int32)), 0, seg_add,
+                                     reverse=REVERSE)
+        acc = acc + tl.where(opened[:, None], carry[None, :], 0.0)
+        tl.store(drow + cc.to(tl.int64)[:, None] * W + ch[None, :], acc.to(tl.float32),
+                 mask=(cc < NC)[:, None] & cmask[None, :])
+        carry = _edge_row(acc, k, edge)
+        if HAS_WT:
+            if sblk == 0:
+                yw = tl.load(srcw_ptr + offset64(b, s_twb) + src, mask=valid, other=0.0).to(tl.float64)
+                aw, _flags_w = tl.associative_scan((yw, has), 0, seg_add, reverse=REVERSE)
+                aw = aw + tl.where(opened, tl.sum(cw, axis=0), 0.0)
+                tl.store(dstw_ptr + offset64(b, s_twb) + cc, aw.to(tl.float32), mask=cc < NC)
+                cw = tl.zeros((1,), tl.float64) + tl.sum(tl.where(k == edge, aw, 0.0), axis=0)
 
 
 @triton.jit
-def _causal_backward_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr, cu_ptr, dg_ptr,
-                            dz_ptr, sav_ptr, savw_ptr, cin_ptr, summ_ptr, has_ptr, dcoeff_ptr, dbias_ptr,
-                            N, D, half, d, CPS, NC, log2base: tl.float64, s_zb, s_zn, s_xb, s_xn, s_w, s_gb, s_gn, s_wb,
-                            s_pb, s_sb, s_swb,
-                            K: tl.constexpr, ACT: tl.constexpr, GATE: tl.constexpr, ROPE: tl.constexpr,
-                            HAS_W: tl.constexpr, HAS_POS: tl.constexpr, PACKED: tl.constexpr, MEAN: tl.constexpr,
-                            HAS_CARRY: tl.constexpr, SUMMARY: tl.constexpr, FUSED: tl.constexpr, GB: tl.constexpr,
-                            NSP: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_K: tl.constexpr, PREC: tl.constexpr):
-    """Causal backward, one program per (row · split, channel block), walking the chunks backwards: recompute the
-    features and running sums (from the saved carries), the gate's gradients, then the reverse segmented sum of the
-    gradient of H plus what flows back from later chunks (carried) gives every feature's gradient. SUMMARY: only
-    the gradient flowing out of the split's first sequence, and whether the split holds a start."""
+def _apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr, cu_ptr, carry_ptr,
+                  carryw_ptr, end_ptr, endw_ptr, g_ptr, N, D, half, d, BS, NC, CPP, log2base: tl.float64, s_zb, s_zn,
+                  s_xb, s_xn, s_w, s_wb, s_pb, s_tb, s_twb, s_eb, s_ewb, s_gb, s_gn,
+                  K: tl.constexpr, ACT: tl.constexpr, GATE: tl.constexpr, ROPE: tl.constexpr, HAS_W: tl.constexpr,
+                  HAS_POS: tl.constexpr, PACKED: tl.constexpr, MEAN: tl.constexpr, MODE: tl.constexpr,
+                  FUSED: tl.constexpr, GB: tl.constexpr, NSP: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr, STAGES: tl.constexpr):
+    """Forward pass 3, in parallel over chunks: each query's aggregate H, gated — causal: the features' running sum
+    within the chunk plus the carry of the sequence open at the chunk's start; end-token modes: the query's end-token
+    sum (its end table row, plus the carry of the end's chunk when the sequence began before it). Writes g."""
+    NPB = tl.cdiv(NC, CPP)
     pid = tl.program_id(0)
-    S = tl.cdiv(NC, CPS)
-    b = pid // S
-    split = pid - b * S
+    b = pid // NPB
     dblk = tl.program_id(1)
     ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = ch < half
     rows = tl.arange(0, BLOCK_N)
-    NS: tl.constexpr = BLOCK_D // GB
+    freqs = _rope_freqs(ch, half, log2base, 1)
+    blo = tl.load(bias_ptr + ch // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    bhi = blo
+    if ROPE:
+        freqs = _rope_freqs(ch, half, log2base, ROPE)
+        bhi = tl.load(bias_ptr + (ch + half) // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    zrow = z_ptr + offset64(b, s_zb)
+    xrow = x_ptr + offset64(b, s_xb)
+    wrow = w_ptr + offset64(b, s_wb)
+    prow = pos_ptr + offset64(b, s_pb)
+    crow = carry_ptr + offset64(b, s_tb)
+    cwrow = carryw_ptr + offset64(b, s_twb)
+    c0 = (pid - b * NPB) * CPP
+    for c in tl.range(c0, tl.minimum(c0 + CPP, NC), num_stages=STAGES):
+        n = c * BLOCK_N + rows
+        nmask = n < N
+        m2 = nmask[:, None] & cmask[None, :]
+        alo = _coeffs(coeff_ptr, ch, cmask, K)  # in the loop: hoisted, their broadcasts would hold registers
+        ahi = alo
+        if ROPE:
+            ahi = _coeffs(coeff_ptr, ch + half, cmask, K)
+        sid, s0, s1 = sequence_of(n, nmask, seqid_ptr, cu_ptr, N, PACKED)
+        zlo, zhi, ulo, uhi = _tile_z(zrow + offset64(c * BLOCK_N, s_zn), xrow + offset64(c * BLOCK_N, s_xn),
+                                     win_ptr, rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w, MODE == 0,
+                                     True, ROPE, FUSED, GB, NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
+        cs = ulo
+        sn = ulo
+        if ROPE:
+            cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ROPE, HAS_POS)
+        if MODE == 0:
+            w = _weights(wrow, n, nmask, HAS_W)
+            flo, fhi = _features(zlo, zhi, alo, ahi, cs, sn, w, m2, K, ACT, ROPE, HAS_W)
+            opened = (s0 < c * BLOCK_N) & nmask  # the sequence open at the chunk's start: its tokens read the carry
+            om = opened[:, None] & cmask[None, :]
+            clo, chi = _load_rows(crow, (c + rows * 0).to(tl.int64) * D, half, ch, om, ROPE)
+            plo = _scan_tokens(flo, n, s0, s1, PACKED, False) + clo
+            phi = plo
+            if ROPE:
+                phi = _scan_tokens(fhi, n, s0, s1, PACKED, False) + chi
+            W = _scan_weights(w, n, s0, PACKED) + tl.load(cwrow + c + rows * 0, mask=opened, other=0.0)
+        else:
+            e, eid = end_of(n, sid, s0, s1, BS, MODE)
+            ce = e // BLOCK_N
+            open_e = (s0 < ce * BLOCK_N) & nmask  # the sequence began before the end's chunk: add its carry
+            plo, phi = _load_rows(end_ptr + offset64(b, s_eb), eid.to(tl.int64) * D, half, ch, m2, ROPE)
+            clo, chi = _load_rows(crow, ce.to(tl.int64) * D, half, ch, open_e[:, None] & cmask[None, :], ROPE)
+            plo = plo + clo
+            phi = phi + chi
+            W = tl.load(endw_ptr + offset64(b, s_ewb) + eid, mask=nmask, other=0.0) + \
+                tl.load(cwrow + ce, mask=open_e, other=0.0)
+        inv = _inverse(W, nmask, MEAN)
+        hlo, hhi = _to_query_frame(plo * inv[:, None], phi * inv[:, None], cs, sn, ROPE)
+        _store_g(hlo, hhi, ulo + blo, uhi + bhi, g_ptr + offset64(b, s_gb) + offset64(c * BLOCK_N, s_gn), rows,
+                 s_gn, ch, half, m2, GATE, ROPE)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the three passes of the backward
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _grad_sums_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr, cu_ptr, dg_ptr, dz_ptr, carry_ptr,
+                      carryw_ptr, end_ptr, endw_ptr, hsum_ptr, start_ptr, dbias_ptr, dsp_ptr, N, D, half, d, BS, NC,
+                      CPP, log2base: tl.float64, s_zb, s_zn, s_xb, s_xn, s_w, s_wb, s_pb, s_tb, s_twb, s_eb, s_ewb,
+                      s_gb, s_gn, s_db, s_dn,
+                      GATE: tl.constexpr, NS: tl.constexpr, HP: tl.constexpr, ROPE: tl.constexpr,
+                      HAS_W: tl.constexpr, HAS_POS: tl.constexpr,
+                      PACKED: tl.constexpr, MEAN: tl.constexpr, MODE: tl.constexpr, FUSED: tl.constexpr,
+                      GB: tl.constexpr, NSP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BLOCK_K: tl.constexpr, PREC: tl.constexpr, STAGES: tl.constexpr):
+    """Backward pass 1, in parallel over chunks: the gated gradient G = R(pos)(gate ⊙ dg) / W of every query, and the
+    sum of G over the chunk's tokens before its first sequence start (what flows back into the chunk before). In the
+    end-token modes also the gate's gradients (dz_s stored, dL/db partials) and, at each block's first token, the
+    reverse running sum of G within the chunk, at the block's row of the start table."""
+    TOTAL: tl.constexpr = (MODE == 1) and (not PACKED)
+    NPB = tl.cdiv(NC, CPP)
+    pid = tl.program_id(0)
+    b = pid // NPB
+    dblk = tl.program_id(1)
+    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = ch < half
+    rows = tl.arange(0, BLOCK_N)
     nslots = tl.minimum(NS, (half - dblk * BLOCK_D + GB - 1) // GB)
+    freqs = _rope_freqs(ch, half, log2base, 1)
+    blo = tl.load(bias_ptr + ch // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    bhi = blo
+    if ROPE:
+        freqs = _rope_freqs(ch, half, log2base, ROPE)
+        bhi = tl.load(bias_ptr + (ch + half) // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     zrow = z_ptr + offset64(b, s_zb)
     xrow = x_ptr + offset64(b, s_xb)
     dzrow = dz_ptr + offset64(b, s_zb)
+    dsrow = dsp_ptr + offset64(b, s_db)
     dgrow = dg_ptr + offset64(b, s_gb)
-    srow = sav_ptr + offset64(b, s_sb)
-    swrow = savw_ptr + offset64(b, s_swb)
     wrow = w_ptr + offset64(b, s_wb)
     prow = pos_ptr + offset64(b, s_pb)
-    rlo = tl.zeros((BLOCK_D,), tl.float64)
-    rhi = rlo
-    has = tl.zeros((), tl.int32)
-    if HAS_CARRY:
-        rlo = tl.load(cin_ptr + offset64(pid, D) + ch, mask=cmask, other=0.0).to(tl.float64)
-        if ROPE:
-            rhi = tl.load(cin_ptr + offset64(pid, D) + half + ch, mask=cmask, other=0.0).to(tl.float64)
-    dclo = tl.zeros((KP, BLOCK_D), tl.float32)
-    dchi = dclo
+    crow = carry_ptr + offset64(b, s_tb)
+    cwrow = carryw_ptr + offset64(b, s_twb)
+    srow = start_ptr + offset64(b, s_eb)
     dblo = tl.zeros((NS,), tl.float32)
     dbhi = dblo
-    c0 = split * CPS
-    c1 = tl.minimum(c0 + CPS, NC)
-    for r in range(0, c1 - c0):
-        c = c1 - 1 - r
+    c0 = (pid - b * NPB) * CPP
+    for c in tl.range(c0, tl.minimum(c0 + CPP, NC), num_stages=STAGES):
         n = c * BLOCK_N + rows
         nmask = n < N
         m2 = nmask[:, None] & cmask[None, :]
-        zc = zrow + offset64(c * BLOCK_N, s_zn)
-        dzc = dzrow + offset64(c * BLOCK_N, s_zn)
-        zlo, zhi, ulo, uhi = _tile_z(zc, xrow + offset64(c * BLOCK_N, s_xn), win_ptr, bias_ptr, rows, nmask, ch,
-                                     cmask, dblk, half, D, d, s_zn, s_xn, s_w, not SUMMARY, True, ROPE, FUSED, GB,
-                                     NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
         sid, s0, s1 = sequence_of(n, nmask, seqid_ptr, cu_ptr, N, PACKED)
-        st = ((n == s0) & nmask).to(tl.int32)
-        w = _weights(wrow, n, nmask, HAS_W)
-        cs = zlo
-        sn = zlo
-        if ROPE:
-            cs, sn = rope_cos_sin(prow, n, nmask, s0, ch, half, log2base, ROPE, HAS_POS)
-        sw, _ = tl.associative_scan((w, st), 0, seg_add)
-        opened = tl.associative_scan(st, 0, or_) == 0
-        W = sw + tl.where(opened, tl.load(swrow + c), 0.0)
-        inv = _inverse(W, nmask, MEAN)
+        _, _, ulo, uhi = _tile_z(zrow + offset64(c * BLOCK_N, s_zn), xrow + offset64(c * BLOCK_N, s_xn), win_ptr,
+                                 rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w, False, True, ROPE, FUSED,
+                                 GB, NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
+        ulo = ulo + blo
+        uhi = uhi + bhi
         gloc = rows[:, None] * s_gn + ch[None, :]
-        dglo = tl.load(dgrow + offset64(c * BLOCK_N, s_gn) + gloc, mask=m2, other=0.0).to(tl.float32)
+        dgc = dgrow + offset64(c * BLOCK_N, s_gn)
+        dglo = tl.load(dgc + gloc, mask=m2, other=0.0).to(tl.float32)
         dghi = dglo
         if ROPE:
-            dghi = tl.load(dgrow + offset64(c * BLOCK_N, s_gn) + gloc + half, mask=m2, other=0.0).to(tl.float32)
-        if SUMMARY:
+            dghi = tl.load(dgc + gloc + half, mask=m2, other=0.0).to(tl.float32)
+        cs = ulo
+        sn = ulo
+        if ROPE:
+            cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ROPE, HAS_POS)
+        opened = (s0 < c * BLOCK_N) & nmask  # the tokens before the chunk's first sequence start
+        if MODE == 0:
+            w = _weights(wrow, n, nmask, HAS_W)
+            W = _scan_weights(w, n, s0, PACKED) + tl.load(cwrow + c + rows * 0, mask=opened, other=0.0)
             glo = tl.where(m2, gate_fn(ulo, GATE) * dglo, 0.0)
             ghi = tl.where(m2, gate_fn(uhi, GATE) * dghi, 0.0)
         else:
-            flo, fhi = _features(zlo, zhi, coeff_ptr, ch, cmask, half, cs, sn, w, m2, K, ACT, ROPE, HAS_W)
-            st2 = st[:, None] + tl.zeros((BLOCK_N, BLOCK_D), tl.int32)
-            plo, _ = tl.associative_scan((flo, st2), 0, seg_add)
-            sc = srow + offset64(c, D)
-            plo = plo + tl.where(opened[:, None], tl.load(sc + ch, mask=cmask, other=0.0)[None, :], 0.0)
-            phi = plo
-            if ROPE:
-                phi, _ = tl.associative_scan((fhi, st2), 0, seg_add)
-                phi = phi + tl.where(opened[:, None], tl.load(sc + half + ch, mask=cmask, other=0.0)[None, :], 0.0)
-            hlo, hhi = _to_query_frame(plo * inv[:, None], phi * inv[:, None], cs, sn, ROPE)
-            glo, dbl = _gate_back(hlo, ulo, dglo, dzc, rows, nmask, m2, dblk * NS, nslots, D, s_zn, GATE, GB,
-                                  BLOCK_N, BLOCK_D)
+            e, eid = end_of(n, sid, s0, s1, BS, MODE)
+            ce = e // BLOCK_N
+            open_e = (s0 < ce * BLOCK_N) & nmask
+            hlo, hhi = _load_rows(end_ptr + offset64(b, s_eb), eid.to(tl.int64) * D, half, ch, m2, ROPE)
+            clo, chi = _load_rows(crow, ce.to(tl.int64) * D, half, ch, open_e[:, None] & cmask[None, :], ROPE)
+            W = tl.load(endw_ptr + offset64(b, s_ewb) + eid, mask=nmask, other=0.0) + \
+                tl.load(cwrow + ce, mask=open_e, other=0.0)
+            inv = _inverse(W, nmask, MEAN)
+            hlo, hhi = _to_query_frame((hlo + clo) * inv[:, None], (hhi + chi) * inv[:, None], cs, sn, ROPE)
+            dzc = dzrow + offset64(c * BLOCK_N, s_zn)
+            dspc = dsrow + offset64(c * BLOCK_N, s_dn)
+            glo, dbl = _gate_back(hlo, ulo, dglo, dzc, dspc, rows, nmask, m2, dblk * BLOCK_D, nslots, D, s_zn,
+                                  s_dn, GATE, GB, NS, HP, BLOCK_N, BLOCK_D)
             dblo += dbl
             ghi = glo
             if ROPE:
-                ghi, dbh = _gate_back(hhi, uhi, dghi, dzc, rows, nmask, m2, (half + dblk * BLOCK_D) // GB, nslots, D,
-                                      s_zn, GATE, GB, BLOCK_N, BLOCK_D)
+                ghi, dbh = _gate_back(hhi, uhi, dghi, dzc, dspc, rows, nmask, m2, half + dblk * BLOCK_D, nslots,
+                                      D, s_zn, s_dn, GATE, GB, NS, HP, BLOCK_N, BLOCK_D)
                 dbhi += dbh
+        inv = _inverse(W, nmask, MEAN)
         glo, ghi = _from_query_frame(glo, ghi, cs, sn, ROPE)
         glo = tl.where(m2, glo * inv[:, None], 0.0)
         ghi = tl.where(m2, ghi * inv[:, None], 0.0)
-        # the reverse running sum of a sequence: token j collects the gradients of every later query of its sequence
-        sl = ((n == s1 - 1) & nmask).to(tl.int32)
-        sl2 = sl[:, None] + tl.zeros((BLOCK_N, BLOCK_D), tl.int32)
-        dlo, _ = tl.associative_scan((glo, sl2), 0, seg_add, reverse=True)
-        dhi = dlo
-        if ROPE:
-            dhi, _ = tl.associative_scan((ghi, sl2), 0, seg_add, reverse=True)
-        laststart = tl.max(tl.where(st != 0, rows, -1), axis=0)
-        tail = rows >= laststart  # the chunk's last sequence: it also collects what flows back from later chunks
-        dlo = dlo + tl.where(tail[:, None], rlo.to(tl.float32)[None, :], 0.0)
-        if ROPE:
-            dhi = dhi + tl.where(tail[:, None], rhi.to(tl.float32)[None, :], 0.0)
-        firststart = tl.min(tl.where(st != 0, rows, BLOCK_N), axis=0)
-        head = rows < firststart
-        hs = firststart < BLOCK_N
-        rlo = tl.where(hs, 0.0, rlo) + tl.sum(tl.where(head[:, None], glo, 0.0), axis=0).to(tl.float64)
-        if ROPE:
-            rhi = tl.where(hs, 0.0, rhi) + tl.sum(tl.where(head[:, None], ghi, 0.0), axis=0).to(tl.float64)
-        has = has | hs.to(tl.int32)
-        if not SUMMARY:
-            dlo, dhi = _unrotate_weight(dlo, dhi, cs, sn, w, ROPE, HAS_W)
-            if not FUSED:  # z_h again (in cache): fewer registers than keeping it alive through the walk step
-                zlo = tl.load(zc + rows[:, None] * s_zn + ch[None, :], mask=m2, other=0.0).to(tl.float32)
-                if ROPE:
-                    zhi = tl.load(zc + rows[:, None] * s_zn + half + ch[None, :], mask=m2, other=0.0).to(tl.float32)
-            dzl, dcl = _poly_back(zlo, dlo, coeff_ptr, ch, cmask, m2, K, ACT, KP)
-            tl.store(dzc + rows[:, None] * s_zn + ch[None, :], dzl.to(dz_ptr.dtype.element_ty), mask=m2)
-            dclo += dcl
+        _store_row(hsum_ptr + offset64(b, s_tb) + offset64(c, D), ch, cmask, half, _row_sum(glo, opened),
+                   _row_sum(ghi, opened), ROPE)
+        if TOTAL:  # the row's one block starts at its first token: its sum within chunk 0 is the chunk's sum
+            if c == 0:
+                _store_row(srow, ch, cmask, half, _row_sum(glo, nmask), _row_sum(ghi, nmask), ROPE)
+        elif MODE != 0:
+            if MODE == 1:
+                first = n == s0
+            else:
+                first = (n - s0) % BS == 0
+            _, eid = end_of(n, sid, s0, s1, BS, MODE)
+            slo = _scan_tokens(glo, n, s0, s1, PACKED, True)
+            shi = slo
             if ROPE:
-                dzh, dch = _poly_back(zhi, dhi, coeff_ptr, ch + half, cmask, m2, K, ACT, KP)
-                tl.store(dzc + rows[:, None] * s_zn + half + ch[None, :], dzh.to(dz_ptr.dtype.element_ty), mask=m2)
-                dchi += dch
-    if SUMMARY:
-        tl.store(summ_ptr + offset64(pid, D) + ch, rlo.to(tl.float32), mask=cmask)
-        if ROPE:
-            tl.store(summ_ptr + offset64(pid, D) + half + ch, rhi.to(tl.float32), mask=cmask)
-        if dblk == 0:
-            tl.store(has_ptr + pid, has)
-    else:
-        _store_partials(dcoeff_ptr, dbias_ptr, pid, dclo, dchi, dblo, dbhi, ch, cmask, half, D, dblk, nslots, K, KP,
-                        ROPE, GB, BLOCK_D)
+                shi = _scan_tokens(ghi, n, s0, s1, PACKED, True)
+            _store_rows(srow, eid.to(tl.int64) * D, half, ch, (first & nmask)[:, None] & cmask[None, :], slo, shi,
+                        ROPE)
+    if (MODE != 0) and (HP == 1):
+        _store_bias_partials(dbias_ptr, pid, dblo, dbhi, dblk, nslots, half, D, ROPE, GB, NS, BLOCK_D)
 
 
 @triton.jit
-def _store_partials(dcoeff_ptr, dbias_ptr, pid, dclo, dchi, dblo, dbhi, ch, cmask, half, D, dblk, nslots,
-                    K: tl.constexpr, KP: tl.constexpr, ROPE: tl.constexpr, GB: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's share of dL/dα (its channels × K) and dL/db (its heads) in row ``pid`` of the partials."""
-    kk = tl.arange(0, KP)
-    km = (kk[:, None] < K) & cmask[None, :]
-    crow = dcoeff_ptr + offset64(pid, D * K)
-    tl.store(crow + ch[None, :] * K + kk[:, None], dclo, mask=km)
-    if ROPE:
-        tl.store(crow + (ch + half)[None, :] * K + kk[:, None], dchi, mask=km)
-    NS: tl.constexpr = BLOCK_D // GB
+def _store_bias_partials(dbias_ptr, pid, dblo, dbhi, dblk, nslots, half, D, ROPE: tl.constexpr, GB: tl.constexpr,
+                         NS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's share of dL/db (its NS whole heads) in row ``pid`` of the partials."""
     slot = tl.arange(0, NS)
     sm = slot < nslots
     brow = dbias_ptr + offset64(pid, D // GB)
@@ -632,248 +813,148 @@ def _store_partials(dcoeff_ptr, dbias_ptr, pid, dclo, dchi, dblo, dbhi, ch, cmas
 
 
 @triton.jit
-def _group_backward_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, pos_ptr, seqid_ptr, cu_ptr, dg_ptr, dz_ptr, end_ptr,
-                           endw_ptr, dend_ptr, cin_ptr, summ_ptr, has_ptr, dbias_ptr,
-                           N, D, half, d, BS, CPS, NC, log2base: tl.float64, s_zb, s_zn, s_xb, s_xn, s_w, s_gb, s_gn,
-                           s_pb, s_eb, s_ewb,
-                           GATE: tl.constexpr, ROPE: tl.constexpr, HAS_POS: tl.constexpr, PACKED: tl.constexpr,
-                           MEAN: tl.constexpr, MODE: tl.constexpr, HAS_CARRY: tl.constexpr, SUMMARY: tl.constexpr,
-                           FUSED: tl.constexpr, GB: tl.constexpr, NSP: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
-    """End-token modes, backward part 1, walking forwards: the gate's gradients (dz_s stored), and the gradient of
-    each end's sum — the sum over its queries (a run of tokens ending at the end token) of R(pos)(s ⊙ dg) / weight —
-    stored at the end's row of ``dend`` (full mixing of whole rows: no scan, the row's sum)."""
-    TOTAL: tl.constexpr = (MODE == 1) and (not PACKED)
-    pid = tl.program_id(0)
-    S = tl.cdiv(NC, CPS)
-    b = pid // S
-    split = pid - b * S
-    dblk = tl.program_id(1)
-    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = ch < half
-    rows = tl.arange(0, BLOCK_N)
-    NS: tl.constexpr = BLOCK_D // GB
-    nslots = tl.minimum(NS, (half - dblk * BLOCK_D + GB - 1) // GB)
-    zrow = z_ptr + offset64(b, s_zb)
-    xrow = x_ptr + offset64(b, s_xb)
-    dzrow = dz_ptr + offset64(b, s_zb)
-    dgrow = dg_ptr + offset64(b, s_gb)
-    erow = end_ptr + offset64(b, s_eb)
-    derow = dend_ptr + offset64(b, s_eb)
-    ewrow = endw_ptr + offset64(b, s_ewb)
-    prow = pos_ptr + offset64(b, s_pb)
-    clo = tl.zeros((BLOCK_D,), tl.float64)
-    chi = clo
-    has = tl.zeros((), tl.int32)
-    if HAS_CARRY:
-        clo = tl.load(cin_ptr + offset64(pid, D) + ch, mask=cmask, other=0.0).to(tl.float64)
-        if ROPE:
-            chi = tl.load(cin_ptr + offset64(pid, D) + half + ch, mask=cmask, other=0.0).to(tl.float64)
-    dblo = tl.zeros((NS,), tl.float32)
-    dbhi = dblo
-    c0 = split * CPS
-    c1 = tl.minimum(c0 + CPS, NC)
-    for c in range(c0, c1):
-        n = c * BLOCK_N + rows
-        nmask = n < N
-        m2 = nmask[:, None] & cmask[None, :]
-        dzc = dzrow + offset64(c * BLOCK_N, s_zn)
-        _, _, ulo, uhi = _tile_z(zrow + offset64(c * BLOCK_N, s_zn), xrow + offset64(c * BLOCK_N, s_xn), win_ptr,
-                                 bias_ptr, rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w, False, True, ROPE,
-                                 FUSED, GB, NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
-        sid, s0, s1 = sequence_of(n, nmask, seqid_ptr, cu_ptr, N, PACKED)
-        e, eid = end_of(n, sid, s0, s1, BS, MODE)
-        isend = (n == e) & nmask
-        if MODE == 1:
-            gst = ((n == s0) & nmask).to(tl.int32)
-        else:
-            gst = (((n - s0) % BS == 0) & nmask).to(tl.int32)
-        inv = _inverse(tl.load(ewrow + eid, mask=nmask, other=0.0), nmask, MEAN)
-        cs = ulo
-        sn = ulo
-        if ROPE:
-            cs, sn = rope_cos_sin(prow, n, nmask, s0, ch, half, log2base, ROPE, HAS_POS)
-        gloc = rows[:, None] * s_gn + ch[None, :]
-        dglo = tl.load(dgrow + offset64(c * BLOCK_N, s_gn) + gloc, mask=m2, other=0.0).to(tl.float32)
-        dghi = dglo
-        if ROPE:
-            dghi = tl.load(dgrow + offset64(c * BLOCK_N, s_gn) + gloc + half, mask=m2, other=0.0).to(tl.float32)
-        if SUMMARY:
-            glo = tl.where(m2, gate_fn(ulo, GATE) * dglo, 0.0)
-            ghi = tl.where(m2, gate_fn(uhi, GATE) * dghi, 0.0)
-        else:
-            eoff = eid.to(tl.int64)[:, None] * D + ch[None, :]
-            hlo = tl.load(erow + eoff, mask=m2, other=0.0)
-            hhi = hlo
-            if ROPE:
-                hhi = tl.load(erow + eoff + half, mask=m2, other=0.0)
-            hlo, hhi = _to_query_frame(hlo * inv[:, None], hhi * inv[:, None], cs, sn, ROPE)
-            glo, dbl = _gate_back(hlo, ulo, dglo, dzc, rows, nmask, m2, dblk * NS, nslots, D, s_zn, GATE, GB,
-                                  BLOCK_N, BLOCK_D)
-            dblo += dbl
-            ghi = glo
-            if ROPE:
-                ghi, dbh = _gate_back(hhi, uhi, dghi, dzc, rows, nmask, m2, (half + dblk * BLOCK_D) // GB, nslots, D,
-                                      s_zn, GATE, GB, BLOCK_N, BLOCK_D)
-                dbhi += dbh
-        glo, ghi = _from_query_frame(glo, ghi, cs, sn, ROPE)
-        glo = tl.where(m2, glo * inv[:, None], 0.0)
-        ghi = tl.where(m2, ghi * inv[:, None], 0.0)
-        if not TOTAL:  # each end's sum: a segmented scan of its queries' gradients, read at the end token
-            gst2 = gst[:, None] + tl.zeros((BLOCK_N, BLOCK_D), tl.int32)
-            slo, _ = tl.associative_scan((glo, gst2), 0, seg_add)
-            shi = slo
-            if ROPE:
-                shi, _ = tl.associative_scan((ghi, gst2), 0, seg_add)
-            opened = tl.associative_scan(gst, 0, or_) == 0
-        if (not SUMMARY) and (not TOTAL):
-            em = isend[:, None] & cmask[None, :]
-            eoff = eid.to(tl.int64)[:, None] * D + ch[None, :]
-            tl.store(derow + eoff, slo + tl.where(opened[:, None], clo.to(tl.float32)[None, :], 0.0), mask=em)
-            if ROPE:
-                tl.store(derow + eoff + half, shi + tl.where(opened[:, None], chi.to(tl.float32)[None, :], 0.0),
-                         mask=em)
-        laststart = tl.max(tl.where(gst != 0, rows, -1), axis=0)
-        tail = (rows >= laststart) & nmask
-        hs = laststart >= 0
-        clo = tl.where(hs, 0.0, clo) + tl.sum(tl.where(tail[:, None], glo, 0.0), axis=0).to(tl.float64)
-        if ROPE:
-            chi = tl.where(hs, 0.0, chi) + tl.sum(tl.where(tail[:, None], ghi, 0.0), axis=0).to(tl.float64)
-        has = has | hs.to(tl.int32)
-    if SUMMARY:
-        tl.store(summ_ptr + offset64(pid, D) + ch, clo.to(tl.float32), mask=cmask)
-        if ROPE:
-            tl.store(summ_ptr + offset64(pid, D) + half + ch, chi.to(tl.float32), mask=cmask)
-        if dblk == 0:
-            tl.store(has_ptr + pid, has)
-    else:
-        if TOTAL and (c1 == NC):  # full mixing of whole rows: the row's only end gets the whole row's gradient
-            tl.store(derow + ch, clo.to(tl.float32), mask=cmask)
-            if ROPE:
-                tl.store(derow + half + ch, chi.to(tl.float32), mask=cmask)
-        NSB: tl.constexpr = BLOCK_D // GB
-        slot = tl.arange(0, NSB)
-        sm = slot < nslots
-        brow = dbias_ptr + offset64(pid, D // GB)
-        tl.store(brow + dblk * NSB + slot, dblo, mask=sm)
-        if ROPE:
-            tl.store(brow + (half + dblk * BLOCK_D) // GB + slot, dbhi, mask=sm)
+def _store_coeff_partials(dcoeff_ptr, pid, dclo, dchi, ch, cmask, half, D, K: tl.constexpr, KP: tl.constexpr,
+                          ROPE: tl.constexpr):
+    """This program's share of dL/dα (its channels × K) in row ``pid`` of the partials."""
+    kk = tl.arange(0, KP)
+    km = (kk[:, None] < K) & cmask[None, :]
+    crow = dcoeff_ptr + offset64(pid, D * K)
+    tl.store(crow + ch[None, :] * K + kk[:, None], dclo, mask=km)
+    if ROPE:
+        tl.store(crow + (ch + half)[None, :] * K + kk[:, None], dchi, mask=km)
 
 
 @triton.jit
-def _end_backward_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, w_ptr, pos_ptr, seqid_ptr, cu_ptr, dz_ptr, dend_ptr,
-                         cin_ptr, summ_ptr, has_ptr, dcoeff_ptr,
-                         N, D, half, d, BS, CPS, NC, log2base: tl.float64, s_zb, s_zn, s_xb, s_xn, s_w, s_wb, s_pb,
-                         s_eb,
-                         K: tl.constexpr, ACT: tl.constexpr, ROPE: tl.constexpr, HAS_W: tl.constexpr,
-                         HAS_POS: tl.constexpr, PACKED: tl.constexpr, MODE: tl.constexpr, HAS_CARRY: tl.constexpr,
-                         SUMMARY: tl.constexpr, FUSED: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
-    """End-token modes, backward part 2, walking backwards: a token's feature feeds the sums at its own end and
-    every later end of its sequence, so its gradient is the reverse running sum of the end gradients (full mixing of
-    whole rows: the row's one end gradient, no scan); then dz_h and the partial dL/dα."""
-    TOTAL: tl.constexpr = (MODE == 1) and (not PACKED)
+def _grad_apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr, cu_ptr, dg_ptr, dz_ptr,
+                       carry_ptr, carryw_ptr, rc_ptr, start_ptr, dcoeff_ptr, dbias_ptr, dsp_ptr, N, D, half, d, BS, NC,
+                       CPP, log2base: tl.float64, s_zb, s_zn, s_xb, s_xn, s_w, s_wb, s_pb, s_tb, s_twb, s_eb, s_gb,
+                       s_gn, s_db, s_dn,
+                       NS: tl.constexpr, HP: tl.constexpr, K: tl.constexpr, ACT: tl.constexpr, GATE: tl.constexpr,
+                       ROPE: tl.constexpr,
+                       HAS_W: tl.constexpr, HAS_POS: tl.constexpr, PACKED: tl.constexpr, MEAN: tl.constexpr,
+                       MODE: tl.constexpr, FUSED: tl.constexpr, GB: tl.constexpr, NSP: tl.constexpr,
+                       KP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PREC: tl.constexpr, STAGES: tl.constexpr):
+    """Backward pass 3, in parallel over chunks: every feature's gradient, then dz_h and the dL/dα partials.
+    Causal: recompute H (for the gate's gradients: dz_s, dL/db partials) and G; a feature's gradient is the reverse
+    running sum of G within the chunk plus, for the sequence going on past the chunk, the reverse carry. End-token
+    modes: the sum of G from the token's block start on — the start table's row plus the reverse carry of that
+    start's chunk when the sequence goes on past it."""
+    NPB = tl.cdiv(NC, CPP)
     pid = tl.program_id(0)
-    S = tl.cdiv(NC, CPS)
-    b = pid // S
-    split = pid - b * S
+    b = pid // NPB
     dblk = tl.program_id(1)
     ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = ch < half
     rows = tl.arange(0, BLOCK_N)
+    nslots = tl.minimum(NS, (half - dblk * BLOCK_D + GB - 1) // GB)
+    freqs = _rope_freqs(ch, half, log2base, 1)
+    blo = tl.load(bias_ptr + ch // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    bhi = blo
+    if ROPE:
+        freqs = _rope_freqs(ch, half, log2base, ROPE)
+        bhi = tl.load(bias_ptr + (ch + half) // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     zrow = z_ptr + offset64(b, s_zb)
     xrow = x_ptr + offset64(b, s_xb)
     dzrow = dz_ptr + offset64(b, s_zb)
-    derow = dend_ptr + offset64(b, s_eb)
+    dsrow = dsp_ptr + offset64(b, s_db)
+    dgrow = dg_ptr + offset64(b, s_gb)
     wrow = w_ptr + offset64(b, s_wb)
     prow = pos_ptr + offset64(b, s_pb)
-    rlo = tl.zeros((BLOCK_D,), tl.float64)
-    rhi = rlo
-    has = tl.zeros((), tl.int32)
-    if HAS_CARRY:
-        rlo = tl.load(cin_ptr + offset64(pid, D) + ch, mask=cmask, other=0.0).to(tl.float64)
-        if ROPE:
-            rhi = tl.load(cin_ptr + offset64(pid, D) + half + ch, mask=cmask, other=0.0).to(tl.float64)
+    crow = carry_ptr + offset64(b, s_tb)
+    rcrow = rc_ptr + offset64(b, s_tb)
     dclo = tl.zeros((KP, BLOCK_D), tl.float32)
     dchi = dclo
-    c0 = split * CPS
-    c1 = tl.minimum(c0 + CPS, NC)
-    for r in range(0, c1 - c0):
-        c = c1 - 1 - r
+    dblo = tl.zeros((NS,), tl.float32)
+    dbhi = dblo
+    c0 = (pid - b * NPB) * CPP
+    for c in tl.range(c0, tl.minimum(c0 + CPP, NC), num_stages=STAGES):
         n = c * BLOCK_N + rows
         nmask = n < N
         m2 = nmask[:, None] & cmask[None, :]
         sid, s0, s1 = sequence_of(n, nmask, seqid_ptr, cu_ptr, N, PACKED)
-        if TOTAL:  # every token of the row feeds its one end: the end's gradient, as it is
-            dlo = tl.zeros((BLOCK_N, BLOCK_D), tl.float32) + tl.load(derow + ch, mask=cmask, other=0.0)[None, :]
+        dzc = dzrow + offset64(c * BLOCK_N, s_zn)
+        dspc = dsrow + offset64(c * BLOCK_N, s_dn)
+        alo = _coeffs(coeff_ptr, ch, cmask, K)  # in the loop: hoisted, their broadcasts would hold registers
+        ahi = alo
+        if ROPE:
+            ahi = _coeffs(coeff_ptr, ch + half, cmask, K)
+        zlo, zhi, ulo, uhi = _tile_z(zrow + offset64(c * BLOCK_N, s_zn), xrow + offset64(c * BLOCK_N, s_xn),
+                                     win_ptr, rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w, True,
+                                     MODE == 0, ROPE, FUSED, GB, NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
+        w = _weights(wrow, n, nmask, HAS_W)
+        cs = zlo
+        sn = zlo
+        if ROPE:
+            cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ROPE, HAS_POS)
+        if MODE == 0:
+            ulo = ulo + blo
+            uhi = uhi + bhi
+            flo, fhi = _features(zlo, zhi, alo, ahi, cs, sn, w, m2, K, ACT, ROPE, HAS_W)
+            opened = (s0 < c * BLOCK_N) & nmask
+            om = opened[:, None] & cmask[None, :]
+            clo, chi = _load_rows(crow, (c + rows * 0).to(tl.int64) * D, half, ch, om, ROPE)
+            plo = _scan_tokens(flo, n, s0, s1, PACKED, False) + clo
+            phi = plo
+            if ROPE:
+                phi = _scan_tokens(fhi, n, s0, s1, PACKED, False) + chi
+            W = _scan_weights(w, n, s0, PACKED) + tl.load(carryw_ptr + offset64(b, s_twb) + c + rows * 0,
+                                                          mask=opened, other=0.0)
+            inv = _inverse(W, nmask, MEAN)
+            hlo, hhi = _to_query_frame(plo * inv[:, None], phi * inv[:, None], cs, sn, ROPE)
+            gloc = rows[:, None] * s_gn + ch[None, :]
+            dgc = dgrow + offset64(c * BLOCK_N, s_gn)
+            dglo = tl.load(dgc + gloc, mask=m2, other=0.0).to(tl.float32)
+            glo, dbl = _gate_back(hlo, ulo, dglo, dzc, dspc, rows, nmask, m2, dblk * BLOCK_D, nslots, D, s_zn,
+                                  s_dn, GATE, GB, NS, HP, BLOCK_N, BLOCK_D)
+            dblo += dbl
+            ghi = glo
+            if ROPE:
+                dghi = tl.load(dgc + gloc + half, mask=m2, other=0.0).to(tl.float32)
+                ghi, dbh = _gate_back(hhi, uhi, dghi, dzc, dspc, rows, nmask, m2, half + dblk * BLOCK_D, nslots,
+                                      D, s_zn, s_dn, GATE, GB, NS, HP, BLOCK_N, BLOCK_D)
+                dbhi += dbh
+            glo, ghi = _from_query_frame(glo, ghi, cs, sn, ROPE)
+            glo = tl.where(m2, glo * inv[:, None], 0.0)
+            ghi = tl.where(m2, ghi * inv[:, None], 0.0)
+            goes_on = (s1 > c * BLOCK_N + BLOCK_N) & nmask  # the sequence goes on past the chunk
+            rlo, rhi = _load_rows(rcrow, (c + rows * 0).to(tl.int64) * D, half, ch,
+                                  goes_on[:, None] & cmask[None, :], ROPE)
+            dlo = _scan_tokens(glo, n, s0, s1, PACKED, True) + rlo
             dhi = dlo
             if ROPE:
-                dhi = tl.zeros((BLOCK_N, BLOCK_D), tl.float32) + tl.load(derow + half + ch, mask=cmask,
-                                                                         other=0.0)[None, :]
+                dhi = _scan_tokens(ghi, n, s0, s1, PACKED, True) + rhi
         else:
-            e, eid = end_of(n, sid, s0, s1, BS, MODE)
-            isend = (n == e) & nmask
-            st = ((n == s0) & nmask).to(tl.int32)
-            em = isend[:, None] & cmask[None, :]
-            eoff = eid.to(tl.int64)[:, None] * D + ch[None, :]
-            elo = tl.load(derow + eoff, mask=em, other=0.0)
-            ehi = elo
-            if ROPE:
-                ehi = tl.load(derow + eoff + half, mask=em, other=0.0)
-            sl = ((n == s1 - 1) & nmask).to(tl.int32)
-            sl2 = sl[:, None] + tl.zeros((BLOCK_N, BLOCK_D), tl.int32)
-            dlo, _ = tl.associative_scan((elo, sl2), 0, seg_add, reverse=True)
-            dhi = dlo
-            if ROPE:
-                dhi, _ = tl.associative_scan((ehi, sl2), 0, seg_add, reverse=True)
-            laststart = tl.max(tl.where(st != 0, rows, -1), axis=0)
-            tail = rows >= laststart
-            dlo = dlo + tl.where(tail[:, None], rlo.to(tl.float32)[None, :], 0.0)
-            if ROPE:
-                dhi = dhi + tl.where(tail[:, None], rhi.to(tl.float32)[None, :], 0.0)
-            firststart = tl.min(tl.where(st != 0, rows, BLOCK_N), axis=0)
-            head = rows < firststart
-            hs = firststart < BLOCK_N
-            rlo = tl.where(hs, 0.0, rlo) + tl.sum(tl.where(head[:, None], elo, 0.0), axis=0).to(tl.float64)
-            if ROPE:
-                rhi = tl.where(hs, 0.0, rhi) + tl.sum(tl.where(head[:, None], ehi, 0.0), axis=0).to(tl.float64)
-            has = has | hs.to(tl.int32)
-        if not SUMMARY:
-            zlo, zhi, _, _ = _tile_z(zrow + offset64(c * BLOCK_N, s_zn), xrow + offset64(c * BLOCK_N, s_xn), win_ptr,
-                                     win_ptr, rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w, True, False,
-                                     ROPE, FUSED, 1, 16, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
-            w = _weights(wrow, n, nmask, HAS_W)
-            cs = zlo
-            sn = zlo
-            if ROPE:
-                cs, sn = rope_cos_sin(prow, n, nmask, s0, ch, half, log2base, ROPE, HAS_POS)
-            dlo, dhi = _unrotate_weight(dlo, dhi, cs, sn, w, ROPE, HAS_W)
-            dzc = dzrow + offset64(c * BLOCK_N, s_zn)
-            dzl, dcl = _poly_back(zlo, dlo, coeff_ptr, ch, cmask, m2, K, ACT, KP)
-            tl.store(dzc + rows[:, None] * s_zn + ch[None, :], dzl.to(dz_ptr.dtype.element_ty), mask=m2)
-            dclo += dcl
-            if ROPE:
-                dzh, dch = _poly_back(zhi, dhi, coeff_ptr, ch + half, cmask, m2, K, ACT, KP)
-                tl.store(dzc + rows[:, None] * s_zn + half + ch[None, :], dzh.to(dz_ptr.dtype.element_ty), mask=m2)
-                dchi += dch
-    if SUMMARY:
-        tl.store(summ_ptr + offset64(pid, D) + ch, rlo.to(tl.float32), mask=cmask)
+            _, eid = end_of(n, sid, s0, s1, BS, MODE)
+            if MODE == 1:
+                t = s0
+            else:
+                t = s0 + ((n - s0) // BS) * BS
+            ct = t // BLOCK_N
+            goes_on = (s1 > ct * BLOCK_N + BLOCK_N) & nmask  # the sequence goes on past the chunk of t
+            dlo, dhi = _load_rows(start_ptr + offset64(b, s_eb), eid.to(tl.int64) * D, half, ch, m2, ROPE)
+            rlo, rhi = _load_rows(rcrow, ct.to(tl.int64) * D, half, ch, goes_on[:, None] & cmask[None, :], ROPE)
+            dlo = dlo + rlo
+            dhi = dhi + rhi
+        dlo, dhi = _unrotate_weight(dlo, dhi, cs, sn, w, ROPE, HAS_W)
+        if (MODE == 0) and (not FUSED):  # z_h again (in cache): fewer registers than keeping it alive
+            zlo, zhi, _, _ = _tile_z(zrow + offset64(c * BLOCK_N, s_zn), xrow, win_ptr, rows, nmask, ch, cmask, dblk,
+                                     half, D, d, s_zn, s_xn, s_w, True, False, ROPE, FUSED, GB, NSP, BLOCK_N,
+                                     BLOCK_D, BLOCK_K, PREC)
+        dzl, dcl = _poly_back(zlo, dlo, alo, m2, K, ACT, KP)
+        tl.store(dzc + rows[:, None] * s_zn + ch[None, :], dzl.to(dz_ptr.dtype.element_ty), mask=m2)
+        dclo += dcl
         if ROPE:
-            tl.store(summ_ptr + offset64(pid, D) + half + ch, rhi.to(tl.float32), mask=cmask)
-        if dblk == 0:
-            tl.store(has_ptr + pid, has)
-    else:
-        kk = tl.arange(0, KP)
-        km = (kk[:, None] < K) & cmask[None, :]
-        crow = dcoeff_ptr + offset64(pid, D * K)
-        tl.store(crow + ch[None, :] * K + kk[:, None], dclo, mask=km)
-        if ROPE:
-            tl.store(crow + (ch + half)[None, :] * K + kk[:, None], dchi, mask=km)
+            dzh, dch = _poly_back(zhi, dhi, ahi, m2, K, ACT, KP)
+            tl.store(dzc + rows[:, None] * s_zn + half + ch[None, :], dzh.to(dz_ptr.dtype.element_ty), mask=m2)
+            dchi += dch
+    _store_coeff_partials(dcoeff_ptr, pid, dclo, dchi, ch, cmask, half, D, K, KP, ROPE)
+    if (MODE == 0) and (HP == 1):
+        _store_bias_partials(dbias_ptr, pid, dblo, dbhi, dblk, nslots, half, D, ROPE, GB, NS, BLOCK_D)
 
 
-KERNELS = {"walk": _walk_kernel, "gate": _gate_kernel, "carry": _carry_kernel,
-           "causal_backward": _causal_backward_kernel, "group_backward": _group_backward_kernel,
-           "end_backward": _end_backward_kernel}
+KERNELS = {"sums": _sums_kernel, "scan": _scan_kernel, "apply": _apply_kernel, "grad_sums": _grad_sums_kernel,
+           "grad_apply": _grad_apply_kernel}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -885,13 +966,15 @@ KERNELS = {"walk": _walk_kernel, "gate": _gate_kernel, "carry": _carry_kernel,
 class LaunchConfig:
     """A forced configuration (tests): BLOCK_N tokens per chunk × BLOCK_D channels (pairs with rotary) for every
     kernel of a call (block_n None: the tiles of :data:`TILES`), the warps, the input features per step of the fused
-    route's products, the splits per row (None: automatic), and the launches' register bound."""
+    route's products, the chunks each program handles (None: automatic), the chunks per step of the scan, and the
+    launches' register bound."""
 
     block_n: Optional[int] = 64
     block_d: int = 32
     num_warps: int = 4
     block_k: int = 32
-    splits: Optional[int] = None
+    chunks_per_program: Optional[int] = None
+    scan_chunks: int = SCAN_CHUNKS
     maxnreg: int = 255  # ptxas may use every register a 4-warp block can have (≥ 2 blocks per SM), not spill first
 
 
@@ -899,17 +982,19 @@ _OVERRIDE: List[Optional[LaunchConfig]] = [None]
 
 
 def use_config(config: Optional[LaunchConfig]) -> None:
-    """Force a launch configuration (tests run several chunks, channel blocks and splits on tiny shapes); None: the
-    automatic choice (:data:`TILES`)."""
+    """Force a launch configuration (tests run several chunks, channel blocks and scan steps on tiny shapes); None:
+    the automatic choice (:data:`TILES`)."""
     _OVERRIDE[0] = config
 
 
 def role_tile(fused: bool, rope: bool, G: int, role: str) -> Optional[Tuple[int, int]]:
-    """(BLOCK_N, BLOCK_D) of a role's kernel for a call (forced tiles first), None when none fits."""
+    """(BLOCK_N, BLOCK_D) of a role's kernel for a call (forced tiles first), None when none fits. The unfused
+    kernels take a gate head of any width in any tile (a head wider than the tile is split over programs); the fused
+    route's tiles hold whole heads (its gate is a product per head)."""
     forced = _OVERRIDE[0]
-    if forced is not None and forced.block_n is not None:  # a forced tile still holds whole gate heads
-        return forced.block_n, max(forced.block_d, pow2(G))
-    return TILES[(fused, rope, head_class(G))][role]
+    if forced is not None and forced.block_n is not None:
+        return forced.block_n, max(forced.block_d, pow2(G)) if fused else forced.block_d
+    return TILES[(fused, rope, head_class(G) if fused else 16)][role]
 
 
 def default_tiles() -> Dict[str, Optional[Tuple[int, int]]]:
@@ -949,51 +1034,53 @@ class MixLayout:
     def tile(self, role: str) -> Optional[Tuple[int, int]]:
         return role_tile(self.fused, bool(self.rope), self.G, role)
 
-    def block_n(self, role: str) -> int:
-        return self.tile(role)[0]  # type: ignore[index]
+    @property
+    def chunk(self) -> int:
+        """Tokens per chunk, one length for every kernel of a call (the tables hold one row per chunk)."""
+        return self.tile("sums")[0]  # type: ignore[index]
 
     def block_d(self, role: str) -> int:
         return self.tile(role)[1]  # type: ignore[index]
 
-    def nc(self, role: str) -> int:
-        return -(-self.N // self.block_n(role))
+    def head_parts(self, role: str) -> int:
+        """Programs a gate head is split over in a role's kernel (1: the tile holds whole heads)."""
+        return max(1, self.G // self.block_d(role))
+
+    @property
+    def nc(self) -> int:
+        return -(-self.N // self.chunk)
 
     def nd(self, role: str) -> int:
         return -(-self.half // self.block_d(role))
 
-    def splits(self, role: str) -> int:
-        """Splits per row of a role's walk: enough that rows × splits × channel blocks fill the GPU twice (one when
-        they already do; forced in tests), at most one per chunk, every split holding a chunk."""
+    @property
+    def chunks_per_program(self) -> int:
+        """Chunks each program of the parallel passes handles, in order: enough programs to fill every SM four times
+        over (one chunk each when there are not more), at most 8 (fewer partial rows of the parameter gradients,
+        and the next chunk's loads in flight while one is computed)."""
         forced = _OVERRIDE[0]
-        if forced is not None and forced.splits is not None:
-            want = forced.splits
-        else:
-            target = 2 * self.sms
-            programs = self.B * self.nd(role)
-            want = 1 if programs >= target else -(-target // programs)
-        nc = self.nc(role)
-        s = max(1, min(want, nc))
-        return -(-nc // -(-nc // s))
-
-    def cps(self, role: str) -> int:
-        """Chunks per split of a role's walk."""
-        return -(-self.nc(role) // self.splits(role))
+        if forced is not None and forced.chunks_per_program is not None:
+            return max(1, min(forced.chunks_per_program, self.nc))
+        widest = max(self.block_d(r) for r in self.roles(True) if self.tile(r) is not None)
+        programs = self.B * self.nc * -(-self.half // widest)
+        return max(1, min(8, programs // (4 * self.sms), self.nc))
 
     @property
-    def nend(self) -> int:
-        """Rows of the end table: sequences (full), or a bound on the blocks (block-causal)."""
+    def npb(self) -> int:
+        """Programs per row along the tokens."""
+        return -(-self.nc // self.chunks_per_program)
+
+    @property
+    def end_rows(self) -> int:
+        """Rows of the end (and start) table: sequences (full), a bound on the blocks (block-causal), none (causal)."""
+        if self.mode == 0:
+            return 0
         if self.mode == 1:
             return self.nseq
         return (self.N - 1) // self.block_size + self.nseq
 
-    @property
-    def saved_rows(self) -> int:
-        return self.nc("causal_walk") if self.mode == 0 else self.nend
-
     def roles(self, backward: bool) -> List[str]:
-        fwd = ["causal_walk"] if self.mode == 0 else ["walk", "gate"]
-        bwd = (["causal_backward"] if self.mode == 0 else ["group", "end"]) if backward else []
-        return fwd + bwd
+        return ["sums", "apply"] + (["grad_sums", "grad_apply"] if backward else [])
 
     def missing(self, backward: bool) -> Optional[str]:
         """Why no tile fits the registers for a kernel this call needs (None when every one fits)."""
@@ -1016,57 +1103,6 @@ def mix_layout(B: int, N: int, D: int, Ds: int, K: int, mode: int, block_size: i
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _common(L: MixLayout, act: int, rope: int, has_w: bool, has_pos: bool, packed: bool, role: str
-            ) -> Dict[str, Any]:
-    tile = L.tile(role)
-    if tile is None:
-        raise NotImplementedError(L.missing(True) or f"no tile fits the {role} kernel")
-    forced = _OVERRIDE[0]
-    warps, maxnreg = (forced.num_warps, forced.maxnreg) if forced is not None and forced.block_n else (4, 255)
-    return dict(K=L.K, ACT=act, ROPE=rope, HAS_W=has_w, HAS_POS=has_pos, PACKED=packed, BLOCK_N=tile[0],
-                BLOCK_D=tile[1], num_warps=warps, maxnreg=maxnreg)
-
-
-def _gemm_args(L: MixLayout, x: Optional[Tensor], z: Tensor, role: str) -> Dict[str, Any]:
-    """The fused route's constexprs (harmless ones for the unfused route)."""
-    fused = x is not None
-    NS = L.block_d(role) // L.G
-    forced = _OVERRIDE[0]
-    block_k = forced.block_k if forced is not None else 32
-    return dict(FUSED=fused, GB=L.G, NSP=max(16, NS), BLOCK_K=block_k if fused else 16,
-                PREC=dot_precision(z) if fused else "ieee")
-
-
-def _kw(L: MixLayout, flags: Tuple[Any, ...], x: Optional[Tensor], z: Tensor, role: str,
-        drop: Tuple[str, ...] = ()) -> Dict[str, Any]:
-    """Every constexpr and launch option of a role's kernel, less those it does not take."""
-    kw = {**_common(L, *flags, role), **_gemm_args(L, x, z, role)}
-    return {k: v for k, v in kw.items() if k not in drop}
-
-
-def _pos_strides(pos: Optional[Tensor], two_d: bool) -> int:
-    """The row stride of the positions ((B, N[, 2]) or one row broadcast to every batch row)."""
-    if pos is None or pos.dim() == (2 if two_d else 1):
-        return 0
-    return pos.stride(0)
-
-
-def _carries(B: int, splits: int, dev: torch.device, reverse: bool, width: int, summarise: Any
-             ) -> Tuple[Tensor, Tensor]:
-    """``summarise(summ, summw, has)`` runs a walk in SUMMARY mode over every split; then the carry kernel gives each
-    split's entering carries."""
-    rows = B * splits
-    summ = torch.empty(rows, width, dtype=torch.float32, device=dev)
-    summw = torch.empty(rows, dtype=torch.float32, device=dev)
-    has = torch.empty(rows, dtype=torch.int32, device=dev)
-    summarise(summ, summw, has)
-    cin = torch.empty_like(summ)
-    cinw = torch.empty_like(summw)
-    launch(_carry_kernel, (B, -(-width // 64)), summ, summw, has, cin, cinw, splits, width, REVERSE=reverse,
-           BLOCK_D=64, num_warps=2)
-    return cin, cinw
-
-
 def _layout_of(src: Tensor, coeff: Tensor, bias: Tensor, cu: Optional[Tensor], mode: int, block_size: int,
                rope: int, fused: bool) -> MixLayout:
     D, K = coeff.shape
@@ -1074,160 +1110,187 @@ def _layout_of(src: Tensor, coeff: Tensor, bias: Tensor, cu: Optional[Tensor], m
                       1 if cu is None else cu.shape[0] - 1, rope, src.device, fused)
 
 
+def _pos_stride(pos: Optional[Tensor], two_d: bool) -> int:
+    """The row stride of the positions ((B, N[, 2]) or one row broadcast to every batch row)."""
+    if pos is None or pos.dim() == (2 if two_d else 1):
+        return 0
+    return pos.stride(0)
+
+
+def _inputs(L: MixLayout, z: Optional[Tensor], x: Optional[Tensor], w_in: Optional[Tensor], coeff: Tensor,
+            bias: Tensor, mask: Optional[Tensor], pos: Optional[Tensor], cu: Optional[Tensor],
+            seqid: Optional[Tensor], block_size: int, log2base: float, zlike: Tensor) -> Dict[str, Any]:
+    """The arguments every kernel of a call shares, by name: the activations' pointers and strides (``zlike``: a
+    tensor with z's layout — z itself, or dz for the fused route's backward), the parameters, the mode's tensors
+    (harmless pointers for the absent ones) and the sizes."""
+    dummy = coeff
+    return dict(z_ptr=z if z is not None else zlike, x_ptr=x if x is not None else zlike,
+                win_ptr=w_in if w_in is not None else dummy, coeff_ptr=coeff, bias_ptr=bias,
+                w_ptr=mask if mask is not None else dummy, pos_ptr=pos if pos is not None else dummy,
+                seqid_ptr=seqid if seqid is not None else dummy, cu_ptr=cu if cu is not None else dummy,
+                N=L.N, D=L.D, half=L.half, d=0 if x is None else x.shape[2], BS=block_size, NC=L.nc,
+                CPP=L.chunks_per_program, log2base=log2base, s_zb=zlike.stride(0), s_zn=zlike.stride(1),
+                s_xb=0 if x is None else x.stride(0), s_xn=0 if x is None else x.stride(1),
+                s_w=0 if w_in is None else w_in.stride(0), s_wb=0 if mask is None else mask.stride(0),
+                s_pb=_pos_stride(pos, L.rope == 2), s_tb=L.nc * L.D, s_twb=L.nc, s_eb=L.end_rows * L.D,
+                s_ewb=L.end_rows)
+
+
+def _constexprs(L: MixLayout, role: str, act: int, gate: int, mean: bool, flags: Dict[str, Any],
+                fused_dtype: Optional[Tensor]) -> Dict[str, Any]:
+    """The constexprs and launch options of a role's kernel."""
+    tile = L.tile(role)
+    if tile is None:
+        raise NotImplementedError(L.missing(True) or f"no tile fits the {role} kernel")
+    forced = _OVERRIDE[0]
+    warps, maxnreg = (forced.num_warps, forced.maxnreg) if forced is not None and forced.block_n else (4, 255)
+    block_k = forced.block_k if forced is not None else 32
+    return dict(K=L.K, KP=pow2(L.K), ACT=act, GATE=gate, MEAN=mean, MODE=L.mode, GB=L.G,
+                FUSED=fused_dtype is not None, NS=max(1, tile[1] // L.G), HP=max(1, L.G // tile[1]),
+                NSP=max(16, tile[1] // L.G), BLOCK_N=tile[0], BLOCK_D=tile[1],
+                BLOCK_K=block_k if fused_dtype is not None else 16,
+                PREC=dot_precision(fused_dtype) if fused_dtype is not None else "ieee",
+                STAGES=1 if interpreted() else STAGES[role], num_warps=warps, maxnreg=maxnreg, **flags)
+
+
+def _run(kernel: Any, grid: Tuple[int, ...], available: Dict[str, Any]) -> None:
+    """Launch ``kernel`` with the arguments it takes out of ``available`` (by name; launch options pass through)."""
+    names = set(kernel.arg_names)
+    kwargs = {k: v for k, v in available.items() if k in names or k in ("num_warps", "maxnreg")}
+    launch(kernel, grid, **kwargs)
+
+
+def _scan(L: MixLayout, src: Tensor, srcw: Optional[Tensor], reverse: bool, seqid: Optional[Tensor],
+          cu: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+    """Pass 2: the carries entering every chunk (``reverse``: from the chunks after it) of a table of chunk sums."""
+    dst = torch.empty_like(src)
+    dstw = torch.empty_like(srcw) if srcw is not None else None
+    forced = _OVERRIDE[0]
+    cb = forced.scan_chunks if forced is not None else SCAN_CHUNKS
+    dummy = src
+    launch(_scan_kernel, (L.B, -(-L.D // SCAN_CHANNELS)), src, srcw if srcw is not None else dummy, dst,
+           dstw if dstw is not None else dummy, seqid if seqid is not None else dummy,
+           cu if cu is not None else dummy, L.N, L.nc, L.D, L.chunk, L.nc * L.D, L.nc, PACKED=cu is not None,
+           REVERSE=reverse, HAS_WT=srcw is not None, CB=cb, BLOCK_S=SCAN_CHANNELS, num_warps=4)
+    return dst, dstw
+
+
+@dataclass
+class Saved:
+    """What the forward keeps for the backward (fp32, O(N·D / chunk)): the carry entering every chunk and its
+    weight, and in the end-token modes each end's prefix sum within its chunk and its weight."""
+
+    carry: Tensor  # (B, chunks, D)
+    carryw: Tensor  # (B, chunks)
+    end: Tensor  # (B, end rows, D)
+    endw: Tensor  # (B, end rows)
+
+
+def _flags(rope: int, mask: Optional[Tensor], pos: Optional[Tensor], cu: Optional[Tensor]) -> Dict[str, Any]:
+    return dict(ROPE=rope, HAS_W=mask is not None, HAS_POS=pos is not None, PACKED=cu is not None)
+
+
 def mix(z: Optional[Tensor], x: Optional[Tensor], w_in: Optional[Tensor], coeff: Tensor, bias: Tensor,
         mask: Optional[Tensor], pos: Optional[Tensor], cu: Optional[Tensor], seqid: Optional[Tensor], mode: int,
         block_size: int, act: int, gate: int, rope: int, log2base: float, mean: bool
-        ) -> Tuple[Tensor, Tensor, Tensor]:
-    """The mixing forward: (g (B, N, D) in the activations' dtype, and what the backward needs: the carries
-    entering every chunk (causal, (B, nc, D) and (B, nc)) or the end table (end modes, (B, nend, D) and (B, nend)),
-    fp32). From z (B, N, D + Ds), or — the fused route — from x (B, N, d) and W_in (D + Ds, d)."""
+        ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The mixing forward: g (B, N, D) in the activations' dtype, and what the backward needs (:class:`Saved`, fp32).
+    From z (B, N, D + Ds), or — the fused route — from x (B, N, d) and W_in (D + Ds, d)."""
     src = z if z is not None else x
     L = _layout_of(src, coeff, bias, cu, mode, block_size, rope, x is not None)
     B, N, D, dev = L.B, L.N, L.D, src.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    a = _inputs(L, z, x, w_in, coeff, bias, mask, pos, cu, seqid, block_size, log2base, src)
+    flags = _flags(rope, mask, pos, cu)
+    fused = src if x is not None else None
+    sums, sumsw = torch.empty(B, L.nc, D, **f32), torch.empty(B, L.nc, **f32)
+    end, endw = torch.empty(B, L.end_rows, D, **f32), torch.empty(B, L.end_rows, **f32)
+    _run(_sums_kernel, (B * L.npb, L.nd("sums")), {**a, **_constexprs(L, "sums", act, gate, mean, flags, fused),
+                                                   "sums_ptr": sums, "sumsw_ptr": sumsw, "end_ptr": end,
+                                                   "endw_ptr": endw})
+    carry, carryw = _scan(L, sums, sumsw, False, seqid, cu)
     g = torch.empty(B, N, D, dtype=src.dtype, device=dev)
-    sav = torch.empty(B, L.saved_rows, D, dtype=torch.float32, device=dev)
-    savw = torch.empty(B, L.saved_rows, dtype=torch.float32, device=dev)
-    zz, xx, ww = src, src, (w_in if w_in is not None else coeff)  # harmless pointers for the unused ones
-    d = 0 if x is None else x.shape[2]
-    s_zb, s_zn = (z.stride(0), z.stride(1)) if z is not None else (0, 0)
-    s_xb, s_xn = (x.stride(0), x.stride(1)) if x is not None else (0, 0)
-    s_w = 0 if w_in is None else w_in.stride(0)
-    wt, pt, cu_t, sid = (t if t is not None else coeff for t in (mask, pos, cu, seqid))
-    s_wb = 0 if mask is None else mask.stride(0)
-    s_pb = _pos_strides(pos, rope == 2)
-    flags = (act, rope, mask is not None, pos is not None, cu is not None)
-    role = "causal_walk" if mode == 0 else "walk"
-    kw = _kw(L, flags, x, src, role)
-    splits = L.splits(role)
-    base = (N, D, L.half, d, block_size, L.cps(role), L.nc(role), log2base, s_zb, s_zn, s_xb, s_xn, s_w,
-            g.stride(0), g.stride(1), s_wb, s_pb, sav.stride(0), savw.stride(0))
-
-    def walk(cin: Tensor, cinw: Tensor, summ: Tensor, summw: Tensor, has: Tensor, has_carry: bool,
-             summary: bool) -> None:
-        launch(_walk_kernel, (B * splits, L.nd(role)), zz, xx, ww, coeff, bias, wt, pt, sid, cu_t, g, sav, savw, cin,
-               cinw, summ, summw, has, *base, GATE=gate, MEAN=mean, MODE=mode, HAS_CARRY=has_carry, SUMMARY=summary,
-               **kw)
-
-    if splits > 1:
-        cin, cinw = _carries(B, splits, dev, False, D, lambda s, sw, h: walk(s, sw, s, sw, h, False, True))
-        walk(cin, cinw, cin, cinw, savw, True, False)
-    else:
-        walk(sav, savw, sav, savw, savw, False, False)
-    if mode != 0:
-        gkw = _kw(L, flags, x, src, "gate", ("K", "ACT", "HAS_W"))
-        launch(_gate_kernel, (B, L.nc("gate"), L.nd("gate")), zz, xx, ww, bias, pt, sid, cu_t, sav, savw, g, N, D,
-               L.half, d, block_size, log2base, s_zb, s_zn, s_xb, s_xn, s_w, g.stride(0), g.stride(1), s_pb,
-               sav.stride(0), savw.stride(0), GATE=gate, MEAN=mean, MODE=mode, **gkw)
-    return g, sav, savw
+    _run(_apply_kernel, (B * L.npb, L.nd("apply")), {**a, **_constexprs(L, "apply", act, gate, mean, flags, fused),
+                                                     "carry_ptr": carry, "carryw_ptr": carryw, "end_ptr": end,
+                                                     "endw_ptr": endw, "g_ptr": g, "s_gb": g.stride(0),
+                                                     "s_gn": g.stride(1)})
+    return g, carry, carryw, end, endw
 
 
 def mix_backward(dg: Tensor, z: Optional[Tensor], x: Optional[Tensor], w_in: Optional[Tensor], coeff: Tensor,
                  bias: Tensor, mask: Optional[Tensor], pos: Optional[Tensor], cu: Optional[Tensor],
-                 seqid: Optional[Tensor], sav: Tensor, savw: Tensor, mode: int, block_size: int, act: int, gate: int,
-                 rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                 seqid: Optional[Tensor], saved: Saved, mode: int, block_size: int, act: int, gate: int, rope: int,
+                 log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """The mixing backward: (dz (B, N, D + Ds) in the activations' dtype, dL/dα (D, K) and dL/db (Ds,) in fp32)."""
     src = z if z is not None else x
     L = _layout_of(src, coeff, bias, cu, mode, block_size, rope, x is not None)
     B, N, D, K, Ds, dev = L.B, L.N, L.D, L.K, L.Ds, src.device
+    f32 = dict(dtype=torch.float32, device=dev)
     dg = dg.contiguous()
     dz = torch.empty(B, N, D + Ds, dtype=src.dtype, device=dev)
-    zz = z if z is not None else dz  # the fused route reads x; dz has z's strides
-    xx = x if x is not None else dz
-    ww = w_in if w_in is not None else coeff
-    d = 0 if x is None else x.shape[2]
-    s_zb, s_zn = dz.stride(0), dz.stride(1)
-    s_xb, s_xn = (x.stride(0), x.stride(1)) if x is not None else (0, 0)
-    s_w = 0 if w_in is None else w_in.stride(0)
-    wt, pt, cu_t, sid = (t if t is not None else coeff for t in (mask, pos, cu, seqid))
-    s_wb = 0 if mask is None else mask.stride(0)
-    s_pb = _pos_strides(pos, rope == 2)
-    flags = (act, rope, mask is not None, pos is not None, cu is not None)
-    if mode == 0:
-        kw = _kw(L, flags, x, zz, "causal_backward")
-        splits = L.splits("causal_backward")
-        dcoeff = torch.empty(B * splits, D * K, dtype=torch.float32, device=dev)
-        dbias = torch.empty(B * splits, Ds, dtype=torch.float32, device=dev)
-        base = (N, D, L.half, d, L.cps("causal_backward"), L.nc("causal_backward"), log2base, s_zb, s_zn, s_xb,
-                s_xn, s_w, dg.stride(0), dg.stride(1), s_wb, s_pb, sav.stride(0), savw.stride(0))
-
-        def walk(cin: Tensor, summ: Tensor, has: Tensor, has_carry: bool, summary: bool) -> None:
-            launch(_causal_backward_kernel, (B * splits, L.nd("causal_backward")), zz, xx, ww, coeff, bias, wt, pt,
-                   sid, cu_t, dg, dz, sav, savw, cin, summ, has, dcoeff, dbias, *base, GATE=gate, MEAN=mean,
-                   HAS_CARRY=has_carry, SUMMARY=summary, KP=pow2(K), **kw)
-
-        if splits > 1:
-            cin, _ = _carries(B, splits, dev, True, D, lambda s, sw, h: walk(s, s, h, False, True))
-            walk(cin, cin, dbias, True, False)
-        else:
-            walk(sav, sav, dbias, False, False)
-    else:
-        dend = torch.empty_like(sav)
-        gkw = _kw(L, flags, x, zz, "group", ("K", "ACT", "HAS_W"))
-        gsplits = L.splits("group")
-        dbias = torch.empty(B * gsplits, Ds, dtype=torch.float32, device=dev)
-        gbase = (N, D, L.half, d, block_size, L.cps("group"), L.nc("group"), log2base, s_zb, s_zn, s_xb, s_xn, s_w,
-                 dg.stride(0), dg.stride(1), s_pb, sav.stride(0), savw.stride(0))
-
-        def group(cin: Tensor, summ: Tensor, has: Tensor, has_carry: bool, summary: bool) -> None:
-            launch(_group_backward_kernel, (B * gsplits, L.nd("group")), zz, xx, ww, bias, pt, sid, cu_t, dg, dz,
-                   sav, savw, dend, cin, summ, has, dbias, *gbase, GATE=gate, MEAN=mean, MODE=mode, HAS_CARRY=has_carry,
-                   SUMMARY=summary, **gkw)
-
-        ekw = _kw(L, flags, x, zz, "end", ("GB", "NSP"))
-        esplits = L.splits("end")
-        dcoeff = torch.empty(B * esplits, D * K, dtype=torch.float32, device=dev)
-        ebase = (N, D, L.half, d, block_size, L.cps("end"), L.nc("end"), log2base, s_zb, s_zn, s_xb, s_xn, s_w, s_wb,
-                 s_pb, sav.stride(0))
-
-        def reverse(cin: Tensor, summ: Tensor, has: Tensor, has_carry: bool, summary: bool) -> None:
-            launch(_end_backward_kernel, (B * esplits, L.nd("end")), zz, xx, ww, coeff, wt, pt, sid, cu_t, dz, dend,
-                   cin, summ, has, dcoeff, *ebase, MODE=mode, HAS_CARRY=has_carry, SUMMARY=summary, KP=pow2(K), **ekw)
-
-        if gsplits > 1:
-            cin, _ = _carries(B, gsplits, dev, False, D, lambda s, sw, h: group(s, s, h, False, True))
-            group(cin, cin, dbias, True, False)
-        else:
-            group(sav, sav, dbias, False, False)
-        if esplits > 1 and (mode != 1 or cu is not None):  # whole-row full mixing carries nothing back
-            cin, _ = _carries(B, esplits, dev, True, D, lambda s, sw, h: reverse(s, s, h, False, True))
-            reverse(cin, cin, dcoeff, True, False)
-        else:
-            reverse(sav, sav, dcoeff, False, False)
+    a = _inputs(L, z, x, w_in, coeff, bias, mask, pos, cu, seqid, block_size, log2base, dz if z is None else z)
+    a.update(dg_ptr=dg, dz_ptr=dz, s_gb=dg.stride(0), s_gn=dg.stride(1), carry_ptr=saved.carry,
+             carryw_ptr=saved.carryw, end_ptr=saved.end, endw_ptr=saved.endw)
+    flags = _flags(rope, mask, pos, cu)
+    fused = src if x is not None else None
+    hsum, start = torch.empty(B, L.nc, D, **f32), torch.empty(B, L.end_rows, D, **f32)
+    dbias = torch.empty(B * L.npb, Ds, **f32)
+    parts = L.head_parts("grad_apply" if mode == 0 else "grad_sums")  # of the kernel that takes the gate's gradient
+    dsp = torch.empty(B, N, Ds, parts, **f32) if parts > 1 else dbias
+    a.update(dsp_ptr=dsp, s_db=N * Ds * parts, s_dn=Ds * parts)
+    _run(_grad_sums_kernel, (B * L.npb, L.nd("grad_sums")),
+         {**a, **_constexprs(L, "grad_sums", act, gate, mean, flags, fused), "hsum_ptr": hsum, "start_ptr": start,
+          "dbias_ptr": dbias})
+    rc, _ = _scan(L, hsum, None, True, seqid, cu)
+    dcoeff = torch.empty(B * L.npb, D * K, **f32)
+    _run(_grad_apply_kernel, (B * L.npb, L.nd("grad_apply")),
+         {**a, **_constexprs(L, "grad_apply", act, gate, mean, flags, fused), "rc_ptr": rc, "start_ptr": start,
+          "dcoeff_ptr": dcoeff, "dbias_ptr": dbias})
+    if parts > 1:  # gate heads wider than a tile: their parts' sums
+        du = dsp.sum(-1)
+        dz[..., D:] = du.to(dz.dtype)
+        return dz, dcoeff.sum(0).view(D, K), du.sum((0, 1))
     return dz, dcoeff.sum(0).view(D, K), dbias.sum(0)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# custom ops and their autograd
+# custom ops and their autograd: the unfused route (z in memory) and the fused one (x and W_in in)
 # ----------------------------------------------------------------------------------------------------------------
+
+
+def _fake_outputs(src: Tensor, coeff: Tensor, bias: Tensor, cu: Optional[Tensor], mode: int, block_size: int,
+                  rope: int, fused: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Empty tensors of the forward's outputs (shapes only: the fake implementations)."""
+    L = _layout_of(src, coeff, bias, cu, mode, block_size, rope, fused)
+    f32 = dict(dtype=torch.float32)
+    return (src.new_empty(L.B, L.N, L.D), src.new_empty(L.B, L.nc, L.D, **f32), src.new_empty(L.B, L.nc, **f32),
+            src.new_empty(L.B, L.end_rows, L.D, **f32), src.new_empty(L.B, L.end_rows, **f32))
 
 
 def _pom_mix(z: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor], pos: Optional[Tensor],
              cu: Optional[Tensor], seqid: Optional[Tensor], mode: int, block_size: int, act: int, gate: int, rope: int,
-             log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
+             log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return mix(z, None, None, coeff, bias, mask, pos, cu, seqid, mode, block_size, act, gate, rope, log2base, mean)
 
 
 def _pom_mix_fake(z: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor], pos: Optional[Tensor],
                   cu: Optional[Tensor], seqid: Optional[Tensor], mode: int, block_size: int, act: int, gate: int,
-                  rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    B, N, D = z.shape[0], z.shape[1], coeff.shape[0]
-    L = _layout_of(z, coeff, bias, cu, mode, block_size, rope, False)
-    return (z.new_empty(B, N, D), z.new_empty(B, L.saved_rows, D, dtype=torch.float32),
-            z.new_empty(B, L.saved_rows, dtype=torch.float32))
+                  rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _fake_outputs(z, coeff, bias, cu, mode, block_size, rope, False)
 
 
 def _pom_mix_backward(dg: Tensor, z: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor],
-                      pos: Optional[Tensor], cu: Optional[Tensor], seqid: Optional[Tensor], sav: Tensor, savw: Tensor,
-                      mode: int, block_size: int, act: int, gate: int, rope: int, log2base: float, mean: bool
-                      ) -> Tuple[Tensor, Tensor, Tensor]:
-    return mix_backward(dg, z, None, None, coeff, bias, mask, pos, cu, seqid, sav, savw, mode, block_size, act, gate,
-                        rope, log2base, mean)
+                      pos: Optional[Tensor], cu: Optional[Tensor], seqid: Optional[Tensor], carry: Tensor,
+                      carryw: Tensor, end: Tensor, endw: Tensor, mode: int, block_size: int, act: int, gate: int,
+                      rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    return mix_backward(dg, z, None, None, coeff, bias, mask, pos, cu, seqid, Saved(carry, carryw, end, endw), mode,
+                        block_size, act, gate, rope, log2base, mean)
 
 
 def _pom_mix_backward_fake(dg: Tensor, z: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor],
-                           pos: Optional[Tensor], cu: Optional[Tensor], seqid: Optional[Tensor], sav: Tensor,
-                           savw: Tensor, mode: int, block_size: int, act: int, gate: int, rope: int, log2base: float,
-                           mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                           pos: Optional[Tensor], cu: Optional[Tensor], seqid: Optional[Tensor], carry: Tensor,
+                           carryw: Tensor, end: Tensor, endw: Tensor, mode: int, block_size: int, act: int, gate: int,
+                           rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
     return (torch.empty_like(z, memory_format=torch.contiguous_format),
             coeff.new_empty(coeff.shape, dtype=torch.float32), bias.new_empty(bias.shape, dtype=torch.float32))
 
@@ -1235,21 +1298,136 @@ def _pom_mix_backward_fake(dg: Tensor, z: Tensor, coeff: Tensor, bias: Tensor, m
 pom_mix_op = kernel_op("pom_mix", _pom_mix, _pom_mix_fake)
 pom_mix_backward_op = kernel_op("pom_mix_backward", _pom_mix_backward, _pom_mix_backward_fake)
 
+_NOT_DIFFERENTIABLE = (None,) * 11  # the mode's tensors and attributes
+
 
 def _setup(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, ...]) -> None:
     z, coeff, bias, mask, pos, cu, seqid = inputs[:7]
     ctx.attrs = inputs[7:]
-    ctx.save_for_backward(z, coeff, bias, mask, pos, cu, seqid, output[1], output[2])
-    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.save_for_backward(z, coeff, bias, mask, pos, cu, seqid, *output[1:])
+    ctx.mark_non_differentiable(*output[1:])
 
 
-def _backward(ctx: Any, dg: Tensor, _dsav: Any, _dsavw: Any) -> Tuple[Optional[Tensor], ...]:
-    z, coeff, bias, mask, pos, cu, seqid, sav, savw = ctx.saved_tensors
-    dz, dcoeff, dbias = pom_mix_backward_op(dg, z, coeff, bias, mask, pos, cu, seqid, sav, savw, *ctx.attrs)
-    return (dz, dcoeff.to(coeff.dtype), dbias.to(bias.dtype)) + (None,) * 11
+def _backward(ctx: Any, dg: Tensor, *_: Any) -> Tuple[Optional[Tensor], ...]:
+    z, coeff, bias, mask, pos, cu, seqid, *saved = ctx.saved_tensors
+    dz, dcoeff, dbias = pom_mix_backward_op(dg, z, coeff, bias, mask, pos, cu, seqid, *saved, *ctx.attrs)
+    return (dz, dcoeff.to(coeff.dtype), dbias.to(bias.dtype)) + _NOT_DIFFERENTIABLE
 
 
 pom_mix_op.register_autograd(_backward, setup_context=_setup)
+
+
+def _pom_gemm(x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor], pos: Optional[Tensor],
+              cu: Optional[Tensor], seqid: Optional[Tensor], mode: int, block_size: int, act: int, gate: int,
+              rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return mix(None, x, w_in, coeff, bias, mask, pos, cu, seqid, mode, block_size, act, gate, rope, log2base, mean)
+
+
+def _pom_gemm_fake(x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor],
+                   pos: Optional[Tensor], cu: Optional[Tensor], seqid: Optional[Tensor], mode: int, block_size: int,
+                   act: int, gate: int, rope: int, log2base: float, mean: bool
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _fake_outputs(x, coeff, bias, cu, mode, block_size, rope, True)
+
+
+def _pom_gemm_backward(dg: Tensor, x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor],
+                       pos: Optional[Tensor], cu: Optional[Tensor], seqid: Optional[Tensor], carry: Tensor,
+                       carryw: Tensor, end: Tensor, endw: Tensor, mode: int, block_size: int, act: int, gate: int,
+                       rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    return mix_backward(dg, None, x, w_in, coeff, bias, mask, pos, cu, seqid, Saved(carry, carryw, end, endw), mode,
+                        block_size, act, gate, rope, log2base, mean)
+
+
+def _pom_gemm_backward_fake(dg: Tensor, x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor,
+                            mask: Optional[Tensor], pos: Optional[Tensor], cu: Optional[Tensor],
+                            seqid: Optional[Tensor], carry: Tensor, carryw: Tensor, end: Tensor, endw: Tensor,
+                            mode: int, block_size: int, act: int, gate: int, rope: int, log2base: float, mean: bool
+                            ) -> Tuple[Tensor, Tensor, Tensor]:
+    return (x.new_empty(x.shape[0], x.shape[1], w_in.shape[0]), coeff.new_empty(coeff.shape, dtype=torch.float32),
+            bias.new_empty(bias.shape, dtype=torch.float32))
+
+
+pom_gemm_op = kernel_op("pom_gemm", _pom_gemm, _pom_gemm_fake)
+pom_gemm_backward_op = kernel_op("pom_gemm_backward", _pom_gemm_backward, _pom_gemm_backward_fake)
+
+
+def _gemm_setup(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, ...]) -> None:
+    x, w_in, coeff, bias, mask, pos, cu, seqid = inputs[:8]
+    ctx.attrs = inputs[8:]
+    ctx.save_for_backward(x, w_in, coeff, bias, mask, pos, cu, seqid, *output[1:])
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _gemm_backward(ctx: Any, dg: Tensor, *_: Any) -> Tuple[Optional[Tensor], ...]:
+    x, w_in, coeff, bias, mask, pos, cu, seqid, *saved = ctx.saved_tensors
+    dz, dcoeff, dbias = pom_gemm_backward_op(dg, x, w_in, coeff, bias, mask, pos, cu, seqid, *saved, *ctx.attrs)
+    dx = dz @ w_in  # (B, N, d): the input projection's backward, on cuBLAS
+    dw = dz.flatten(0, 1).t() @ x.flatten(0, 1)
+    return (dx, dw, dcoeff.to(coeff.dtype), dbias.to(bias.dtype)) + _NOT_DIFFERENTIABLE
+
+
+pom_gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# every kernel alone, for the GPU script's bandwidth table
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def bench_kernels(B: int, N: int, D: int, Ds: int, degree: int, mode: str, dtype: torch.dtype,
+                  device: torch.device) -> List[Tuple[str, Callable[[], None], int]]:
+    """Each kernel of one unfused forward and backward call in ``mode`` ("causal", "full" or "block"), alone:
+    (name, a closure that launches just that kernel on prepared inputs, the bytes it must move at the least — its
+    reads and writes of per-token tensors and of the tables, O(N·D / chunk)). For ``scripts/gpu-check``, which times
+    each closure and divides."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    z = torch.randn(B, N, D + Ds, generator=gen).to(device, dtype)
+    coeff = (torch.rand(D, degree, generator=gen) * 2e-3 - 1e-3).to(device)
+    bias = torch.zeros(Ds, device=device)
+    m, bs = {"causal": (0, 1), "full": (1, 1), "block": (2, 64)}[mode]
+    L = _layout_of(z, coeff, bias, None, m, bs, 0, False)
+    saved = Saved(*mix(z, None, None, coeff, bias, None, None, None, None, m, bs, 0, 0, 0, 0.0, True)[1:])
+    dg = torch.randn(B, N, D, generator=gen).to(device, dtype)
+    e = z.element_size()
+    nd, gate = B * N * D * e, B * N * Ds * e  # a pass over z_h (g, dg, dz_h) and over z_s (dz_s)
+    table, ends = B * L.nc * (D + 1) * 4, B * L.end_rows * (D + 1) * 4  # chunk tables, end / start tables
+    causal = m == 0
+    nbytes = {"sums": nd + table + (0 if causal else ends), "scan": 2 * table,
+              "apply": 2 * nd + gate + table if causal else nd + gate + ends + table,
+              "grad_sums": nd + gate + table if causal else nd + 2 * gate + 2 * ends + 2 * table,
+              "grad_apply": 3 * nd + 2 * gate + 2 * table if causal else 2 * nd + ends + table}
+    return _bench_closures(L, z, coeff, bias, saved, dg, bs, nbytes)
+
+
+def _bench_closures(L: MixLayout, z: Tensor, coeff: Tensor, bias: Tensor, saved: Saved, dg: Tensor, bs: int,
+                    nbytes: Dict[str, int]) -> List[Tuple[str, Callable[[], None], int]]:
+    """The closures of :func:`bench_kernels`: each launches one kernel with the arguments a real call gives it."""
+    B, N, D, Ds, K = L.B, L.N, L.D, L.Ds, L.K
+    f32 = dict(dtype=torch.float32, device=z.device)
+    flags = _flags(0, None, None, None)
+    a = _inputs(L, z, None, None, coeff, bias, None, None, None, None, bs, 0.0, z)
+    out = dict(sums_ptr=torch.empty(B, L.nc, D, **f32), sumsw_ptr=torch.empty(B, L.nc, **f32),
+               end_ptr=saved.end.clone(), endw_ptr=saved.endw.clone(), carry_ptr=saved.carry, carryw_ptr=saved.carryw,
+               g_ptr=torch.empty(B, N, D, dtype=z.dtype, device=z.device), s_gb=N * D, s_gn=D)
+    grads = dict(dg_ptr=dg, dz_ptr=torch.empty(B, N, D + Ds, dtype=z.dtype, device=z.device), s_gb=N * D, s_gn=D,
+                 carry_ptr=saved.carry, carryw_ptr=saved.carryw, end_ptr=saved.end, endw_ptr=saved.endw,
+                 hsum_ptr=torch.empty(B, L.nc, D, **f32), start_ptr=torch.empty(B, L.end_rows, D, **f32),
+                 rc_ptr=torch.zeros(B, L.nc, D, **f32), dbias_ptr=torch.empty(B * L.npb, Ds, **f32),
+                 dcoeff_ptr=torch.empty(B * L.npb, D * K, **f32))
+    parts = L.head_parts("grad_apply" if L.mode == 0 else "grad_sums")
+    grads.update(dsp_ptr=torch.empty(B, N, Ds, parts, **f32), s_db=N * Ds * parts, s_dn=Ds * parts)
+
+    def run(name: str, extra: Dict[str, Any]) -> Callable[[], None]:
+        kernel = KERNELS[name]
+        kwargs = {**a, **_constexprs(L, name, 0, 0, True, flags, None), **extra}
+        return lambda: _run(kernel, (B * L.npb, L.nd(name)), kwargs)
+
+    sums = out["sums_ptr"]
+    return [("sums", run("sums", out), nbytes["sums"]),
+            ("scan", lambda: _scan(L, sums, out["sumsw_ptr"], False, None, None), nbytes["scan"]),
+            ("apply", run("apply", out), nbytes["apply"]),
+            ("grad_sums", run("grad_sums", grads), nbytes["grad_sums"]),
+            ("grad_apply", run("grad_apply", grads), nbytes["grad_apply"])]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1422,63 +1600,5 @@ def mix_args(call: Any, N: int) -> Tuple[Any, ...]:
 def forward(call) -> Tensor:  # call: polymixer.ops.pom.PomCall
     """The whole PoM of ``call``: the input projection (torch), the mixing (the kernels, one custom op), W_o (torch)."""
     z = F.linear(call.x, call.in_weight).contiguous()
-    g, _, _ = pom_mix_op(z, call.coeff, call.gate_bias, *mix_args(call, call.N))
+    g = pom_mix_op(z, call.coeff, call.gate_bias, *mix_args(call, call.N))[0]
     return F.linear(g, call.out_weight, call.out_bias)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# the fused route's ops (the ``triton_gemm`` backend): x and W_in in, z never in memory
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _pom_gemm(x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor], pos: Optional[Tensor],
-              cu: Optional[Tensor], seqid: Optional[Tensor], mode: int, block_size: int, act: int, gate: int,
-              rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    return mix(None, x, w_in, coeff, bias, mask, pos, cu, seqid, mode, block_size, act, gate, rope, log2base, mean)
-
-
-def _pom_gemm_fake(x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor],
-                   pos: Optional[Tensor], cu: Optional[Tensor], seqid: Optional[Tensor], mode: int, block_size: int,
-                   act: int, gate: int, rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    B, N, D = x.shape[0], x.shape[1], coeff.shape[0]
-    L = _layout_of(x, coeff, bias, cu, mode, block_size, rope, True)
-    return (x.new_empty(B, N, D), x.new_empty(B, L.saved_rows, D, dtype=torch.float32),
-            x.new_empty(B, L.saved_rows, dtype=torch.float32))
-
-
-def _pom_gemm_backward(dg: Tensor, x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor],
-                       pos: Optional[Tensor], cu: Optional[Tensor], seqid: Optional[Tensor], sav: Tensor,
-                       savw: Tensor, mode: int, block_size: int, act: int, gate: int, rope: int, log2base: float,
-                       mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    return mix_backward(dg, None, x, w_in, coeff, bias, mask, pos, cu, seqid, sav, savw, mode, block_size, act, gate,
-                        rope, log2base, mean)
-
-
-def _pom_gemm_backward_fake(dg: Tensor, x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor,
-                            mask: Optional[Tensor], pos: Optional[Tensor], cu: Optional[Tensor],
-                            seqid: Optional[Tensor], sav: Tensor, savw: Tensor, mode: int, block_size: int, act: int,
-                            gate: int, rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    return (x.new_empty(x.shape[0], x.shape[1], w_in.shape[0]), coeff.new_empty(coeff.shape, dtype=torch.float32),
-            bias.new_empty(bias.shape, dtype=torch.float32))
-
-
-pom_gemm_op = kernel_op("pom_gemm", _pom_gemm, _pom_gemm_fake)
-pom_gemm_backward_op = kernel_op("pom_gemm_backward", _pom_gemm_backward, _pom_gemm_backward_fake)
-
-
-def _gemm_setup(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, ...]) -> None:
-    x, w_in, coeff, bias, mask, pos, cu, seqid = inputs[:8]
-    ctx.attrs = inputs[8:]
-    ctx.save_for_backward(x, w_in, coeff, bias, mask, pos, cu, seqid, output[1], output[2])
-    ctx.mark_non_differentiable(output[1], output[2])
-
-
-def _gemm_backward(ctx: Any, dg: Tensor, _dsav: Any, _dsavw: Any) -> Tuple[Optional[Tensor], ...]:
-    x, w_in, coeff, bias, mask, pos, cu, seqid, sav, savw = ctx.saved_tensors
-    dz, dcoeff, dbias = pom_gemm_backward_op(dg, x, w_in, coeff, bias, mask, pos, cu, seqid, sav, savw, *ctx.attrs)
-    dx = dz @ w_in  # (B, N, d): the input projection's backward, on cuBLAS
-    dw = dz.flatten(0, 1).t() @ x.flatten(0, 1)
-    return (dx, dw, dcoeff.to(coeff.dtype), dbias.to(bias.dtype)) + (None,) * 11
-
-
-pom_gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup)

@@ -77,11 +77,15 @@ def backend_for(*args: Any, **kwargs: Any) -> Dict[str, Any]:
     return dispatch.backend_for("value_pom", ValueCall(args, kwargs))
 
 
-# the backends of value_pom and value_pom_step
-from ..common import triton_precheck  # noqa: E402
+# the backends of value_pom and value_pom_step: the kernels imported with the package wherever they could run (a GPU
+# or the interpreter), so that a strict backend("triton") works inside torch.compile from the first call (dynamo
+# cannot trace an import), and taken automatically only where a GPU measured them faster (polymixer.ops.measured)
+from .. import measured  # noqa: E402
+from ..common import triton_possible, triton_precheck  # noqa: E402
 from . import modular, modular_step, reference  # noqa: E402
 
 dispatch.register("value_pom", "reference", reference)
 dispatch.register("value_pom", "torch", modular)
-dispatch.register("value_pom", "triton", "polymixer.ops.value_pom.triton_kernels", precheck=triton_precheck)
+dispatch.register("value_pom", "triton", "polymixer.ops.value_pom.triton_kernels", precheck=triton_precheck,
+                  eager=triton_possible(), speed=measured.rule("value_pom", "triton"))
 dispatch.register("value_pom_step", "torch", modular_step)
