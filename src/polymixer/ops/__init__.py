@@ -39,7 +39,9 @@ __all__ = ["pom", "value_pom", "backend", "backend_for", "current_backend",
 
 def backend_for(op: str, *args: object, **kwargs: object) -> dict:
     """Which backend ``op`` ("pom" or "value_pom") would run these arguments on, and why the others were passed
-    over: {"backend", "explicit", "passed_over": {backend: reason}}."""
+    over: {"backend", "explicit", "passed_over": {backend: reason}, and for a Triton route taken automatically the
+    speed rule that decided — "rule" ("table entry", "model" or "no measurement", :mod:`polymixer.ops.measured`) and
+    "reason"}."""
     if op == "pom":
         return pom.backend_for(*args, **kwargs)
     if op == "value_pom":

@@ -114,15 +114,16 @@ DTYPE_NAMES = ("fp32", "bf16", "fp16")
 
 def _pom_builds() -> Tuple[List[Build], List[Build]]:
     """(every tile of :data:`~polymixer.ops.pom.triton_kernels.TILES` — route × rotary × gate-head class × role —
-    at the heaviest flags, causal and block-causal, plus the scan kernel both ways; the covering set of degrees,
-    activations, gates and dtypes at the default tiles of both routes)."""
+    at the heaviest flags (degree 5, gelu, key padding, positions, packing; fp32 activations for the unfused route,
+    bf16 for the fused one's products), causal and block-causal, and the scan kernel both ways; the covering set of
+    degrees, activations, gates and dtypes at the default tiles of both routes)."""
     from .pom import triton_kernels as tk
 
-    heavy = dict(K=5, ACT=0, GATE=0, HAS_W=1, HAS_POS=1, PACKED=1, MEAN=1)
+    heavy = dict(K=5, ACT=4, GATE=1, HAS_W=1, HAS_POS=1, PACKED=1, MEAN=1)  # gelu: the activation with most values
 
-    def one(role: str, fused: bool, rope: bool, gb: int, flags: Dict[str, Any], mode: int,
+    def one(role: str, tile: Tuple[int, int], fused: bool, rope: bool, gb: int, flags: Dict[str, Any], mode: int,
             dtype: str = "bf16") -> Build:
-        bn, bd = tk.TILES[(fused, rope, tk.head_class(gb) if fused else 16)][role]  # type: ignore[misc]
+        bn, bd = tile
         c = {**flags, "MODE": mode, "ROPE": 2 if rope else 0, "FUSED": int(fused), "GB": gb,
              "NSP": max(16, bd // gb), "NS": max(1, bd // gb), "HP": max(1, gb // bd),
              "KP": tk.pow2(flags["K"]), "BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_K": 32 if fused else 16,
@@ -133,11 +134,14 @@ def _pom_builds() -> Tuple[List[Build], List[Build]]:
     default = [(False, False, 16), (True, False, 16)]
     for key in sorted(tk.TILES, key=lambda k: (k not in default, k)):  # the default tiles first
         fused, rope, hc = key
-        heads = (1, hc) if fused else (1, 16, 64, 128)  # unfused: heads within a tile, a head per tile, split heads
-        for gb in dict.fromkeys(1 if g == 16 and fused else g for g in heads):
+        # the fused route: the heads of its class; the unfused one: heads within a tile, a head per tile, split heads
+        heads = ((1, 16) if hc == 16 else (hc,)) if fused else (1, 16, 64, 128)
+        for gb in heads:
             for role, tile in tk.TILES[key].items():
-                if tile is not None:
-                    main += [one(role, fused, rope, gb, heavy, mode) for mode in (0, 2)]
+                if tile is not None:  # the fused route at its own heaviest (bf16: its products' operands)
+                    flags = {**heavy, "ACT": 0, "GATE": 0} if fused else heavy
+                    main += [one(role, tile, fused, rope, gb, flags, mode, "bf16" if fused else "fp32")
+                             for mode in (0, 2)]
     for reverse in (0, 1):
         for packed in (0, 1):
             c = dict(PACKED=packed, REVERSE=bool(reverse), HAS_WT=1 - reverse, CB=tk.SCAN_CHUNKS,
@@ -148,7 +152,8 @@ def _pom_builds() -> Tuple[List[Build], List[Build]]:
         flags = dict(K=i % 5 + 1, ACT=i, GATE=i % 3, HAS_W=i % 2, HAS_POS=0, PACKED=(i + 1) % 2, MEAN=1)
         for fused in (False, True):
             for role in tk.ROLES:
-                cover.append(one(role, fused, False, 1, flags, i % 3, DTYPE_NAMES[i % 3]))
+                tile = tk.TILES[(fused, False, 16)][role]
+                cover.append(one(role, tile, fused, False, 1, flags, i % 3, DTYPE_NAMES[i % 3]))  # type: ignore[arg-type]
     return main, cover
 
 

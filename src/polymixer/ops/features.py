@@ -126,15 +126,17 @@ def poly_features(z: Tensor, coeff: Tensor, act: ActivationLike = "leaky_clamp")
 _CHUNK = 32
 
 
-def chunked_cumsum(x: Tensor, reverse: bool) -> Tensor:
-    """Inclusive (or reverse-inclusive) prefix sum along dim 1 of a (B, N, D) tensor.
+def chunked_cumsum(x: Tensor, reverse: bool, initial: Optional[Tensor] = None) -> Tensor:
+    """Inclusive (or reverse-inclusive) prefix sum along dim 1 of a (B, N, D) tensor, plus ``initial`` (B, D) — a
+    sum carried in from outside — at every token (added with the chunks' own carries: no extra pass over x).
 
     Within chunks of 32 tokens the sum is a (32×32) triangular matrix product; chunk totals are carried by a
     recursive call on the (B, N/32, D) totals. O(N·D·32) flops, but BLAS-fast and accurate (short fp32 sums).
     """
     B, N, D = x.shape
     if N <= 2 * _CHUNK:
-        return x.flip(1).cumsum(1).flip(1) if reverse else x.cumsum(1)
+        out = x.flip(1).cumsum(1).flip(1) if reverse else x.cumsum(1)
+        return out if initial is None else out.add_(initial.unsqueeze(1))
     C = _CHUNK
     pad = (-N) % C
     xp = F.pad(x, (0, 0, 0, pad)) if pad else x.contiguous()
@@ -148,6 +150,8 @@ def chunked_cumsum(x: Tensor, reverse: bool) -> Tensor:
     else:
         tot = w[:, :, -1]
         carry = F.pad(chunked_cumsum(tot[:, :-1], False), (0, 0, 1, 0))  # sum of all earlier chunks
+    if initial is not None:
+        carry = carry + initial.unsqueeze(1)
     w.add_(carry.unsqueeze(2))
     out = w.view(B, nb * C, D)
     return out[:, :N] if pad else out

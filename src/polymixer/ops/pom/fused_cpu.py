@@ -169,9 +169,8 @@ def _fused_forward(src: _ProjectedTiles, B: int, N: int, plan: _Plan, put: Calla
     for b0, b1, n0, n1, j in _tiles(B, N):
         t = (b0, b1, n0, n1)
         zh, zs = src.both(t)
-        c = chunked_cumsum(plan.rotate(horner(plan.act_fn(zh.to(cd)), plan.rows), t), reverse=False)
-        if j or plan.carry is not None:
-            c += carries[b0:b1, j].unsqueeze(1)
+        carried = carries[b0:b1, j] if j or plan.carry is not None else None  # added with the chunks' own carries
+        c = chunked_cumsum(plan.rotate(horner(plan.act_fn(zh.to(cd)), plan.rows), t), reverse=False, initial=carried)
         if j + 1 < ntiles:
             carries[b0:b1, j + 1] = c[:, -1]
         if plan.mean:
@@ -254,9 +253,8 @@ class _FusedSelfMix(torch.autograd.Function):
                 t = (b0, b1, n0, n1)
                 zh = z[b0:b1, n0:n1, :D].to(cd)
                 h = plan.act_fn(zh)
-                c = chunked_cumsum(plan.rotate(horner(h, rows), t), reverse=False)
-                if j or has_carry:
-                    c += carries[b0:b1, j].unsqueeze(1)
+                c = chunked_cumsum(plan.rotate(horner(h, rows), t), reverse=False,
+                                   initial=carries[b0:b1, j] if j or has_carry else None)
                 if mean:
                     c *= _inv_tile(inv, t)
                 u = z[b0:b1, n0:n1, D:].to(cd) + plan.bias

@@ -15,7 +15,10 @@ ROLES = ("sums", "apply", "grad_sums", "grad_apply")
 # and the channel tile that ``polymixer kernels`` builds for sm_80 and sm_90 at degree 5 with every flag on (key
 # padding, positions, packing; causal and block-causal), 4 warps, without register spills (so ≥ 2 CTAs per SM:
 # registers × threads ≤ 32,768) — the longest chunk first, then the widest tile; None where none does (the call then
-# runs elsewhere). The unfused kernels take a gate head of any width in any tile (a head wider than the tile is
+# runs elsewhere). The unfused route's tiles are built with fp32 activations and gelu, and were also searched at the
+# light flags of the models' usual training call (degree 2, leaky-clamp, no padding, positions or packing, bf16):
+# those fit no wider tiles (the chunk's running sums and scans bind the registers, not the flags), so one set serves
+# every call. The unfused kernels take a gate head of any width in any tile (a head wider than the tile is
 # split over programs), so they have one entry per rotary choice, under class 16; the fused route computes the gate
 # as a product per head, so its tiles hold whole heads: the gate-head class is the head width rounded up to
 # 16 … 128. With rotary a tile holds both halves of each of its BLOCK_D channel pairs.
@@ -28,8 +31,8 @@ def _tiles(chunk: int, sums: int, apply: int, grad_sums: int, grad_apply: Option
 
 
 TILES: Dict[Tuple[bool, bool, int], Dict[str, _Tile]] = {
-    (False, False, 16): _tiles(64, 64, 64, 64, 32),  # every gate head, the unfused route
-    (False, True, 16): _tiles(32, 32, 32, 32, 16),
+    (False, False, 16): _tiles(64, 32, 32, 32, 16),  # every gate head, the unfused route
+    (False, True, 16): _tiles(32, 32, 16, 16, 16),
     (True, False, 16): _tiles(64, 64, 32, 32, 16),
     (True, False, 32): _tiles(64, 64, 64, 64, 32),
     (True, False, 64): _tiles(32, 64, 128, 128, 64),
