@@ -310,11 +310,15 @@ def test_text_corpus_lists_every_bad_path(tmp_path, monkeypatch, polymixer_cache
     folder.mkdir()
     for i in range(4):
         (folder / f"doc{i}.txt").write_text(f"document {i} " * 50)
-    # bytes that are not UTF-8: the tokenisers take them as they are, so the check does too
+    # text that is not UTF-8: a bad file, named with its first bad byte (never tokenised into replacement characters)
     (folder / "latin1.txt").write_bytes("caf\xe9 cr\xe8me ".encode("latin-1") * 20)
     (folder / "blob.bin").write_bytes(b"\x00\x01\x02" * 10)  # binary: skipped by the listing, as by the loader
-    assert check_data([folder], progress=False) == []
-    assert prepare_corpus([folder], progress=False).meta["files"] == 5
+    [(path, reason)] = check_data([folder], progress=False)
+    assert path == str(folder / "latin1.txt") and reason.startswith("not UTF-8 text: byte 3 (invalid continuation")
+    faults = SampleFaults(skip=True)  # the loader skipping bad samples leaves it out
+    assert prepare_corpus([folder], progress=False, faults=faults).meta["files"] == 4
+    assert list(faults.bad) == [str(folder / "latin1.txt")]
+    (folder / "latin1.txt").unlink()
     real = Path.open
 
     def failing(self, *args, **kwargs):
@@ -329,8 +333,9 @@ def test_text_corpus_lists_every_bad_path(tmp_path, monkeypatch, polymixer_cache
         folder / "doc2.txt": ["Permission denied"], tmp_path / "missing.txt": ["does not exist"]})
     with pytest.raises(SampleError, match="doc2.txt"):  # the loader stops on the same file
         prepare_corpus([folder], progress=False, cache_dir=tmp_path / "c")
-    assert check_data([empty], progress=False) == [(str(empty), f"no text files found in {empty} (binary and "
-                                                                f"hidden files are skipped)")]
+    assert check_data([empty], progress=False) == [(str(empty), "no text files here (binary and hidden files are "
+                                                                "skipped): give --data text files, or folders that "
+                                                                "hold some")]
 
 
 # -- the commands ---------------------------------------------------------------------------------------------------

@@ -639,16 +639,24 @@ def _times(v: Optional[float]) -> str:
     return "—" if v is None else f"{v:.2f}×"
 
 
+def _threads(payload: Dict[str, Any]) -> str:
+    """The threads the timings ran with (one on a busy machine), in words."""
+    n = payload.get("threads", payload["machine"].get("torch_threads"))
+    return f"{n} thread{'s' if n != 1 else ''}"
+
+
 def plot(payload: Dict[str, Any], path: Path) -> None:
     """Time for a fixed token budget against sequence length (log-x), forward and forward+backward, and memory."""
     rows = payload["rows"]
     cfg = payload["config"]
     mixers = list(dict.fromkeys(r["mixer"] for r in rows))
     style = {"pom": "-", "value": "-.", "sdpa": "--", "naive": ":"}
-    fig, axes = new_figure(3)
+    panels = [(key, title) for key, title in (("fwd_ms", "forward"), ("fwdbwd_ms", "forward + backward"),
+                                              ("fwdbwd_peak_mb", "peak tensor memory, forward + backward"))
+              if any(r.get(key) is not None for r in rows)]  # only what was measured (--quick: the forward)
+    fig, axes = new_figure(max(1, len(panels)))
     budget = cfg["tokens"]
-    for ax, key, title in zip(axes, ["fwd_ms", "fwdbwd_ms", "fwdbwd_peak_mb"],
-                              ["forward", "forward + backward", "peak tensor memory, forward + backward"]):
+    for ax, (key, title) in zip(axes, panels):
         for m in mixers:
             # normalised to the token budget: lengths beyond it (PoM only) run one sequence of N > budget tokens
             pts = [(r["N"], r[key] * budget / (r["N"] * r["batch"])) for r in rows
@@ -665,7 +673,7 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"PoM vs attention, d={cfg['dim']}, D={round(cfg['expand'] * cfg['dim'])}, degree={cfg['degree']} — "
-                 f"{payload['machine']['cpu']} ({payload['machine']['torch_threads']} threads); "
+                 f"{payload['machine']['cpu']} ({_threads(payload)}); "
                  f"dash-dot: paper's predicted crossover", fontsize=9)
     save_figure(fig, path)
 

@@ -11,6 +11,7 @@ training loop reports the skipped files: progress bar, history, ``<out>/bad_samp
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -43,9 +44,8 @@ def merge_bad(bad: Sequence[Tuple[str, str]]) -> List[Tuple[str, str]]:
     merged: Dict[str, List[str]] = {}
     for path, reason in bad:
         path = str(path)
-        text = str(reason)
-        for form in (f"{path}: ", f" {path} ", f" {path}", path):
-            text = text.replace(form, " " if form == f" {path} " else "")
+        # the file's name as a word of its own (not inside a longer path: "expected <root>/lines/" stays whole)
+        text = re.sub(rf"(?<![\w/.-]){re.escape(path)}(?![\w/.-])(: )?", " ", str(reason))
         text = " ".join(text.split()) or "bad"
         reasons = merged.setdefault(path, [])
         if text not in reasons:
@@ -62,7 +62,10 @@ class DataCheckError(ValueError):
         self.where, self.bad = where, merge_bad(bad)
         if len(self.bad) == 1:  # one line: the file and what is wrong with it
             p, r = self.bad[0]
-            super().__init__(f"{p}: {r} — fix or remove it, or train with --skip-bad-samples")
+            if p == str(where):  # the dataset itself (no files, not a dataset): nothing to skip
+                super().__init__(f"{p}: {r}")
+            else:
+                super().__init__(f"{p}: {r} — fix or remove it, or train with --skip-bad-samples")
             return
         lines = [f"{len(self.bad)} bad file{'s' if len(self.bad) != 1 else ''} in {where} — fix or remove "
                  f"{'them' if len(self.bad) != 1 else 'it'}, or train with --skip-bad-samples:"]

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
@@ -27,11 +28,13 @@ import torch
 
 from . import cache
 from ..files import atomic_path, write_text_atomic
-from .faults import SampleFaults, check_files
+from .faults import SampleError, SampleFaults, check_files
 
 EOT_TEXT = "<|endoftext|>"
 
 __all__ = [
+    "text_problem",
+    "read_text_file",
     "Tokenizer",
     "ByteTokenizer",
     "GPT2BPE",
@@ -243,11 +246,43 @@ def list_text_files(paths: Sequence[Union[str, Path]]) -> List[Path]:
     return out
 
 
-def _check_text_file(path: Path) -> None:
-    """A corpus file the tokeniser can read: it opens and its first block reads (the tokenisers take any bytes, so
-    nothing is decoded)."""
-    with path.open("rb") as f:
-        f.read(8192)
+TEXT_SLICE = 1 << 22  # bytes decoded at a time when a corpus file is checked for UTF-8
+
+
+def text_problem(data: bytes) -> Optional[str]:
+    """Why ``data`` is not UTF-8 text — the byte offset of its first NUL byte (binary, or UTF-16 / UTF-32 text) or of
+    its first byte that is not UTF-8 (Latin-1, say) — or None. Decoded in slices (no copy of a large file as text)."""
+    nul = data.find(b"\x00")
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    step = TEXT_SLICE
+    for i in range(0, max(len(data), 1), step):
+        pending = len(decoder.getstate()[0])  # bytes of a character begun in the previous slice
+        try:
+            decoder.decode(data[i:i + step], final=i + step >= len(data))
+        except UnicodeDecodeError as e:
+            at = i - pending + e.start
+            if 0 <= nul < at:
+                break
+            return (f"not UTF-8 text: byte {at} ({e.reason}) — convert it to UTF-8 (iconv -f <its encoding> -t "
+                    f"utf-8) or leave it out")
+    if nul >= 0:
+        return f"a NUL byte at byte {nul}: binary, or UTF-16 / UTF-32 text — convert it to UTF-8 or leave it out"
+    return None
+
+
+def read_text_file(path: Path) -> bytes:
+    """A corpus file's bytes, once they are known to be UTF-8 text (a :class:`SampleError` naming the file and the
+    byte where it is not)."""
+    data = path.read_bytes()
+    problem = text_problem(data)
+    if problem is not None:
+        raise SampleError(path, problem)
+    return data
+
+
+def _check_text_file(path: Path) -> Optional[str]:
+    """Why a corpus file cannot be trained on (it does not read, or is not UTF-8 text), or None."""
+    return text_problem(path.read_bytes())
 
 
 def check_data(data: Optional[Sequence[Union[str, Path]]], progress: bool = True) -> List[Tuple[str, str]]:
@@ -272,8 +307,8 @@ def check_data(data: Optional[Sequence[Union[str, Path]]], progress: bool = True
             except OSError as e:
                 bad.append((str(p), str(e)))
         if not files and not bad:
-            bad = [(str(p), f"no text files found in {p} (binary and hidden files are skipped)")
-                   for p in map(Path, data)]
+            bad = [(str(p), "no text files here (binary and hidden files are skipped): give --data text files, or "
+                            "folders that hold some") for p in map(Path, data)]
     return bad + check_files(files, _check_text_file, str, progress, desc="check corpus")
 
 
@@ -338,7 +373,7 @@ def prepare_corpus(paths: Optional[Sequence[Union[str, Path]]] = None, tokenizer
         eot = np.array([tokenizer.eot_id], dtype=dtype)
         skipped: Dict[str, str] = {}
         for f, v in tqdm(list(zip(files, is_val)), desc="tokenising", disable=not progress, unit="file"):
-            data = faults.call(f, f.read_bytes)
+            data = faults.call(f, read_text_file, f)
             if data is None:
                 skipped[str(f)] = faults.bad[str(f)]
                 continue

@@ -137,8 +137,8 @@ def _layout(root: Path) -> str:
         return "iam"
     if (root / "lines").is_dir():
         return "htrvt"
-    raise FileNotFoundError(f"{root} is not a line dataset: expected {root}/lines/ with <name>.png + <name>.txt and "
-                            f"train.ln / val.ln / test.ln (HTR-VT's layout), or IAM's lines.txt + lines/ tree")
+    raise FileNotFoundError(f"{root} is not a line dataset: it needs a lines/ folder of <name>.png + <name>.txt "
+                            f"beside train.ln / val.ln / test.ln (HTR-VT's layout), or IAM's lines.txt and lines/ tree")
 
 
 def _image_in(folder: Path, entry: str, listing: Path) -> Path:

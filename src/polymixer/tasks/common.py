@@ -6,13 +6,44 @@ from __future__ import annotations
 import argparse
 import importlib
 from pathlib import Path
-from typing import Any, List, Sequence, Tuple, Union
+from typing import Any, Callable, List, Sequence, Tuple, Union
 
 from ..data.faults import DataCheckError, merge_bad
 from ..families import family as family_entry
 from ..models import list_models, preset_of
+from ..train.loop import Range
 
-__all__ = ["add_preset_argument", "check_preset", "add_data_check_argument", "check_dataset", "scan_dataset"]
+__all__ = ["add_preset_argument", "check_preset", "add_data_check_argument", "check_dataset", "scan_dataset",
+           "int_at_least", "float_in"]
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer ≥ ``low`` — anything else is the parser's one-line error naming the option
+    and the range, before any data is read."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer ≥ {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be ≥ {low}, got {value}")
+        return value
+
+    return parse
+
+
+def float_in(allowed: Range) -> Callable[[str], float]:
+    """An argparse ``type``: a number in ``allowed`` (:class:`polymixer.train.loop.Range`)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number {allowed}, got {text!r}") from None
+        if value != value or not allowed.admits(value):
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {value:g}")
+        return value
+
+    return parse
 
 
 def add_preset_argument(p: argparse.ArgumentParser, family: str) -> None:

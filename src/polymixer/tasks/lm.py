@@ -19,8 +19,8 @@ from ..data.lm import Corpus, TokenWindows, load_tokenizer, prepare_corpus
 from ..models import create_model, model_config
 from ..models.lm import pad_left
 from ..train.checkpoint import load_model, read_config
-from ..train.loop import TrainConfig, add_train_config_arguments, train, train_config_from_args
-from .common import add_preset_argument, check_dataset, check_preset
+from ..train.loop import Range, TrainConfig, add_train_config_arguments, train, train_config_from_args
+from .common import add_preset_argument, check_dataset, check_preset, float_in, int_at_least
 
 __all__ = ["LMTask", "evaluate_lm", "train_lm"]
 
@@ -121,9 +121,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--data", nargs="*", default=None,
                    help="text files or folders (default: the Python standard library's sources)")
     d.add_argument("--tokenizer", default="bytes", help="'bytes' or a folder with GPT-2's encoder.json, vocab.bpe")
-    d.add_argument("--val-fraction", type=float, default=0.1)
+    d.add_argument("--val-fraction", type=float_in(Range(0, 1, True, True)), default=0.1,
+                   help="the share of the files held out for validation (a single file: of its tokens)")
     d.add_argument("--no-pack", action="store_true", help="let windows attend across end-of-text")
-    d.add_argument("--eval-windows", type=int, default=256, help="validation windows per evaluation")
+    d.add_argument("--eval-windows", type=int_at_least(1), default=256, help="validation windows per evaluation")
     add_train_config_arguments(p.add_argument_group("optimisation"), t, "run folder (default: runs/lm/<preset>)")
 
 
@@ -170,14 +171,15 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="run folder or checkpoint folder")
     p.add_argument("--prompt", action="append", default=None,
                    help="prompt text (repeat for a batch; default: end-of-text, i.e. unconditional)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens to generate after each prompt")
-    p.add_argument("--temperature", type=float, default=0.8,
+    p.add_argument("--max-new-tokens", type=int_at_least(1), default=256, help="tokens to generate after each prompt")
+    p.add_argument("--temperature", type=float_in(Range(0)), default=0.8,
                    help="softmax temperature of the sampling (lower: more deterministic; 0: greedy)")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens only (default: all)")
-    p.add_argument("--top-p", type=float, default=None,
+    p.add_argument("--top-k", type=int_at_least(1), default=None,
+                   help="sample among the k most likely tokens only (default: all)")
+    p.add_argument("--top-p", type=float_in(Range(0, 1, low_open=True)), default=None,
                    help="sample among the most likely tokens whose probabilities sum to p (nucleus; default: off)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the sampling (the same seed, the same text)")
-    p.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
+    p.add_argument("--num-samples", type=int_at_least(1), default=1, help="samples per prompt")
     p.add_argument("--no-stop", action="store_true", help="do not stop at end-of-text")
 
 
@@ -211,8 +213,8 @@ def main_generate(args: argparse.Namespace) -> int:
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="run folder or checkpoint folder")
     p.add_argument("--data", nargs="*", default=None, help="corpus (default: the one the model was trained on)")
-    p.add_argument("--windows", type=int, default=512, help="validation windows per context length")
-    p.add_argument("--lengths", type=float, nargs="+", default=[1, 2, 4],
+    p.add_argument("--windows", type=int_at_least(1), default=512, help="validation windows per context length")
+    p.add_argument("--lengths", type=float_in(Range(0, low_open=True)), nargs="+", default=[1, 2, 4],
                    help="context lengths as multiples of the training context")
     p.add_argument("--json", default=None, help="also write the results to this file")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

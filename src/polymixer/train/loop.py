@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,7 +43,7 @@ from .checkpoint import (
 )
 
 __all__ = ["TrainConfig", "Task", "train", "configure_optimizer", "lr_at", "distributed_context", "TRAIN_FLAGS",
-           "TRAIN_HELP",
+           "TRAIN_HELP", "TRAIN_RANGES", "Range", "check_range",
            "EXIT_PREEMPTED", "Preempted", "add_train_config_arguments", "train_config_from_args"]
 
 
@@ -81,6 +81,51 @@ class TrainConfig:
     context_parallel: int = 1  # ranks that share each example, each holding a slice of its sequence (torchrun)
     fsdp: bool = False  # shard parameters, gradients and optimizer state over the ranks (FSDP2) instead of DDP
     extra: Dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, allowed in TRAIN_RANGES.items():
+            check_range(name, getattr(self, name), allowed)
+        if self.dtype not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"dtype (--dtype) must be auto, fp32 or bf16, got {self.dtype!r}")
+
+
+class Range(NamedTuple):
+    """The values a numeric setting allows: ``low`` … ``high`` (None: unbounded), each end included unless open."""
+
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '≥'} {self.low:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+    def admits(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+
+# what each numeric TrainConfig field allows: checked when a config is made (a command checks its options before it
+# reads any data), one line naming the option and the range
+TRAIN_RANGES: Dict[str, Range] = {
+    "steps": Range(1), "batch_size": Range(1), "grad_accum": Range(1), "lr": Range(0),
+    "min_lr": Range(0), "warmup": Range(0), "weight_decay": Range(0), "beta1": Range(0, 1, high_open=True),
+    "beta2": Range(0, 1, high_open=True), "grad_clip": Range(0), "eval_every": Range(1), "ckpt_every": Range(1),
+    "keep": Range(1), "log_every": Range(1), "ema": Range(0, 1, high_open=True), "sam_rho": Range(0),
+    "max_nonfinite": Range(1), "context_parallel": Range(1), "stop_after": Range(0),
+}
+
+
+def check_range(name: str, value: Any, allowed: Range) -> None:
+    """A one-line ValueError naming the setting (and its command-line option) when ``value`` is outside ``allowed``
+    (None passes: an unset optional setting)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or not allowed.admits(value):
+        raise ValueError(f"{name} (--{name.replace('_', '-')}) must be {allowed}, got {value!r}")
 
 
 # the TrainConfig fields every `polymixer train <family>` command exposes as --flags

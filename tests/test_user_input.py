@@ -1,0 +1,137 @@
+"""The commands as a new user types them: a bad option is one line naming it and its allowed range, before any data
+is read; a folder that is not a dataset says so (no hint to skip bad samples, which cannot help); text that is not
+UTF-8 is named with its file and byte; the README's `polymixer` is on the PATH once the venv is activated."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from polymixer.cli import main
+from polymixer.data import lm as lm_data
+from polymixer.data.faults import SampleError, merge_bad
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    return err[-1] if err else ""
+
+
+@pytest.mark.parametrize("family", ["lm", "ocr", "image", "eo", "points"])
+@pytest.mark.parametrize("option, value, message", [
+    ("--steps", "-1", "steps (--steps) must be ≥ 1, got -1"),
+    ("--batch-size", "0", "batch_size (--batch-size) must be ≥ 1, got 0"),
+    ("--batch-size", "-4", "batch_size (--batch-size) must be ≥ 1, got -4"),
+    ("--lr", "-0.1", "lr (--lr) must be ≥ 0, got -0.1"),
+    ("--ema", "1", "ema (--ema) must be in [0, 1), got 1.0"),
+])
+def test_a_training_option_out_of_range_stops_before_any_data(family, option, value, message, tmp_path, capsys,
+                                                              monkeypatch):
+    """Every family: exit 2 with one line naming the option and its range, and nothing read or generated (the
+    offline default's cache stays empty) — not a NaN run that writes an untrained checkpoint, nor a traceback."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("POLYMIXER_CACHE", str(cache))
+    assert main(["train", family, option, value, "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    assert _error_line(capsys) == f"polymixer train {family}: error: {message}"
+    assert not (tmp_path / "run").exists() and not (cache.exists() and any(cache.iterdir()))
+
+
+@pytest.mark.parametrize("argv, option, message", [
+    (["eval", "lm", "--ckpt", "nowhere", "--windows", "0"], "--windows", "must be ≥ 1, got 0"),
+    (["eval", "lm", "--ckpt", "nowhere", "--lengths", "0"], "--lengths", "must be > 0, got 0"),
+    (["generate", "--ckpt", "nowhere", "--top-p", "1.5"], "--top-p", "must be in (0, 1], got 1.5"),
+    (["generate", "--ckpt", "nowhere", "--max-new-tokens", "x"], "--max-new-tokens",
+     "must be an integer ≥ 1, got 'x'"),
+    (["train", "lm", "--val-fraction", "1"], "--val-fraction", "must be in (0, 1), got 1"),
+])
+def test_an_evaluation_option_out_of_range_is_the_parsers_one_line_error(argv, option, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert _error_line(capsys).endswith(f"error: argument {option}: {message}")
+
+
+def test_a_folder_that_is_no_dataset_says_so_in_words(tmp_path, capsys):
+    """An empty --data folder (language model) and a folder without the line-dataset layout (OCR): the folder and
+    what it lacks, whole — no path cut out of the sentence, and no hint to skip bad samples."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["train", "lm", "--data", str(empty), "--steps", "1", "--out", str(tmp_path / "a"), "--quiet"]) == 2
+    line = _error_line(capsys)
+    assert line == (f"polymixer train lm: error: {empty}: no text files here (binary and hidden files are skipped): "
+                    f"give --data text files, or folders that hold some")
+    assert main(["train", "ocr", "--data", str(empty), "--steps", "1", "--out", str(tmp_path / "b"), "--quiet"]) == 2
+    line = _error_line(capsys)
+    assert line.startswith(f"polymixer train ocr: error: {empty}: is not a line dataset: it needs a lines/ folder")
+    assert "--skip-bad-samples" not in line
+
+
+def test_a_path_inside_a_reason_is_kept_whole():
+    """merge_bad drops a file's own name from its reasons (the line shows it first) — only as a word of its own."""
+    root = "/data/set"
+    assert merge_bad([(root, f"{root} has no lines: expected {root}/lines/ here")]) == \
+        [(root, f"has no lines: expected {root}/lines/ here")]
+    assert merge_bad([(root, f"{root}: unreadable")]) == [(root, "unreadable")]
+
+
+def test_text_that_is_not_utf8_is_named_with_its_byte(tmp_path, capsys, monkeypatch):
+    """Latin-1 text and UTF-16 text (a byte-order mark, or NUL bytes without one) are refused before training with
+    the file and the byte — never tokenised silently into replacement characters."""
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("def café():\n".encode("latin-1"))
+    utf16 = tmp_path / "utf16.txt"
+    utf16.write_bytes("def f():\n".encode("utf-16"))
+    bare16 = tmp_path / "bare16.txt"
+    bare16.write_bytes("def f():\n".encode("utf-16-le"))
+    good = tmp_path / "good.txt"
+    good.write_text("def café():\n    return 1\n", encoding="utf-8")
+    assert lm_data.text_problem(good.read_bytes()) is None
+    assert lm_data.text_problem(latin1.read_bytes()).startswith("not UTF-8 text: byte 7 (invalid continuation byte)")
+    assert lm_data.text_problem(utf16.read_bytes()).startswith("not UTF-8 text: byte 0")
+    assert lm_data.text_problem(bare16.read_bytes()).startswith("a NUL byte at byte 1: binary, or UTF-16")
+    bad = lm_data.check_data([latin1, utf16, good], progress=False)
+    assert [Path(p).name for p, _ in bad] == ["latin1.txt", "utf16.txt"]
+    with pytest.raises(SampleError, match="latin1.txt: not UTF-8 text: byte 7"):  # the loader, without the check
+        lm_data.prepare_corpus([latin1, good], cache_dir=tmp_path / "cache", progress=False)
+    args = ["train", "lm", "--data", str(latin1), str(good), "--steps", "1", "--out", str(tmp_path / "r"), "--quiet"]
+    assert main(args) == 2
+    assert "latin1.txt: not UTF-8 text: byte 7" in capsys.readouterr().err
+
+
+def test_a_character_split_across_decoded_slices_is_text(monkeypatch):
+    """The check decodes in slices: a multi-byte character across a slice boundary is fine, and a bad byte after
+    one is found at its offset in the file."""
+    monkeypatch.setattr(lm_data, "TEXT_SLICE", 4)
+    data = "abcé€x".encode("utf-8")  # é spans bytes 3-4, € bytes 5-7
+    assert lm_data.text_problem(data) is None
+    assert lm_data.text_problem(data + b"\xff").startswith(f"not UTF-8 text: byte {len(data)} ")
+
+
+def test_the_readme_activates_the_venv_before_its_bare_commands():
+    """After the two set-up commands (which call .venv/bin/…), the README's command-line examples use a bare
+    `polymixer`: it says to activate the venv first."""
+    text = (ROOT / "README.md").read_text()
+    first_bare = re.search(r"^polymixer ", text, flags=re.M)
+    assert first_bare is not None
+    assert "source .venv/bin/activate" in text[:first_bare.start()]
+
+
+def test_the_quick_speed_figure_shows_what_was_measured_and_its_threads(tmp_path, monkeypatch):
+    """`bench mixer --quick` times the forward only: its figure has that one panel (no empty forward + backward or
+    memory panels), and its title says the threads the timings ran with (one on a busy machine)."""
+    import json
+
+    from polymixer.bench import mixer as bench_mixer
+
+    payload = json.loads((ROOT / "docs" / "bench" / "quick" / "mixer.json").read_text())
+    payload["threads"] = 1
+    figures = []
+    monkeypatch.setattr(bench_mixer, "save_figure", lambda fig, path: figures.append(fig))
+    bench_mixer.plot(payload, tmp_path / "mixer.png")
+    (fig,) = figures
+    assert [ax.get_title() for ax in fig.axes] == ["forward"]
+    assert "(1 thread)" in fig._suptitle.get_text()
