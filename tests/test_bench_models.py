@@ -7,8 +7,8 @@ import json
 
 import torch
 
-from polymixer.bench import models as bench
-from polymixer.cli import main
+from polymixer.experiments.bench import models as bench
+from polymixer.experiments.cli import main
 
 
 def _dry(tmp_path, **kw) -> bench.ModelsBenchConfig:

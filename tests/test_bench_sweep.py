@@ -12,8 +12,10 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from polymixer.bench.common import (QualitySweep, Stage, SweepRun, edge_note, mark_best, quality_rows, rate_beyond,
-                                    round_rate, stale_rate_notes, sweep_model)
+from polymixer.experiments.bench.common import (
+    QualitySweep, Stage, SweepRun, edge_note, mark_best, quality_rows, rate_beyond, round_rate, stale_rate_notes,
+    sweep_model,
+)
 from polymixer.files import claimed
 
 A, B = "tiny-vpom", "tiny-attention+attention_shift=4"  # a preset and a variant (its overrides parsed)
@@ -239,9 +241,9 @@ def test_every_family_bench_takes_bracket_from_the_command_line(bench, config):
     import argparse
     import importlib
 
-    from polymixer.bench.common import BRACKET, SWEEP_FIELDS, apply_overrides
+    from polymixer.experiments.bench.common import BRACKET, SWEEP_FIELDS, apply_overrides
 
-    module = importlib.import_module(f"polymixer.bench.{bench}")
+    module = importlib.import_module(f"polymixer.experiments.{bench}.bench")
     p = argparse.ArgumentParser()
     module.add_arguments(p)  # the family's own command line, as `polymixer bench <family>` builds it
     fields = {k: k for k in SWEEP_FIELDS}

@@ -98,9 +98,9 @@ def test_gradients_reach_every_parameter():
 # -- the mixer table -------------------------------------------------------------------------------------------
 
 def test_the_mixer_table_builds_every_mixer_by_name_and_letter_and_filters_model_options():
-    from polymixer.attention import Attention
+    from polymixer.layers.attention import Attention
     from polymixer.blocks import LETTERS, MIXER_TABLE, mixer_spec
-    from polymixer.linear_attention import LinearAttention
+    from polymixer.layers.linear_attention import LinearAttention
 
     options = dict(heads=4, causal=True, window=8, dropout=0.0, degree=3, expand=1, sel_heads=2, value_dim=16,
                    value_heads=2, feature_dim=4, rope=None, bias=True)  # a model's whole set

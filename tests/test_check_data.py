@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from polymixer.cli import main
-from polymixer.data.faults import SampleError, SampleFaults
+from polymixer.experiments.cli import main
+from polymixer.experiments.data.faults import SampleError, SampleFaults
 
 Bad = List[Tuple[str, str]]
 
@@ -75,7 +75,7 @@ def break_pastis(root: Path) -> Dict[Path, Sequence[str]]:
 
 
 def test_eo_lists_every_bad_file(tmp_path):
-    from polymixer.data.eo import PastisSplit, check_data
+    from polymixer.experiments.eo.data import PastisSplit, check_data
 
     root = write_pastis(tmp_path / "pastis")
     assert check_data(root, progress=False) == []
@@ -112,7 +112,7 @@ def write_scene(folder: Path, n: int = 40, seed: int = 0) -> Path:
 
 
 def test_points_scannet_lists_every_bad_file(tmp_path):
-    from polymixer.data.points import PointDataset, check_data
+    from polymixer.experiments.points.data import PointDataset, check_data
 
     root = tmp_path / "scannet"
     scenes = {f"{split}/scene{k:04d}_00": write_scene(root / split / f"scene{k:04d}_00", seed=k)
@@ -148,7 +148,7 @@ def test_points_scannet_lists_every_bad_file(tmp_path):
 
 
 def test_points_semantickitti_and_ply(tmp_path):
-    from polymixer.data.points import check_data, write_ply
+    from polymixer.experiments.points.data import check_data, write_ply
 
     root = tmp_path / "kitti"
 
@@ -210,7 +210,7 @@ def write_lines(root: Path, pages: int = 4, per_page: int = 3) -> Path:
 
 
 def test_ocr_lists_every_bad_file(tmp_path):
-    from polymixer.data.ocr import check_data, list_split, load_split
+    from polymixer.experiments.ocr.data import check_data, list_split, load_split
 
     root = write_lines(tmp_path / "lines_ds")
     assert check_data(root, progress=False) == [] and check_data(root, progress=False, height=32) == []
@@ -241,7 +241,7 @@ def test_ocr_lists_every_bad_file(tmp_path):
 
 
 def test_ocr_iam_layout_and_dataset_problems(tmp_path):
-    from polymixer.data.ocr import check_data
+    from polymixer.experiments.ocr.data import check_data
 
     root = tmp_path / "iam"
     folder = root / "lines" / "a01" / "a01-000u"
@@ -273,7 +273,7 @@ def test_ocr_iam_layout_and_dataset_problems(tmp_path):
 
 
 def test_images_list_every_bad_file(tmp_path):
-    from polymixer.data.image import check_data, image_folder
+    from polymixer.experiments.image.data import check_data, image_folder
 
     root = tmp_path / "imgs"
     for c in ("a", "b"):
@@ -304,7 +304,7 @@ def test_images_list_every_bad_file(tmp_path):
 
 
 def test_text_corpus_lists_every_bad_path(tmp_path, monkeypatch, polymixer_cache):
-    from polymixer.data.lm import check_data, prepare_corpus
+    from polymixer.experiments.lm.data import check_data, prepare_corpus
 
     folder = tmp_path / "corpus"
     folder.mkdir()

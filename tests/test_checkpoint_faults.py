@@ -9,10 +9,12 @@ import os
 import pytest
 import torch
 
-from polymixer.cli import main
+from polymixer.experiments.cli import main
 from polymixer.models import create_model
-from polymixer.train.checkpoint import (CheckpointError, checkpoint_folder, checkpoint_step, load_model,
-                                        load_trainer_state, resolve_checkpoint, save_checkpoint, verify_checkpoint)
+from polymixer.checkpoint import (
+    CheckpointError, checkpoint_folder, checkpoint_step, load_model, load_trainer_state, resolve_checkpoint,
+    save_checkpoint, verify_checkpoint,
+)
 
 MODEL = dict(n_layer=2, n_embd=32, n_head=2, block_size=32, window=8, sel_heads=2)
 
@@ -158,8 +160,8 @@ def test_a_failing_write_of_a_file_leaves_earlier_checkpoints_intact(tmp_path, m
 
 @pytest.mark.parametrize("how", ["truncated", "missing", "garbage"])
 def test_training_resumes_from_the_newest_intact_checkpoint_bit_exact(tmp_path, how, corpus_dir, polymixer_cache):
-    from polymixer.tasks.lm import train_lm
-    from polymixer.train.loop import TrainConfig
+    from polymixer.experiments.lm.task import train_lm
+    from polymixer.experiments.train.loop import TrainConfig
 
     corpus = corpus_dir
 
@@ -210,7 +212,7 @@ def _snapshot(model, opt_state):
 
 @pytest.mark.parametrize("sam", [0.0, 0.05], ids=["adamw", "sam"])  # SAM must not climb along a NaN gradient
 def test_a_non_finite_step_is_skipped_and_leaves_the_optimizer_state_unchanged(tmp_path, sam):
-    from polymixer.train import loop
+    from polymixer.experiments.train import loop
 
     seen = {}
     real_step = torch.optim.AdamW.step
@@ -258,7 +260,7 @@ class _NaNInSecondPass(_NaNAt):
 def test_sam_restores_the_exact_weights_it_climbed_from(tmp_path, seed):
     """SAM puts back the very weights it climbed from (not (w + e) − e): a step whose second pass is NaN is skipped
     with every weight bit-identical, and the weights an optimizer step starts from are those of the step before."""
-    from polymixer.train import loop
+    from polymixer.experiments.train import loop
 
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
@@ -288,7 +290,7 @@ def test_sam_restores_the_exact_weights_it_climbed_from(tmp_path, seed):
 
 
 def test_consecutive_non_finite_steps_stop_the_run_with_the_checkpoint_intact(tmp_path, capsys):
-    from polymixer.train import loop
+    from polymixer.experiments.train import loop
 
     model = torch.nn.Linear(4, 1)
     cfg = loop.TrainConfig(steps=20, batch_size=8, lr=1e-2, warmup=1, eval_every=100, ckpt_every=2,
@@ -297,7 +299,7 @@ def test_consecutive_non_finite_steps_stop_the_run_with_the_checkpoint_intact(tm
         loop.train(model, _NaNAt({4, 5, 6}), cfg, {"family": "toy", "model": {}})
     ck = resolve_checkpoint(tmp_path / "run")  # step 6: skipped steps 5–6 left the step-4 weights in it
     assert ck.name == "step_00000006" and verify_checkpoint(ck) is None
-    from polymixer.train.checkpoint import load_weights
+    from polymixer.checkpoint import load_weights
 
     saved = torch.nn.Linear(4, 1)
     load_weights(saved, ck)
@@ -312,13 +314,13 @@ def test_sigterm_checkpoints_exits_75_and_resumes_bit_exact(tmp_path, corpus_dir
     import sys
     import time
 
-    from polymixer.train.loop import EXIT_PREEMPTED
+    from polymixer.experiments.train.loop import EXIT_PREEMPTED
 
     corpus = corpus_dir
     env = {**os.environ, "POLYMIXER_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
 
     def cmd(out):
-        return [sys.executable, "-m", "polymixer.cli", "train", "lm", "--preset", "tiny-hybrid", "--n-layer", "2",
+        return [sys.executable, "-m", "polymixer", "train", "lm", "--preset", "tiny-hybrid", "--n-layer", "2",
                 "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--window", "8", "--sel-heads", "2",
                 "--steps", "300", "--batch-size", "4", "--warmup", "2", "--eval-every", "1000", "--ckpt-every", "5",
                 "--eval-windows", "4", "--data", str(corpus), "--out", str(out), "--quiet"]
@@ -345,7 +347,7 @@ def test_sigterm_checkpoints_exits_75_and_resumes_bit_exact(tmp_path, corpus_dir
 DDP_SIGTERM_SCRIPT = """
 import os, signal, sys
 import torch
-from polymixer.train.loop import Preempted, TrainConfig, train
+from polymixer.experiments.train.loop import Preempted, TrainConfig, train
 
 rank = int(os.environ.get("RANK", 0))
 
@@ -390,7 +392,7 @@ def test_sigterm_on_one_torchrun_rank_stops_every_rank_after_the_same_step(tmp_p
     out = tmp_path / "run"
     out.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    from polymixer.bench.parallel import free_port
+    from polymixer.experiments.bench.parallel import free_port
 
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                           f"--master_port={free_port()}", str(script), str(out)], env=env, capture_output=True,
@@ -408,7 +410,7 @@ def test_bench_faults_kills_inside_a_checkpoint_write_and_every_fault_is_survive
     """The fault-injection bench on a tiny LM: SIGKILL (one of them while model.safetensors sits in the temporary
     folder of a checkpoint write), SIGTERM, a truncated newest checkpoint and a NaN loss, each resumed by the same
     command; every run ends bit-identical to its uninterrupted twin and no temporary folder is left behind."""
-    from polymixer.bench.faults import FaultsBenchConfig, report, run
+    from polymixer.experiments.bench.faults import FaultsBenchConfig, report, run
 
     cfg = FaultsBenchConfig(families=("lm",), steps=10, ckpt_every=2, kills=2, write_kills=1, timeout=300,
                             extra={"lm": ["--data", str(corpus_dir), "--n-embd", "32", "--block-size", "32"]},
@@ -431,7 +433,7 @@ def test_bench_faults_kills_inside_a_checkpoint_write_and_every_fault_is_survive
 
 def test_a_skipped_step_restores_batchnorm_running_statistics(tmp_path):
     """A forward in training mode updates BatchNorm's running statistics; a skipped step must not keep them."""
-    from polymixer.train import loop
+    from polymixer.experiments.train import loop
 
     class Net(torch.nn.Module):
         def __init__(self):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from polymixer.bench.mixer import predicted_crossover
-from polymixer.cli import main
+from polymixer.experiments.bench.mixer import predicted_crossover
+from polymixer.experiments.cli import main
 
 
 def test_bench_mixer_small_sweep(tmp_path, capsys):
@@ -53,7 +53,7 @@ def test_cli_reports_bad_arguments(capsys):
 
 def test_bench_lm_timing_parts(tmp_path, capsys):
     """Throughput and decoding parts on a toy model: every row filled, ratios against the right baseline, a plot."""
-    from polymixer.bench.lm import LMBenchConfig, report, run
+    from polymixer.experiments.lm.bench import LMBenchConfig, report, run
 
     cfg = LMBenchConfig(n_layer=2, n_embd=32, n_head=2, window=8, throughput_lengths=(32, 64), tokens=128, repeats=1,
                         decode_contexts=(16, 48), decode_steps=3, parts=("throughput", "decode"), out=str(tmp_path))
@@ -92,7 +92,7 @@ def test_bench_image_both_parts(tmp_path):
     again), ddpm takes each model's best flow rate, and the targets are judged at the best rates."""
     from dataclasses import asdict, replace
 
-    from polymixer.bench.image import ImageBenchConfig, report, run
+    from polymixer.experiments.image.bench import ImageBenchConfig, report, run
     from polymixer.models import count_parameters, create_model
 
     toy = dict(hidden_size=32, depth=1, num_heads=4)
@@ -174,9 +174,9 @@ def test_bench_ocr_both_parts(tmp_path):
     and fine-tunes its page run from its single-line run at that rate."""
     from dataclasses import replace
 
-    from polymixer.bench.common import sweep_folder
-    from polymixer.bench.ocr import OCRBenchConfig, report, run
-    from polymixer.train.checkpoint import read_config
+    from polymixer.experiments.bench.common import sweep_folder
+    from polymixer.experiments.ocr.bench import OCRBenchConfig, report, run
+    from polymixer.checkpoint import read_config
     from test_ocr import TEXTS, write_dataset
 
     pages = {f"p{j:02d}": TEXTS[j % 5:j % 5 + 3] for j in range(5)}
@@ -245,8 +245,8 @@ def test_bench_ocr_both_parts(tmp_path):
 def test_bench_eo_both_parts(tmp_path, monkeypatch, capsys):
     """Speed and (a few steps of) quality on toy segmenters and a small synthetic PASTIS: rows, ratios against
     TSViT, OA / mIoU per evaluation window, verdict lines, plot, confusion and tiles pictures."""
-    from polymixer.bench.eo import EOBenchConfig, parse_variant, report, run
-    from polymixer.data.eo_synth import write_synthetic_pastis
+    from polymixer.experiments.eo.bench import EOBenchConfig, parse_variant, report, run
+    from polymixer.experiments.eo.synth import write_synthetic_pastis
 
     data = write_synthetic_pastis(tmp_path / "data", patches_per_fold=1, size=32, frames=(3, 5), progress=False)
     toy = dict(dim=16, heads=2, temporal_depth=1, spatial_depth=1, sel_heads=2)
@@ -292,7 +292,7 @@ def test_bench_eo_both_parts(tmp_path, monkeypatch, capsys):
     # eo.json: its rows are read after training, so they are kept, and the reported grid keeps the ×4 rate
     import json
 
-    import polymixer.tasks.eo as eo_task
+    import polymixer.experiments.eo.task as eo_task
 
     real_train, path = eo_task.train_eo, tmp_path / "bench" / "eo.json"
 
@@ -352,7 +352,7 @@ def test_bench_lm_quality_keeps_finished_runs(tmp_path):
     again, presets not given keep their rows, and each preset is reported at its best rate."""
     from dataclasses import replace
 
-    from polymixer.bench.lm import LMBenchConfig, report, run
+    from polymixer.experiments.lm.bench import LMBenchConfig, report, run
 
     cfg = LMBenchConfig(quality_presets=("tiny-pom",), sweep=("tiny-pom",), quality_steps=2, quality_batch=2,
                         quality_eval_windows=4, parts=("quality",), out=str(tmp_path), lrs=(2e-3,),
@@ -393,8 +393,8 @@ def test_eo_per_class_table_means_each_model_over_its_seeds(tmp_path):
     beside eo.json count; a run at another rate or budget does not; classes come ordered by the model's gap."""
     import json
 
-    from polymixer.bench.common import seed_payloads
-    from polymixer.bench.eo import per_class_over_seeds
+    from polymixer.experiments.bench.common import seed_payloads
+    from polymixer.experiments.eo.bench import per_class_over_seeds
 
     def row(spec, lr, ious, steps=800, best=True):
         return {"spec": spec, "lr": lr, "steps": steps, "best_lr": best, "per_class_iou": ious}
@@ -427,8 +427,8 @@ def test_bench_image_heldout_gives_a_validation_fd_that_chooses_the_rate(tmp_pat
     are refused in the same folder (other training images)."""
     from dataclasses import replace
 
-    from polymixer.bench.image import HELDOUT_SEED, ImageBenchConfig, report, run
-    from polymixer.data.image import digits
+    from polymixer.experiments.image.bench import HELDOUT_SEED, ImageBenchConfig, report, run
+    from polymixer.experiments.image.data import digits
 
     cfg = ImageBenchConfig(quality_steps=2, quality_batch=8, quality_samples=20, sample_steps=2, objectives=("flow",),
                            quality_presets=("tiny-sit",), sweep=("tiny-sit",), lr_factors=(1.0, 2.0),
@@ -444,7 +444,7 @@ def test_bench_image_heldout_gives_a_validation_fd_that_chooses_the_rate(tmp_pat
     train, held = digits(16).split(0.2, seed=HELDOUT_SEED)
     assert len(held.labels) == 359 and len(train.labels) == 1797 - 359  # 20% of each class, rounded
     assert "the lowest validation FD" in report({"quality": q})
-    from polymixer.bench.parity import collect
+    from polymixer.experiments.bench.parity import collect
 
     image = next(f for f in collect(tmp_path)["families"] if f["bench"] == "image")  # parity reads image_heldout/
     assert image["found"] and image["attention"]["picked_by"] == ""  # one form run: nothing to choose
@@ -458,7 +458,7 @@ def test_every_family_bench_takes_a_seed_with_its_own_out(tmp_path, family, caps
     would replace seed 0's under the same run folders)."""
     import json
 
-    from polymixer.cli import main
+    from polymixer.experiments.cli import main
 
     (tmp_path / f"{family}.json").write_text(json.dumps({"quality": {"config": {"seed": 0}, "rows": []}}))
     before = (tmp_path / f"{family}.json").read_text()
@@ -472,7 +472,7 @@ def test_eo_verdict_takes_the_medians_of_the_seeds_both_models_ran():
     """The satellite targets in the bench's own report are judged by `bench parity`'s path (one verdict path): on
     medians of the seeds both models ran, unsettled where 2 seeds leave the margin inside attention's spread; the
     hybrid (full attention in one encoder) never counts as 'without full attention'."""
-    from polymixer.bench.eo import verdicts
+    from polymixer.experiments.eo.bench import verdicts
 
     def row(spec, lr, miou, steps=800):
         return {"spec": spec, "model": spec, "lr": lr, "steps": steps, "best_lr": True, "miou_24": miou}
@@ -496,7 +496,7 @@ def test_eo_verdict_takes_the_medians_of_the_seeds_both_models_ran():
 
 
 def test_a_rate_share_that_trains_nothing_is_an_error():
-    from polymixer.bench.common import lr_grid, only_rates, sweep_plan
+    from polymixer.experiments.bench.common import lr_grid, only_rates, sweep_plan
 
     grid = lr_grid(1e-3, (2, 4, 8))
     plan = sweep_plan(("tiny-sit", "new"), ("tiny-sit",), 1e-3, (2, 4, 8))  # "new" is not swept: recipe rate only
@@ -514,8 +514,8 @@ def test_every_bench_reports_again_from_its_json(bench, tmp_path, capsys):
     import shutil
     from pathlib import Path
 
-    from polymixer.bench.common import print_written, seed_payloads
-    from polymixer.cli import main
+    from polymixer.experiments.bench.common import print_written, seed_payloads
+    from polymixer.experiments.cli import main
 
     docs = Path(__file__).resolve().parent.parent / "docs" / "bench"
     shutil.copy(docs / f"{bench}.json", tmp_path / f"{bench}.json")
@@ -523,7 +523,7 @@ def test_every_bench_reports_again_from_its_json(bench, tmp_path, capsys):
         (tmp_path / seed.parent.name).mkdir()
         shutil.copy(seed, tmp_path / seed.parent.name / seed.name)
     assert main(["bench", bench, "--report", "--out", str(tmp_path)]) == 0
-    module = importlib.import_module(f"polymixer.bench.{bench}")
+    module = importlib.import_module(f"polymixer.experiments.{bench}.bench")
     payload = json.loads((tmp_path / f"{bench}.json").read_text())
     text = (tmp_path / f"{bench}.txt").read_text()
     assert text == module.report(payload, seed_payloads(tmp_path, bench)) + "\n"
@@ -540,8 +540,8 @@ def test_a_bench_names_only_the_files_it_wrote(tmp_path, capsys):
     """A quality-only OCR run draws no plot (its plot is the speed part's): the closing line must not name one."""
     from pathlib import Path
 
-    from polymixer.bench.common import print_written
-    from polymixer.cli import main
+    from polymixer.experiments.bench.common import print_written
+    from polymixer.experiments.cli import main
 
     payload = json.loads((Path(__file__).resolve().parent.parent / "docs" / "bench" / "ocr.json").read_text())
     payload.pop("speed")
@@ -567,7 +567,7 @@ def test_a_bench_names_only_the_files_it_wrote(tmp_path, capsys):
 
 def test_bench_mixer_verdicts_need_separated_repeats_and_a_quiet_machine():
     """A verdict the repeats cannot support is "not measured", never met or MISSED; a miss on a busy machine too."""
-    from polymixer.bench.mixer import _unless_busy, ratio_verdict
+    from polymixer.experiments.bench.mixer import _unless_busy, ratio_verdict
 
     def row(mixer, samples):
         return {"N": 4096, "mixer": mixer, "fwd_ms": sorted(samples)[len(samples) // 2], "fwd_samples_ms": samples}
@@ -590,7 +590,7 @@ def test_a_command_destroys_the_process_group_it_joined_and_only_that(tmp_path):
 
     import torch.distributed as dist
 
-    from polymixer.families import process_group_joined, run_command
+    from polymixer.experiments.commands import process_group_joined, run_command
 
     def join(args):
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / args.store}", rank=0, world_size=1)

@@ -278,7 +278,7 @@ def test_outside_a_process_group_is_a_clear_error():
 
 
 def test_bench_parallel_counts_flat_bytes_for_pom_and_growing_for_attention(tmp_path):
-    from polymixer.bench.parallel import ParallelBenchConfig, run
+    from polymixer.experiments.bench.parallel import ParallelBenchConfig, run
 
     payload = run(ParallelBenchConfig(dim=32, heads=2, value_dim=32, lengths=(256, 1024), ranks=(1, 2), repeats=1,
                                       attention_max=256, out=str(tmp_path)), progress=False)

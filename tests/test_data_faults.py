@@ -13,10 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-from polymixer.cli import main
-from polymixer.data.faults import SampleError, SampleFaults, reading
-from polymixer.train.checkpoint import load_trainer_state, load_weights, resolve_checkpoint, verify_checkpoint
-from polymixer.train.loop import TrainConfig, train
+from polymixer.experiments.cli import main
+from polymixer.experiments.data.faults import SampleError, SampleFaults, reading
+from polymixer.checkpoint import load_trainer_state, load_weights, resolve_checkpoint, verify_checkpoint
+from polymixer.experiments.train.loop import TrainConfig, train
 
 
 def _fail(exc):
@@ -126,7 +126,7 @@ def test_a_bad_sample_met_in_training_stops_after_a_checkpoint_and_resumes_skipp
 
 
 def test_images_stop_naming_the_file_or_skip_it(tmp_path, capsys, polymixer_cache):
-    from polymixer.data.image import image_folder
+    from polymixer.experiments.image.data import image_folder
 
     root = tmp_path / "imgs"
     for c in ("a", "b"):
@@ -156,7 +156,7 @@ def test_images_stop_naming_the_file_or_skip_it(tmp_path, capsys, polymixer_cach
 
 
 def test_ocr_lines_stop_naming_the_file_or_skip_it(tmp_path):
-    from polymixer.data.ocr import load_split
+    from polymixer.experiments.ocr.data import load_split
 
     root = tmp_path / "lines_ds"
     (root / "lines").mkdir(parents=True)
@@ -176,9 +176,9 @@ def test_ocr_lines_stop_naming_the_file_or_skip_it(tmp_path):
 
 
 def test_eo_patches_stop_naming_the_file_or_skip_it(tmp_path):
-    from polymixer.data.eo import PastisSplit, band_stats
-    from polymixer.data.eo_synth import write_synthetic_pastis
-    from polymixer.tasks.eo import EOTask
+    from polymixer.experiments.eo.data import PastisSplit, band_stats
+    from polymixer.experiments.eo.synth import write_synthetic_pastis
+    from polymixer.experiments.eo.task import EOTask
 
     root = write_synthetic_pastis(tmp_path / "synth", patches_per_fold=2, size=32, frames=(3, 4), progress=False)
     split = PastisSplit(root, (1, 2, 3))
@@ -208,9 +208,9 @@ def test_eo_patches_stop_naming_the_file_or_skip_it(tmp_path):
 
 
 def test_point_clouds_stop_naming_the_file_or_skip_it(tmp_path):
-    from polymixer.data.points import PointDataset
-    from polymixer.data.points_synth import write_synthetic_rooms
-    from polymixer.tasks.points import PointTask
+    from polymixer.experiments.points.data import PointDataset
+    from polymixer.experiments.points.synth import write_synthetic_rooms
+    from polymixer.experiments.points.task import PointTask
 
     root = write_synthetic_rooms(tmp_path / "rooms", train=3, val=1, test=1, points=600, seed=1, progress=False)
     data = PointDataset(root, "train")
@@ -228,7 +228,7 @@ def test_point_clouds_stop_naming_the_file_or_skip_it(tmp_path):
 
 
 def test_text_files_stop_naming_the_file_or_skip_it(tmp_path, monkeypatch, polymixer_cache):
-    from polymixer.data.lm import prepare_corpus
+    from polymixer.experiments.lm.data import prepare_corpus
 
     folder = tmp_path / "corpus"
     folder.mkdir()

@@ -209,7 +209,7 @@ def on_a_gpu(monkeypatch):
 
 
 def _table(tmp_path, kernels: Dict[str, str], name: str = "table.json") -> Path:
-    from polymixer.bench import dispatch_table
+    from polymixer.experiments.bench import dispatch_table
 
     src, out = tmp_path / f"bench-{name}", tmp_path / name
     src.write_text(json.dumps(_bench(kernels)))
@@ -419,7 +419,7 @@ def test_the_cost_model_takes_its_efficiencies_from_the_table(tmp_path):
         run = measured.table()["runs"][0]["efficiency"]["pom"]["forward+backward"]
         assert (eff, source) == (run["kernels_fraction"], "measured")
         assert cost.pom_routes(8192, 128, 256, 256)["mix_efficiency"] == eff
-    from polymixer.bench import dispatch_table
+    from polymixer.experiments.bench import dispatch_table
 
     with measured.use_table(dispatch_table.build_table([])):
         assert cost.mix_efficiency() == (0.80, "assumed (no measurement in the table)")
@@ -428,7 +428,7 @@ def test_the_cost_model_takes_its_efficiencies_from_the_table(tmp_path):
 
 
 def test_the_table_tool_refuses_what_it_cannot_read(tmp_path, capsys):
-    from polymixer.bench import dispatch_table
+    from polymixer.experiments.bench import dispatch_table
 
     bench = _bench(_now())
     del bench["machine"]["capability"]

@@ -7,13 +7,15 @@ import json
 import pytest
 import torch
 
-from polymixer.cli import main
-from polymixer.data.lm import ByteTokenizer, prepare_corpus
-from polymixer.tasks.distill import (AttentionTransferTask, DistillConfig, DistillLMTask, MixerBank, load_teacher,
-                                     make_student)
-from polymixer.tasks.lm import train_lm
-from polymixer.train.checkpoint import load_model, resolve_checkpoint
-from polymixer.train.loop import TrainConfig
+from polymixer.experiments.cli import main
+from polymixer.experiments.lm.data import prepare_corpus
+from polymixer.tokenizer import ByteTokenizer
+from polymixer.experiments.distill.task import (
+    AttentionTransferTask, DistillConfig, DistillLMTask, MixerBank, load_teacher, make_student,
+)
+from polymixer.experiments.lm.task import train_lm
+from polymixer.checkpoint import load_model, resolve_checkpoint
+from polymixer.experiments.train.loop import TrainConfig
 
 MODEL = dict(n_layer=2, n_embd=32, n_head=2, block_size=32, window=8, sel_heads=2)
 
@@ -32,7 +34,7 @@ def teacher_run(tmp_path_factory, corpus_dir):
 
 def _stage1_step_lowers_loss(teacher, corpus_dir, pattern, tmp_path):
     """One step of stage 1 as distill lm takes it (the shared loop, its optimizer, warm-up and lr scales)."""
-    from polymixer.train.loop import train
+    from polymixer.experiments.train.loop import train
 
     corpus = prepare_corpus([str(corpus_dir)], teacher.tokenizer, progress=False)
     student = make_student(teacher, DistillConfig(pattern=pattern))
@@ -131,7 +133,7 @@ def test_distill_a_transformers_llama_teacher(tmp_path, corpus_dir):
 def test_bench_distill_toy(tmp_path, corpus_dir):
     import threading
 
-    from polymixer.bench.distill import DistillBenchConfig, report, run
+    from polymixer.experiments.distill.bench import DistillBenchConfig, report, run
     from polymixer.files import claimed
 
     cfg = DistillBenchConfig(teacher_steps=12, batch=4, stage1_steps=1, eval_every=1, eval_windows=4,

@@ -13,15 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from polymixer.cli import main as cli
-from polymixer.data.eo import VOID, PastisSplit, band_stats, collate, compute_band_stats, day_of_year, fold_splits, \
-    parse_date, read_metadata, windows
-from polymixer.data.eo_synth import make_patch, write_synthetic_pastis
-from polymixer.metrics import ConfusionMatrix
+from polymixer.experiments.cli import main as cli
+from polymixer.experiments.eo.data import (
+    VOID, PastisSplit, band_stats, collate, compute_band_stats, day_of_year, fold_splits, parse_date, read_metadata,
+    windows,
+)
+from polymixer.experiments.eo.synth import make_patch, write_synthetic_pastis
+from polymixer.experiments.metrics import ConfusionMatrix
 from polymixer.models import create_model
-from polymixer.tasks.eo import EOTask, load_segmenter, masked_cross_entropy, predict_patch, train_eo
-from polymixer.train.checkpoint import load_model
-from polymixer.train.loop import TrainConfig
+from polymixer.experiments.eo.task import EOTask, load_segmenter, masked_cross_entropy, predict_patch, train_eo
+from polymixer.checkpoint import load_model
+from polymixer.experiments.train.loop import TrainConfig
 
 TOY = dict(dim=16, heads=2, temporal_depth=1, spatial_depth=1, sel_heads=2)
 
@@ -246,7 +248,7 @@ def test_batches_are_a_pure_function_of_step_and_shard(pastis):
 
 
 def test_flips_move_bands_and_labels_together():
-    from polymixer.tasks.eo import _flip
+    from polymixer.experiments.eo.task import _flip
 
     y = np.arange(16).reshape(4, 4)
     x = np.stack([y, -y], -1)[None].repeat(2, 0)  # (T, H, W, C) whose bands equal ± the label

@@ -14,11 +14,11 @@ import sys
 import pytest
 import torch
 
-from polymixer.cli import COMMANDS, build_parser, main
+from polymixer.experiments.cli import COMMANDS, build_parser, main
 from polymixer.families import FAMILIES, canonical_family, family
 from polymixer.models import create_model, list_models
 from polymixer.models.registry import preset_of
-from polymixer.train.checkpoint import load_model, read_config, save_checkpoint
+from polymixer.checkpoint import load_model, read_config, save_checkpoint
 
 
 def test_the_table_is_what_the_command_line_and_the_registry_offer():
@@ -27,12 +27,12 @@ def test_the_table_is_what_the_command_line_and_the_registry_offer():
         if fam.tiny is not None:
             assert fam.tiny in list_models(family=name)
             assert name in COMMANDS["train"] and name in COMMANDS["eval"] and name in COMMANDS["check-data"]
-            assert COMMANDS["train"][name][1] == f"polymixer.tasks.{name}:train"
-        assert name in COMMANDS["bench"] and COMMANDS["bench"][name][1] == f"polymixer.bench.{name}"
+            assert COMMANDS["train"][name][1] == f"polymixer.experiments.{name}.task:train"
+        assert name in COMMANDS["bench"] and COMMANDS["bench"][name][1] == f"polymixer.experiments.{name}.bench"
         for alias in fam.aliases:  # earlier names: the registry, checkpoints and the command line accept them
             assert canonical_family(alias) == name and family(alias) is fam
             assert list_models(family=alias) == list_models(family=name)
-    from polymixer.bench.faults import FAMILIES as FAULT_FAMILIES
+    from polymixer.experiments.bench.faults import FAMILIES as FAULT_FAMILIES
 
     assert set(FAULT_FAMILIES) == {n for n, f in FAMILIES.items() if f.tiny is not None}
     with pytest.raises(ValueError, match="unknown model family 'nope'; the families are lm, image"):
@@ -41,7 +41,7 @@ def test_the_table_is_what_the_command_line_and_the_registry_offer():
 
 def test_an_earlier_noun_still_runs_the_command():
     args = build_parser().parse_args(["train", "3d", "--steps", "1"])
-    assert args.noun == "points" and args._module == "polymixer.tasks.points:train"
+    assert args.noun == "points" and args._module == "polymixer.experiments.points.task:train"
     assert build_parser().parse_args(["eval", "ptv3", "--ckpt", "x"]).noun == "points"
 
 
@@ -91,7 +91,7 @@ def test_help_shows_every_default_and_no_empty_default(noun, capsys):
 
 
 def test_the_loop_draws_training_curves_and_says_when_the_run_is_all_warm_up(tmp_path, capsys):
-    from polymixer.train import loop
+    from polymixer.experiments.train import loop
 
     class Toy:
         unit = "ex"
@@ -138,8 +138,8 @@ def test_weight_files_are_readable_by_others_and_a_skipped_checkpoint_warns_in_o
     for f in ck.iterdir():
         assert stat.S_IMODE(os.stat(f).st_mode) == mode, f
     (ck / "model.safetensors").write_bytes(b"garbage")
-    code = ("from polymixer.cli import install_warning_format\ninstall_warning_format()\n"
-            "from polymixer.train.checkpoint import resolve_checkpoint\n"
+    code = ("from polymixer.experiments.cli import install_warning_format\ninstall_warning_format()\n"
+            "from polymixer.checkpoint import resolve_checkpoint\n"
             f"print(resolve_checkpoint({str(tmp_path / 'run')!r}).name)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     warning = [line for line in res.stderr.splitlines() if "skipping checkpoint" in line]
@@ -155,7 +155,7 @@ def _umask() -> int:
 
 
 def test_a_bench_on_a_busy_machine_says_so():
-    from polymixer.bench.common import MachineLoad
+    from polymixer.experiments.bench.common import MachineLoad
 
     with MachineLoad() as load:
         sum(i * i for i in range(200_000))

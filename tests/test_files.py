@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from polymixer.bench.common import write_json
+from polymixer.experiments.bench.common import write_json
 from polymixer.files import atomic_path, claimed, write_text_atomic
 
 
@@ -61,7 +61,7 @@ def test_a_part_written_by_another_process_meanwhile_is_kept(tmp_path):
     # it started, so whichever finished last erased the other's part
     from dataclasses import dataclass, field
 
-    from polymixer.bench.common import run_parts
+    from polymixer.experiments.bench.common import run_parts
 
     @dataclass
     class Cfg:
@@ -86,7 +86,7 @@ def test_a_part_written_by_another_process_meanwhile_is_kept(tmp_path):
 def test_a_bench_file_that_is_not_json_stops_the_bench_before_it_trains(tmp_path):
     from dataclasses import dataclass, field
 
-    from polymixer.bench.common import run_parts
+    from polymixer.experiments.bench.common import run_parts
 
     @dataclass
     class Cfg:

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from polymixer.bench import gpu
-from polymixer.bench.mixer import MixerBenchConfig, attention_sized_value_pom, run as run_mixer
-from polymixer.attention import Attention
-from polymixer.cli import main
+from polymixer.experiments.bench import gpu
+from polymixer.experiments.bench.mixer import MixerBenchConfig, attention_sized_value_pom, run as run_mixer
+from polymixer.layers.attention import Attention
+from polymixer.experiments.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = {"name": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "capability": "9.0", "sms": 132, "memory_gib": 79.2,

@@ -14,13 +14,13 @@ transformers = pytest.importorskip("transformers")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, pipeline  # noqa: E402
 
-from polymixer.cli import main  # noqa: E402
-from polymixer.data.lm import ByteTokenizer, GPT2BPE, bytes_to_unicode  # noqa: E402
+from polymixer.experiments.cli import main  # noqa: E402
+from polymixer.tokenizer import ByteTokenizer, GPT2BPE, bytes_to_unicode  # noqa: E402
 from polymixer.hf import (PolymixerCache, PolymixerConfig, PolymixerForCausalLM, hf_tokenizer, output_cache,  # noqa: E402
                           to_hf)
 from polymixer.models import create_model  # noqa: E402
 from polymixer.models.lm import pad_left  # noqa: E402
-from polymixer.train.checkpoint import load_model, save_checkpoint  # noqa: E402
+from polymixer.checkpoint import load_model, save_checkpoint  # noqa: E402
 
 TOY = dict(n_layer=4, n_embd=32, n_head=2, window=4, sel_heads=2, block_size=64)
 PATTERNS = ["attention", "pom", "hybrid", "PAL", "VL"]
@@ -234,7 +234,7 @@ def test_import_polymixer_does_not_import_transformers_and_the_hook_leaves_nothi
 
 
 def test_bench_lm_decoding_through_transformers(tmp_path):
-    from polymixer.bench.lm import LMBenchConfig, report, run
+    from polymixer.experiments.lm.bench import LMBenchConfig, report, run
 
     cfg = LMBenchConfig(n_layer=2, n_embd=32, n_head=2, window=8, hf_decode_contexts=(16, 48), decode_steps=3,
                         parts=("hf_decode",), out=str(tmp_path))
@@ -247,7 +247,7 @@ def test_bench_lm_decoding_through_transformers(tmp_path):
 
 def test_export_import_with_a_gpt2_bpe_tokenizer(tmp_path):
     pytest.importorskip("regex")
-    from polymixer.data.lm import load_tokenizer
+    from polymixer.tokenizer import load_tokenizer
 
     b2u = bytes_to_unicode()
     encoder = {b2u[b]: b for b in range(256)}

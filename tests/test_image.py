@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from polymixer.data.image import digits, image_folder, save_grid
+from polymixer.experiments.image.data import digits, image_folder, save_grid
 from polymixer.diffusion import FlowMatching, GaussianDiffusion, make_objective
 from polymixer.models import count_parameters, create_model
 from polymixer.models.image import AdaLNPolyMorpher, DiT, DiTConfig
-from polymixer.tasks.image import frechet_distance
+from polymixer.experiments.image.task import frechet_distance
 
 
 def _tiny(mixer="pom", **kw):
@@ -329,7 +329,7 @@ def test_frechet_distance_of_known_gaussians():
 def test_classifier_and_generator_evaluation(tmp_path, monkeypatch):
     """The judge is accurate on held-out digits, and real digits score like real digits."""
     monkeypatch.setenv("POLYMIXER_CACHE", str(tmp_path / "cache"))
-    from polymixer.tasks.image import get_classifier
+    from polymixer.experiments.image.task import get_classifier
 
     d = digits(16)
     clf, acc, test = get_classifier(d)
@@ -345,8 +345,8 @@ def test_classifier_and_generator_evaluation(tmp_path, monkeypatch):
 
 def test_train_sample_eval_commands(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("POLYMIXER_CACHE", str(tmp_path / "cache"))
-    from polymixer.cli import main
-    from polymixer.train.checkpoint import load_model
+    from polymixer.experiments.cli import main
+    from polymixer.checkpoint import load_model
 
     out = tmp_path / "run"
     rc = main(["train", "image", "--preset", "tiny-sipom", "--objective", "ddpm", "--learn-sigma", "--steps", "3",
@@ -365,7 +365,7 @@ def test_train_sample_eval_commands(tmp_path, monkeypatch, capsys):
     text = capsys.readouterr().out
     assert rc == 0 and '"fd_real_floor"' in text and '"cond_accuracy"' in text
     # a checkpoint of another preset does not load into this one, naming the tensors
-    from polymixer.train.checkpoint import load_weights
+    from polymixer.checkpoint import load_weights
 
     other = create_model("tiny-sit", input_size=8)
     with pytest.raises(ValueError, match="does not fit this model"):

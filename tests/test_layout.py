@@ -18,24 +18,30 @@ import polymixer
 
 SRC = Path(polymixer.__file__).parent
 
-# floors, lowest first: a module may import its own floor or lower ones. The package's __init__ (the public API,
-# re-exporting what users import) is above everything.
-FLOORS: List[Tuple[str, ...]] = [
-    ("families", "import_hooks", "files", "report", "metrics", "diffusion"),  # tables, hooks, atomic writes, figures
+# floors, lowest first: a module may import its own floor or lower ones. The library (everything outside
+# polymixer.experiments) comes first; the lab (polymixer.experiments) sits on top of it, one folder per family whose
+# files sit on the floors of their kind (data.py / synth.py, task.py, bench.py). The package's __init__ (the public
+# API) and __main__ (the command line's entry) are above everything.
+LIBRARY: List[Tuple[str, ...]] = [
+    ("families", "import_hooks", "files"),  # the family table, import hooks, atomic writes
     ("ops",),  # the operations: every backend, the dispatcher, the float64 oracles
-    ("functional", "reference", "positions"),  # the public names of the ops kept where users import them
-    ("values", "mixer", "attention", "linear_attention"),  # the token mixers
+    ("functional", "reference", "tokenizer", "diffusion"),  # public names of the ops, tokenizers, diffusion objectives
+    ("values", "layers"),  # the token mixers, one class per mixer
     ("blocks",),  # PolyMorpher and the mixer table
-    ("data",),  # loaders, offline defaults, dataset constants
     ("models",),  # the registry and one file per family
-    ("train",),  # the one loop and checkpoints
+    ("checkpoint",),  # atomic, verified checkpoints
     ("hf", "pomify"),  # transformers integration and conversion of trained models
-    ("tasks",),  # each family's task and commands
-    ("bench",),  # the benchmark commands
-    ("cli",),  # the command line
-    ("__main__",),  # python -m polymixer (torchrun -m polymixer)
-    ("__init__",),
 ]
+LAB: List[Tuple[str, ...]] = [
+    ("experiments", "commands", "report", "metrics", "data"),  # what every family's experiment shares at the bottom
+    ("data.py", "synth.py"),  # a family's loaders and offline default
+    ("train",),  # the one training loop
+    ("tasks", "task.py"),  # the data check and presets; a family's task and commands
+    ("bench", "bench.py"),  # the cross-family benches and the parity judge; a family's bench
+    ("cli",),  # the command line
+]
+FLOORS: List[Tuple[str, ...]] = LIBRARY + LAB + [("__main__",), ("__init__",)]
+FAMILY_FOLDERS = ("lm", "image", "ocr", "eo", "points", "recall", "distill")
 
 
 def _modules() -> Dict[str, Tuple[Path, bool]]:
@@ -104,11 +110,32 @@ def _graph() -> Tuple[Dict[str, Set[str]], List[str]]:
 def _floor(mod: str) -> int:
     if mod == "polymixer":
         return len(FLOORS) - 1
-    top = mod.split(".")[1]
-    for i, names in enumerate(FLOORS):
-        if top in names:
-            return i
-    raise AssertionError(f"{mod} is on no floor of tests/test_layout.py: add it to FLOORS")
+    parts = mod.split(".")
+    top = parts[1]
+    if top == "__main__":
+        return len(FLOORS) - 2
+    if top != "experiments":
+        for i, names in enumerate(LIBRARY):
+            if top in names:
+                return i
+        raise AssertionError(f"{mod} is on no floor of tests/test_layout.py: add it to LIBRARY")
+    key = "experiments" if len(parts) == 2 else parts[2]
+    if key in FAMILY_FOLDERS:
+        key = "experiments" if len(parts) == 3 else parts[3] + ".py"
+    for i, names in enumerate(LAB):
+        if key in names:
+            return len(LIBRARY) + i
+    raise AssertionError(f"{mod} is on no floor of tests/test_layout.py: add it to LAB")
+
+
+def test_the_library_imports_nothing_from_the_lab():
+    """What users import (ops, layers, blocks, models, checkpoint, hf, pomify, …) works without the lab: no module
+    outside polymixer.experiments imports one inside it, lazily or not (the command line's entry point aside)."""
+    edges, _ = _graph()
+    lab = "polymixer.experiments"
+    leaks = [f"{m} imports {t}" for m, targets in sorted(edges.items()) if not m.startswith(lab)
+             and m != "polymixer.__main__" for t in sorted(targets) if t == lab or t.startswith(lab + ".")]
+    assert not leaks, "\n".join(leaks)
 
 
 def test_every_module_is_on_a_floor_and_imports_none_above_it():
@@ -163,21 +190,23 @@ def test_no_module_imports_another_modules_private_name():
 def test_the_checker_sees_lazy_relative_and_private_imports(tmp_path, monkeypatch):
     """The graph is built right: a lazy import inside a function, ``from .. import x`` and a private name count."""
     pkg = tmp_path / "polymixer"
-    (pkg / "data").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "data" / "__init__.py").write_text("")
+    lm = pkg / "experiments" / "lm"
+    lm.mkdir(parents=True)
+    for init in (pkg, pkg / "experiments", lm):
+        (init / "__init__.py").write_text("")
     (pkg / "functional.py").write_text("def _helper():\n    pass\n")
-    (pkg / "data" / "lm.py").write_text("def f():\n    from ..tasks import lm\n    from ..functional import _helper\n"
-                                        "    from .. import functional as Fn\n    return Fn._helper\n")
-    (pkg / "tasks").mkdir()
-    (pkg / "tasks" / "__init__.py").write_text("")
-    (pkg / "tasks" / "lm.py").write_text("from ..data import lm\n")
+    (lm / "data.py").write_text("def f():\n    from . import task\n    from ...functional import _helper\n"
+                                "    from ... import functional as Fn\n    return Fn._helper\n")
+    (lm / "task.py").write_text("from .data import f\n")
+    (pkg / "blocks.py").write_text("def g():\n    from .experiments.lm import data\n")
     monkeypatch.setattr(sys.modules[__name__], "SRC", pkg)
     edges, private = _graph()
-    assert edges["polymixer.data.lm"] == {"polymixer.tasks.lm", "polymixer.functional"}
-    assert sorted(private) == ["polymixer.data.lm imports polymixer.functional._helper",
-                               "polymixer.data.lm reads polymixer.functional._helper"]
-    with pytest.raises(AssertionError, match="data.lm .* imports polymixer.tasks.lm"):
+    assert edges["polymixer.experiments.lm.data"] == {"polymixer.experiments.lm.task", "polymixer.functional"}
+    assert sorted(private) == ["polymixer.experiments.lm.data imports polymixer.functional._helper",
+                               "polymixer.experiments.lm.data reads polymixer.functional._helper"]
+    with pytest.raises(AssertionError, match="lm.data .* imports polymixer.experiments.lm.task"):
         test_every_module_is_on_a_floor_and_imports_none_above_it()
     with pytest.raises(AssertionError, match="import each other"):
         test_no_two_modules_import_each_other()
+    with pytest.raises(AssertionError, match="polymixer.blocks imports polymixer.experiments.lm.data"):
+        test_the_library_imports_nothing_from_the_lab()

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from polymixer.data.lm import ByteTokenizer, GPT2BPE, TokenWindows, bytes_to_unicode, default_corpus_files, \
-    load_tokenizer, prepare_corpus
+from polymixer.experiments.lm.data import TokenWindows, default_corpus_files, prepare_corpus
+from polymixer.tokenizer import GPT2BPE, ByteTokenizer, bytes_to_unicode, load_tokenizer
 from polymixer.functional import documents_cu_seqlens
 
 

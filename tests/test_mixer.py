@@ -184,7 +184,7 @@ def test_rope_1d_matches_relative_reference(kw, sel_heads):
 
 
 def test_rope_2d_matches_relative_reference(fused):
-    from polymixer.positions import grid_positions
+    from polymixer.layers.positions import grid_positions
 
     m = random_pom(D_MODEL, rope="2d", rope_base=20.0)
     x = torch.randn(B, 30, D_MODEL, dtype=torch.float64)

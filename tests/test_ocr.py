@@ -12,12 +12,13 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from polymixer.cli import main as cli
-from polymixer.data.ocr import AugmentConfig, Charset, augment, collate, compose_page, list_split, load_line_image, \
-    load_split, page_of
-from polymixer.metrics import error_rates, wer_words
-from polymixer.tasks.ocr import OCRTask, PageSpec, make_example, evaluate_ocr, load_recognizer, train_ocr
-from polymixer.train.loop import TrainConfig
+from polymixer.experiments.cli import main as cli
+from polymixer.experiments.ocr.data import (
+    AugmentConfig, Charset, augment, collate, compose_page, list_split, load_line_image, load_split, page_of,
+)
+from polymixer.experiments.metrics import error_rates, wer_words
+from polymixer.experiments.ocr.task import OCRTask, PageSpec, make_example, evaluate_ocr, load_recognizer, train_ocr
+from polymixer.experiments.train.loop import TrainConfig
 
 SMALL = dict(dim=32, heads=2, stem_channels=(8, 16, 32), depth=2, sel_heads=2)
 TEXTS = ["the cat", "a dog ran", "Hello, world!", "sat on it", "12 apples", "no (way)", "end.", "go home"]
@@ -239,7 +240,7 @@ def test_one_step_lowers_the_loss(dataset):
 
 def test_sam_takes_the_gradient_at_the_climbed_point():
     """SAM on f(w) = ½ Σ a_i w_i²: the step must use ∇f(w + ρ g/‖g‖) — checked against the closed form."""
-    from polymixer.train.loop import train
+    from polymixer.experiments.train.loop import train
 
     class Quad(torch.nn.Module):
         def __init__(self):

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from polymixer.data import ocr_synth
-from polymixer.data.ocr_synth import (IAM_CHARSET, digit_pools, fonts, render_digit_lines, render_synthetic_lines,
-                                      sentences)
+from polymixer.experiments.ocr import synth as ocr_synth
+from polymixer.experiments.ocr.synth import (
+    IAM_CHARSET, digit_pools, fonts, render_digit_lines, render_synthetic_lines, sentences,
+)
 
 TINY = {"train": 6, "val": 2, "test": 2}
 NAME = re.compile(r"^(?P<prefix>[a-z]+)-(?P<page>\d{5})-(?P<line>\d{2})\.png$")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from polymixer.bench import parity
+from polymixer.experiments.bench import parity
 
 
 def _write(folder, name, part, rows, config=None):
@@ -54,7 +54,7 @@ def test_parity_reads_best_rates_and_judges_targets(tmp_path):
 
 
 def test_parity_without_results_says_where_it_looked(tmp_path, capsys):
-    from polymixer.cli import main
+    from polymixer.experiments.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["bench", "parity", "--out", str(tmp_path)])
@@ -93,7 +93,7 @@ def test_parity_takes_medians_over_the_seed_folders_on_the_seeds_both_ran(tmp_pa
             ) in parity.report(
         parity.collect(tmp_path))
     # the bench's own report judges the same way: one verdict path (its seed folders read the same)
-    from polymixer.bench.common import seed_payloads
+    from polymixer.experiments.bench.common import seed_payloads
 
     main = json.loads((tmp_path / "eo.json").read_text())
     lines = parity.verdict_lines("eo", main, seed_payloads(tmp_path, "eo"))
@@ -397,7 +397,7 @@ def test_a_recall_row_counts_its_own_seeds_and_zoologys_recipe_has_its_own_row(t
 def test_zoologys_figure_2_judges_the_value_pom_against_based_at_every_state_size(tmp_path):
     """The state target reads the zoology part (figure 2): not run without it; met only when every length, size and
     form ran on 3 seeds of both; a miss on 3 seeds is a settled MISSED, on fewer an unsettled one with its command."""
-    import polymixer.bench.recall as recall
+    import polymixer.experiments.recall.bench as recall
 
     def row(variant, L, value, seeds=3, best=True):
         return {"variant": variant, "seq_len": L, "pairs": L // 4, "steps": 2000, "median": value, "lr": 0.003,
@@ -513,8 +513,8 @@ def test_a_seed_folders_report_judges_the_family_not_its_seed_alone(tmp_path):
     """A seed folder's own report (``bench <family> --seed N --out docs/bench/<family>_seedN``) gives the family's
     verdicts, judged on the main JSON and every seed folder as ``bench parity`` judges them — judged on its seed
     alone it would ask again for the seeds the main folder holds ("--seed 0 --out docs/bench/eo_seed0")."""
-    from polymixer.bench import eo as eo_bench
-    from polymixer.bench.common import main_payload, seed_payloads, write_report
+    from polymixer.experiments.eo import bench as eo_bench
+    from polymixer.experiments.bench.common import main_payload, seed_payloads, write_report
 
     def eo(folder, seed, rows):
         folder.mkdir(exist_ok=True)
@@ -546,9 +546,9 @@ def test_every_to_run_line_is_a_command_the_cli_takes():
     import shlex
     from pathlib import Path
 
-    from polymixer.bench.common import parse_variant
-    from polymixer.bench.recall import VARIANTS
-    from polymixer.cli import build_parser
+    from polymixer.experiments.bench.common import parse_variant
+    from polymixer.experiments.recall.bench import VARIANTS
+    from polymixer.experiments.cli import build_parser
 
     payload = parity.collect(Path(__file__).parents[1] / "docs" / "bench")
     commands = [c for f in payload["families"] for c in f["to_run"]]

@@ -10,10 +10,12 @@ from typing import Optional
 import numpy as np
 import pytest
 
-from polymixer.data import points_synth
-from polymixer.data.points import FORMATS, SCANNET20_CLASSES, AugmentConfig, PointDataset, Scene, augment, \
-    detect_format, load_ply, load_scannet_scene, load_semantickitti_scan, voxelize, write_ply
-from polymixer.data.points_synth import default_data, make_room, resolve_data, write_synthetic_rooms
+from polymixer.experiments.points import synth as points_synth
+from polymixer.experiments.points.data import (
+    FORMATS, SCANNET20_CLASSES, AugmentConfig, PointDataset, Scene, augment, detect_format, load_ply,
+    load_scannet_scene, load_semantickitti_scan, voxelize, write_ply,
+)
+from polymixer.experiments.points.synth import default_data, make_room, resolve_data, write_synthetic_rooms
 
 
 def unit(v: np.ndarray) -> np.ndarray:

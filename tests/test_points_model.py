@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from polymixer import PoM
-from polymixer.attention import Attention
+from polymixer.layers.attention import Attention
 from polymixer.models import count_parameters, create_model
 from polymixer.models.points import ORDERS, PointLevel, SerializedMixer, encode, hilbert_encode, kernel_offsets, \
     neighbour_map, submconv3d, z_order_encode
-from polymixer.train.loop import TrainConfig, configure_optimizer
+from polymixer.experiments.train.loop import TrainConfig, configure_optimizer
 
 SMALL = dict(enc_depths=(1, 1, 2), enc_channels=(8, 16, 16), enc_heads=(1, 2, 2), dec_depths=(1, 1),
              dec_channels=(8, 16), dec_heads=(1, 2), patch_size=24, drop_path=0.0, in_channels=6, num_classes=5)

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from polymixer.cli import main
-from polymixer.data.points import PointDataset
-from polymixer.data.points_synth import write_synthetic_rooms
+from polymixer.experiments.cli import main
+from polymixer.experiments.points.data import PointDataset
+from polymixer.experiments.points.synth import write_synthetic_rooms
 from polymixer.models import create_model
-from polymixer.data.points import collate
-from polymixer.tasks.points import PointTask, evaluate_points, lovasz_softmax, predict_scene
-from polymixer.train.checkpoint import load_weights, resolve_checkpoint
-from polymixer.train.loop import TrainConfig, configure_optimizer
+from polymixer.experiments.points.data import collate
+from polymixer.experiments.points.task import PointTask, evaluate_points, lovasz_softmax, predict_scene
+from polymixer.checkpoint import load_weights, resolve_checkpoint
+from polymixer.experiments.train.loop import TrainConfig, configure_optimizer
 
 TOY = dict(enc_depths=(1, 1, 1), enc_channels=(8, 16, 16), enc_heads=(1, 2, 2), dec_depths=(1, 1),
            dec_channels=(8, 16), dec_heads=(1, 2), patch_size=64, drop_path=0.0)
@@ -107,7 +107,7 @@ def test_train_eval_segment_commands_and_checkpoint_round_trip(rooms, tmp_path, 
     cfg = json.loads((ck / "config.json").read_text())
     assert cfg["family"] == "points" and cfg["data"]["format"] == "scannet"
     # the weights load back into a fresh model bit for bit
-    from polymixer.tasks.points import load_segmenter
+    from polymixer.experiments.points.task import load_segmenter
 
     model, _ = load_segmenter(run)
     fresh = create_model("tiny-ppomv3-hybrid")
@@ -148,8 +148,8 @@ def test_bench_points_runs_every_part(rooms, tmp_path):
     that rate."""
     from dataclasses import replace
 
-    from polymixer.bench.common import sweep_folder
-    from polymixer.bench.points import PointBenchConfig, report, run
+    from polymixer.experiments.bench.common import sweep_folder
+    from polymixer.experiments.points.bench import PointBenchConfig, report, run
 
     cfg = PointBenchConfig(presets=("ptv3", "ppomv3"), sizes=(600,), patch_models=("ppomv3+pom_patch_size=scene",),
                            patch_scene=600, repeats=1, conv_points=600, conv_channels=(4,),
@@ -201,7 +201,7 @@ def test_bench_points_runs_every_part(rooms, tmp_path):
 
 
 def test_picture_owner_never_replaces_another_models_picture():
-    from polymixer.bench.common import picture_owner
+    from polymixer.experiments.bench.common import picture_owner
 
     assert picture_owner("b", ("a", "b"), drawn_before=True) == "b"
     assert picture_owner("b", ("a", "c"), drawn_before=False) == "c"  # nothing drawn yet: the last model
@@ -211,8 +211,8 @@ def test_picture_owner_never_replaces_another_models_picture():
 
 DDP_SCRIPT = """
 import sys, torch
-from polymixer.tasks.points import train_points
-from polymixer.train.loop import TrainConfig
+from polymixer.experiments.points.task import train_points
+from polymixer.experiments.train.loop import TrainConfig
 cfg = TrainConfig(steps=2, batch_size=2, lr=1e-3, warmup=1, eval_every=100, ckpt_every=100, out=sys.argv[1] + "/run",
                   progress=False, seed=5)
 toy = dict(enc_depths=(1, 1, 2), enc_channels=(8, 16, 16), enc_heads=(1, 2, 2), dec_depths=(1, 1),
@@ -245,7 +245,7 @@ def test_evaluation_defaults_to_the_first_labelled_split(rooms, tmp_path):
     """ScanNet's test scenes carry no labels and SemanticKITTI's test scans neither: the default is then val."""
     import shutil
 
-    from polymixer.data.points import labelled_split
+    from polymixer.experiments.points.data import labelled_split
 
     assert labelled_split(rooms) == "test"
     copy = tmp_path / "unlabelled"

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from polymixer.data.recall import IGNORE, ZOOLOGY_MIXTURE, mqar, mqar_mixture
-from polymixer.linear_attention import LinearAttention, taylor_features
+from polymixer.experiments.recall.data import IGNORE, ZOOLOGY_MIXTURE, mqar, mqar_mixture
+from polymixer.layers.linear_attention import LinearAttention, taylor_features
 from polymixer.models import create_model, list_models
 from polymixer.reference import visibility
 
@@ -167,7 +167,7 @@ def test_a_shifted_mixer_saved_under_its_old_name_loads(tmp_path):
     checkpoints load, through the checkpoint loader too, and give the same outputs."""
     from safetensors.torch import load_file, save_file, save_model
 
-    from polymixer.train.checkpoint import _write_manifest, load_weights
+    from polymixer.checkpoint import _write_manifest, load_weights
 
     for preset in ("mqar-attention", "mqar-pom"):
         m = create_model(preset, vocab_size=64, seq_len=16, d_model=16, token_shift=True)
@@ -208,8 +208,8 @@ def test_training_loss_reads_the_head_at_the_queries_only():
 
 
 def test_recall_task_trains_through_the_shared_loop(tmp_path):
-    from polymixer.tasks.recall import RecallTask, train_recall
-    from polymixer.train.loop import TrainConfig
+    from polymixer.experiments.recall.task import RecallTask, train_recall
+    from polymixer.experiments.train.loop import TrainConfig
 
     task = RecallTask(16, 2, 64, 8, seed=0, test_examples=20)
     a, b = task.batch(3, 0, 2, torch.device("cpu")), task.batch(3, 1, 2, torch.device("cpu"))
@@ -229,8 +229,8 @@ def test_recall_task_trains_through_the_shared_loop(tmp_path):
 def test_recall_trains_on_a_mixture_and_tests_at_its_point(tmp_path):
     """With a mixture the model's positions span its longest example and its batches are the mixture's; the test
     and validation draws, and the state a decoder keeps, stay at the point asked for."""
-    from polymixer.tasks.recall import RecallTask, train_recall
-    from polymixer.train.loop import TrainConfig
+    from polymixer.experiments.recall.task import RecallTask, train_recall
+    from polymixer.experiments.train.loop import TrainConfig
 
     mixture = ((8, 1, 1), (24, 4, 1))
     task = RecallTask(16, 2, 64, 8, seed=0, test_examples=20, mixture=mixture)
@@ -246,7 +246,7 @@ def test_recall_trains_on_a_mixture_and_tests_at_its_point(tmp_path):
 
 
 def test_bench_recall_on_a_toy(tmp_path):
-    from polymixer.bench.recall import RecallBenchConfig, report, run
+    from polymixer.experiments.recall.bench import RecallBenchConfig, report, run
 
     cfg = RecallBenchConfig(vocab_size=64, d_model=16, steps=3, batch=8, seeds=(0, 1), state_point=(16, 2),
                             state_variants=("attention", "attention-shift", "vpom-1k", "based-1k", "linear-1k", "pom",
@@ -281,7 +281,7 @@ def test_bench_recall_trains_a_mixture_run_once_for_every_point(tmp_path):
     training data in the same --out does not read its rows as its own."""
     from dataclasses import replace
 
-    from polymixer.bench.recall import RecallBenchConfig, report, run
+    from polymixer.experiments.recall.bench import RecallBenchConfig, report, run
 
     cfg = RecallBenchConfig(vocab_size=64, d_model=16, steps=2, batch=8, seeds=(0,), length_points=((24, 4),),
                             length_variants=("attention",), parts=("length",), test_examples=16, curves=False,
@@ -297,8 +297,8 @@ def test_bench_recall_trains_a_mixture_run_once_for_every_point(tmp_path):
     assert rows[24]["median"] == first["median"] and rows[16]["state_floats"] == 2 * 16 * 16
     assert rows[24]["state_floats"] == 2 * 24 * 16  # attention's cache at the point tested
     # the training's own evaluation at 24:4 and a score from the checkpoint agree
-    from polymixer.tasks.recall import RecallTask, recall_accuracy
-    from polymixer.train.checkpoint import load_model
+    from polymixer.experiments.recall.task import RecallTask, recall_accuracy
+    from polymixer.checkpoint import load_model
 
     model = load_model(record.parent, family="recall")
     draws = RecallTask(24, 4, 64, 8, seed=1337, test_examples=16).test
@@ -312,7 +312,7 @@ def test_bench_recall_trains_a_mixture_run_once_for_every_point(tmp_path):
 def test_bench_recall_skips_a_run_another_process_is_training(tmp_path):
     """Two processes given the same run: the one that finds its folder claimed leaves it to the other (a warning
     says so) and trains the rest; run again once the claim has ended, the bench trains it."""
-    from polymixer.bench.recall import RecallBenchConfig, run
+    from polymixer.experiments.recall.bench import RecallBenchConfig, run
     from polymixer.files import claimed
 
     cfg = RecallBenchConfig(vocab_size=64, d_model=16, steps=2, batch=8, seeds=(0, 1), state_point=(16, 2),
@@ -330,9 +330,9 @@ def test_bench_recall_skips_a_run_another_process_is_training(tmp_path):
 def test_resume_a_run_saved_before_a_config_field_existed(tmp_path):
     """A checkpoint written before a model-config field was added resumes when the run keeps that field's default,
     and is refused when it does not."""
-    from polymixer.tasks.recall import train_recall
-    from polymixer.train.checkpoint import _write_manifest
-    from polymixer.train.loop import TrainConfig
+    from polymixer.experiments.recall.task import train_recall
+    from polymixer.checkpoint import _write_manifest
+    from polymixer.experiments.train.loop import TrainConfig
 
     kw = dict(num_kv_pairs=2, test_examples=8, seq_len=16, vocab_size=64, d_model=16)
     cfg = TrainConfig(steps=2, batch_size=4, eval_every=2, ckpt_every=1, out=str(tmp_path), progress=False)
@@ -351,7 +351,7 @@ def test_resume_a_run_saved_before_a_config_field_existed(tmp_path):
 def test_bench_recall_length_points_from_the_command_line():
     import argparse
 
-    from polymixer.bench.recall import add_arguments
+    from polymixer.experiments.recall.bench import add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -361,7 +361,7 @@ def test_bench_recall_length_points_from_the_command_line():
 
 
 def _toy_sweep(tmp_path, **kw):
-    from polymixer.bench.recall import RecallBenchConfig
+    from polymixer.experiments.recall.bench import RecallBenchConfig
 
     return RecallBenchConfig(**{**dict(vocab_size=64, d_model=16, steps=2, batch=8, seeds=(0, 1), state_point=(16, 2),
                                        state_variants=("attention", "pom"), sweep=("attention",), test_examples=16,
@@ -375,7 +375,7 @@ def test_bench_recall_sweeps_the_learning_rate(tmp_path):
     keep their rows."""
     import shutil
 
-    from polymixer.bench.recall import report, run
+    from polymixer.experiments.recall.bench import report, run
 
     cfg = _toy_sweep(tmp_path)
     payload = run(cfg, progress=False)
@@ -412,7 +412,7 @@ def test_bench_recall_sweeps_the_learning_rate(tmp_path):
 def test_bench_recall_report_shows_each_variant_at_its_best_rate():
     """Selection and the report on recorded runs: the best rate by the sweep seed's accuracy (ties: more seeds, then
     the recipe's rate), every rate's score in the sweep table, the targets judged at the best rates."""
-    from polymixer.bench.recall import RecallBenchConfig, _summarise, report
+    from polymixer.experiments.recall.bench import RecallBenchConfig, _summarise, report
 
     cfg = RecallBenchConfig()
 
@@ -446,7 +446,7 @@ def test_bench_recall_picks_rates_on_the_validation_draw():
     """The rate is chosen on the validation accuracy of the sweep seed, never on the reported test accuracy; a variant
     any of whose sweep runs lacks a validation score (recorded before the draw, checkpoint gone) is judged on test at
     every rate, and the row and the report say so."""
-    from polymixer.bench.recall import RecallBenchConfig, _summarise, report
+    from polymixer.experiments.recall.bench import RecallBenchConfig, _summarise, report
 
     def r(variant, seed, lr, acc, val=None):
         out = {"variant": variant, "family": "x", "seq_len": 64, "pairs": 16, "seed": seed, "steps": 2000, "lr": lr,
@@ -474,7 +474,7 @@ def test_bench_recall_scores_old_runs_on_the_validation_draw(tmp_path):
     training gives), but only when the checkpoint gives back the recorded test accuracy."""
     import warnings
 
-    from polymixer.bench.recall import run
+    from polymixer.experiments.recall.bench import run
 
     cfg = _toy_sweep(tmp_path, seeds=(0,), state_variants=("pom",), sweep=())
     first = run(cfg, progress=False)["state"]["runs"][0]
@@ -498,7 +498,7 @@ def test_bench_recall_scores_old_runs_on_the_validation_draw(tmp_path):
 def test_bench_recall_trains_again_the_sweep_runs_recorded_without_a_validation_score(tmp_path, monkeypatch):
     """Runs recorded in recall.json before the validation draw existed, their folders gone: the sweep seed of a swept
     variant is trained again (its rate is chosen on that score), the other seeds and unswept variants are kept."""
-    import polymixer.bench.recall as bench
+    import polymixer.experiments.recall.bench as bench
 
     trained = []
 
@@ -530,7 +530,7 @@ def test_bench_recall_trains_again_the_sweep_runs_recorded_without_a_validation_
 def test_bench_recall_keeps_the_runs_a_process_beside_it_recorded_meanwhile(tmp_path, monkeypatch):
     """Two slices of one part (``--variants``) run side by side: the one finishing last writes the part with the
     other's runs, recorded while it trained, not with what the file held when it started."""
-    import polymixer.bench.recall as bench
+    import polymixer.experiments.recall.bench as bench
 
     beside = []
 
@@ -553,7 +553,7 @@ def test_bench_recall_records_each_run_as_it_finishes(tmp_path, monkeypatch):
     """A process stopped in the middle of a part (killed, or its machine given back with the run folders) leaves the
     runs it finished in recall.json, with their rows, beside the runs another slice recorded before it: the next
     process (or ``--collect``) starts from them, not from nothing."""
-    import polymixer.bench.recall as bench
+    import polymixer.experiments.recall.bench as bench
 
     def row(cfg, variant, L, K, seed, lr):
         return {"variant": variant, "family": variant, "seq_len": L, "pairs": K, "seed": seed, "steps": cfg.steps,
@@ -584,7 +584,7 @@ def test_bench_recall_records_each_run_as_it_finishes(tmp_path, monkeypatch):
 def test_bench_recall_sweep_flags():
     import argparse
 
-    from polymixer.bench.recall import SWEPT, add_arguments
+    from polymixer.experiments.recall.bench import SWEPT, add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -603,7 +603,7 @@ def test_bench_recall_trains_the_other_seeds_at_the_best_rate(tmp_path, monkeypa
     """The plan of a sweep, with the training replaced by a table of accuracies: the first seed at every rate, the
     others at the best rate only, also when the best is a rate added beyond the grid (``--lr-factors``, ``--lrs``);
     nothing trains twice."""
-    import polymixer.bench.recall as bench
+    import polymixer.experiments.recall.bench as bench
 
     acc = {5e-4: 0.1, 1e-3: 0.2, 2e-3: 0.3, 4e-3: 0.9}
     trained, done = [], {}
@@ -642,7 +642,7 @@ def test_bench_recall_brackets_a_best_rate_at_the_end_of_the_grid(tmp_path, monk
     """A swept variant best at the grid's top trains its sweep seed one step higher, again while the new rate is
     best (up to ``bracket`` rates), and its other seeds at the bracketed best; not a variant at the ceiling (no
     rate can gain a point there), nor a share of the sweep (``--lrs``)."""
-    import polymixer.bench.recall as bench
+    import polymixer.experiments.recall.bench as bench
 
     acc = {5e-4: 0.1, 1e-3: 0.2, 2e-3: 0.3, 4e-3: 0.5, 8e-3: 0.4}
     trained = []
@@ -676,7 +676,7 @@ def test_bench_recall_brackets_a_best_rate_at_the_end_of_the_grid(tmp_path, monk
 def test_zoology_forms_name_the_mixer_and_whether_it_reads_the_shift():
     """Figure 2 draws each mixer solid with the shift and dashed without it, read from the variant's own config (PoM
     has no shift unless asked; the value PoM has its own unless value_shift is off)."""
-    from polymixer.bench.recall import ZOOLOGY_VARIANTS, zoology_form
+    from polymixer.experiments.recall.bench import ZOOLOGY_VARIANTS, zoology_form
 
     forms = {v: zoology_form(v) for v in ZOOLOGY_VARIANTS}
     assert forms["pom"] == ("PoM", False) and forms["pom-shift"] == ("PoM", True)
@@ -693,7 +693,7 @@ def test_bench_recall_zoology_part_sweeps_every_mixer_with_and_without_the_shift
     Zoology's recipe."""
     from dataclasses import replace
 
-    import polymixer.bench.recall as bench
+    import polymixer.experiments.recall.bench as bench
 
     trained = []
 
@@ -821,7 +821,7 @@ def test_the_gpu_zoology_script_trains_the_mixture_once_for_its_points(tmp_path)
 def test_bench_recall_zoology_judges_attention_at_l64_only():
     """The target for attention without the shift is at L 64, K 16; at the other lengths of figure 2 attention is the
     ceiling, shown and not judged (a low ceiling at L 128 is not a missed target)."""
-    from polymixer.bench.recall import RecallBenchConfig, _summarise, report
+    from polymixer.experiments.recall.bench import RecallBenchConfig, _summarise, report
 
     def r(L, K, seed, acc):
         return {"variant": "attention", "family": "x", "seq_len": L, "pairs": K, "seed": seed, "steps": 2000,

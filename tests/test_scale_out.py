@@ -17,9 +17,9 @@ pytestmark = pytest.mark.usefixtures("polymixer_cache")
 SCRIPT = r"""
 import json, sys
 import torch
-from polymixer.tasks.lm import train_lm
-from polymixer.train import parallel
-from polymixer.train.loop import TrainConfig
+from polymixer.experiments.lm.task import train_lm
+from polymixer.experiments.train import parallel
+from polymixer.experiments.train.loop import TrainConfig
 
 out, data, steps, stop, cp, fsdp = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), \
     sys.argv[6] == "1"
@@ -42,8 +42,8 @@ if res["rank"] == 0:
 IMAGE_SCRIPT = r"""
 import json, sys
 import torch
-from polymixer.tasks.image import train_image
-from polymixer.train.loop import TrainConfig
+from polymixer.experiments.image.task import train_image
+from polymixer.experiments.train.loop import TrainConfig
 
 out, cp = sys.argv[1], int(sys.argv[5])
 cfg = TrainConfig(steps=2, batch_size=4, lr=1e-3, warmup=1, eval_every=100, ckpt_every=100, log_every=1, out=out,
@@ -85,7 +85,7 @@ def test_context_parallel_step_equals_the_single_process_step_and_resumes(tmp_pa
 
 
 def test_context_parallel_needs_a_family_that_splits_and_plain_windows(tmp_path, corpus_dir):
-    from polymixer.tasks.lm import LMTask
+    from polymixer.experiments.lm.task import LMTask
 
     task = LMTask.__new__(LMTask)
     task.pack = True

@@ -63,7 +63,7 @@ def test_frames_equal_block_causal_forward(K, rope):
 
 
 def test_rope_2d_frames_with_explicit_positions():
-    from polymixer.positions import grid_positions
+    from polymixer.layers.positions import grid_positions
 
     m = random_pom(8, rope="2d")
     x = torch.randn(2, 24, 8, dtype=torch.float64)

@@ -11,10 +11,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from polymixer.cli import main
-from polymixer.tasks.lm import evaluate_checkpoint, train_lm
-from polymixer.train.checkpoint import load_model, resolve_checkpoint
-from polymixer.train.loop import TrainConfig, lr_at
+from polymixer.experiments.cli import main
+from polymixer.experiments.lm.task import evaluate_checkpoint, train_lm
+from polymixer.checkpoint import load_model, resolve_checkpoint
+from polymixer.experiments.train.loop import TrainConfig, lr_at
 
 MODEL = dict(n_layer=2, n_embd=32, n_head=2, block_size=32, window=8, sel_heads=2)
 
@@ -89,8 +89,8 @@ def test_cli_train_generate_eval(tmp_path, corpus_dir, capsys):
 
 DDP_SCRIPT = r"""
 import sys, torch
-from polymixer.tasks.lm import train_lm
-from polymixer.train.loop import TrainConfig
+from polymixer.experiments.lm.task import train_lm
+from polymixer.experiments.train.loop import TrainConfig
 cfg = TrainConfig(steps=4, batch_size=8, lr=3e-3, warmup=1, eval_every=100, ckpt_every=4, log_every=1,
                   out=sys.argv[1], progress=False, seed=3)
 res = train_lm("tiny-hybrid", cfg, [sys.argv[2]], eval_windows=8, n_layer=2, n_embd=32, n_head=2, block_size=32,
@@ -120,7 +120,7 @@ def test_ddp_two_processes_match_single_process(tmp_path, corpus_dir):
 
 
 def test_ema_warmup_forgets_the_initialisation():
-    from polymixer.train.loop import _Ema
+    from polymixer.experiments.train.loop import _Ema
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)

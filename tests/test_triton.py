@@ -176,7 +176,7 @@ def test_rotary_base_reaches_the_kernels_as_float64():
     ahead-of-time builds give it that type — else the angles at long range lose 24 bits (3.6e-4 off on an H200)."""
     import inspect
 
-    from polymixer.ops import aot
+    from polymixer.experiments.bench import aot
 
     takes = {name: k for name, k in tk.KERNELS.items() if "log2base" in k.arg_names}
     assert takes
@@ -258,7 +258,7 @@ def test_hbm_passes_are_counted_as_modelled(case):
     and dg in the backward, before the apply reads them again); the fused route reads x instead of z."""
     if not tc.interpreted():
         pytest.skip("the addresses are counted in Triton's interpreter (TRITON_INTERPRET=1)")
-    from polymixer.ops import traffic
+    from polymixer.experiments.bench import traffic
     from polymixer.ops.cost import hbm_passes
 
     mode, route = case
@@ -280,7 +280,7 @@ def test_each_kernel_alone_declares_the_bytes_it_moves(mode):
     weights and the parameter-gradient partials are left out of the declaration)."""
     if not tc.interpreted():
         pytest.skip("the addresses are counted in Triton's interpreter (TRITON_INTERPRET=1)")
-    from polymixer.ops import traffic
+    from polymixer.experiments.bench import traffic
 
     tk.use_config(None)
     kernels = tk.bench_kernels(2, 256, 64, 64, 2, mode, torch.bfloat16, torch.device("cpu"))
@@ -396,7 +396,7 @@ def test_the_kernels_build_for_sm_80_and_sm_90_without_spills(tmp_path, every):
     ``pytest -m slow``, about 15 minutes without a cache)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "kernels.json"
-    res = subprocess.run([sys.executable, "-m", "polymixer.cli", "kernels", "--arch", "sm_80", "sm_90", "--quiet",
+    res = subprocess.run([sys.executable, "-m", "polymixer", "kernels", "--arch", "sm_80", "sm_90", "--quiet",
                           "--json", str(out)] + ([] if every else ["--representative"]), capture_output=True,
                          text=True, env=env, timeout=3600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -418,7 +418,7 @@ def test_the_kernels_build_for_sm_80_and_sm_90_without_spills(tmp_path, every):
 
 
 def test_the_kernel_summary_keeps_the_worst_configuration():
-    from polymixer.ops.aot import occupancy, summarise
+    from polymixer.experiments.bench.aot import occupancy, summarise
 
     rows = [{"kernel": "k", "arch": "sm_90", "ok": True, "registers": 100, "spills": 0, "shared_bytes": 2048,
              "ctas_per_sm": 4},

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from polymixer.cli import main
-from polymixer.data import lm as lm_data
-from polymixer.data.faults import SampleError, merge_bad
+from polymixer.experiments.cli import main
+from polymixer.experiments.lm import data as lm_data
+from polymixer.experiments.data.faults import SampleError, merge_bad
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,7 +125,7 @@ def test_the_quick_speed_figure_shows_what_was_measured_and_its_threads(tmp_path
     memory panels), and its title says the threads the timings ran with (one on a busy machine)."""
     import json
 
-    from polymixer.bench import mixer as bench_mixer
+    from polymixer.experiments.bench import mixer as bench_mixer
 
     payload = json.loads((ROOT / "docs" / "bench" / "quick" / "mixer.json").read_text())
     payload["threads"] = 1

@@ -298,7 +298,7 @@ def test_the_kernels_still_run_under_highest_on_cpu(device, precision):
 def test_the_aot_builds_cover_every_kernel_at_every_launch_tile():
     """``polymixer kernels`` builds every kernel for sm_80 and sm_90 at each architecture's chunk and every tile the
     launches pick: bf16 and fp32 at all of theirs, fp16 at its default; the scan over bf16 and fp32 states."""
-    from polymixer.ops.aot import Build
+    from polymixer.experiments.bench.aot import Build
 
     builds = vk.aot_builds(Build)
     have = {(b.kernel, b.dtype, b.archs, dict(b.constexprs).get("C"), dict(b.constexprs).get("BK"),

@@ -7,9 +7,9 @@
 """
 
 from . import functional, ops
-from .attention import Attention, AttentionState
+from .layers.attention import Attention, AttentionState
 from .blocks import MLP, PolyMorpher, build_mixer
-from .mixer import PoM, PoMState
+from .layers.pom import PoM, PoMState
 from .ops import backend, backend_for
 from .ops.parallel import context_parallel
 from .pomify import pomify

@@ -8,9 +8,9 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .attention import Attention, AttentionState
-from .linear_attention import LinearAttention
-from .mixer import PoM, PoMState
+from .layers.attention import Attention, AttentionState
+from .layers.linear_attention import LinearAttention
+from .layers.pom import PoM, PoMState
 from .ops.common import CuSeqlens
 
 __all__ = ["MLP", "DropPath", "PolyMorpher", "MixerSpec", "MIXER_TABLE", "MIXER_SPECS", "MIXERS", "LETTERS",

@@ -35,7 +35,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("polymixer.hf needs transformers ≥ 5: pip install 'polymixer[hf]'") from e
 
-from .data.lm import EOT_TEXT, GPT2BPE, ByteTokenizer, Tokenizer, bytes_to_unicode, load_tokenizer
+from .tokenizer import EOT_TEXT, GPT2BPE, ByteTokenizer, Tokenizer, bytes_to_unicode, load_tokenizer
 from .models.lm import GPT, LMConfig, LMState
 
 __all__ = ["PolymixerConfig", "PolymixerForCausalLM", "MixerCacheLayer", "PolymixerCache", "hf_tokenizer",
@@ -362,7 +362,7 @@ def hf_tokenizer(tok: Union[Tokenizer, str, None] = None) -> Any:
 
 
 class HFTokenizer:
-    """A transformers tokenizer behind polymixer's :class:`~polymixer.data.lm.Tokenizer` protocol (corpora,
+    """A transformers tokenizer behind polymixer's :class:`~polymixer.experiments.lm.data.Tokenizer` protocol (corpora,
     bits per byte), for teachers that come as transformers folders."""
 
     def __init__(self, tok: Any, name: str) -> None:
@@ -407,7 +407,7 @@ def to_hf(model: GPT, tokenizer: Union[Tokenizer, str, None] = None) -> Polymixe
 def export_hf(ckpt: Union[str, Path], out: Union[str, Path], ema: Optional[bool] = None) -> Path:
     """Write a polymixer language-model checkpoint as a transformers folder: model.safetensors, config.json,
     generation_config.json and the tokenizer files. ``ema``: None = the EMA weights when the run kept them."""
-    from .train.checkpoint import load_model, read_config
+    from .checkpoint import load_model, read_config
 
     cfg = read_config(ckpt)
     if cfg.get("family") != "lm":
@@ -426,7 +426,7 @@ def import_hf(src: Union[str, Path], run: Union[str, Path]) -> Path:
     """Turn a transformers folder of a :class:`PolymixerForCausalLM` into a polymixer run (a checkpoint that
     ``generate``, ``eval lm``, ``train lm --init-from`` and ``distill lm`` take). A GPT-2 BPE tokenizer is written
     into the run as encoder.json / vocab.bpe."""
-    from .train.checkpoint import save_checkpoint
+    from .checkpoint import save_checkpoint
 
     src = Path(src)
     hf = AutoModelForCausalLM.from_pretrained(src)

@@ -26,9 +26,9 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .attention import Attention
+from .layers.attention import Attention
 from .blocks import layer_pattern, mixer_spec
-from .mixer import PoM
+from .layers.pom import PoM
 from .ops.common import ACTIVATIONS, GATES, resolve
 
 __all__ = ["pomify", "ConvertedMixer", "init_pom_from_attention", "replaced_layers", "load_pomified"]

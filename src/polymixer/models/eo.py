@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
 from ..ops import parallel
-from ..positions import grid_positions
+from ..layers.positions import grid_positions
 
 __all__ = ["TSViTConfig", "TSViT", "DAYS_PER_YEAR", "unpack_dates", "patchify", "unpatchify"]
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
 from ..ops import parallel
-from ..positions import grid_positions, sincos_2d
+from ..layers.positions import grid_positions, sincos_2d
 
 __all__ = ["DiTConfig", "DiT", "AdaLNPolyMorpher", "modulate", "timestep_features"]
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
-from ..mixer import Index, batch_index
+from ..layers.pom import Index, batch_index
 from ..ops import parallel
 from ..ops.common import documents_cu_seqlens, is_compiling, segments
 

@@ -29,11 +29,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
-from ..data.ocr import PIXELS_PER_TOKEN
-from ..positions import sincos_1d, sincos_2d
+from ..layers.positions import sincos_1d, sincos_2d
 
 __all__ = ["HTRConfig", "HTR", "ResNetStem", "MaskedBatchNorm2d", "ctc_greedy_decode", "ctc_loss", "span_mask",
            "token_lengths", "PIXELS_PER_TOKEN"]
+
+PIXELS_PER_TOKEN = 4  # line pixels per token: the recognisers' stems halve the width twice
 
 
 @dataclass

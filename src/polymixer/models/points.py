@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
-from ..mixer import PoM
+from ..layers.pom import PoM
 
 __all__ = ["PTv3Config", "PTv3", "ORDERS", "MAX_DEPTH", "z_order_encode", "hilbert_encode", "encode",
            "kernel_offsets", "neighbour_map", "submconv3d", "SubMConv3d", "PointLevel", "SerializedMixer",

@@ -21,10 +21,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..blocks import LETTERS, PolyMorpher, layer_pattern, mixer_spec
-from ..data.recall import IGNORE
 from ..values import token_shift
 
-__all__ = ["RecallConfig", "RecallLM"]
+__all__ = ["RecallConfig", "RecallLM", "IGNORE"]
+
+IGNORE = -100  # the label of a position that is not scored (cross_entropy's ignore_index)
 
 
 @dataclass

@@ -13,7 +13,8 @@ Two uses:
   form's elementwise work (its passes, :data:`TORCH_FORM_PASSES`, counted on its aten ops), each at the bandwidth it
   was measured at; the projections are the same cuBLAS products on both and cancel.
 * :func:`pom_routes` — the fused route (``triton_gemm``) against cuBLAS + the unfused kernels, and
-  :mod:`polymixer.bench.roofline`'s model of GPT-2 and GPPoM2. The fused route is not chosen automatically from it:
+  :mod:`polymixer.experiments.bench.roofline`'s model of GPT-2 and GPPoM2. The fused route is not chosen automatically
+  from it:
   it was measured slower everywhere it was timed, so only a measurement can put it back in the automatic choice.
 """
 

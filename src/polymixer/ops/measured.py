@@ -8,7 +8,8 @@ kernels). Everything else stays out of the automatic choice until a measurement 
 ``backend(...)`` never looks here (it is strict).
 
 **The table** (``measured.json`` beside this module, shipped with the package; ``POLYMIXER_MEASURED_TABLE=path`` or
-:func:`use_table` reads another) is built by :mod:`polymixer.bench.dispatch_table` from what ``polymixer bench mixer
+:func:`use_table` reads another) is built by :mod:`polymixer.experiments.bench.dispatch_table` from what ``polymixer
+bench mixer
 --device cuda`` wrote. Its format (``"format": "polymixer.measured/1"``)::
 
     {"format": ..., "margin": 0.95, "runs": [{

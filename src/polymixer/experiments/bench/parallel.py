@@ -1,0 +1,276 @@
+"""``polymixer bench parallel``: context parallelism — what a layer sends, how long it takes and what it holds per
+rank, against the sequence length and the number of ranks.
+
+Every configuration runs in P gloo processes on this machine (one thread each; P = 1 is the plain single-process
+layer): a causal layer's forward + backward on one sequence of N tokens, each rank holding N / P of them. For PoM, the
+value-carrying PoM and attention it reports
+
+- the bytes each rank sends per layer (forward + backward), counted from the tensors of the collectives the layer
+  runs (:class:`polymixer.ops.parallel.ContextParallel`): PoM's do not depend on N, attention's (the keys and values of
+  every other rank — what ring attention sends too, in P − 1 steps) grow with it;
+- the median step time per rank and the peak tensor memory per rank (PyTorch's allocations, replayed);
+- the longest N that fits a memory budget per rank, extrapolated from the measured peak at the longest N run
+  (linear in N / P for PoM; attention here materialises its (N / P) × N scores, so quadratic);
+
+and a labelled MODEL of 8 × H100 over NVLink: the same bytes, bf16, at NVLink's bandwidth, beside the layer's GEMM
+time. Attention's exchange at lengths whose scores would not fit this machine is counted by running the exchange
+alone on the real shapes (rows marked "exchange only").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import torch
+
+from ..report import format_table, new_figure, save_figure
+from .common import machine, peak_memory_mb, read_json, time_interleaved, write_json
+
+__all__ = ["ParallelBenchConfig", "run", "report", "nvlink_model", "add_arguments", "main"]
+
+MIXERS = ("pom", "value_pom", "attention")
+
+
+@dataclass
+class ParallelBenchConfig:
+    dim: int = 512
+    expand: int = 2
+    heads: int = 8
+    value_dim: int = 512
+    lengths: Tuple[int, ...] = (4096, 16384, 65536)
+    attention_max: int = 8192  # longest N attention runs whole here (its scores are (N/P) × N per rank)
+    ranks: Tuple[int, ...] = (1, 2, 4)
+    repeats: int = 3
+    budget_gb: float = 16.0  # memory per rank for the longest-N extrapolation
+    model_gpus: int = 8
+    model_lengths: Tuple[int, ...] = (65536, 262144, 1048576)
+    out: str = "runs/bench/parallel"
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for a local process group's rendezvous (a fixed one collides with any
+    other world on the machine, e.g. another test under xdist)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _layer(kind: str, cfg: ParallelBenchConfig) -> torch.nn.Module:
+    from ...layers.attention import Attention
+    from ...layers.pom import PoM
+
+    torch.manual_seed(0)
+    if kind == "pom":
+        return PoM(cfg.dim, expand=cfg.expand, sel_heads=cfg.heads)
+    if kind == "value_pom":
+        return PoM(cfg.dim, expand=1, value_dim=cfg.value_dim, heads=cfg.heads)
+    return Attention(cfg.dim, heads=cfg.heads)
+
+
+def _worker(rank: int, world: int, port: int, cfg: ParallelBenchConfig, plan: List[Tuple[str, int, bool]],
+            out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from ...ops.parallel import context_parallel, gather_rows
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rows = []
+    for kind, N, exchange_only in plan:
+        n = N // world
+        layer = _layer(kind, cfg)
+        x = torch.randn(1, n, cfg.dim, requires_grad=True)
+        sent: Dict[str, int] = {}
+
+        def step() -> None:
+            with context_parallel() as cp:
+                if exchange_only:  # attention's keys and values, as its forward gathers them, and their gradient
+                    kv = torch.randn(1, n, cfg.heads, 2 * cfg.dim // cfg.heads, requires_grad=True)
+                    rows_, zero = gather_rows(kv, cp, [n] * world, "attention keys and values")
+                    torch.cat([zero] + rows_, dim=1).sum().backward()
+                else:
+                    layer(x, causal=True).square().mean().backward()
+            sent["bytes"] = cp.bytes_sent
+
+        timing = time_interleaved({"step": step}, warmup=1, repeats=cfg.repeats)["step"]
+        peak = None if exchange_only else peak_memory_mb(step)
+        rows.append({"mixer": kind, "N": N, "P": world, "n_per_rank": n, "exchange_only": exchange_only,
+                     "bytes_per_rank": sent["bytes"] if world > 1 else 0, "step_s": timing.median,
+                     "spread": timing.spread, "peak_mb": peak})
+        dist.barrier()
+    if rank == 0:
+        Path(out_dir, f"ranks{world}.json").write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def _plan(cfg: ParallelBenchConfig, world: int) -> List[Tuple[str, int, bool]]:
+    plan = []
+    for N in cfg.lengths:
+        if N % world:
+            continue
+        plan += [("pom", N, False), ("value_pom", N, False)]
+        if N <= cfg.attention_max:
+            plan.append(("attention", N, False))
+        elif world > 1:
+            plan.append(("attention", N, True))
+    return plan
+
+
+def nvlink_model(cfg: ParallelBenchConfig, counted: Dict[str, Dict[int, int]]) -> List[Dict[str, Any]]:
+    """Per layer and rank on ``model_gpus`` H100 over NVLink (MODEL): PoM's bytes as counted here per other rank
+    (its sums stay fp32 in bf16 training), scaled to the GPU count; ring attention's keys and values in bf16, sent
+    P − 1 times forward and, with their gradients, twice as much backward; at 450 GB/s per direction, beside PoM's
+    GEMM time (fwd + bwd of W_in and W_o at 70% of 989 TFLOP/s)."""
+    P = cfg.model_gpus
+    nvlink, peak, eff = 450e9, 989e12, 0.70
+    D = cfg.expand * cfg.dim
+    pom = counted.get("pom", {})
+    per_peer = pom[max(pom)] / (max(pom) - 1) if pom else 0.0
+    out = []
+    for N in cfg.model_lengths:
+        n = N // P
+        gemm = 3 * 2 * n * cfg.dim * (2 * D + D) / (peak * eff)
+        pom_bytes = per_peer * (P - 1)
+        ring = 3 * (P - 1) * n * 2 * cfg.dim * 2
+        out.append({"N": N, "P": P, "pom_bytes": pom_bytes, "ring_bytes": ring, "pom_us": 1e6 * pom_bytes / nvlink,
+                    "ring_us": 1e6 * ring / nvlink, "gemm_us": 1e6 * gemm,
+                    "ratio": ring / pom_bytes if pom_bytes else None})
+    return out
+
+
+def run(cfg: ParallelBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    import torch.multiprocessing as mp
+    from tqdm.auto import tqdm
+
+    rows: List[Dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for P in tqdm(cfg.ranks, desc="bench parallel (ranks)", disable=not progress):
+            mp.spawn(_worker, args=(P, free_port(), cfg, _plan(cfg, P), tmp), nprocs=P, join=True)
+            rows += read_json(Path(tmp, f"ranks{P}.json"))
+    single = {(r["mixer"], r["N"]): r for r in rows if r["P"] == 1}
+    for r in rows:
+        base = single.get((r["mixer"], r["N"]))
+        r["memory_vs_one"] = (r["peak_mb"] / base["peak_mb"]) if base and r["peak_mb"] and base["peak_mb"] else None
+    counted = {}
+    for r in rows:
+        if r["P"] > 1:
+            counted.setdefault(r["mixer"], {})[r["P"]] = r["bytes_per_rank"]
+    fits = []
+    for kind in MIXERS:
+        for P in cfg.ranks:
+            run_ = [r for r in rows if r["mixer"] == kind and r["P"] == P and r["peak_mb"]]
+            if not run_:
+                continue
+            last = max(run_, key=lambda r: r["N"])
+            scale = cfg.budget_gb * 1024 / last["peak_mb"]
+            N_max = last["N"] * (scale if kind != "attention" else math.sqrt(scale))
+            fits.append({"mixer": kind, "P": P, "from_N": last["N"], "peak_mb": last["peak_mb"],
+                         "longest_N": int(N_max)})
+    payload = {"config": asdict(cfg), "machine": machine(), "rows": rows, "fits": fits,
+               "model": nvlink_model(cfg, counted)}
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "parallel.json", payload)
+    plot(payload, out / "parallel.png")
+    (out / "parallel.txt").write_text(report(payload) + "\n")
+    return payload
+
+
+def _ratio_line(rows: List[Dict[str, Any]]) -> str:
+    by = {(r["mixer"], r["N"], r["P"]): r for r in rows}
+    parts = []
+    for (kind, N, P), r in sorted(by.items()):
+        if kind != "attention" or P == 1:
+            continue
+        pom = by.get(("pom", N, P))
+        if pom and pom["bytes_per_rank"]:
+            parts.append(f"N {N:,}, P {P}: {r['bytes_per_rank'] / pom['bytes_per_rank']:,.0f}×")
+    return "attention ÷ PoM bytes per rank and layer: " + "; ".join(parts)
+
+
+def report(payload: Dict[str, Any]) -> str:
+    c = payload["config"]
+    m = payload["machine"]
+    rows = payload["rows"]
+    lines = [f"CONTEXT PARALLELISM, measured: gloo CPU processes on one machine ({m.get('cpu', '?')}, "
+             f"{m.get('cores', '?')} cores; P processes share them, one thread each — step times are not those of "
+             f"P devices), causal layer forward + backward, batch 1, d {c['dim']}, PoM D {c['expand'] * c['dim']} "
+             f"(a gate per head of {c['heads']}), value PoM dv {c['value_dim']} × {c['heads']} heads, attention "
+             f"{c['heads']} heads",
+             format_table(rows, ["mixer", "N", "P", "n_per_rank", "bytes_per_rank", "step_s", "peak_mb",
+                                 "memory_vs_one", "exchange_only"],
+                          ["mixer", "N", "P", "tokens / rank", "bytes sent / rank", "step s (median)",
+                           "peak MB / rank", "memory ÷ one process", "exchange only"]),
+             "", _ratio_line(rows), ""]
+    pom64 = [r for r in rows if r["mixer"] == "pom" and r["N"] == 65536 and r["P"] == 2]
+    if pom64 and pom64[0]["memory_vs_one"]:
+        v = pom64[0]["memory_vs_one"]
+        lines.append(f"PoM at N 65,536, P 2: peak memory per rank {v:.2f}× one process (target ≤ 0.55: "
+                     f"{'met' if v <= 0.55 else 'MISSED'})")
+    lines += [f"longest N within {c['budget_gb']:g} GB per rank (extrapolated from the longest N run: linear for the "
+              "PoMs, quadratic for attention's scores)",
+              format_table(payload["fits"], ["mixer", "P", "from_N", "peak_mb", "longest_N"],
+                           ["mixer", "P", "from N", "peak MB", "longest N"]), "",
+              f"MODEL, not measured: {c['model_gpus']} × H100 over NVLink (450 GB/s per direction), bf16, per layer "
+              "and rank, forward + backward",
+              format_table(payload["model"], ["N", "P", "pom_bytes", "ring_bytes", "ratio", "pom_us", "ring_us",
+                                               "gemm_us"],
+                           ["N", "GPUs", "PoM bytes", "ring attention bytes", "ring ÷ PoM", "PoM µs", "ring µs",
+                            "PoM's GEMMs µs"])]
+    return "\n".join(lines)
+
+
+def plot(payload: Dict[str, Any], path: Path) -> None:
+    rows = payload["rows"]
+    fig, axes = new_figure(2, width=4.6, height=3.6)
+    for kind, color in zip(MIXERS, ("C1", "C2", "C0")):
+        for P, style in zip(sorted({r["P"] for r in rows if r["P"] > 1}), ("o-", "s--", "^:")):
+            pts = sorted((r["N"], r["bytes_per_rank"]) for r in rows if r["mixer"] == kind and r["P"] == P)
+            if pts:
+                axes[0].plot(*zip(*pts), style, color=color, label=f"{kind}, P {P}")
+        for P, style in zip(sorted({r["P"] for r in rows}), ("o-", "s--", "^:")):
+            pts = sorted((r["N"], r["peak_mb"]) for r in rows if r["mixer"] == kind and r["P"] == P and r["peak_mb"])
+            if pts:
+                axes[1].plot(*zip(*pts), style, color=color, label=f"{kind}, P {P}")
+    for ax, label in zip(axes, ("bytes sent per rank and layer", "peak tensor MB per rank")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens per sequence N")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle("context parallelism, causal layer fwd + bwd (gloo CPU processes; measured)", fontsize=9)
+    save_figure(fig, path)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = ParallelBenchConfig()
+    p.add_argument("--lengths", type=int, nargs="+", default=list(d.lengths), help="sequence lengths N")
+    p.add_argument("--ranks", type=int, nargs="+", default=list(d.ranks), help="process counts P")
+    p.add_argument("--attention-max", type=int, default=d.attention_max,
+                   help="longest N attention runs whole (longer: its exchange alone is counted)")
+    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--budget-gb", type=float, default=d.budget_gb, help="memory per rank for the longest-N column")
+    p.add_argument("--quick", action="store_true", help="N 4,096 and 16,384 on 1 and 2 processes")
+    p.add_argument("--out", default=d.out)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = ParallelBenchConfig(lengths=tuple(args.lengths), ranks=tuple(args.ranks), attention_max=args.attention_max,
+                              repeats=args.repeats, budget_gb=args.budget_gb, out=args.out)
+    if args.quick:
+        cfg.lengths, cfg.ranks = (4096, 16384), (1, 2)
+    payload = run(cfg)
+    print(report(payload))
+    out = Path(cfg.out)
+    print(f"\nwrote {out / 'parallel.json'}, {out / 'parallel.txt'}, {out / 'parallel.png'}")
+    return 0

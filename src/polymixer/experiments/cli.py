@@ -1,0 +1,216 @@
+"""``polymixer <verb> <noun>``: one command-line grammar for every model family.
+
+    polymixer train lm --preset tiny-pom        train a language model (the shared loop; torchrun for DDP)
+    polymixer generate --ckpt RUN --prompt ...  sample from a language model
+    polymixer eval lm --ckpt RUN                val loss, bits per byte, length generalisation
+    polymixer bench mixer [--quick]             PoM vs attention across sequence lengths (table, JSON, PNG)
+    polymixer bench lm [--quick]                language models: throughput, decoding, quality
+    polymixer bench models --device cuda        the paper's models on a GPU (or --dry-run on the CPU)
+    polymixer bench gpu --report OUT            docs/gpu.md's measured section from a scripts/gpu-check folder
+    polymixer export hf --ckpt RUN --out DIR    a language model as a transformers folder (and import hf back)
+    polymixer distill lm --teacher RUN --pattern LPLP   convert attention → hybrid / PoM and distil it
+    polymixer bench distill [--quick]           distilled vs from-scratch students at an equal token budget
+    polymixer train image --preset tiny-sipom   train a diffusion transformer (default data: digits)
+    polymixer sample --ckpt RUN --cfg 4         a class-conditional sample grid
+    polymixer eval image --ckpt RUN             conditional accuracy and Fréchet distance
+    polymixer bench image [--quick]             seconds per image vs side, quality at equal budget
+    polymixer train ocr --preset tiny-htr-vpom  train a handwriting recogniser (default data: synthetic lines)
+    polymixer eval ocr --ckpt RUN               CER, WER, lines/s and a PNG of sample lines
+    polymixer read --ckpt RUN IMAGE...          transcribe line images
+    polymixer bench ocr [--quick]               lines/s vs page length, quality at equal budget
+    polymixer train eo --preset tiny-tsvipom    train a crop-type segmenter (default data: synthetic PASTIS)
+    polymixer eval eo --ckpt RUN                OA, mIoU, per-class IoU, km²/s, confusion and tiles PNGs
+    polymixer segment --ckpt RUN --data D --patch ID   the class map of a whole patch (.npy and .png)
+    polymixer bench eo [--quick]                km²/s vs window side, quality at equal budget, whole patches
+    polymixer train points --preset tiny-ppomv3 train a point-cloud segmenter (default data: synthetic rooms)
+    polymixer eval points --ckpt RUN            mIoU, per-class IoU, OA, 10⁶ points/s, scene PNGs
+    polymixer segment3d --ckpt RUN SCENE...     per-point labels of scenes (.npy, coloured .ply, PNG)
+    polymixer bench points [--quick]            10⁶ points/s vs scene size and patch, quality at equal budget
+    polymixer bench faults [--quick]            SIGKILL / SIGTERM / truncated checkpoint / NaN in every family
+    polymixer bench recall [--quick]            MQAR recall accuracy vs state size across mixers
+    polymixer check-data <family> --data DIR    every bad file of a dataset with its reason, in one pass
+    polymixer plot RUN [RUN ...]                training curves (loss, learning rate, evaluations) as a PNG
+
+The families (lm, image, ocr, eo, points, recall) and their commands come from :mod:`polymixer.families`; a
+family's earlier name (``3d`` for points) still works as a noun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Dict, List, Optional, Tuple
+
+from ..families import FAMILIES
+from .commands import load_command, run_command, task_target
+
+# verb → noun → (help, target, description); the family verbs (train / eval / check-data / bench <family>) come from
+# the families table, each entry imports its module lazily so the CLI starts fast
+Command = Tuple[str, str, str]
+USE_VERBS: Dict[str, Command] = {  # verbs that use a trained model of one family
+    "generate": ("sample text from a trained language model", "polymixer.experiments.lm.task:generate",
+                 "Prefill the prompt in parallel, then decode token by token with per-layer state."),
+    "sample": ("sample an image grid from a trained generator", "polymixer.experiments.image.task:sample",
+               "Class-conditional samples with classifier-free guidance, written as a PNG grid."),
+    "read": ("transcribe line images with a trained recogniser", "polymixer.experiments.ocr.task:read",
+             "Print the greedy CTC transcription of each image (resized like the training lines)."),
+    "segment": ("segment whole patches of a PASTIS-layout folder with a trained segmenter",
+                "polymixer.experiments.eo.task:segment",
+                "Write the class map of each patch as <ID>_classes.npy (uint8) and a PNG in the PASTIS colour map; the "
+                "whole patch in one forward call by default."),
+    "segment3d": ("segment point clouds with a trained 3-D segmenter", "polymixer.experiments.points.task:segment3d",
+                  "Write each scene's per-point labels as <name>_labels.npy, a .ply coloured by class and a top-view "
+                  "PNG; the whole scene in one forward call."),
+    "kernels": ("build the Triton kernels ahead of time for NVIDIA GPUs (no GPU needed)",
+                "polymixer.experiments.bench.aot",
+                "Compile every Triton kernel at every launch configuration for the given architectures and report "
+                "registers, spills and shared memory per build (status 1 if any fails or spills)."),
+    "plot": ("training curves of one or more runs as a PNG", "polymixer.experiments.report:plot",
+             "Overlay the loss, learning rate and evaluation metrics of runs (their history.json) in one PNG."),
+}
+
+
+def _commands() -> Dict[str, Dict[str, Command]]:
+    out: Dict[str, Dict[str, Command]] = {"train": {}, "eval": {}, "check-data": {}}
+    for name, fam in FAMILIES.items():
+        for verb, (short, desc) in fam.commands.items():
+            out.setdefault(verb, {})[name] = (short, task_target(name, verb), desc)
+        if fam.default_data is not None:
+            out["check-data"][name] = (
+                f"check every file of {fam.title.split(' ', 1)[1]} dataset and list the bad ones",
+                "polymixer.experiments.tasks.check",
+                f"Read the headers and lengths of every file of a {name} dataset (default: the offline default, "
+                f"'{fam.default_data}') and list each bad file with its reason, in one pass; status 1 if any.")
+    out["bench"].update({
+        "mixer": ("PoM vs attention across sequence lengths at a fixed token budget",
+                  "polymixer.experiments.bench.mixer",
+                  "Time forward and forward+backward of PoM and the value PoM (two sizes), full and causal, eager "
+                  "and compiled, against SDPA and naive attention; on a GPU the Triton routes beside them."),
+        "models": ("the paper's models on a GPU: GPT-2-S vs GPPoM2-S / hybrid / value PoM, SiT-XL/2 vs SiPoM-XL/2",
+                   "polymixer.experiments.bench.models",
+                   "Compiled, bf16, FlashAttention: forward tokens/s at the paper's token budget beside its table, "
+                   "training step time and memory, decoding time per token at 1k-64k context, images/s at 256 and "
+                   "512 px; out-of-memory configurations listed. --dry-run: the same on the CPU at tiny sizes."),
+        "gpu": ("the GPU check: every kernel alone against a copy's bandwidth, the check's summary, docs/gpu.md",
+                "polymixer.experiments.bench.gpu",
+                "--kernels: time every Triton kernel alone (TB/s, and ÷ a large clone's); --summary: the summary of "
+                "a scripts/gpu-check folder; --report: regenerate docs/gpu.md's measured section from one and copy "
+                "its JSON to docs/bench/gpu_<card>/."),
+        "distill": ("attention LM converted to hybrid / all-PoM and distilled vs trained from scratch",
+                    "polymixer.experiments.distill.bench",
+                    "Train the tiny attention teacher, distil it into the hybrid and all-PoM patterns within a quarter "
+                    "of its training tokens, and train the same students from scratch on that budget; val loss vs "
+                    "tokens."),
+        "roofline": ("a roofline MODEL of GPT-2 vs GPPoM2-S on a GPU: predicted tokens/s, not measured",
+                     "polymixer.experiments.bench.roofline",
+                     "Count each kernel's FLOPs and HBM bytes of one forward pass and predict its time on an H100 / "
+                     "H200 / A100 (GEMMs, FlashAttention-2, PoM's Triton mixing); beside the paper's measurements."),
+        "parallel": ("context parallelism: bytes sent, step time and memory per rank against N and ranks",
+                     "polymixer.experiments.bench.parallel",
+                     "Run a causal PoM, value-PoM and attention layer (forward + backward) split over P gloo "
+                     "processes: bytes each rank sends (counted from the collectives), step time and peak memory "
+                     "per rank, the longest N a memory budget holds, and a labelled model of 8 × H100 over NVLink."),
+        "parity": ("every family's linear-time models against attention at equal budget, from the benches' results",
+                   "polymixer.experiments.bench.parity",
+                   "Read the quality part of each family's bench (lm, recall, image, ocr, eo, points JSON in --out), "
+                   "take each model at its best learning rate and write one table: attention against PoM, the value "
+                   "PoM and the best hybrid, the gaps, rates and seeds, and the parity targets judged."),
+        "faults": ("fault injection into training: SIGKILL, SIGTERM, truncated checkpoint, NaN loss; every family",
+                   "polymixer.experiments.bench.faults",
+                   "Train a tiny preset of each family once uninterrupted and again under faults (SIGKILL at random "
+                   "moments, some inside a checkpoint write; SIGTERM; a truncated newest checkpoint; a NaN loss), "
+                   "resuming each time; report faults survived, steps lost and whether the final weights are "
+                   "bit-identical."),
+    })
+    out["export"] = {"hf": ("a language-model checkpoint as a transformers folder",
+                            "polymixer.experiments.lm.task:export",
+                            "Write model.safetensors, config.json and the tokenizer: AutoModelForCausalLM."
+                            "from_pretrained(DIR) loads it once polymixer is imported (needs the [hf] extra).")}
+    out["import"] = {"hf": ("a transformers folder of a polymixer language model as a polymixer run",
+                            "polymixer.experiments.lm.task:import",
+                            "The reverse of export hf: a checkpoint that generate, eval lm, train lm --init-from and "
+                            "distill lm take.")}
+    out["distill"] = {"lm": ("convert an attention LM to PoM / hybrid and distil it (attention transfer, then "
+                             "fine-tuning)", "polymixer.experiments.distill.task:lm",
+                             "Replace the attention of the layers a pattern marks (P = PoM, L = local attention) in a "
+                             "polymixer run or a transformers GPT-2 / Llama-family folder, train the new mixers to "
+                             "match each replaced layer (stage 1), then fine-tune the whole student on the "
+                             "language-modelling loss (stage 2).")}
+    for verb, entry in USE_VERBS.items():
+        out[verb] = {"": entry}
+    return out
+
+
+COMMANDS: Dict[str, Dict[str, Command]] = _commands()
+# benches that time nothing (a busy machine changes none of their figures): no warning about the load
+UNTIMED_BENCHES = ("roofline", "faults", "recall", "distill", "parity", "gpu")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in every option's help (not "(default: None)" or "(default: False)"), and metavars named after
+    the option (``--n-layer N_LAYER``, not ``M_MIXER``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_ = action.help or ""
+        if "%(default)" in help_ or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return help_
+        return f"{help_} (default: %(default)s)" if help_ else "default: %(default)s"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="polymixer", description="The Polynomial Mixer: models, training, "
+                                     "generation, evaluation and benchmarks.")
+    verbs = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
+    for verb, nouns in COMMANDS.items():
+        if "" in nouns:  # a verb without a noun, e.g. `polymixer generate`
+            short, module, desc = nouns[""]
+            vp = verbs.add_parser(verb, help=short, description=desc, formatter_class=_HelpFormatter)
+            load_command(module)[0](vp)
+            vp.set_defaults(_module=module, noun="")
+            continue
+        vp = verbs.add_parser(verb, help=f"{verb} ({', '.join(nouns)})")
+        sub = vp.add_subparsers(dest="noun", metavar="<what>", required=True)
+        for noun, (short, module, desc) in nouns.items():
+            aliases = list(FAMILIES[noun].aliases) if noun in FAMILIES else []  # earlier names keep working
+            np_ = sub.add_parser(noun, aliases=aliases, help=short, description=desc, formatter_class=_HelpFormatter)
+            load_command(module)[0](np_)
+            np_.set_defaults(_module=module, noun=noun)
+    return parser
+
+
+def _format_warning(message: Warning | str, category: type, filename: str, lineno: int,
+                    line: Optional[str] = None) -> str:
+    """polymixer's own warnings (their categories live in polymixer's modules) as one line, without the source line
+    that raised them; every other warning as Python formats it."""
+    if category.__module__.startswith("polymixer."):
+        return f"polymixer: warning: {message}\n"
+    return _PLAIN_FORMAT(message, category, filename, lineno, line)
+
+
+_PLAIN_FORMAT = warnings.formatwarning
+
+
+def install_warning_format() -> None:
+    """polymixer's own warnings print as one line (``polymixer: warning: …``), as the command line shows them."""
+    warnings.formatwarning = _format_warning
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    install_warning_format()
+    args = build_parser().parse_args(argv)
+    _, run = load_command(args._module)
+    name = f"{args.verb}{' ' + args.noun if args.noun else ''}"
+    if args.verb != "bench" or args.noun in UNTIMED_BENCHES:
+        return run_command(run, args, name)
+    from .bench.common import MachineLoad
+
+    with MachineLoad() as load:
+        status = run_command(run, args, name)
+    if load.warning():
+        print(f"polymixer {name}: warning: {load.warning()}", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

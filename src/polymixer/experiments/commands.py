@@ -1,0 +1,83 @@
+"""How the command line reaches a family's commands: the module of each ``polymixer <verb> <family>``, its data
+loaders and offline default, and how a command runs (one line and status 2 on bad input, the process group it joined
+destroyed at the end). The family table itself is the library's (:mod:`polymixer.families`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Callable, Optional, Sequence, Tuple
+
+from ..families import Family, family
+
+__all__ = ["loader_module", "default_module", "load_command", "task_target", "run_command", "process_group_joined",
+           "run_family_command", "COMMAND_ERRORS"]
+
+
+def loader_module(fam: Family) -> str:
+    """The module of the family's loaders, with ``check_data(root, progress=…)``: every bad file and its reason in
+    one pass."""
+    return f"polymixer.experiments.{fam.name}.data"
+
+
+def default_module(fam: Family) -> str:
+    """The module with ``resolve_data(data, progress=…)``: None or the default's name → the offline default
+    (generated once into the cache); a folder → checked to exist."""
+    return f"polymixer.experiments.{fam.name}.synth" if fam.synthetic else loader_module(fam)
+
+
+def task_target(fam: str, verb: str) -> str:
+    """The command-module target of ``polymixer <verb> <family>`` (see :func:`load_command`)."""
+    if verb == "bench":
+        return f"polymixer.experiments.{family(fam).name}.bench"
+    return f"polymixer.experiments.{family(fam).name}.task:{verb.replace('-', '_')}"
+
+
+def load_command(target: str) -> Tuple[Callable, Callable]:
+    """A command's (add_arguments, main) from its target: ``module`` (functions ``add_arguments`` / ``main``) or
+    ``module:name`` (``add_<name>_arguments`` / ``main_<name>``). Imported on demand so the CLI starts fast."""
+    module, _, name = target.partition(":")
+    mod = importlib.import_module(module)
+    if name:
+        return getattr(mod, f"add_{name}_arguments"), getattr(mod, f"main_{name}")
+    return mod.add_arguments, mod.main
+
+
+# what a command's failure on bad input raises: printed as one line and exit status 2, never a traceback
+COMMAND_ERRORS = (ValueError, TypeError, FileNotFoundError, FloatingPointError)
+
+
+def process_group_joined() -> bool:
+    """Whether this process has joined a torch.distributed default group (False where torch is not even imported)."""
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def run_command(run: Callable[[argparse.Namespace], Optional[int]], args: argparse.Namespace, name: str) -> int:
+    """Run a parsed command: its status, or 2 with one line ``polymixer <name>: error: …`` on bad input.
+
+    A process group the command joined (a run under torchrun) is destroyed when it ends, whatever the outcome, so no
+    communicator thread is left to the interpreter's exit (gloo's can abort a finished rank there); a group the
+    caller had joined before is left alone."""
+    owned = not process_group_joined()
+    try:
+        return int(run(args) or 0)
+    except COMMAND_ERRORS as e:
+        print(f"polymixer {name}: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if owned and process_group_joined():
+            sys.modules["torch.distributed"].destroy_process_group()
+
+
+def run_family_command(verb: str, noun: str, argv: Sequence[str]) -> int:
+    """``polymixer <verb> <noun> argv…`` through the families table alone (no full command-line parser): what a
+    wrapper process runs, e.g. ``bench faults``' probe around ``polymixer train <family>``."""
+    fam = family(noun)
+    add, run = load_command(task_target(fam.name, verb))
+    parser = argparse.ArgumentParser(prog=f"polymixer {verb} {fam.name}")
+    add(parser)
+    args = parser.parse_args(list(argv))
+    args.verb, args.noun = verb, fam.name
+    return run_command(run, args, f"{verb} {fam.name}")

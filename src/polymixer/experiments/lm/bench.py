@@ -1,0 +1,386 @@
+"""``polymixer bench lm``: attention vs PoM vs hybrid language models, at CPU scale.
+
+1. forward throughput (tokens/s) at 1k, 4k, 16k and 32k tokens per sequence for a fixed token budget, same width
+   and depth for the three models (the paper's efficiency table);
+2. time and memory per generated token after a context of 1k … 64k tokens (prefill, then one token at a time with
+   per-layer state: PoM's running sums, local attention's ring buffer, global attention's KV cache);
+3. quality at an equal budget: the tiny presets trained for the same steps on the default corpus, validation loss
+   and bits per byte side by side (the paper's performance table).
+
+Each part prints a table and writes ``lm_<part>.json``; ``lm.png`` plots parts 1 and 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ...models import count_parameters, create_model
+from ..report import format_table, new_figure, save_figure
+from ..bench.parity import verdict_lines
+from ..bench.common import (
+    BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, best_rows, QualitySweep,
+    Stage, SweepRun, mark_best, sweep_table, time_interleaved, read_json,
+)
+
+__all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]
+
+KINDS = ("attention", "pom", "hybrid", "vpom", "vhybrid")  # the tiny-<kind> presets
+
+
+@dataclass
+class LMBenchConfig:
+    # the benchmark model: same width and depth for the three mixers, rotary positions (any context length)
+    n_layer: int = 4
+    n_embd: int = 256
+    n_head: int = 4
+    window: int = 128
+    throughput_lengths: Tuple[int, ...] = (1024, 4096, 16384, 32768)
+    tokens: int = 32768
+    repeats: int = 3
+    decode_contexts: Tuple[int, ...] = (1024, 4096, 16384, 32768, 65536)
+    decode_steps: int = 64
+    hf_decode_contexts: Tuple[int, ...] = (1024, 4096, 16384)
+    kinds: Tuple[str, ...] = KINDS  # models of the throughput and decoding parts
+    quality_presets: Tuple[str, ...] = tuple(f"tiny-{k}" for k in KINDS)
+    quality_lr: float = 2e-3  # the recipe's rate: the middle of each sweep
+    lr_factors: Tuple[float, ...] = LR_FACTORS
+    sweep: Tuple[str, ...] = tuple(f"tiny-{k}" for k in KINDS)  # presets trained at every rate of the grid
+    lrs: Tuple[float, ...] = ()  # run only these rates of the grid (several processes side by side); () = all
+    bracket: int = BRACKET  # rates added past an end of the grid where a swept model is best there
+    quality_steps: int = 1500
+    quality_batch: int = 32
+    quality_eval_windows: int = 1024
+    parts: Tuple[str, ...] = ("throughput", "decode", "quality")  # and "hf_decode" (the [hf] extra)
+    # "cuda": the throughput part on the GPU with the paper's models (GPT-2 small, GPPoM2-S, its hybrid and the value
+    # PoM; rotary positions so every length runs) in bf16, PoM on the Triton kernels, attention on FlashAttention
+    device: str = "cpu"
+    gpu_presets: Tuple[str, ...] = ("gpt2-small", "gppom2-small", "gppom2-small-hybrid", "gppom2-small-value")
+    seed: int = 0
+    out: str = "runs/bench/lm"
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+QUICK = dict(throughput_lengths=(1024, 4096), tokens=8192, repeats=2, decode_contexts=(1024, 8192), decode_steps=8,
+             hf_decode_contexts=(1024, 8192), quality_steps=60, quality_eval_windows=64)
+
+
+def _model(cfg: LMBenchConfig, kind: str) -> torch.nn.Module:
+    m = create_model("tiny-" + kind, n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, window=cfg.window,
+                     sel_heads=cfg.n_head, position="rope",
+                     block_size=max(cfg.decode_contexts + cfg.throughput_lengths))
+    return m.eval()
+
+
+def _earlier(cfg: LMBenchConfig, part: str, run: Tuple[str, ...]) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """The rows of ``part`` in the earlier lm.json whose model this run does not measure again (kept), and that
+    part as a whole."""
+    path = Path(cfg.out) / "lm.json"
+    earlier = read_json(path).get(part, {}) if path.is_file() else {}
+    return [r for r in earlier.get("rows", []) if r["model"] not in run], earlier
+
+
+def run_throughput(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Forward tokens/s at each length for a fixed token budget (batch = budget / length). Attention, the
+    baseline of the ratios, is always timed in the same run; other kinds not given keep their earlier rows."""
+    from tqdm.auto import tqdm
+
+    from ..bench.common import synchronized
+
+    torch.manual_seed(cfg.seed)
+    dev = torch.device(cfg.device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda, but PyTorch sees no CUDA device here")
+        longest = max(cfg.throughput_lengths)
+        kinds = tuple(cfg.gpu_presets)  # the first (GPT-2) is the baseline of the ratios
+        models = {p: create_model(p, position="rope", block_size=longest, vocab_size=50304).to(dev, torch.bfloat16)
+                  .eval() for p in kinds}
+    else:
+        kinds = tuple(dict.fromkeys(("attention",) + tuple(cfg.kinds)))
+        models = {k: _model(cfg, k) for k in kinds}
+    rows = []
+    bar = tqdm(total=len(cfg.throughput_lengths) * len(models) * (cfg.repeats + 1), disable=not progress,
+               desc="bench lm throughput", unit="call")
+    for n in cfg.throughput_lengths:
+        b = max(1, cfg.tokens // n)
+        idx = torch.randint(0, 257, (b, n), device=dev)
+        with torch.no_grad():
+            t = time_interleaved({k: synchronized(lambda m=m: m(idx), dev) for k, m in models.items()}, warmup=1,
+                                 repeats=cfg.repeats, on_sample=lambda name: bar.update(1))
+        bar.update(len(models))
+        for k in models:
+            rows.append({"N": n, "batch": b, "model": k, "ms": 1e3 * t[k].median, "ktok_s": b * n / t[k].median / 1e3,
+                         "spread": t[k].spread})
+    bar.close()
+    base = kinds[0]
+    for n in cfg.throughput_lengths:
+        att = next(r for r in rows if r["N"] == n and r["model"] == base)
+        for r in rows:
+            if r["N"] == n:
+                r["vs_attention"] = r["ktok_s"] / att["ktok_s"]
+    kept, earlier = _earlier(cfg, "throughput", kinds)
+    kept = [r for r in kept if r["N"] in cfg.throughput_lengths]
+    params = {k: count_parameters(m) for k, m in models.items()}
+    if kept:
+        params = {**earlier.get("params", {}), **params}
+    return {"rows": sorted(kept + rows, key=lambda r: r["N"]), "params": params}
+
+
+def _decode_rows(cfg: LMBenchConfig, models: Dict[str, Any], contexts: Tuple[int, ...], prefill: Any, step: Any,
+                 memory: Any, progress: bool, desc: str) -> List[Dict[str, Any]]:
+    """Per-token decoding time (median over ``decode_steps`` after two warm-up steps) and state memory after a
+    prefilled context of each length (batch 1); ``prefill(model, prompt) → state``, ``step(model, token, state) →
+    state``, ``memory(state) → bytes``."""
+    from tqdm.auto import tqdm
+
+    rows = []
+    bar = tqdm(total=len(contexts) * len(models), disable=not progress, desc=desc, unit="context")
+    for n in contexts:
+        prompt = torch.randint(0, 257, (1, n))
+        for k, m in models.items():
+            bar.set_postfix_str(f"{k} @ {n}")
+            t0 = time.perf_counter()
+            state = prefill(m, prompt)
+            elapsed = time.perf_counter() - t0
+            tok = torch.randint(0, 257, (1, 1))
+            times = []
+            for i in range(cfg.decode_steps + 2):
+                t0 = time.perf_counter()
+                state = step(m, tok, state)
+                if i >= 2:  # two warm-up steps (first growth of caches, allocator)
+                    times.append(time.perf_counter() - t0)
+            times.sort()
+            rows.append({"context": n, "model": k, "ms_per_token": 1e3 * times[len(times) // 2],
+                         "state_mb": memory(state) / 2**20, "prefill_s": elapsed})
+            del state
+            bar.update(1)
+    bar.close()
+    for k in models:
+        mine = [r for r in rows if r["model"] == k]
+        for r in mine:
+            r["vs_first_context"] = r["ms_per_token"] / mine[0]["ms_per_token"]
+    return rows
+
+
+@torch.no_grad()
+def run_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Per-token decoding time and state memory after a prefilled context of each length (batch 1)."""
+    torch.manual_seed(cfg.seed)
+    models = {k: _model(cfg, k) for k in cfg.kinds}
+    rows = _decode_rows(cfg, models, cfg.decode_contexts, lambda m, p: m.step(p, m.init_state(1))[1],
+                        lambda m, t, s: m.step(t, s)[1], lambda s: s.memory_bytes, progress, "bench lm decode")
+    kept = [r for r in _earlier(cfg, "decode", tuple(cfg.kinds))[0] if r["context"] in cfg.decode_contexts]
+    return {"rows": sorted(kept + rows, key=lambda r: r["context"])}
+
+
+@torch.no_grad()
+def run_hf_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """The same through transformers: the models as ``PolymixerForCausalLM``, one forward per token with the
+    ``PolymixerCache`` — the loop ``generate()`` runs (needs the [hf] extra)."""
+    from ...hf import output_cache, to_hf
+
+    torch.manual_seed(cfg.seed)
+    models = {k: to_hf(_model(cfg, k)).eval() for k in cfg.kinds}
+
+    def step(m: Any, tok: torch.Tensor, cache: Any) -> Any:
+        m(tok, cache=cache, use_cache=True)
+        return cache
+
+    rows = _decode_rows(cfg, models, cfg.hf_decode_contexts, lambda m, p: output_cache(m(p, use_cache=True)),
+                        step, lambda c: c.memory_bytes, progress, "bench lm hf_decode")
+    return {"rows": rows}
+
+
+def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Train the tiny presets for the same steps on the default corpus, each swept preset at every rate of the
+    grid; validation loss and bits per byte, and each preset at its best rate (the lowest validation loss)."""
+    from .task import train_lm
+    from ..train.loop import TrainConfig
+
+    def recipe(cfg: LMBenchConfig, job: SweepRun, stage: Stage) -> Any:
+        return TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=job.lr, min_lr=job.lr / 10,
+                           warmup=max(1, cfg.quality_steps // 20), eval_every=cfg.quality_steps,
+                           ckpt_every=cfg.quality_steps, out=str(job.out), progress=progress, seed=cfg.seed + 1337)
+
+    def evaluate(cfg: LMBenchConfig, job: SweepRun, stage: Stage,
+                 tcfg: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        # a preset, or a variant of one: "tiny-vpom+value_heads=1+shift_width=2"
+        res = train_lm(job.preset, tcfg, eval_windows=cfg.quality_eval_windows, **job.overrides)
+        model = create_model(job.preset, device="meta", **job.overrides)
+        return res, {"model": job.spec, "spec": job.spec, "params": count_parameters(model),
+                     "steps": cfg.quality_steps,
+                     "tokens": cfg.quality_steps * cfg.quality_batch * model.config.block_size, **res["metrics"]}
+
+    # rows from before sweeps carry no spec and no rate: the preset's name and the recipe's rate then (2e-3)
+    sweep = QualitySweep("lm", 2e-3, ("model",), recipe, evaluate, _select, lambda rows: "val_loss",
+                         base="quality_lr", earlier_defaults=lambda r: {"spec": r["model"]})
+    return sweep.run(cfg, [Stage(tuple(cfg.quality_presets))])
+
+
+def _select(rows: List[Dict[str, Any]], cfg: LMBenchConfig) -> List[Dict[str, Any]]:
+    """Each preset's best rate marked (the lowest validation loss), each row's loss ÷ attention's at its best."""
+    mark_best(rows, "val_loss", higher=False)
+    att = next((r for r in best_rows(rows) if r["model"].endswith("attention")), None)
+    for r in rows:
+        r["loss_vs_attention"] = r["val_loss"] / att["val_loss"] if att else None
+    return rows
+
+
+def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
+           main_json: Optional[Dict[str, Any]] = None) -> str:
+    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets;
+    ``main_json``: the family's main JSON where ``payload`` is one of its seed folders)."""
+    lines = []
+    if "throughput" in payload:
+        p = payload["throughput"]
+        lines += ["forward throughput (k tokens/s; batch = budget / N)",
+                  format_table(p["rows"], ["N", "batch", "model", "ms", "ktok_s", "vs_attention"],
+                               ["N", "B", "model", "ms", "k tok/s", "÷ attention"]),
+                  "params: " + ", ".join(f"{k} {v:,}" for k, v in p["params"].items()), ""]
+        pom = {r["N"]: r["vs_attention"] for r in p["rows"] if r["model"] == "pom"}
+        ahead = [n for n in pom if n >= 4096]
+        if ahead:
+            ok = all(pom[n] > 1 for n in ahead)
+            lines.append(f"pom ahead of attention from 4k tokens on: {'met' if ok else 'MISSED'} "
+                         f"({', '.join(f'{n}: {pom[n]:.2f}×' for n in sorted(pom))})\n")
+        paper = {1024: 1.74, 4096: 3.03, 16384: 6.30, 32768: 8.62}  # GPPoM2-S ÷ GPT-2 forward, the paper's H100
+        gppom = {r["N"]: r["vs_attention"] for r in p["rows"] if r["model"] == "gppom2-small"}
+        shared = [n for n in sorted(gppom) if n in paper]
+        if shared:
+            ok = all(gppom[n] >= paper[n] for n in shared)
+            lines.append(f"GPPoM2-S ÷ GPT-2 tokens/s at least the paper's ratios: {'met' if ok else 'MISSED'} ("
+                         + ", ".join(f"{n}: {gppom[n]:.2f}× vs {paper[n]:.2f}×" for n in shared) + ")\n")
+    if "decode" in payload:
+        rows = payload["decode"]["rows"]
+        lines += ["decoding after a context of N tokens (batch 1)",
+                  format_table(rows, ["context", "model", "ms_per_token", "vs_first_context", "state_mb",
+                                      "prefill_s"],
+                               ["context", "model", "ms / token", "÷ first context", "state MB", "prefill s"]), ""]
+        by = {(r["model"], r["context"]): r for r in rows}
+        ctxs = sorted({r["context"] for r in rows})
+        target = 32768 if 32768 in ctxs else ctxs[-1]
+        base = ctxs[0]
+        pom_growth = by[("pom", target)]["ms_per_token"] / by[("pom", base)]["ms_per_token"]
+        att_ratio = by[("attention", target)]["ms_per_token"] / by[("pom", target)]["ms_per_token"]
+        lines.append(f"pom per-token time at {target} vs {base}: {pom_growth:.2f}× "
+                     f"(target ≤ 1.2: {'met' if pom_growth <= 1.2 else 'MISSED'})")
+        lines.append(f"attention per-token time ÷ pom at {target}: {att_ratio:.2f}× "
+                     f"(target ≥ 5: {'met' if att_ratio >= 5 else 'MISSED'})")
+        for k in ("vpom", "vhybrid"):
+            if (k, target) in by and (k, base) in by:
+                a, b = by[(k, base)], by[(k, target)]
+                g = b["ms_per_token"] / a["ms_per_token"]
+                lines.append(f"{k} per-token time at {target} vs {base}: {g:.2f}× (flat: "
+                             f"{'yes' if g <= 1.2 else 'NO'}), state {b['state_mb']:.3g} MB at every context: "
+                             f"{'yes' if b['state_mb'] == a['state_mb'] else 'NO'}")
+        lines.append("")
+    if "hf_decode" in payload:
+        rows = payload["hf_decode"]["rows"]
+        lines += ["decoding through transformers (PolymixerForCausalLM + PolymixerCache, the loop of generate())",
+                  format_table(rows, ["context", "model", "ms_per_token", "vs_first_context", "state_mb"],
+                               ["context", "model", "ms / token", "÷ first context", "state MB"])]
+        pom = [r for r in rows if r["model"] == "pom"]
+        growth = pom[-1]["ms_per_token"] / pom[0]["ms_per_token"]
+        lines.append(f"pom per-token time at {pom[-1]['context']} vs {pom[0]['context']}: {growth:.2f}× "
+                     f"(flat: {'met' if growth <= 1.2 else 'MISSED'})\n")
+    if "quality" in payload:
+        q = payload["quality"]
+        all_rows = q["rows"]
+        rows = best_rows(all_rows)
+        lines += ["quality at equal steps (default corpus: the Python standard library, byte-level), each model at its "
+                  "best learning rate (lowest validation loss)",
+                  format_table(rows, ["model", "params", "lr", "rates", "steps", "tokens", "val_loss", "val_bpb",
+                                      "loss_vs_attention", "train_min"],
+                               ["model", "params", "best lr", "rates tried", "steps", "tokens", "val loss", "val bpb",
+                                "÷ attention", "train min"]),
+                  "", "every rate (AdamW, warm-up then cosine to lr / 10; * = best)",
+                  sweep_table(all_rows, "val_loss", "val loss")]
+        lines += [note for note in [edge_note(all_rows, key="model")] if note] + [""]
+        lines += verdict_lines("lm", payload, seeds, main_json)
+    return "\n".join(lines)
+
+
+def plot(payload: Dict[str, Any], path: Path) -> None:
+    parts = [p for p in ("throughput", "decode") if p in payload]
+    if not parts:
+        return
+    fig, axes = new_figure(len(parts) + (1 if "decode" in payload else 0))
+    i = 0
+    if "throughput" in payload:
+        ax = axes[i]
+        i += 1
+        for k in dict.fromkeys(r["model"] for r in payload["throughput"]["rows"]):
+            pts = [(r["N"], r["ktok_s"]) for r in payload["throughput"]["rows"] if r["model"] == k]
+            ax.plot(*zip(*pts), marker="o", label=k)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens per sequence")
+        ax.set_ylabel("forward k tokens/s")
+        ax.set_title("forward throughput")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    if "decode" in payload:
+        for key, label, title in (("ms_per_token", "ms per generated token", "decoding time"),
+                                  ("state_mb", "state MB", "decoding state memory")):
+            ax = axes[i]
+            i += 1
+            for k in dict.fromkeys(r["model"] for r in payload["decode"]["rows"]):
+                pts = [(r["context"], r[key]) for r in payload["decode"]["rows"] if r["model"] == k]
+                ax.plot(*zip(*pts), marker="o", label=k)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("context tokens")
+            ax.set_ylabel(label)
+            ax.set_title(title)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+    c = payload["config"]
+    fig.suptitle(f"language models: {c['n_layer']} layers × {c['n_embd']}, local window {c['window']} — "
+                 f"{payload['machine']['cpu']} ({payload['machine']['torch_threads']} threads)", fontsize=9)
+    save_figure(fig, path)
+
+
+BENCH = FamilyBench("lm", {"throughput": run_throughput, "decode": run_decode, "hf_decode": run_hf_decode,
+                            "quality": run_quality}, plot, report)
+
+
+def run(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Run the parts asked for, keeping the other parts of an earlier run in the same folder."""
+    return run_bench(BENCH, cfg, progress)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = LMBenchConfig()
+    p.add_argument("--quick", action="store_true", help="a few-minute version of every part")
+    p.add_argument("--parts", nargs="+", choices=["throughput", "decode", "hf_decode", "quality"],
+                   default=list(d.parts))
+    p.add_argument("--n-layer", type=int, default=d.n_layer)
+    p.add_argument("--n-embd", type=int, default=d.n_embd)
+    p.add_argument("--n-head", type=int, default=d.n_head)
+    p.add_argument("--window", type=int, default=d.window)
+    p.add_argument("--tokens", type=int, default=None, help="token budget per forward call")
+    p.add_argument("--lengths", type=int, nargs="+", default=None, help="throughput sequence lengths")
+    p.add_argument("--contexts", type=int, nargs="+", default=None, help="decoding contexts")
+    p.add_argument("--quality-steps", type=int, default=None)
+    p.add_argument("--kinds", nargs="+", choices=list(KINDS), default=None,
+                   help="models of the throughput and decoding parts (tiny-<kind>)")
+    p.add_argument("--presets", nargs="+", default=None,
+                   help="presets of the quality part (those not given keep their earlier rows); a variant overrides "
+                        "config fields: tiny-vpom+value_heads=1+shift_width=2")
+    p.add_argument("--device", default=d.device,
+                   help="cuda: the throughput part on the GPU with the paper's models in bf16 (GPT-2 small vs "
+                        "GPPoM2-S on the Triton kernels), the paper's protocol")
+    add_sweep_arguments(p, "lm", d.quality_lr, d.lr_factors, d.out)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = LMBenchConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, window=args.window,
+                        parts=tuple(args.parts), device=args.device, out=args.out)
+    return bench_main(BENCH, args, cfg, QUICK,
+                      {"tokens": "tokens", "lengths": "throughput_lengths", "contexts": "decode_contexts",
+                       "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets"})

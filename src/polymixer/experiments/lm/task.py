@@ -1,0 +1,290 @@
+"""Language modelling: the task the shared training loop runs, evaluation (loss, bits per byte, length
+generalisation), and the ``polymixer train lm`` / ``generate`` / ``eval lm`` commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data.faults import SampleFaults
+from ...tokenizer import load_tokenizer
+from .data import Corpus, TokenWindows, prepare_corpus
+from ...models import create_model, model_config
+from ...models.lm import pad_left
+from ...checkpoint import load_model, read_config
+from ..train.loop import Range, TrainConfig, add_train_config_arguments, train, train_config_from_args
+from ..tasks.common import add_preset_argument, check_dataset, check_preset, float_in, int_at_least
+
+__all__ = ["LMTask", "evaluate_lm", "train_lm"]
+
+LN2 = math.log(2.0)
+
+
+class LMTask:
+    """Next-token prediction on random windows; documents never attend into one another (``sep_token``)."""
+
+    unit = "tok"
+
+    def __init__(self, corpus: Corpus, token_bytes: np.ndarray, block_size: int, batch_size: int, seed: int,
+                 pack: bool = True, eval_windows: int = 256, eval_batch: int = 32,
+                 faults: Optional[SampleFaults] = None) -> None:
+        self.corpus, self.faults = corpus, faults
+        self.train_windows = TokenWindows(corpus.train, block_size)
+        self.val_windows = TokenWindows(corpus.val, block_size)
+        self.batch_size, self.seed, self.pack = batch_size, seed, pack
+        self.eot = corpus.eot_id
+        self.token_bytes = torch.from_numpy(token_bytes)
+        self.eval_windows, self.eval_batch = eval_windows, eval_batch
+
+    def batch(self, step: int, share: int, shares: int, device: torch.device) -> tuple:
+        x, y = self.train_windows.random(step, self.batch_size, self.seed, share, shares)
+        return x.to(device), y.to(device)
+
+    def split(self, batch: tuple, part: int, parts: int) -> tuple:
+        """Context parallelism: this rank's contiguous slice of every window (inputs and targets alike)."""
+        if self.pack:
+            raise ValueError("--context-parallel trains on plain windows: packed documents (cu_seqlens) cannot be "
+                             "split across ranks; add --no-pack")
+        x, y = batch
+        T = x.shape[1]
+        if T % parts:
+            raise ValueError(f"--context-parallel {parts} must divide the context length {T} (equal slices keep "
+                             f"the mean of the slices' losses the loss of the whole window)")
+        n = T // parts
+        return x[:, part * n:(part + 1) * n], y[:, part * n:(part + 1) * n]
+
+    def count(self, batch: tuple) -> int:
+        return batch[0].numel()
+
+    def loss(self, model: nn.Module, batch: tuple) -> torch.Tensor:
+        x, y = batch
+        _, loss = model(x, y, sep_token=self.eot if self.pack else None)
+        return loss
+
+    def evaluate(self, model: nn.Module, step: int, out_dir: Path) -> Dict[str, float]:
+        return evaluate_lm(model, self.val_windows, self.token_bytes, self.eot if self.pack else None,
+                           self.eval_windows, self.eval_batch)
+
+
+@torch.no_grad()
+def evaluate_lm(model: nn.Module, windows: TokenWindows, token_bytes: torch.Tensor, sep_token: Optional[int],
+                count: int = 256, batch: int = 32, progress: bool = False, desc: str = "eval") -> Dict[str, float]:
+    """Mean loss (nats per token) and bits per byte over ``count`` evenly spaced windows of a split.
+
+    Bits per byte = total nats / ln 2 / the number of UTF-8 bytes the predicted tokens stand for (end-of-text counts
+    zero bytes): comparable across tokenizers.
+    """
+    from tqdm.auto import tqdm
+
+    was = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    nats = 0.0
+    tokens = 0
+    nbytes = 0
+    for x, y in tqdm(windows.fixed(count, batch), total=-(-count // batch), desc=desc,
+                     disable=not progress, dynamic_ncols=True, leave=False):
+        x, y = x.to(device), y.to(device)
+        logits, _ = model(x, sep_token=sep_token)
+        ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                               reduction="sum")
+        nats += float(ce)
+        tokens += y.numel()
+        nbytes += int(token_bytes[y.cpu()].sum())
+    model.train(was)
+    return {"val_loss": nats / tokens, "val_bpb": nats / LN2 / max(nbytes, 1)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# polymixer train lm
+# ----------------------------------------------------------------------------------------------------------------
+
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    t = TrainConfig()
+    add_preset_argument(p, "lm")
+    g = p.add_argument_group("model overrides (fields of LMConfig)")
+    for name in ("mixer", "position", "n_layer", "n_embd", "n_head", "block_size", "window", "degree", "expand",
+                 "sel_heads", "dropout", "vocab_size"):
+        kind = {"mixer": str, "position": str, "dropout": float, "expand": float}.get(name, int)
+        g.add_argument("--" + name.replace("_", "-"), dest="m_" + name, type=kind, default=None,
+                       metavar=name.upper(), help=f"override the preset's {name} (LMConfig.{name})")
+    d = p.add_argument_group("data")
+    d.add_argument("--data", nargs="*", default=None,
+                   help="text files or folders (default: the Python standard library's sources)")
+    d.add_argument("--tokenizer", default="bytes", help="'bytes' or a folder with GPT-2's encoder.json, vocab.bpe")
+    d.add_argument("--val-fraction", type=float_in(Range(0, 1, True, True)), default=0.1,
+                   help="the share of the files held out for validation (a single file: of its tokens)")
+    d.add_argument("--no-pack", action="store_true", help="let windows attend across end-of-text")
+    d.add_argument("--eval-windows", type=int_at_least(1), default=256, help="validation windows per evaluation")
+    add_train_config_arguments(p.add_argument_group("optimisation"), t, "run folder (default: runs/lm/<preset>)")
+
+
+def train_lm(preset: str, train_cfg: TrainConfig, data: Optional[List[str]] = None, tokenizer: str = "bytes",
+             val_fraction: float = 0.1, pack: bool = True, eval_windows: int = 256,
+             **overrides: Any) -> Dict[str, Any]:
+    """Build ``preset`` (with overrides), prepare the corpus, and train it with the shared loop."""
+    check_preset("lm", preset)
+    tok = load_tokenizer(tokenizer)
+    cfg = model_config(preset, **overrides)
+    if cfg.vocab_size < tok.vocab_size:
+        raise ValueError(f"{preset} has a vocabulary of {cfg.vocab_size} but the {tok.name!r} tokenizer needs "
+                         f"{tok.vocab_size}; pass --vocab-size {tok.vocab_size}")
+    faults = SampleFaults.training(train_cfg.skip_bad_samples)
+    if data and train_cfg.check_data:  # (the standard library's sources, the default, are known good)
+        check_dataset("lm", list(data), progress=train_cfg.progress, skip_bad_samples=train_cfg.skip_bad_samples)
+    corpus = prepare_corpus(data, tok, val_fraction=val_fraction, progress=train_cfg.progress, faults=faults)
+    torch.manual_seed(train_cfg.seed)  # the initial weights are part of the run's reproducible state
+    model = create_model(preset, **overrides)
+    task = LMTask(corpus, tok.token_bytes(), cfg.block_size, train_cfg.batch_size, train_cfg.seed, pack,
+                  eval_windows, faults=faults)
+    meta = {"family": "lm", "preset": preset, "model": asdict(cfg),
+            "data": {"paths": data, "corpus": corpus.meta["name"], "tokenizer": tokenizer,
+                     "val_fraction": val_fraction, "tokens": corpus.meta["tokens"], "pack": pack}}
+    return {**train(model, task, train_cfg, meta), "model": model}
+
+
+def main_train(args: argparse.Namespace) -> int:
+    overrides = {k[2:]: v for k, v in vars(args).items() if k.startswith("m_") and v is not None}
+    tcfg = train_config_from_args(args, TrainConfig(), f"runs/lm/{args.preset}")
+    res = train_lm(args.preset, tcfg, args.data, args.tokenizer, args.val_fraction, not args.no_pack,
+                   args.eval_windows, **overrides)
+    if res["rank"] == 0:
+        print(json.dumps({"run": tcfg.out, **res["metrics"]}, indent=2))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# polymixer generate
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def add_generate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ckpt", required=True, help="run folder or checkpoint folder")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="prompt text (repeat for a batch; default: end-of-text, i.e. unconditional)")
+    p.add_argument("--max-new-tokens", type=int_at_least(1), default=256, help="tokens to generate after each prompt")
+    p.add_argument("--temperature", type=float_in(Range(0)), default=0.8,
+                   help="softmax temperature of the sampling (lower: more deterministic; 0: greedy)")
+    p.add_argument("--top-k", type=int_at_least(1), default=None,
+                   help="sample among the k most likely tokens only (default: all)")
+    p.add_argument("--top-p", type=float_in(Range(0, 1, low_open=True)), default=None,
+                   help="sample among the most likely tokens whose probabilities sum to p (nucleus; default: off)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the sampling (the same seed, the same text)")
+    p.add_argument("--num-samples", type=int_at_least(1), default=1, help="samples per prompt")
+    p.add_argument("--no-stop", action="store_true", help="do not stop at end-of-text")
+
+
+def main_generate(args: argparse.Namespace) -> int:
+    cfg = read_config(args.ckpt)
+    if cfg.get("family") != "lm":
+        raise ValueError(f"{args.ckpt} holds a {cfg.get('family')!r} model; generate needs a language model")
+    model = load_model(args.ckpt, family="lm")
+    tok = load_tokenizer(cfg.get("data", {}).get("tokenizer", "bytes"))
+    texts = args.prompt or [None]
+    prompts = [[tok.eot_id] if t is None else tok.encode(t) for t in texts for _ in range(args.num_samples)]
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("a prompt is empty; omit --prompt for unconditional samples")
+    idx, mask = pad_left(prompts, pad_id=tok.eot_id)
+    out = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p, mask=mask,
+                         stop_token=None if args.no_stop else tok.eot_id, seed=args.seed)
+    for i, row in enumerate(out[:, idx.shape[1]:].tolist()):
+        if not args.no_stop and tok.eot_id in row:
+            row = row[: row.index(tok.eot_id)]
+        prompt_text = texts[i // args.num_samples] or ""
+        print(f"--- sample {i} ---")
+        print(prompt_text + tok.decode(row))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# polymixer eval lm
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def add_eval_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ckpt", required=True, help="run folder or checkpoint folder")
+    p.add_argument("--data", nargs="*", default=None, help="corpus (default: the one the model was trained on)")
+    p.add_argument("--windows", type=int_at_least(1), default=512, help="validation windows per context length")
+    p.add_argument("--lengths", type=float_in(Range(0, low_open=True)), nargs="+", default=[1, 2, 4],
+                   help="context lengths as multiples of the training context")
+    p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def evaluate_checkpoint(ckpt: str, data: Optional[List[str]] = None, windows: int = 512,
+                        lengths: Iterable[float] = (1, 2, 4), progress: bool = False) -> Dict[str, Any]:
+    """Validation loss and bits per byte at the training context and at multiples of it (length generalisation;
+    learned positions cannot go beyond the training context and report None there)."""
+    cfg = read_config(ckpt)
+    model = load_model(ckpt, family="lm")
+    d = cfg.get("data", {})
+    tok = load_tokenizer(d.get("tokenizer", "bytes"))
+    pack = d.get("pack", True)
+    corpus = prepare_corpus(data or d.get("paths"), tok, val_fraction=d.get("val_fraction", 0.1), progress=progress)
+    T = model.config.block_size
+    rows = []
+    for mult in lengths:
+        n = int(round(T * mult))
+        if model.config.position == "learned" and n > T:
+            rows.append({"context": n, "x_train": mult, "val_loss": None, "val_bpb": None})
+            continue
+        m = evaluate_lm(model, TokenWindows(corpus.val, n), torch.from_numpy(tok.token_bytes()),
+                        tok.eot_id if pack else None, windows, max(1, 32 * T // n), progress=progress,
+                        desc=f"eval lm, context {n}")
+        rows.append({"context": n, "x_train": mult, **m})
+    return {"ckpt": str(ckpt), "preset": cfg.get("preset"), "step": cfg.get("step"), "lengths": rows}
+
+
+def main_eval(args: argparse.Namespace) -> int:
+    res = evaluate_checkpoint(args.ckpt, args.data, args.windows, args.lengths, progress=not args.quiet)
+    print(f"{res['preset']} at step {res['step']} ({res['ckpt']})")
+    print("| context | × train | val loss | val bpb |\n|---|---|---|---|")
+    for r in res["lengths"]:
+        if r["val_loss"] is None:
+            print(f"| {r['context']} | {r['x_train']:g} | n/a (learned positions) | — |")
+        else:
+            print(f"| {r['context']} | {r['x_train']:g} | {r['val_loss']:.4f} | {r['val_bpb']:.4f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# polymixer export hf / import hf (transformers is imported only when these run)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def add_export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ckpt", required=True, help="polymixer run or checkpoint folder (a language model)")
+    p.add_argument("--out", required=True, help="transformers folder to write")
+    p.add_argument("--no-ema", action="store_true", help="export the raw weights even if the run kept an EMA")
+
+
+def main_export(args: argparse.Namespace) -> int:
+    from ...hf import export_hf
+
+    out = export_hf(args.ckpt, args.out, ema=False if args.no_ema else None)
+    print(f"wrote {out} (load it with: import polymixer; AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+    return 0
+
+
+def add_import_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--src", required=True, help="transformers folder written by export hf or save_pretrained")
+    p.add_argument("--out", required=True, help="polymixer run folder to write")
+
+
+def main_import(args: argparse.Namespace) -> int:
+    from ...hf import import_hf
+
+    print(f"wrote {import_hf(args.src, args.out)}")
+    return 0

@@ -1,0 +1,704 @@
+"""The one training loop every model family uses.
+
+A *task* supplies batches, a loss and an evaluation; the loop supplies everything else: AdamW with weight decay on
+≥ 2-D weights only, linear warm-up then cosine decay, gradient clipping and accumulation, bf16 autocast where
+supported, optional ``torch.compile``, an EMA of the weights, a progress bar, periodic evaluation, atomic
+checkpoints with exact resume (weights, optimizer, RNG, step — batches are a pure function of the step),
+sharpness-aware minimisation around AdamW as an option (HTR-VT trains with it), and data-parallel training through
+``torchrun`` (DistributedDataParallel; gloo on CPU, nccl on GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+if TYPE_CHECKING:
+    import argparse
+
+from ..data.faults import SampleError
+from ...files import write_text_atomic
+from ..report import plot_history
+from ...checkpoint import (
+    config_diff, load_trainer_state, load_weights, read_config, resolve_checkpoint, rng_state, save_checkpoint,
+    set_rng_state,
+)
+
+__all__ = ["TrainConfig", "Task", "train", "configure_optimizer", "lr_at", "distributed_context", "TRAIN_FLAGS",
+           "TRAIN_HELP", "TRAIN_RANGES", "Range", "check_range",
+           "EXIT_PREEMPTED", "Preempted", "add_train_config_arguments", "train_config_from_args"]
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 32  # global: per optimizer step, over all processes and accumulation steps
+    grad_accum: int = 1
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    ckpt_every: int = 500
+    keep: int = 3
+    log_every: int = 10
+    seed: int = 1337
+    dtype: str = "auto"  # "auto" (bf16 on GPUs that support it, fp32 on CPU) | "fp32" | "bf16"
+    compile: bool = False
+    ema: float = 0.0  # EMA decay of the weights (0: off)
+    sam_rho: float = 0.0  # sharpness-aware minimisation radius (0: off; HTR-VT uses 0.05): two passes per step
+    out: str = "runs/train"
+    resume: bool = True  # continue from <out>/checkpoints/latest when it exists
+    init_from: Optional[str] = None  # a new run starts from these weights (a run or checkpoint folder; its EMA
+    #                                  weights when it has them): fine-tuning, curricula. Ignored when resuming.
+    stop_after: Optional[int] = None  # end this invocation after that step (with a checkpoint): time-limited jobs
+    progress: bool = True
+    max_nonfinite: int = 10  # a step whose loss or gradient norm is not finite is skipped; this many in a row stop
+    curves: bool = True  # <out>/curves.png at each evaluation and at the end (loss, learning rate, evaluations)
+    skip_bad_samples: bool = False  # unreadable / malformed samples: stop naming the file (False), or skip and count
+    check_data: bool = True  # the task scans every data file's header and length before training (--no-data-check)
+    context_parallel: int = 1  # ranks that share each example, each holding a slice of its sequence (torchrun)
+    fsdp: bool = False  # shard parameters, gradients and optimizer state over the ranks (FSDP2) instead of DDP
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, allowed in TRAIN_RANGES.items():
+            check_range(name, getattr(self, name), allowed)
+        if self.dtype not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"dtype (--dtype) must be auto, fp32 or bf16, got {self.dtype!r}")
+
+
+class Range(NamedTuple):
+    """The values a numeric setting allows: ``low`` … ``high`` (None: unbounded), each end included unless open."""
+
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '≥'} {self.low:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+    def admits(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+
+# what each numeric TrainConfig field allows: checked when a config is made (a command checks its options before it
+# reads any data), one line naming the option and the range
+TRAIN_RANGES: Dict[str, Range] = {
+    "steps": Range(1), "batch_size": Range(1), "grad_accum": Range(1), "lr": Range(0),
+    "min_lr": Range(0), "warmup": Range(0), "weight_decay": Range(0), "beta1": Range(0, 1, high_open=True),
+    "beta2": Range(0, 1, high_open=True), "grad_clip": Range(0), "eval_every": Range(1), "ckpt_every": Range(1),
+    "keep": Range(1), "log_every": Range(1), "ema": Range(0, 1, high_open=True), "sam_rho": Range(0),
+    "max_nonfinite": Range(1), "context_parallel": Range(1), "stop_after": Range(0),
+}
+
+
+def check_range(name: str, value: Any, allowed: Range) -> None:
+    """A one-line ValueError naming the setting (and its command-line option) when ``value`` is outside ``allowed``
+    (None passes: an unset optional setting)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or not allowed.admits(value):
+        raise ValueError(f"{name} (--{name.replace('_', '-')}) must be {allowed}, got {value!r}")
+
+
+# the TrainConfig fields every `polymixer train <family>` command exposes as --flags
+TRAIN_FLAGS = ("steps", "batch_size", "grad_accum", "lr", "min_lr", "warmup", "weight_decay", "beta2", "grad_clip",
+               "eval_every", "ckpt_every", "keep", "log_every", "seed", "ema", "max_nonfinite")
+
+
+# what each of those flags means, for --help (the default shown is the family's recipe)
+TRAIN_HELP = {
+    "steps": "optimizer steps of the whole run (a resumed run continues to this count)",
+    "batch_size": "examples per optimizer step, over all processes and accumulation steps",
+    "grad_accum": "micro-batches accumulated per step (the batch is split into this many)",
+    "lr": "peak learning rate, reached after the warm-up",
+    "min_lr": "learning rate at the last step (cosine decay from lr)",
+    "warmup": "steps of linear warm-up from 0 to lr",
+    "weight_decay": "AdamW weight decay of matrices and embeddings (none on biases, norms, PoM coefficients)",
+    "beta2": "AdamW's second-moment decay",
+    "grad_clip": "clip the gradient norm to this (0: no clipping)",
+    "eval_every": "evaluate every N steps (and at the last)",
+    "ckpt_every": "write a checkpoint every N steps (and at the last)",
+    "keep": "intact checkpoints kept",
+    "log_every": "log loss, learning rate and throughput every N steps",
+    "seed": "seed of the initial weights and of every batch (batches are a pure function of seed and step)",
+    "ema": "EMA decay of the weights, evaluated and saved beside them (0: off)",
+    "max_nonfinite": "stop after this many consecutive steps with a non-finite loss or gradient",
+    "sam_rho": "sharpness-aware minimisation radius (0: off; two forward/backward passes per step)",
+}
+
+
+def add_train_config_arguments(p: "argparse.ArgumentParser", defaults: TrainConfig, out_help: str,
+                               names: Sequence[str] = TRAIN_FLAGS) -> None:
+    """The shared-loop options of a train command: ``names`` as --flags defaulting to the family's recipe
+    ``defaults``, then --skip-bad-samples, --stop-after, --init-from, --dtype, --compile, --out, --no-resume,
+    --quiet."""
+    for name in names:
+        default = getattr(defaults, name)
+        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
+                       help=TRAIN_HELP.get(name, name.replace("_", " ")))
+    p.add_argument("--skip-bad-samples", action="store_true",
+                   help="skip unreadable or malformed samples (listed in <out>/bad_samples.json) instead of stopping")
+    p.add_argument("--no-data-check", action="store_true",
+                   help="skip the scan of every data file's header and length before training (a bad file then stops "
+                        "the run only when it is drawn)")
+    p.add_argument("--stop-after", type=int, default=None, help="end this invocation after that step (resumable)")
+    p.add_argument("--init-from", default=None, metavar="RUN",
+                   help="start from the weights of this run or checkpoint (fine-tuning; not when resuming)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
+                   help="autocast dtype: auto = bf16 on GPUs that support it, fp32 on CPU")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model's forward")
+    p.add_argument("--context-parallel", type=int, default=1, metavar="C",
+                   help="under torchrun: C consecutive ranks share each example, each holding a contiguous slice of "
+                        "its sequence (PoM sends O(D) per layer); the other factor of the processes is data parallel")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard parameters, gradients and optimizer state (FSDP2) instead of DDP")
+    p.add_argument("--out", default=None, help=out_help)
+    p.add_argument("--no-resume", action="store_true", help="start over even if the run folder has a checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def train_config_from_args(args: "argparse.Namespace", defaults: TrainConfig, out: str) -> TrainConfig:
+    """The TrainConfig of a train command parsed with :func:`add_train_config_arguments` (``out``: the default run
+    folder)."""
+    from dataclasses import fields, replace
+
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
+              if hasattr(args, f.name) and f.name not in ("out", "resume", "progress")}
+    return replace(defaults, **values, out=args.out or out, resume=not args.no_resume, progress=not args.quiet,
+                   check_data=not getattr(args, "no_data_check", False))
+
+
+class Task(Protocol):
+    """What a model family brings to the loop. A task may also carry ``faults``, the
+    :class:`~polymixer.experiments.data.faults.SampleFaults` its data was read with: the loop then reports the bad
+    samples skipped
+    (progress bar, history, ``<out>/bad_samples.json``) and keeps them in its checkpoints."""
+
+    unit: str  # what a batch counts, for throughput ("tok", "img")
+
+    def batch(self, step: int, share: int, shares: int, device: torch.device) -> Any:
+        """Share ``share`` of ``shares`` equal parts of the global batch of ``step`` (a pure function of both)."""
+        ...
+
+    # optional: ``split(batch, part, parts)`` → this rank's contiguous slice of every sequence of a batch share
+    # (context parallelism; a task without it refuses --context-parallel)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor: ...
+
+    def count(self, batch: Any) -> int:
+        """Number of units (tokens, images) in a batch share."""
+        ...
+
+    def evaluate(self, model: nn.Module, step: int, out_dir: Path) -> Dict[str, float]: ...
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to ``lr``, then cosine decay to ``min_lr`` at the last step."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    progress = min(1.0, (step - cfg.warmup) / span)
+    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+
+
+def configure_optimizer(model: nn.Module, cfg: TrainConfig, no_decay: Optional[set] = None) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices and embeddings (≥ 2-D), none on biases, norms, gate biases, and parameters
+    marked ``no_weight_decay`` (PoM's polynomial coefficients).
+
+    A model may scale the learning rate of some parameters: ``model.lr_scale(name) -> float`` (e.g. PTv3 trains
+    its transformer blocks at 0.1× the rate of the stem, pooling and head). Each parameter group then carries its
+    ``lr_scale`` and the loop sets ``lr = schedule · lr_scale``. ``no_decay``: names of parameters never decayed
+    besides those marked (a sharded model's parameters lost their marks).
+    """
+    scale_of = getattr(model, "lr_scale", None)
+    seen = set()
+    groups: Dict[tuple, List[nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        decay = p.dim() >= 2 and not getattr(p, "no_weight_decay", False) and name not in (no_decay or ())
+        scale = float(scale_of(name)) if scale_of is not None else 1.0
+        if not scale > 0:
+            raise ValueError(f"lr_scale of parameter {name!r} must be positive, got {scale}")
+        groups.setdefault((scale, decay), []).append(p)
+    # the two full-rate groups always exist, first (the layout of every checkpoint before lr scales existed)
+    order = [(1.0, True), (1.0, False)] + sorted(k for k in groups if k[0] != 1.0)
+    param_groups = [{"params": groups.get(k, []), "weight_decay": cfg.weight_decay if k[1] else 0.0,
+                     "lr_scale": k[0]} for k in order]
+    return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+@dataclass
+class DistContext:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def distributed_context() -> DistContext:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); a plain run is rank 0 of 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return DistContext(rank, world, local, device)
+
+
+def _autocast_dtype(cfg: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
+    if cfg.dtype == "fp32":
+        return None
+    if cfg.dtype == "bf16":
+        return torch.bfloat16
+    if cfg.dtype != "auto":
+        raise ValueError(f"dtype must be 'auto', 'fp32' or 'bf16', got {cfg.dtype!r}")
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+class _Ema:
+    """EMA of the weights with the usual warm-up: after n updates the decay is min(decay, (1 + n) / (10 + n)).
+
+    Without the warm-up a short run keeps decay^steps of its random initialisation in the average (0.999 over
+    1,500 steps: 22%), and the averaged model is worse than either end point.
+    """
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        self.decay = decay
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def decay_at(self, updates: int) -> float:
+        return min(self.decay, (1.0 + updates) / (10.0 + updates))
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, updates: int) -> None:
+        """Fold in ``model`` after ``updates`` earlier updates (the step count, so that resume is exact)."""
+        d = self.decay_at(updates)
+        for e, p in zip(self.model.parameters(), model.parameters()):
+            e.lerp_(p.detach(), 1.0 - d)
+        for e, b in zip(self.model.buffers(), model.buffers()):
+            e.copy_(b)
+
+
+def _forward_backward(model: nn.Module, task: Task, batch: Any, last: bool, cfg: TrainConfig, ctx: DistContext,
+                      amp: Optional[torch.dtype], cp_mesh: Any = None) -> torch.Tensor:
+    """Loss and backward of one micro-batch; under DDP / FSDP gradients are reduced on the last micro-batch only;
+    under context parallelism inside :func:`polymixer.context_parallel` of this rank's group."""
+    from ...ops.parallel import context_parallel
+
+    sync = ctx.world == 1 or last
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(sync)
+        quiet: Any = contextlib.nullcontext()
+    else:
+        quiet = model.no_sync() if not sync else contextlib.nullcontext()
+    with quiet, (context_parallel(cp_mesh) if cp_mesh is not None else contextlib.nullcontext()):
+        with torch.autocast(ctx.device.type, dtype=amp, enabled=amp is not None):
+            loss = task.loss(model, batch) / cfg.grad_accum
+        loss.backward()
+    return loss.detach()
+
+
+def _sam_second_pass(raw: nn.Module, model: nn.Module, task: Task, batches: List[Any],
+                     optimizer: torch.optim.Optimizer, cfg: TrainConfig, ctx: DistContext,
+                     amp: Optional[torch.dtype], cp_mesh: Any = None) -> None:
+    """Sharpness-aware minimisation (Foret et al. 2021): climb to w + ρ·g/‖g‖ along the (all-reduced) gradient,
+    take the gradient there on the same batches, come back to w; the optimizer then steps with that gradient.
+
+    The weights w are kept and copied back, not recomputed as (w + e) − e: in floating point that round trip is not
+    exact, so every step would start from slightly wrong weights and a step skipped for a non-finite second pass
+    would change the weights it promises to leave alone."""
+    params = [p for p in raw.parameters() if p.grad is not None]
+    if not params:
+        return
+    with torch.no_grad():
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        if not bool(torch.isfinite(norm)):  # climbing along a NaN gradient would poison the weights; the loop
+            return                           # skips this step as non-finite (the gradient is all-reduced: every rank)
+        scale = cfg.sam_rho / (norm + 1e-12)
+        origin = [p.detach().clone() for p in params]
+        for p in params:
+            p.add_(p.grad * scale)
+    optimizer.zero_grad(set_to_none=True)
+    try:
+        for micro, batch in enumerate(batches):
+            _forward_backward(model, task, batch, micro == len(batches) - 1, cfg, ctx, amp, cp_mesh)
+    finally:  # an exception in the second pass (a bad sample, an interrupt) leaves w, not w + e
+        with torch.no_grad():
+            for p, w in zip(params, origin):
+                p.copy_(w)
+
+
+def _running_stats(model: nn.Module) -> List[torch.Tensor]:
+    """The buffers a training forward changes: BatchNorm-style running statistics (a skipped step restores them)."""
+    from torch.nn.modules.batchnorm import _NormBase
+
+    return [b for m in model.modules() if isinstance(m, _NormBase) and m.track_running_stats
+            for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
+
+
+def _model_diff(ck: Path, model_config: Dict[str, Any], model: Optional[nn.Module] = None) -> Dict[str, Any]:
+    """{key: (checkpoint's value, this run's)} where the model (family included) saved in ``ck`` differs. A field
+    the checkpoint does not know (added to the model's config class since) agrees when this run keeps its default,
+    which is the model the checkpoint was trained as."""
+    saved = read_config(ck)
+    old = saved.get("model", {})
+    diff = config_diff(old, model_config.get("model", {}))
+    config = getattr(model, "config", None)
+    if dataclasses.is_dataclass(config):
+        defaults = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
+        diff = {k: v for k, v in diff.items() if not (k not in old and k in defaults and v[1] == defaults[k])}
+    if saved.get("family") != model_config.get("family"):
+        diff["family"] = (saved.get("family"), model_config.get("family"))
+    return diff
+
+
+def _init_weights(model: nn.Module, ema: Optional["_Ema"], source: str, model_config: Dict[str, Any]) -> None:
+    """Start a new run from the weights of another one (its EMA weights when saved), after checking that the model
+    configurations agree."""
+    ck = resolve_checkpoint(source)
+    diff = _model_diff(ck, model_config, model)
+    if diff:
+        listing = "; ".join(f"{k}: {ck} has {a!r}, this run {b!r}" for k, (a, b) in diff.items())
+        raise ValueError(f"cannot start from {ck}: the model configurations differ — {listing}")
+    load_weights(model, ck, ema=(ck / "ema.safetensors").is_file())
+    if ema is not None:
+        ema.model.load_state_dict(model.state_dict())
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=1))
+
+
+EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL, "try again later": requeue and run the same command; it resumes
+
+
+class Preempted(SystemExit):
+    """Raised by :func:`train` after SIGTERM / SIGUSR1: the step in flight finished, a checkpoint was written, and
+    the process exits with :data:`EXIT_PREEMPTED` unless the caller catches it."""
+
+    def __init__(self, step: int, signal_name: str) -> None:
+        super().__init__(EXIT_PREEMPTED)
+        self.step, self.signal_name = step, signal_name
+
+
+@contextlib.contextmanager
+def _preemption_signals():
+    """While training, SIGTERM and SIGUSR1 (what schedulers such as SLURM send before killing a job) only set a
+    flag; the previous handlers come back afterwards. Only the main thread can install handlers."""
+    import signal
+    import threading
+
+    flag: Dict[str, Any] = {"signal": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    sigs = [signal.SIGTERM] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
+    previous = {s: signal.getsignal(s) for s in sigs}
+
+    def handler(signum: int, frame: Any) -> None:
+        flag["signal"] = signal.Signals(signum).name
+
+    for s in sigs:
+        signal.signal(s, handler)
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str, Any],
+          on_log: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+    """Train ``model`` on ``task``; returns the final evaluation and the logged history.
+
+    ``model_config`` is what a checkpoint must reproduce the model from (``{"family", "preset", "model": {...}}``);
+    resuming from a checkpoint whose model config differs raises a ValueError listing the differing keys.
+
+    On SIGTERM or SIGUSR1 the step in flight finishes, every rank agrees to stop after that same step (an all-reduce
+    of the flag each step), a checkpoint is written, and :class:`Preempted` is raised: the process exits with status
+    :data:`EXIT_PREEMPTED` (75) and the same command resumes.
+    """
+    with _preemption_signals() as flag:
+        return _train(model, task, cfg, model_config, on_log, flag)
+
+
+def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str, Any],
+           on_log: Optional[Callable[[Dict[str, Any]], None]], flag: Dict[str, Any]) -> Dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    from . import parallel
+
+    ctx = distributed_context()
+    out = Path(cfg.out)
+    unsupported = parallel.check_supported(cfg.fsdp, cfg.ema, cfg.sam_rho)
+    if unsupported:
+        raise ValueError(f"--fsdp with {unsupported[0]}: {unsupported[1]}")
+    lay = parallel.layout(ctx.rank, ctx.world, cfg.context_parallel, ctx.device)
+    split = getattr(task, "split", None)
+    if lay.cp_size > 1 and split is None:
+        raise ValueError(f"--context-parallel: the {model_config.get('family', 'this')} family cannot split its "
+                         f"examples across ranks yet")
+    shares = lay.dp_world * cfg.grad_accum
+    if cfg.batch_size % shares:
+        raise ValueError(f"batch_size {cfg.batch_size} must be divisible by data-parallel processes × grad_accum = "
+                         f"{shares}")
+    if cfg.steps < 1:
+        raise ValueError(f"steps must be ≥ 1, got {cfg.steps}")
+    torch.manual_seed(cfg.seed + lay.dp_rank)  # the ranks sharing an example draw the same noise and dropout
+    model.to(ctx.device)
+    raw = model
+    ema = _Ema(raw, cfg.ema) if cfg.ema > 0 else None
+    no_decay = parallel.no_decay_names(raw)
+    plain: Optional[nn.Module] = None  # under FSDP, rank 0's whole copy for evaluation
+    optimizer = configure_optimizer(raw, cfg, no_decay)
+    trainer_state: Optional[Dict[str, Any]] = None
+    start = 0
+    history: List[Dict[str, Any]] = []
+    metrics: Dict[str, float] = {}  # the latest evaluation (a resumed run starts with its checkpoint's)
+    faults = getattr(task, "faults", None)  # a SampleFaults: the policy for bad samples and those skipped
+    meta = {**model_config, "train": asdict(cfg)}
+    if cfg.resume and (out / "checkpoints").exists():
+        try:
+            ck = resolve_checkpoint(out)
+        except FileNotFoundError:
+            ck = None
+        if ck is not None:
+            diff = _model_diff(ck, model_config, raw)
+            if diff:
+                listing = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
+                raise ValueError(f"cannot resume from {ck}: its model config differs — {listing}")
+            load_weights(raw, ck)
+            state = trainer_state = load_trainer_state(ck)
+            if not cfg.fsdp:  # (sharded: once the parameters are sharded, below)
+                parallel.load_optimizer_state(raw, optimizer, state["optimizer"], state.get("optimizer_format"))
+            if ema is not None and (ck / "ema.safetensors").is_file():
+                load_weights(ema.model, ck, ema=True)
+            rngs = state["rng"]  # per rank (a run resumed on more ranks than it was saved with reuses them in turn)
+            set_rng_state(rngs[ctx.rank % len(rngs)] if isinstance(rngs, list) else rngs)
+            start = int(state["step"])
+            history = state.get("history", [])
+            metrics = read_config(ck).get("metrics", {})  # a run resumed at its end reports its final evaluation
+            if faults is not None:
+                faults.restore(state.get("bad_samples", {}))
+    if start == 0 and cfg.init_from:
+        _init_weights(raw, ema, cfg.init_from, model_config)
+    amp = _autocast_dtype(cfg, ctx.device)
+    if cfg.fsdp:
+        if ctx.main:
+            plain = copy.deepcopy(raw).eval().requires_grad_(False)
+        parallel.shard(raw, amp == torch.bfloat16)
+        optimizer = configure_optimizer(raw, cfg, no_decay)  # over the sharded parameters
+        if trainer_state is not None:
+            parallel.load_optimizer_state(raw, optimizer, trainer_state["optimizer"],
+                                          trainer_state.get("optimizer_format"))
+    fwd_model: nn.Module = raw
+    if cfg.compile:
+        fwd_model = torch.compile(raw)
+    if ctx.world > 1 and not cfg.fsdp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        fwd_model = DDP(fwd_model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+    bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and ctx.main), desc=f"train {out.name}",
+               dynamic_ncols=True)
+    t_last, units = time.perf_counter(), 0
+    skipped = next((r["skipped"] for r in reversed(history) if "skipped" in r), 0)  # non-finite steps so far
+    nonfinite_run = 0
+    preempted = False
+    saved = start
+    stats = _running_stats(raw)
+
+    def save(done: int) -> None:
+        """A checkpoint of the state after ``done`` steps (every rank calls it)."""
+        nonlocal saved
+        model_state = optim_state = None
+        if cfg.fsdp:  # gathered by every rank, written by the first
+            model_state = parallel.full_model_state(raw)
+            optim_state = parallel.full_optimizer_state(raw, optimizer)
+        rngs: Any = rng_state()
+        bad = dict(faults.bad) if faults is not None else {}
+        if ctx.world > 1:  # every rank's generators, so that dropout resumes exactly everywhere
+            gathered: List[Any] = [None] * ctx.world
+            dist.all_gather_object(gathered, (rngs, bad))
+            rngs = [g[0] for g in gathered]
+            for _, b in gathered:
+                for path, reason in b.items():
+                    bad.setdefault(path, reason)
+        if ctx.main:
+            trainer_state = {"optimizer": optimizer.state_dict() if optim_state is None else optim_state,
+                             "step": done, "rng": rngs, "history": history, "bad_samples": bad}
+            if optim_state is not None:
+                trainer_state["optimizer_format"] = parallel.OPTIMIZER_FQN
+            save_checkpoint(out, done, raw, {**meta, "metrics": metrics}, trainer_state,
+                            ema.model if ema is not None else None, keep=cfg.keep, model_state=model_state)
+            if bad:
+                _write_json(out / "bad_samples.json", bad)
+        if ctx.world > 1:
+            dist.barrier()
+        saved = done
+
+    def write_history() -> None:
+        """history.json and curves.png (loss, learning rate, evaluations) of the run so far."""
+        out.mkdir(parents=True, exist_ok=True)
+        _write_json(out / "history.json", history)
+        if cfg.curves and history:
+            try:
+                name = " ".join(str(v) for v in (model_config.get("family"), model_config.get("preset")) if v)
+                plot_history([(str(out), history)], out / "curves.png", title=f"{name} — {out}" if name else str(out),
+                             warmup=cfg.warmup)
+            except Exception as e:  # a plot must never stop a run
+                bar.write(f"could not draw {out / 'curves.png'}: {e}")
+
+    if ctx.main and start == 0 and cfg.steps <= cfg.warmup:
+        bar.write(f"note: steps ({cfg.steps}) ≤ warmup ({cfg.warmup}): the learning rate only climbs towards lr "
+                  f"({cfg.lr:g}) and never decays — a run this short tests the plumbing, not the model (expect "
+                  f"untrained outputs); pass --warmup to shorten the warm-up")
+    fwd_model.train()
+    for step in range(start, cfg.steps):
+        lr = lr_at(step, cfg)
+        for g in optimizer.param_groups:
+            g["lr"] = lr * g.get("lr_scale", 1.0)
+        loss_sum = torch.zeros((), device=ctx.device)
+        try:  # every micro-batch first: a bad sample then stops the run before this step changed anything
+            batches = [task.batch(step, micro * lay.dp_world + lay.dp_rank, shares, ctx.device)
+                       for micro in range(cfg.grad_accum)]
+            if lay.cp_size > 1:
+                batches = [split(b, lay.cp_rank, lay.cp_size) for b in batches]
+        except SampleError as e:
+            bar.close()
+            if ctx.world == 1 and step > saved:  # under torchrun the other ranks are elsewhere: no collective save
+                save(step)
+            resume = f"the checkpoint of step {saved} in {out / 'checkpoints'} resumes" if saved else "nothing to lose"
+            raise SampleError(e.path, e.reason, f"stopped before step {step + 1}; {resume}: fix or remove the file, or "
+                              f"run with --skip-bad-samples") from e
+        if faults is not None:
+            for path, reason in faults.unreported():
+                bar.write(f"step {step + 1}: skipped bad sample {path} — {reason} ({len(faults)} so far)")
+        stats_before = [b.clone() for b in stats]
+        for micro, batch in enumerate(batches):
+            units += task.count(batch)
+            loss_sum += _forward_backward(fwd_model, task, batch, micro == cfg.grad_accum - 1, cfg, ctx, amp,
+                                          lay.cp_mesh)
+        if cfg.sam_rho > 0:
+            _sam_second_pass(raw, fwd_model, task, batches, optimizer, cfg, ctx, amp, lay.cp_mesh)
+        grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else
+                                                   float("inf"))
+        # gradients are all-reduced, so every rank sees the same norm and takes the same decision
+        finite = bool(torch.isfinite(grad_norm)) and (ctx.world > 1 or bool(torch.isfinite(loss_sum)))
+        if finite:
+            optimizer.step()
+            nonfinite_run = 0
+        else:  # weights, optimizer state, EMA and running statistics untouched
+            with torch.no_grad():
+                for b, before in zip(stats, stats_before):
+                    b.copy_(before)
+            skipped += 1
+            nonfinite_run += 1
+            bar.write(f"step {step + 1}: non-finite loss or gradient norm — step skipped ({skipped} so far)")
+        optimizer.zero_grad(set_to_none=True)
+        if ema is not None and finite:
+            ema.update(raw, step)
+        if nonfinite_run >= cfg.max_nonfinite:
+            bar.close()
+            raise FloatingPointError(
+                f"{nonfinite_run} consecutive steps (up to step {step + 1}) had a non-finite loss or gradient norm; "
+                f"stopping. The last checkpoint in {out / 'checkpoints'} is intact: resume with a lower learning "
+                f"rate, fp32, or raise max_nonfinite")
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            if ctx.world > 1:
+                dist.all_reduce(loss_sum)
+                loss_sum /= ctx.world
+            now = time.perf_counter()
+            rate = units * lay.dp_world * lay.cp_size / max(now - t_last, 1e-9)
+            t_last, units = now, 0
+            rec = {"step": done, "loss": float(loss_sum), "lr": lr, f"{task.unit}_s": rate,
+                   "grad_norm": float(grad_norm), "skipped": skipped}
+            if faults:
+                rec["bad_samples"] = len(faults)
+            history.append(rec)
+            if ctx.main:
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", **{f"{task.unit}/s": f"{rate:,.0f}"},
+                                **({"skipped": skipped} if skipped else {}),
+                                **({"bad": len(faults)} if faults else {}))
+                if on_log:
+                    on_log(rec)
+        bar.update(1)
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            if cfg.fsdp:  # the whole weights, gathered by every rank, into rank 0's plain copy
+                whole = parallel.full_model_state(raw)
+                if plain is not None:
+                    plain.load_state_dict(whole, strict=False)
+            if ctx.main:
+                if cfg.progress:
+                    bar.write(f"step {done}: evaluating{' the EMA weights' if ema is not None else ''} …")
+                t_eval = time.perf_counter()
+                metrics = task.evaluate(ema.model if ema is not None else plain if plain is not None else raw, done,
+                                        out)
+                took = time.perf_counter() - t_eval
+                t_last += took  # throughput counts training time only
+                if metrics:  # a task may only save artefacts (e.g. a sample grid) and report nothing
+                    history.append({"step": done, **{f"eval_{k}": v for k, v in metrics.items()}})
+                    bar.write(f"step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) +
+                              f" ({took:.0f} s)")
+                write_history()
+                raw.train()
+        preempted = flag["signal"] is not None
+        if ctx.world > 1:  # stop after the same step everywhere, whichever rank got the signal
+            f = torch.tensor([float(preempted)], device=ctx.device)
+            dist.all_reduce(f, op=dist.ReduceOp.MAX)
+            preempted = bool(f.item())
+        stop = preempted or (cfg.stop_after is not None and done >= cfg.stop_after)
+        if done % cfg.ckpt_every == 0 or done == cfg.steps or stop:
+            save(done)
+        if stop:
+            break
+    bar.close()
+    if ctx.main:
+        write_history()
+        if faults:
+            print(f"skipped {len(faults)} unreadable or malformed sample file(s), listed in "
+                  f"{out / 'bad_samples.json'}", flush=True)
+    if ctx.world > 1:
+        dist.barrier()
+    if preempted:
+        if ctx.main:
+            print(f"{flag['signal'] or 'a signal on another rank'}: stopped after step {done} with a checkpoint in "
+                  f"{out / 'checkpoints'}; exit status {EXIT_PREEMPTED} — run the same command to resume", flush=True)
+        raise Preempted(done, flag["signal"] or "")
+    return {"metrics": metrics, "history": history, "rank": ctx.rank, "world": ctx.world}
