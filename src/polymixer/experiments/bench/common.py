@@ -299,6 +299,17 @@ def apply_overrides(cfg: Any, quick: Optional[Dict[str, Any]], args: Any, fields
     return cfg
 
 
+def render_report(payload: Dict[str, Any], sections: Dict[str, Callable[[Dict[str, Any]], List[str]]],
+                  tail: Sequence[str] = ()) -> str:
+    """A family bench's text: each part the payload holds (``speed``, ``quality``, …), in the order of ``sections``,
+    rendered by its section function from the whole payload, then ``tail`` (the verdicts)."""
+    lines: List[str] = []
+    for part, render in sections.items():
+        if part in payload:
+            lines += render(payload)
+    return "\n".join(lines + list(tail))
+
+
 def write_json(path: Path, payload: Dict[str, Any]) -> None:
     """Write JSON atomically (a crash never leaves half a file)."""
     write_text_atomic(path, json.dumps(payload, indent=2, default=lambda o: asdict(o)

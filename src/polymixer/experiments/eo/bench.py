@@ -34,7 +34,8 @@ from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, QualitySweep, Stage,
     SweepRun, best_rows, describe_variant, earlier_part, keep_freed_memory, mark_best, parse_variant, picture_owner,
-    resume_point, same_rate, sweep_table, time_interleaved, training_claim, training_minutes, variant_slug, read_json,
+    render_report, resume_point, same_rate, sweep_table, time_interleaved, training_claim, training_minutes,
+    variant_slug, read_json,
 )
 
 __all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdicts", "report", "plot", "run", "main",
@@ -340,56 +341,63 @@ def per_class_over_seeds(payload: Dict[str, Any], seeds: List[Dict[str, Any]]) -
                          ["class", "TSViT"] + names + [f"{m} − TSViT" for m in names]), ""]
 
 
+def _speed_report(payload: Dict[str, Any]) -> List[str]:
+    lines: List[str] = []
+    p = payload["speed"]
+    c = p.get("config", payload["config"])
+    lines += [f"km²/s in evaluation (10 m pixels), T = {c['frames']} dates, ≈ {c['budget']:,} pixels per forward "
+              f"call; speedup = TSViT's time ÷ the model's"
+              + ("; glibc malloc set to recycle freed memory" if p.get("allocator_tuned") else ""),
+              format_table(p["rows"], ["dtype", "side", "batch", "spatial_tokens", "model", "s_per_call",
+                                       "km2_per_s", "speedup"],
+                           ["dtype", "window", "batch", "spatial tokens", "model", "s / call", "km²/s",
+                            "speedup"]),
+              "params: " + ", ".join(f"{NAMES.get(k, k)} {v:,}" for k, v in p["params"].items()), ""]
+    return lines
+
+
+def _quality_report(payload: Dict[str, Any], seeds: Optional[Any], main_json: Optional[Any]) -> List[str]:
+    lines: List[str] = []
+    all_rows = payload["quality"]["rows"]
+    rows = best_rows(all_rows)
+    keys = list(dict.fromkeys(k for r in rows for k in r["windows"]))
+    table = [{**r, **{f"o_{k}": 100 * r["windows"][k]["oa"] for k in keys if k in r["windows"]},
+              **{f"m_{k}": 100 * r["windows"][k]["miou"] for k in keys if k in r["windows"]}} for r in rows]
+    label = lambda k: "whole" if k == "whole" else f"{k}px"  # noqa: E731
+    crop = payload["quality"].get("config", payload["config"])["crop"]
+    lines += [f"equal budget (same steps, batch, seed; trained on {crop}×{crop} windows); OA / mIoU % on every "
+              f"non-void pixel of the test fold, predicted by windows of each side covering the patch, or whole "
+              f"patches in one call",
+              f"each model at its best learning rate (highest validation mIoU; {len(all_rows)} runs)",
+              format_table(table, ["model", "pattern", "params", "lr", "rates", "steps", "train_min"]
+                           + [f"o_{k}" for k in keys] + [f"m_{k}" for k in keys],
+                           ["model", "blocks (temporal, spatial)", "params", "best lr", "rates tried", "steps",
+                            "train min"] + [f"OA {label(k)}" for k in keys]
+                           + [f"mIoU {label(k)}" for k in keys]), "",
+              "every rate: validation mIoU % (the selection; * = best) and test mIoU % at the training crop",
+              sweep_table(all_rows, "val_miou", "val mIoU", scale=100),
+              sweep_table(all_rows, f"miou_{crop}", "test mIoU", scale=100)]
+    lines += [note for note in [edge_note(all_rows, name="model")] if note] + [""]
+    timing = [r for r in rows if r.get("per_class_iou")]
+    if timing:
+        cls = [c for group in TIMING_CLASSES.values() for c in group]
+        from .data import PASTIS_CLASSES
+
+        lines += ["per-class test IoU % of the classes that differ only by timing (winter cereals | summer crops)",
+                  format_table([{"model": r["model"], **{str(c): _pct(r["per_class_iou"].get(str(c), r[
+                      "per_class_iou"].get(c))) for c in cls}} for r in timing], ["model"] + [str(c) for c in cls],
+                      ["model"] + [PASTIS_CLASSES[c] for c in cls]), ""]
+    lines += per_class_over_seeds(main_json if main_json is not None else payload, seeds or [])
+    return lines
+
+
 def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
            main_json: Optional[Dict[str, Any]] = None) -> str:
-    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets;
-    ``main_json``: the family's main JSON where ``payload`` is one of its seed folders)."""
-    lines = []
-    if "speed" in payload:
-        p = payload["speed"]
-        c = p.get("config", payload["config"])
-        lines += [f"km²/s in evaluation (10 m pixels), T = {c['frames']} dates, ≈ {c['budget']:,} pixels per forward "
-                  f"call; speedup = TSViT's time ÷ the model's"
-                  + ("; glibc malloc set to recycle freed memory" if p.get("allocator_tuned") else ""),
-                  format_table(p["rows"], ["dtype", "side", "batch", "spatial_tokens", "model", "s_per_call",
-                                           "km2_per_s", "speedup"],
-                               ["dtype", "window", "batch", "spatial tokens", "model", "s / call", "km²/s",
-                                "speedup"]),
-                  "params: " + ", ".join(f"{NAMES.get(k, k)} {v:,}" for k, v in p["params"].items()), ""]
-    if "quality" in payload:
-        all_rows = payload["quality"]["rows"]
-        rows = best_rows(all_rows)
-        keys = list(dict.fromkeys(k for r in rows for k in r["windows"]))
-        table = [{**r, **{f"o_{k}": 100 * r["windows"][k]["oa"] for k in keys if k in r["windows"]},
-                  **{f"m_{k}": 100 * r["windows"][k]["miou"] for k in keys if k in r["windows"]}} for r in rows]
-        label = lambda k: "whole" if k == "whole" else f"{k}px"  # noqa: E731
-        crop = payload["quality"].get("config", payload["config"])["crop"]
-        lines += [f"equal budget (same steps, batch, seed; trained on {crop}×{crop} windows); OA / mIoU % on every "
-                  f"non-void pixel of the test fold, predicted by windows of each side covering the patch, or whole "
-                  f"patches in one call",
-                  f"each model at its best learning rate (highest validation mIoU; {len(all_rows)} runs)",
-                  format_table(table, ["model", "pattern", "params", "lr", "rates", "steps", "train_min"]
-                               + [f"o_{k}" for k in keys] + [f"m_{k}" for k in keys],
-                               ["model", "blocks (temporal, spatial)", "params", "best lr", "rates tried", "steps",
-                                "train min"] + [f"OA {label(k)}" for k in keys]
-                               + [f"mIoU {label(k)}" for k in keys]), "",
-                  "every rate: validation mIoU % (the selection; * = best) and test mIoU % at the training crop",
-                  sweep_table(all_rows, "val_miou", "val mIoU", scale=100),
-                  sweep_table(all_rows, f"miou_{crop}", "test mIoU", scale=100)]
-        lines += [note for note in [edge_note(all_rows, name="model")] if note] + [""]
-        timing = [r for r in rows if r.get("per_class_iou")]
-        if timing:
-            cls = [c for group in TIMING_CLASSES.values() for c in group]
-            from .data import PASTIS_CLASSES
-
-            lines += ["per-class test IoU % of the classes that differ only by timing (winter cereals | summer crops)",
-                      format_table([{"model": r["model"], **{str(c): _pct(r["per_class_iou"].get(str(c), r[
-                          "per_class_iou"].get(c))) for c in cls}} for r in timing], ["model"] + [str(c) for c in cls],
-                          ["model"] + [PASTIS_CLASSES[c] for c in cls]), ""]
-        lines += per_class_over_seeds(main_json if main_json is not None else payload, seeds or [])
-    if "curves" in payload:
-        lines += _curves_report(payload["curves"])
-    return "\n".join(lines + verdicts(payload, seeds, main_json))
+    """The satellite bench's text: km²/s per window side, the quality sweep, whole patches and per-class IoU over
+    seeds, learning curves, then the verdicts (``seeds``, ``main_json``: as :func:`verdicts`)."""
+    sections = {"speed": _speed_report, "quality": lambda p: _quality_report(p, seeds, main_json),
+                "curves": lambda p: _curves_report(p["curves"])}
+    return render_report(payload, sections, verdicts(payload, seeds, main_json))
 
 
 def _pct(v: Any) -> Optional[float]:

@@ -23,7 +23,8 @@ from ..report import format_table, new_figure, save_figure
 from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, best_rows, QualitySweep,
-    Stage, SweepRun, mark_best, quality_rows, stale_rate_notes, sweep_table, synchronized, time_interleaved,
+    Stage, SweepRun, mark_best, quality_rows, render_report, stale_rate_notes, sweep_table, synchronized,
+    time_interleaved,
 )
 
 __all__ = ["ImageBenchConfig", "run_speed", "run_quality", "report", "main", "add_arguments"]
@@ -240,50 +241,55 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
     return out
 
 
+def _speed_report(payload: Dict[str, Any]) -> List[str]:
+    p = payload["speed"]
+    lines = ["forward seconds per image (equal width and depth)",
+             format_table(p["rows"], ["side", "tokens", "batch", "model", "s_per_image", "sit_over_sipom"],
+                          ["side", "tokens", "batch", "model", "s / image", "SiT ÷ SiPoM"]),
+             f"images/s at batch {p.get('config', payload['config'])['throughput_batch']} and side "
+             f"{p['throughput_side']}: " +
+             ", ".join(f"{k} {v:.1f}" for k, v in p["images_per_s"].items()),
+             "params: " + ", ".join(f"{k} {v:,}" for k, v in p["params"].items())]
+    faster = [r for r in p["rows"] if r.get("sit_over_sipom") is not None and r["tokens"] >= 1024]
+    if faster:
+        ok = all(r["sit_over_sipom"] > 1 for r in faster)
+        lines.append(f"SiPoM faster than SiT from 1,024 tokens up: {'met' if ok else 'MISSED'}\n")
+    return lines
+
+
+def _quality_report(payload: Dict[str, Any]) -> List[str]:
+    q = payload["quality"]
+    all_rows = quality_rows(q, RECIPE_LR)
+    swept = q.get("swept", SWEPT)
+    held = q.get("heldout") or 0
+    chosen = (f"the lowest validation FD (fd_val: independent samples against the {100 * held:g}% of the digits "
+              f"held out of training)" if q.get("selected_by") == "fd_val" else
+              "the lowest Fréchet distance (the digits have no held-out split — they are both the training data "
+              "and the FD reference — so the rate is chosen on the reported FD itself; --heldout gives one)")
+    lines = [f"digits, equal steps; {q['sample_steps']} sampling steps, guidance {q['guidance']}; each model at "
+             f"its best learning rate: {chosen}; "
+             f"{swept} is swept, the other objectives are trained at each model's best {swept} rate "
+             f"(lr from: best {swept}) and not swept",
+             format_table(best_rows(all_rows), ["model", "objective", "params", "lr", "rates", "lr_from", "steps",
+                                                "cond_accuracy", "classifier_accuracy", "fd", "fd_vs_sit",
+                                                "fd_real_floor"] + (["fd_val"] if held else []) + ["train_min"],
+                          ["model", "objective", "params", "best lr", "rates tried", "lr from", "steps",
+                           "cond. accuracy", "classifier acc.", "Fréchet dist.", "÷ SiT", "real-vs-real"]
+                          + (["validation FD"] if held else []) + ["train min"]),
+             "", "every rate (AdamW, warm-up then cosine to lr / 10; * = best)"]
+    for obj in dict.fromkeys(r["objective"] for r in all_rows):
+        mine = [r for r in all_rows if r["objective"] == obj]
+        lines += [sweep_table(mine, "fd", f"{obj} FD", key="model")] + [
+            note for note in [edge_note(mine, key="model")] if note]
+    return lines
+
+
 def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
            main_json: Optional[Dict[str, Any]] = None) -> str:
-    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets;
-    ``main_json``: the family's main JSON where ``payload`` is one of its seed folders)."""
-    lines = []
-    if "speed" in payload:
-        p = payload["speed"]
-        lines += ["forward seconds per image (equal width and depth)",
-                  format_table(p["rows"], ["side", "tokens", "batch", "model", "s_per_image", "sit_over_sipom"],
-                               ["side", "tokens", "batch", "model", "s / image", "SiT ÷ SiPoM"]),
-                  f"images/s at batch {p.get('config', payload['config'])['throughput_batch']} and side "
-                  f"{p['throughput_side']}: " +
-                  ", ".join(f"{k} {v:.1f}" for k, v in p["images_per_s"].items()),
-                  "params: " + ", ".join(f"{k} {v:,}" for k, v in p["params"].items())]
-        faster = [r for r in p["rows"] if r.get("sit_over_sipom") is not None and r["tokens"] >= 1024]
-        if faster:
-            ok = all(r["sit_over_sipom"] > 1 for r in faster)
-            lines.append(f"SiPoM faster than SiT from 1,024 tokens up: {'met' if ok else 'MISSED'}\n")
-    if "quality" in payload:
-        q = payload["quality"]
-        all_rows = quality_rows(q, RECIPE_LR)
-        swept = q.get("swept", SWEPT)
-        held = q.get("heldout") or 0
-        chosen = (f"the lowest validation FD (fd_val: independent samples against the {100 * held:g}% of the digits "
-                  f"held out of training)" if q.get("selected_by") == "fd_val" else
-                  "the lowest Fréchet distance (the digits have no held-out split — they are both the training data "
-                  "and the FD reference — so the rate is chosen on the reported FD itself; --heldout gives one)")
-        lines += [f"digits, equal steps; {q['sample_steps']} sampling steps, guidance {q['guidance']}; each model at "
-                  f"its best learning rate: {chosen}; "
-                  f"{swept} is swept, the other objectives are trained at each model's best {swept} rate "
-                  f"(lr from: best {swept}) and not swept",
-                  format_table(best_rows(all_rows), ["model", "objective", "params", "lr", "rates", "lr_from", "steps",
-                                                     "cond_accuracy", "classifier_accuracy", "fd", "fd_vs_sit",
-                                                     "fd_real_floor"] + (["fd_val"] if held else []) + ["train_min"],
-                               ["model", "objective", "params", "best lr", "rates tried", "lr from", "steps",
-                                "cond. accuracy", "classifier acc.", "Fréchet dist.", "÷ SiT", "real-vs-real"]
-                               + (["validation FD"] if held else []) + ["train min"]),
-                  "", "every rate (AdamW, warm-up then cosine to lr / 10; * = best)"]
-        for obj in dict.fromkeys(r["objective"] for r in all_rows):
-            mine = [r for r in all_rows if r["objective"] == obj]
-            lines += [sweep_table(mine, "fd", f"{obj} FD", key="model")] + [
-                note for note in [edge_note(mine, key="model")] if note]
-        lines += [""] + verdicts(payload, seeds, main_json)
-    return "\n".join(lines)
+    """The image bench's text: seconds per image, then the quality sweep with its verdicts (``seeds``: the other
+    seeds' JSONs; ``main_json``: the family's main JSON where ``payload`` is a seed folder's)."""
+    tail = [""] + verdicts(payload, seeds, main_json) if "quality" in payload else []
+    return render_report(payload, {"speed": _speed_report, "quality": _quality_report}, tail)
 
 
 def plot(payload: Dict[str, Any], path: Path) -> None:

@@ -25,7 +25,7 @@ from ..report import format_table, new_figure, save_figure
 from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, best_rows, QualitySweep,
-    Stage, SweepRun, mark_best, sweep_table, time_interleaved, read_json,
+    Stage, SweepRun, mark_best, render_report, sweep_table, time_interleaved, read_json,
 )
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]
@@ -232,78 +232,95 @@ def _select(rows: List[Dict[str, Any]], cfg: LMBenchConfig) -> List[Dict[str, An
     return rows
 
 
+def _throughput_report(payload: Dict[str, Any]) -> List[str]:
+    lines: List[str] = []
+    p = payload["throughput"]
+    lines += ["forward throughput (k tokens/s; batch = budget / N)",
+              format_table(p["rows"], ["N", "batch", "model", "ms", "ktok_s", "vs_attention"],
+                           ["N", "B", "model", "ms", "k tok/s", "÷ attention"]),
+              "params: " + ", ".join(f"{k} {v:,}" for k, v in p["params"].items()), ""]
+    pom = {r["N"]: r["vs_attention"] for r in p["rows"] if r["model"] == "pom"}
+    ahead = [n for n in pom if n >= 4096]
+    if ahead:
+        ok = all(pom[n] > 1 for n in ahead)
+        lines.append(f"pom ahead of attention from 4k tokens on: {'met' if ok else 'MISSED'} "
+                     f"({', '.join(f'{n}: {pom[n]:.2f}×' for n in sorted(pom))})\n")
+    paper = {1024: 1.74, 4096: 3.03, 16384: 6.30, 32768: 8.62}  # GPPoM2-S ÷ GPT-2 forward, the paper's H100
+    gppom = {r["N"]: r["vs_attention"] for r in p["rows"] if r["model"] == "gppom2-small"}
+    shared = [n for n in sorted(gppom) if n in paper]
+    if shared:
+        ok = all(gppom[n] >= paper[n] for n in shared)
+        lines.append(f"GPPoM2-S ÷ GPT-2 tokens/s at least the paper's ratios: {'met' if ok else 'MISSED'} ("
+                     + ", ".join(f"{n}: {gppom[n]:.2f}× vs {paper[n]:.2f}×" for n in shared) + ")\n")
+    return lines
+
+
+def _decode_report(payload: Dict[str, Any]) -> List[str]:
+    lines: List[str] = []
+    rows = payload["decode"]["rows"]
+    lines += ["decoding after a context of N tokens (batch 1)",
+              format_table(rows, ["context", "model", "ms_per_token", "vs_first_context", "state_mb",
+                                  "prefill_s"],
+                           ["context", "model", "ms / token", "÷ first context", "state MB", "prefill s"]), ""]
+    by = {(r["model"], r["context"]): r for r in rows}
+    ctxs = sorted({r["context"] for r in rows})
+    target = 32768 if 32768 in ctxs else ctxs[-1]
+    base = ctxs[0]
+    pom_growth = by[("pom", target)]["ms_per_token"] / by[("pom", base)]["ms_per_token"]
+    att_ratio = by[("attention", target)]["ms_per_token"] / by[("pom", target)]["ms_per_token"]
+    lines.append(f"pom per-token time at {target} vs {base}: {pom_growth:.2f}× "
+                 f"(target ≤ 1.2: {'met' if pom_growth <= 1.2 else 'MISSED'})")
+    lines.append(f"attention per-token time ÷ pom at {target}: {att_ratio:.2f}× "
+                 f"(target ≥ 5: {'met' if att_ratio >= 5 else 'MISSED'})")
+    for k in ("vpom", "vhybrid"):
+        if (k, target) in by and (k, base) in by:
+            a, b = by[(k, base)], by[(k, target)]
+            g = b["ms_per_token"] / a["ms_per_token"]
+            lines.append(f"{k} per-token time at {target} vs {base}: {g:.2f}× (flat: "
+                         f"{'yes' if g <= 1.2 else 'NO'}), state {b['state_mb']:.3g} MB at every context: "
+                         f"{'yes' if b['state_mb'] == a['state_mb'] else 'NO'}")
+    lines.append("")
+    return lines
+
+
+def _hf_decode_report(payload: Dict[str, Any]) -> List[str]:
+    lines: List[str] = []
+    rows = payload["hf_decode"]["rows"]
+    lines += ["decoding through transformers (PolymixerForCausalLM + PolymixerCache, the loop of generate())",
+              format_table(rows, ["context", "model", "ms_per_token", "vs_first_context", "state_mb"],
+                           ["context", "model", "ms / token", "÷ first context", "state MB"])]
+    pom = [r for r in rows if r["model"] == "pom"]
+    growth = pom[-1]["ms_per_token"] / pom[0]["ms_per_token"]
+    lines.append(f"pom per-token time at {pom[-1]['context']} vs {pom[0]['context']}: {growth:.2f}× "
+                 f"(flat: {'met' if growth <= 1.2 else 'MISSED'})\n")
+    return lines
+
+
+def _quality_report(payload: Dict[str, Any], seeds: Optional[Any], main_json: Optional[Any]) -> List[str]:
+    lines: List[str] = []
+    q = payload["quality"]
+    all_rows = q["rows"]
+    rows = best_rows(all_rows)
+    lines += ["quality at equal steps (default corpus: the Python standard library, byte-level), each model at its "
+              "best learning rate (lowest validation loss)",
+              format_table(rows, ["model", "params", "lr", "rates", "steps", "tokens", "val_loss", "val_bpb",
+                                  "loss_vs_attention", "train_min"],
+                           ["model", "params", "best lr", "rates tried", "steps", "tokens", "val loss", "val bpb",
+                            "÷ attention", "train min"]),
+              "", "every rate (AdamW, warm-up then cosine to lr / 10; * = best)",
+              sweep_table(all_rows, "val_loss", "val loss")]
+    lines += [note for note in [edge_note(all_rows, key="model")] if note] + [""]
+    lines += verdict_lines("lm", payload, seeds, main_json)
+    return lines
+
+
 def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
            main_json: Optional[Dict[str, Any]] = None) -> str:
-    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets;
-    ``main_json``: the family's main JSON where ``payload`` is one of its seed folders)."""
-    lines = []
-    if "throughput" in payload:
-        p = payload["throughput"]
-        lines += ["forward throughput (k tokens/s; batch = budget / N)",
-                  format_table(p["rows"], ["N", "batch", "model", "ms", "ktok_s", "vs_attention"],
-                               ["N", "B", "model", "ms", "k tok/s", "÷ attention"]),
-                  "params: " + ", ".join(f"{k} {v:,}" for k, v in p["params"].items()), ""]
-        pom = {r["N"]: r["vs_attention"] for r in p["rows"] if r["model"] == "pom"}
-        ahead = [n for n in pom if n >= 4096]
-        if ahead:
-            ok = all(pom[n] > 1 for n in ahead)
-            lines.append(f"pom ahead of attention from 4k tokens on: {'met' if ok else 'MISSED'} "
-                         f"({', '.join(f'{n}: {pom[n]:.2f}×' for n in sorted(pom))})\n")
-        paper = {1024: 1.74, 4096: 3.03, 16384: 6.30, 32768: 8.62}  # GPPoM2-S ÷ GPT-2 forward, the paper's H100
-        gppom = {r["N"]: r["vs_attention"] for r in p["rows"] if r["model"] == "gppom2-small"}
-        shared = [n for n in sorted(gppom) if n in paper]
-        if shared:
-            ok = all(gppom[n] >= paper[n] for n in shared)
-            lines.append(f"GPPoM2-S ÷ GPT-2 tokens/s at least the paper's ratios: {'met' if ok else 'MISSED'} ("
-                         + ", ".join(f"{n}: {gppom[n]:.2f}× vs {paper[n]:.2f}×" for n in shared) + ")\n")
-    if "decode" in payload:
-        rows = payload["decode"]["rows"]
-        lines += ["decoding after a context of N tokens (batch 1)",
-                  format_table(rows, ["context", "model", "ms_per_token", "vs_first_context", "state_mb",
-                                      "prefill_s"],
-                               ["context", "model", "ms / token", "÷ first context", "state MB", "prefill s"]), ""]
-        by = {(r["model"], r["context"]): r for r in rows}
-        ctxs = sorted({r["context"] for r in rows})
-        target = 32768 if 32768 in ctxs else ctxs[-1]
-        base = ctxs[0]
-        pom_growth = by[("pom", target)]["ms_per_token"] / by[("pom", base)]["ms_per_token"]
-        att_ratio = by[("attention", target)]["ms_per_token"] / by[("pom", target)]["ms_per_token"]
-        lines.append(f"pom per-token time at {target} vs {base}: {pom_growth:.2f}× "
-                     f"(target ≤ 1.2: {'met' if pom_growth <= 1.2 else 'MISSED'})")
-        lines.append(f"attention per-token time ÷ pom at {target}: {att_ratio:.2f}× "
-                     f"(target ≥ 5: {'met' if att_ratio >= 5 else 'MISSED'})")
-        for k in ("vpom", "vhybrid"):
-            if (k, target) in by and (k, base) in by:
-                a, b = by[(k, base)], by[(k, target)]
-                g = b["ms_per_token"] / a["ms_per_token"]
-                lines.append(f"{k} per-token time at {target} vs {base}: {g:.2f}× (flat: "
-                             f"{'yes' if g <= 1.2 else 'NO'}), state {b['state_mb']:.3g} MB at every context: "
-                             f"{'yes' if b['state_mb'] == a['state_mb'] else 'NO'}")
-        lines.append("")
-    if "hf_decode" in payload:
-        rows = payload["hf_decode"]["rows"]
-        lines += ["decoding through transformers (PolymixerForCausalLM + PolymixerCache, the loop of generate())",
-                  format_table(rows, ["context", "model", "ms_per_token", "vs_first_context", "state_mb"],
-                               ["context", "model", "ms / token", "÷ first context", "state MB"])]
-        pom = [r for r in rows if r["model"] == "pom"]
-        growth = pom[-1]["ms_per_token"] / pom[0]["ms_per_token"]
-        lines.append(f"pom per-token time at {pom[-1]['context']} vs {pom[0]['context']}: {growth:.2f}× "
-                     f"(flat: {'met' if growth <= 1.2 else 'MISSED'})\n")
-    if "quality" in payload:
-        q = payload["quality"]
-        all_rows = q["rows"]
-        rows = best_rows(all_rows)
-        lines += ["quality at equal steps (default corpus: the Python standard library, byte-level), each model at its "
-                  "best learning rate (lowest validation loss)",
-                  format_table(rows, ["model", "params", "lr", "rates", "steps", "tokens", "val_loss", "val_bpb",
-                                      "loss_vs_attention", "train_min"],
-                               ["model", "params", "best lr", "rates tried", "steps", "tokens", "val loss", "val bpb",
-                                "÷ attention", "train min"]),
-                  "", "every rate (AdamW, warm-up then cosine to lr / 10; * = best)",
-                  sweep_table(all_rows, "val_loss", "val loss")]
-        lines += [note for note in [edge_note(all_rows, key="model")] if note] + [""]
-        lines += verdict_lines("lm", payload, seeds, main_json)
-    return "\n".join(lines)
+    """The LM bench's text: throughput, decoding cost against context (own loop and transformers'), the quality
+    sweep with its verdicts (``seeds``, ``main_json``: for the parity targets, as in the other families)."""
+    return render_report(payload, {"throughput": _throughput_report, "decode": _decode_report,
+                                   "hf_decode": _hf_decode_report,
+                                   "quality": lambda p: _quality_report(p, seeds, main_json)})
 
 
 def plot(payload: Dict[str, Any], path: Path) -> None:

@@ -25,7 +25,7 @@ from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, best_rows,
     describe_variant, QualitySweep, Stage, SweepRun, keep_freed_memory, mark_best, picture_owner, quality_rows,
-    stale_rate_notes, sweep_folder, sweep_table, time_interleaved,
+    render_report, stale_rate_notes, sweep_folder, sweep_table, time_interleaved,
 )
 
 __all__ = ["OCRBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
@@ -288,45 +288,53 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
     return out
 
 
+def _speed_report(payload: Dict[str, Any]) -> List[str]:
+    lines: List[str] = []
+    p = payload["speed"]
+    budget = p.get('config', payload['config'])['budget']
+    lines += [f"lines/s in evaluation, {budget} lines per forward call; speedup = HTR-VT's "
+              f"time ÷ the model's; stem share = the shared ResNet stem's share of the time; encoder speedup = "
+              f"the same ratio without the stem's time (what the mixers change); spread = (max − min) / median "
+              f"of the repeats"
+              + ("; glibc malloc set to recycle freed memory" if p.get("allocator_tuned") else ""),
+              format_table(p["rows"], ["dtype", "lines", "tokens", "batch", "model", "s_per_call", "lines_per_s",
+                                       "speedup", "stem_share", "encoder_speedup", "spread"],
+                           ["dtype", "lines/page", "tokens", "batch", "model", "s / call", "lines/s", "speedup",
+                            "stem share", "encoder speedup", "spread"]),
+              "params: " + ", ".join(f"{NAMES.get(k, k)} {v:,}" for k, v in p["params"].items()), ""]
+    return lines
+
+
+def _quality_report(payload: Dict[str, Any]) -> List[str]:
+    lines: List[str] = []
+    q = payload["quality"]
+    all_rows = quality_rows(q, RECIPE_LR)
+    lines += ["equal budget (same steps, batch, seed); CER / WER on the held-out test split, each model at its "
+              "best learning rate: the lowest validation CER (the training loop's final evaluation, EMA weights); "
+              "page runs fine-tuned from single lines are not swept: they take their model's best single-line rate "
+              "(lr from: best <task>)",
+              format_table(best_rows(all_rows), ["task", "model", "params", "lr", "rates", "lr_from", "steps",
+                                                 "batch", "val_cer", "cer", "cer_vs_vt", "wer", "test_lines",
+                                                 "train_min"],
+                           ["task", "model", "params", "best lr", "rates tried", "lr from", "steps", "batch",
+                            "val CER", "CER", "÷ HTR-VT", "WER", "test lines", "train min"]),
+              "", "every rate (AdamW, warm-up then cosine to lr / 100; * = best by validation CER): validation "
+                  "CER %, then test CER %"]
+    for task in dict.fromkeys(r["task"] for r in all_rows):
+        mine = [r for r in all_rows if r["task"] == task]
+        lines += [sweep_table(mine, metric, f"{task} {label} CER %", scale=100, key="preset")
+                  for metric, label in (("val_cer", "val"), ("cer", "test"))]
+        lines += [note for note in [edge_note(mine, key="preset")] if note]
+    lines.append("")
+    return lines
+
+
 def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
            main_json: Optional[Dict[str, Any]] = None) -> str:
-    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets;
-    ``main_json``: the family's main JSON where ``payload`` is one of its seed folders)."""
-    lines = []
-    if "speed" in payload:
-        p = payload["speed"]
-        budget = p.get('config', payload['config'])['budget']
-        lines += [f"lines/s in evaluation, {budget} lines per forward call; speedup = HTR-VT's "
-                  f"time ÷ the model's; stem share = the shared ResNet stem's share of the time; encoder speedup = "
-                  f"the same ratio without the stem's time (what the mixers change); spread = (max − min) / median "
-                  f"of the repeats"
-                  + ("; glibc malloc set to recycle freed memory" if p.get("allocator_tuned") else ""),
-                  format_table(p["rows"], ["dtype", "lines", "tokens", "batch", "model", "s_per_call", "lines_per_s",
-                                           "speedup", "stem_share", "encoder_speedup", "spread"],
-                               ["dtype", "lines/page", "tokens", "batch", "model", "s / call", "lines/s", "speedup",
-                                "stem share", "encoder speedup", "spread"]),
-                  "params: " + ", ".join(f"{NAMES.get(k, k)} {v:,}" for k, v in p["params"].items()), ""]
-    if "quality" in payload:
-        q = payload["quality"]
-        all_rows = quality_rows(q, RECIPE_LR)
-        lines += ["equal budget (same steps, batch, seed); CER / WER on the held-out test split, each model at its "
-                  "best learning rate: the lowest validation CER (the training loop's final evaluation, EMA weights); "
-                  "page runs fine-tuned from single lines are not swept: they take their model's best single-line rate "
-                  "(lr from: best <task>)",
-                  format_table(best_rows(all_rows), ["task", "model", "params", "lr", "rates", "lr_from", "steps",
-                                                     "batch", "val_cer", "cer", "cer_vs_vt", "wer", "test_lines",
-                                                     "train_min"],
-                               ["task", "model", "params", "best lr", "rates tried", "lr from", "steps", "batch",
-                                "val CER", "CER", "÷ HTR-VT", "WER", "test lines", "train min"]),
-                  "", "every rate (AdamW, warm-up then cosine to lr / 100; * = best by validation CER): validation "
-                      "CER %, then test CER %"]
-        for task in dict.fromkeys(r["task"] for r in all_rows):
-            mine = [r for r in all_rows if r["task"] == task]
-            lines += [sweep_table(mine, metric, f"{task} {label} CER %", scale=100, key="preset")
-                      for metric, label in (("val_cer", "val"), ("cer", "test"))]
-            lines += [note for note in [edge_note(mine, key="preset")] if note]
-        lines.append("")
-    return "\n".join(lines + verdicts(payload, seeds, main_json))
+    """The OCR bench's text: lines/s per page length, the quality sweep per task, then the verdicts (``seeds``:
+    the other seeds' JSONs; ``main_json``: the family's main JSON where ``payload`` is a seed folder's)."""
+    return render_report(payload, {"speed": _speed_report, "quality": _quality_report},
+                         verdicts(payload, seeds, main_json))
 
 
 def plot(payload: Dict[str, Any], path: Path) -> None:

@@ -29,7 +29,7 @@ from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, QualitySweep, Stage,
     SweepRun, best_rows, describe_variant, earlier_part, keep_freed_memory, mark_best, parse_variant, picture_owner,
-    quality_rows, stale_rate_notes, sweep_table, time_interleaved,
+    quality_rows, render_report, stale_rate_notes, sweep_table, time_interleaved,
 )
 
 __all__ = ["PointBenchConfig", "make_scene", "run_speed", "run_conv", "run_quality", "verdicts", "report", "plot",
@@ -277,50 +277,62 @@ def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = No
     return out
 
 
+def _speed_report(payload: Dict[str, Any]) -> List[str]:
+    lines: List[str] = []
+    p = payload["speed"]
+    lines += ["10⁶ voxels/s in evaluation (one synthetic room per call, 0.02 m voxels); speedup = the first "
+              "model's time (PTv3, patch 1,024) ÷ the model's"
+              + ("; glibc malloc set to recycle freed memory" if p.get("allocator_tuned") else ""),
+              format_table(p["rows"], ["voxels", "model", "attn_patch", "pom_patch", "s_per_call", "mpts_per_s",
+                                       "speedup"],
+                           ["voxels", "model", "attention patch", "PoM context", "s / call", "10⁶ pts/s",
+                            "speedup"]),
+              "params: " + ", ".join(f"{describe_variant(k, NAMES)} {v:,}" for k, v in p["params"].items()
+                                     if "+" not in k), ""]
+    return lines
+
+
+def _conv_report(payload: Dict[str, Any]) -> List[str]:
+    lines: List[str] = []
+    lines += ["submanifold conv 3×3×3, forward + backward: symmetric-map backward vs autograd (scatter-adds)",
+              format_table(payload["conv"]["rows"], ["voxels", "channels", "occupancy", "symmetric_s",
+                                                     "autograd_s", "speedup"],
+                           ["voxels", "channels", "neighbours present", "symmetric s", "autograd s",
+                            "speedup"]), ""]
+    return lines
+
+
+def _quality_report(payload: Dict[str, Any]) -> List[str]:
+    lines: List[str] = []
+    q = payload["quality"]
+    all_rows = quality_rows(q, RECIPE_LR)
+    table = [{**r, "miou_pct": 100 * r["miou"], "oa_pct": 100 * r["oa"],
+              "val_pct": None if r.get("val_miou") is None else 100 * r["val_miou"],
+              "diff": None if r.get("miou_vs_ptv3") is None else 100 * r["miou_vs_ptv3"]}
+             for r in best_rows(all_rows)]
+    split = q.get("split", "test")
+    lines += [f"equal budget (same steps, batch, seed) on the synthetic rooms; mIoU / OA % over every point of "
+              f"the {split} rooms, each model at its best learning rate: the highest validation mIoU (the "
+              f"training loop's final evaluation on the val rooms); models not swept take the best rate of their "
+              f"preset (lr from: best <preset>) or the recipe's",
+              format_table(table, ["model", "params", "lr", "rates", "lr_from", "steps", "train_min",
+                                   "final_loss", "val_pct", "miou_pct", "diff", "oa_pct"],
+                           ["model", "params", "best lr", "rates tried", "lr from", "steps", "train min",
+                            "final loss", "val mIoU %", "mIoU %", "− PTv3 (points)", "OA %"]),
+              "", "every rate (AdamW, warm-up then cosine to lr / 100; * = best by validation mIoU): validation "
+                  f"mIoU %, then {split} mIoU %",
+              sweep_table(all_rows, "val_miou", "val mIoU %", scale=100),
+              sweep_table(all_rows, "miou", f"{split} mIoU %", scale=100)]
+    lines += [note for note in [edge_note(all_rows, name="model")] if note] + [""]
+    return lines
+
+
 def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
            main_json: Optional[Dict[str, Any]] = None) -> str:
-    """The bench's tables and verdicts (``seeds``: the other seeds' JSONs, for the parity targets;
-    ``main_json``: the family's main JSON where ``payload`` is one of its seed folders)."""
-    lines = []
-    if "speed" in payload:
-        p = payload["speed"]
-        lines += ["10⁶ voxels/s in evaluation (one synthetic room per call, 0.02 m voxels); speedup = the first "
-                  "model's time (PTv3, patch 1,024) ÷ the model's"
-                  + ("; glibc malloc set to recycle freed memory" if p.get("allocator_tuned") else ""),
-                  format_table(p["rows"], ["voxels", "model", "attn_patch", "pom_patch", "s_per_call", "mpts_per_s",
-                                           "speedup"],
-                               ["voxels", "model", "attention patch", "PoM context", "s / call", "10⁶ pts/s",
-                                "speedup"]),
-                  "params: " + ", ".join(f"{describe_variant(k, NAMES)} {v:,}" for k, v in p["params"].items()
-                                         if "+" not in k), ""]
-    if "conv" in payload:
-        lines += ["submanifold conv 3×3×3, forward + backward: symmetric-map backward vs autograd (scatter-adds)",
-                  format_table(payload["conv"]["rows"], ["voxels", "channels", "occupancy", "symmetric_s",
-                                                         "autograd_s", "speedup"],
-                               ["voxels", "channels", "neighbours present", "symmetric s", "autograd s",
-                                "speedup"]), ""]
-    if "quality" in payload:
-        q = payload["quality"]
-        all_rows = quality_rows(q, RECIPE_LR)
-        table = [{**r, "miou_pct": 100 * r["miou"], "oa_pct": 100 * r["oa"],
-                  "val_pct": None if r.get("val_miou") is None else 100 * r["val_miou"],
-                  "diff": None if r.get("miou_vs_ptv3") is None else 100 * r["miou_vs_ptv3"]}
-                 for r in best_rows(all_rows)]
-        split = q.get("split", "test")
-        lines += [f"equal budget (same steps, batch, seed) on the synthetic rooms; mIoU / OA % over every point of "
-                  f"the {split} rooms, each model at its best learning rate: the highest validation mIoU (the "
-                  f"training loop's final evaluation on the val rooms); models not swept take the best rate of their "
-                  f"preset (lr from: best <preset>) or the recipe's",
-                  format_table(table, ["model", "params", "lr", "rates", "lr_from", "steps", "train_min",
-                                       "final_loss", "val_pct", "miou_pct", "diff", "oa_pct"],
-                               ["model", "params", "best lr", "rates tried", "lr from", "steps", "train min",
-                                "final loss", "val mIoU %", "mIoU %", "− PTv3 (points)", "OA %"]),
-                  "", "every rate (AdamW, warm-up then cosine to lr / 100; * = best by validation mIoU): validation "
-                      f"mIoU %, then {split} mIoU %",
-                  sweep_table(all_rows, "val_miou", "val mIoU %", scale=100),
-                  sweep_table(all_rows, "miou", f"{split} mIoU %", scale=100)]
-        lines += [note for note in [edge_note(all_rows, name="model")] if note] + [""]
-    return "\n".join(lines + verdicts(payload, seeds, main_json))
+    """The point-cloud bench's text: voxels/s per scene and patch size, the sparse convolution, the quality sweep,
+    then the verdicts (``seeds``, ``main_json``: as :func:`verdicts`)."""
+    sections = {"speed": _speed_report, "conv": _conv_report, "quality": _quality_report}
+    return render_report(payload, sections, verdicts(payload, seeds, main_json))
 
 
 def plot(payload: Dict[str, Any], path: Path) -> None:
