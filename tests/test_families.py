@@ -32,9 +32,11 @@ def test_the_table_is_what_the_command_line_and_the_registry_offer():
         for alias in fam.aliases:  # earlier names: the registry, checkpoints and the command line accept them
             assert canonical_family(alias) == name and family(alias) is fam
             assert list_models(family=alias) == list_models(family=name)
-    from polymixer.experiments.bench.faults import FAMILIES as FAULT_FAMILIES
+    from polymixer.experiments.bench.faults import FaultsBenchConfig
+    from polymixer.families import TRAINABLE
 
-    assert set(FAULT_FAMILIES) == {n for n, f in FAMILIES.items() if f.tiny is not None}
+    assert set(TRAINABLE) == {n for n, f in FAMILIES.items() if f.tiny is not None}
+    assert FaultsBenchConfig().families == TRAINABLE  # bench faults probes every family that trains
     with pytest.raises(ValueError, match="unknown model family 'nope'; the families are lm, image"):
         family("nope")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-__all__ = ["Family", "FAMILIES", "family", "canonical_family"]
+__all__ = ["Family", "FAMILIES", "TRAINABLE", "family", "canonical_family"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,9 @@ FAMILIES: Dict[str, Family] = {f.name: f for f in (
                   "against state floats per layer (L = 64, K = 16) and against sequence length, several seeds."),
     }),
 )}
+
+# the families `polymixer train <family>` trains (those with a tiny preset)
+TRAINABLE: Tuple[str, ...] = tuple(name for name, f in FAMILIES.items() if f.tiny is not None)
 
 _ALIASES: Dict[str, str] = {a: f.name for f in FAMILIES.values() for a in (f.name, *f.aliases)}
 

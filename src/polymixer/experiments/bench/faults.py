@@ -42,16 +42,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ...families import FAMILIES as FAMILY_TABLE
+from ...families import FAMILIES, TRAINABLE
 from ..commands import run_family_command
 from ..report import format_table, new_figure, save_figure
 from .common import apply_overrides, machine, read_json, write_json
 
-__all__ = ["FaultsBenchConfig", "FAMILIES", "run", "report", "plot", "main", "add_arguments"]
+__all__ = ["FaultsBenchConfig", "run", "report", "plot", "main", "add_arguments"]
 
 # every family of the families table that trains: its tiny preset, with the family's own recipe (EMA, SAM,
 # dropout where it has them), at sizes a run of a few dozen steps affords
-FAMILIES: Tuple[str, ...] = tuple(name for name, f in FAMILY_TABLE.items() if f.tiny is not None)
 SIZES: Dict[str, List[str]] = {
     "lm": ["--mixer", "hybrid", "--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--block-size", "64",
            "--window", "16", "--dropout", "0.1", "--batch-size", "8", "--eval-windows", "8", "--ema", "0.99"],
@@ -64,7 +63,7 @@ SIZES: Dict[str, List[str]] = {
 
 def train_args(family: str) -> List[str]:
     """``polymixer train`` arguments of a family's fault runs: its noun and tiny preset, from the families table."""
-    fam = FAMILY_TABLE[family]
+    fam = FAMILIES[family]
     return [fam.name, "--preset", str(fam.tiny), *SIZES.get(fam.name, [])]
 
 PROGRESS, WRITING = ".bench-progress", ".bench-writing"
@@ -72,7 +71,7 @@ PROGRESS, WRITING = ".bench-progress", ".bench-writing"
 
 @dataclass
 class FaultsBenchConfig:
-    families: Tuple[str, ...] = FAMILIES
+    families: Tuple[str, ...] = TRAINABLE
     steps: int = 40
     ckpt_every: int = 4
     kills: int = 10
@@ -128,7 +127,7 @@ def _worker(argv: Sequence[str]) -> None:
     def train(model: Any, task: Any, cfg: Any, model_config: Any, on_log: Any = None) -> Any:
         return real_train(model, _Probe(task, Path(cfg.out), spec.get("nan_step")), cfg, model_config, on_log)
 
-    for name in FAMILIES:
+    for name in TRAINABLE:
         importlib.import_module(f"polymixer.experiments.{name}.task").train = train
     if spec.get("hold_from") is not None:
         import safetensors.torch as st
@@ -436,9 +435,9 @@ def _line(r: Dict[str, Any]) -> str:
 
 
 def run(cfg: FaultsBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    unknown = [f for f in cfg.families if f not in FAMILIES]
+    unknown = [f for f in cfg.families if f not in TRAINABLE]
     if unknown:
-        raise ValueError(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown families {unknown}; choose from {', '.join(TRAINABLE)}")
     if cfg.steps < 2 * cfg.ckpt_every + 2:
         raise ValueError(f"steps ({cfg.steps}) must be ≥ 2 × ckpt_every + 2 = {2 * cfg.ckpt_every + 2}")
     path = Path(cfg.out) / "faults.json"
@@ -500,7 +499,7 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = FaultsBenchConfig()
     p.add_argument("--quick", action="store_true", help="16 steps and 3 kills per family (a few minutes)")
-    p.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(d.families))
+    p.add_argument("--families", nargs="+", choices=list(TRAINABLE), default=list(d.families))
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--ckpt-every", type=int, default=None)
     p.add_argument("--kills", type=int, default=None)
