@@ -37,7 +37,7 @@ LAB: List[Tuple[str, ...]] = [
     ("data.py", "synth.py"),  # a family's loaders and offline default
     ("train",),  # the one training loop
     ("tasks", "task.py"),  # the data check and presets; a family's task and commands
-    ("bench", "bench.py"),  # the cross-family benches and the parity judge; a family's bench
+    ("bench", "bench.py", "guides"),  # cross-family benches, the parity judge; a family's bench; guides' tables
     ("cli",),  # the command line
 ]
 FLOORS: List[Tuple[str, ...]] = LIBRARY + LAB + [("__main__",), ("__init__",)]
@@ -210,3 +210,79 @@ def test_the_checker_sees_lazy_relative_and_private_imports(tmp_path, monkeypatc
         test_no_two_modules_import_each_other()
     with pytest.raises(AssertionError, match="polymixer.blocks imports polymixer.experiments.lm.data"):
         test_the_library_imports_nothing_from_the_lab()
+
+
+# Functions longer than MAX_FUNCTION_LINES that another engineer is splitting right now: to be split with the value
+# PoM's front end (issue 84 item 2). Each entry ("<path under src/polymixer> <qualified name>") leaves the list when
+# its function is split.
+LONG_FUNCTIONS_BEING_SPLIT = frozenset({
+    "layers/pom.py PoM.__init__",
+    "layers/attention.py Attention._forward_context_parallel",
+    "ops/value_pom/modular.py value_pom",
+    "ops/value_pom/modular.py value_mix",
+    "ops/value_pom/context_parallel.py _mix",
+    "ops/features.py aggregate",
+})
+MAX_FUNCTION_LINES = 80  # from the `def` line to the function's last line, decorators not counted
+KERNEL_FILES = ("triton_kernels.py", "gated_triton.py")  # Triton kernels: one function per launch, long by nature
+
+
+def _is_triton_kernel(fn: ast.AST) -> bool:
+    """Whether ``fn`` is decorated with ``triton.jit`` (bare or called with options)."""
+    return any(ast.unparse(d.func if isinstance(d, ast.Call) else d) == "triton.jit"
+               for d in getattr(fn, "decorator_list", []))
+
+
+def _function_lengths() -> Dict[str, int]:
+    """{"<path under SRC> <qualified name>": lines} of every function and method in the package (nested ones too),
+    except Triton kernels (decorated with ``triton.jit``, or in a file named in KERNEL_FILES)."""
+    lengths: Dict[str, int] = {}
+
+    def walk(node: ast.AST, rel: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if not _is_triton_kernel(child):
+                    lengths[f"{rel} {prefix}{child.name}"] = child.end_lineno - child.lineno + 1
+                walk(child, rel, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                walk(child, rel, f"{prefix}{child.name}.")
+            else:
+                walk(child, rel, prefix)
+
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name not in KERNEL_FILES:
+            walk(ast.parse(path.read_text()), path.relative_to(SRC).as_posix(), "")
+    return lengths
+
+
+def _dotted(entry: str) -> str:
+    """``"ops/features.py aggregate"`` → ``"polymixer.ops.features.aggregate"``."""
+    rel, name = entry.split(" ")
+    return ".".join([SRC.name, *Path(rel).with_suffix("").parts, name])
+
+
+def test_no_function_is_longer_than_80_lines():
+    """Code a newcomer reads at once: no function over MAX_FUNCTION_LINES lines outside the Triton kernels and the
+    functions being split now (LONG_FUNCTIONS_BEING_SPLIT)."""
+    long = [f"{_dotted(k)} ({n} lines)" for k, n in _function_lengths().items()
+            if n > MAX_FUNCTION_LINES and k not in LONG_FUNCTIONS_BEING_SPLIT]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: split them\n" + "\n".join(long)
+
+
+def test_the_length_checker_counts_methods_and_nested_functions_and_skips_kernels(tmp_path, monkeypatch):
+    """The walk sees methods and nested functions (by qualified name) and skips ``triton.jit`` kernels and the
+    kernel files; the test names a long function by module and counts its lines."""
+    pkg = tmp_path / "polymixer"
+    (pkg / "ops").mkdir(parents=True)
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))  # with its `def`: one line too many
+    (pkg / "ops" / "long.py").write_text(
+        f"class A:\n    def short(self):\n        pass\n\n    def method(self):\n{body.replace('    ', '        ')}"
+        f"\n\ndef outer():\n    def inner():\n{body.replace('    ', '        ')}    return inner\n"
+        f"\n\n@triton.jit\ndef kernel():\n{body}\n\n@triton.jit(do_not_specialize=['n'])\ndef kernel2():\n{body}")
+    (pkg / "ops" / "triton_kernels.py").write_text(f"def plain():\n{body}")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", pkg)
+    lengths = _function_lengths()
+    assert lengths == {"ops/long.py A.short": 2, "ops/long.py A.method": 81, "ops/long.py outer": 83,
+                       "ops/long.py outer.inner": 81}
+    with pytest.raises(AssertionError, match=r"polymixer\.ops\.long\.A\.method \(81 lines\)"):
+        test_no_function_is_longer_than_80_lines()

@@ -398,18 +398,29 @@ def _measure_length(cfg: MixerBenchConfig, layers: _Layers, N: int, B: int, dev:
     if cfg.backward:
         xg = x.clone().requires_grad_(True)
         params = layers.parameters()
+        t_bwd, mem_bwd = timed({k: synchronized(_train_step(f, params, xg), dev) for k, (f, ok) in configs.items()
+                                if ok})
+    rows = _length_rows(N, B, t_fwd, t_bwd, mem_fwd, mem_bwd)
+    layers.compiled = {}
+    return rows
 
-        def train_step(f: Callable) -> Callable[[], None]:
-            def step() -> None:
-                for p in params + [xg]:
-                    p.grad = None
-                y = f(xg)
-                y.backward(torch.ones_like(y))
-            return step
 
-        t_bwd, mem_bwd = timed({k: synchronized(train_step(f), dev) for k, (f, ok) in configs.items() if ok})
+def _train_step(f: Callable, params: List[torch.Tensor], x: torch.Tensor) -> Callable[[], None]:
+    """One timed training call of mixer ``f``: clear the gradients of ``params`` and ``x``, forward, backward."""
+    def step() -> None:
+        for p in params + [x]:
+            p.grad = None
+        y = f(x)
+        y.backward(torch.ones_like(y))
+    return step
+
+
+def _length_rows(N: int, B: int, t_fwd: Dict[str, Any], t_bwd: Dict[str, Any], mem_fwd: Dict[str, Optional[float]],
+                 mem_bwd: Dict[str, Optional[float]]) -> List[Dict[str, Any]]:
+    """The rows of length N (batch B): each configuration's forward and forward + backward times, throughput, peak
+    memory and ratios to its floor's times. A configuration refused only with backward keeps its forward row."""
     rows = []
-    for k in t_fwd:  # (a configuration refused only with backward keeps its forward row)
+    for k in t_fwd:
         base = _floor_of(k)
         floor = t_fwd[base].median if base in t_fwd else float("nan")
         floor_b = t_bwd[base].median if base in t_bwd else float("nan")
@@ -424,7 +435,6 @@ def _measure_length(cfg: MixerBenchConfig, layers: _Layers, N: int, B: int, dev:
             "fwdbwd_vs_floor": None if tb is None else tb / floor_b,
             "fwd_peak_mb": mem_fwd.get(k), "fwdbwd_peak_mb": mem_bwd.get(k),
         })
-    layers.compiled = {}
     return rows
 
 

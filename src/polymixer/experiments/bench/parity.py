@@ -478,156 +478,206 @@ def _choose(fam: Family, by: Dict[str, Dict[str, Any]], name: str, fair: bool
     return chosen, missing, how
 
 
-def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]],
-           fair: bool = True) -> Dict[str, Any]:
-    """:func:`judge` under the fair rule (``fair``) or the earlier one (options picked on the reported figure, no
-    token shift offered)."""
-    part = {} if data is None else data.get(fam.part, {})
-    raw, ladder = part.get("rows", []), part.get("grid", [])  # every rate and budget; the grid of its sweep
-    rows = None if data is None else _rows(fam, raw)
-    by = {r[fam.key]: r for r in rows or []}
-    picked: Dict[str, Tuple[Optional[Dict[str, Any]], List[str], str]] = {}
+class _Judging:
+    """One family's judgement in the making: its rows, the form each compared model was picked in, the entries
+    made so far (``item``), and the models whose verdicts wait on a rate (``unswept``: run at one rate only;
+    ``past``: best at an end of their rates), in the order the verdicts named them."""
 
-    def pick(name: str) -> Optional[Dict[str, Any]]:
-        picked[name] = _choose(fam, by, name, fair)
-        return picked[name][0]
+    def __init__(self, fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]],
+                 fair: bool) -> None:
+        self.fam, self.data, self.seeded, self.fair = fam, data, seeded, fair
+        part = {} if data is None else data.get(fam.part, {})
+        self.raw, self.ladder = part.get("rows", []), part.get("grid", [])  # every rate and budget; its sweep's grid
+        self.rows = None if data is None else _rows(fam, self.raw)
+        self.by = {r[fam.key]: r for r in self.rows or []}
+        self.picked: Dict[str, Tuple[Optional[Dict[str, Any]], List[str], str]] = {}
+        self.base = self.pick(fam.attention)
+        self.seed = _main_seed(fam, data or {})
+        self.item: Dict[str, Any] = {}
+        self.absent: List[str] = []  # compared models never run in any form
+        self.linear: List[Dict[str, Any]] = []  # the linear-time models' entries that have a gap
+        self.unswept: List[Dict[str, Any]] = []
+        self.past: List[Dict[str, Any]] = []
 
-    base = pick(fam.attention)
-    seed = _main_seed(fam, data or {})
-    base_params = (base or {}).get("params")
+    def pick(self, name: str) -> Optional[Dict[str, Any]]:
+        """The row of the form ``name`` is compared as (:func:`_choose`), remembered with its forms not run."""
+        self.picked[name] = _choose(self.fam, self.by, name, self.fair)
+        return self.picked[name][0]
 
-    def entry(name: str, row: Optional[Dict[str, Any]] = None, against: Optional[Dict[str, Any]] = base
-              ) -> Dict[str, Any]:
-        row = pick(name) if row is None else row
-        e = _entry(fam, row, against, seed, seeded)
+    def entry(self, name: str, row: Optional[Dict[str, Any]] = None, compared: bool = True) -> Dict[str, Any]:
+        """``name``'s entry (:func:`_entry`; against attention where ``compared``) in its picked form (or ``row``),
+        with its forms not run, how it was picked, its rate's standing and its parameters relative to attention."""
+        fam = self.fam
+        row = self.pick(name) if row is None else row
+        e = _entry(fam, row, self.base if compared else None, self.seed, self.seeded)
         if e["run"]:
-            e["not_run"] = picked[name][1]
-            e["picked_by"] = picked[name][2]
+            e["not_run"] = self.picked[name][1]
+            e["picked_by"] = self.picked[name][2]
             # chosen on the reported figure: its form, or its rate (a run without a validation figure)
-            e["on_reported"] = fair and bool(fam.select) and not _number(row.get(fam.select))
-            e["beyond"] = _beyond(fam, raw, row, ladder)
+            e["on_reported"] = self.fair and bool(fam.select) and not _number(row.get(fam.select))
+            e["beyond"] = _beyond(fam, self.raw, row, self.ladder)
             e["one_rate"] = row.get("rates") == 1  # its sweep says it ran one rate only
-            params = row.get("params")
+            params, base_params = row.get("params"), (self.base or {}).get("params")
             if _number(params) and _number(base_params) and base_params:
                 e["params"] = params
                 e["params_vs_attention"] = params / base_params - 1
         return e
 
-    item: Dict[str, Any] = {"family": fam.name, "bench": fam.bench, "metric": fam.label, "higher": fam.higher,
-                            "gap_kind": fam.gap, "guide": fam.guide, "found": rows is not None,
-                            "options": list(fam.options), "value_options": list(fam.value_options),
-                            "select": fam.select, "file": fam.file,
-                            "attention": entry(fam.attention, base, None), "pom": entry(fam.pom),
-                            "value": entry(fam.value)}
-    hybrids = [entry(h) | {"full_attention": h in fam.full_hybrids} for h in fam.hybrids + fam.full_hybrids]
-    # every compared model has been picked (``entry``); one never run in any form has all its forms to run
-    found = rows is not None  # without the family's JSON nothing is "not run": the family is
-    item["not_run"] = {name: miss for name, (row, miss, _) in picked.items() if miss and found}
-    item["to_run"] = [fam.command.format(spec=name + o) for name, miss in item["not_run"].items() for o in miss
-                      if fam.command]
-    item["absent"] = absent = [name for name, (row, _, _) in picked.items() if row is None and found]
-    hybrids = [h for h in hybrids if h["run"] and "gap" in h]
-    sign = 1 if fam.gap == "points" else -1  # larger × sign is better
-    item["hybrid"] = max(hybrids, key=lambda h: sign * h["gap"]) if hybrids else {"run": False}
-    item["hybrid_presets"] = list(fam.hybrids + fam.full_hybrids)
-    linear = [e for e in [item["pom"], item["value"]] + [h for h in hybrids if not h["full_attention"]]
-              if e["run"] and "gap" in e]
-    best = max(linear, key=lambda e: sign * e["gap"]) if linear else None
-    item["best_linear"] = best
-    targets = []
-    waiting: List[Dict[str, Any]] = []  # the models whose verdict waits on seeds
-    past: List[Dict[str, Any]] = []  # the models whose verdict waits on a rate past the end of their sweep
-    unswept: List[Dict[str, Any]] = []  # the models whose verdict waits on their sweep (run at one rate only)
-    seeds_of_attention = list(item["attention"].get("by_seed", {}).values())
-    seeds_of_chosen = list(seeds_of_attention)  # the seeds of attention in the form it is compared as
-    preset = by.get(fam.attention)
-    if len(seeds_of_attention) < 2 and preset is not None and base is not preset:
-        # attention's chosen option has one seed: its spread is unknown, so take its preset's seeds' spread
-        seeds_of_attention = [v * fam.scale for v in _by_seed(fam, preset, seed, seeded).values()]
-    spread = max(seeds_of_attention) - min(seeds_of_attention) if len(seeds_of_attention) > 1 else None
-
-    def missing(e: Optional[Dict[str, Any]], candidates: List[Dict[str, Any]], target: float,
+    def missing(self, e: Optional[Dict[str, Any]], candidates: List[Dict[str, Any]], target: float,
                 names: Sequence[str] = ()) -> List[str]:
         """What could change the verdict on ``e``: the options not run — attention's (it could only do better, so
         they matter to a "met") and the linear-time candidates' (they matter to a "MISSED") — and a choice of form
         or rate made on the reported figure, by attention or ``e``."""
         if e is None:
             return []
+        fam, attention = self.fam, self.item["attention"]
         worse = _worse(fam, e["gap"], target)
-        who = [item["attention"]] if not worse else [c for c in candidates if c.get("not_run")]
+        who = [attention] if not worse else [c for c in candidates if c.get("not_run")]
         runs = [f"{c['model'].split('+')[0] if fam.key != 'variant' else c['model']} "
                 f"{' / '.join(map(_form, c['not_run']))}" for c in who if c.get("run") and c.get("not_run")]
         if worse:  # a candidate never run in any form could meet it
-            runs += [f"{name} (any form)" for name in absent if name in names]
+            runs += [f"{name} (any form)" for name in self.absent if name in names]
         out = [f"not run with {', '.join(runs)}"] if runs else []
-        test = [c["model"] for c in (item["attention"], e) if c.get("on_reported")]
+        test = [c["model"] for c in (attention, e) if c.get("on_reported")]
         if test:
             out.append(f"{' and '.join(test)} chosen on the reported figure (no validation figure)")
-        # the two models a verdict compares must each be at a rate shown to be its best, where a better rate would
-        # flip it — attention for a "met", the judged model for a "MISSED" — not run at one rate only (never
-        # swept), not best at an end of its rates
-        side = [c for c in ([item["attention"]] if not worse else [e]) if c.get("run")]
+        return out + self._rate_doubts([attention] if not worse else [e])
+
+    def _rate_doubts(self, side: List[Dict[str, Any]]) -> List[str]:
+        """The two models a verdict compares must each be at a rate shown to be its best, where a better rate would
+        flip it — attention for a "met", the judged model for a "MISSED" (``side``) — not run at one rate only
+        (never swept), not best at an end of its rates. Those that are are remembered for the "to run" lines."""
+        side = [c for c in side if c.get("run")]
+        out: List[str] = []
         single = [c for c in side if c.get("one_rate")]
         if single:
             out.append(f"run at one rate only: {', '.join(c['model'] for c in single)}")
-            unswept.extend(c for c in single if c not in unswept)
+            self.unswept.extend(c for c in single if c not in self.unswept)
         ends = [c for c in side if c.get("beyond")]
         if ends:
             out.append(f"best at an end of the rates tried: {', '.join(_past_end(c) for c in ends)}")
-            past.extend(c for c in ends if c not in past)
+            self.past.extend(c for c in ends if c not in self.past)
         return out
 
+
+def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]],
+           fair: bool = True) -> Dict[str, Any]:
+    """:func:`judge` under the fair rule (``fair``) or the earlier one (options picked on the reported figure, no
+    token shift offered)."""
+    j = _Judging(fam, data, seeded, fair)
+    item = _compared(j)
+    spread, attention_seeds = _attention_spread(j)
+    targets: List[Dict[str, Any]] = []
+    waiting: List[Dict[str, Any]] = []  # the models whose verdict waits on seeds
+    sign = 1 if fam.gap == "points" else -1  # larger × sign is better
     if fam.best_target is not None:
-        bound = _bound(fam, fam.best_target)
-        verdict = _verdict(fam, best, fam.best_target, spread, len(seeds_of_chosen),
-                           missing(best, linear, fam.best_target, [fam.pom, fam.value, *fam.hybrids]))
+        best, bound = item["best_linear"], _bound(fam, fam.best_target)
+        verdict = _verdict(fam, best, fam.best_target, spread, attention_seeds,
+                           j.missing(best, j.linear, fam.best_target, [fam.pom, fam.value, *fam.hybrids]))
         targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
                         "measured": None if best is None else _measured(fam, best, fam.best_target)})
-        waiting += [best] if _short_of_seeds(best, len(seeds_of_chosen)) else []
+        waiting += [best] if _short_of_seeds(best, attention_seeds) else []
     if fam.all_target is not None:
         alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
         top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
-        verdict = _verdict(fam, top, fam.all_target, spread, len(seeds_of_chosen),
-                           missing(top, alls, fam.all_target, [fam.pom, fam.value]))
+        verdict = _verdict(fam, top, fam.all_target, spread, attention_seeds,
+                           j.missing(top, alls, fam.all_target, [fam.pom, fam.value]))
         targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
                         "verdict": verdict,
                         "measured": None if top is None else _measured(fam, top, fam.all_target)})
-        waiting += [top] if _short_of_seeds(top, len(seeds_of_chosen)) else []
+        waiting += [top] if _short_of_seeds(top, attention_seeds) else []
     if fam.bench.startswith("recall"):  # attention itself, without the shift
-        a = _entry(fam, preset, None, seed, seeded)
-        verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
-        na = len(a.get("by_seed", {})) or 1
-        missed = verdict == "MISSED"  # a better rate could meet it
-        a["beyond"] = _beyond(fam, raw, preset, ladder) if missed else None
-        single = missed and preset.get("rates") == 1
-        why = (["needs 3 seeds"] if a["run"] and na < 3 else []) + (
-            [f"best at an end of the rates tried: {_past_end(a)}"] if a.get("beyond") else []) + (
-            [f"run at one rate only: {a['model']}"] if single else [])
-        past += [a] if a.get("beyond") else []
-        unswept += [a] if single else []
-        if why:
-            verdict += (f" on {na} seed{'s' if na > 1 else ''}" if na < 3 else "") + f", unsettled: {'; '.join(why)}"
-        measured = None if not a["run"] else f"{a['value']:.1f}%"
-        longer = {}
-        for r in _longer_runs(fam, raw):  # the best rate at each longer budget
-            longer.setdefault(r["steps"], r)
-        if measured and longer:
-            measured += (f" at {fam.where['steps']:,} steps; with more steps (not the equal budget): "
-                         + ", ".join(f"{r[fam.metric] * fam.scale:.1f}% at {n:,} (lr {r.get('lr'):g})"
-                                     for n, r in longer.items()))
-        targets.append({"what": "attention without the shift ≥ 99% at its best rate", "verdict": verdict,
-                        "measured": measured})
+        targets.append(_attention_unshifted(j))
     if fam.per_state:
         target, commands = _versus_based(fam, data)
         targets.append(target)
         item["to_run"] += commands
     item["targets"] = targets
     item["to_run"] += _seed_commands(fam, data, item["attention"], waiting)
-    recipe = _recipe_rate(fam, data) or 1.0
-    commands = [fam.sweep_command(e["model"], e["lr"] / recipe if _number(e.get("lr")) else None) for e in unswept]
-    commands += [fam.rate_command(e["model"], e["beyond"] / recipe) for e in past]
-    item["to_run"] += [c for c in dict.fromkeys(commands) if fam.command and c not in item["to_run"]]
+    item["to_run"] += _rate_commands(j)
     return item
+
+
+def _compared(j: _Judging) -> Dict[str, Any]:
+    """The family's comparison without its targets: attention, PoM, the value PoM and every hybrid in the form each
+    is compared as, the best hybrid and the best linear-time model, and the forms not run (with the commands that
+    run them). Leaves the item and the linear-time candidates (``linear``) on ``j``."""
+    fam, rows = j.fam, j.rows
+    item: Dict[str, Any] = {"family": fam.name, "bench": fam.bench, "metric": fam.label, "higher": fam.higher,
+                            "gap_kind": fam.gap, "guide": fam.guide, "found": rows is not None,
+                            "options": list(fam.options), "value_options": list(fam.value_options),
+                            "select": fam.select, "file": fam.file,
+                            "attention": j.entry(fam.attention, j.base, compared=False), "pom": j.entry(fam.pom),
+                            "value": j.entry(fam.value)}
+    hybrids = [j.entry(h) | {"full_attention": h in fam.full_hybrids} for h in fam.hybrids + fam.full_hybrids]
+    # every compared model has been picked (``entry``); one never run in any form has all its forms to run
+    found = rows is not None  # without the family's JSON nothing is "not run": the family is
+    item["not_run"] = {name: miss for name, (row, miss, _) in j.picked.items() if miss and found}
+    item["to_run"] = [fam.command.format(spec=name + o) for name, miss in item["not_run"].items() for o in miss
+                      if fam.command]
+    item["absent"] = j.absent = [name for name, (row, _, _) in j.picked.items() if row is None and found]
+    hybrids = [h for h in hybrids if h["run"] and "gap" in h]
+    sign = 1 if fam.gap == "points" else -1  # larger × sign is better
+    item["hybrid"] = max(hybrids, key=lambda h: sign * h["gap"]) if hybrids else {"run": False}
+    item["hybrid_presets"] = list(fam.hybrids + fam.full_hybrids)
+    j.linear = [e for e in [item["pom"], item["value"]] + [h for h in hybrids if not h["full_attention"]]
+                if e["run"] and "gap" in e]
+    item["best_linear"] = max(j.linear, key=lambda e: sign * e["gap"]) if j.linear else None
+    j.item = item
+    return item
+
+
+def _attention_spread(j: _Judging) -> Tuple[Optional[float], int]:
+    """Attention's seed spread (max − min over its seeds; those of its preset where the form it is compared as ran
+    one seed only; None under 2 seeds) and the number of seeds of the form it is compared as."""
+    fam = j.fam
+    seeds_of_attention = list(j.item["attention"].get("by_seed", {}).values())
+    chosen = len(seeds_of_attention)  # the seeds of attention in the form it is compared as
+    preset = j.by.get(fam.attention)
+    if len(seeds_of_attention) < 2 and preset is not None and j.base is not preset:
+        # attention's chosen option has one seed: its spread is unknown, so take its preset's seeds' spread
+        seeds_of_attention = [v * fam.scale for v in _by_seed(fam, preset, j.seed, j.seeded).values()]
+    spread = max(seeds_of_attention) - min(seeds_of_attention) if len(seeds_of_attention) > 1 else None
+    return spread, chosen
+
+
+def _attention_unshifted(j: _Judging) -> Dict[str, Any]:
+    """Recall's own target: attention itself, without the shift, at ≥ 99% at its best rate (unsettled on fewer
+    than 3 seeds, or where a better rate could meet a miss), with its longer runs beside the equal budget."""
+    fam = j.fam
+    preset = j.by.get(fam.attention)
+    a = _entry(fam, preset, None, j.seed, j.seeded)
+    verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
+    na = len(a.get("by_seed", {})) or 1
+    missed = verdict == "MISSED"  # a better rate could meet it
+    a["beyond"] = _beyond(fam, j.raw, preset, j.ladder) if missed else None
+    single = missed and preset.get("rates") == 1
+    why = (["needs 3 seeds"] if a["run"] and na < 3 else []) + (
+        [f"best at an end of the rates tried: {_past_end(a)}"] if a.get("beyond") else []) + (
+        [f"run at one rate only: {a['model']}"] if single else [])
+    j.past += [a] if a.get("beyond") else []
+    j.unswept += [a] if single else []
+    if why:
+        verdict += (f" on {na} seed{'s' if na > 1 else ''}" if na < 3 else "") + f", unsettled: {'; '.join(why)}"
+    measured = None if not a["run"] else f"{a['value']:.1f}%"
+    longer: Dict[int, Dict[str, Any]] = {}
+    for r in _longer_runs(fam, j.raw):  # the best rate at each longer budget
+        longer.setdefault(r["steps"], r)
+    if measured and longer:
+        measured += (f" at {fam.where['steps']:,} steps; with more steps (not the equal budget): "
+                     + ", ".join(f"{r[fam.metric] * fam.scale:.1f}% at {n:,} (lr {r.get('lr'):g})"
+                                 for n, r in longer.items()))
+    return {"what": "attention without the shift ≥ 99% at its best rate", "verdict": verdict, "measured": measured}
+
+
+def _rate_commands(j: _Judging) -> List[str]:
+    """The commands that settle the verdicts waiting on a rate: a sweep of each model run at one rate only, a run
+    past the end of the rates of each model best at an end; none already listed, none without a family command."""
+    fam = j.fam
+    recipe = _recipe_rate(fam, j.data) or 1.0
+    commands = [fam.sweep_command(e["model"], e["lr"] / recipe if _number(e.get("lr")) else None) for e in j.unswept]
+    commands += [fam.rate_command(e["model"], e["beyond"] / recipe) for e in j.past]
+    return [c for c in dict.fromkeys(commands) if fam.command and c not in j.item["to_run"]]
 
 
 def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:

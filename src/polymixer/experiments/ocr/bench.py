@@ -154,45 +154,21 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
     run yet). Finished runs are only evaluated again; runs of an earlier ocr.json not redone keep their rows."""
     from .data import load_split
     from .synth import resolve_data
-    from .task import PageSpec, draw_samples, evaluate_ocr, examples_of, make_example, train_ocr
+    from .task import evaluate_ocr, train_ocr
     from ...checkpoint import load_weights
-    from ..train.loop import TrainConfig
 
     if cfg.multiline_init not in ("single-line", "scratch"):
         raise ValueError(f"multiline_init must be 'single-line' or 'scratch', got {cfg.multiline_init!r}")
     roots: Dict[str, Path] = {}
     drawn: Dict[str, Optional[str]] = {}
 
-    def task_of(stage: Stage) -> Tuple[str, PageSpec, int, int]:
-        """A task's data, page layout, steps and batch."""
-        task = stage.name
-        multiline = task.endswith("multiline")
-        steps = cfg.multiline_steps if multiline else cfg.digits_steps if task.startswith("digits") else \
-            cfg.quality_steps
-        batch = cfg.multiline_batch if multiline else cfg.quality_batch
-        data = cfg.data_dir or ("digits" if task.startswith("digits") else "synthetic")
-        return data, PageSpec(multiline=multiline, max_lines=cfg.max_lines), steps, batch
-
     def recipe(cfg: OCRBenchConfig, job: SweepRun, stage: Stage) -> Any:
-        task = stage.name
-        _, spec, steps, batch = task_of(stage)
-        init = None
-        if spec.multiline and cfg.multiline_init == "single-line":
-            single = task.replace("-multiline", "")
-            init = sweep_folder(Path(cfg.out) / "quality", f"{single}-{job.slug}", job.lr, cfg.lr)
-            if not (init / "checkpoints").is_dir():
-                raise ValueError(f"{task} starts from the single-line run {init}, which does not exist: put "
-                                 f"{single!r} before it in tasks, or multiline_init='scratch'")
-        return TrainConfig(steps=steps, batch_size=batch, lr=job.lr, min_lr=job.lr / 100,
-                           warmup=max(1, steps // 20), weight_decay=0.5, beta2=0.99, grad_clip=0.0, ema=0.999,
-                           sam_rho=cfg.sam_rho, init_from=None if init is None else str(init),
-                           eval_every=steps, ckpt_every=steps, out=str(job.out), progress=progress,
-                           seed=cfg.seed + 11)
+        return _quality_recipe(cfg, job, stage, progress)
 
     def evaluate(cfg: OCRBenchConfig, job: SweepRun, stage: Stage,
                  tcfg: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         task = stage.name
-        data, spec, steps, batch = task_of(stage)
+        data, spec, steps, batch = _task_of(cfg, task)
         if data not in roots:
             roots[data] = resolve_data(data, progress=progress)
         if task not in drawn:  # whose pictures: decided before the task's first run, as the file stood then
@@ -204,17 +180,8 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
         load_weights(model, job.out, ema=True)
         test = load_split(roots[data], "test", model.config.height, model.config.max_width)
         m = evaluate_ocr(model, test, charset, spec, limit=cfg.eval_limit or None, progress=progress)
-        sample_png = None
-        if job.spec == drawn[task]:  # one picture per task and rate: test examples, references, predictions
-            examples = examples_of(test, spec)[:cfg.eval_limit or None]
-            pick = sorted(set(int(i) for i in torch.linspace(0, len(examples) - 1, min(6, len(examples)))))
-            suffix = job.out.name[len(f"{task}-{job.slug}"):].replace("-", "_")  # "" at the recipe's rate
-            sample_png = Path(cfg.out) / f"ocr_samples_{task}{suffix}.png"
-            draw_samples([make_example(test, examples[i], spec)[0] for i in pick],
-                         [m["references"][i] for i in pick],
-                         [m["predictions"][i] for i in pick], sample_png,
-                         title=f"{describe_variant(job.spec, NAMES)}, {task}, lr {job.lr:g}: test CER "
-                               f"{100 * m['cer']:.2f}%")
+        # one picture per task and rate: test examples, references, predictions
+        sample_png = _sample_picture(cfg, job, task, test, spec, m) if job.spec == drawn[task] else None
         val = res["metrics"]  # the training loop's final evaluation: the validation split (EMA weights)
         return res, {"task": task, "model": describe_variant(job.spec, NAMES), "preset": job.spec,
                      "params": count_parameters(model), "pattern": model.config.layer_pattern(), "steps": steps,
@@ -223,6 +190,66 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
                      "final_loss": res["history"][-1].get("loss") if res["history"] else None,
                      "samples": None if sample_png is None else sample_png.name}
 
+    sweep = QualitySweep("ocr", RECIPE_LR, ("task", "preset"), recipe, evaluate, _select, lambda rows: "val_cer",
+                         model="preset", stage_key="task")
+    return sweep.run(cfg, _quality_stages(cfg))
+
+
+def _task_of(cfg: OCRBenchConfig, task: str) -> Tuple[str, Any, int, int]:
+    """A quality task's data (a folder, or the "digits" / "synthetic" generator), page layout (a ``PageSpec``),
+    steps and batch."""
+    from .task import PageSpec
+
+    multiline = task.endswith("multiline")
+    steps = cfg.multiline_steps if multiline else cfg.digits_steps if task.startswith("digits") else \
+        cfg.quality_steps
+    batch = cfg.multiline_batch if multiline else cfg.quality_batch
+    data = cfg.data_dir or ("digits" if task.startswith("digits") else "synthetic")
+    return data, PageSpec(multiline=multiline, max_lines=cfg.max_lines), steps, batch
+
+
+def _quality_recipe(cfg: OCRBenchConfig, job: SweepRun, stage: Stage, progress: bool) -> Any:
+    """The TrainConfig of one quality run: HTR-VT's recipe (EMA, strong weight decay, SAM as configured) at the
+    job's rate; a page run under ``multiline_init="single-line"`` starts from its single-line run at that rate."""
+    from ..train.loop import TrainConfig
+
+    task = stage.name
+    _, spec, steps, batch = _task_of(cfg, task)
+    init = None
+    if spec.multiline and cfg.multiline_init == "single-line":
+        single = task.replace("-multiline", "")
+        init = sweep_folder(Path(cfg.out) / "quality", f"{single}-{job.slug}", job.lr, cfg.lr)
+        if not (init / "checkpoints").is_dir():
+            raise ValueError(f"{task} starts from the single-line run {init}, which does not exist: put "
+                             f"{single!r} before it in tasks, or multiline_init='scratch'")
+    return TrainConfig(steps=steps, batch_size=batch, lr=job.lr, min_lr=job.lr / 100,
+                       warmup=max(1, steps // 20), weight_decay=0.5, beta2=0.99, grad_clip=0.0, ema=0.999,
+                       sam_rho=cfg.sam_rho, init_from=None if init is None else str(init),
+                       eval_every=steps, ckpt_every=steps, out=str(job.out), progress=progress,
+                       seed=cfg.seed + 11)
+
+
+def _sample_picture(cfg: OCRBenchConfig, job: SweepRun, task: str, test: Any, spec: Any,
+                    m: Dict[str, Any]) -> Path:
+    """Draw up to 6 test examples spread over the split with their references and the run's predictions (``m``:
+    its test evaluation) into ``ocr_samples_<task><rate suffix>.png`` under ``cfg.out``; returns the file."""
+    from .task import draw_samples, examples_of, make_example
+
+    examples = examples_of(test, spec)[:cfg.eval_limit or None]
+    pick = sorted(set(int(i) for i in torch.linspace(0, len(examples) - 1, min(6, len(examples)))))
+    suffix = job.out.name[len(f"{task}-{job.slug}"):].replace("-", "_")  # "" at the recipe's rate
+    sample_png = Path(cfg.out) / f"ocr_samples_{task}{suffix}.png"
+    draw_samples([make_example(test, examples[i], spec)[0] for i in pick],
+                 [m["references"][i] for i in pick],
+                 [m["predictions"][i] for i in pick], sample_png,
+                 title=f"{describe_variant(job.spec, NAMES)}, {task}, lr {job.lr:g}: test CER "
+                       f"{100 * m['cer']:.2f}%")
+    return sample_png
+
+
+def _quality_stages(cfg: OCRBenchConfig) -> List[Stage]:
+    """One sweep stage per task: a page task fine-tuned from single lines takes each model's best single-line rate
+    among the runs known when it starts."""
     def single_line_rates(task: str) -> Callable[[List[Dict[str, Any]]], Dict[str, float]]:
         """Each model's best rate on the task's single-line form among the runs known now."""
         return lambda rows: {r["preset"]: r["lr"] for r in rows if r["task"] == task and r.get("best_lr")}
@@ -234,10 +261,7 @@ def run_quality(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
         stages.append(Stage(tuple(cfg.quality_presets), name=task, prefix=f"{task}-",
                             rates=single_line_rates(single) if derived else None,
                             rates_label=lambda p, single=single: f"best {single}"))
-    sweep = QualitySweep("ocr", RECIPE_LR, ("task", "preset"), recipe, evaluate, _select, lambda rows: "val_cer",
-                         model="preset", stage_key="task")
-    return sweep.run(cfg, stages)
-
+    return stages
 
 
 def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,

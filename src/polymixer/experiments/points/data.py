@@ -842,16 +842,7 @@ def augment(scene: Scene, rng: np.random.Generator, cfg: Optional[AugmentConfig]
         for granularity, magnitude in cfg.elastic:
             coord = elastic_distortion(coord, granularity, magnitude, rng)
     if color is not None:
-        if cfg.auto_contrast_p > 0 and rng.random() < cfg.auto_contrast_p:
-            lo, hi = color.min(0, keepdims=True), color.max(0, keepdims=True)
-            contrast = (color - lo) * (255.0 / np.maximum(hi - lo, 1e-6))
-            blend = rng.random() if cfg.auto_contrast_blend is None else cfg.auto_contrast_blend
-            color = (1 - blend) * color + blend * contrast
-        if cfg.color_translate_p > 0 and rng.random() < cfg.color_translate_p:
-            shift = (rng.random((1, 3)) - 0.5) * 255 * 2 * cfg.color_translate_ratio
-            color = np.clip(color + shift, 0, 255)
-        if cfg.color_jitter_p > 0 and rng.random() < cfg.color_jitter_p:
-            color = np.clip(color + rng.standard_normal(color.shape) * cfg.color_jitter_std * 255, 0, 255)
+        color = _augment_color(color, cfg, rng)
     if cfg.max_points is not None and coord.shape[0] > cfg.max_points:
         center = coord[rng.integers(coord.shape[0])]
         d2 = np.square(coord - center).sum(1)
@@ -859,7 +850,29 @@ def augment(scene: Scene, rng: np.random.Generator, cfg: Optional[AugmentConfig]
     if cfg.center_after_crop:
         lo, hi = coord.min(0), coord.max(0)
         coord -= np.array([(lo[0] + hi[0]) / 2, (lo[1] + hi[1]) / 2, 0.0])
+    return _augmented_scene(scene.name, fmt, coord, normal, color, extra, seg)
 
+
+def _augment_color(color: np.ndarray, cfg: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
+    """:func:`augment`'s colour steps on (n, 3) colours in [0, 255] (float64): auto-contrast, a random translation
+    of every channel, per-point jitter, each with its probability; a new array."""
+    if cfg.auto_contrast_p > 0 and rng.random() < cfg.auto_contrast_p:
+        lo, hi = color.min(0, keepdims=True), color.max(0, keepdims=True)
+        contrast = (color - lo) * (255.0 / np.maximum(hi - lo, 1e-6))
+        blend = rng.random() if cfg.auto_contrast_blend is None else cfg.auto_contrast_blend
+        color = (1 - blend) * color + blend * contrast
+    if cfg.color_translate_p > 0 and rng.random() < cfg.color_translate_p:
+        shift = (rng.random((1, 3)) - 0.5) * 255 * 2 * cfg.color_translate_ratio
+        color = np.clip(color + shift, 0, 255)
+    if cfg.color_jitter_p > 0 and rng.random() < cfg.color_jitter_p:
+        color = np.clip(color + rng.standard_normal(color.shape) * cfg.color_jitter_std * 255, 0, 255)
+    return color
+
+
+def _augmented_scene(name: str, fmt: PointFormat, coord: np.ndarray, normal: Optional[np.ndarray],
+                     color: Optional[np.ndarray], extra: Optional[np.ndarray], seg: Optional[np.ndarray]) -> Scene:
+    """The Scene :func:`augment` returns, its features rebuilt in the format's layout (``fmt``): rounded colours
+    (or the colour features carried along) and normals, or the coordinates and the other feature columns."""
     coord32 = coord.astype(np.float32)
     color8 = None
     if fmt.has_color:
@@ -871,7 +884,7 @@ def augment(scene: Scene, rng: np.random.Generator, cfg: Optional[AugmentConfig]
         new_feat = np.concatenate([rgb, normal], 1)  # type: ignore[list-item]
     else:
         new_feat = np.concatenate([coord32, extra], 1)  # type: ignore[list-item]
-    return Scene(scene.name, coord32, new_feat.astype(np.float32), seg, color8)
+    return Scene(name, coord32, new_feat.astype(np.float32), seg, color8)
 
 
 Batch = Dict[str, Any]

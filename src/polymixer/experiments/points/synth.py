@@ -469,59 +469,72 @@ def _shell(R: _Room) -> float:
     # doors: a recessed leaf in a frame, with a handle; the floor in front stays free
     n_doors = 1 + int(rng.random() < (0.1 if R.kind == "bathroom" else 0.3))
     for _ in range(n_doors):
-        for _ in range(20):
-            w = R.walls[int(rng.integers(len(R.walls)))]
-            width, height = rng.uniform(0.75, 1.0), min(rng.uniform(1.98, 2.15), H - 0.15)
-            if w.length < width + 0.5:
-                continue
-            s0 = rng.uniform(0.15, w.length - width - 0.15)
-            if not w.free(s0, s0 + width, 0, height):
-                continue
-            leaf, frame = R.part(_C["door"]), R.part(_C["door"])
-            recess = rng.uniform(0.02, 0.06)
-            R.openings.append((w, s0, s0 + width, 0.0, height, leaf, recess, 1.0))
-            w.openings.append((s0, s0 + width, 0.0, height, "door"))
-            pose = _Pose(w.yaw, *(w.p0 + w.d * (s0 + width / 2)), 0.0)
-            t, dz = rng.uniform(0.04, 0.08), rng.uniform(0.01, 0.025)
-            R.box(pose, -width / 2 - t / 2, dz / 2, 0, t, dz, height + t, frame, skip=("-y",))
-            R.box(pose, width / 2 + t / 2, dz / 2, 0, t, dz, height + t, frame, skip=("-y",))
-            R.box(pose, 0, dz / 2, height, width, dz, t, frame, skip=("-y",))
-            hx = (width / 2 - 0.08) * rng.choice([-1, 1])
-            R.box(pose, hx, -recess + 0.03, rng.uniform(0.95, 1.1), 0.12, 0.06, 0.025, R.part(_C["door"]),
-                  skip=("-y",))
-            R.register(pose, width / 2 + 0.1, 0.45, group=-1, y=0.45)
-            break
-
+        _door(R, H)
     # windows: recessed, glass thinned, a sill and reveals; sometimes curtains
     n_win = int(rng.integers(0, 2)) if R.kind == "bathroom" else int(rng.integers(1, 4))
     for _ in range(n_win):
-        for _ in range(20):
-            w = R.walls[int(rng.integers(len(R.walls)))]
-            width = rng.uniform(0.6, min(2.2, w.length - 0.5)) if w.length > 1.2 else 0.0
-            z0 = rng.uniform(0.75, 1.1)
-            z1 = min(z0 + rng.uniform(0.9, 1.5), H - 0.15)
-            if width < 0.6 or z1 - z0 < 0.5:
-                continue
-            s0 = rng.uniform(0.2, w.length - width - 0.2)
-            if not w.free(s0, s0 + width, 0.0, H):
-                continue
-            glass = R.part(_C["window"], light=True)
-            frame = R.part(_C["window"])
-            recess = rng.uniform(0.1, 0.25)
-            R.openings.append((w, s0, s0 + width, z0, z1, glass, recess, rng.uniform(0.35, 0.8)))
-            w.openings.append((s0, s0 + width, z0, z1, "window"))
-            pose = _Pose(w.yaw, *(w.p0 + w.d * (s0 + width / 2)), 0.0)
-            # reveals (wall) at the sides and top, the sill (window) at the bottom
-            R.quad(pose, (-width / 2, -recess, z0), (0, recess, 0), (0, 0, z1 - z0), (1, 0, 0), w.part)
-            R.quad(pose, (width / 2, -recess, z0), (0, recess, 0), (0, 0, z1 - z0), (-1, 0, 0), w.part)
-            R.quad(pose, (-width / 2, -recess, z1), (width, 0, 0), (0, recess, 0), (0, 0, -1), w.part)
-            sill = rng.uniform(0.03, 0.12)
-            R.box(pose, 0, (sill - recess) / 2, z0 - 0.03, width + 0.1, recess + sill, 0.03, frame, skip=("-y",))
-            R.box(pose, 0, -recess + 0.02, (z0 + z1) / 2 - 0.02, width, 0.04, 0.04, frame)  # a transom bar
-            if R.kind in ("bedroom", "living", "office") and rng.random() < 0.55:
-                _curtains(R, w, s0, width, z0, z1, H)
-            break
+        _window(R, H)
     return H
+
+
+def _door(R: _Room, H: float) -> None:
+    """One door in a wall of the room (walls of height ``H``): a recessed leaf in a frame, with a handle, the floor
+    in front kept free; up to 20 tries at a wall and a place where it fits, else none."""
+    rng = R.rng
+    for _ in range(20):
+        w = R.walls[int(rng.integers(len(R.walls)))]
+        width, height = rng.uniform(0.75, 1.0), min(rng.uniform(1.98, 2.15), H - 0.15)
+        if w.length < width + 0.5:
+            continue
+        s0 = rng.uniform(0.15, w.length - width - 0.15)
+        if not w.free(s0, s0 + width, 0, height):
+            continue
+        leaf, frame = R.part(_C["door"]), R.part(_C["door"])
+        recess = rng.uniform(0.02, 0.06)
+        R.openings.append((w, s0, s0 + width, 0.0, height, leaf, recess, 1.0))
+        w.openings.append((s0, s0 + width, 0.0, height, "door"))
+        pose = _Pose(w.yaw, *(w.p0 + w.d * (s0 + width / 2)), 0.0)
+        t, dz = rng.uniform(0.04, 0.08), rng.uniform(0.01, 0.025)
+        R.box(pose, -width / 2 - t / 2, dz / 2, 0, t, dz, height + t, frame, skip=("-y",))
+        R.box(pose, width / 2 + t / 2, dz / 2, 0, t, dz, height + t, frame, skip=("-y",))
+        R.box(pose, 0, dz / 2, height, width, dz, t, frame, skip=("-y",))
+        hx = (width / 2 - 0.08) * rng.choice([-1, 1])
+        R.box(pose, hx, -recess + 0.03, rng.uniform(0.95, 1.1), 0.12, 0.06, 0.025, R.part(_C["door"]),
+              skip=("-y",))
+        R.register(pose, width / 2 + 0.1, 0.45, group=-1, y=0.45)
+        return
+
+
+def _window(R: _Room, H: float) -> None:
+    """One window in a wall of the room (walls of height ``H``): recessed, its glass thinned, a sill, reveals and a
+    transom bar, sometimes curtains; up to 20 tries at a wall and a place where it fits, else none."""
+    rng = R.rng
+    for _ in range(20):
+        w = R.walls[int(rng.integers(len(R.walls)))]
+        width = rng.uniform(0.6, min(2.2, w.length - 0.5)) if w.length > 1.2 else 0.0
+        z0 = rng.uniform(0.75, 1.1)
+        z1 = min(z0 + rng.uniform(0.9, 1.5), H - 0.15)
+        if width < 0.6 or z1 - z0 < 0.5:
+            continue
+        s0 = rng.uniform(0.2, w.length - width - 0.2)
+        if not w.free(s0, s0 + width, 0.0, H):
+            continue
+        glass = R.part(_C["window"], light=True)
+        frame = R.part(_C["window"])
+        recess = rng.uniform(0.1, 0.25)
+        R.openings.append((w, s0, s0 + width, z0, z1, glass, recess, rng.uniform(0.35, 0.8)))
+        w.openings.append((s0, s0 + width, z0, z1, "window"))
+        pose = _Pose(w.yaw, *(w.p0 + w.d * (s0 + width / 2)), 0.0)
+        # reveals (wall) at the sides and top, the sill (window) at the bottom
+        R.quad(pose, (-width / 2, -recess, z0), (0, recess, 0), (0, 0, z1 - z0), (1, 0, 0), w.part)
+        R.quad(pose, (width / 2, -recess, z0), (0, recess, 0), (0, 0, z1 - z0), (-1, 0, 0), w.part)
+        R.quad(pose, (-width / 2, -recess, z1), (width, 0, 0), (0, recess, 0), (0, 0, -1), w.part)
+        sill = rng.uniform(0.03, 0.12)
+        R.box(pose, 0, (sill - recess) / 2, z0 - 0.03, width + 0.1, recess + sill, 0.03, frame, skip=("-y",))
+        R.box(pose, 0, -recess + 0.02, (z0 + z1) / 2 - 0.02, width, 0.04, 0.04, frame)  # a transom bar
+        if R.kind in ("bedroom", "living", "office") and rng.random() < 0.55:
+            _curtains(R, w, s0, width, z0, z1, H)
+        return
 
 
 def _curtains(R: _Room, w: _Wall, s0: float, width: float, z0: float, z1: float, H: float) -> None:

@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Set, Tuple
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,7 @@ from torch import nn
 if TYPE_CHECKING:
     import argparse
 
+from . import parallel
 from ..data.faults import SampleError
 from ...files import write_text_atomic
 from ..report import plot_history
@@ -458,20 +459,76 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str
         return _train(model, task, cfg, model_config, on_log, flag)
 
 
+@dataclass
+class _Run:
+    """What the pieces of one training run share: the model and its optimizer, where the run writes, and the
+    counters the loop advances. :func:`_prepare` builds it, :func:`_resume` and :func:`_parallelise` complete it,
+    and every later piece reads and updates these fields, so that each sees the values the others left."""
+
+    cfg: TrainConfig
+    task: Task
+    model_config: Dict[str, Any]
+    meta: Dict[str, Any]  # what each checkpoint's config.json records besides the metrics
+    ctx: DistContext
+    lay: parallel.Layout
+    out: Path
+    raw: nn.Module  # the model itself (under FSDP its parameters are sharded)
+    fwd_model: nn.Module  # what the forward runs: raw, compiled and / or wrapped in DDP
+    ema: Optional[_Ema]
+    no_decay: Set[str]
+    optimizer: torch.optim.AdamW
+    faults: Any  # the task's SampleFaults (the policy for bad samples and those skipped), or None
+    amp: Optional[torch.dtype] = None
+    plain: Optional[nn.Module] = None  # under FSDP, rank 0's whole copy for evaluation
+    bar: Any = None  # the progress bar
+    start: int = 0  # the step this invocation starts from
+    saved: int = 0  # the step of the latest checkpoint written
+    history: List[Dict[str, Any]] = field(default_factory=list)
+    metrics: Dict[str, float] = field(default_factory=dict)  # the latest evaluation (a resumed run: its checkpoint's)
+    skipped: int = 0  # non-finite steps so far
+    nonfinite_run: int = 0  # non-finite steps in a row
+    units: int = 0  # units trained on since the last log
+    t_last: float = 0.0  # when the throughput was last measured
+    stats: List[torch.Tensor] = field(default_factory=list)  # running statistics a skipped step restores
+
+
 def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str, Any],
            on_log: Optional[Callable[[Dict[str, Any]], None]], flag: Dict[str, Any]) -> Dict[str, Any]:
-    from tqdm.auto import tqdm
+    """The loop itself: set up (or resume) the run, then per step draw, step, log, evaluate and checkpoint."""
+    run = _prepare(model, task, cfg, model_config)
+    trainer_state = _resume(run)
+    if run.start == 0 and cfg.init_from:
+        _init_weights(run.raw, run.ema, cfg.init_from, model_config)
+    _parallelise(run, trainer_state)
+    _begin(run)
+    done, preempted = run.start, False
+    for step in range(run.start, cfg.steps):
+        lr = _set_lr(run, step)
+        loss_sum, grad_norm = _step(run, step, _draw(run, step))
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            _log(run, done, lr, loss_sum, grad_norm, on_log)
+        run.bar.update(1)
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            _evaluate(run, done)
+        preempted = _agree_preempted(run, flag)
+        stop = preempted or (cfg.stop_after is not None and done >= cfg.stop_after)
+        if done % cfg.ckpt_every == 0 or done == cfg.steps or stop:
+            _checkpoint(run, done)
+        if stop:
+            break
+    return _finish(run, done, preempted, flag)
 
-    from . import parallel
 
+def _prepare(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str, Any]) -> _Run:
+    """Check the settings against the process layout, seed, move the model to its device, and make the EMA and the
+    optimizer: a fresh run, before any checkpoint is read."""
     ctx = distributed_context()
-    out = Path(cfg.out)
     unsupported = parallel.check_supported(cfg.fsdp, cfg.ema, cfg.sam_rho)
     if unsupported:
         raise ValueError(f"--fsdp with {unsupported[0]}: {unsupported[1]}")
     lay = parallel.layout(ctx.rank, ctx.world, cfg.context_parallel, ctx.device)
-    split = getattr(task, "split", None)
-    if lay.cp_size > 1 and split is None:
+    if lay.cp_size > 1 and getattr(task, "split", None) is None:
         raise ValueError(f"--context-parallel: the {model_config.get('family', 'this')} family cannot split its "
                          f"examples across ranks yet")
     shares = lay.dp_world * cfg.grad_accum
@@ -482,50 +539,57 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
         raise ValueError(f"steps must be ≥ 1, got {cfg.steps}")
     torch.manual_seed(cfg.seed + lay.dp_rank)  # the ranks sharing an example draw the same noise and dropout
     model.to(ctx.device)
-    raw = model
-    ema = _Ema(raw, cfg.ema) if cfg.ema > 0 else None
-    no_decay = parallel.no_decay_names(raw)
-    plain: Optional[nn.Module] = None  # under FSDP, rank 0's whole copy for evaluation
-    optimizer = configure_optimizer(raw, cfg, no_decay)
-    trainer_state: Optional[Dict[str, Any]] = None
-    start = 0
-    history: List[Dict[str, Any]] = []
-    metrics: Dict[str, float] = {}  # the latest evaluation (a resumed run starts with its checkpoint's)
-    faults = getattr(task, "faults", None)  # a SampleFaults: the policy for bad samples and those skipped
-    meta = {**model_config, "train": asdict(cfg)}
-    if cfg.resume and (out / "checkpoints").exists():
-        try:
-            ck = resolve_checkpoint(out)
-        except FileNotFoundError:
-            ck = None
-        if ck is not None:
-            diff = _model_diff(ck, model_config, raw)
-            if diff:
-                listing = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
-                raise ValueError(f"cannot resume from {ck}: its model config differs — {listing}")
-            load_weights(raw, ck)
-            state = trainer_state = load_trainer_state(ck)
-            if not cfg.fsdp:  # (sharded: once the parameters are sharded, below)
-                parallel.load_optimizer_state(raw, optimizer, state["optimizer"], state.get("optimizer_format"))
-            if ema is not None and (ck / "ema.safetensors").is_file():
-                load_weights(ema.model, ck, ema=True)
-            rngs = state["rng"]  # per rank (a run resumed on more ranks than it was saved with reuses them in turn)
-            set_rng_state(rngs[ctx.rank % len(rngs)] if isinstance(rngs, list) else rngs)
-            start = int(state["step"])
-            history = state.get("history", [])
-            metrics = read_config(ck).get("metrics", {})  # a run resumed at its end reports its final evaluation
-            if faults is not None:
-                faults.restore(state.get("bad_samples", {}))
-    if start == 0 and cfg.init_from:
-        _init_weights(raw, ema, cfg.init_from, model_config)
-    amp = _autocast_dtype(cfg, ctx.device)
+    ema = _Ema(model, cfg.ema) if cfg.ema > 0 else None
+    no_decay = parallel.no_decay_names(model)
+    optimizer = configure_optimizer(model, cfg, no_decay)
+    return _Run(cfg=cfg, task=task, model_config=model_config, meta={**model_config, "train": asdict(cfg)}, ctx=ctx,
+                lay=lay, out=Path(cfg.out), raw=model, fwd_model=model, ema=ema, no_decay=no_decay,
+                optimizer=optimizer, faults=getattr(task, "faults", None))
+
+
+def _resume(run: _Run) -> Optional[Dict[str, Any]]:
+    """Continue from the run folder's newest intact checkpoint when resuming and there is one: weights, optimizer
+    (unsharded runs; a sharded one loads it in :func:`_parallelise`), EMA, this rank's RNG, step, history, metrics
+    and bad samples. Returns the checkpoint's trainer state (None: a fresh run)."""
+    cfg, out = run.cfg, run.out
+    if not (cfg.resume and (out / "checkpoints").exists()):
+        return None
+    try:
+        ck = resolve_checkpoint(out)
+    except FileNotFoundError:
+        return None
+    diff = _model_diff(ck, run.model_config, run.raw)
+    if diff:
+        listing = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
+        raise ValueError(f"cannot resume from {ck}: its model config differs — {listing}")
+    load_weights(run.raw, ck)
+    state = load_trainer_state(ck)
+    if not cfg.fsdp:  # (sharded: once the parameters are sharded, in _parallelise)
+        parallel.load_optimizer_state(run.raw, run.optimizer, state["optimizer"], state.get("optimizer_format"))
+    if run.ema is not None and (ck / "ema.safetensors").is_file():
+        load_weights(run.ema.model, ck, ema=True)
+    rngs = state["rng"]  # per rank (a run resumed on more ranks than it was saved with reuses them in turn)
+    set_rng_state(rngs[run.ctx.rank % len(rngs)] if isinstance(rngs, list) else rngs)
+    run.start = int(state["step"])
+    run.history = state.get("history", [])
+    run.metrics = read_config(ck).get("metrics", {})  # a run resumed at its end reports its final evaluation
+    if run.faults is not None:
+        run.faults.restore(state.get("bad_samples", {}))
+    return state
+
+
+def _parallelise(run: _Run, trainer_state: Optional[Dict[str, Any]]) -> None:
+    """Choose the autocast dtype, then shard the model (FSDP: a new optimizer over the shards, given the resumed
+    state), compile its forward, or wrap it in DDP, as the settings ask."""
+    cfg, ctx, raw = run.cfg, run.ctx, run.raw
+    run.amp = _autocast_dtype(cfg, ctx.device)
     if cfg.fsdp:
         if ctx.main:
-            plain = copy.deepcopy(raw).eval().requires_grad_(False)
-        parallel.shard(raw, amp == torch.bfloat16)
-        optimizer = configure_optimizer(raw, cfg, no_decay)  # over the sharded parameters
+            run.plain = copy.deepcopy(raw).eval().requires_grad_(False)
+        parallel.shard(raw, run.amp == torch.bfloat16)
+        run.optimizer = configure_optimizer(raw, cfg, run.no_decay)  # over the sharded parameters
         if trainer_state is not None:
-            parallel.load_optimizer_state(raw, optimizer, trainer_state["optimizer"],
+            parallel.load_optimizer_state(raw, run.optimizer, trainer_state["optimizer"],
                                           trainer_state.get("optimizer_format"))
     fwd_model: nn.Module = raw
     if cfg.compile:
@@ -534,163 +598,212 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         fwd_model = DDP(fwd_model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
-    bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and ctx.main), desc=f"train {out.name}",
-               dynamic_ncols=True)
-    t_last, units = time.perf_counter(), 0
-    skipped = next((r["skipped"] for r in reversed(history) if "skipped" in r), 0)  # non-finite steps so far
-    nonfinite_run = 0
-    preempted = False
-    saved = start
-    stats = _running_stats(raw)
+    run.fwd_model = fwd_model
 
-    def save(done: int) -> None:
-        """A checkpoint of the state after ``done`` steps (every rank calls it)."""
-        nonlocal saved
-        model_state = optim_state = None
-        if cfg.fsdp:  # gathered by every rank, written by the first
-            model_state = parallel.full_model_state(raw)
-            optim_state = parallel.full_optimizer_state(raw, optimizer)
-        rngs: Any = rng_state()
-        bad = dict(faults.bad) if faults is not None else {}
-        if ctx.world > 1:  # every rank's generators, so that dropout resumes exactly everywhere
-            gathered: List[Any] = [None] * ctx.world
-            dist.all_gather_object(gathered, (rngs, bad))
-            rngs = [g[0] for g in gathered]
-            for _, b in gathered:
-                for path, reason in b.items():
-                    bad.setdefault(path, reason)
-        if ctx.main:
-            trainer_state = {"optimizer": optimizer.state_dict() if optim_state is None else optim_state,
-                             "step": done, "rng": rngs, "history": history, "bad_samples": bad}
-            if optim_state is not None:
-                trainer_state["optimizer_format"] = parallel.OPTIMIZER_FQN
-            save_checkpoint(out, done, raw, {**meta, "metrics": metrics}, trainer_state,
-                            ema.model if ema is not None else None, keep=cfg.keep, model_state=model_state)
-            if bad:
-                _write_json(out / "bad_samples.json", bad)
-        if ctx.world > 1:
-            dist.barrier()
-        saved = done
 
-    def write_history() -> None:
-        """history.json and curves.png (loss, learning rate, evaluations) of the run so far."""
-        out.mkdir(parents=True, exist_ok=True)
-        _write_json(out / "history.json", history)
-        if cfg.curves and history:
-            try:
-                name = " ".join(str(v) for v in (model_config.get("family"), model_config.get("preset")) if v)
-                plot_history([(str(out), history)], out / "curves.png", title=f"{name} — {out}" if name else str(out),
-                             warmup=cfg.warmup)
-            except Exception as e:  # a plot must never stop a run
-                bar.write(f"could not draw {out / 'curves.png'}: {e}")
+def _begin(run: _Run) -> None:
+    """Open the progress bar, start the counters where the run stands, warn of a run too short to leave its
+    warm-up, and put the model in training mode."""
+    from tqdm.auto import tqdm
 
-    if ctx.main and start == 0 and cfg.steps <= cfg.warmup:
-        bar.write(f"note: steps ({cfg.steps}) ≤ warmup ({cfg.warmup}): the learning rate only climbs towards lr "
-                  f"({cfg.lr:g}) and never decays — a run this short tests the plumbing, not the model (expect "
-                  f"untrained outputs); pass --warmup to shorten the warm-up")
-    fwd_model.train()
-    for step in range(start, cfg.steps):
-        lr = lr_at(step, cfg)
-        for g in optimizer.param_groups:
-            g["lr"] = lr * g.get("lr_scale", 1.0)
-        loss_sum = torch.zeros((), device=ctx.device)
-        try:  # every micro-batch first: a bad sample then stops the run before this step changed anything
-            batches = [task.batch(step, micro * lay.dp_world + lay.dp_rank, shares, ctx.device)
-                       for micro in range(cfg.grad_accum)]
-            if lay.cp_size > 1:
-                batches = [split(b, lay.cp_rank, lay.cp_size) for b in batches]
-        except SampleError as e:
-            bar.close()
-            if ctx.world == 1 and step > saved:  # under torchrun the other ranks are elsewhere: no collective save
-                save(step)
-            resume = f"the checkpoint of step {saved} in {out / 'checkpoints'} resumes" if saved else "nothing to lose"
-            raise SampleError(e.path, e.reason, f"stopped before step {step + 1}; {resume}: fix or remove the file, or "
-                              f"run with --skip-bad-samples") from e
-        if faults is not None:
-            for path, reason in faults.unreported():
-                bar.write(f"step {step + 1}: skipped bad sample {path} — {reason} ({len(faults)} so far)")
-        stats_before = [b.clone() for b in stats]
-        for micro, batch in enumerate(batches):
-            units += task.count(batch)
-            loss_sum += _forward_backward(fwd_model, task, batch, micro == cfg.grad_accum - 1, cfg, ctx, amp,
-                                          lay.cp_mesh)
-        if cfg.sam_rho > 0:
-            _sam_second_pass(raw, fwd_model, task, batches, optimizer, cfg, ctx, amp, lay.cp_mesh)
-        grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else
-                                                   float("inf"))
-        # gradients are all-reduced, so every rank sees the same norm and takes the same decision
-        finite = bool(torch.isfinite(grad_norm)) and (ctx.world > 1 or bool(torch.isfinite(loss_sum)))
-        if finite:
-            optimizer.step()
-            nonfinite_run = 0
-        else:  # weights, optimizer state, EMA and running statistics untouched
-            with torch.no_grad():
-                for b, before in zip(stats, stats_before):
-                    b.copy_(before)
-            skipped += 1
-            nonfinite_run += 1
-            bar.write(f"step {step + 1}: non-finite loss or gradient norm — step skipped ({skipped} so far)")
-        optimizer.zero_grad(set_to_none=True)
-        if ema is not None and finite:
-            ema.update(raw, step)
-        if nonfinite_run >= cfg.max_nonfinite:
-            bar.close()
-            raise FloatingPointError(
-                f"{nonfinite_run} consecutive steps (up to step {step + 1}) had a non-finite loss or gradient norm; "
-                f"stopping. The last checkpoint in {out / 'checkpoints'} is intact: resume with a lower learning "
-                f"rate, fp32, or raise max_nonfinite")
-        done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            if ctx.world > 1:
-                dist.all_reduce(loss_sum)
-                loss_sum /= ctx.world
-            now = time.perf_counter()
-            rate = units * lay.dp_world * lay.cp_size / max(now - t_last, 1e-9)
-            t_last, units = now, 0
-            rec = {"step": done, "loss": float(loss_sum), "lr": lr, f"{task.unit}_s": rate,
-                   "grad_norm": float(grad_norm), "skipped": skipped}
-            if faults:
-                rec["bad_samples"] = len(faults)
-            history.append(rec)
-            if ctx.main:
-                bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", **{f"{task.unit}/s": f"{rate:,.0f}"},
-                                **({"skipped": skipped} if skipped else {}),
-                                **({"bad": len(faults)} if faults else {}))
-                if on_log:
-                    on_log(rec)
-        bar.update(1)
-        if done % cfg.eval_every == 0 or done == cfg.steps:
-            if cfg.fsdp:  # the whole weights, gathered by every rank, into rank 0's plain copy
-                whole = parallel.full_model_state(raw)
-                if plain is not None:
-                    plain.load_state_dict(whole, strict=False)
-            if ctx.main:
-                if cfg.progress:
-                    bar.write(f"step {done}: evaluating{' the EMA weights' if ema is not None else ''} …")
-                t_eval = time.perf_counter()
-                metrics = task.evaluate(ema.model if ema is not None else plain if plain is not None else raw, done,
-                                        out)
-                took = time.perf_counter() - t_eval
-                t_last += took  # throughput counts training time only
-                if metrics:  # a task may only save artefacts (e.g. a sample grid) and report nothing
-                    history.append({"step": done, **{f"eval_{k}": v for k, v in metrics.items()}})
-                    bar.write(f"step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) +
-                              f" ({took:.0f} s)")
-                write_history()
-                raw.train()
-        preempted = flag["signal"] is not None
-        if ctx.world > 1:  # stop after the same step everywhere, whichever rank got the signal
-            f = torch.tensor([float(preempted)], device=ctx.device)
-            dist.all_reduce(f, op=dist.ReduceOp.MAX)
-            preempted = bool(f.item())
-        stop = preempted or (cfg.stop_after is not None and done >= cfg.stop_after)
-        if done % cfg.ckpt_every == 0 or done == cfg.steps or stop:
-            save(done)
-        if stop:
-            break
-    bar.close()
+    cfg, ctx = run.cfg, run.ctx
+    run.bar = tqdm(total=cfg.steps, initial=run.start, disable=not (cfg.progress and ctx.main),
+                   desc=f"train {run.out.name}", dynamic_ncols=True)
+    run.t_last, run.units = time.perf_counter(), 0
+    run.skipped = next((r["skipped"] for r in reversed(run.history) if "skipped" in r), 0)
+    run.nonfinite_run = 0
+    run.saved = run.start
+    run.stats = _running_stats(run.raw)
+    if ctx.main and run.start == 0 and cfg.steps <= cfg.warmup:
+        run.bar.write(f"note: steps ({cfg.steps}) ≤ warmup ({cfg.warmup}): the learning rate only climbs towards lr "
+                      f"({cfg.lr:g}) and never decays — a run this short tests the plumbing, not the model (expect "
+                      f"untrained outputs); pass --warmup to shorten the warm-up")
+    run.fwd_model.train()
+
+
+def _set_lr(run: _Run, step: int) -> float:
+    """Set the scheduled learning rate of ``step`` on every parameter group (times its ``lr_scale``); returns it."""
+    lr = lr_at(step, run.cfg)
+    for g in run.optimizer.param_groups:
+        g["lr"] = lr * g.get("lr_scale", 1.0)
+    return lr
+
+
+def _draw(run: _Run, step: int) -> List[Any]:
+    """This rank's micro-batches of ``step``, every one drawn before the step changes anything: a bad sample then
+    stops the run (with a checkpoint of the steps done, single-process) naming the file and how to go on."""
+    lay, ctx = run.lay, run.ctx
+    shares = lay.dp_world * run.cfg.grad_accum
+    try:
+        batches = [run.task.batch(step, micro * lay.dp_world + lay.dp_rank, shares, ctx.device)
+                   for micro in range(run.cfg.grad_accum)]
+        if lay.cp_size > 1:
+            split = getattr(run.task, "split", None)
+            batches = [split(b, lay.cp_rank, lay.cp_size) for b in batches]
+    except SampleError as e:
+        run.bar.close()
+        if ctx.world == 1 and step > run.saved:  # under torchrun the other ranks are elsewhere: no collective save
+            _checkpoint(run, step)
+        resume = (f"the checkpoint of step {run.saved} in {run.out / 'checkpoints'} resumes" if run.saved
+                  else "nothing to lose")
+        raise SampleError(e.path, e.reason, f"stopped before step {step + 1}; {resume}: fix or remove the file, or "
+                          f"run with --skip-bad-samples") from e
+    if run.faults is not None:
+        for path, reason in run.faults.unreported():
+            run.bar.write(f"step {step + 1}: skipped bad sample {path} — {reason} ({len(run.faults)} so far)")
+    return batches
+
+
+def _step(run: _Run, step: int, batches: List[Any]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step over ``batches`` (forward / backward of each, SAM's second pass, clipping); a step whose
+    loss or gradient norm is not finite changes nothing and is counted, and too many in a row stop the run.
+    Returns (this rank's summed loss, the gradient norm)."""
+    cfg, ctx, task = run.cfg, run.ctx, run.task
+    loss_sum = torch.zeros((), device=ctx.device)
+    stats_before = [b.clone() for b in run.stats]
+    for micro, batch in enumerate(batches):
+        run.units += task.count(batch)
+        loss_sum += _forward_backward(run.fwd_model, task, batch, micro == cfg.grad_accum - 1, cfg, ctx, run.amp,
+                                      run.lay.cp_mesh)
+    if cfg.sam_rho > 0:
+        _sam_second_pass(run.raw, run.fwd_model, task, batches, run.optimizer, cfg, ctx, run.amp, run.lay.cp_mesh)
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else
+                                               float("inf"))
+    # gradients are all-reduced, so every rank sees the same norm and takes the same decision
+    finite = bool(torch.isfinite(grad_norm)) and (ctx.world > 1 or bool(torch.isfinite(loss_sum)))
+    if finite:
+        run.optimizer.step()
+        run.nonfinite_run = 0
+    else:  # weights, optimizer state, EMA and running statistics untouched
+        with torch.no_grad():
+            for b, before in zip(run.stats, stats_before):
+                b.copy_(before)
+        run.skipped += 1
+        run.nonfinite_run += 1
+        run.bar.write(f"step {step + 1}: non-finite loss or gradient norm — step skipped ({run.skipped} so far)")
+    run.optimizer.zero_grad(set_to_none=True)
+    if run.ema is not None and finite:
+        run.ema.update(run.raw, step)
+    if run.nonfinite_run >= cfg.max_nonfinite:
+        run.bar.close()
+        raise FloatingPointError(
+            f"{run.nonfinite_run} consecutive steps (up to step {step + 1}) had a non-finite loss or gradient norm; "
+            f"stopping. The last checkpoint in {run.out / 'checkpoints'} is intact: resume with a lower learning "
+            f"rate, fp32, or raise max_nonfinite")
+    return loss_sum, grad_norm
+
+
+def _log(run: _Run, done: int, lr: float, loss_sum: torch.Tensor, grad_norm: torch.Tensor,
+         on_log: Optional[Callable[[Dict[str, Any]], None]]) -> None:
+    """Append a history record after ``done`` steps (loss averaged over the ranks, learning rate, throughput since
+    the last record, gradient norm, steps skipped, bad samples) and show it on the main rank."""
+    ctx, lay, faults = run.ctx, run.lay, run.faults
+    if ctx.world > 1:
+        dist.all_reduce(loss_sum)
+        loss_sum /= ctx.world
+    now = time.perf_counter()
+    rate = run.units * lay.dp_world * lay.cp_size / max(now - run.t_last, 1e-9)
+    run.t_last, run.units = now, 0
+    rec = {"step": done, "loss": float(loss_sum), "lr": lr, f"{run.task.unit}_s": rate,
+           "grad_norm": float(grad_norm), "skipped": run.skipped}
+    if faults:
+        rec["bad_samples"] = len(faults)
+    run.history.append(rec)
     if ctx.main:
-        write_history()
+        run.bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", **{f"{run.task.unit}/s": f"{rate:,.0f}"},
+                            **({"skipped": run.skipped} if run.skipped else {}),
+                            **({"bad": len(faults)} if faults else {}))
+        if on_log:
+            on_log(rec)
+
+
+def _evaluate(run: _Run, done: int) -> None:
+    """Evaluate after ``done`` steps on the main rank (the EMA weights when kept; under FSDP the whole weights,
+    gathered by every rank): record the metrics, rewrite history and curves. Evaluation time is not training time."""
+    ctx, ema = run.ctx, run.ema
+    if run.cfg.fsdp:  # the whole weights, gathered by every rank, into rank 0's plain copy
+        whole = parallel.full_model_state(run.raw)
+        if run.plain is not None:
+            run.plain.load_state_dict(whole, strict=False)
+    if not ctx.main:
+        return
+    if run.cfg.progress:
+        run.bar.write(f"step {done}: evaluating{' the EMA weights' if ema is not None else ''} …")
+    t_eval = time.perf_counter()
+    model = ema.model if ema is not None else run.plain if run.plain is not None else run.raw
+    run.metrics = run.task.evaluate(model, done, run.out)
+    took = time.perf_counter() - t_eval
+    run.t_last += took  # throughput counts training time only
+    if run.metrics:  # a task may only save artefacts (e.g. a sample grid) and report nothing
+        run.history.append({"step": done, **{f"eval_{k}": v for k, v in run.metrics.items()}})
+        run.bar.write(f"step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in run.metrics.items()) +
+                      f" ({took:.0f} s)")
+    _write_history(run)
+    run.raw.train()
+
+
+def _agree_preempted(run: _Run, flag: Dict[str, Any]) -> bool:
+    """Whether a preemption signal arrived here or, under torchrun, on any rank: all stop after the same step."""
+    preempted = flag["signal"] is not None
+    if run.ctx.world > 1:
+        f = torch.tensor([float(preempted)], device=run.ctx.device)
+        dist.all_reduce(f, op=dist.ReduceOp.MAX)
+        preempted = bool(f.item())
+    return preempted
+
+
+def _checkpoint(run: _Run, done: int) -> None:
+    """A checkpoint of the state after ``done`` steps (every rank calls it): weights (gathered under FSDP),
+    optimizer, every rank's RNG, history, bad samples of every rank, EMA; the main rank writes it."""
+    ctx, faults = run.ctx, run.faults
+    model_state = optim_state = None
+    if run.cfg.fsdp:  # gathered by every rank, written by the first
+        model_state = parallel.full_model_state(run.raw)
+        optim_state = parallel.full_optimizer_state(run.raw, run.optimizer)
+    rngs: Any = rng_state()
+    bad = dict(faults.bad) if faults is not None else {}
+    if ctx.world > 1:  # every rank's generators, so that dropout resumes exactly everywhere
+        gathered: List[Any] = [None] * ctx.world
+        dist.all_gather_object(gathered, (rngs, bad))
+        rngs = [g[0] for g in gathered]
+        for _, b in gathered:
+            for path, reason in b.items():
+                bad.setdefault(path, reason)
+    if ctx.main:
+        trainer_state = {"optimizer": run.optimizer.state_dict() if optim_state is None else optim_state,
+                         "step": done, "rng": rngs, "history": run.history, "bad_samples": bad}
+        if optim_state is not None:
+            trainer_state["optimizer_format"] = parallel.OPTIMIZER_FQN
+        save_checkpoint(run.out, done, run.raw, {**run.meta, "metrics": run.metrics}, trainer_state,
+                        run.ema.model if run.ema is not None else None, keep=run.cfg.keep, model_state=model_state)
+        if bad:
+            _write_json(run.out / "bad_samples.json", bad)
+    if ctx.world > 1:
+        dist.barrier()
+    run.saved = done
+
+
+def _write_history(run: _Run) -> None:
+    """history.json and curves.png (loss, learning rate, evaluations) of the run so far."""
+    out, model_config = run.out, run.model_config
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "history.json", run.history)
+    if run.cfg.curves and run.history:
+        try:
+            name = " ".join(str(v) for v in (model_config.get("family"), model_config.get("preset")) if v)
+            plot_history([(str(out), run.history)], out / "curves.png", title=f"{name} — {out}" if name else str(out),
+                         warmup=run.cfg.warmup)
+        except Exception as e:  # a plot must never stop a run
+            run.bar.write(f"could not draw {out / 'curves.png'}: {e}")
+
+
+def _finish(run: _Run, done: int, preempted: bool, flag: Dict[str, Any]) -> Dict[str, Any]:
+    """Close the bar, write the final history, and either raise :class:`Preempted` (after a signal) or return the
+    run's result."""
+    ctx, out, faults = run.ctx, run.out, run.faults
+    run.bar.close()
+    if ctx.main:
+        _write_history(run)
         if faults:
             print(f"skipped {len(faults)} unreadable or malformed sample file(s), listed in "
                   f"{out / 'bad_samples.json'}", flush=True)
@@ -701,4 +814,4 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
             print(f"{flag['signal'] or 'a signal on another rank'}: stopped after step {done} with a checkpoint in "
                   f"{out / 'checkpoints'}; exit status {EXIT_PREEMPTED} — run the same command to resume", flush=True)
         raise Preempted(done, flag["signal"] or "")
-    return {"metrics": metrics, "history": history, "rank": ctx.rank, "world": ctx.world}
+    return {"metrics": run.metrics, "history": run.history, "rank": ctx.rank, "world": ctx.world}
