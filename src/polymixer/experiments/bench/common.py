@@ -420,38 +420,25 @@ def training_minutes(out: Path, started: float, resumed_finished: bool, history:
     return seconds / 60 if seconds else None
 
 
-_NONE = ("none", "None", "scene")
-
-
 def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
     """``"tiny-tsvipom+spatial_position=rope+sel_heads=1"`` → ("tiny-tsvipom", {"spatial_position": "rope",
-    "sel_heads": 1}): a preset and overrides of its config, each value converted to the type of the field (an
+    "sel_heads": 1}): a preset and overrides of its config, each value converted to the type of the field by the
+    converter of ``polymixer train``'s ``--set`` (:func:`polymixer.experiments.tasks.common.convert_field`: an
     untyped field takes an int when the value is one; "none" / "scene" is None where the field allows it)."""
-    import typing
-
     from ...models import model_config
+    from ..tasks.common import convert_field
 
     preset, *parts = spec.split("+")
-    config = model_config(preset)
-    defaults, hints = asdict(config), typing.get_type_hints(type(config))
+    config = type(model_config(preset))
     overrides: Dict[str, Any] = {}
     for part in parts:
         key, eq, value = part.partition("=")
-        if not eq or key not in defaults:
+        if not eq:
             raise ValueError(f"variant {spec!r}: {part!r} is not field=value with a field of {preset}'s config")
-        hint = hints.get(key)
-        nullable = hint is Any or type(None) in typing.get_args(hint)
-        if value in _NONE and nullable:
-            overrides[key] = None
-            continue
-        base = [a for a in typing.get_args(hint) if a is not type(None)]
-        kind = hint if hint in (bool, int, float, str) else base[0] if len(base) == 1 else type(defaults[key])
-        if hint is Any:
-            kind = int if value.lstrip("-").isdigit() else str
         try:
-            overrides[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
+            overrides[key] = convert_field(config, key, value)
         except ValueError as e:
-            raise ValueError(f"variant {spec!r}: {key} must be a {kind.__name__}, got {value!r}") from e
+            raise ValueError(f"variant {spec!r}: {e}") from None
     return preset, overrides
 
 

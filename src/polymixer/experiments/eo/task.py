@@ -27,7 +27,7 @@ from ..metrics import ConfusionMatrix
 from ...models import create_model, model_config
 from ...checkpoint import load_model, read_config, resolve_checkpoint
 from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
-from ..tasks.common import add_preset_argument, check_dataset, check_preset
+from ..tasks.common import add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides
 
 __all__ = ["EOTask", "masked_cross_entropy", "predict_patch", "evaluate_eo", "train_eo", "load_segmenter",
            "rgb_composite", "draw_confusion", "draw_tiles", "colorize"]
@@ -357,6 +357,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-frames", type=int, default=None, help="keep the first N dates of longer series")
     p.add_argument("--no-augment", action="store_true", help="no flips / rotations of the training windows")
     p.add_argument("--eval-limit", type=int, default=None, help="validate on the first N patches only")
+    add_set_argument(p, "eo")
     add_train_config_arguments(p, t, "run folder (default: runs/eo/<preset>)", TRAIN_FLAGS)
 
 
@@ -365,6 +366,7 @@ def main_train(args: argparse.Namespace) -> int:
     for name in ("mixer", "hybrid_pom", "spatial_position", "max_frames"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
+    overrides.update(config_overrides("eo", args.preset, args.set_fields))
     tcfg = train_config_from_args(args, train_defaults(), f"runs/eo/{args.preset}")
     res = train_eo(args.preset, tcfg, args.data, args.fold, args.crop, args.norm, not args.no_augment,
                    args.eval_limit, progress=not args.quiet, **overrides)

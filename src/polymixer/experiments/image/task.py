@@ -31,7 +31,7 @@ from ...files import atomic_path
 from ...models import create_model, model_config
 from ...checkpoint import load_model, read_config
 from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
-from ..tasks.common import add_preset_argument, check_dataset, check_preset
+from ..tasks.common import add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides
 
 __all__ = ["ImageTask", "Classifier", "get_classifier", "frechet_distance", "sample_images", "evaluate_generator",
            "train_image"]
@@ -280,6 +280,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learn-sigma", action="store_true", help="learn the DDPM variance (DiT)")
     p.add_argument("--position", choices=["sincos", "rope"], default=None)
     p.add_argument("--eval-samples", type=int, default=100, help="samples scored at each evaluation")
+    add_set_argument(p, "image")
     add_train_config_arguments(p, t, "run folder (default: runs/image/<preset>-<objective>)",
                                tuple(n for n in TRAIN_FLAGS if n != "beta2"))
 
@@ -291,6 +292,7 @@ def main_train(args: argparse.Namespace) -> int:
             overrides[name] = getattr(args, flag)
     if args.learn_sigma:
         overrides["learn_sigma"] = True
+    overrides.update(config_overrides("image", args.preset, args.set_fields))
     tag = args.preset.replace("/", "_")
     tcfg = train_config_from_args(args, TrainConfig(), f"runs/image/{tag}-{args.objective}")
     res = train_image(args.preset, tcfg, args.objective, args.data, args.eval_samples, **overrides)

@@ -21,7 +21,17 @@ from ...models import create_model, model_config
 from ...models.lm import pad_left
 from ...checkpoint import load_model, read_config
 from ..train.loop import Range, TrainConfig, add_train_config_arguments, train, train_config_from_args
-from ..tasks.common import add_preset_argument, check_dataset, check_preset, float_in, int_at_least
+from ..tasks.common import (
+    add_field_flags,
+    add_preset_argument,
+    add_set_argument,
+    check_dataset,
+    check_preset,
+    config_overrides,
+    field_overrides,
+    float_in,
+    int_at_least,
+)
 
 __all__ = ["LMTask", "evaluate_lm", "train_lm"]
 
@@ -112,12 +122,9 @@ def evaluate_lm(model: nn.Module, windows: TokenWindows, token_bytes: torch.Tens
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     t = TrainConfig()
     add_preset_argument(p, "lm")
-    g = p.add_argument_group("model overrides (fields of LMConfig)")
-    for name in ("mixer", "position", "n_layer", "n_embd", "n_head", "block_size", "window", "degree", "expand",
-                 "sel_heads", "dropout", "vocab_size"):
-        kind = {"mixer": str, "position": str, "dropout": float, "expand": float}.get(name, int)
-        g.add_argument("--" + name.replace("_", "-"), dest="m_" + name, type=kind, default=None,
-                       metavar=name.upper(), help=f"override the preset's {name} (LMConfig.{name})")
+    g = p.add_argument_group("model overrides (every field of LMConfig, as a flag or --set FIELD=VALUE)")
+    add_field_flags(g, "lm")
+    add_set_argument(g, "lm")
     d = p.add_argument_group("data")
     d.add_argument("--data", nargs="*", default=None,
                    help="text files or folders (default: the Python standard library's sources)")
@@ -154,7 +161,7 @@ def train_lm(preset: str, train_cfg: TrainConfig, data: Optional[List[str]] = No
 
 
 def main_train(args: argparse.Namespace) -> int:
-    overrides = {k[2:]: v for k, v in vars(args).items() if k.startswith("m_") and v is not None}
+    overrides = {**field_overrides(args), **config_overrides("lm", args.preset, args.set_fields)}
     tcfg = train_config_from_args(args, TrainConfig(), f"runs/lm/{args.preset}")
     res = train_lm(args.preset, tcfg, args.data, args.tokenizer, args.val_fraction, not args.no_pack,
                    args.eval_windows, **overrides)

@@ -22,7 +22,7 @@ from ...models import create_model, model_config
 from ...models.ocr import ctc_greedy_decode, ctc_loss
 from ...checkpoint import load_model, read_config, resolve_checkpoint
 from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
-from ..tasks.common import add_preset_argument, check_dataset, check_preset
+from ..tasks.common import add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides
 
 __all__ = ["OCRTask", "PageSpec", "examples_of", "make_example", "evaluate_ocr", "transcribe", "train_ocr",
            "load_recognizer"]
@@ -250,6 +250,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mixer", default=None, help="override the preset's layer pattern (attention, pom, hybrid, AP…)")
     p.add_argument("--no-augment", action="store_true", help="turn HTR-VT's augmentations off")
     p.add_argument("--eval-limit", type=int, default=None, help="validate on the first N examples only")
+    add_set_argument(p, "ocr")
     add_train_config_arguments(p, t, "run folder (default: runs/ocr/<preset>[-multiline])",
                                TRAIN_FLAGS + ("sam_rho",))
 
@@ -258,6 +259,7 @@ def main_train(args: argparse.Namespace) -> int:
     overrides: Dict[str, Any] = {}
     if args.mixer is not None:
         overrides["mixer"] = args.mixer
+    overrides.update(config_overrides("ocr", args.preset, args.set_fields))
     tcfg = train_config_from_args(args, train_defaults(),
                                   f"runs/ocr/{args.preset}{'-multiline' if args.multiline else ''}")
     spec = PageSpec(multiline=args.multiline, max_lines=args.max_lines)

@@ -27,7 +27,7 @@ from ..metrics import ConfusionMatrix
 from ...models import create_model
 from ...checkpoint import load_model, read_config, resolve_checkpoint
 from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
-from ..tasks.common import add_preset_argument, check_dataset, check_preset
+from ..tasks.common import add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides
 
 __all__ = ["PointTask", "lovasz_softmax", "segmentation_loss", "predict_scene",
            "evaluate_points", "train_points", "load_segmenter", "draw_scene", "class_colors", "read_scene"]
@@ -314,6 +314,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"sphere-crop each training scene to N points (0: whole scenes; default: "
                         f"{TINY_MAX_POINTS:,} for the tiny presets, the format's own — PTv3's 102,400 indoors — for "
                         f"the others); evaluation always reads whole scenes")
+    add_set_argument(p, "points")
     add_train_config_arguments(p, train_defaults(), "run folder (default: runs/points/<preset>)", TRAIN_FLAGS)
 
 
@@ -325,6 +326,7 @@ def main_train(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None:
             overrides[name] = None if value == "scene" else value
+    overrides.update(config_overrides("points", args.preset, args.set_fields))
     tcfg = train_config_from_args(args, train_defaults(), f"runs/points/{args.preset}")
     max_points = args.max_points if args.max_points is not None else \
         (TINY_MAX_POINTS if args.preset.startswith("tiny-") else None)

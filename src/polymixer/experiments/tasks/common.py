@@ -1,21 +1,28 @@
 """What every family's task commands share: the ``--preset`` option, the one-line refusal of another family's preset,
-and the upfront check of a dataset's files (``polymixer check-data`` and the scan at the start of ``train``)."""
+``--set FIELD=VALUE`` (any field of the family's model config, converted by the dataclass's type hints — the one
+converter the benches' ``preset+field=value`` variants use too), and the upfront check of a dataset's files
+(``polymixer check-data`` and the scan at the start of ``train``)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import importlib
+import types
+import typing
 from pathlib import Path
-from typing import Any, Callable, List, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..data.faults import DataCheckError, merge_bad
 from ...families import family as family_entry
 from ..commands import loader_module
-from ...models import list_models, preset_of
+from ...models import list_models, model_config, preset_of
 from ..train.loop import Range
 
 __all__ = ["add_preset_argument", "check_preset", "add_data_check_argument", "check_dataset", "scan_dataset",
-           "int_at_least", "float_in"]
+           "int_at_least", "float_in", "config_class", "convert_field", "format_field", "add_set_argument",
+           "add_field_flags", "field_overrides", "config_overrides"]
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -60,6 +67,176 @@ def add_preset_argument(p: argparse.ArgumentParser, family: str) -> None:
 def check_preset(family: str, preset: str) -> str:
     """``preset`` if it belongs to ``family``; a one-line ValueError naming its family and the family's presets."""
     return preset_of(family, preset)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# model-config fields from the command line: --set FIELD=VALUE, and flags named after fields
+# ----------------------------------------------------------------------------------------------------------------
+
+NONE_WORDS = ("none", "scene")  # → None where a field allows it ("scene": a whole scene / patch, no window)
+TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def config_class(family: str) -> type:
+    """The model-config dataclass of ``family`` (LMConfig, DiTConfig, …): the class of its tiny preset's config."""
+    return type(model_config(family_entry(family).tiny))
+
+
+def _field_hints(config_cls: type) -> Dict[str, Any]:
+    """Each field of the dataclass and its resolved type hint (``Any`` where it has none)."""
+    hints = typing.get_type_hints(config_cls)
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(config_cls)}
+
+
+_NOUNS = {int: ("an integer", "integers"), float: ("a number", "numbers"), bool: ("true or false", "true/false values"),
+          str: ("a string", "strings")}
+
+
+def _is_union(hint: Any) -> bool:
+    """``Optional[X]`` / ``Union[X, Y]`` / ``X | None``."""
+    return typing.get_origin(hint) in (Union, types.UnionType)
+
+
+def _describe(hint: Any) -> str:
+    """What a value of ``hint`` looks like on the command line ("an integer", "comma-separated integers", "an
+    integer or none"), for error messages and help."""
+    args = typing.get_args(hint)
+    if _is_union(hint):
+        return " or ".join([_describe(a) for a in args if a is not type(None)] +
+                           (["none"] if type(None) in args else []))
+    if typing.get_origin(hint) is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"comma-separated {_NOUNS.get(args[0], ('', 'values'))[1]}"
+        plural = _NOUNS[args[0]][1] if len(set(args)) == 1 and args[0] in _NOUNS else "values"
+        return f"{len(args)} comma-separated {plural}"
+    return _NOUNS.get(hint, ("a value",))[0]
+
+
+def _convert(hint: Any, text: str) -> Any:
+    """``text`` as a value of ``hint``; ValueError if it is not one. ``Any``: an integer, a comma-separated tuple
+    of such values, none, or the text itself."""
+    args = typing.get_args(hint)
+    if hint is Any or (_is_union(hint) and type(None) in args):
+        if text.strip().lower() in NONE_WORDS:
+            return None
+    if hint is Any:
+        if "," in text:
+            return tuple(_convert(Any, t) for t in text.split(","))
+        return int(text) if text.strip().lstrip("-").isdigit() else text
+    if _is_union(hint):
+        for a in (a for a in args if a is not type(None)):
+            try:
+                return _convert(a, text)
+            except ValueError:
+                pass
+        raise ValueError(text)
+    if typing.get_origin(hint) is tuple:
+        parts = [t.strip() for t in text.split(",")] if text.strip() else []
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], t) for t in parts)
+        if len(parts) != len(args):
+            raise ValueError(text)
+        return tuple(_convert(a, t) for a, t in zip(args, parts))
+    if hint is bool:
+        word = text.strip().lower()
+        if word not in TRUE_WORDS + FALSE_WORDS:
+            raise ValueError(text)
+        return word in TRUE_WORDS
+    if hint in (int, float, str):
+        return hint(text)
+    raise ValueError(f"fields of type {hint} cannot be set from text")
+
+
+def format_field(value: Any) -> str:
+    """A config value as ``--set`` writes it (the inverse of :func:`convert_field`): ``none``, ``true`` / ``false``,
+    tuples comma-separated."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ",".join(map(format_field, value))
+    return str(value)
+
+
+def _check_field(config_cls: type, name: str) -> Any:
+    """The type hint of field ``name`` of ``config_cls``; a one-line ValueError suggesting the closest field (or
+    listing them all when none is close)."""
+    hints = _field_hints(config_cls)
+    if name not in hints:
+        close = difflib.get_close_matches(name, list(hints), n=1)
+        hint = f"did you mean {close[0]}?" if close else f"its fields: {', '.join(hints)}"
+        raise ValueError(f"unknown field {name!r} of {config_cls.__name__}; {hint}")
+    return hints[name]
+
+
+def convert_field(config_cls: type, name: str, text: str) -> Any:
+    """The value of field ``name`` of the dataclass ``config_cls`` written as ``text`` on a command line, converted
+    by the field's type hint: ints, floats, strings, bools (true/false/1/0/yes/no), tuples as comma-separated values
+    (``enc_depths=2,2,2``), ``none`` for None where the field is Optional (or untyped). A one-line ValueError names
+    an unknown field (and the closest ones), or the field, the value and the type expected."""
+    hint = _check_field(config_cls, name)
+    try:
+        return _convert(hint, text)
+    except ValueError:
+        raise ValueError(f"{name} of {config_cls.__name__} must be {_describe(hint)}, got {text!r}") from None
+
+
+def _assignment(text: str) -> str:
+    """An argparse ``type``: ``FIELD=VALUE`` (kept as text; converted once the preset is known)."""
+    if "=" not in text or not text.partition("=")[0].strip():
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE (e.g. n_layer=4), got {text!r}")
+    return text
+
+
+def add_set_argument(p: Any, family: str) -> None:
+    """``--set FIELD=VALUE`` (repeatable; ``p``: a parser or an argument group): any field of the family's model
+    config, over the preset and any flag; :func:`config_overrides` converts them once the preset is known."""
+    cls = config_class(family)
+    p.add_argument("--set", dest="set_fields", action="append", type=_assignment, default=None,
+                   metavar="FIELD=VALUE",
+                   help=f"set any field of the model config {cls.__name__} (repeatable: --set a=1 --set b=x), over the "
+                        f"preset and the flags; tuples comma-separated, none for None. Its fields: "
+                        f"{', '.join(_field_hints(cls))}")
+
+
+def add_field_flags(p: Any, family: str, names: Optional[Sequence[str]] = None) -> None:
+    """A flag ``--<field>`` (dest ``m_<field>``) for each field of the family's model config (or ``names``) on
+    ``p`` (a parser or an argument group), converted like ``--set``; the help shows the tiny preset's value.
+    :func:`field_overrides` reads them back."""
+    tiny = family_entry(family).tiny
+    cls, preset = config_class(family), model_config(tiny)
+    for name in names if names is not None else list(_field_hints(cls)):
+        hint = _check_field(cls, name)
+
+        def parse(text: str, name: str = name) -> Any:
+            try:
+                return convert_field(cls, name, text)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+
+        p.add_argument("--" + name.replace("_", "-"), dest="m_" + name, type=parse, default=None,
+                       metavar=name.upper(), help=f"override the preset's {name} ({cls.__name__}.{name}, "
+                                                  f"{_describe(hint)}; {tiny}: {format_field(getattr(preset, name))})")
+
+
+def field_overrides(args: argparse.Namespace) -> Dict[str, Any]:
+    """The fields given through :func:`add_field_flags`' flags (those left unset are not overrides)."""
+    return {k[2:]: v for k, v in vars(args).items() if k.startswith("m_") and v is not None}
+
+
+def config_overrides(family: str, preset: str, sets: Optional[Sequence[str]]) -> Dict[str, Any]:
+    """``["n_layer=4", "mixer=pom"]`` → ``{"n_layer": 4, "mixer": "pom"}``: ``--set`` assignments converted by the
+    types of ``preset``'s config (a preset of ``family``; a later assignment of a field wins). One-line ValueErrors
+    for another family's preset, an unknown field or a value that does not convert."""
+    cls = type(model_config(check_preset(family, preset)))
+    out: Dict[str, Any] = {}
+    for text in sets or ():
+        name, eq, value = text.partition("=")
+        if not eq:
+            raise ValueError(f"--set {text!r}: expected FIELD=VALUE (e.g. n_layer=4)")
+        out[name.strip()] = convert_field(cls, name.strip(), value)
+    return out
 
 
 def add_data_check_argument(p: argparse.ArgumentParser) -> None:
