@@ -42,7 +42,7 @@ def test_pomify_polymixer_keeps_weights_and_runs():
     teacher = create_model("tiny-attention", **TOY).eval()
     student = pomify(copy.deepcopy(teacher), "ALPL").eval()
     assert student.pattern == "ALPL" and student.config.mixer == "ALPL"
-    assert [type(b.mixer).__name__ for b in student.blocks] == ["Attention", "Attention", "PoM", "Attention"]
+    assert [type(b.mixer).__name__ for b in student.blocks] == ["Attention", "LocalAttention", "PoM", "LocalAttention"]
     assert student.blocks[1].mixer.window == 8
     _unchanged(teacher, student, ["blocks.2.mixer"])
     x = torch.randint(0, 256, (2, 40))

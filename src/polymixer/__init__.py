@@ -1,15 +1,17 @@
 """polymixer — the Polynomial Mixer (PoM), a linear-time drop-in replacement for self-attention.
 
     from polymixer import PoM, PolyMorpher, Attention, PoMState
+    from polymixer import ValuePoM, GatedValuePoM, LocalAttention  # one class per mixer (PoM(value_dim=…) builds them)
     with polymixer.backend("triton"): ...     # choose an op backend (reference / torch / cpu / triton), strictly
     from polymixer import pomify        # attention → PoM / hybrid in a trained model (polymixer or transformers)
     with polymixer.context_parallel(): ...    # each rank holds a slice of every sequence (torch.distributed)
 """
 
 from . import functional, ops
-from .layers.attention import Attention, AttentionState
+from .layers.attention import Attention, AttentionState, LocalAttention
 from .blocks import MLP, PolyMorpher, build_mixer
 from .layers.pom import PoM, PoMState
+from .layers.value_pom import GatedValuePoM, ValuePoM
 from .ops import backend, backend_for
 from .ops.parallel import context_parallel
 from .pomify import pomify
@@ -35,5 +37,6 @@ def _register_with_transformers() -> None:
 
 _register_with_transformers()
 
-__all__ = ["PoM", "PoMState", "PolyMorpher", "Attention", "AttentionState", "MLP", "build_mixer", "functional", "ops",
+__all__ = ["PoM", "ValuePoM", "GatedValuePoM", "PoMState", "PolyMorpher", "Attention", "LocalAttention",
+           "AttentionState", "MLP", "build_mixer", "functional", "ops",
            "backend", "backend_for", "pomify", "context_parallel"]

@@ -8,9 +8,10 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .layers.attention import Attention, AttentionState
+from .layers.attention import Attention, AttentionState, LocalAttention
 from .layers.linear_attention import LinearAttention
 from .layers.pom import PoM, PoMState
+from .layers.value_pom import GatedValuePoM, ValuePoM
 from .ops.common import CuSeqlens
 
 __all__ = ["MLP", "DropPath", "PolyMorpher", "MixerSpec", "MIXER_TABLE", "MIXER_SPECS", "MIXERS", "LETTERS",
@@ -56,20 +57,18 @@ def _attention(dim: int, attention_shift: int = 0, **kw: Any) -> Attention:
     return Attention(dim, token_shift=attention_shift or None, **kw)
 
 
-def _local_attention(dim: int, **kw: Any) -> Attention:
-    kw.setdefault("window", 128)
+def _local_attention(dim: int, attention_shift: int = 0, window: int = 128, **kw: Any) -> LocalAttention:
+    kw.setdefault("heads", max(1, dim // 64))
     kw.setdefault("causal", True)
-    return _attention(dim, **kw)
+    return LocalAttention(dim, window, token_shift=attention_shift or None, **kw)
 
 
-def _value_pom(dim: int, value_heads: int = 1, **kw: Any) -> PoM:
-    kw.setdefault("value_dim", dim)
-    return PoM(dim, heads=value_heads, **kw)
+def _value_pom(dim: int, value_heads: int = 1, **kw: Any) -> ValuePoM:
+    return ValuePoM(dim, heads=value_heads, **kw)
 
 
-def _gated_value_pom(dim: int, value_heads: int = 1, **kw: Any) -> PoM:
-    kw.setdefault("value_dim", dim)
-    return PoM(dim, heads=value_heads, decay="head", **kw)
+def _gated_value_pom(dim: int, value_heads: int = 1, **kw: Any) -> GatedValuePoM:
+    return GatedValuePoM(dim, heads=value_heads, **kw)
 
 
 def _linear_attention(feature_map: str) -> Callable[..., nn.Module]:

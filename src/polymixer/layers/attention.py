@@ -9,7 +9,7 @@ last ``window`` keys / values for local attention, so local layers decode in con
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,7 @@ from ..ops import parallel
 from ..ops.features import pattern_mask
 from ..values import token_shift as shift_tokens
 
-__all__ = ["Attention", "AttentionState", "sdpa"]
+__all__ = ["Attention", "LocalAttention", "AttentionState", "sdpa"]
 
 
 @dataclass
@@ -125,6 +125,9 @@ def _local_attention(
 class Attention(nn.Module):
     """Multi-head attention with the same forward / step contract as :class:`polymixer.PoM`.
 
+    Short form: ``Attention(dim, …, window=w)`` (window by keyword) builds a :class:`LocalAttention`, the
+    sliding-window attention (a subclass: ``isinstance(m, Attention)`` holds), with the same parameters and outputs.
+
     Args:
         dim: model width; heads: number of heads (dim must divide evenly).
         causal: default masking when ``forward(causal=None)``.
@@ -138,6 +141,12 @@ class Attention(nn.Module):
             0.5 on the current and previous token, 0 beyond); off by default. Queries are not shifted; packed
             sequences and padding never leak across it; ``step`` keeps the last W − 1 projections.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Attention":
+        """The short form: ``Attention(dim, …, window=w)`` is a LocalAttention (Python then runs its ``__init__``
+        with the same arguments). A window given by position (the 4th) keeps this class, which takes it too."""
+        local = cls is Attention and kwargs.get("window") is not None and len(args) <= 1
+        return super().__new__(LocalAttention if local else cls)
 
     def __init__(
         self,
@@ -532,3 +541,34 @@ class Attention(nn.Module):
         state.valid[:, slots] = valid[:, T - keep:]
         state.ptr = (state.ptr + keep) % W
         state.filled = min(W, state.filled + keep)
+
+
+class LocalAttention(Attention):
+    """Sliding-window (local) attention: each query sees the keys within ``window`` tokens of it — causal: the last
+    ``window`` tokens, itself included; bidirectional: |i − j| < window. A causal window is computed block-wise in
+    O(N·window) time and memory, and ``step`` keeps a ring buffer of the last ``window`` keys / values, so the layer
+    decodes in constant time and memory per token.
+
+    Args: ``window`` (a positive int, required) and those of :class:`Attention`.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        window: int,
+        heads: int = 8,
+        causal: bool = False,
+        bias: bool = True,
+        dropout: float = 0.0,
+        rope: Optional[str] = None,
+        rope_base: float = 10000.0,
+        qkv_bias: Optional[bool] = None,
+        token_shift: Union[bool, int, None] = None,
+        *,
+        device: Optional[torch.device] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
+        if window is None:
+            raise ValueError("LocalAttention needs a window (a positive int); global attention is Attention")
+        super().__init__(dim, heads, causal, window, bias, dropout, rope, rope_base, qkv_bias, token_shift, device,
+                         dtype)

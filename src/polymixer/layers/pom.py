@@ -1,9 +1,10 @@
-"""The PoM module: parameters, forward in every masking mode, streaming state, reference checkpoint loading."""
+"""The plain PoM: parameters, forward in every masking mode, streaming state (PoMState, shared by every PoM class),
+reference checkpoint loading, and the argument checks the value-carrying PoMs (:mod:`.value_pom`) share."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -11,8 +12,6 @@ from torch.utils import _pytree
 
 from ..ops.common import ACTIVATIONS, GATES, ActivationLike, CuSeqlens, compute_dtype, resolve
 from ..ops.pom import pom, pom_step
-from ..ops.value_pom import value_pom, value_pom_step
-from ..ops.value_pom.gated import gated_value_pom, gated_value_pom_step, retnet_bias
 from ..ops.value_pom.modular import CHUNK
 
 __all__ = ["PoM", "PoMState", "Index", "batch_index"]
@@ -85,6 +84,76 @@ class PoMState:
 _pytree.register_dataclass(PoMState)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Argument checks every PoM class shares (the value-carrying classes in .value_pom call them too)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def check_int_args(**values: Any) -> None:
+    """TypeError unless every value is an int (a bool is not)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+
+
+def check_pom_shape(dim: int, degree: int, expand: Union[int, float], sel_heads: int) -> int:
+    """Check the sizes every PoM has and return its polynomial width D = expand·dim."""
+    check_int_args(dim=dim, degree=degree, sel_heads=sel_heads)
+    if dim < 1:
+        raise ValueError(f"dim must be ≥ 1, got {dim}")
+    if degree < 1:
+        raise ValueError(f"degree must be ≥ 1, got {degree}")
+    if sel_heads < 1:
+        raise ValueError(f"sel_heads must be ≥ 1, got {sel_heads}")
+    if not isinstance(expand, (int, float)) or isinstance(expand, bool) or expand <= 0:
+        raise ValueError(f"expand must be a positive number, got {expand!r}")
+    D = round(expand * dim)
+    if abs(D - expand * dim) > 1e-9 or D < 1:
+        raise ValueError(f"expand·dim must be a positive integer, got {expand}·{dim} = {expand * dim}")
+    return D
+
+
+def check_gate_width(width: int, sel_heads: int, name: str) -> None:
+    """The channels the gate selects (``name`` = ``width``) split into ``sel_heads`` gate heads."""
+    if width % sel_heads != 0:
+        raise ValueError(f"{name} = {width} is not divisible by sel_heads = {sel_heads}")
+
+
+def check_mixing_options(reduction: str, rope: Optional[str], rotated: int, per_head: bool, gate: ActivationLike,
+                         activation: ActivationLike) -> None:
+    """The aggregation, rotary positions (over ``rotated`` channels, per head if ``per_head``), gate and activation."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    if rope not in (None, "1d", "2d"):
+        raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
+    what = "expand·dim / heads" if per_head else "expand·dim"
+    if rope == "1d" and rotated % 2:
+        raise ValueError(f"1-D rotary needs an even {what}, got {rotated}")
+    if rope == "2d" and rotated % 4:
+        raise ValueError(f"2-D rotary needs {what} divisible by 4, got {rotated}")
+    resolve(GATES, gate, "gate")
+    resolve(ACTIVATIONS, activation, "activation")
+
+
+def check_batch_size(batch_size: int) -> None:
+    """``init_state``'s batch size: a positive int."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+
+
+# the keywords of the short form PoM(dim, value_dim=…, …) and the values that leave a plain PoM plain
+_VALUE_KEYWORDS = {"value_dim": None, "heads": 1, "token_shift": None, "chunk_size": CHUNK, "decay": None}
+
+
+def _refuse_value_keywords(short_form: Mapping[str, Any]) -> None:
+    """A plain PoM takes the short form's value keywords only at values that leave it plain (as before the split)."""
+    unknown = sorted(set(short_form) - set(_VALUE_KEYWORDS))
+    if unknown:
+        raise TypeError(f"PoM got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
+    if short_form.get("heads", 1) != 1 or short_form.get("token_shift") or short_form.get("decay") is not None:
+        raise ValueError("heads, token_shift and decay belong to the value-carrying PoM: pass value_dim as well")
+
+
 class PoM(nn.Module):
     """Polynomial Mixer: a linear-time, drop-in replacement for self-attention.
 
@@ -106,19 +175,45 @@ class PoM(nn.Module):
         bias: bias of the output projection W_o.
         rope: None, "1d" (sequences) or "2d" (grids, positions (row, col)).
         rope_base: rotary frequency base.
-        value_dim: None (PoM) or dv: the value-carrying PoM (:mod:`polymixer.values`). Its state binds each token's
-            value to its key features, S = mean_j φ_j ⊗ v_j, read by the query's own polynomial features ψ_i and
-            normalised per head: y = W_o (gate ⊙ RMSNorm(ψᵀ S)). The gate then has dv channels.
-        heads: with value_dim, the heads that split D and dv. The state is D·dv/heads floats per sequence.
-        token_shift: with value_dim (default on), keys and values mix each token's projection with the previous
-            token's (learned weights per channel), so that a value can bind to the key before it. An int W ≥ 2
-            widens it to a causal depthwise convolution over the last W tokens (True = 2; the taps beyond the
-            previous token start at 0, so any width starts as the token shift).
-        chunk_size: tokens per chunk of the value-carrying PoM's causal form.
-        decay: with value_dim, "head" makes the value PoM gated: its state decays by a data-dependent factor per
-            head and token, a = exp(−softplus(w_h · x + b_h)) (as gated linear attention / Mamba-2; initialised at
-            RetNet's rates), bidirectional in full mode — :mod:`polymixer.ops.value_pom.gated`.
+        device, dtype: where and in which dtype the parameters are made.
+
+    Short form: the value-carrying PoMs are their own classes, :class:`~polymixer.layers.value_pom.ValuePoM` and
+    :class:`~polymixer.layers.value_pom.GatedValuePoM` (both subclasses of PoM, so ``isinstance(m, PoM)`` holds for
+    every PoM), and ``PoM`` builds them when given their keywords:
+    ``PoM(dim, value_dim=dv, heads=…, token_shift=…, chunk_size=…)`` returns a ``ValuePoM`` and adding
+    ``decay="head"`` a ``GatedValuePoM`` — the same parameters, ``state_dict`` and outputs as building the class
+    directly. Without ``value_dim`` those keywords must keep their defaults (a plain PoM has none of them).
     """
+
+    # a plain PoM's answers to what the value-carrying PoMs have (read by models, benches and tests alike)
+    value_dim: Optional[int] = None
+    heads: int = 1
+    token_shift: bool = False
+    shift_width: int = 0
+    chunk_size: int = CHUNK
+    decay: Optional[str] = None
+    # the classes of the short form, by name ("value", "gated_value"): each registers itself with its class keyword
+    _short_forms: ClassVar[Dict[str, type]] = {}
+
+    def __init_subclass__(cls, short_form: Optional[str] = None, **kwargs: Any) -> None:
+        """``class ValuePoM(PoM, short_form="value")`` makes ``PoM(value_dim=…)`` build ValuePoM."""
+        super().__init_subclass__(**kwargs)
+        if short_form is not None:
+            PoM._short_forms[short_form] = cls
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "PoM":
+        """The short form: ``PoM(…, value_dim=…)`` is a ValuePoM, with ``decay="head"`` a GatedValuePoM (Python then
+        runs that class's ``__init__`` with the same arguments). Subclasses, copies and unpickling are untouched."""
+        return super().__new__(cls._short_form_class(kwargs) if cls is PoM else cls)
+
+    @staticmethod
+    def _short_form_class(kwargs: Mapping[str, Any]) -> type:
+        decay = kwargs.get("decay")
+        if decay not in (None, "head"):
+            raise ValueError(f"decay must be None or 'head', got {decay!r}")
+        if kwargs.get("value_dim") is None:
+            return PoM  # PoM.__init__ refuses value keywords without value_dim
+        return PoM._short_forms["value" if decay is None else "gated_value"]
 
     def __init__(
         self,
@@ -132,77 +227,33 @@ class PoM(nn.Module):
         bias: bool = False,
         rope: Optional[str] = None,
         rope_base: float = 10000.0,
-        value_dim: Optional[int] = None,
-        heads: int = 1,
-        token_shift: Union[bool, int, None] = None,
-        chunk_size: int = CHUNK,
-        decay: Optional[str] = None,
+        *,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
+        **short_form: Any,
     ) -> None:
         super().__init__()
-        ints = {"dim": dim, "degree": degree, "sel_heads": sel_heads, "heads": heads, "chunk_size": chunk_size}
-        if value_dim is not None:
-            ints["value_dim"] = value_dim
-        for name, value in ints.items():
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if dim < 1:
-            raise ValueError(f"dim must be ≥ 1, got {dim}")
-        if degree < 1:
-            raise ValueError(f"degree must be ≥ 1, got {degree}")
-        if sel_heads < 1:
-            raise ValueError(f"sel_heads must be ≥ 1, got {sel_heads}")
-        if not isinstance(expand, (int, float)) or isinstance(expand, bool) or expand <= 0:
-            raise ValueError(f"expand must be a positive number, got {expand!r}")
-        D = round(expand * dim)
-        if abs(D - expand * dim) > 1e-9 or D < 1:
-            raise ValueError(f"expand·dim must be a positive integer, got {expand}·{dim} = {expand * dim}")
-        if token_shift is not None and not isinstance(token_shift, bool) and (
-                not isinstance(token_shift, int) or token_shift < 2):
-            raise ValueError(f"token_shift must be a bool or a width ≥ 2 (tokens the convolution reads), got "
-                             f"{token_shift!r}")
-        if decay not in (None, "head"):
-            raise ValueError(f"decay must be None or 'head', got {decay!r}")
-        if value_dim is None:
-            if heads != 1 or token_shift or decay:
-                raise ValueError("heads, token_shift and decay belong to the value-carrying PoM: pass value_dim as "
-                                 "well")
-        else:
-            if value_dim < 1:
-                raise ValueError(f"value_dim must be ≥ 1, got {value_dim}")
-            if heads < 1 or D % heads or value_dim % heads:
-                raise ValueError(f"heads = {heads} must divide expand·dim = {D} and value_dim = {value_dim}")
-            if chunk_size < 1:
-                raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
-        width = D if value_dim is None else value_dim  # the channels the gate selects
-        if width % sel_heads != 0:
-            raise ValueError(f"{'expand·dim' if value_dim is None else 'value_dim'} = {width} is not divisible by "
-                             f"sel_heads = {sel_heads}")
-        if reduction not in ("mean", "sum"):
-            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-        if rope not in (None, "1d", "2d"):
-            raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
-        rot = D // heads
-        if rope == "1d" and rot % 2:
-            raise ValueError(f"1-D rotary needs an even expand·dim{' / heads' if heads > 1 else ''}, got {rot}")
-        if rope == "2d" and rot % 4:
-            raise ValueError(f"2-D rotary needs expand·dim{' / heads' if heads > 1 else ''} divisible by 4, got {rot}")
-        resolve(GATES, gate, "gate")
-        resolve(ACTIVATIONS, activation, "activation")
+        _refuse_value_keywords(short_form)
+        D = check_pom_shape(dim, degree, expand, sel_heads)
+        check_gate_width(D, sel_heads, "expand·dim")
+        check_mixing_options(reduction, rope, D, False, gate, activation)
+        self._set_options(dim, degree, expand, sel_heads, gate, activation, reduction, rope, rope_base, D, D)
+        fk = {"device": device, "dtype": dtype}
+        self._add_input_parameters(D + self.gate_dim, fk)  # W_h over W_s
+        self.out_proj = nn.Linear(D, dim, bias=bias, **fk)
+        self._reset_coeff()
 
+    # -- what every PoM class shares ------------------------------------------------------------------------------
+
+    def _set_options(self, dim: int, degree: int, expand: Union[int, float], sel_heads: int, gate: ActivationLike,
+                     activation: ActivationLike, reduction: str, rope: Optional[str], rope_base: float, D: int,
+                     width: int) -> None:
+        """Record the (checked) options; ``width``: the channels the gate selects (D, or the value PoMs' dv)."""
         self.dim = dim
         self.degree = degree
         self.expand = expand
         self.sel_heads = sel_heads
         self.poly_dim = D
-        self.value_dim = value_dim
-        self.heads = heads
-        self.token_shift = value_dim is not None and token_shift is not False
-        # tokens the shift reads (the current one included): 2 by default, 0 without a shift
-        self.shift_width = 0 if not self.token_shift else 2 if token_shift in (None, True) else int(token_shift)
-        self.chunk_size = chunk_size
-        self.decay = decay
         self.gate_dim = width if sel_heads == 1 else sel_heads
         self.gate = gate
         self.activation = activation
@@ -210,80 +261,53 @@ class PoM(nn.Module):
         self.rope = rope
         self.rope_base = float(rope_base)
 
-        fk = {"device": device, "dtype": dtype}
-        # PoM: W_h over W_s. Value-carrying: W_k over W_v over W_q over W_s (one matrix product when self-mixing)
-        rows = D + self.gate_dim if value_dim is None else 2 * D + value_dim + self.gate_dim
-        self.in_proj = nn.Linear(dim, rows, bias=False, **fk)
+    def _add_input_parameters(self, rows: int, fk: Dict[str, Any]) -> None:
+        """The stacked bias-free input projection (``rows`` outputs), the gate bias and the coefficients (D, k)."""
+        self.in_proj = nn.Linear(self.dim, rows, bias=False, **fk)
         self.gate_bias = nn.Parameter(torch.zeros(self.gate_dim, **fk))
-        self.coeff = nn.Parameter(torch.empty(D, degree, **fk))
+        self.coeff = nn.Parameter(torch.empty(self.poly_dim, self.degree, **fk))
         self.coeff.no_weight_decay = True  # polynomial coefficients are gains, not a matrix: never decayed
-        if value_dim is not None:
-            self.coeff_q = nn.Parameter(torch.empty(D, degree, **fk))
-            self.coeff_q.no_weight_decay = True
-            self.norm_weight = nn.Parameter(torch.ones(value_dim, **fk))
-            if self.token_shift:
-                self.shift = nn.Parameter(torch.empty(self.shift_width, D + value_dim, **fk))
-                self.shift.no_weight_decay = True
-        self.out_proj = nn.Linear(width, dim, bias=bias, **fk)
-        if decay is not None:  # one log-decay per head and token
-            self.decay_proj = nn.Linear(dim, heads, **fk)
-        self._reset_coeff()
 
     def _reset_coeff(self) -> None:
         with torch.no_grad():
-            if self.coeff.device.type == "meta":
-                return
-            if self.value_dim is None:
+            if self.coeff.device.type != "meta":
                 self.coeff.uniform_(-1e-3, 1e-3)
-                return
-            for c in (self.coeff, self.coeff_q):  # features start near act(z): the readout's scale is O(1)
-                c.uniform_(-1e-3, 1e-3)
-                c[:, 0] = 1.0
-            if self.token_shift:
-                self.shift.zero_()
-                self.shift[:2] = 0.5
-            if self.decay is not None:
-                self.decay_proj.weight.zero_()
-                self.decay_proj.bias.copy_(retnet_bias(self.heads))
 
     def reset_parameters(self) -> None:
         self.in_proj.reset_parameters()
         self.out_proj.reset_parameters()
         nn.init.zeros_(self.gate_bias)
-        if self.value_dim is not None:
-            nn.init.ones_(self.norm_weight)
         self._reset_coeff()
+
+    def _state_start(self, batch_size: int, device: Optional[torch.device], dtype: Optional[torch.dtype]
+                     ) -> Tuple[torch.device, torch.dtype, Tensor, Tensor]:
+        """init_state's shared part: (device, accumulation dtype, zero count (B,), zero offset (B,))."""
+        check_batch_size(batch_size)
+        device = self.coeff.device if device is None else device
+        acc = compute_dtype(self.coeff.dtype if dtype is None else dtype)
+        count = torch.zeros(batch_size, dtype=acc, device=device)
+        return device, acc, count, torch.zeros(batch_size, dtype=torch.int64, device=device)
 
     @property
     def state_floats(self) -> int:
         """Floats of streaming state per sequence (besides the count and offset)."""
-        if self.value_dim is None:
-            return self.poly_dim
-        return self.poly_dim * self.value_dim // self.heads + (self.poly_dim + self.value_dim) * max(
-            self.shift_width - 1, 0)
+        return self.poly_dim
+
+    def _extra_repr_fields(self) -> str:
+        """What a subclass adds to the printed options (after gate_dim)."""
+        return ""
 
     def extra_repr(self) -> str:
         s = f"dim={self.dim}, degree={self.degree}, expand={self.expand}, D={self.poly_dim}, gate_dim={self.gate_dim}"
-        if self.value_dim is not None:
-            s += f", value_dim={self.value_dim}, heads={self.heads}, token_shift={self.token_shift}"
-            if self.shift_width > 2:
-                s += f", shift_width={self.shift_width}"
-            if self.decay is not None:
-                s += f", decay={self.decay!r}"
+        s += self._extra_repr_fields()
         s += f", gate={self.gate!r}, activation={self.activation!r}, reduction={self.reduction!r}"
         return s + (f", rope={self.rope!r}" if self.rope else "")
 
     def _op_kwargs(self) -> dict:
-        kw = dict(activation=self.activation, gate=self.gate, reduction=self.reduction, rope=self.rope,
-                  rope_base=self.rope_base)
-        if self.value_dim is not None:
-            kw.update(heads=self.heads, chunk=self.chunk_size)
-        return kw
+        return dict(activation=self.activation, gate=self.gate, reduction=self.reduction, rope=self.rope,
+                    rope_base=self.rope_base)
 
-    def value_weights(self) -> tuple:
-        """The value-carrying PoM's weights in the order :func:`polymixer.ops.value_pom.value_pom` takes them."""
-        return (self.in_proj.weight, self.gate_bias, self.coeff, self.coeff_q,
-                self.shift if self.token_shift else None, self.norm_weight, self.out_proj.weight, self.out_proj.bias)
+    # -- the plain PoM ------------------------------------------------------------------------------------------
 
     def forward(
         self,
@@ -301,17 +325,8 @@ class PoM(nn.Module):
 
         x: (B, M, dim); context: (B, N, dim) for cross-mixing; mask: (B, N) key padding or (B, M, N) bool
         (True = takes part); causal / block_size: (block-)causal; cu_seqlens: packed int32 offsets (B = 1).
-        Cost O((M + N)·dim·D) — except a (B, M, N) mask, O(M·N·D). The value-carrying PoM: O(N·D·dv/heads) in full
-        mode, O(N·chunk·D + N·D·dv/heads) causal.
+        Cost O((M + N)·dim·D) — except a (B, M, N) mask, O(M·N·D).
         """
-        if self.decay is not None:
-            return gated_value_pom(x, context, *self.value_weights(), self.decay_proj.weight, self.decay_proj.bias,
-                                   mask=mask, causal=causal, block_size=block_size, cu_seqlens=cu_seqlens,
-                                   positions=positions, context_positions=context_positions, **self._op_kwargs())
-        if self.value_dim is not None:
-            return value_pom(x, context, *self.value_weights(), mask=mask, causal=causal, block_size=block_size,
-                                cu_seqlens=cu_seqlens, positions=positions, context_positions=context_positions,
-                                **self._op_kwargs())
         return pom(
             x,
             context,
@@ -333,18 +348,8 @@ class PoM(nn.Module):
         self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None
     ) -> PoMState:
         """An empty stream state; ``dtype`` is the stream's dtype (the sum is kept in at least fp32)."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        device = self.coeff.device if device is None else device
-        acc = compute_dtype(self.coeff.dtype if dtype is None else dtype)
-        B, D = batch_size, self.poly_dim
-        count = torch.zeros(B, dtype=acc, device=device)
-        offset = torch.zeros(B, dtype=torch.int64, device=device)
-        if self.value_dim is None:
-            return PoMState(torch.zeros(B, D, dtype=acc, device=device), count, offset)
-        H, dv = self.heads, self.value_dim
-        return PoMState(torch.zeros(B, H, D // H, dv // H, dtype=acc, device=device), count, offset,
-                        torch.zeros(B, max(self.shift_width - 1, 1), D + dv, dtype=acc, device=device))
+        device, acc, count, offset = self._state_start(batch_size, device, dtype)
+        return PoMState(torch.zeros(batch_size, self.poly_dim, dtype=acc, device=device), count, offset)
 
     def step(
         self,
@@ -362,14 +367,6 @@ class PoM(nn.Module):
         """
         if not isinstance(state, PoMState):
             raise TypeError(f"state must be a PoMState (from init_state), got {type(state).__name__}")
-        if self.value_dim is not None:
-            if state.prev is None:
-                raise ValueError("this state belongs to a plain PoM; the value-carrying PoM needs its own init_state")
-            step = value_pom_step if self.decay is None else gated_value_pom_step
-            extra = () if self.decay is None else (self.decay_proj.weight, self.decay_proj.bias)
-            y, s, c, o, p = step(x, state.sum, state.count, state.offset, state.prev, *self.value_weights(), *extra,
-                                 causal=causal, mask=mask, positions=positions, **self._op_kwargs())
-            return y, PoMState(s, c, o, p)
         y, s, c, o = pom_step(
             x,
             state.sum,
@@ -407,8 +404,6 @@ class PoM(nn.Module):
         layer inside a whole model's state dict. Any missing, unexpected or mis-shaped tensor raises a ValueError
         that names it; nothing is loaded in that case.
         """
-        if self.value_dim is not None:
-            raise ValueError("the reference implementation has no value-carrying PoM; load into PoM(value_dim=None)")
         own = self.state_dict()
         keys = {k[len(prefix):]: k for k in state_dict if k.startswith(prefix)}
         if "po_proj.weight" in keys or "se_proj.weight" in keys:

@@ -1,0 +1,273 @@
+"""The value-carrying PoMs, one class per mixer: :class:`ValuePoM` and its gated form :class:`GatedValuePoM`.
+
+Both are subclasses of :class:`~polymixer.layers.pom.PoM` (``isinstance(m, PoM)`` holds for every PoM) that build
+their own parameters and run their own op; ``PoM(dim, value_dim=…)`` (and ``decay="head"``) is their short form.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from ..ops.common import ActivationLike, CuSeqlens
+from ..ops.value_pom import value_pom, value_pom_step
+from ..ops.value_pom.gated import gated_value_pom, gated_value_pom_step, retnet_bias
+from ..ops.value_pom.modular import CHUNK
+from .pom import PoM, PoMState, check_gate_width, check_int_args, check_mixing_options, check_pom_shape
+
+__all__ = ["ValuePoM", "GatedValuePoM"]
+
+
+def _check_value_args(D: int, value_dim: int, heads: int, token_shift: Union[bool, int, None], chunk_size: int
+                      ) -> None:
+    """The value-carrying PoM's own arguments: dv, the heads that split D and dv, the token shift, the chunk."""
+    check_int_args(heads=heads, chunk_size=chunk_size, value_dim=value_dim)
+    if token_shift is not None and not isinstance(token_shift, bool) and (
+            not isinstance(token_shift, int) or token_shift < 2):
+        raise ValueError(f"token_shift must be a bool or a width ≥ 2 (tokens the convolution reads), got "
+                         f"{token_shift!r}")
+    if value_dim < 1:
+        raise ValueError(f"value_dim must be ≥ 1, got {value_dim}")
+    if heads < 1 or D % heads or value_dim % heads:
+        raise ValueError(f"heads = {heads} must divide expand·dim = {D} and value_dim = {value_dim}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
+
+
+def _shift_width(token_shift: Union[bool, int, None]) -> int:
+    """Tokens the key / value shift reads, the current one included: 2 by default (True), 0 without a shift."""
+    if token_shift is False:
+        return 0
+    return 2 if token_shift in (None, True) else int(token_shift)
+
+
+class ValuePoM(PoM, short_form="value"):
+    """The value-carrying PoM (:mod:`polymixer.values`): PoM whose state binds each token's value to its key.
+
+    Its state binds each token's value to its key features, S = mean_j φ_j ⊗ v_j, read by the query's own
+    polynomial features ψ_i and normalised per head: y = W_o (gate ⊙ RMSNorm(ψᵀ S)). The gate has dv channels.
+    Parameters: ``in_proj`` stacks W_k over W_v over W_q over W_s (one matrix product when self-mixing),
+    ``coeff`` / ``coeff_q`` the key / query polynomials, ``norm_weight`` the RMSNorm, ``shift`` the token shift.
+
+    Args:
+        dim, degree, expand, sel_heads, gate, activation, reduction, bias, rope, rope_base: as :class:`PoM`
+            (``sel_heads`` splits dv; rotary turns D / heads channels per head).
+        value_dim: dv (default: dim).
+        heads: the heads that split D and dv. The state is D·dv/heads floats per sequence.
+        token_shift: keys and values mix each token's projection with the previous token's (learned weights per
+            channel; default on), so that a value can bind to the key before it. An int W ≥ 2 widens it to a causal
+            depthwise convolution over the last W tokens (True = 2; the taps beyond the previous token start at 0,
+            so any width starts as the token shift); False: none.
+        chunk_size: tokens per chunk of the causal form.
+        decay: None only (this state never decays): the short form ``PoM(…, decay=None)`` passes it here;
+            :class:`GatedValuePoM` is the decaying one.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        degree: int = 2,
+        expand: Union[int, float] = 2,
+        sel_heads: int = 1,
+        gate: ActivationLike = "hardsigmoid",
+        activation: ActivationLike = "leaky_clamp",
+        reduction: str = "mean",
+        bias: bool = False,
+        rope: Optional[str] = None,
+        rope_base: float = 10000.0,
+        value_dim: Optional[int] = None,
+        heads: int = 1,
+        token_shift: Union[bool, int, None] = None,
+        chunk_size: int = CHUNK,
+        *,
+        decay: Optional[str] = None,
+        device: Optional[torch.device] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
+        super(PoM, self).__init__()  # nn.Module's: PoM.__init__ builds the plain PoM's parameters, not these
+        if decay is not None:
+            raise ValueError(f"ValuePoM's state never decays (decay=None); for decay={decay!r} use GatedValuePoM")
+        value_dim = dim if value_dim is None else value_dim
+        D = check_pom_shape(dim, degree, expand, sel_heads)
+        _check_value_args(D, value_dim, heads, token_shift, chunk_size)
+        check_gate_width(value_dim, sel_heads, "value_dim")
+        check_mixing_options(reduction, rope, D // heads, heads > 1, gate, activation)
+        self._set_options(dim, degree, expand, sel_heads, gate, activation, reduction, rope, rope_base, D, value_dim)
+        self.value_dim, self.heads, self.chunk_size = value_dim, heads, chunk_size
+        self.shift_width = _shift_width(token_shift)
+        self.token_shift = self.shift_width > 0
+        self._add_parameters({"device": device, "dtype": dtype}, bias)
+        self._reset_coeff()
+
+    def _add_parameters(self, fk: Dict[str, Any], bias: bool) -> None:
+        """Every parameter, in the order (and so the random draws) of the original single PoM class."""
+        D, dv = self.poly_dim, self.value_dim
+        self._add_input_parameters(2 * D + dv + self.gate_dim, fk)  # W_k over W_v over W_q over W_s
+        self.coeff_q = nn.Parameter(torch.empty(D, self.degree, **fk))
+        self.coeff_q.no_weight_decay = True
+        self.norm_weight = nn.Parameter(torch.ones(dv, **fk))
+        if self.token_shift:
+            self.shift = nn.Parameter(torch.empty(self.shift_width, D + dv, **fk))
+            self.shift.no_weight_decay = True
+        self.out_proj = nn.Linear(dv, self.dim, bias=bias, **fk)
+
+    def _reset_coeff(self) -> None:
+        with torch.no_grad():
+            if self.coeff.device.type == "meta":
+                return
+            for c in (self.coeff, self.coeff_q):  # features start near act(z): the readout's scale is O(1)
+                c.uniform_(-1e-3, 1e-3)
+                c[:, 0] = 1.0
+            if self.token_shift:
+                self.shift.zero_()
+                self.shift[:2] = 0.5
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        nn.init.ones_(self.norm_weight)
+
+    @property
+    def state_floats(self) -> int:
+        """Floats of streaming state per sequence (besides the count and offset)."""
+        return self.poly_dim * self.value_dim // self.heads + (self.poly_dim + self.value_dim) * max(
+            self.shift_width - 1, 0)
+
+    def _extra_repr_fields(self) -> str:
+        s = f", value_dim={self.value_dim}, heads={self.heads}, token_shift={self.token_shift}"
+        return s + (f", shift_width={self.shift_width}" if self.shift_width > 2 else "")
+
+    def _op_kwargs(self) -> dict:
+        return dict(super()._op_kwargs(), heads=self.heads, chunk=self.chunk_size)
+
+    def value_weights(self) -> tuple:
+        """The weights in the order :func:`polymixer.ops.value_pom.value_pom` takes them."""
+        return (self.in_proj.weight, self.gate_bias, self.coeff, self.coeff_q,
+                self.shift if self.token_shift else None, self.norm_weight, self.out_proj.weight, self.out_proj.bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Optional[Tensor] = None,
+        *,
+        mask: Optional[Tensor] = None,
+        causal: bool = False,
+        block_size: Optional[int] = None,
+        cu_seqlens: Optional[CuSeqlens] = None,
+        positions: Optional[Tensor] = None,
+        context_positions: Optional[Tensor] = None,
+    ) -> Tensor:
+        """Mix tokens: the arguments of :meth:`PoM.forward`. Cost O(N·D·dv/heads) in full mode,
+        O(N·chunk·D + N·D·dv/heads) causal."""
+        return value_pom(x, context, *self.value_weights(), mask=mask, causal=causal, block_size=block_size,
+                         cu_seqlens=cu_seqlens, positions=positions, context_positions=context_positions,
+                         **self._op_kwargs())
+
+    def init_state(
+        self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None
+    ) -> PoMState:
+        """An empty stream state: the (B, heads, D/heads, dv/heads) sum and the token shift's memory."""
+        device, acc, count, offset = self._state_start(batch_size, device, dtype)
+        B, D, H, dv = batch_size, self.poly_dim, self.heads, self.value_dim
+        return PoMState(torch.zeros(B, H, D // H, dv // H, dtype=acc, device=device), count, offset,
+                        torch.zeros(B, max(self.shift_width - 1, 1), D + dv, dtype=acc, device=device))
+
+    def _step_op(self) -> Tuple[Any, tuple]:
+        """The streaming op and the weights it takes after the value weights."""
+        return value_pom_step, ()
+
+    def step(
+        self,
+        x: Tensor,
+        state: PoMState,
+        causal: bool = True,
+        positions: Optional[Tensor] = None,
+        mask: Optional[Tensor] = None,
+    ) -> Tuple[Tensor, PoMState]:
+        """Consume a chunk of a stream: (y, new_state), as :meth:`PoM.step`."""
+        if not isinstance(state, PoMState):
+            raise TypeError(f"state must be a PoMState (from init_state), got {type(state).__name__}")
+        if state.prev is None:
+            raise ValueError("this state belongs to a plain PoM; the value-carrying PoM needs its own init_state")
+        op, extra = self._step_op()
+        y, s, c, o, p = op(x, state.sum, state.count, state.offset, state.prev, *self.value_weights(), *extra,
+                           causal=causal, mask=mask, positions=positions, **self._op_kwargs())
+        return y, PoMState(s, c, o, p)
+
+    def load_reference_state_dict(self, state_dict: Any, prefix: str = "") -> None:
+        """Refused: the reference implementation has only the plain PoM."""
+        raise ValueError("the reference implementation has no value-carrying PoM; load into a plain PoM")
+
+
+class GatedValuePoM(ValuePoM, short_form="gated_value"):
+    """The gated value-carrying PoM: :class:`ValuePoM` whose state decays by a data-dependent factor per head and
+    token, a = exp(−softplus(w_h · x + b_h)) (as gated linear attention / Mamba-2; initialised at RetNet's rates),
+    bidirectional in full mode — :mod:`polymixer.ops.value_pom.gated`. ``decay_proj`` (dim → heads) holds w and b.
+
+    Args: those of :class:`ValuePoM`, and ``decay``: the decay's granularity, "head" (one rate per head and token:
+    the only one there is).
+    """
+
+    decay: Optional[str] = "head"
+
+    def __init__(
+        self,
+        dim: int,
+        degree: int = 2,
+        expand: Union[int, float] = 2,
+        sel_heads: int = 1,
+        gate: ActivationLike = "hardsigmoid",
+        activation: ActivationLike = "leaky_clamp",
+        reduction: str = "mean",
+        bias: bool = False,
+        rope: Optional[str] = None,
+        rope_base: float = 10000.0,
+        value_dim: Optional[int] = None,
+        heads: int = 1,
+        token_shift: Union[bool, int, None] = None,
+        chunk_size: int = CHUNK,
+        decay: str = "head",
+        *,
+        device: Optional[torch.device] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
+        if decay != "head":
+            raise ValueError(f"GatedValuePoM decays per head: decay must be 'head', got {decay!r}")
+        super().__init__(dim, degree, expand, sel_heads, gate, activation, reduction, bias, rope, rope_base,
+                         value_dim, heads, token_shift, chunk_size, device=device, dtype=dtype)
+
+    def _add_parameters(self, fk: Dict[str, Any], bias: bool) -> None:
+        super()._add_parameters(fk, bias)
+        self.decay_proj = nn.Linear(self.dim, self.heads, **fk)  # one log-decay per head and token
+
+    def _reset_coeff(self) -> None:
+        super()._reset_coeff()
+        if self.coeff.device.type == "meta":
+            return
+        with torch.no_grad():
+            self.decay_proj.weight.zero_()
+            self.decay_proj.bias.copy_(retnet_bias(self.heads))
+
+    def _extra_repr_fields(self) -> str:
+        return super()._extra_repr_fields() + f", decay={self.decay!r}"
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Optional[Tensor] = None,
+        *,
+        mask: Optional[Tensor] = None,
+        causal: bool = False,
+        block_size: Optional[int] = None,
+        cu_seqlens: Optional[CuSeqlens] = None,
+        positions: Optional[Tensor] = None,
+        context_positions: Optional[Tensor] = None,
+    ) -> Tensor:
+        """Mix tokens: the arguments of :meth:`PoM.forward` (no cross-mixing, no (B, M, N) mask)."""
+        return gated_value_pom(x, context, *self.value_weights(), self.decay_proj.weight, self.decay_proj.bias,
+                               mask=mask, causal=causal, block_size=block_size, cu_seqlens=cu_seqlens,
+                               positions=positions, context_positions=context_positions, **self._op_kwargs())
+
+    def _step_op(self) -> Tuple[Any, tuple]:
+        return gated_value_pom_step, (self.decay_proj.weight, self.decay_proj.bias)

@@ -1,0 +1,161 @@
+"""One class per mixer in polymixer.layers: PoM, ValuePoM, GatedValuePoM, Attention and LocalAttention.
+
+Each class builds from its own arguments; the short forms ``PoM(value_dim=…)`` / ``PoM(…, decay="head")`` and
+``Attention(window=…)`` build the same class with the same parameters, state dict and outputs; the mixer table builds
+the right class per letter; and the state dicts keep the names and shapes of the checkpoints saved before the split.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+
+import polymixer
+from polymixer import Attention, GatedValuePoM, LocalAttention, PoM, PoMState, ValuePoM
+from polymixer.blocks import mixer_spec
+
+from conftest import assert_close
+
+# the state dicts of today's checkpoints (names and shapes, saved by the single PoM / Attention classes before the
+# split): PoM(8, degree=3, sel_heads=2, bias=True), PoM(8, value_dim=8, heads=2, token_shift=4),
+# PoM(8, value_dim=8, heads=2, decay="head", degree=3) and Attention(8, heads=2, window=3, token_shift=2)
+SAVED_LAYOUTS = {
+    "pom": {"in_proj.weight": (18, 8), "gate_bias": (2,), "coeff": (16, 3), "out_proj.weight": (8, 16),
+            "out_proj.bias": (8,)},
+    "value": {"in_proj.weight": (48, 8), "gate_bias": (8,), "coeff": (16, 2), "coeff_q": (16, 2),
+              "norm_weight": (8,), "shift": (4, 24), "out_proj.weight": (8, 8)},
+    "gated": {"in_proj.weight": (48, 8), "gate_bias": (8,), "coeff": (16, 3), "coeff_q": (16, 3),
+              "norm_weight": (8,), "shift": (2, 24), "out_proj.weight": (8, 8), "decay_proj.weight": (2, 8),
+              "decay_proj.bias": (2,)},
+    "local": {"qkv.weight": (24, 8), "qkv.bias": (24,), "proj.weight": (8, 8), "proj.bias": (8,), "shift": (2, 16)},
+}
+SHORT_FORMS = {  # name: (the short form as users' code writes it, the same mixer by its own class)
+    "pom": (lambda: PoM(8, degree=3, sel_heads=2, bias=True), lambda: PoM(8, degree=3, sel_heads=2, bias=True)),
+    "value": (lambda: PoM(8, value_dim=8, heads=2, token_shift=4), lambda: ValuePoM(8, heads=2, token_shift=4)),
+    "gated": (lambda: PoM(8, value_dim=8, heads=2, decay="head", degree=3),
+              lambda: GatedValuePoM(8, degree=3, value_dim=8, heads=2)),
+    "local": (lambda: Attention(8, heads=2, window=3, token_shift=2),
+              lambda: LocalAttention(8, 3, heads=2, token_shift=2)),
+}
+CLASSES = {"pom": PoM, "value": ValuePoM, "gated": GatedValuePoM, "local": LocalAttention}
+
+
+def _seeded(make, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return make().double()
+
+
+def _outputs(m: torch.nn.Module) -> list:
+    """Outputs in full, causal and streaming (two chunks) modes on a fixed input."""
+    x = torch.randn(2, 9, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    state = m.init_state(2, dtype=torch.float64)
+    y1, state = m.step(x[:, :4], state)
+    y2, _ = m.step(x[:, 4:], state)
+    return [m(x), m(x, causal=True), y1, y2]
+
+
+def test_each_class_builds_from_its_own_arguments():
+    assert type(PoM(16, degree=3, expand=1)) is PoM and PoM(16).value_dim is None
+    v = ValuePoM(16, heads=2)
+    assert type(v) is ValuePoM and (v.value_dim, v.heads, v.shift_width, v.decay) == (16, 2, 2, None)
+    assert ValuePoM(16, value_dim=8, token_shift=False).state_floats == 32 * 8
+    g = GatedValuePoM(16, heads=4)
+    assert type(g) is GatedValuePoM and g.decay == "head" and g.decay_proj.weight.shape == (4, 16)
+    la = LocalAttention(16, 4, heads=2)
+    assert type(la) is LocalAttention and la.window == 4 and not la.causal
+    assert type(Attention(16, heads=2)) is Attention and Attention(16, heads=2).window is None
+    for m in (v, g):
+        assert isinstance(m, PoM)  # every PoM class is a PoM
+    assert isinstance(la, Attention)
+
+
+def test_short_forms_return_the_classes():
+    assert type(PoM(8, value_dim=8)) is ValuePoM
+    assert type(PoM(8, value_dim=8, decay=None)) is ValuePoM
+    assert type(PoM(8, value_dim=8, heads=2, decay="head")) is GatedValuePoM
+    assert type(PoM(8, value_dim=None, heads=1, token_shift=False, decay=None)) is PoM  # value keywords at defaults
+    assert type(PoM(8, 3, 2, value_dim=8)) is ValuePoM  # the shared arguments may still come by position
+    assert type(Attention(8, heads=2, window=4)) is LocalAttention
+    assert type(Attention(8, 2, False, 4)) is Attention and Attention(8, 2, False, 4).window == 4  # window by position
+
+
+@pytest.mark.parametrize("name", sorted(SHORT_FORMS))
+def test_short_form_and_class_are_the_same_mixer(name):
+    short, own = (_seeded(make) for make in SHORT_FORMS[name])
+    assert type(short) is type(own) is CLASSES[name]
+    assert list(short.state_dict()) == list(own.state_dict())
+    for k, t in short.state_dict().items():
+        assert torch.equal(t, own.state_dict()[k]), k
+    for a, b in zip(_outputs(short), _outputs(own)):
+        assert torch.equal(a, b)
+    assert repr(short) == repr(own)
+
+
+@pytest.mark.parametrize("name", sorted(SHORT_FORMS))
+def test_saved_checkpoints_load_into_the_new_classes(name):
+    short, own = SHORT_FORMS[name]
+    saved = _seeded(short, seed=1)
+    assert {k: tuple(t.shape) for k, t in saved.state_dict().items()} == SAVED_LAYOUTS[name]
+    fresh = _seeded(own, seed=2)
+    assert not all(torch.equal(a, b) for a, b in zip(_outputs(fresh), _outputs(saved)))
+    fresh.load_state_dict(saved.state_dict(), strict=True)
+    for a, b in zip(_outputs(fresh), _outputs(saved)):
+        assert torch.equal(a, b)
+
+
+def test_local_attention_equals_attention_with_a_window():
+    for causal in (False, True):
+        a = _seeded(lambda: Attention(8, heads=2, window=3, causal=causal, rope="1d"))
+        b = _seeded(lambda: LocalAttention(8, window=3, heads=2, causal=causal, rope="1d"))
+        x = torch.randn(2, 11, 8, dtype=torch.float64)
+        assert_close(a(x), b(x), 0, 0)
+        mask = torch.rand(2, 11) > 0.3
+        assert_close(a(x, mask=mask), b(x, mask=mask), 0, 0)
+
+
+def test_copies_and_pickles_keep_the_class():
+    for m in (PoM(8), ValuePoM(8, heads=2), GatedValuePoM(8, heads=2), LocalAttention(8, 3, heads=2)):
+        for c in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+            assert type(c) is type(m)
+            assert all(torch.equal(c.state_dict()[k], t) for k, t in m.state_dict().items())
+
+
+def test_mixer_table_builds_one_class_per_mixer():
+    options = dict(heads=4, causal=True, window=8, degree=3, expand=1, value_dim=16, value_heads=2)
+    kinds = {"P": PoM, "V": ValuePoM, "G": GatedValuePoM, "A": Attention, "L": LocalAttention}
+    for letter, cls in kinds.items():
+        assert type(mixer_spec(letter).make(16, **options)) is cls, letter
+    assert type(polymixer.build_mixer("attention", 16, heads=2, window=4)) is LocalAttention
+
+
+def test_each_class_refuses_what_is_not_its_own():
+    with pytest.raises(ValueError, match="pass value_dim as well"):
+        PoM(8, token_shift=2)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        PoM(8, n_head=2)
+    with pytest.raises(ValueError, match="decay must be None or 'head'"):
+        PoM(8, value_dim=8, decay="channel")
+    with pytest.raises(ValueError, match="use GatedValuePoM"):
+        ValuePoM(8, decay="head")
+    with pytest.raises(ValueError, match="decay must be 'head'"):
+        GatedValuePoM(8, decay="token")
+    with pytest.raises(ValueError, match="needs a window"):
+        LocalAttention(8, None)
+    with pytest.raises(ValueError, match="window must be a positive int"):
+        LocalAttention(8, 0)
+    with pytest.raises(ValueError, match="needs its own init_state"):
+        ValuePoM(8).step(torch.randn(1, 2, 8), PoM(8).init_state(1))
+    with pytest.raises(ValueError, match="no value-carrying PoM"):
+        GatedValuePoM(8).load_reference_state_dict(PoM(8).reference_state_dict())
+
+
+def test_value_classes_stream_with_pom_state():
+    for m in (ValuePoM(8, heads=2).double(), GatedValuePoM(8, heads=2).double()):
+        s = m.init_state(3, dtype=torch.float64)
+        assert isinstance(s, PoMState) and s.prev is not None and s.sum.shape == (3, 2, 8, 4)
+        x = torch.randn(3, 7, 8, dtype=torch.float64)
+        y, _ = m.step(x, s)
+        assert_close(y, m(x, causal=True), 1e-9, 1e-9)
