@@ -159,3 +159,54 @@ def test_value_classes_stream_with_pom_state():
         x = torch.randn(3, 7, 8, dtype=torch.float64)
         y, _ = m.step(x, s)
         assert_close(y, m(x, causal=True), 1e-9, 1e-9)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one name per setting: the token shift
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, width", [(None, 7), (False, 0), (0, 0), (True, 2), (2, 2), (5, 5)])
+def test_one_validator_reads_every_token_shift_setting(value, width):
+    from polymixer.layers.pom import shift_width
+
+    assert shift_width(value, default=7) == width
+
+
+@pytest.mark.parametrize("value", [1, -2, 2.0, "2"])
+def test_a_bad_token_shift_is_one_line_naming_its_setting(value):
+    from polymixer.layers.pom import shift_width
+    from polymixer.models.lm import LMConfig
+
+    with pytest.raises(ValueError, match=r"^attention_shift must be a bool or a width ≥ 2 \(0: none\)"):
+        shift_width(value, "attention_shift")
+    for build in (lambda: ValuePoM(8, value_dim=8, token_shift=value), lambda: Attention(8, token_shift=value),
+                  lambda: LMConfig(token_shift=value), lambda: LMConfig(attention_shift=value)):
+        with pytest.raises(ValueError, match="(token|attention)_shift must be a bool or a width ≥ 2"):
+            build()
+    with pytest.raises(ValueError, match=r"^token_shift must be a bool or a width ≥ 2 —"):
+        LMConfig(token_shift=0)  # a value PoM layer of a family config always shifts
+
+
+def test_a_config_field_is_named_as_the_keyword_it_feeds_and_earlier_names_still_load(tmp_path):
+    """LMConfig.token_shift feeds ValuePoM(token_shift=…); a checkpoint, a bench variant or a transformers folder
+    written with the earlier name ``shift_width`` loads with the same meaning."""
+    from polymixer.checkpoint import load_model, read_config, save_checkpoint
+    from polymixer.models import create_model, model_config
+    from polymixer.models.registry import build_from_config
+
+    m = create_model("tiny-vpom", n_layer=1, n_embd=32, value_dim=32, value_heads=2, shift_width=3)
+    assert m.config.token_shift == 3 and m.blocks[0].mixer.shift_width == 3
+    assert model_config("tiny-vpom", token_shift=3).token_shift == 3
+    with pytest.raises(ValueError, match="shift_width is the earlier name of LMConfig.token_shift"):
+        model_config("tiny-vpom", token_shift=3, shift_width=3)
+    old = {k: v for k, v in vars(m.config).items() if k != "token_shift"} | {"shift_width": 3}
+    assert build_from_config("lm", old).config == m.config
+    save_checkpoint(tmp_path / "run", 1, m, {"family": "lm", "preset": "tiny-vpom", "model": old})
+    assert read_config(tmp_path / "run")["model"]["token_shift"] == 3
+    back = load_model(tmp_path / "run", family="lm")
+    assert back.config == m.config
+    pytest.importorskip("transformers")
+    from polymixer.hf import PolymixerConfig
+
+    assert PolymixerConfig(**{**old, "vocab_size": m.config.vocab_size}).token_shift == 3

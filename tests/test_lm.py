@@ -85,7 +85,7 @@ def test_attention_shift_decodes_like_forward_and_leaves_other_layers_alone():
         for blk in m.blocks[:2]:
             blk.mixer.shift.normal_()
     _assert_decode_reproduces_forward(m, 30, 11)
-    with pytest.raises(ValueError, match="attention_shift must be 0"):
+    with pytest.raises(ValueError, match=r"attention_shift must be a bool or a width ≥ 2 \(0: none\)"):
         LMConfig(attention_shift=1)
 
 

@@ -15,7 +15,7 @@ from .layers.value_pom import GatedValuePoM, ValuePoM
 from .ops.common import CuSeqlens
 
 __all__ = ["MLP", "DropPath", "PolyMorpher", "MixerSpec", "MIXER_TABLE", "MIXER_SPECS", "MIXERS", "LETTERS",
-           "mixer_spec", "build_mixer", "layer_pattern", "check_attention_shift"]
+           "mixer_spec", "build_mixer", "layer_pattern"]
 
 MixerState = Union[PoMState, AttentionState]
 
@@ -42,14 +42,6 @@ class MixerSpec:
 
 _ATTENTION_OPTIONS = ("heads", "causal", "dropout", "rope", "rope_base", "bias", "qkv_bias", "attention_shift")
 _POM_OPTIONS = ("degree", "expand", "sel_heads", "rope", "rope_base", "bias", "gate", "activation", "reduction")
-
-
-def check_attention_shift(value: Any) -> None:
-    """A family config's ``attention_shift``: 0 (none) or a width ≥ 2 — the token shift / short convolution the value
-    PoM has, offered to the model's attention layers (A and L) so that a comparison does not credit it to a mixer."""
-    if isinstance(value, bool) or not isinstance(value, int) or value == 1 or value < 0:
-        raise ValueError(f"attention_shift must be 0 (no shift) or an int ≥ 2 (tokens the attention layers' key / "
-                         f"value shift reads), got {value!r}")
 
 
 def _attention(dim: int, attention_shift: int = 0, **kw: Any) -> Attention:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .families import canonical_family
+from .families import FAMILIES, canonical_family
 from .files import file_mode
 
 __all__ = ["save_checkpoint", "resolve_checkpoint", "checkpoint_folder", "checkpoint_step", "read_config",
@@ -273,8 +273,8 @@ def resolve_checkpoint(path: Union[str, Path]) -> Path:
 
 
 def read_config(path: Union[str, Path]) -> Dict[str, Any]:
-    """A checkpoint's ``config.json``, its ``family`` under the family's current name (a checkpoint written when
-    the image family was called ``dit`` reads as ``image``)."""
+    """A checkpoint's ``config.json``, its ``family`` and model fields under their current names (a checkpoint
+    written when the image family was called ``dit`` reads as ``image``, its ``shift_width`` as ``token_shift``)."""
     ck = resolve_checkpoint(path)
     try:
         cfg = json.loads((ck / "config.json").read_text())
@@ -282,6 +282,11 @@ def read_config(path: Union[str, Path]) -> Dict[str, Any]:
         raise CheckpointError(f"{ck / 'config.json'}: unreadable ({e})") from e
     if isinstance(cfg, dict) and isinstance(cfg.get("family"), str):
         cfg["family"] = canonical_family(cfg["family"])
+        # fields saved under an earlier name read under today's (a distillation stage's config is its own)
+        if isinstance(cfg.get("model"), dict) and cfg["family"] in FAMILIES:
+            from .models.registry import current_fields, family_config
+
+            cfg["model"] = current_fields(family_config(cfg["family"]), cfg["model"])
     return cfg
 
 

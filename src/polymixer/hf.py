@@ -77,7 +77,7 @@ class PolymixerConfig(PreTrainedConfig):
     sel_heads: int = 1
     value_dim: int | None = None
     value_heads: int = 1
-    shift_width: int = 2
+    token_shift: int = 2
     attention_shift: int = 0
     position: str = "rope"
     dropout: float | int = 0.0
@@ -91,6 +91,9 @@ class PolymixerConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
 
     def __post_init__(self, **kwargs: Any) -> None:
+        for old, new in LMConfig.RENAMED.items():  # folders written with a field's earlier name
+            if old in kwargs:
+                setattr(self, new, kwargs.pop(old))
         super().__post_init__(**kwargs)
         self.lm_config()  # validates every field with polymixer's own checks
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .pom import Index, batch_index
+from .pom import Index, batch_index, shift_width
 from ..ops.common import (
     CuSeqlens, check_bool_mask, check_mix_inputs, check_positions, check_tokens, default_positions, rope_angles,
     rotate,
@@ -172,10 +172,6 @@ class Attention(nn.Module):
             raise ValueError(f"window must be a positive int or None, got {window!r}")
         if rope not in (None, "1d", "2d"):
             raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
-        if token_shift is not None and not isinstance(token_shift, bool) and (
-                not isinstance(token_shift, int) or token_shift < 2):
-            raise ValueError(f"token_shift must be a bool or a width ≥ 2 (tokens the convolution reads), got "
-                             f"{token_shift!r}")
         self.head_dim = dim // heads
         if rope == "1d" and self.head_dim % 2:
             raise ValueError(f"1-D rotary needs an even head_dim, got {self.head_dim}")
@@ -188,7 +184,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias if qkv_bias is None else qkv_bias, **fk)
         self.proj = nn.Linear(dim, dim, bias=bias, **fk)
         # tokens the key / value shift reads (the current one included); 0: no shift
-        self.shift_width = 0 if not token_shift else 2 if token_shift is True else int(token_shift)
+        self.shift_width = shift_width(token_shift)
         if self.shift_width:
             self.shift = nn.Parameter(torch.empty(self.shift_width, 2 * dim, **fk))
             self.shift.no_weight_decay = True

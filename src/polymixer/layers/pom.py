@@ -14,7 +14,7 @@ from ..ops.common import ACTIVATIONS, GATES, ActivationLike, CuSeqlens, compute_
 from ..ops.pom import pom, pom_step
 from ..ops.value_pom.modular import CHUNK
 
-__all__ = ["PoM", "PoMState", "Index", "batch_index"]
+__all__ = ["PoM", "PoMState", "Index", "batch_index", "shift_width"]
 
 Index = Union[int, slice, Sequence[int], Tensor]
 
@@ -87,6 +87,28 @@ _pytree.register_dataclass(PoMState)
 # ---------------------------------------------------------------------------------------------------------------
 # Argument checks every PoM class shares (the value-carrying classes in .value_pom call them too)
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def shift_width(token_shift: Union[bool, int, None], name: str = "token_shift", default: int = 0,
+                off: bool = True) -> int:
+    """The tokens a key / value token shift reads, the current one included, from a layer's ``token_shift`` or the
+    config field ``name`` that feeds it: True → 2 (each token and the previous one), False or 0 → 0 (no shift, where
+    ``off`` allows it), None → ``default``, an int W ≥ 2 → W (a causal depthwise convolution over the last W tokens).
+    The one check of every token-shift setting (value PoM, attention, the family configs): anything else is a
+    one-line ValueError naming ``name``."""
+    if token_shift is None:
+        return default
+    if isinstance(token_shift, bool):
+        width = 2 if token_shift else 0
+    elif isinstance(token_shift, int) and (token_shift == 0 or token_shift >= 2):
+        width = token_shift
+    else:
+        width = -1
+    if width < 0 or (width == 0 and not off):
+        allowed = "a bool or a width ≥ 2" + (" (0: none)" if off else "")
+        raise ValueError(f"{name} must be {allowed} — the tokens the key / value shift reads, the current one "
+                         f"included — got {token_shift!r}")
+    return width
 
 
 def check_int_args(**values: Any) -> None:

@@ -15,32 +15,21 @@ from ..ops.common import ActivationLike, CuSeqlens
 from ..ops.value_pom import value_pom, value_pom_step
 from ..ops.value_pom.gated import gated_value_pom, gated_value_pom_step, retnet_bias
 from ..ops.value_pom.modular import CHUNK
-from .pom import PoM, PoMState, check_gate_width, check_int_args, check_mixing_options, check_pom_shape
+from .pom import PoM, PoMState, check_gate_width, check_int_args, check_mixing_options, check_pom_shape, shift_width
 
 __all__ = ["ValuePoM", "GatedValuePoM"]
 
 
-def _check_value_args(D: int, value_dim: int, heads: int, token_shift: Union[bool, int, None], chunk_size: int
-                      ) -> None:
-    """The value-carrying PoM's own arguments: dv, the heads that split D and dv, the token shift, the chunk."""
+def _check_value_args(D: int, value_dim: int, heads: int, chunk_size: int) -> None:
+    """The value-carrying PoM's own arguments: dv, the heads that split D and dv, the chunk (the token shift:
+    :func:`~polymixer.layers.pom.shift_width`)."""
     check_int_args(heads=heads, chunk_size=chunk_size, value_dim=value_dim)
-    if token_shift is not None and not isinstance(token_shift, bool) and (
-            not isinstance(token_shift, int) or token_shift < 2):
-        raise ValueError(f"token_shift must be a bool or a width ≥ 2 (tokens the convolution reads), got "
-                         f"{token_shift!r}")
     if value_dim < 1:
         raise ValueError(f"value_dim must be ≥ 1, got {value_dim}")
     if heads < 1 or D % heads or value_dim % heads:
         raise ValueError(f"heads = {heads} must divide expand·dim = {D} and value_dim = {value_dim}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
-
-
-def _shift_width(token_shift: Union[bool, int, None]) -> int:
-    """Tokens the key / value shift reads, the current one included: 2 by default (True), 0 without a shift."""
-    if token_shift is False:
-        return 0
-    return 2 if token_shift in (None, True) else int(token_shift)
 
 
 class ValuePoM(PoM, short_form="value"):
@@ -91,12 +80,12 @@ class ValuePoM(PoM, short_form="value"):
             raise ValueError(f"ValuePoM's state never decays (decay=None); for decay={decay!r} use GatedValuePoM")
         value_dim = dim if value_dim is None else value_dim
         D = check_pom_shape(dim, degree, expand, sel_heads)
-        _check_value_args(D, value_dim, heads, token_shift, chunk_size)
+        _check_value_args(D, value_dim, heads, chunk_size)
         check_gate_width(value_dim, sel_heads, "value_dim")
         check_mixing_options(reduction, rope, D // heads, heads > 1, gate, activation)
         self._set_options(dim, degree, expand, sel_heads, gate, activation, reduction, rope, rope_base, D, value_dim)
         self.value_dim, self.heads, self.chunk_size = value_dim, heads, chunk_size
-        self.shift_width = _shift_width(token_shift)
+        self.shift_width = shift_width(token_shift, default=2)  # on by default
         self.token_shift = self.shift_width > 0
         self._add_parameters({"device": device, "dtype": dtype}, bias)
         self._reset_coeff()

@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple
+from typing import ClassVar, Dict, Mapping, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..layers.pom import shift_width
 from ..ops import parallel
 from ..layers.positions import grid_positions
 
@@ -56,6 +57,7 @@ _HYBRID_POM = ("temporal", "spatial")
 
 @dataclass
 class TSViTConfig:
+    RENAMED: ClassVar[Dict[str, str]] = {"shift_width": "token_shift"}  # earlier names (checkpoints load)
     image_size: int = 24  # training crop side in pixels: the learned spatial table covers (image_size / patch)² patches
     patch_size: int = 2
     max_frames: int = 60  # frames per series the data pipeline keeps (the original cuts / pads to this); the model
@@ -83,7 +85,7 @@ class TSViTConfig:
     sel_heads: int = 4  # PoM gate width: 1 = a gate per channel, h = one gate scalar per head of D/h channels
     value_dim: Optional[int] = None  # V blocks (value-carrying PoM): value width dv (None: dim)
     value_heads: int = 1  # V blocks: heads splitting D and dv
-    shift_width: int = 2  # V blocks: tokens the key / value shift reads along each sequence (2: each and the previous)
+    token_shift: int = 2  # V blocks: tokens the key / value shift reads along each sequence (2: each and the previous)
     attention_shift: int = 0  # A / L layers: tokens their key / value shift reads (0: none; the value PoM's shift,
     #                           offered to attention alike)
     local_days: int = 30  # L blocks: the days a frame's attention reaches on either side (frames further apart in
@@ -93,11 +95,12 @@ class TSViTConfig:
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size", "max_frames", "num_bands", "num_classes", "dim", "temporal_depth",
-                     "spatial_depth", "heads", "degree", "sel_heads", "shift_width", "local_days"):
+                     "spatial_depth", "heads", "degree", "sel_heads", "local_days"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        check_attention_shift(self.attention_shift)
+        shift_width(self.token_shift, "token_shift", off=False)
+        shift_width(self.attention_shift, "attention_shift")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size = {self.image_size} is not a multiple of patch_size = {self.patch_size}")
         if self.dim % self.heads:
@@ -212,7 +215,7 @@ class TSViT(nn.Module):
         spec = mixer_spec("A" if letter == "L" else letter)
         mixer = spec.make(c.dim, heads=c.heads, qkv_bias=False, bias=True, rope=rope, rope_base=rope_base,
                           degree=c.degree, expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim,
-                          value_heads=c.value_heads, token_shift=c.shift_width, attention_shift=c.attention_shift)
+                          value_heads=c.value_heads, token_shift=c.token_shift, attention_shift=c.attention_shift)
         return PolyMorpher(c.dim, mixer=mixer, mlp_ratio=c.mlp_ratio, dropout=c.dropout, norm_eps=c.norm_eps)
 
     # -- inputs ---------------------------------------------------------------------------------------------------
@@ -440,12 +443,12 @@ def _register() -> None:
     register_model("tsvipom-value", "eo", TSViTConfig, TSViT, "TSViPoM with the value-carrying PoM in every block",
                    mixer="value_pom", degree=2, expand=1, sel_heads=4, value_heads=4)
     register_model("tiny-tsvipom-value", "eo", TSViTConfig, TSViT, "tiny TSViPoM with the value-carrying PoM",
-                   **{**tiny, "mixer": "value_pom", "expand": 0.9375, "value_heads": 2, "shift_width": 4})
+                   **{**tiny, "mixer": "value_pom", "expand": 0.9375, "value_heads": 2, "token_shift": 4})
     # local attention beside the value PoM where the gap is (time): the first temporal block attends within 30 days
     # (the short window of the season that decides some crops), the value PoM everywhere else (+0.53% of tiny TSViT)
     register_model("tiny-tsvipom-local", "eo", TSViTConfig, TSViT,
                    "tiny TSViPoM: local attention (30 days) then the value PoM in time, the value PoM in space",
-                   **{**tiny, "mixer": "LVVV", "expand": 0.9375, "value_heads": 2, "shift_width": 4})
+                   **{**tiny, "mixer": "LVVV", "expand": 0.9375, "value_heads": 2, "token_shift": 4})
 
 
 _register()

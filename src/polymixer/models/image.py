@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..layers.pom import shift_width
 from ..ops import parallel
 from ..layers.positions import grid_positions, sincos_2d
 
@@ -28,6 +29,7 @@ __all__ = ["DiTConfig", "DiT", "AdaLNPolyMorpher", "modulate", "timestep_feature
 
 @dataclass
 class DiTConfig:
+    RENAMED: ClassVar[Dict[str, str]] = {"shift_width": "token_shift"}  # earlier names (checkpoints load)
     input_size: int = 32  # latent side (DiT's 256-pixel images through the SD VAE)
     patch_size: int = 2
     in_channels: int = 4
@@ -47,7 +49,7 @@ class DiTConfig:
     sel_heads: int = 1
     value_dim: Optional[int] = None  # V blocks (value-carrying PoM): value width dv (None: hidden_size)
     value_heads: int = 1  # V blocks: heads splitting D and dv
-    shift_width: int = 2  # V blocks: patches the key / value shift reads in row-major order (2: each and the previous)
+    token_shift: int = 2  # V blocks: patches the key / value shift reads in row-major order (2: each and the previous)
     attention_shift: int = 0  # A / L layers: tokens their key / value shift reads (0: none; the value PoM's shift,
     #                           offered to attention alike)
     position: str = "sincos"  # "sincos" (fixed 2-D sin-cos added to the patches) | "rope" (2-D rotary in the mixer)
@@ -57,10 +59,8 @@ class DiTConfig:
 
     def __post_init__(self) -> None:
         self.layer_pattern()
-        if isinstance(self.shift_width, bool) or not isinstance(self.shift_width, int) or self.shift_width < 2:
-            raise ValueError(f"shift_width must be an int ≥ 2 (patches the key / value shift reads), got "
-                             f"{self.shift_width!r}")
-        check_attention_shift(self.attention_shift)
+        shift_width(self.token_shift, "token_shift", off=False)
+        shift_width(self.attention_shift, "attention_shift")
         if isinstance(self.local_conv, bool) or not isinstance(self.local_conv, int) or self.local_conv < 0 or (
                 self.local_conv and self.local_conv % 2 == 0):
             raise ValueError(f"local_conv must be 0 (none) or an odd kernel size, got {self.local_conv!r}")
@@ -194,7 +194,7 @@ class DiT(nn.Module):
         c = self.config
         return mixer_spec(letter).make(c.hidden_size, heads=c.num_heads, bias=True, causal=False, window=c.window,
                                        degree=c.degree, expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim,
-                                       value_heads=c.value_heads, token_shift=c.shift_width,
+                                       value_heads=c.value_heads, token_shift=c.token_shift,
                                        attention_shift=c.attention_shift,
                                        rope="2d" if "rope" in c.position else None)
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..layers.pom import shift_width
 from ..layers.pom import Index, batch_index
 from ..ops import parallel
 from ..ops.common import documents_cu_seqlens, is_compiling, segments
@@ -30,6 +31,7 @@ __all__ = ["LMConfig", "GPT", "LMState", "pad_left"]
 
 @dataclass
 class LMConfig:
+    RENAMED: ClassVar[Dict[str, str]] = {"shift_width": "token_shift"}  # earlier names (checkpoints load)
     vocab_size: int = 50304
     block_size: int = 1024
     n_layer: int = 12
@@ -42,7 +44,7 @@ class LMConfig:
     sel_heads: int = 1  # PoM gate width: 1 = a gate per channel, h = one per head
     value_dim: Optional[int] = None  # V layers (value-carrying PoM): value width dv (None: n_embd)
     value_heads: int = 1  # V layers: heads splitting D and dv; state D·dv/value_heads floats per layer
-    shift_width: int = 2  # V layers: tokens the key / value shift reads (2: each and the previous; more: a short conv)
+    token_shift: int = 2  # V layers: tokens the key / value shift reads (2: each and the previous; more: a short conv)
     attention_shift: int = 0  # A / L layers: tokens their key / value shift reads (0: none; the value PoM's shift,
     #                           offered to attention alike)
     position: str = "learned"  # "learned" | "rope" | "none"
@@ -58,10 +60,8 @@ class LMConfig:
         for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "window"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        if isinstance(self.shift_width, bool) or not isinstance(self.shift_width, int) or self.shift_width < 2:
-            raise ValueError(f"shift_width must be an int ≥ 2 (tokens the value PoM's shift reads), got "
-                             f"{self.shift_width!r}")
-        check_attention_shift(self.attention_shift)
+        shift_width(self.token_shift, "token_shift", off=False)
+        shift_width(self.attention_shift, "attention_shift")
         self.layer_pattern()
 
     def layer_pattern(self) -> str:
@@ -146,7 +146,7 @@ class GPT(nn.Module):
         return mixer_spec(letter).make(
             c.n_embd, heads=c.n_head, causal=True, dropout=c.dropout, window=c.window, degree=c.degree,
             expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim or c.n_embd, value_heads=c.value_heads,
-            token_shift=c.shift_width, attention_shift=c.attention_shift,
+            token_shift=c.token_shift, attention_shift=c.attention_shift,
             rope="1d" if c.position == "rope" else None, rope_base=c.rope_base, bias=c.bias)
 
     @staticmethod
@@ -382,7 +382,7 @@ def _register() -> None:
     # convolution; its 3 remembered projections add 768 floats): 67,844 parameters per layer against attention's
     # 66,048, the whole model +0.87% of tiny-attention. Against one head and the 2-token shift, the 4 heads and the
     # 4-token convolution take the validation loss at 4e-3 from 1.243 to 1.214 and 1.168 (docs/lm.md).
-    tiny_v = {**tiny, "expand": 1, "value_dim": 128, "value_heads": 4, "shift_width": 4}
+    tiny_v = {**tiny, "expand": 1, "value_dim": 128, "value_heads": 4, "token_shift": 4}
     register_model("tiny-vpom", "lm", LMConfig, GPT, "tiny LM, every layer a value-carrying PoM", mixer="V", **tiny_v)
     register_model("tiny-vhybrid", "lm", LMConfig, GPT, "tiny LM, local attention + value-carrying PoM pairs",
                    mixer="LV", **tiny_v)

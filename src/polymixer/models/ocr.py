@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..layers.pom import shift_width
 from ..layers.positions import sincos_1d, sincos_2d
 
 __all__ = ["HTRConfig", "HTR", "ResNetStem", "MaskedBatchNorm2d", "ctc_greedy_decode", "ctc_loss", "span_mask",
@@ -73,7 +74,7 @@ class HTRConfig:
         for name in ("num_classes", "max_width", "dim", "depth", "heads", "window", "grid_width", "mask_span"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        check_attention_shift(self.attention_shift)
+        shift_width(self.attention_shift, "attention_shift")
         if self.num_classes < 2:
             raise ValueError(f"num_classes counts the CTC blank and at least one character, got {self.num_classes}")
         if self.dim % self.heads:

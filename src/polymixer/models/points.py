@@ -43,7 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, check_attention_shift, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..layers.pom import shift_width
 from ..layers.pom import PoM
 
 __all__ = ["PTv3Config", "PTv3", "ORDERS", "MAX_DEPTH", "z_order_encode", "hilbert_encode", "encode",
@@ -434,7 +435,7 @@ class PTv3Config:
     #                           offered to attention alike)
 
     def __post_init__(self) -> None:
-        check_attention_shift(self.attention_shift)
+        shift_width(self.attention_shift, "attention_shift")
         for name in ("enc_depths", "enc_channels", "enc_heads", "dec_depths", "dec_channels", "dec_heads", "orders"):
             setattr(self, name, tuple(getattr(self, name)))
         stages = len(self.enc_depths)

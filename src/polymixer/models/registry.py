@@ -22,7 +22,7 @@ from ..families import canonical_family
 from ..families import family as family_entry
 
 __all__ = ["register_model", "create_model", "list_models", "model_config", "build_from_config", "count_parameters",
-           "ModelEntry", "preset_of"]
+           "ModelEntry", "preset_of", "current_fields", "family_config"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,28 @@ def register_model(name: str, family: str, config_cls: type, builder: Callable[[
     _FAMILIES[family] = (config_cls, builder)
 
 
+def current_fields(config_cls: type, values: Dict[str, Any]) -> Dict[str, Any]:
+    """``values`` (config fields by name) with each field's earlier name replaced by today's, as the config class
+    lists them in ``RENAMED`` (``{"shift_width": "token_shift"}``): checkpoints, bench variants and commands written
+    with an earlier name keep working. Both names at once is a ValueError."""
+    renamed = getattr(config_cls, "RENAMED", {})
+    out = dict(values)
+    for old, new in renamed.items():
+        if old in out:
+            if new in out:
+                raise ValueError(f"{old} is the earlier name of {config_cls.__name__}.{new}: give only {new}")
+            out[new] = out.pop(old)
+    return out
+
+
+def family_config(family: str) -> type:
+    """The model-config dataclass of a family (LMConfig, DiTConfig, …)."""
+    family = canonical_family(family)
+    if family not in _FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; known: {', '.join(sorted(_FAMILIES))}")
+    return _FAMILIES[family][0]
+
+
 def list_models(pattern: Optional[str] = None, family: Optional[str] = None) -> List[str]:
     """Registered preset names, optionally filtered by a glob pattern and a family."""
     family = None if family is None else canonical_family(family)
@@ -63,6 +85,7 @@ def model_config(name: str, **overrides: Any) -> Any:
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"unknown model {name!r}{hint} (see polymixer.models.list_models())")
     entry = _REGISTRY[name]
+    overrides = current_fields(entry.config_cls, overrides)
     valid = {f.name for f in dataclasses.fields(entry.config_cls)}
     bad = sorted(set(overrides) - valid)
     if bad:
@@ -74,11 +97,9 @@ def model_config(name: str, **overrides: Any) -> Any:
 def build_from_config(family: str, config: Union[Dict[str, Any], Any], device: Optional[Union[str, torch.device]] = None
                       ) -> nn.Module:
     """Rebuild a model of ``family`` from its config (a dataclass or the dict saved in a checkpoint)."""
-    family = canonical_family(family)
-    if family not in _FAMILIES:
-        raise ValueError(f"unknown model family {family!r}; known: {', '.join(sorted(_FAMILIES))}")
-    config_cls, builder = _FAMILIES[family]
+    config_cls, builder = family_config(family), _FAMILIES[canonical_family(family)][1]
     if isinstance(config, dict):
+        config = current_fields(config_cls, config)
         valid = {f.name for f in dataclasses.fields(config_cls)}
         bad = sorted(set(config) - valid)
         if bad:

@@ -106,7 +106,7 @@ class Family:
     # config fields of a model's own preset (value heads, shift width, …): every run variant of a model over these
     # (and the options' fields) is one of its forms, chosen on validation like the options — so a preset steered
     # by test figures is replaced by the form validation picks
-    tuned: Tuple[str, ...] = ()
+    tuned: Tuple[str, ...] = ()  # (shift_width: token_shift's earlier name, in the recorded runs' variants)
     # forms of the value PoM only, with their exact values (the gated value PoM, "+mixer=gated_value_pom": the value
     # PoM whose state forgets): offered like the options, so the value PoM is compared in its best form, and shown
     # "not run" where they were not
@@ -179,7 +179,8 @@ FAMILIES: Tuple[Family, ...] = (
     Family("language model", "lm", "val loss", "val_loss", False, "relative", "tiny-attention", "tiny-pom",
            "tiny-vpom", hybrids=("tiny-hybrid", "tiny-vhybrid"), best_target=0.02, all_target=0.10,
            guide="docs/lm.md", options=("+attention_shift=4",), shift_options=("+attention_shift=4",),
-           select="val_loss", tuned=("value_heads", "shift_width"), value_options=("+mixer=gated_value_pom",),
+           select="val_loss", tuned=("value_heads", "token_shift", "shift_width"),
+           value_options=("+mixer=gated_value_pom",),
            command="polymixer bench lm --parts quality --presets {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
                    "--out docs/bench"),
     RECALL,
@@ -194,7 +195,7 @@ FAMILIES: Tuple[Family, ...] = (
            best_target=1.10, all_target=1.15, guide="docs/image.md", select="fd_val",
            options=("+position=sincos_rope", "+attention_shift=2", "+position=sincos_rope+attention_shift=2"),
            shift_options=("+attention_shift=2", "+position=sincos_rope+attention_shift=2"),
-           tuned=("value_heads", "shift_width", "degree", "local_conv"),
+           tuned=("value_heads", "token_shift", "shift_width", "degree", "local_conv"),
            value_options=("+position=sincos_rope+mixer=gated_value_pom",),
            # the runs with a held-out 15% of the digits (a validation FD to choose on), in their own folder: the
            # runs in image.json trained on every digit and could only be chosen on the reported FD
@@ -216,7 +217,7 @@ FAMILIES: Tuple[Family, ...] = (
            options=("+date_rope=true", "+date_rope=true+date_rope_speed=0.3+date_rope_base=30",
                     "+date_rope=true+attention_shift=4"),
            shift_options=("+date_rope=true+attention_shift=4",), select="val_miou",
-           tuned=("value_heads", "shift_width", "expand", "degree"),
+           tuned=("value_heads", "token_shift", "shift_width", "expand", "degree"),
            value_options=("+date_rope=true+mixer=gated_value_pom",),
            command="polymixer bench eo --parts quality --quality-models {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
                    "--out docs/bench"),

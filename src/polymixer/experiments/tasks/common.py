@@ -18,6 +18,7 @@ from ..data.faults import DataCheckError, merge_bad
 from ...families import family as family_entry
 from ..commands import loader_module
 from ...models import list_models, model_config, preset_of
+from ...models.registry import current_fields
 from ..train.loop import Range
 
 __all__ = ["add_preset_argument", "check_preset", "add_data_check_argument", "check_dataset", "scan_dataset",
@@ -163,6 +164,7 @@ def _check_field(config_cls: type, name: str) -> Any:
     """The type hint of field ``name`` of ``config_cls``; a one-line ValueError suggesting the closest field (or
     listing them all when none is close)."""
     hints = _field_hints(config_cls)
+    name = next(iter(current_fields(config_cls, {name: None})))  # an earlier name of a field reads as today's
     if name not in hints:
         close = difflib.get_close_matches(name, list(hints), n=1)
         hint = f"did you mean {close[0]}?" if close else f"its fields: {', '.join(hints)}"
