@@ -187,6 +187,7 @@ def test_the_host_side_reads_nothing_back(mode, no_launch):
     and backward on both routes, programs of several chunks included, and the value PoM's packed modes in place — on
     meta tensors: reading any value back to the host would raise, so nothing synchronises."""
     from polymixer.ops.pom import make_call
+    from polymixer.ops.value_pom import value_call
 
     B, kw = MODES[mode]
     meta = lambda t: None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")  # noqa: E731
@@ -203,9 +204,7 @@ def test_the_host_side_reads_nothing_back(mode, no_launch):
             src = (None, x, w_in) if fused else (z, None, None)
             g, *saved = tk.mix(*src, coeff, bias, *args)
             tk.mix_backward(torch.empty_like(g), *src, coeff, bias, *args[:4], tk.Saved(*saved), *args[4:])
-        call = type("Call", (), {"args": (x, None, *(meta(t) for t in value.value_weights())),
-                                 "kwargs": dict(heads=2, **kwm)})()
-        vk.forward(call)
+        vk.forward(value_call(x, None, *(meta(t) for t in value.value_weights()), heads=2, **kwm))
     want = {"_sums_kernel", "_scan_kernel", "_apply_kernel", "_grad_sums_kernel", "_grad_apply_kernel"}
     assert want <= set(no_launch), set(no_launch)
 

@@ -12,6 +12,7 @@ PoM are in tests/test_triton.py and tests/test_kernel_ops.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import List, Optional
 
@@ -21,7 +22,7 @@ import torch
 pytest.importorskip("triton")
 
 from polymixer.ops import triton_common as tc  # noqa: E402
-from polymixer.ops.value_pom import ValueCall  # noqa: E402
+from polymixer.ops.value_pom import ValueCall, value_call  # noqa: E402
 from polymixer.ops.value_pom import triton_kernels as vk  # noqa: E402
 
 SLOW = pytest.mark.slow
@@ -254,10 +255,12 @@ def test_tiles_per_dtype_and_the_forced_small_ones(monkeypatch):
 
 
 def _call(x) -> ValueCall:
+    """A validated causal call of 2 heads, its input then swapped for ``x`` (a stand-in for a CUDA tensor)."""
     D, dv, d = 16, 8, 8
     w = lambda *s: torch.zeros(*s)  # noqa: E731
-    return ValueCall((x, None, w(2 * D + dv + dv, d), w(dv), w(D, 2), w(D, 2), None, w(dv), w(d, dv)),
-                     dict(heads=2, causal=True))
+    call = value_call(torch.zeros(1, 20, d), None, w(2 * D + dv + dv, d), w(dv), w(D, 2), w(D, 2), None, w(dv),
+                      w(d, dv), heads=2, causal=True)
+    return dataclasses.replace(call, x=x)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ fused CPU form, the Triton kernels) behind one dispatcher.
 
     ops.pom: pom / pom_step                   the Polynomial Mixer, parallel (every mode) and streaming
     ops.value_pom: value_pom / value_pom_step the value-carrying PoM
+    ops.value_pom.gated: gated_value_pom(_step)  the value PoM with a decay per head
     backend("triton") / backend_for(...)      choose a backend explicitly / ask which one a call gets
 
 (``polymixer.functional.pom`` and ``polymixer.values.value_pom`` are the same functions; ``ops.pom`` and
@@ -16,8 +17,10 @@ oracles in :mod:`polymixer.ops.reference`.
 from .common import (
     ACTIVATIONS,
     GATES,
+    ROPE_BASE,
     ActivationLike,
     CuSeqlens,
+    Mixing,
     activation,
     batch_packed,
     check_cu_seqlens,
@@ -34,16 +37,18 @@ from . import pom, value_pom  # the ops' packages (registering their backends)
 __all__ = ["pom", "value_pom", "backend", "backend_for", "current_backend",
            "disabled_backends", "BACKENDS", "ACTIVATIONS", "GATES", "ActivationLike", "CuSeqlens", "activation",
            "gate_fn", "poly_features", "cumsum", "aggregate", "gate_mix", "rope_angles", "rotate", "check_cu_seqlens",
-           "check_mix_inputs", "batch_packed", "documents_cu_seqlens"]
+           "check_mix_inputs", "batch_packed", "documents_cu_seqlens", "Mixing", "ROPE_BASE"]
 
 
 def backend_for(op: str, *args: object, **kwargs: object) -> dict:
-    """Which backend ``op`` ("pom" or "value_pom") would run these arguments on, and why the others were passed
-    over: {"backend", "explicit", "passed_over": {backend: reason}, and for a Triton route taken automatically the
-    speed rule that decided — "rule" ("table entry", "model" or "no measurement", :mod:`polymixer.ops.measured`) and
-    "reason"}."""
+    """Which backend ``op`` ("pom", "value_pom" or "gated_value_pom") would run these arguments on, and why the
+    others were passed over: {"backend", "explicit", "passed_over": {backend: reason}, and for a Triton route taken
+    automatically the speed rule that decided — "rule" ("table entry", "model" or "no measurement",
+    :mod:`polymixer.ops.measured`) and "reason"}."""
     if op == "pom":
         return pom.backend_for(*args, **kwargs)
     if op == "value_pom":
         return value_pom.backend_for(*args, **kwargs)
-    raise ValueError(f"unknown op {op!r}; backend_for knows 'pom' and 'value_pom'")
+    if op == "gated_value_pom":
+        return value_pom.gated.backend_for(*args, **kwargs)
+    raise ValueError(f"unknown op {op!r}; backend_for knows 'pom', 'value_pom' and 'gated_value_pom'")

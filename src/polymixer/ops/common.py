@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import torch
@@ -23,7 +24,7 @@ __all__ = ["ActivationLike", "CuSeqlens", "ACTIVATIONS", "GATES", "GATES_INPLACE
            "check_cu_seqlens",
            "segments", "documents_cu_seqlens", "rope_angles", "rotate", "check_tokens", "check_bool_mask",
            "check_positions", "default_positions", "batch_packed", "check_mix_inputs", "packed_local_positions",
-           "triton_precheck", "triton_possible"]
+           "triton_precheck", "triton_possible", "ROPE_BASE", "Mixing"]
 
 # ----------------------------------------------------------------------------------------------------------------
 # Elementwise non-linearities: forward and closed-form derivative, so that custom backwards can recompute cheaply.
@@ -204,12 +205,67 @@ def documents_cu_seqlens(idx: Tensor, sep_token: int) -> Tuple[Tensor, Tensor]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# The mode of a call: one object for the keywords every op shares
+# ----------------------------------------------------------------------------------------------------------------
+
+ROPE_BASE = 10000.0  # the rotary frequency base of every op (RoFormer's, the language models' default)
+
+
+@dataclass(frozen=True, eq=False)
+class Mixing:
+    """The mode keywords every mixing op shares (``pom``, ``value_pom``, the gated value PoM, their streaming steps
+    and the float64 oracles), as the user passed them: which context tokens each query sees (``causal``,
+    ``block_size``, ``mask`` (B, N) key padding or (B, M, N) general, ``cu_seqlens`` packed offsets), where tokens sit
+    for rotary positions (``positions``, ``context_positions``, ``rope`` None / "1d" / "2d", ``rope_base``) and how
+    features are made and read (``activation``, ``gate``, ``reduction`` "mean" / "sum").
+
+    Each public function keeps these as keywords (a drop-in API), builds one ``Mixing`` at its top and hands it down,
+    so the defaults live here once. A streaming step uses the same object (its ``causal`` defaults to True there;
+    ``block_size``, ``cu_seqlens`` and ``context_positions`` stay None)."""
+
+    causal: bool = False
+    block_size: Optional[int] = None
+    mask: Optional[Tensor] = None
+    cu_seqlens: Optional[CuSeqlens] = None
+    positions: Optional[Tensor] = None
+    context_positions: Optional[Tensor] = None
+    activation: ActivationLike = "leaky_clamp"
+    gate: ActivationLike = "hardsigmoid"
+    reduction: str = "mean"
+    rope: Optional[str] = None
+    rope_base: float = ROPE_BASE
+
+    @property
+    def two_d(self) -> bool:
+        """Whether positions are (row, col) pairs (2-D rotary)."""
+        return self.rope == "2d"
+
+    def check(self) -> None:
+        """Refuse a rotary kind, reduction, activation or gate that no op knows (ValueError naming it); the masks
+        and offsets are checked against the tensors by :func:`check_mix_inputs`."""
+        if self.rope not in (None, "1d", "2d"):
+            raise ValueError(f"rope must be None, '1d' or '2d', got {self.rope!r}")
+        if self.reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction must be 'mean' or 'sum', got {self.reduction!r}")
+        resolve(ACTIVATIONS, self.activation, "activation")
+        resolve(GATES, self.gate, "gate")
+
+    def with_(self, **changes: Any) -> "Mixing":
+        """A copy with ``changes`` (e.g. the masks and positions of packed sequences laid out one row each)."""
+        return replace(self, **changes)
+
+    def mode(self) -> str:
+        """"block-causal", "causal" or "full", for messages."""
+        return "block-causal" if self.block_size else "causal" if self.causal else "full"
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Rotary positions
 # ----------------------------------------------------------------------------------------------------------------
 
 
 def rope_angles(
-    positions: Tensor, dim: int, base: float = 10000.0, two_d: bool = False, dtype: torch.dtype = torch.float32
+    positions: Tensor, dim: int, base: float = ROPE_BASE, two_d: bool = False, dtype: torch.dtype = torch.float32
 ) -> Tuple[Tensor, Tensor]:
     """cos / sin of the rotation angles for ``dim`` channels paired (k, k + dim/2).
 

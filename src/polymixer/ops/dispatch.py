@@ -1,7 +1,10 @@
 """One op, several backends: which implementation runs a call, and how a user chooses.
 
-Each op (``pom``, ``pom_step``, ``value_pom``, ``value_pom_step``) has backends side by side, each a module with
-``supports(call) -> None | str`` (None when it can take the call, else the reason it cannot) and ``forward(call)``:
+Each op (``pom``, ``pom_step``, ``value_pom``, ``value_pom_step``, ``gated_value_pom``, ``gated_value_pom_step``)
+has a front end that validates a call once into a typed call object (:class:`polymixer.ops.pom.PomCall`,
+:class:`polymixer.ops.value_pom.ValueCall`, …; the mode keywords as one :class:`polymixer.ops.common.Mixing`) and
+backends side by side, each a module with ``supports(call) -> None | str`` (None when it can take the call, else the
+reason it cannot) and ``forward(call)``; a backend never calls another one (what they share is a module of its own):
 
 * ``reference`` — the float64 oracle, the paper's formula literally (an explicit visibility matrix: O(M·N));
 * ``torch`` — the device-agnostic modular form (every device, every mode, ``torch.compile``);

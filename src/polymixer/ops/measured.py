@@ -169,10 +169,10 @@ def case_of(op: str, call: Any) -> Case:
         train = _differentiated((x, call.in_weight, call.coeff, call.gate_bias))
         gate_head = _pow2_at_least(call.D // call.Ds)
     else:
-        mode = mode_class(bool(call.get("causal", False)), call.get("block_size"), call.get("cu_seqlens") is not None,
-                          call.get("rope"))
-        B, N = (x.shape[0], x.shape[1]) if x.dim() == 3 else (1, x.shape[0])
-        train = _differentiated(tuple(call.args) + tuple(call.kwargs.values()))
+        m = call.mixing
+        mode = mode_class(bool(m.causal), m.block_size, call.cu_k is not None, m.rope)
+        B, N = call.B, call.N
+        train = _differentiated(call.tensors())
         gate_head = 1
     return Case(op, x.device.type, x.device.index, mode, size_bucket(N), size_bucket(B * N),
                 dtype_name(_kernel_dtype(x)), PASSES[1] if train else PASSES[0], gate_head)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .common import activation as activation_fn
-from .common import gate_fn
+from .common import ROPE_BASE, gate_fn
 
 __all__ = ["visibility", "reference_pom", "reference_value_pom", "shift_validity", "reference_attention"]
 
@@ -125,7 +125,7 @@ def reference_pom(
     gate: str = "hardsigmoid",
     reduction: str = "mean",
     rope: Optional[str] = None,
-    rope_base: float = 10000.0,
+    rope_base: float = ROPE_BASE,
     positions: Optional[Tensor] = None,
     context_positions: Optional[Tensor] = None,
 ) -> Tensor:
@@ -189,7 +189,7 @@ def reference_value_pom(
     gate: str = "hardsigmoid",
     reduction: str = "mean",
     rope: Optional[str] = None,
-    rope_base: float = 10000.0,
+    rope_base: float = ROPE_BASE,
     positions: Optional[Tensor] = None,
     context_positions: Optional[Tensor] = None,
     eps: float = 1e-6,

@@ -8,14 +8,14 @@ picks (:mod:`polymixer.ops.dispatch`): ``reference`` (float64 oracle), ``torch``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 from torch import Tensor
 
 from .. import dispatch, parallel
-from ..common import ACTIVATIONS, GATES, ActivationLike, CuSeqlens, batch_packed, check_mix_inputs, resolve
+from ..common import ROPE_BASE, ActivationLike, CuSeqlens, Mixing, batch_packed, check_mix_inputs
 
-__all__ = ["PomCall", "make_call", "pom", "pom_step", "backend_for"]
+__all__ = ["PomCall", "make_call", "make_pom_call", "PomStepCall", "pom", "pom_step", "backend_for"]
 
 
 @dataclass
@@ -29,22 +29,25 @@ class PomCall:
     coeff: Tensor  # (D, k)
     out_weight: Tensor  # (d, D)
     out_bias: Optional[Tensor]
+    mixing: Mixing  # the mode keywords as given (the masks and offsets normalised below)
     key_mask: Optional[Tensor]  # (B, N) bool
     mask: Optional[Tensor]  # (B, M, N) bool, general visibility
-    causal: bool
-    block_size: Optional[int]
     cu_q: Optional[Tensor]  # packed queries of cross-mixing (None: self-mixing packed, or no packing)
     cu_k: Optional[Tensor]  # packed context offsets
-    positions: Optional[Tensor]
-    context_positions: Optional[Tensor]
-    activation: ActivationLike
-    gate: ActivationLike
-    reduction: str
-    rope: Optional[str]
-    rope_base: float
     B: int
     M: int
     N: int
+
+    # the mode, read from ``mixing`` (the backends read these names)
+    causal = property(lambda self: self.mixing.causal)
+    block_size = property(lambda self: self.mixing.block_size)
+    positions = property(lambda self: self.mixing.positions)
+    context_positions = property(lambda self: self.mixing.context_positions)
+    activation = property(lambda self: self.mixing.activation)
+    gate = property(lambda self: self.mixing.gate)
+    reduction = property(lambda self: self.mixing.reduction)
+    rope = property(lambda self: self.mixing.rope)
+    rope_base = property(lambda self: self.mixing.rope_base)
 
     @property
     def self_mix(self) -> bool:
@@ -60,8 +63,7 @@ class PomCall:
 
     def describe(self) -> str:
         """The call in words, for messages: mode, packing, masks, rotary, dtype and device."""
-        mode = "block-causal" if self.block_size else "causal" if self.causal else "full"
-        parts = [mode, "self-mixing" if self.self_mix else "cross-mixing"]
+        parts = [self.mixing.mode(), "self-mixing" if self.self_mix else "cross-mixing"]
         if self.cu_k is not None:
             parts.append("packed")
         if self.key_mask is not None:
@@ -79,25 +81,32 @@ def make_call(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias
               causal: bool = False, block_size: Optional[int] = None, cu_seqlens: Optional[CuSeqlens] = None,
               positions: Optional[Tensor] = None, context_positions: Optional[Tensor] = None,
               activation: ActivationLike = "leaky_clamp", gate: ActivationLike = "hardsigmoid",
-              reduction: str = "mean", rope: Optional[str] = None, rope_base: float = 10000.0
+              reduction: str = "mean", rope: Optional[str] = None, rope_base: float = ROPE_BASE
               ) -> Tuple[PomCall, bool]:
     """Validate a call of :func:`pom` and normalise it: (call, whether a 2-D packed input must lose its batch dim)."""
+    mixing = Mixing(causal=causal, block_size=block_size, mask=mask, cu_seqlens=cu_seqlens, positions=positions,
+                    context_positions=context_positions, activation=activation, gate=gate, reduction=reduction,
+                    rope=rope, rope_base=float(rope_base))
+    return make_pom_call(x, context, (in_weight, gate_bias, coeff, out_weight, out_bias), mixing)
+
+
+def make_pom_call(x: Tensor, context: Optional[Tensor], weights: Tuple[Tensor, Tensor, Tensor, Tensor,
+                  Optional[Tensor]], mixing: Mixing) -> Tuple[PomCall, bool]:
+    """:func:`make_call` with the mode as one :class:`~polymixer.ops.common.Mixing` and the weights (in_weight,
+    gate_bias, coeff, out_weight, out_bias) as one tuple."""
+    in_weight, gate_bias, coeff, out_weight, out_bias = weights
     d = out_weight.shape[0]
     D = coeff.shape[0]
     Ds = in_weight.shape[0] - D
     if Ds <= 0 or D % Ds != 0:
         raise ValueError(f"in_weight of shape {tuple(in_weight.shape)} does not stack W_h ({D} rows) over W_s")
-    if rope not in (None, "1d", "2d"):
-        raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-    resolve(ACTIVATIONS, activation, "activation")
-    resolve(GATES, gate, "gate")
-    x, context, squeeze = batch_packed(x, context, cu_seqlens)
-    B, M, N, key_mask, general, cu_q, cu_k = check_mix_inputs(x, context, d, mask, causal, block_size, cu_seqlens)
-    call = PomCall(x, context, in_weight, gate_bias, coeff, out_weight, out_bias, key_mask, general, causal,
-                   block_size, cu_q, cu_k, positions, context_positions, activation, gate, reduction, rope,
-                   float(rope_base), B, M, N)
+    mixing.check()
+    m = mixing
+    x, context, squeeze = batch_packed(x, context, m.cu_seqlens)
+    B, M, N, key_mask, general, cu_q, cu_k = check_mix_inputs(x, context, d, m.mask, m.causal, m.block_size,
+                                                              m.cu_seqlens)
+    call = PomCall(x, context, in_weight, gate_bias, coeff, out_weight, out_bias, mixing, key_mask, general, cu_q,
+                   cu_k, B, M, N)
     return call, squeeze
 
 
@@ -120,7 +129,7 @@ def pom(
     gate: ActivationLike = "hardsigmoid",
     reduction: str = "mean",
     rope: Optional[str] = None,
-    rope_base: float = 10000.0,
+    rope_base: float = ROPE_BASE,
 ) -> Tensor:
     """The Polynomial Mixer: ``y = W_o (gate(W_s x + b) ⊙ agg_visible(poly(act(W_h c))))``, on the backend the
     dispatcher picks (see :mod:`polymixer.ops.dispatch`).
@@ -141,13 +150,14 @@ def pom(
     Returns:
         (B, M, d) — or (T, d) when a 2-D packed input was given.
     """
-    kw = dict(mask=mask, causal=causal, block_size=block_size, cu_seqlens=cu_seqlens, positions=positions,
-              context_positions=context_positions, activation=activation, gate=gate, reduction=reduction, rope=rope,
-              rope_base=rope_base)
+    mixing = Mixing(causal=causal, block_size=block_size, mask=mask, cu_seqlens=cu_seqlens, positions=positions,
+                    context_positions=context_positions, activation=activation, gate=gate, reduction=reduction,
+                    rope=rope, rope_base=float(rope_base))
+    weights = (in_weight, gate_bias, coeff, out_weight, out_bias)
     cp = parallel.active()
     if cp is not None:  # this rank's slice of every sequence (polymixer.context_parallel)
-        return _split_call(cp, x, context, in_weight, gate_bias, coeff, out_weight, out_bias, kw)[0]
-    call, squeeze = make_call(x, context, in_weight, gate_bias, coeff, out_weight, out_bias, **kw)
+        return _split_call(cp, x, context, weights, mixing)[0]
+    call, squeeze = make_pom_call(x, context, weights, mixing)
     y = dispatch.choose("pom", call).forward(call)
     return y.squeeze(0) if squeeze else y
 
@@ -156,29 +166,37 @@ def pom_step(x: Tensor, state_sum: Tensor, state_count: Tensor, state_offset: Te
              gate_bias: Tensor, coeff: Tensor, out_weight: Tensor, out_bias: Optional[Tensor] = None, *,
              causal: bool = True, mask: Optional[Tensor] = None, positions: Optional[Tensor] = None,
              activation: ActivationLike = "leaky_clamp", gate: ActivationLike = "hardsigmoid",
-             reduction: str = "mean", rope: Optional[str] = None, rope_base: float = 10000.0
+             reduction: str = "mean", rope: Optional[str] = None, rope_base: float = ROPE_BASE
              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Streaming PoM: consume a chunk given the running (sum, count, offset) of everything seen before; see
-    :func:`polymixer.ops.pom.modular_step.forward`. Returns (y, new_sum, new_count, new_offset)."""
+    :func:`polymixer.ops.pom.modular_step.step`. Returns (y, new_sum, new_count, new_offset)."""
+    mixing = Mixing(causal=causal, mask=mask, positions=positions, activation=activation, gate=gate,
+                    reduction=reduction, rope=rope, rope_base=float(rope_base))
+    weights = (in_weight, gate_bias, coeff, out_weight, out_bias)
     cp = parallel.active()
     if cp is not None:  # a context-parallel prefill: each rank's slice, the state after it (the last rank: all)
         if not causal:
             raise ValueError("pom_step under context_parallel streams causally only (frames are not split)")
-        kw = dict(mask=mask, causal=True, positions=positions, activation=activation, gate=gate,
-                  reduction=reduction, rope=rope, rope_base=rope_base)
-        y, (s, c), n_total = _split_call(cp, x, None, in_weight, gate_bias, coeff, out_weight, out_bias, kw,
-                                         (state_sum, state_count, state_offset))
+        y, (s, c), n_total = _split_call(cp, x, None, weights, mixing, (state_sum, state_count, state_offset))
         return y, s.to(state_sum.dtype), c.to(state_count.dtype), state_offset + n_total
-    call: Dict[str, Any] = dict(x=x, state_sum=state_sum, state_count=state_count, state_offset=state_offset,
-                                in_weight=in_weight, gate_bias=gate_bias, coeff=coeff, out_weight=out_weight,
-                                out_bias=out_bias, causal=causal, mask=mask, positions=positions,
-                                activation=activation, gate=gate, reduction=reduction, rope=rope,
-                                rope_base=rope_base)
+    call = PomStepCall(x, state_sum, state_count, state_offset, weights, mixing)
     return dispatch.choose("pom_step", call).forward(call)
 
 
-def _split_call(cp: "parallel.ContextParallel", x: Tensor, context: Optional[Tensor], in_weight: Tensor,
-                gate_bias: Tensor, coeff: Tensor, out_weight: Tensor, out_bias: Optional[Tensor], kw: Dict[str, Any],
+class PomStepCall(NamedTuple):
+    """A streaming PoM call as its backend receives it: the chunk, the running state, the weights (in_weight,
+    gate_bias, coeff, out_weight, out_bias) and the mode (checked by the backend against the state's shapes)."""
+
+    x: Tensor
+    state_sum: Tensor
+    state_count: Tensor
+    state_offset: Tensor
+    weights: Tuple[Tensor, Tensor, Tensor, Tensor, Optional[Tensor]]
+    mixing: Mixing
+
+
+def _split_call(cp: "parallel.ContextParallel", x: Tensor, context: Optional[Tensor],
+                weights: Tuple[Tensor, Tensor, Tensor, Tensor, Optional[Tensor]], mixing: Mixing,
                 state: Optional[Tuple[Tensor, Tensor, Tensor]] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor], int]:
     """A call under context parallelism: validated here, refused alike on every rank (never a hang), mixed by
     :mod:`polymixer.ops.pom.context_parallel`. Returns (y, the (sum, count) after this slice, the global length)."""
@@ -186,7 +204,7 @@ def _split_call(cp: "parallel.ContextParallel", x: Tensor, context: Optional[Ten
 
     problem, call = None, None
     try:
-        call, squeeze = make_call(x, context, in_weight, gate_bias, coeff, out_weight, out_bias, **kw)
+        call, squeeze = make_pom_call(x, context, weights, mixing)
         if squeeze:
             problem = "packed sequences (cu_seqlens) cannot be split across ranks"
     except (ValueError, TypeError) as e:

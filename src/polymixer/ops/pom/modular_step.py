@@ -3,25 +3,27 @@ of everything seen before — O(D) state per sequence, O(1) per decoded token.""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..common import ActivationLike, check_bool_mask, check_positions, check_tokens, rope_angles, rotate
+from ..common import (ROPE_BASE, ActivationLike, Mixing, check_bool_mask, check_positions, check_tokens, rope_angles,
+                      rotate)
 from ..features import cumsum, gate_mix, poly_features, safe_inverse
 
-__all__ = ["supports", "forward", "step"]
+__all__ = ["supports", "forward", "step", "run"]
 
 
-def supports(call: Dict[str, Any]) -> Optional[str]:
+def supports(call: Any) -> Optional[str]:
     """Every call."""
     return None
 
 
-def forward(call: Dict[str, Any]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    return step(**call)
+def forward(call: Any) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Run a :class:`polymixer.ops.pom.PomStepCall`."""
+    return run(call.x, call.state_sum, call.state_count, call.state_offset, call.weights, call.mixing)
 
 
 def step(
@@ -42,7 +44,7 @@ def step(
     gate: ActivationLike = "hardsigmoid",
     reduction: str = "mean",
     rope: Optional[str] = None,
-    rope_base: float = 10000.0,
+    rope_base: float = ROPE_BASE,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Streaming PoM: consume a chunk given the running (sum, count, offset) of everything seen before.
 
@@ -56,6 +58,19 @@ def step(
     Returns:
         (y (B, T, d), new_sum, new_count, new_offset).
     """
+    mixing = Mixing(causal=causal, mask=mask, positions=positions, activation=activation, gate=gate,
+                    reduction=reduction, rope=rope, rope_base=float(rope_base))
+    return run(x, state_sum, state_count, state_offset, (in_weight, gate_bias, coeff, out_weight, out_bias), mixing)
+
+
+def run(x: Tensor, state_sum: Tensor, state_count: Tensor, state_offset: Tensor,
+        weights: Tuple[Tensor, Tensor, Tensor, Tensor, Optional[Tensor]], mixing: Mixing
+        ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`step` with the weights (in_weight, gate_bias, coeff, out_weight, out_bias) as one tuple and the mode
+    as one :class:`~polymixer.ops.common.Mixing`."""
+    in_weight, gate_bias, coeff, out_weight, out_bias = weights
+    causal, mask, positions, rope = mixing.causal, mixing.mask, mixing.positions, mixing.rope
+    activation, gate, reduction, rope_base = mixing.activation, mixing.gate, mixing.reduction, mixing.rope_base
     d = out_weight.shape[0]
     D = coeff.shape[0]
     check_tokens(x, d, "x")

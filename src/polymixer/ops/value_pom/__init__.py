@@ -1,80 +1,145 @@
 """The value-carrying PoM as an op with several backends: :func:`value_pom` (parallel, every mode) and
-:func:`value_pom_step` (streaming). See :mod:`polymixer.ops.value_pom.modular` for the math."""
+:func:`value_pom_step` (streaming); the gated form (a decay per head) is :mod:`polymixer.ops.value_pom.gated`.
+
+The front end validates a call once (:func:`make_value_call`, :mod:`polymixer.ops.value_pom.call`), normalises it
+into a :class:`ValueCall` and hands it to the backend the dispatcher picks (:mod:`polymixer.ops.dispatch`):
+``reference`` (float64 oracle), ``torch`` (:mod:`~polymixer.ops.value_pom.modular`, every device and mode),
+``triton`` (:mod:`~polymixer.ops.value_pom.triton_kernels`, GPU kernels of the mixing). The backends share the
+feature maps and the readout (:mod:`polymixer.ops.value_pom.features`) and differ only in the mixing.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 from torch import Tensor
 
 from .. import dispatch, parallel
+from ..common import ROPE_BASE, ActivationLike, CuSeqlens, Mixing
+from .call import StepCall, ValueCall, make_step_call, make_value_call
+from .features import CHUNK
 
-__all__ = ["ValueCall", "value_pom", "value_pom_step", "backend_for"]
-
-
-@dataclass
-class ValueCall:
-    """A value-PoM call as its backends receive it: the arguments of :func:`value_pom` and what they ask for."""
-
-    args: Tuple[Any, ...]
-    kwargs: Dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def x(self) -> Tensor:
-        return self.args[0]
-
-    @property
-    def context(self) -> Optional[Tensor]:
-        return self.args[1]
-
-    @property
-    def self_mix(self) -> bool:
-        return self.context is None
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self.kwargs.get(name, default)
-
-    def describe(self) -> str:
-        mode = "block-causal" if self.get("block_size") else "causal" if self.get("causal") else "full"
-        parts = [mode, "self-mixing" if self.self_mix else "cross-mixing"]
-        mask = self.get("mask")
-        if mask is not None:
-            parts.append("key padding" if mask.dim() == 2 else "(B, M, N) mask")
-        if self.get("cu_seqlens") is not None:
-            parts.append("packed")
-        if self.get("rope"):
-            parts.append(f"{self.get('rope')} rotary")
-        parts.append(f"{self.x.dtype} on {self.x.device.type}")
-        return ", ".join(parts)
+__all__ = ["ValueCall", "StepCall", "make_value_call", "value_call", "value_pom", "value_pom_step", "backend_for",
+           "gated_value_pom", "gated_value_pom_step"]
 
 
-def value_pom(*args: Any, **kwargs: Any) -> Tensor:
-    """The value-carrying PoM (arguments of :func:`polymixer.ops.value_pom.modular.value_pom`) on the backend the
-    dispatcher picks."""
+def value_call(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias: Tensor, coeff: Tensor,
+               coeff_q: Tensor, shift_weight: Optional[Tensor], norm_weight: Tensor, out_weight: Tensor,
+               out_bias: Optional[Tensor] = None, *, heads: int = 1, mask: Optional[Tensor] = None,
+               causal: bool = False, block_size: Optional[int] = None, cu_seqlens: Optional[CuSeqlens] = None,
+               positions: Optional[Tensor] = None, context_positions: Optional[Tensor] = None,
+               activation: ActivationLike = "leaky_clamp", gate: ActivationLike = "hardsigmoid",
+               reduction: str = "mean", rope: Optional[str] = None, rope_base: float = ROPE_BASE,
+               chunk: int = CHUNK) -> ValueCall:
+    """The validated :class:`ValueCall` of :func:`value_pom`'s arguments (what its backends receive)."""
+    mixing = Mixing(causal=causal, block_size=block_size, mask=mask, cu_seqlens=cu_seqlens, positions=positions,
+                    context_positions=context_positions, activation=activation, gate=gate, reduction=reduction,
+                    rope=rope, rope_base=float(rope_base))
+    weights = (in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight, out_bias)
+    return make_value_call(x, context, weights, mixing, heads, chunk)
+
+
+def value_pom(
+    x: Tensor,
+    context: Optional[Tensor],
+    in_weight: Tensor,
+    gate_bias: Tensor,
+    coeff: Tensor,
+    coeff_q: Tensor,
+    shift_weight: Optional[Tensor],
+    norm_weight: Tensor,
+    out_weight: Tensor,
+    out_bias: Optional[Tensor] = None,
+    *,
+    heads: int = 1,
+    mask: Optional[Tensor] = None,
+    causal: bool = False,
+    block_size: Optional[int] = None,
+    cu_seqlens: Optional[CuSeqlens] = None,
+    positions: Optional[Tensor] = None,
+    context_positions: Optional[Tensor] = None,
+    activation: ActivationLike = "leaky_clamp",
+    gate: ActivationLike = "hardsigmoid",
+    reduction: str = "mean",
+    rope: Optional[str] = None,
+    rope_base: float = ROPE_BASE,
+    chunk: int = CHUNK,
+) -> Tensor:
+    """The value-carrying PoM (see :mod:`polymixer.ops.value_pom.modular`) with every mode keyword of
+    :func:`polymixer.functional.pom`, on the backend the dispatcher picks.
+
+    Args:
+        in_weight: (2D + dv + Ds, d), W_k over W_v over W_q over W_s. Self-mixing does one matrix product.
+        coeff / coeff_q: (D, k) polynomial coefficients of the keys / queries.
+        shift_weight: (W, D + dv) weights of the current and the W − 1 previous tokens in the key / value
+            projections (a causal depthwise convolution; W = 2: the token shift), or None (no token shift).
+        norm_weight: (dv,) gain of the per-head RMSNorm of the readout.
+        out_weight: (d, dv); heads: H, which splits D and dv (state D·dv/H floats per sequence).
+        chunk: tokens per chunk of the (block-)causal form.
+
+    Returns:
+        (B, M, d), or (T, d) for a 2-D packed input.
+    """
+    mixing = Mixing(causal=causal, block_size=block_size, mask=mask, cu_seqlens=cu_seqlens, positions=positions,
+                    context_positions=context_positions, activation=activation, gate=gate, reduction=reduction,
+                    rope=rope, rope_base=float(rope_base))
+    weights = (in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight, out_bias)
     cp = parallel.active()
     if cp is not None:  # this rank's slice of every sequence (polymixer.context_parallel)
         from .context_parallel import forward as split_forward
 
-        return split_forward(args, kwargs, cp)
-    call = ValueCall(args, kwargs)
+        return split_forward(x, context, weights, mixing, heads, chunk, cp)
+    call = make_value_call(x, context, weights, mixing, heads, chunk)
     return dispatch.choose("value_pom", call).forward(call)
 
 
-def value_pom_step(*args: Any, **kwargs: Any) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Streaming value-carrying PoM (arguments of :func:`polymixer.ops.value_pom.modular.value_pom_step`)."""
+def value_pom_step(
+    x: Tensor,
+    state: Tensor,
+    count: Tensor,
+    offset: Tensor,
+    prev: Tensor,
+    in_weight: Tensor,
+    gate_bias: Tensor,
+    coeff: Tensor,
+    coeff_q: Tensor,
+    shift_weight: Optional[Tensor],
+    norm_weight: Tensor,
+    out_weight: Tensor,
+    out_bias: Optional[Tensor] = None,
+    *,
+    heads: int = 1,
+    causal: bool = True,
+    mask: Optional[Tensor] = None,
+    positions: Optional[Tensor] = None,
+    activation: ActivationLike = "leaky_clamp",
+    gate: ActivationLike = "hardsigmoid",
+    reduction: str = "mean",
+    rope: Optional[str] = None,
+    rope_base: float = ROPE_BASE,
+    chunk: int = CHUNK,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Streaming: consume a chunk (B, T, d) given the state of everything before it.
+
+    ``state`` (B, H, D_h, dv_h) and ``count`` (B,) are the running sums, ``offset`` (B,) the stream index of the next
+    token, ``prev`` (B, W − 1, D + dv) the last tokens' key / value projections (for the token shift of width W).
+    ``causal=False`` makes the chunk one block (block-causal streaming). Returns (y, state, count, offset, prev).
+    """
+    mixing = Mixing(causal=causal, mask=mask, positions=positions, activation=activation, gate=gate,
+                    reduction=reduction, rope=rope, rope_base=float(rope_base))
+    weights = (in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight, out_bias)
     cp = parallel.active()
     if cp is not None:  # a context-parallel prefill: the state after each rank's slice (the last rank: all)
         from .context_parallel import step as split_step
 
-        return split_step(args, kwargs, cp)
-    call = ValueCall(args, kwargs)
+        return split_step(x, (state, count, offset, prev), weights, mixing, heads, chunk, cp)
+    call = make_step_call(x, state, count, offset, prev, weights, mixing, heads, chunk)
     return dispatch.choose("value_pom_step", call).forward(call)
 
 
 def backend_for(*args: Any, **kwargs: Any) -> Dict[str, Any]:
     """Which backend :func:`value_pom` would run these arguments on, and why the others were passed over."""
-    return dispatch.backend_for("value_pom", ValueCall(args, kwargs))
+    return dispatch.backend_for("value_pom", value_call(*args, **kwargs))
 
 
 # the backends of value_pom and value_pom_step: the kernels imported with the package wherever they could run (a GPU
@@ -89,3 +154,5 @@ dispatch.register("value_pom", "torch", modular)
 dispatch.register("value_pom", "triton", "polymixer.ops.value_pom.triton_kernels", precheck=triton_precheck,
                   eager=triton_possible(), speed=measured.rule("value_pom", "triton"))
 dispatch.register("value_pom_step", "torch", modular_step)
+
+from .gated import gated_value_pom, gated_value_pom_step  # noqa: E402  (the gated op: registers its backends)

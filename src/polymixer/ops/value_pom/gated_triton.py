@@ -12,6 +12,10 @@ themselves: dq = scan(do, v, k), and dk, dv the same scan run backwards (the fli
 by one); the log-decays' gradient follows from dΛ_i = q_i · dq_i − k_i · dk_i (Λ = Σ g enters only as
 exp(Λ_i) on query i and exp(−Λ_j) on key j) by a reverse cumulative sum. bf16 / fp16 operands with fp32
 accumulation; exact in Triton's interpreter against the torch form (tests/test_gated_value_pom.py).
+
+As the ``triton`` backend of ``gated_value_pom`` (:func:`supports`, :func:`forward`) it runs the features and the
+readout every backend shares (:mod:`polymixer.ops.value_pom.features`) around its own scan; streaming steps keep
+the torch form (the kernels take no carried-in state).
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ from typing import Any, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..triton_common import dot_precision, launch, mma, offset64, pow2
+from ..triton_common import DTYPES, dot_precision, launch, mma, offset64, pow2
 from ..features import reverse_logs
+from .features import gated_features, mix_both_ways, readout
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-__all__ = ["triton_gated_scan", "CHUNK", "KERNELS", "aot_builds"]
+__all__ = ["triton_gated_scan", "CHUNK", "KERNELS", "aot_builds", "supports", "forward"]
 
 CHUNK = 64
 
@@ -184,6 +189,28 @@ def triton_gated_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Optional[
     if q.is_cuda:  # the chunk does not change the result: the one the kernels were built for (polymixer kernels)
         chunk = 64 if torch.cuda.get_device_capability(q.device)[0] >= 9 else 32
     return _GatedScan.apply(q, k, v, g.float(), seg, chunk), None
+
+
+def supports(call: Any) -> Optional[str]:
+    """fp32 / bf16 / fp16 tensors, a power-of-two chunk of at least 16 tokens, heads of at most 128 key channels
+    (``call``: a validated gated :class:`polymixer.ops.value_pom.call.ValueCall`; the device is checked before this
+    module is imported: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 with ``backend("triton")``)."""
+    if call.x.dtype not in DTYPES:
+        return f"{call.x.dtype} is not a kernel dtype (fp32, bf16, fp16)"
+    if call.chunk < 16 or call.chunk & (call.chunk - 1):
+        return f"a chunk of {call.chunk} tokens (the kernels take a power of two ≥ 16)"
+    if call.D // call.heads > 128:
+        return f"heads of {call.D // call.heads} key channels (the kernels take ≤ 128)"
+    return None
+
+
+def forward(call: Any) -> Tensor:
+    """Run a validated gated call: the shared features, both scans in the kernels, the shared readout."""
+    q, k, vh, g, zs, seq = gated_features(call)
+    o, _ = mix_both_ways(triton_gated_scan, q, k, vh, g, causal=call.mixing.causal,
+                         block_size=call.mixing.block_size, seq=seq, chunk=call.chunk)
+    y = readout(o, zs, call.gate_bias, call.norm_weight, call.out_weight, call.out_bias, call.mixing.gate)
+    return y.squeeze(0) if call.squeeze else y
 
 
 KERNELS = {"gated_states": _gstates_kernel, "gated_output": _goutput_kernel}

@@ -4,54 +4,40 @@ call's mode. O(M·N): for tests and checks, never chosen automatically."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from torch import Tensor
 
-from ..common import batch_packed, check_mix_inputs, packed_local_positions
+from ..common import packed_local_positions
 from ..reference import reference_value_pom, shift_validity, visibility
 
 __all__ = ["supports", "forward"]
 
-_ARGS = ("x", "context", "in_weight", "gate_bias", "coeff", "coeff_q", "shift_weight", "norm_weight", "out_weight",
-         "out_bias")
 
-
-def supports(call: object) -> Optional[str]:
+def supports(call: Any) -> Optional[str]:
     """Every call."""
     return None
 
 
-def forward(call) -> Tensor:  # call: polymixer.ops.value_pom.ValueCall
-    a = dict(zip(_ARGS, call.args))
-    a.setdefault("out_bias", None)
-    kw = dict(call.kwargs)
-    for name in _ARGS:
-        if name in kw:
-            a[name] = kw.pop(name)
-    cu = kw.pop("cu_seqlens", None)
-    x, context, squeeze = batch_packed(a["x"], a["context"], cu)
-    d = a["out_weight"].shape[0]
-    B, M, N, key_mask, general, cu_q, cu_k = check_mix_inputs(x, context, d, kw.pop("mask", None),
-                                                             kw.get("causal", False), kw.get("block_size"), cu)
-    vis = visibility(B, M, N, causal=kw.pop("causal", False), block_size=kw.pop("block_size", None),
-                     key_mask=key_mask, mask=general, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k).to(x.device)
-    shift = a["shift_weight"]
-    has_prev = shift_validity(B, N, key_mask, cu_k, lags=max(shift.shape[0] - 1, 1) if shift is not None else 1)
-    has_prev = has_prev.to(x.device)
-    kw.pop("chunk", None)
-    rope = kw.get("rope")
-    if rope is not None:
-        two_d = rope == "2d"
-        pos, cpos = kw.get("positions"), kw.get("context_positions")
-        if cpos is None and context is None:
+def forward(call: Any) -> Tensor:
+    """Run a validated :class:`polymixer.ops.value_pom.call.ValueCall` on the oracle, in float64, cast back."""
+    x, m = call.x, call.mixing
+    vis = visibility(call.B, call.M, call.N, causal=m.causal, block_size=m.block_size, key_mask=call.key_mask,
+                     mask=call.mask, cu_seqlens_q=call.cu_q, cu_seqlens_k=call.cu_k).to(x.device)
+    shift = call.shift_weight
+    lags = max(shift.shape[0] - 1, 1) if shift is not None else 1
+    has_prev = shift_validity(call.B, call.N, call.key_mask, call.cu_k, lags=lags).to(x.device)
+    pos, cpos = m.positions, m.context_positions
+    if m.rope is not None:
+        if cpos is None and call.self_mix:
             cpos = pos
         if cpos is None:
-            cpos = packed_local_positions(cu_k, N, x.device, two_d, "context_positions")
+            cpos = packed_local_positions(call.cu_k, call.N, x.device, m.two_d, "context_positions")
         if pos is None:
-            pos = packed_local_positions(cu_q if cu_q is not None else cu_k, M, x.device, two_d, "positions")
-        kw["positions"], kw["context_positions"] = pos, cpos
-    y = reference_value_pom(x, context, a["in_weight"], a["gate_bias"], a["coeff"], a["coeff_q"], a["shift_weight"],
-                            a["norm_weight"], a["out_weight"], a["out_bias"], vis, has_prev=has_prev, **kw)
+            cu = call.cu_q if call.cu_q is not None else call.cu_k
+            pos = packed_local_positions(cu, call.M, x.device, m.two_d, "positions")
+    y = reference_value_pom(x, call.context, *call.weights(), vis, heads=call.heads, has_prev=has_prev,
+                            activation=m.activation, gate=m.gate, reduction=m.reduction, rope=m.rope,
+                            rope_base=m.rope_base, positions=pos, context_positions=cpos)
     y = y.to(x.dtype)
-    return y.squeeze(0) if squeeze else y
+    return y.squeeze(0) if call.squeeze else y

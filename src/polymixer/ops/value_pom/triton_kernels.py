@@ -1,8 +1,9 @@
 """The ``triton`` backend of the value-carrying PoM: its mixing ``o_i = Σ_{j visible to i} (q_i · k_j) v_j`` per head
 in the chunked form of current linear-attention kernels (flash-linear-attention's ``chunk``), as PyTorch custom ops.
 
-The features (projections, token shift, polynomials, rotary) and the readout (mean, norm, gate, W_o) are the torch
-form's: without a GPU to measure it, nothing says fusing them into the kernels pays. The mixing cuts the tokens into
+The features (projections, token shift, polynomials, rotary) and the readout (mean, norm, gate, W_o) are those every
+backend shares (:mod:`polymixer.ops.value_pom.features`): without a GPU to measure it, nothing says fusing them into
+the kernels pays. This backend never calls the torch backend: only the mixing differs. The mixing cuts the tokens into
 chunks of C tokens (``CHUNK`` = 64 on sm_90, ``SM80_CHUNK`` = 32 before) and the channels of a head into blocks of up
 to 64 (32 where the states are fp32; :func:`launch_tiles` lists every tile), and every pass is parallel over chunks:
 
@@ -49,8 +50,6 @@ Not here (the torch form runs them, or an explicit ``backend("triton")`` raises)
 
 from __future__ import annotations
 
-import functools
-
 import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -73,7 +72,7 @@ from ..triton_common import (
     seg_add,
     sequence_of,
 )
-from . import modular
+from .features import full_mix, output, packed_features, row_features
 
 import triton  # noqa: E402  (triton_common raised a clear ImportError already if it is missing)
 import triton.language as tl  # noqa: E402
@@ -723,14 +722,18 @@ def chunked_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, *, causal: bool = Fa
                 block_size: Optional[int] = None, mask: Optional[Tensor] = None, chunk: int = CHUNK,
                 state: Optional[Tensor] = None, count: Optional[Tensor] = None,
                 operands: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
-    """:func:`polymixer.ops.value_pom.modular.value_mix` with the (block-)causal mixing in the kernels (full mixing of
-    whole rows is two cuBLAS products, a general mask and streaming state stay in torch). The kernels take q, k, v
-    with their strides, in ``operands`` (default: q's dtype; the layer's activation dtype, so that a bf16 layer's
-    products run in bf16 with bf16 states although its features are computed in fp32), and choose their own chunk
-    (``chunk`` is the torch form's). The final state is not formed (None): parallel calls do not use it."""
-    if mask is not None or not causal or state is not None:
-        return modular.value_mix(q, k, v, w, causal=causal, block_size=block_size, mask=mask, chunk=chunk,
-                                 state=state, count=count)
+    """:func:`polymixer.ops.value_pom.modular.value_mix` of parallel calls, with the (block-)causal mixing in the
+    kernels and full mixing of whole rows as two cuBLAS products (:func:`polymixer.ops.value_pom.features.full_mix`).
+    A general mask or a streaming state is not for the kernels (:func:`supports` refuses those calls): ValueError.
+    The kernels take q, k, v with their strides, in ``operands`` (default: q's dtype; the layer's activation dtype,
+    so that a bf16 layer's products run in bf16 with bf16 states although its features are computed in fp32), and
+    choose their own chunk (``chunk`` is the torch form's). The final state is not formed (None): parallel calls do
+    not use it."""
+    if mask is not None or state is not None or count is not None:
+        raise ValueError("the value PoM's kernels take neither an explicit (B, M, N) mask nor a streaming state")
+    if not causal:
+        o, cnt, _, _ = full_mix(q, k, v, w)
+        return o, cnt, None, None
     B, H, M, _ = q.shape
     N = k.shape[2]
     mode, bs = _mode(causal, block_size)
@@ -785,22 +788,18 @@ def supports(call: Any) -> Optional[str]:
     rotary, heads up to 128 key and value channels, fp32 / bf16 / fp16 (full mixing of whole rows as two cuBLAS
     products). CUDA tensors (CPU tensors under TRITON_INTERPRET=1 with ``backend("triton")``); also while
     ``torch.compile`` traces (the kernels are custom ops). fp32 features on CUDA need tf32 allowed: under
-    ``torch.get_float32_matmul_precision() == "highest"`` the products would be full-fp32 CUDA-core products."""
+    ``torch.get_float32_matmul_precision() == "highest"`` the products would be full-fp32 CUDA-core products.
+    ``call``: a validated :class:`polymixer.ops.value_pom.call.ValueCall`."""
     x = call.x
     if x.dtype not in DTYPES:
         return f"{x.dtype} is not a kernel dtype (fp32, bf16, fp16)"
     if not call.self_mix:
         return "cross-mixing is not in the kernels"
-    mask = call.get("mask")
-    if mask is not None and mask.dim() == 3:
+    if call.mask is not None:
         return "an explicit (B, M, N) mask is not in the kernels (quadratic)"
-    args = dict(zip(("x", "context", "in_weight", "gate_bias", "coeff", "coeff_q", "shift_weight", "norm_weight",
-                     "out_weight"), call.args))
-    args.update({k: v for k, v in call.kwargs.items() if k in args})
-    heads = call.get("heads", 1)
-    D, dv = args["coeff"].shape[0], args["out_weight"].shape[1]
-    if D // heads > 128 or dv // heads > 128:
-        return f"heads of {D // heads} key and {dv // heads} value channels (the kernels take ≤ 128)"
+    heads = call.heads
+    if call.D // heads > 128 or call.dv // heads > 128:
+        return f"heads of {call.D // heads} key and {call.dv // heads} value channels (the kernels take ≤ 128)"
     if x.device.type == "cuda":
         if operand_dtype(x) == torch.float32 and torch.get_float32_matmul_precision() == "highest":
             return ("the features reach the kernels in fp32 and torch.get_float32_matmul_precision() is 'highest': "
@@ -847,10 +846,21 @@ def self_check(device: torch.device, dtype: torch.dtype = torch.float32) -> Opti
 
 
 def forward(call: Any) -> Tensor:
-    """The torch form's value-carrying PoM with its mixing in the kernels (packed sequences in place, every mode)."""
-    dt = operand_dtype(call.args[0])  # the input x
-    return modular.value_pom(*call.args, **call.kwargs, mix=functools.partial(chunked_mix, operands=dt),
-                             packed_mix=functools.partial(packed_chunked_mix, operands=dt), packed_all_modes=True)
+    """Run a validated :class:`polymixer.ops.value_pom.call.ValueCall` (one :func:`supports` takes): the shared
+    features (:mod:`polymixer.ops.value_pom.features`), the mixing in the kernels — packed sequences in place, every
+    mode — and the shared readout."""
+    dt = operand_dtype(call.x)
+    m = call.mixing
+    if call.cu_k is not None:  # packed self-mixing (supports refuses cross-mixing)
+        (q, k, vh, w, zs), first = packed_features(call)
+        o, cnt = packed_chunked_mix(q, k, vh, w, first, call.chunk, cu_seqlens=call.cu_k, causal=m.causal,
+                                    block_size=m.block_size, operands=dt)
+    else:
+        q, k, vh, w, zs = row_features(call)
+        o, cnt, _, _ = chunked_mix(q, k, vh, w, causal=m.causal, block_size=m.block_size, chunk=call.chunk,
+                                   operands=dt)
+    y = output(call, o, cnt, zs)
+    return y.squeeze(0) if call.squeeze else y
 
 
 # ----------------------------------------------------------------------------------------------------------------
