@@ -15,6 +15,7 @@ import torch
 import polymixer
 from polymixer import PoM
 from polymixer.ops import ROPE_BASE, Mixing, backend, backend_for, dispatch
+from polymixer.ops.common import MIXING_MODES, STEP_MODES
 from polymixer.ops import value_pom as vp
 from polymixer.ops.value_pom import gated, modular
 
@@ -102,9 +103,20 @@ def test_the_mode_keywords_live_in_one_object_with_one_rotary_base():
     assert Mixing().rope_base == ROPE_BASE == 10000.0 and Mixing(causal=True, block_size=4).mode() == "block-causal"
     from polymixer.ops import pom, reference
 
-    for fn in (pom.pom, pom.pom_step, pom.make_call, vp.value_pom, vp.value_pom_step, gated.gated_value_pom,
-               gated.gated_value_pom_step, reference.reference_pom, reference.reference_value_pom):
+    for fn in (pom.pom, pom.pom_step, pom.make_call, vp.value_pom, vp.value_pom_step, vp.value_call,
+               gated.gated_value_pom, gated.gated_value_pom_step, gated.gated_call):
+        # the ops read their mode keywords into one Mixing: no op spells them (or their defaults) out again
+        params = inspect.signature(fn).parameters
+        assert "modes" in params and not set(params) & set(MIXING_MODES), fn.__qualname__
+    for fn in (reference.reference_pom, reference.reference_value_pom):
         assert inspect.signature(fn).parameters["rope_base"].default is ROPE_BASE, fn.__qualname__
+    assert Mixing.of("pom", {"causal": True, "rope_base": 500}).rope_base == 500.0
+    assert Mixing.of("pom_step", {}, STEP_MODES, causal=True).causal
+    with pytest.raises(TypeError, match="pom_step.. got an unexpected keyword argument .block_size.; its modes?"):
+        Mixing.of("pom_step", {"block_size": 4}, STEP_MODES)
+    with pytest.raises(TypeError, match="pom.. got an unexpected keyword argument 'casual'"):
+        pom.pom(torch.randn(1, 3, 4), None, torch.randn(16, 4), torch.zeros(8), torch.zeros(8, 2),
+                torch.randn(4, 8), casual=True)
     literal = [f"{p.relative_to(OPS)}:{i}" for p in sorted(OPS.rglob("*.py"))
                for i, line in enumerate(p.read_text().splitlines(), 1)
                if "10000.0" in line and "ROPE_BASE = 10000.0" not in line]

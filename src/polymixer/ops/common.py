@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,8 @@ from torch import Tensor
 ActivationLike = Union[str, Callable[[Tensor], Tensor]]
 CuSeqlens = Union[Tensor, Tuple[Tensor, Tensor]]
 
-__all__ = ["ActivationLike", "CuSeqlens", "ACTIVATIONS", "GATES", "GATES_INPLACE", "FUSED_BACKWARD", "resolve",
+__all__ = ["ActivationLike", "CuSeqlens", "MIXING_MODES", "STEP_MODES", "ACTIVATIONS", "GATES", "GATES_INPLACE",
+           "FUSED_BACKWARD", "resolve",
            "activation", "gate_fn", "compute_dtype", "elementwise_backward", "is_compiling", "cast_output",
            "check_cu_seqlens",
            "segments", "documents_cu_seqlens", "rope_angles", "rotate", "check_tokens", "check_bool_mask",
@@ -235,6 +236,23 @@ class Mixing:
     rope: Optional[str] = None
     rope_base: float = ROPE_BASE
 
+    @classmethod
+    def of(cls, op: str, modes: Dict[str, Any], only: Optional[Tuple[str, ...]] = None,
+           **defaults: Any) -> "Mixing":
+        """The Mixing of a public op's mode keywords: ``modes`` as the caller passed them (``**modes`` of ``op``),
+        over ``defaults`` (a streaming step's ``causal=True``); ``only`` limits them (a step takes no block_size,
+        cu_seqlens or context_positions). A keyword that is not a mode of ``op`` is a TypeError naming it and the op's
+        modes, as a misspelt keyword argument would be."""
+        allowed = only if only is not None else MIXING_MODES
+        bad = [k for k in modes if k not in allowed]
+        if bad:
+            raise TypeError(f"{op}() got an unexpected keyword argument {bad[0]!r}; its mode keywords: "
+                            f"{', '.join(allowed)}")
+        out = {**defaults, **modes}
+        if "rope_base" in out:
+            out["rope_base"] = float(out["rope_base"])
+        return cls(**out)
+
     @property
     def two_d(self) -> bool:
         """Whether positions are (row, col) pairs (2-D rotary)."""
@@ -257,6 +275,11 @@ class Mixing:
     def mode(self) -> str:
         """"block-causal", "causal" or "full", for messages."""
         return "block-causal" if self.block_size else "causal" if self.causal else "full"
+
+
+MIXING_MODES = tuple(f.name for f in fields(Mixing))  # every mode keyword (a constant: torch.compile reads it)
+# the modes a streaming step takes (its chunk is causal by default or one block; no packing, no cross-mixing)
+STEP_MODES = ("causal", "mask", "positions", "activation", "gate", "reduction", "rope", "rope_base")
 
 
 # ----------------------------------------------------------------------------------------------------------------

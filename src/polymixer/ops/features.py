@@ -253,7 +253,7 @@ def aggregate(
     """
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-    B, N, D = p.shape
+    _, N, _ = p.shape  # (B, N, D)
     M = N if num_queries is None else num_queries
     mean = reduction == "mean"
     if block_size is not None and not causal:
@@ -267,28 +267,46 @@ def aggregate(
     if mask is not None:
         if cu_seqlens is not None:
             raise ValueError("mask of shape (B, M, N) and cu_seqlens cannot be combined; fold one into the other")
-        vis = mask
-        if causal:
-            vis = vis & pattern_mask(M, N, block_size, p.device)
-        if key_mask is not None:
-            vis = vis & key_mask.unsqueeze(1)
-        vf = vis.to(p.dtype)
-        h = torch.bmm(vf, p)
-        if mean:
-            count = vf.sum(-1, keepdim=True)
-            h = h * safe_inverse(count)
-        return h
-
+        return _aggregate_masked(p, mask, key_mask, M, causal, block_size, mean)
     if cu_seqlens is not None:
         return _aggregate_packed(p, w, M, causal, block_size, cu_seqlens, cu_seqlens_q, mean)
-
     if not causal:
-        if not mean:
-            return p.sum(1, keepdim=True)
-        if w is None:
-            return p.mean(1, keepdim=True)
-        return p.sum(1, keepdim=True) * safe_inverse(w.sum(1)).view(B, 1, 1)
+        return _aggregate_full(p, w, mean)
+    return _aggregate_causal(p, w, M, block_size, mean)
 
+
+def _aggregate_masked(p: Tensor, mask: Tensor, key_mask: Optional[Tensor], M: int, causal: bool,
+                      block_size: Optional[int], mean: bool) -> Tensor:
+    """:func:`aggregate` under an explicit (B, M, N) visibility ``mask`` (with the causal pattern and the key padding
+    folded in): one (M × N) matrix product per batch row, the only quadratic mode."""
+    N = p.shape[1]
+    vis = mask
+    if causal:
+        vis = vis & pattern_mask(M, N, block_size, p.device)
+    if key_mask is not None:
+        vis = vis & key_mask.unsqueeze(1)
+    vf = vis.to(p.dtype)
+    h = torch.bmm(vf, p)
+    if mean:
+        count = vf.sum(-1, keepdim=True)
+        h = h * safe_inverse(count)
+    return h
+
+
+def _aggregate_full(p: Tensor, w: Optional[Tensor], mean: bool) -> Tensor:
+    """:func:`aggregate` when every query sees every (unpadded) token: one (B, 1, D) sum or mean. ``p`` is already
+    zero where the key weights ``w`` (B, N) are."""
+    if not mean:
+        return p.sum(1, keepdim=True)
+    if w is None:
+        return p.mean(1, keepdim=True)
+    return p.sum(1, keepdim=True) * safe_inverse(w.sum(1)).view(p.shape[0], 1, 1)
+
+
+def _aggregate_causal(p: Tensor, w: Optional[Tensor], M: int, block_size: Optional[int], mean: bool) -> Tensor:
+    """:func:`aggregate` under (block-)causal masking, top-left aligned: one prefix sum over the context, read at
+    each query's last visible token (every token itself when M = N and there are no blocks)."""
+    B, N, _ = p.shape
     s = cumsum(p)
     if M == N and block_size is None:
         if not mean:

@@ -13,7 +13,7 @@ from typing import Any, Dict, NamedTuple, Optional, Tuple
 from torch import Tensor
 
 from .. import dispatch, parallel
-from ..common import ROPE_BASE, ActivationLike, CuSeqlens, Mixing, batch_packed, check_mix_inputs
+from ..common import STEP_MODES, Mixing, batch_packed, check_mix_inputs
 
 __all__ = ["PomCall", "make_call", "make_pom_call", "PomStepCall", "pom", "pom_step", "backend_for"]
 
@@ -77,16 +77,9 @@ class PomCall:
 
 
 def make_call(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias: Tensor, coeff: Tensor,
-              out_weight: Tensor, out_bias: Optional[Tensor] = None, *, mask: Optional[Tensor] = None,
-              causal: bool = False, block_size: Optional[int] = None, cu_seqlens: Optional[CuSeqlens] = None,
-              positions: Optional[Tensor] = None, context_positions: Optional[Tensor] = None,
-              activation: ActivationLike = "leaky_clamp", gate: ActivationLike = "hardsigmoid",
-              reduction: str = "mean", rope: Optional[str] = None, rope_base: float = ROPE_BASE
-              ) -> Tuple[PomCall, bool]:
+              out_weight: Tensor, out_bias: Optional[Tensor] = None, **modes: Any) -> Tuple[PomCall, bool]:
     """Validate a call of :func:`pom` and normalise it: (call, whether a 2-D packed input must lose its batch dim)."""
-    mixing = Mixing(causal=causal, block_size=block_size, mask=mask, cu_seqlens=cu_seqlens, positions=positions,
-                    context_positions=context_positions, activation=activation, gate=gate, reduction=reduction,
-                    rope=rope, rope_base=float(rope_base))
+    mixing = Mixing.of("make_call", modes)
     return make_pom_call(x, context, (in_weight, gate_bias, coeff, out_weight, out_bias), mixing)
 
 
@@ -110,27 +103,8 @@ def make_pom_call(x: Tensor, context: Optional[Tensor], weights: Tuple[Tensor, T
     return call, squeeze
 
 
-def pom(
-    x: Tensor,
-    context: Optional[Tensor],
-    in_weight: Tensor,
-    gate_bias: Tensor,
-    coeff: Tensor,
-    out_weight: Tensor,
-    out_bias: Optional[Tensor] = None,
-    *,
-    mask: Optional[Tensor] = None,
-    causal: bool = False,
-    block_size: Optional[int] = None,
-    cu_seqlens: Optional[CuSeqlens] = None,
-    positions: Optional[Tensor] = None,
-    context_positions: Optional[Tensor] = None,
-    activation: ActivationLike = "leaky_clamp",
-    gate: ActivationLike = "hardsigmoid",
-    reduction: str = "mean",
-    rope: Optional[str] = None,
-    rope_base: float = ROPE_BASE,
-) -> Tensor:
+def pom(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias: Tensor, coeff: Tensor, out_weight: Tensor,
+        out_bias: Optional[Tensor] = None, **modes: Any) -> Tensor:
     """The Polynomial Mixer: ``y = W_o (gate(W_s x + b) ⊙ agg_visible(poly(act(W_h c))))``, on the backend the
     dispatcher picks (see :mod:`polymixer.ops.dispatch`).
 
@@ -150,9 +124,7 @@ def pom(
     Returns:
         (B, M, d) — or (T, d) when a 2-D packed input was given.
     """
-    mixing = Mixing(causal=causal, block_size=block_size, mask=mask, cu_seqlens=cu_seqlens, positions=positions,
-                    context_positions=context_positions, activation=activation, gate=gate, reduction=reduction,
-                    rope=rope, rope_base=float(rope_base))
+    mixing = Mixing.of("pom", modes)
     weights = (in_weight, gate_bias, coeff, out_weight, out_bias)
     cp = parallel.active()
     if cp is not None:  # this rank's slice of every sequence (polymixer.context_parallel)
@@ -163,19 +135,15 @@ def pom(
 
 
 def pom_step(x: Tensor, state_sum: Tensor, state_count: Tensor, state_offset: Tensor, in_weight: Tensor,
-             gate_bias: Tensor, coeff: Tensor, out_weight: Tensor, out_bias: Optional[Tensor] = None, *,
-             causal: bool = True, mask: Optional[Tensor] = None, positions: Optional[Tensor] = None,
-             activation: ActivationLike = "leaky_clamp", gate: ActivationLike = "hardsigmoid",
-             reduction: str = "mean", rope: Optional[str] = None, rope_base: float = ROPE_BASE
-             ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+             gate_bias: Tensor, coeff: Tensor, out_weight: Tensor, out_bias: Optional[Tensor] = None,
+             **modes: Any) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Streaming PoM: consume a chunk given the running (sum, count, offset) of everything seen before; see
     :func:`polymixer.ops.pom.modular_step.step`. Returns (y, new_sum, new_count, new_offset)."""
-    mixing = Mixing(causal=causal, mask=mask, positions=positions, activation=activation, gate=gate,
-                    reduction=reduction, rope=rope, rope_base=float(rope_base))
+    mixing = Mixing.of("pom_step", modes, STEP_MODES, causal=True)
     weights = (in_weight, gate_bias, coeff, out_weight, out_bias)
     cp = parallel.active()
     if cp is not None:  # a context-parallel prefill: each rank's slice, the state after it (the last rank: all)
-        if not causal:
+        if not mixing.causal:
             raise ValueError("pom_step under context_parallel streams causally only (frames are not split)")
         y, (s, c), n_total = _split_call(cp, x, None, weights, mixing, (state_sum, state_count, state_offset))
         return y, s.to(state_sum.dtype), c.to(state_count.dtype), state_offset + n_total

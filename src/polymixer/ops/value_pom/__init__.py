@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 from torch import Tensor
 
 from .. import dispatch, parallel
-from ..common import ROPE_BASE, ActivationLike, CuSeqlens, Mixing
+from ..common import STEP_MODES, Mixing
 from .call import StepCall, ValueCall, make_step_call, make_value_call
 from .features import CHUNK
 
@@ -25,46 +25,16 @@ __all__ = ["ValueCall", "StepCall", "make_value_call", "value_call", "value_pom"
 
 def value_call(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias: Tensor, coeff: Tensor,
                coeff_q: Tensor, shift_weight: Optional[Tensor], norm_weight: Tensor, out_weight: Tensor,
-               out_bias: Optional[Tensor] = None, *, heads: int = 1, mask: Optional[Tensor] = None,
-               causal: bool = False, block_size: Optional[int] = None, cu_seqlens: Optional[CuSeqlens] = None,
-               positions: Optional[Tensor] = None, context_positions: Optional[Tensor] = None,
-               activation: ActivationLike = "leaky_clamp", gate: ActivationLike = "hardsigmoid",
-               reduction: str = "mean", rope: Optional[str] = None, rope_base: float = ROPE_BASE,
-               chunk: int = CHUNK) -> ValueCall:
+               out_bias: Optional[Tensor] = None, *, heads: int = 1, chunk: int = CHUNK, **modes: Any) -> ValueCall:
     """The validated :class:`ValueCall` of :func:`value_pom`'s arguments (what its backends receive)."""
-    mixing = Mixing(causal=causal, block_size=block_size, mask=mask, cu_seqlens=cu_seqlens, positions=positions,
-                    context_positions=context_positions, activation=activation, gate=gate, reduction=reduction,
-                    rope=rope, rope_base=float(rope_base))
+    mixing = Mixing.of("value_call", modes)
     weights = (in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight, out_bias)
     return make_value_call(x, context, weights, mixing, heads, chunk)
 
 
-def value_pom(
-    x: Tensor,
-    context: Optional[Tensor],
-    in_weight: Tensor,
-    gate_bias: Tensor,
-    coeff: Tensor,
-    coeff_q: Tensor,
-    shift_weight: Optional[Tensor],
-    norm_weight: Tensor,
-    out_weight: Tensor,
-    out_bias: Optional[Tensor] = None,
-    *,
-    heads: int = 1,
-    mask: Optional[Tensor] = None,
-    causal: bool = False,
-    block_size: Optional[int] = None,
-    cu_seqlens: Optional[CuSeqlens] = None,
-    positions: Optional[Tensor] = None,
-    context_positions: Optional[Tensor] = None,
-    activation: ActivationLike = "leaky_clamp",
-    gate: ActivationLike = "hardsigmoid",
-    reduction: str = "mean",
-    rope: Optional[str] = None,
-    rope_base: float = ROPE_BASE,
-    chunk: int = CHUNK,
-) -> Tensor:
+def value_pom(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias: Tensor, coeff: Tensor,
+              coeff_q: Tensor, shift_weight: Optional[Tensor], norm_weight: Tensor, out_weight: Tensor,
+              out_bias: Optional[Tensor] = None, *, heads: int = 1, chunk: int = CHUNK, **modes: Any) -> Tensor:
     """The value-carrying PoM (see :mod:`polymixer.ops.value_pom.modular`) with every mode keyword of
     :func:`polymixer.functional.pom`, on the backend the dispatcher picks.
 
@@ -80,9 +50,7 @@ def value_pom(
     Returns:
         (B, M, d), or (T, d) for a 2-D packed input.
     """
-    mixing = Mixing(causal=causal, block_size=block_size, mask=mask, cu_seqlens=cu_seqlens, positions=positions,
-                    context_positions=context_positions, activation=activation, gate=gate, reduction=reduction,
-                    rope=rope, rope_base=float(rope_base))
+    mixing = Mixing.of("value_pom", modes)
     weights = (in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight, out_bias)
     cp = parallel.active()
     if cp is not None:  # this rank's slice of every sequence (polymixer.context_parallel)
@@ -93,40 +61,17 @@ def value_pom(
     return dispatch.choose("value_pom", call).forward(call)
 
 
-def value_pom_step(
-    x: Tensor,
-    state: Tensor,
-    count: Tensor,
-    offset: Tensor,
-    prev: Tensor,
-    in_weight: Tensor,
-    gate_bias: Tensor,
-    coeff: Tensor,
-    coeff_q: Tensor,
-    shift_weight: Optional[Tensor],
-    norm_weight: Tensor,
-    out_weight: Tensor,
-    out_bias: Optional[Tensor] = None,
-    *,
-    heads: int = 1,
-    causal: bool = True,
-    mask: Optional[Tensor] = None,
-    positions: Optional[Tensor] = None,
-    activation: ActivationLike = "leaky_clamp",
-    gate: ActivationLike = "hardsigmoid",
-    reduction: str = "mean",
-    rope: Optional[str] = None,
-    rope_base: float = ROPE_BASE,
-    chunk: int = CHUNK,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def value_pom_step(x: Tensor, state: Tensor, count: Tensor, offset: Tensor, prev: Tensor, in_weight: Tensor,
+                   gate_bias: Tensor, coeff: Tensor, coeff_q: Tensor, shift_weight: Optional[Tensor],
+                   norm_weight: Tensor, out_weight: Tensor, out_bias: Optional[Tensor] = None, *, heads: int = 1,
+                   chunk: int = CHUNK, **modes: Any) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Streaming: consume a chunk (B, T, d) given the state of everything before it.
 
     ``state`` (B, H, D_h, dv_h) and ``count`` (B,) are the running sums, ``offset`` (B,) the stream index of the next
     token, ``prev`` (B, W − 1, D + dv) the last tokens' key / value projections (for the token shift of width W).
     ``causal=False`` makes the chunk one block (block-causal streaming). Returns (y, state, count, offset, prev).
     """
-    mixing = Mixing(causal=causal, mask=mask, positions=positions, activation=activation, gate=gate,
-                    reduction=reduction, rope=rope, rope_base=float(rope_base))
+    mixing = Mixing.of("value_pom_step", modes, STEP_MODES, causal=True)
     weights = (in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight, out_bias)
     cp = parallel.active()
     if cp is not None:  # a context-parallel prefill: the state after each rank's slice (the last rank: all)

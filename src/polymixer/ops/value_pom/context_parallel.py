@@ -58,32 +58,39 @@ def _halo(x: Tensor, in_weight: Tensor, rows: int, key_mask: Optional[Tensor], l
     return halo_before(z, lags, sl, cp, "value-pom token-shift halo", prev)
 
 
-def _mix(x: Tensor, context: Optional[Tensor], weights: ValueWeights, mixing: Mixing, heads: int, chunk: int,
-         cp: ContextParallel, problem: Optional[str], stream: Optional[Stream]
-         ) -> Tuple[Tensor, Tensor, Tensor, Tensor, int]:
-    """(y, state after this slice, count after it, the last W − 1 projections, the global length)."""
+def _agree(x: Tensor, context: Optional[Tensor], weights: ValueWeights, mixing: Mixing, heads: int, chunk: int,
+           cp: ContextParallel, problem: Optional[str], stream: bool) -> Tuple[int, int, Optional[Tensor], Slice]:
+    """(D, dv, key mask, this rank's slice) once every rank has checked its call and they agree on the mode (one
+    collective, :func:`polymixer.ops.parallel.agree`); else the same ValueError on every rank."""
     D = dv = 0
     key_mask = None
     if problem is None:
         try:
-            D, dv, key_mask = _validate(x, context, weights, mixing, heads, chunk, stream is not None)
+            D, dv, key_mask = _validate(x, context, weights, mixing, heads, chunk, stream)
         except (ValueError, TypeError) as e:
             problem = str(e)
-    in_weight, gate_bias, coeff, coeff_q, shift, norm_weight, out_weight, out_bias = weights
+    _, _, _, _, shift, _, _, _ = weights
     n = x.shape[1] if isinstance(x, Tensor) and x.dim() == 3 else 0
-    causal = True if stream is not None else bool(mixing.causal)
-    block = None if stream is not None else mixing.block_size
+    causal = True if stream else bool(mixing.causal)
+    block = None if stream else mixing.block_size
     facts = {"length": n}
     if not problem:
         facts.update({"batch": x.shape[0], "width": x.shape[-1], "D": D, "dv": dv, "heads": heads,
                       "chunk": chunk, "shift width": 0 if shift is None else shift.shape[0]})
-        facts.update(mode_facts(causal, block, key_mask, mixing.rope, mixing.positions, stream is not None))
-    sl = Slice(cp.rank, agree(cp, "value pom", facts, problem))
-    B, H = x.shape[0], heads
-    state_in = count_in = offset = prev_in = None
-    if stream is not None:
-        state_in, count_in, offset, prev_in = stream
+        facts.update(mode_facts(causal, block, key_mask, mixing.rope, mixing.positions, stream))
+    return D, dv, key_mask, Slice(cp.rank, agree(cp, "value pom", facts, problem))
 
+
+def _features(x: Tensor, weights: ValueWeights, mixing: Mixing, heads: int, D: int, dv: int,
+              key_mask: Optional[Tensor], sl: Slice, cp: ContextParallel, stream: Optional[Stream]
+              ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(k, q, v per head, key weights (B, n), gate pre-activations, the last W − 1 projections) of this slice: the
+    token shift reads the halo before the slice (one collective), rotary the global positions."""
+    in_weight, _, coeff, coeff_q, shift, _, _, _ = weights
+    B, n = x.shape[0], x.shape[1]
+    state_in = offset = prev_in = None
+    if stream is not None:
+        state_in, _, offset, prev_in = stream
     prev = None
     if shift is not None:
         prev = _halo(x, in_weight, D + dv, key_mask, shift.shape[0] - 1, sl, cp, prev_in)
@@ -93,7 +100,7 @@ def _mix(x: Tensor, context: Optional[Tensor], weights: ValueWeights, mixing: Mi
         acc = state_in.dtype
         phi, v, psi = phi.to(acc), v.to(acc), psi.to(acc)
     w = key_mask.to(phi.dtype) if key_mask is not None else phi.new_ones(B, n)
-    k, q, vh = heads_view(phi * w.unsqueeze(-1), H), heads_view(psi, H), heads_view(v, H)
+    k, q, vh = heads_view(phi * w.unsqueeze(-1), heads), heads_view(psi, heads), heads_view(v, heads)
     if mixing.rope is not None:
         two_d = mixing.two_d
         pos = mixing.positions
@@ -103,7 +110,14 @@ def _mix(x: Tensor, context: Optional[Tensor], weights: ValueWeights, mixing: Mi
                 pos = offset.unsqueeze(1) + pos
         check_positions(pos, B, n, two_d, "positions")
         k, q = rotate_heads(k, pos, mixing.rope_base, two_d), rotate_heads(q, pos, mixing.rope_base, two_d)
+    return k, q, vh, w, zs, last
 
+
+def _mix_states(q: Tensor, k: Tensor, vh: Tensor, w: Tensor, causal: bool, block: Optional[int], chunk: int,
+                sl: Slice, cp: ContextParallel, stream: Optional[Stream]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(o, counts, state after the slice, count after it): full mixing sums every rank's state; causal mixing
+    starts from the states of the ranks before (and the stream's), one collective either way."""
+    B, n = w.shape
     total = torch.einsum("bhnd,bhne->bhde", k, vh)  # this slice's state (B, H, D_h, dv_h)
     X = total[0].numel()
     flat = torch.cat([total.reshape(B, X), w.sum(1, keepdim=True)], dim=1)  # (B, X + 1): state and count
@@ -111,39 +125,60 @@ def _mix(x: Tensor, context: Optional[Tensor], weights: ValueWeights, mixing: Mi
         allsum = gather(flat, cp, "value-pom full states").sum(0)
         S, cnt_all = allsum[:, :X].view_as(total), allsum[:, X]
         o = torch.einsum("bhmd,bhde->bhme", q, S)
-        o_cnt = cnt_all.unsqueeze(1).expand(B, n)
-        final_state, final_count = S, cnt_all
+        return o, cnt_all.unsqueeze(1).expand(B, n), S, cnt_all
+    if block is None:
+        prefix = gather(flat, cp, "value-pom causal states")[:cp.rank].sum(0)
+        tail_parts = None
     else:
-        if block is None:
-            prefix = gather(flat, cp, "value-pom causal states")[:cp.rank].sum(0)
-            tail_parts = None
-        else:
-            lead = sl.start % block
-            head_len = min(n, block - lead)
-            head = torch.cat([torch.einsum("bhnd,bhne->bhde", k[:, :, :head_len], vh[:, :, :head_len]).reshape(B, X),
-                              w[:, :head_len].sum(1, keepdim=True)], dim=1)
-            both = gather(torch.cat([flat, head], dim=1), cp, "value-pom block-causal states")
-            prefix = both[:cp.rank, :, :X + 1].sum(0)
-            tail_parts = both[:, :, X + 1:]
-        if state_in is not None:
-            prefix = prefix + torch.cat([state_in.reshape(B, X).to(prefix.dtype),
-                                         count_in.to(prefix.dtype).unsqueeze(1)], dim=1)
-        S0, c0 = prefix[:, :X].view_as(total), prefix[:, X]
-        if block is None:
-            o, o_cnt, final_state, final_count = value_mix(q, k, vh, w, causal=True, chunk=chunk, state=S0,
-                                                           count=c0)
-        else:  # aligned to the global blocks by `lead` zero-weight tokens in front
-            kp, qp, vp = (F.pad(t, (0, 0, lead, 0)) for t in (k, q, vh))
-            o, o_cnt, final_state, final_count = value_mix(qp, kp, vp, F.pad(w, (lead, 0)), causal=True,
-                                                           block_size=block, chunk=chunk, state=S0, count=c0)
-            o, o_cnt = o[:, :, lead:], o_cnt[:, lead:]
-            tail_ranks = block_tail_ranks(sl, block)
-            if tail_ranks:
-                tail = tail_parts[tail_ranks].sum(0)
-                gi = sl.start + torch.arange(n, device=x.device)
-                past = ((torch.div(gi, block, rounding_mode="floor") + 1) * block > sl.start + n).to(o.dtype)
-                o = o + past.view(1, 1, n, 1) * torch.einsum("bhmd,bhde->bhme", q, tail[:, :X].view_as(total))
-                o_cnt = o_cnt + past.unsqueeze(0) * tail[:, X:]
+        lead = sl.start % block
+        head_len = min(n, block - lead)
+        head = torch.cat([torch.einsum("bhnd,bhne->bhde", k[:, :, :head_len], vh[:, :, :head_len]).reshape(B, X),
+                          w[:, :head_len].sum(1, keepdim=True)], dim=1)
+        both = gather(torch.cat([flat, head], dim=1), cp, "value-pom block-causal states")
+        prefix = both[:cp.rank, :, :X + 1].sum(0)
+        tail_parts = both[:, :, X + 1:]
+    state_in, count_in = (None, None) if stream is None else stream[:2]
+    if state_in is not None:
+        prefix = prefix + torch.cat([state_in.reshape(B, X).to(prefix.dtype),
+                                     count_in.to(prefix.dtype).unsqueeze(1)], dim=1)
+    S0, c0 = prefix[:, :X].view_as(total), prefix[:, X]
+    if block is None:
+        return value_mix(q, k, vh, w, causal=True, chunk=chunk, state=S0, count=c0)
+    return _block_causal(q, k, vh, w, block, chunk, S0, c0, tail_parts, sl)
+
+
+def _block_causal(q: Tensor, k: Tensor, vh: Tensor, w: Tensor, block: int, chunk: int, S0: Tensor, c0: Tensor,
+                  tail_parts: Tensor, sl: Slice) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Block-causal :func:`_mix_states` from the prefix (``S0``, ``c0``): the slice aligned to the global blocks by
+    zero-weight tokens in front; the queries of the block that runs past the slice also read the next ranks' part
+    of that block (``tail_parts``: every rank's state and count of its first block, (P, B, X + 1))."""
+    n = w.shape[1]
+    X = S0[0].numel()
+    lead = sl.start % block
+    kp, qp, vp = (F.pad(t, (0, 0, lead, 0)) for t in (k, q, vh))
+    o, o_cnt, final_state, final_count = value_mix(qp, kp, vp, F.pad(w, (lead, 0)), causal=True, block_size=block,
+                                                   chunk=chunk, state=S0, count=c0)
+    o, o_cnt = o[:, :, lead:], o_cnt[:, lead:]
+    tail_ranks = block_tail_ranks(sl, block)
+    if tail_ranks:
+        tail = tail_parts[tail_ranks].sum(0)
+        gi = sl.start + torch.arange(n, device=q.device)
+        past = ((torch.div(gi, block, rounding_mode="floor") + 1) * block > sl.start + n).to(o.dtype)
+        o = o + past.view(1, 1, n, 1) * torch.einsum("bhmd,bhde->bhme", q, tail[:, :X].view_as(S0))
+        o_cnt = o_cnt + past.unsqueeze(0) * tail[:, X:]
+    return o, o_cnt, final_state, final_count
+
+
+def _mix(x: Tensor, context: Optional[Tensor], weights: ValueWeights, mixing: Mixing, heads: int, chunk: int,
+         cp: ContextParallel, problem: Optional[str], stream: Optional[Stream]
+         ) -> Tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    """(y, state after this slice, count after it, the last W − 1 projections, the global length)."""
+    D, dv, key_mask, sl = _agree(x, context, weights, mixing, heads, chunk, cp, problem, stream is not None)
+    _, gate_bias, _, _, _, norm_weight, out_weight, out_bias = weights
+    causal = True if stream is not None else bool(mixing.causal)
+    block = None if stream is not None else mixing.block_size
+    k, q, vh, w, zs, last = _features(x, weights, mixing, heads, D, dv, key_mask, sl, cp, stream)
+    o, o_cnt, final_state, final_count = _mix_states(q, k, vh, w, causal, block, chunk, sl, cp, stream)
     y = value_output(o, o_cnt, zs, gate_bias, norm_weight, out_weight, out_bias, mixing.reduction, mixing.gate)
     return y, final_state, final_count, last, sl.total
 

@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional, Tuple
 from torch import Tensor
 
 from .. import dispatch
-from ..common import ROPE_BASE, ActivationLike, CuSeqlens, Mixing, triton_possible, triton_precheck
+from ..common import STEP_MODES, Mixing, triton_possible, triton_precheck
 from ..parallel import active
 from . import gated_modular, gated_modular_step, gated_reference
 from .call import ValueCall, make_gated_call, make_step_call
@@ -32,19 +32,13 @@ __all__ = ["gated_value_pom", "gated_value_pom_step", "gated_call", "backend_for
 def gated_call(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias: Tensor, coeff: Tensor,
                coeff_q: Tensor, shift_weight: Optional[Tensor], norm_weight: Tensor, out_weight: Tensor,
                out_bias: Optional[Tensor], decay_weight: Tensor, decay_bias: Tensor, *, heads: int = 1,
-               mask: Optional[Tensor] = None, causal: bool = False, block_size: Optional[int] = None,
-               cu_seqlens: Optional[CuSeqlens] = None, positions: Optional[Tensor] = None,
-               context_positions: Optional[Tensor] = None, activation: ActivationLike = "leaky_clamp",
-               gate: ActivationLike = "hardsigmoid", reduction: str = "mean", rope: Optional[str] = None,
-               rope_base: float = ROPE_BASE, chunk: int = CHUNK) -> ValueCall:
+               chunk: int = CHUNK, **modes: Any) -> ValueCall:
     """The validated call of :func:`gated_value_pom`'s arguments (what its backends receive). Under
     ``polymixer.context_parallel``: NotImplementedError (a decayed state would need a decayed prefix across ranks)."""
     if active() is not None:
         raise NotImplementedError("the gated value PoM has no context-parallel form yet (its decayed states would "
                                   "need a decayed prefix across ranks): mix it outside polymixer.context_parallel")
-    mixing = Mixing(causal=causal, block_size=block_size, mask=mask, cu_seqlens=cu_seqlens, positions=positions,
-                    context_positions=context_positions, activation=activation, gate=gate, reduction=reduction,
-                    rope=rope, rope_base=float(rope_base))
+    mixing = Mixing.of("gated_call", modes)
     weights = (in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight, out_bias)
     return make_gated_call(x, context, weights, decay_weight, decay_bias, mixing, heads, chunk)
 
@@ -52,33 +46,22 @@ def gated_call(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bia
 def gated_value_pom(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias: Tensor, coeff: Tensor,
                     coeff_q: Tensor, shift_weight: Optional[Tensor], norm_weight: Tensor, out_weight: Tensor,
                     out_bias: Optional[Tensor], decay_weight: Tensor, decay_bias: Tensor, *, heads: int = 1,
-                    mask: Optional[Tensor] = None, causal: bool = False, block_size: Optional[int] = None,
-                    cu_seqlens: Optional[CuSeqlens] = None, positions: Optional[Tensor] = None,
-                    context_positions: Optional[Tensor] = None, activation: ActivationLike = "leaky_clamp",
-                    gate: ActivationLike = "hardsigmoid", reduction: str = "mean", rope: Optional[str] = None,
-                    rope_base: float = ROPE_BASE, chunk: int = CHUNK) -> Tensor:
+                    chunk: int = CHUNK, **modes: Any) -> Tensor:
     """The gated value-carrying PoM (:mod:`polymixer.ops.value_pom.gated_modular`): the value PoM's arguments plus
     ``decay_weight`` (H, d) and ``decay_bias`` (H,), on the backend the dispatcher picks. ``reduction`` is accepted
     for the common signature (the readout's RMSNorm makes it moot)."""
     call = gated_call(x, context, in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight,
-                      out_bias, decay_weight, decay_bias, heads=heads, mask=mask, causal=causal,
-                      block_size=block_size, cu_seqlens=cu_seqlens, positions=positions,
-                      context_positions=context_positions, activation=activation, gate=gate, reduction=reduction,
-                      rope=rope, rope_base=rope_base, chunk=chunk)
+                      out_bias, decay_weight, decay_bias, heads=heads, chunk=chunk, **modes)
     return dispatch.choose("gated_value_pom", call).forward(call)
 
 
 def gated_value_pom_step(x: Tensor, state: Tensor, count: Tensor, offset: Tensor, prev: Tensor, in_weight: Tensor,
                          gate_bias: Tensor, coeff: Tensor, coeff_q: Tensor, shift_weight: Optional[Tensor],
                          norm_weight: Tensor, out_weight: Tensor, out_bias: Optional[Tensor], decay_weight: Tensor,
-                         decay_bias: Tensor, *, heads: int = 1, causal: bool = True, mask: Optional[Tensor] = None,
-                         positions: Optional[Tensor] = None, activation: ActivationLike = "leaky_clamp",
-                         gate: ActivationLike = "hardsigmoid", reduction: str = "mean", rope: Optional[str] = None,
-                         rope_base: float = ROPE_BASE, chunk: int = CHUNK
-                         ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                         decay_bias: Tensor, *, heads: int = 1, chunk: int = CHUNK,
+                         **modes: Any) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Streaming (causal): a chunk (B, T, d) after ``state``; returns (y, state, count, offset, prev). O(1) state."""
-    mixing = Mixing(causal=causal, mask=mask, positions=positions, activation=activation, gate=gate,
-                    reduction=reduction, rope=rope, rope_base=float(rope_base))
+    mixing = Mixing.of("gated_value_pom_step", modes, STEP_MODES, causal=True)
     weights = (in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight, out_bias)
     call = make_step_call(x, state, count, offset, prev, weights, mixing, heads, chunk, (decay_weight, decay_bias))
     return dispatch.choose("gated_value_pom_step", call).forward(call)

@@ -63,8 +63,7 @@ def value_mix(
         (o (B, H, M, dv_h) unnormalised, counts (B, M), final state (B, H, D_h, dv_h), final count (B,)), all in the
         features' dtype. The final state covers every context token.
     """
-    B, H, M, Dh = q.shape
-    N = k.shape[2]
+    B, _, M, _ = q.shape
     if mask is None and not causal and state is None:
         return full_mix(q, k, v, w)
     final_count = w.sum(1) if count is None else count + w.sum(1)
@@ -72,22 +71,40 @@ def value_mix(
         total = torch.einsum("bhnd,bhne->bhde", k, v)
         final_state = total if state is None else state + total
     if mask is not None:
-        vis = mask
-        if causal:
-            vis = vis & pattern_mask(M, N, block_size, q.device)
-        vf = vis.to(q.dtype) * w.unsqueeze(1)
-        scores = torch.einsum("bhmd,bhnd->bhmn", q, k) * vf.unsqueeze(1)
-        o = torch.einsum("bhmn,bhne->bhme", scores, v)
-        cnt = vf.sum(-1)
-        if state is not None:
-            o = o + torch.einsum("bhmd,bhde->bhme", q, state)
-            cnt = cnt + count.unsqueeze(1)
+        o, cnt = _masked_mix(q, k, v, w, mask, causal, block_size, state, count)
         return o, cnt, final_state, final_count
     if not causal:
         o = torch.einsum("bhmd,bhde->bhme", q, final_state)
         return o, final_count.unsqueeze(1).expand(B, M), final_state, final_count
+    o, cnt, final_state = _chunked_causal_mix(q, k, v, w, block_size, chunk, state, count)
+    return o, cnt, final_state, final_count
 
-    # (block-)causal, top-left aligned: bring queries and context to one length L (zero-weight padding)
+
+def _masked_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, mask: Tensor, causal: bool, block_size: Optional[int],
+                state: Optional[Tensor], count: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """(o, counts) of :func:`value_mix` under an explicit (B, M, N) ``mask`` (and the causal pattern): the quadratic
+    form, every (query, key) score, plus the streamed ``state`` / ``count`` of the tokens before."""
+    M, N = q.shape[2], k.shape[2]
+    vis = mask
+    if causal:
+        vis = vis & pattern_mask(M, N, block_size, q.device)
+    vf = vis.to(q.dtype) * w.unsqueeze(1)
+    scores = torch.einsum("bhmd,bhnd->bhmn", q, k) * vf.unsqueeze(1)
+    o = torch.einsum("bhmn,bhne->bhme", scores, v)
+    cnt = vf.sum(-1)
+    if state is not None:
+        o = o + torch.einsum("bhmd,bhde->bhme", q, state)
+        cnt = cnt + count.unsqueeze(1)
+    return o, cnt
+
+
+def _chunked_causal_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, block_size: Optional[int], chunk: int,
+                        state: Optional[Tensor], count: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """(o, counts, final state) of :func:`value_mix` under (block-)causal masking, top-left aligned: queries and
+    context brought to one length L (zero-weight padding) and cut into chunks of whole blocks, the state carried
+    between chunks (:func:`_chunk_outputs`)."""
+    B, H, M, _ = q.shape
+    N = k.shape[2]
     K = 1 if block_size is None else block_size
     C = K if K >= chunk else K * (chunk // K)  # a chunk holds whole blocks
     L = -(-max(M, N) // C) * C
@@ -97,30 +114,37 @@ def value_mix(
     qc, kc, vc = (t.reshape(B, H, nc, C, t.shape[-1]) for t in (qp, kp, vp))
     U = torch.einsum("bhctd,bhcte->bhcde", kc, vc)  # each chunk's contribution to the state
     final_state = U.sum(2) if state is None else state + U.sum(2)
-    if C == K:  # one block per chunk: a query sees its whole chunk, so no quadratic part at all
-        S = torch.cumsum(U, dim=2)
-        if state is not None:
-            S = S + state.unsqueeze(2)
-        o = torch.einsum("bhctd,bhcde->bhcte", qc, S)
-    else:
-        if nc == 1 and state is None:  # one chunk and nothing before it: no state part
-            o = None
-        else:
-            S = torch.cumsum(U, dim=2) - U  # the state before each chunk
-            if state is not None:
-                S = S + state.unsqueeze(2)
-            o = torch.einsum("bhctd,bhcde->bhcte", qc, S)
-        blk = torch.arange(C, device=q.device) // K
-        intra = (blk.unsqueeze(0) <= blk.unsqueeze(1)).to(q.dtype)  # (C queries, C keys) within a chunk
-        scores = torch.einsum("bhctd,bhcsd->bhcts", qc, kc) * intra
-        intra_o = torch.einsum("bhcts,bhcse->bhcte", scores, vc)
-        o = intra_o if o is None else o + intra_o
+    o = _chunk_outputs(qc, kc, vc, U, K, state)
     o = o.reshape(B, H, L, -1)[:, :, :M]
     cw = torch.cumsum(wp.view(B, L // K, K).sum(-1), dim=1)  # visible tokens up to each block's end
     cnt = cw.repeat_interleave(K, dim=1)[:, :M]
     if count is not None:
         cnt = cnt + count.unsqueeze(1)
-    return o, cnt, final_state, final_count
+    return o, cnt, final_state
+
+
+def _chunk_outputs(qc: Tensor, kc: Tensor, vc: Tensor, U: Tensor, K: int, state: Optional[Tensor]) -> Tensor:
+    """(B, H, nc, C, dv_h): each chunk's queries read the state before their chunk (plus ``state``, the tokens before
+    the call) and, unless a chunk is one block of K tokens (then its own contribution ``U`` too), the quadratic part
+    inside the chunk, block-causal."""
+    nc, C = qc.shape[2], qc.shape[3]
+    if C == K:  # one block per chunk: a query sees its whole chunk, so no quadratic part at all
+        S = torch.cumsum(U, dim=2)
+        if state is not None:
+            S = S + state.unsqueeze(2)
+        return torch.einsum("bhctd,bhcde->bhcte", qc, S)
+    if nc == 1 and state is None:  # one chunk and nothing before it: no state part
+        o = None
+    else:
+        S = torch.cumsum(U, dim=2) - U  # the state before each chunk
+        if state is not None:
+            S = S + state.unsqueeze(2)
+        o = torch.einsum("bhctd,bhcde->bhcte", qc, S)
+    blk = torch.arange(C, device=qc.device) // K
+    intra = (blk.unsqueeze(0) <= blk.unsqueeze(1)).to(qc.dtype)  # (C queries, C keys) within a chunk
+    scores = torch.einsum("bhctd,bhcsd->bhcts", qc, kc) * intra
+    intra_o = torch.einsum("bhcts,bhcse->bhcte", scores, vc)
+    return intra_o if o is None else o + intra_o
 
 
 def packed_causal_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, first: Tensor, chunk: int = CHUNK
