@@ -548,23 +548,9 @@ class LocalAttention(Attention):
     Args: ``window`` (a positive int, required) and those of :class:`Attention`.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        window: int,
-        heads: int = 8,
-        causal: bool = False,
-        bias: bool = True,
-        dropout: float = 0.0,
-        rope: Optional[str] = None,
-        rope_base: float = 10000.0,
-        qkv_bias: Optional[bool] = None,
-        token_shift: Union[bool, int, None] = None,
-        *,
-        device: Optional[torch.device] = None,
-        dtype: Optional[torch.dtype] = None,
-    ) -> None:
+    def __init__(self, dim: int, window: int, **options: Any) -> None:
+        """``window`` and any keyword of :class:`Attention` (heads, causal, bias, dropout, rope, rope_base, qkv_bias,
+        token_shift, device, dtype)."""
         if window is None:
             raise ValueError("LocalAttention needs a window (a positive int); global attention is Attention")
-        super().__init__(dim, heads, causal, window, bias, dropout, rope, rope_base, qkv_bias, token_shift, device,
-                         dtype)
+        super().__init__(dim, window=window, **options)

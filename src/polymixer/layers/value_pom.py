@@ -200,31 +200,10 @@ class GatedValuePoM(ValuePoM, short_form="gated_value"):
 
     decay: Optional[str] = "head"
 
-    def __init__(
-        self,
-        dim: int,
-        degree: int = 2,
-        expand: Union[int, float] = 2,
-        sel_heads: int = 1,
-        gate: ActivationLike = "hardsigmoid",
-        activation: ActivationLike = "leaky_clamp",
-        reduction: str = "mean",
-        bias: bool = False,
-        rope: Optional[str] = None,
-        rope_base: float = 10000.0,
-        value_dim: Optional[int] = None,
-        heads: int = 1,
-        token_shift: Union[bool, int, None] = None,
-        chunk_size: int = CHUNK,
-        decay: str = "head",
-        *,
-        device: Optional[torch.device] = None,
-        dtype: Optional[torch.dtype] = None,
-    ) -> None:
+    def __init__(self, dim: int, *args: Any, decay: str = "head", **options: Any) -> None:
         if decay != "head":
             raise ValueError(f"GatedValuePoM decays per head: decay must be 'head', got {decay!r}")
-        super().__init__(dim, degree, expand, sel_heads, gate, activation, reduction, bias, rope, rope_base,
-                         value_dim, heads, token_shift, chunk_size, device=device, dtype=dtype)
+        super().__init__(dim, *args, **options)
 
     def _add_parameters(self, fk: Dict[str, Any], bias: bool) -> None:
         super()._add_parameters(fk, bias)

@@ -14,30 +14,12 @@ aggregation, gating) are public in :mod:`polymixer.ops.common` and :mod:`polymix
 oracles in :mod:`polymixer.ops.reference`.
 """
 
-from .common import (
-    ACTIVATIONS,
-    GATES,
-    ROPE_BASE,
-    ActivationLike,
-    CuSeqlens,
-    Mixing,
-    activation,
-    batch_packed,
-    check_cu_seqlens,
-    check_mix_inputs,
-    documents_cu_seqlens,
-    gate_fn,
-    rope_angles,
-    rotate,
-)
+from .common import ROPE_BASE, Mixing
 from .dispatch import BACKENDS, backend, current_backend, disabled_backends
-from .features import aggregate, cumsum, gate_mix, poly_features
 from . import pom, value_pom  # the ops' packages (registering their backends)
 
-__all__ = ["pom", "value_pom", "backend", "backend_for", "current_backend",
-           "disabled_backends", "BACKENDS", "ACTIVATIONS", "GATES", "ActivationLike", "CuSeqlens", "activation",
-           "gate_fn", "poly_features", "cumsum", "aggregate", "gate_mix", "rope_angles", "rotate", "check_cu_seqlens",
-           "check_mix_inputs", "batch_packed", "documents_cu_seqlens", "Mixing", "ROPE_BASE"]
+__all__ = ["pom", "value_pom", "backend", "backend_for", "current_backend", "disabled_backends", "BACKENDS", "Mixing",
+           "ROPE_BASE"]
 
 
 def backend_for(op: str, *args: object, **kwargs: object) -> dict:

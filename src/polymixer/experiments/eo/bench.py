@@ -280,9 +280,9 @@ def seed_rows(payload: Dict[str, Any], seeds: List[Dict[str, Any]], row: Dict[st
 
 def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
              main_json: Optional[Dict[str, Any]] = None) -> List[str]:
-    """The issue's targets, each said met or MISSED with the measured figure; the parity targets as
-    ``polymixer bench parity`` judges them, over the other seeds' JSONs in ``seeds``
-    (:func:`~polymixer.experiments.bench.common.seed_payloads`)."""
+    """The satellite bench's verdicts (km²/s against TSViT, the quality targets), each met or MISSED with its
+    figure, then the parity targets over the seeds (``seeds``, ``main_json``: see
+    :func:`~polymixer.experiments.bench.parity.verdict_lines`)."""
     out = []
     if "speed" in payload:
         rows = payload["speed"]["rows"]
