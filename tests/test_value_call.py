@@ -104,12 +104,11 @@ def test_the_mode_keywords_live_in_one_object_with_one_rotary_base():
     from polymixer.ops import pom, reference
 
     for fn in (pom.pom, pom.pom_step, pom.make_call, vp.value_pom, vp.value_pom_step, vp.value_call,
-               gated.gated_value_pom, gated.gated_value_pom_step, gated.gated_call):
+               gated.gated_value_pom, gated.gated_value_pom_step, gated.gated_call, reference.reference_pom,
+               reference.reference_value_pom):
         # the ops read their mode keywords into one Mixing: no op spells them (or their defaults) out again
         params = inspect.signature(fn).parameters
         assert "modes" in params and not set(params) & set(MIXING_MODES), fn.__qualname__
-    for fn in (reference.reference_pom, reference.reference_value_pom):
-        assert inspect.signature(fn).parameters["rope_base"].default is ROPE_BASE, fn.__qualname__
     assert Mixing.of("pom", {"causal": True, "rope_base": 500}).rope_base == 500.0
     assert Mixing.of("pom_step", {}, STEP_MODES, causal=True).causal
     with pytest.raises(TypeError, match="pom_step.. got an unexpected keyword argument .block_size.; its modes?"):

@@ -9,13 +9,13 @@ the fast path must reproduce by rotating before and after aggregation. Everythin
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
 from .common import activation as activation_fn
-from .common import ROPE_BASE, gate_fn
+from .common import REFERENCE_MODES, Mixing, gate_fn
 
 __all__ = ["visibility", "reference_pom", "reference_value_pom", "shift_validity", "reference_attention"]
 
@@ -111,25 +111,12 @@ def _rotated_pairs(feat: Tensor, rope: str, base: float, positions: Tensor,
     return torch.cat([p1 * cos - p2 * sin, p2 * cos + p1 * sin], dim=-1)
 
 
-def reference_pom(
-    x: Tensor,
-    context: Optional[Tensor],
-    in_weight: Tensor,
-    gate_bias: Tensor,
-    coeff: Tensor,
-    out_weight: Tensor,
-    out_bias: Optional[Tensor],
-    vis: Tensor,
-    *,
-    activation: str = "leaky_clamp",
-    gate: str = "hardsigmoid",
-    reduction: str = "mean",
-    rope: Optional[str] = None,
-    rope_base: float = ROPE_BASE,
-    positions: Optional[Tensor] = None,
-    context_positions: Optional[Tensor] = None,
-) -> Tensor:
+def reference_pom(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias: Tensor, coeff: Tensor,
+                  out_weight: Tensor, out_bias: Optional[Tensor], vis: Tensor, **modes: Any) -> Tensor:
     """y_i = W_o (s_i ⊙ H_i), H_i = Σ_j vis_ij R(p_j − p_i) poly(act(W_h c_j)) [/ Σ_j vis_ij], all in float64."""
+    m = Mixing.of("reference_pom", modes, REFERENCE_MODES)
+    activation, gate, reduction, rope = m.activation, m.gate, m.reduction, m.rope
+    rope_base, positions, context_positions = m.rope_base, m.positions, m.context_positions
     f64 = torch.float64
     x = x.to(f64)
     c = x if context is None else context.to(f64)
@@ -170,36 +157,19 @@ def shift_validity(batch: int, num_tokens: int, key_mask: Optional[Tensor] = Non
     return out if lags is not None else out[..., 0]
 
 
-def reference_value_pom(
-    x: Tensor,
-    context: Optional[Tensor],
-    in_weight: Tensor,
-    gate_bias: Tensor,
-    coeff: Tensor,
-    coeff_q: Tensor,
-    shift_weight: Optional[Tensor],
-    norm_weight: Tensor,
-    out_weight: Tensor,
-    out_bias: Optional[Tensor],
-    vis: Tensor,
-    *,
-    heads: int = 1,
-    has_prev: Optional[Tensor] = None,
-    activation: str = "leaky_clamp",
-    gate: str = "hardsigmoid",
-    reduction: str = "mean",
-    rope: Optional[str] = None,
-    rope_base: float = ROPE_BASE,
-    positions: Optional[Tensor] = None,
-    context_positions: Optional[Tensor] = None,
-    eps: float = 1e-6,
-) -> Tensor:
+def reference_value_pom(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias: Tensor, coeff: Tensor,
+                        coeff_q: Tensor, shift_weight: Optional[Tensor], norm_weight: Tensor, out_weight: Tensor,
+                        out_bias: Optional[Tensor], vis: Tensor, *, heads: int = 1, has_prev: Optional[Tensor] = None,
+                        eps: float = 1e-6, **modes: Any) -> Tensor:
     """The value-carrying PoM, literally, in float64: per head h,
     o_i = Σ_j vis_ij (ψ_i · R(p_j − p_i) φ_j) v_j [/ Σ_j vis_ij], y_i = W_o (s_i ⊙ g ⊙ o_i / rms(o_i)).
 
     ``has_prev`` (B, N) or (B, N, W − 1): whether token j's shift (of width W, ``shift_weight`` (W, D + dv)) sees
     token j − 1, or each token j − t (:func:`shift_validity`); default: every j ≥ t.
     """
+    m = Mixing.of("reference_value_pom", modes, REFERENCE_MODES)
+    activation, gate, reduction, rope = m.activation, m.gate, m.reduction, m.rope
+    rope_base, positions, context_positions = m.rope_base, m.positions, m.context_positions
     f64 = torch.float64
     x = x.to(f64)
     c = x if context is None else context.to(f64)
