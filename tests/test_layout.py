@@ -23,7 +23,7 @@ SRC = Path(polymixer.__file__).parent
 # files sit on the floors of their kind (data.py / synth.py, task.py, bench.py). The package's __init__ (the public
 # API) and __main__ (the command line's entry) are above everything.
 LIBRARY: List[Tuple[str, ...]] = [
-    ("families", "import_hooks", "files"),  # the family table, import hooks, atomic writes
+    ("families", "import_hooks", "files", "ranges"),  # the family table, import hooks, atomic writes, ranges
     ("ops",),  # the operations: every backend, the dispatcher, the float64 oracles
     ("functional", "reference", "tokenizer", "diffusion"),  # public names of the ops, tokenizers, diffusion objectives
     ("values", "layers"),  # the token mixers, one class per mixer

@@ -40,7 +40,39 @@ def test_a_training_option_out_of_range_stops_before_any_data(family, option, va
     assert not (tmp_path / "run").exists() and not (cache.exists() and any(cache.iterdir()))
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["train", "image", "--image-size", "0"], "argument --image-size: must be ≥ 1, got 0"),
+    (["train", "image", "--set", "depth=0"], "depth must be ≥ 1, got 0"),
+    (["train", "lm", "--dropout", "1.5"], "dropout must be in [0, 1), got 1.5"),
+    (["train", "lm", "--n-embd", "-3"], "n_embd must be ≥ 1, got -3"),
+    (["train", "ocr", "--set", "depth=0"], "depth must be ≥ 1, got 0"),
+    (["train", "eo", "--max-frames", "0"], "argument --max-frames: must be ≥ 1, got 0"),
+    (["train", "eo", "--set", "dim=0"], "dim must be a positive integer, got 0"),
+    (["train", "points", "--set", "drop_path=1.5"], "drop_path must be in [0, 1), got 1.5"),
+    (["train", "points", "--set", "enc_channels=32,0,64,96,128"], "enc_channels[1] must be ≥ 1, got 0"),
+])
+def test_a_model_option_out_of_range_stops_before_any_data(argv, message, tmp_path, capsys, monkeypatch):
+    """A model config's field (a family flag or --set) is checked against the range its config declares when the
+    command starts: one line naming it, exit 2, no data generated — not a run that trains a 0-layer model."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("POLYMIXER_CACHE", str(cache))
+    try:
+        status = main(argv + ["--out", str(tmp_path / "run"), "--quiet"])
+    except SystemExit as stop:  # the parser's own refusal
+        status = stop.code
+    assert status == 2
+    assert _error_line(capsys).endswith(f"error: {message}")
+    assert not (tmp_path / "run").exists() and not (cache.exists() and any(cache.iterdir()))
+
+
 @pytest.mark.parametrize("argv, option, message", [
+    (["train", "ocr", "--max-lines", "0"], "--max-lines", "must be ≥ 1, got 0"),
+    (["train", "ocr", "--eval-limit", "-5"], "--eval-limit", "must be ≥ 1, got -5"),
+    (["train", "points", "--lovasz", "-1"], "--lovasz", "must be ≥ 0, got -1"),
+    (["train", "points", "--max-points", "-1"], "--max-points", "must be ≥ 0, got -1"),
+    (["train", "image", "--eval-samples", "-1"], "--eval-samples", "must be ≥ 1, got -1"),
+    (["train", "eo", "--eval-limit", "0"], "--eval-limit", "must be ≥ 1, got 0"),
+
     (["eval", "lm", "--ckpt", "nowhere", "--windows", "0"], "--windows", "must be ≥ 1, got 0"),
     (["eval", "lm", "--ckpt", "nowhere", "--lengths", "0"], "--lengths", "must be > 0, got 0"),
     (["generate", "--ckpt", "nowhere", "--top-p", "1.5"], "--top-p", "must be in (0, 1], got 1.5"),
@@ -135,3 +167,25 @@ def test_the_quick_speed_figure_shows_what_was_measured_and_its_threads(tmp_path
     (fig,) = figures
     assert [ax.get_title() for ax in fig.axes] == ["forward"]
     assert "(1 thread)" in fig._suptitle.get_text()
+
+
+def test_every_declared_range_of_every_model_config_is_checked():
+    """Each field a family config declares in RANGES refuses a value below its range with one line naming it
+    (tuples per entry), at the config's construction."""
+    from polymixer.families import FAMILIES
+    from polymixer.models.registry import family_config, model_config
+    from polymixer.ranges import Range
+
+    checked = 0
+    for name, fam in FAMILIES.items():
+        cls = family_config(name)
+        base = vars(model_config(fam.tiny)) if fam.tiny else {}
+        for field, allowed in getattr(cls, "RANGES", {}).items():
+            assert isinstance(allowed, Range) and allowed.low is not None, (cls.__name__, field)
+            bad = allowed.low if allowed.low_open else allowed.low - 1
+            value = base.get(field)
+            value = tuple(bad for _ in value) if isinstance(value, tuple) else bad
+            with pytest.raises(ValueError, match=rf"^{field}(\[0\])? must be "):
+                cls(**{**base, field: value})
+            checked += 1
+    assert checked >= 40  # image, lm and points declare theirs

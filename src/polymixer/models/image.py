@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ..blocks import PolyMorpher, layer_pattern, mixer_spec
 from ..layers.pom import shift_width
+from ..ranges import Range, check_ranges
 from ..ops import parallel
 from ..layers.positions import grid_positions, sincos_2d
 
@@ -30,6 +31,11 @@ __all__ = ["DiTConfig", "DiT", "AdaLNPolyMorpher", "modulate", "timestep_feature
 @dataclass
 class DiTConfig:
     RENAMED: ClassVar[Dict[str, str]] = {"shift_width": "token_shift"}  # earlier names (checkpoints load)
+    RANGES: ClassVar[Dict[str, Range]] = {  # checked when a config is made (polymixer.ranges)
+        **{n: Range(1) for n in ("input_size", "patch_size", "in_channels", "hidden_size", "depth", "num_heads",
+                                 "num_classes", "window", "degree", "sel_heads", "value_dim", "value_heads")},
+        "mlp_ratio": Range(0, low_open=True), "expand": Range(0, low_open=True),
+        "class_dropout_prob": Range(0, 1, high_open=True)}
     input_size: int = 32  # latent side (DiT's 256-pixel images through the SD VAE)
     patch_size: int = 2
     in_channels: int = 4
@@ -58,6 +64,10 @@ class DiTConfig:
     #                      patch grid (the local term of linear-attention vision models); 0: none
 
     def __post_init__(self) -> None:
+        check_ranges(self)
+        if self.input_size % self.patch_size or self.hidden_size % self.num_heads:
+            raise ValueError(f"input_size = {self.input_size} must be a multiple of patch_size = {self.patch_size} "
+                             f"and hidden_size = {self.hidden_size} of num_heads = {self.num_heads}")
         self.layer_pattern()
         shift_width(self.token_shift, "token_shift", off=False)
         shift_width(self.attention_shift, "attention_shift")

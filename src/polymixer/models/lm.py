@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..blocks import PolyMorpher, layer_pattern, mixer_spec
 from ..layers.pom import shift_width
+from ..ranges import Range, check_ranges
 from ..layers.pom import Index, batch_index
 from ..ops import parallel
 from ..ops.common import documents_cu_seqlens, is_compiling, segments
@@ -32,6 +33,10 @@ __all__ = ["LMConfig", "GPT", "LMState", "pad_left"]
 @dataclass
 class LMConfig:
     RENAMED: ClassVar[Dict[str, str]] = {"shift_width": "token_shift"}  # earlier names (checkpoints load)
+    RANGES: ClassVar[Dict[str, Range]] = {  # checked when a config is made (polymixer.ranges)
+        **{n: Range(1) for n in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "window", "degree",
+                                 "sel_heads", "value_dim", "value_heads")},
+        "expand": Range(0, low_open=True), "dropout": Range(0, 1, high_open=True), "rope_base": Range(0, low_open=True)}
     vocab_size: int = 50304
     block_size: int = 1024
     n_layer: int = 12
@@ -55,11 +60,9 @@ class LMConfig:
     def __post_init__(self) -> None:
         if self.position not in ("learned", "rope", "none"):
             raise ValueError(f"position must be 'learned', 'rope' or 'none', got {self.position!r}")
+        check_ranges(self)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd = {self.n_embd} is not divisible by n_head = {self.n_head}")
-        for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "window"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         shift_width(self.token_shift, "token_shift", off=False)
         shift_width(self.attention_shift, "attention_shift")
         self.layer_pattern()

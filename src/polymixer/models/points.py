@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from ..blocks import PolyMorpher, layer_pattern, mixer_spec
 from ..layers.pom import shift_width
+from ..ranges import Range, check_ranges
 from ..layers.pom import PoM
 
 __all__ = ["PTv3Config", "PTv3", "ORDERS", "MAX_DEPTH", "z_order_encode", "hilbert_encode", "encode",
@@ -400,6 +401,12 @@ class SerializedMixer(nn.Module):
 
 @dataclass
 class PTv3Config:
+    RANGES: ClassVar[Dict[str, Range]] = {  # checked when a config is made (polymixer.ranges); tuples per entry
+        **{n: Range(1) for n in ("in_channels", "num_classes", "enc_depths", "enc_channels", "enc_heads", "dec_depths",
+                                 "dec_channels", "dec_heads", "patch_size", "stem_kernel", "cpe_kernel", "degree",
+                                 "sel_heads", "value_dim", "value_heads")},
+        "mlp_ratio": Range(0, low_open=True), "expand": Range(0, low_open=True), "bn_eps": Range(0, low_open=True),
+        "drop_path": Range(0, 1, high_open=True), "bn_momentum": Range(0, 1), "block_lr_scale": Range(0)}
     in_channels: int = 6  # ScanNet: colour/255 and normal
     num_classes: int = 20
     enc_depths: Tuple[int, ...] = (2, 2, 2, 6, 2)
@@ -435,6 +442,7 @@ class PTv3Config:
     #                           offered to attention alike)
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         shift_width(self.attention_shift, "attention_shift")
         for name in ("enc_depths", "enc_channels", "enc_heads", "dec_depths", "dec_channels", "dec_heads", "orders"):
             setattr(self, name, tuple(getattr(self, name)))

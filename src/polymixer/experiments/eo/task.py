@@ -27,7 +27,9 @@ from ..metrics import ConfusionMatrix
 from ...models import create_model, model_config
 from ...checkpoint import load_model, read_config, resolve_checkpoint
 from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
-from ..tasks.common import add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides
+from ..tasks.common import (
+    add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides, int_at_least,
+)
 
 __all__ = ["EOTask", "masked_cross_entropy", "predict_patch", "evaluate_eo", "train_eo", "load_segmenter",
            "rgb_composite", "draw_confusion", "draw_tiles", "colorize"]
@@ -354,9 +356,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hybrid-pom", default=None, choices=["temporal", "spatial"],
                    help="with --mixer hybrid: the encoder made of PoM blocks")
     p.add_argument("--spatial-position", default=None, choices=["learned", "rope"])
-    p.add_argument("--max-frames", type=int, default=None, help="keep the first N dates of longer series")
+    p.add_argument("--max-frames", type=int_at_least(1), default=None, help="keep the first N dates of longer series")
     p.add_argument("--no-augment", action="store_true", help="no flips / rotations of the training windows")
-    p.add_argument("--eval-limit", type=int, default=None, help="validate on the first N patches only")
+    p.add_argument("--eval-limit", type=int_at_least(1), default=None, help="validate on the first N patches only")
     add_set_argument(p, "eo")
     add_train_config_arguments(p, t, "run folder (default: runs/eo/<preset>)", TRAIN_FLAGS)
 
@@ -366,7 +368,7 @@ def main_train(args: argparse.Namespace) -> int:
     for name in ("mixer", "hybrid_pom", "spatial_position", "max_frames"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
-    overrides.update(config_overrides("eo", args.preset, args.set_fields))
+    overrides = config_overrides("eo", args.preset, args.set_fields, overrides)
     tcfg = train_config_from_args(args, train_defaults(), f"runs/eo/{args.preset}")
     res = train_eo(args.preset, tcfg, args.data, args.fold, args.crop, args.norm, not args.no_augment,
                    args.eval_limit, progress=not args.quiet, **overrides)

@@ -31,7 +31,9 @@ from ...files import atomic_path
 from ...models import create_model, model_config
 from ...checkpoint import load_model, read_config
 from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
-from ..tasks.common import add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides
+from ..tasks.common import (
+    add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides, int_at_least,
+)
 
 __all__ = ["ImageTask", "Classifier", "get_classifier", "frechet_distance", "sample_images", "evaluate_generator",
            "train_image"]
@@ -276,10 +278,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mixer", choices=["attention", "pom"], default=None, help="override the preset's mixer")
     p.add_argument("--objective", choices=["flow", "ddpm"], default="flow")
     p.add_argument("--data", default=None, help="image folder (class = sub-folder); default: scikit-learn's digits")
-    p.add_argument("--image-size", type=int, default=None, help="override input_size")
+    p.add_argument("--image-size", type=int_at_least(1), default=None, help="override input_size")
     p.add_argument("--learn-sigma", action="store_true", help="learn the DDPM variance (DiT)")
     p.add_argument("--position", choices=["sincos", "rope"], default=None)
-    p.add_argument("--eval-samples", type=int, default=100, help="samples scored at each evaluation")
+    p.add_argument("--eval-samples", type=int_at_least(1), default=100, help="samples scored at each evaluation")
     add_set_argument(p, "image")
     add_train_config_arguments(p, t, "run folder (default: runs/image/<preset>-<objective>)",
                                tuple(n for n in TRAIN_FLAGS if n != "beta2"))
@@ -292,7 +294,7 @@ def main_train(args: argparse.Namespace) -> int:
             overrides[name] = getattr(args, flag)
     if args.learn_sigma:
         overrides["learn_sigma"] = True
-    overrides.update(config_overrides("image", args.preset, args.set_fields))
+    overrides = config_overrides("image", args.preset, args.set_fields, overrides)
     tag = args.preset.replace("/", "_")
     tcfg = train_config_from_args(args, TrainConfig(), f"runs/image/{tag}-{args.objective}")
     res = train_image(args.preset, tcfg, args.objective, args.data, args.eval_samples, **overrides)

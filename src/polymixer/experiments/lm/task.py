@@ -20,7 +20,8 @@ from .data import Corpus, TokenWindows, prepare_corpus
 from ...models import create_model, model_config
 from ...models.lm import pad_left
 from ...checkpoint import load_model, read_config
-from ..train.loop import Range, TrainConfig, add_train_config_arguments, train, train_config_from_args
+from ...ranges import Range
+from ..train.loop import TrainConfig, add_train_config_arguments, train, train_config_from_args
 from ..tasks.common import (
     add_field_flags,
     add_preset_argument,
@@ -161,7 +162,7 @@ def train_lm(preset: str, train_cfg: TrainConfig, data: Optional[List[str]] = No
 
 
 def main_train(args: argparse.Namespace) -> int:
-    overrides = {**field_overrides(args), **config_overrides("lm", args.preset, args.set_fields)}
+    overrides = config_overrides("lm", args.preset, args.set_fields, field_overrides(args))
     tcfg = train_config_from_args(args, TrainConfig(), f"runs/lm/{args.preset}")
     res = train_lm(args.preset, tcfg, args.data, args.tokenizer, args.val_fraction, not args.no_pack,
                    args.eval_windows, **overrides)

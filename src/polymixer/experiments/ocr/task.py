@@ -22,7 +22,9 @@ from ...models import create_model, model_config
 from ...models.ocr import ctc_greedy_decode, ctc_loss
 from ...checkpoint import load_model, read_config, resolve_checkpoint
 from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
-from ..tasks.common import add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides
+from ..tasks.common import (
+    add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides, int_at_least,
+)
 
 __all__ = ["OCRTask", "PageSpec", "examples_of", "make_example", "evaluate_ocr", "transcribe", "train_ocr",
            "load_recognizer"]
@@ -246,10 +248,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None, help="dataset folder (HTR-VT layout or IAM's), or 'synthetic' (default) / "
                                                 "'digits' — the offline sets, generated on first use")
     p.add_argument("--multiline", action="store_true", help="train on pages: the lines of a page side by side")
-    p.add_argument("--max-lines", type=int, default=16, help="lines per page example (--multiline)")
+    p.add_argument("--max-lines", type=int_at_least(1), default=16, help="lines per page example (--multiline)")
     p.add_argument("--mixer", default=None, help="override the preset's layer pattern (attention, pom, hybrid, AP…)")
     p.add_argument("--no-augment", action="store_true", help="turn HTR-VT's augmentations off")
-    p.add_argument("--eval-limit", type=int, default=None, help="validate on the first N examples only")
+    p.add_argument("--eval-limit", type=int_at_least(1), default=None, help="validate on the first N examples only")
     add_set_argument(p, "ocr")
     add_train_config_arguments(p, t, "run folder (default: runs/ocr/<preset>[-multiline])",
                                TRAIN_FLAGS + ("sam_rho",))
@@ -259,7 +261,7 @@ def main_train(args: argparse.Namespace) -> int:
     overrides: Dict[str, Any] = {}
     if args.mixer is not None:
         overrides["mixer"] = args.mixer
-    overrides.update(config_overrides("ocr", args.preset, args.set_fields))
+    overrides = config_overrides("ocr", args.preset, args.set_fields, overrides)
     tcfg = train_config_from_args(args, train_defaults(),
                                   f"runs/ocr/{args.preset}{'-multiline' if args.multiline else ''}")
     spec = PageSpec(multiline=args.multiline, max_lines=args.max_lines)
@@ -296,7 +298,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="test", help="train, val or test")
     p.add_argument("--multiline", default=None, choices=["yes", "no"],
                    help="evaluate pages instead of lines (default: as trained)")
-    p.add_argument("--max-lines", type=int, default=None)
+    p.add_argument("--max-lines", type=int_at_least(1), default=None)
     p.add_argument("--limit", type=int, default=None, help="the first N examples only")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--samples", type=int, default=8, help="lines drawn in the PNG (0: none)")

@@ -27,7 +27,10 @@ from ..metrics import ConfusionMatrix
 from ...models import create_model
 from ...checkpoint import load_model, read_config, resolve_checkpoint
 from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
-from ..tasks.common import add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides
+from ...ranges import Range
+from ..tasks.common import (
+    add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides, float_in, int_at_least,
+)
 
 __all__ = ["PointTask", "lovasz_softmax", "segmentation_loss", "predict_scene",
            "evaluate_points", "train_points", "load_segmenter", "draw_scene", "class_colors", "read_scene"]
@@ -307,10 +310,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pom-patch-size", type=_patch_arg, default=None,
                    help="PoM context in every stage, or 'scene': the whole scene (default: the preset's)")
     p.add_argument("--no-augment", action="store_true", help="no augmentation of the training scenes")
-    p.add_argument("--lovasz", type=float, default=1.0, help="weight of the Lovász-softmax term (0: cross-entropy)")
-    p.add_argument("--eval-limit", type=int, default=None,
+    p.add_argument("--lovasz", type=float_in(Range(0)), default=1.0,
+                   help="weight of the Lovász-softmax term (0: cross-entropy)")
+    p.add_argument("--eval-limit", type=int_at_least(1), default=None,
                    help="validate on the first N scenes only (default: every validation scene)")
-    p.add_argument("--max-points", type=int, default=None, metavar="N",
+    p.add_argument("--max-points", type=int_at_least(0), default=None, metavar="N",
                    help=f"sphere-crop each training scene to N points (0: whole scenes; default: "
                         f"{TINY_MAX_POINTS:,} for the tiny presets, the format's own — PTv3's 102,400 indoors — for "
                         f"the others); evaluation always reads whole scenes")
@@ -326,7 +330,7 @@ def main_train(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None:
             overrides[name] = None if value == "scene" else value
-    overrides.update(config_overrides("points", args.preset, args.set_fields))
+    overrides = config_overrides("points", args.preset, args.set_fields, overrides)
     tcfg = train_config_from_args(args, train_defaults(), f"runs/points/{args.preset}")
     max_points = args.max_points if args.max_points is not None else \
         (TINY_MAX_POINTS if args.preset.startswith("tiny-") else None)

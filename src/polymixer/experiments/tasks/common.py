@@ -19,7 +19,7 @@ from ...families import family as family_entry
 from ..commands import loader_module
 from ...models import list_models, model_config, preset_of
 from ...models.registry import current_fields
-from ..train.loop import Range
+from ...ranges import Range
 
 __all__ = ["add_preset_argument", "check_preset", "add_data_check_argument", "check_dataset", "scan_dataset",
            "int_at_least", "float_in", "config_class", "convert_field", "format_field", "add_set_argument",
@@ -42,7 +42,7 @@ def int_at_least(low: int) -> Callable[[str], int]:
 
 
 def float_in(allowed: Range) -> Callable[[str], float]:
-    """An argparse ``type``: a number in ``allowed`` (:class:`polymixer.experiments.train.loop.Range`)."""
+    """An argparse ``type``: a number in ``allowed`` (:class:`polymixer.ranges.Range`)."""
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -227,17 +227,21 @@ def field_overrides(args: argparse.Namespace) -> Dict[str, Any]:
     return {k[2:]: v for k, v in vars(args).items() if k.startswith("m_") and v is not None}
 
 
-def config_overrides(family: str, preset: str, sets: Optional[Sequence[str]]) -> Dict[str, Any]:
-    """``["n_layer=4", "mixer=pom"]`` → ``{"n_layer": 4, "mixer": "pom"}``: ``--set`` assignments converted by the
-    types of ``preset``'s config (a preset of ``family``; a later assignment of a field wins). One-line ValueErrors
-    for another family's preset, an unknown field or a value that does not convert."""
+def config_overrides(family: str, preset: str, sets: Optional[Sequence[str]],
+                     flags: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """``flags`` (config fields the family's own options set) then ``["n_layer=4", "mixer=pom"]`` → ``{…, "n_layer":
+    4, "mixer": "pom"}``: ``--set`` assignments converted by the types of ``preset``'s config (a preset of ``family``;
+    a later assignment of a field wins). The config they make is checked now, before any data is read: one-line
+    ValueErrors for another family's preset, an unknown field, a value that does not convert or one its config
+    refuses (``n_layer must be ≥ 1, got 0``)."""
     cls = type(model_config(check_preset(family, preset)))
-    out: Dict[str, Any] = {}
+    out: Dict[str, Any] = dict(flags or {})
     for text in sets or ():
         name, eq, value = text.partition("=")
         if not eq:
             raise ValueError(f"--set {text!r}: expected FIELD=VALUE (e.g. n_layer=4)")
         out[name.strip()] = convert_field(cls, name.strip(), value)
+    model_config(preset, **out)  # every field's own check, before a command reads any data
     return out
 
 

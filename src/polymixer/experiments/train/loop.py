@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 from . import parallel
 from ..data.faults import SampleError
 from ...files import write_text_atomic
+from ...ranges import Range, check_range
 from ..report import plot_history
 from ...checkpoint import (
     config_diff, load_trainer_state, load_weights, read_config, resolve_checkpoint, rng_state, save_checkpoint,
@@ -38,7 +39,7 @@ from ...checkpoint import (
 )
 
 __all__ = ["TrainConfig", "Task", "train", "configure_optimizer", "lr_at", "distributed_context", "TRAIN_FLAGS",
-           "TRAIN_HELP", "TRAIN_RANGES", "Range", "check_range",
+           "TRAIN_HELP", "TRAIN_RANGES",
            "EXIT_PREEMPTED", "Preempted", "add_train_config_arguments", "train_config_from_args"]
 
 
@@ -79,28 +80,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name, allowed in TRAIN_RANGES.items():
-            check_range(name, getattr(self, name), allowed)
+            check_range(name, getattr(self, name), allowed, f"--{name.replace('_', '-')}")
         if self.dtype not in ("auto", "fp32", "bf16"):
             raise ValueError(f"dtype (--dtype) must be auto, fp32 or bf16, got {self.dtype!r}")
-
-
-class Range(NamedTuple):
-    """The values a numeric setting allows: ``low`` … ``high`` (None: unbounded), each end included unless open."""
-
-    low: Optional[float] = None
-    high: Optional[float] = None
-    low_open: bool = False
-    high_open: bool = False
-
-    def __str__(self) -> str:
-        if self.high is None:
-            return f"{'>' if self.low_open else '≥'} {self.low:g}"
-        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
-
-    def admits(self, value: float) -> bool:
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
 
 # what each numeric TrainConfig field allows: checked when a config is made (a command checks its options before it
@@ -112,15 +94,6 @@ TRAIN_RANGES: Dict[str, Range] = {
     "keep": Range(1), "log_every": Range(1), "ema": Range(0, 1, high_open=True), "sam_rho": Range(0),
     "max_nonfinite": Range(1), "context_parallel": Range(1), "stop_after": Range(0),
 }
-
-
-def check_range(name: str, value: Any, allowed: Range) -> None:
-    """A one-line ValueError naming the setting (and its command-line option) when ``value`` is outside ``allowed``
-    (None passes: an unset optional setting)."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or not allowed.admits(value):
-        raise ValueError(f"{name} (--{name.replace('_', '-')}) must be {allowed}, got {value!r}")
 
 
 # the TrainConfig fields every `polymixer train <family>` command exposes as --flags

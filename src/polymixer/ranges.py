@@ -1,0 +1,54 @@
+"""The values a numeric setting allows, declared beside the setting and checked where a config is made.
+
+A config dataclass lists its numeric fields' ranges in ``RANGES`` and calls :func:`check_ranges` in its
+``__post_init__``: a command line builds its configs before it reads any data, so a bad option is one line naming
+the setting and what it allows (``depth must be ≥ 1, got 0``), never a traceback minutes later or a run that trains
+nonsense.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, NamedTuple, Optional
+
+__all__ = ["Range", "check_range", "check_ranges"]
+
+
+class Range(NamedTuple):
+    """The values a numeric setting allows: ``low`` … ``high`` (None: unbounded), each end included unless open."""
+
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '≥'} {self.low:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+    def admits(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+
+def check_range(name: str, value: Any, allowed: Range, option: Optional[str] = None) -> None:
+    """A one-line ValueError naming the setting (and its command-line ``option``, where it has one) when ``value``
+    is outside ``allowed`` or not a number (None passes: an unset optional setting)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or not allowed.admits(value):
+        shown = f"{name} ({option})" if option else name
+        raise ValueError(f"{shown} must be {allowed}, got {value!r}")
+
+
+def check_ranges(config: Any, ranges: Optional[Mapping[str, Range]] = None) -> None:
+    """Check every field of ``config`` that ``ranges`` (default: the config's own ``RANGES``) declares; a tuple
+    field (one entry per stage) has each entry checked."""
+    for name, allowed in (ranges if ranges is not None else getattr(config, "RANGES", {})).items():
+        value = getattr(config, name)
+        if isinstance(value, (tuple, list)):
+            for i, v in enumerate(value):
+                check_range(f"{name}[{i}]", v, allowed)
+        else:
+            check_range(name, value, allowed)
