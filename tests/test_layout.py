@@ -212,17 +212,6 @@ def test_the_checker_sees_lazy_relative_and_private_imports(tmp_path, monkeypatc
         test_the_library_imports_nothing_from_the_lab()
 
 
-# Functions longer than MAX_FUNCTION_LINES that another engineer is splitting right now: to be split with the value
-# PoM's front end (issue 84 item 2). Each entry ("<path under src/polymixer> <qualified name>") leaves the list when
-# its function is split.
-LONG_FUNCTIONS_BEING_SPLIT = frozenset({
-    "layers/pom.py PoM.__init__",
-    "layers/attention.py Attention._forward_context_parallel",
-    "ops/value_pom/modular.py value_pom",
-    "ops/value_pom/modular.py value_mix",
-    "ops/value_pom/context_parallel.py _mix",
-    "ops/features.py aggregate",
-})
 MAX_FUNCTION_LINES = 80  # from the `def` line to the function's last line, decorators not counted
 KERNEL_FILES = ("triton_kernels.py", "gated_triton.py")  # Triton kernels: one function per launch, long by nature
 
@@ -262,10 +251,8 @@ def _dotted(entry: str) -> str:
 
 
 def test_no_function_is_longer_than_80_lines():
-    """Code a newcomer reads at once: no function over MAX_FUNCTION_LINES lines outside the Triton kernels and the
-    functions being split now (LONG_FUNCTIONS_BEING_SPLIT)."""
-    long = [f"{_dotted(k)} ({n} lines)" for k, n in _function_lengths().items()
-            if n > MAX_FUNCTION_LINES and k not in LONG_FUNCTIONS_BEING_SPLIT]
+    """Code a newcomer reads at once: no function over MAX_FUNCTION_LINES lines outside the Triton kernels."""
+    long = [f"{_dotted(k)} ({n} lines)" for k, n in _function_lengths().items() if n > MAX_FUNCTION_LINES]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: split them\n" + "\n".join(long)
 
 

@@ -9,7 +9,7 @@ last ``window`` keys / values for local attention, so local layers decode in con
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -290,6 +290,19 @@ class Attention(nn.Module):
         """This rank's slice of every sequence (:func:`polymixer.context_parallel`). Global attention all-gathers the
         keys and values of every rank (what ring attention sends, in one collective); local attention reads a halo
         of ``window − 1`` tokens from the neighbouring slices and stays O(n·window)."""
+        key_mask, lengths = self._cp_agree(cp, x, context, mask, causal, block_size, cu_seqlens, positions)
+        sl = parallel.Slice(cp.rank, lengths)
+        q, kv, valid = self._cp_project(cp, x, key_mask, sl, positions)
+        p = self.dropout if self.training else 0.0
+        if self.window is None:
+            return self._merge(self._cp_global(cp, q, kv, valid, lengths, sl, causal, block_size, key_mask, p))
+        return self._merge(self._cp_local(cp, q, kv, valid, lengths, causal, p))
+
+    def _cp_agree(self, cp: "parallel.ContextParallel", x: Tensor, context: Optional[Tensor], mask: Optional[Tensor],
+                  causal: bool, block_size: Optional[int], cu_seqlens: Optional[CuSeqlens],
+                  positions: Optional[Tensor]) -> Tuple[Optional[Tensor], List[int]]:
+        """(key mask, every rank's slice length) once every rank has checked its call and they agree on the mode
+        (one collective, :func:`polymixer.ops.parallel.agree`); else the same ValueError on every rank."""
         problem, key_mask = None, None
         try:
             if context is not None or cu_seqlens is not None:
@@ -309,9 +322,13 @@ class Attention(nn.Module):
             facts.update({"batch": x.shape[0], "width": x.shape[-1], "window": self.window or 0,
                           "shift": self.shift_width})
             facts.update(parallel.mode_facts(causal, block_size, key_mask, self.rope, positions, False))
-        lengths = parallel.agree(cp, "attention", facts, problem)
-        sl = parallel.Slice(cp.rank, lengths)
-        B = x.shape[0]
+        return key_mask, parallel.agree(cp, "attention", facts, problem)
+
+    def _cp_project(self, cp: "parallel.ContextParallel", x: Tensor, key_mask: Optional[Tensor],
+                    sl: "parallel.Slice", positions: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        """(queries (B, H, n, dh), keys ‖ values (B, n, H, 2·dh) — the rows the other ranks need —, key weights
+        (B, n)) of this slice: the token shift reads the halo before the slice, rotary the global positions."""
+        B, n = x.shape[0], x.shape[1]
         q, kv = self._project_flat(x, None)
         if self.shift_width:  # the W − 1 key / value projections before this slice, from the ranks before it
             take = min(self.shift_width - 1, n)
@@ -328,35 +345,42 @@ class Attention(nn.Module):
             q, k = self._rotate(q, pos), self._rotate(k, pos)
         kv = torch.cat([k, v], dim=-1).transpose(1, 2)  # (B, n, H, 2·dh): the rows the other ranks need
         valid = torch.ones(B, n, dtype=kv.dtype, device=x.device) if key_mask is None else key_mask.to(kv.dtype)
-        p = self.dropout if self.training else 0.0
-        dh = self.head_dim
-        if self.window is None:
-            rows, zero = parallel.gather_rows(kv, cp, lengths, "attention keys and values")
-            if causal and block_size is None and key_mask is None:
-                # the keys up to this slice's end; each query sees those up to its own global index: causal,
-                # aligned to the bottom right (SDPA's fused kernels take it without a mask on a GPU)
-                from torch.nn.attention.bias import causal_lower_right
+        return q, kv, valid
 
-                K = torch.cat([zero] + rows[:cp.rank + 1], dim=1).transpose(1, 2)
-                bias = causal_lower_right(n, K.shape[2])
-                o = F.scaled_dot_product_attention(q, K[..., :dh], K[..., dh:], attn_mask=bias, dropout_p=p)
-                return self._merge(o)
-            keep, _ = parallel.gather_rows(valid, cp, lengths, "attention key padding")
-            K = torch.cat([zero] + rows, dim=1).transpose(1, 2)  # (B, H, N, 2·dh)
-            km = torch.cat(keep, dim=1) > 0
-            gi = sl.start + torch.arange(n, device=x.device)
-            j = torch.arange(sl.total, device=x.device)
-            vis = torch.ones(n, sl.total, dtype=torch.bool, device=x.device)
-            if causal:
-                last = gi if block_size is None else (torch.div(gi, block_size, rounding_mode="floor") + 1) * \
-                    block_size - 1
-                vis = j[None, :] <= last[:, None]
-            vis = vis[None] & km[:, None, :]
-            o = sdpa(q, K[..., :dh], K[..., dh:], vis[:, None], p)
-            return self._merge(o)
-        # local attention: the window − 1 tokens before the slice (and after it, bidirectional) from other ranks
-        W = self.window
+    def _cp_global(self, cp: "parallel.ContextParallel", q: Tensor, kv: Tensor, valid: Tensor, lengths: List[int],
+                   sl: "parallel.Slice", causal: bool, block_size: Optional[int], key_mask: Optional[Tensor],
+                   p: float) -> Tensor:
+        """Global attention of this slice's queries (B, H, n, dh) over every rank's keys and values, gathered."""
+        n, dh, device = q.shape[2], self.head_dim, q.device
+        rows, zero = parallel.gather_rows(kv, cp, lengths, "attention keys and values")
+        if causal and block_size is None and key_mask is None:
+            # the keys up to this slice's end; each query sees those up to its own global index: causal,
+            # aligned to the bottom right (SDPA's fused kernels take it without a mask on a GPU)
+            from torch.nn.attention.bias import causal_lower_right
+
+            K = torch.cat([zero] + rows[:cp.rank + 1], dim=1).transpose(1, 2)
+            bias = causal_lower_right(n, K.shape[2])
+            return F.scaled_dot_product_attention(q, K[..., :dh], K[..., dh:], attn_mask=bias, dropout_p=p)
+        keep, _ = parallel.gather_rows(valid, cp, lengths, "attention key padding")
+        K = torch.cat([zero] + rows, dim=1).transpose(1, 2)  # (B, H, N, 2·dh)
+        km = torch.cat(keep, dim=1) > 0
+        gi = sl.start + torch.arange(n, device=device)
+        j = torch.arange(sl.total, device=device)
+        vis = torch.ones(n, sl.total, dtype=torch.bool, device=device)
+        if causal:
+            last = gi if block_size is None else (torch.div(gi, block_size, rounding_mode="floor") + 1) * \
+                block_size - 1
+            vis = j[None, :] <= last[:, None]
+        vis = vis[None] & km[:, None, :]
+        return sdpa(q, K[..., :dh], K[..., dh:], vis[:, None], p)
+
+    def _cp_local(self, cp: "parallel.ContextParallel", q: Tensor, kv: Tensor, valid: Tensor, lengths: List[int],
+                  causal: bool, p: float) -> Tensor:
+        """Local attention of this slice's queries (B, H, n, dh): the window − 1 tokens before the slice (and after
+        it, bidirectional) from the other ranks, one halo of every rank's first and last rows."""
+        W, dh = self.window, self.head_dim
         h = W - 1
+        n = q.shape[2]
         take = min(h, n)
         edge = torch.cat([kv[:, :take], kv[:, n - take:]], dim=1)  # first and last rows
         edge_valid = torch.cat([valid[:, :take], valid[:, n - take:]], dim=1)
@@ -379,7 +403,8 @@ class Attention(nn.Module):
         nb_ = before.shape[1]
         qe = F.pad(q, (0, 0, nb_, after.shape[1]))
         o = _local_attention(qe, ext[..., :dh], ext[..., dh:], W, causal, ext_valid, p)
-        return self._merge(o[:, :, nb_:nb_ + n])
+        return o[:, :, nb_:nb_ + n]
+
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, block_size: Optional[int],
                 key_mask: Optional[Tensor], general: Optional[Tensor]) -> Tensor:
