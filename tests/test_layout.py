@@ -37,7 +37,7 @@ LAB: List[Tuple[str, ...]] = [
     ("data.py", "synth.py"),  # a family's loaders and offline default
     ("train",),  # the one training loop
     ("tasks", "task.py"),  # the data check and presets; a family's task and commands
-    ("bench", "bench.py", "guides"),  # cross-family benches, the parity judge; a family's bench; guides' tables
+    ("bench", "bench.py", "targets.py", "guides"),  # the benches, the parity judge and the comparisons; guides
     ("cli",),  # the command line
 ]
 FLOORS: List[Tuple[str, ...]] = LIBRARY + LAB + [("__main__",), ("__init__",)]

@@ -623,13 +623,13 @@ def test_a_rate_at_the_end_of_a_sweep_leaves_a_verdict_it_could_flip_unsettled(t
 
 
 def test_the_sweep_command_leaves_out_the_rate_run():
-    fam = next(f for f in parity.FAMILIES if f.bench == "lm")
+    fam = next(f for f in parity.COMPARISONS if f.bench == "lm")
     full = fam.command.format(spec="tiny-x")
     assert "--lr-factors 0.5 1 2 4 8 " in full
     assert fam.sweep_command("tiny-x") == full
     assert "--lr-factors 0.5 1 4 8 " in fam.sweep_command("tiny-x", 2.0)
     assert fam.sweep_command("tiny-x", 3.0) == full  # off the grid: the whole grid
-    recall = next(f for f in parity.FAMILIES if f.bench == "recall")
+    recall = next(f for f in parity.COMPARISONS if f.bench == "recall")
     assert recall.sweep_command("attention", 1.0) == recall.command.format(spec="attention")  # names no grid
 
 

@@ -22,7 +22,7 @@ Options (the fairness rule): a family offers every model the same variants of it
 (image: ``+position=sincos_rope``), rotary dates (satellite: ``+date_rope=true``) and the token shift / short causal
 convolution the value PoM carries, given to attention's keys and values (``+attention_shift=W``, the value PoM's
 width; recall: the ``-shift`` variants). Each model — attention included — is compared as whichever of its preset
-and the variants that apply to it scores best on the family's *validation* figure (``Family.select``: validation
+and the variants that apply to it scores best on the family's *validation* figure (``Comparison.select``: validation
 loss, validation mIoU or CER; the reported test figure only where a family has none, said beside the table), so an
 option that helps attention as much as PoM raises the baseline rather than crediting the mixer. A variant that
 applies to a model but was not run is listed as "not run", and a verdict it could change (attention not run with
@@ -43,205 +43,43 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import median
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...files import write_text_atomic
 from ..report import format_table
-from .common import ACCURACY_CEILING, best_rows, beyond, read_json, same_rate, seed_payloads
+from ..eo import targets as eo_targets
+from ..image import targets as image_targets
+from ..lm import targets as lm_targets
+from ..ocr import targets as ocr_targets
+from ..points import targets as points_targets
+from ..recall import targets as recall_targets
+from .common import best_rows, beyond, read_json, same_rate
+from .comparison import Comparison
 
-__all__ = ["Family", "FAMILIES", "family", "seeded_rows", "judge", "collect", "target_lines", "verdict_lines", "report",
+__all__ = ["COMPARISONS", "family", "seeded_rows", "judge", "collect", "target_lines", "verdict_lines", "report",
            "main", "add_arguments"]
 
 
-_LR_FACTORS = re.compile(r"--lr-factors((?: [0-9.]+)+)")  # a family command's grid of rate factors
-_OUT = re.compile(r"--out (\S+)")  # a family command's output folder
+# every family's comparison (each in its own folder: polymixer.experiments.<family>.targets), in the table's order
+COMPARISONS: Tuple[Comparison, ...] = (lm_targets.COMPARISON, recall_targets.RECALL, recall_targets.RECALL_ZOOLOGY,
+                                       image_targets.COMPARISON, ocr_targets.COMPARISON, eo_targets.COMPARISON,
+                                       points_targets.COMPARISON)
 
 
-@dataclass(frozen=True)
-class Family:
-    """Where a family's quality rows are and how to read them."""
-
-    name: str
-    bench: str  # <out>/<bench>.json (unless ``file`` says otherwise), the family's bench
-    label: str  # the metric as the table names it
-    metric: str  # the row's key
-    higher: bool  # higher is better
-    gap: str  # "relative" (+% worse), "ratio" (× attention's) or "points" (percentage points, − worse)
-    attention: str
-    pom: Optional[str]
-    value: Optional[str]
-    hybrids: Tuple[str, ...] = ()  # hybrids with no full-attention layer (local attention or none)
-    full_hybrids: Tuple[str, ...] = ()  # hybrids that keep full-attention layers: shown, not linear-time
-    where: Dict[str, Any] = field(default_factory=dict)  # rows of this bench that belong to the comparison
-    key: str = "spec"  # the row's model name
-    scale: float = 1.0  # metric × scale as shown
-    best_target: Optional[float] = None  # best model without full attention: gap at most (or, points: at least)
-    all_target: Optional[float] = None  # the all-PoM / all-value-PoM model: gap at most (points: at least)
-    part: str = "quality"
-    guide: str = ""
-    # variants offered to every model alike, as suffixes of its preset ("+position=sincos_rope"): each model is
-    # compared in whichever of its plain preset and these variants scores best on the main seed, so an option that
-    # helps attention as much as PoM raises the baseline instead of crediting the mixer
-    options: Tuple[str, ...] = ()
-    # options that give attention layers the token shift: they apply to attention and the hybrids only (a model with
-    # no attention layer would be the same model)
-    shift_options: Tuple[str, ...] = ()
-    # the validation figure options are picked on (the benches pick rates on it too); None: the family has none and
-    # picks on the reported figure, which the table says
-    select: Optional[str] = None
-    # ``name`` and ``metric`` may name fields of the bench's configuration ("miou_{crop}"): a bench run with another
-    # configuration is judged on its own figures; these are the fields' values where the JSON names none
-    defaults: Dict[str, Any] = field(default_factory=dict)
-    file: Optional[str] = None  # the JSON under <out> where it is not <bench>.json (another recipe's folder)
-    # other seeds' runs in folders beside the JSON (<its folder>/<its name>_seed<N>/<its name>.json); False: the
-    # rows summarise their own seeds (recall: ``by_seed``)
-    seed_folders: bool = True
-    # the command that trains a model form ({spec}) of this family's comparison, for the "to run" lines
-    command: str = ""
-    # config fields of a model's own preset (value heads, shift width, …): every run variant of a model over these
-    # (and the options' fields) is one of its forms, chosen on validation like the options — so a preset steered
-    # by test figures is replaced by the form validation picks
-    tuned: Tuple[str, ...] = ()  # (shift_width: token_shift's earlier name, in the recorded runs' variants)
-    # forms of the value PoM only, with their exact values (the gated value PoM, "+mixer=gated_value_pom": the value
-    # PoM whose state forgets): offered like the options, so the value PoM is compared in its best form, and shown
-    # "not run" where they were not
-    value_options: Tuple[str, ...] = ()
-    # the part of the JSON holding Zoology's figure 2 (bench recall --zoology --parts zoology): the value PoM judged
-    # against Based at every state size, length and form (with and without the shift)
-    per_state: Optional[str] = None
-    # a score (on the selection figure, unscaled) no other rate can beat: a model there at an end of its sweep
-    # needs no rate beyond it
-    ceiling: Optional[float] = None
-
-    @property
-    def json_name(self) -> str:
-        """The family's bench JSON under ``<out>``: ``file``, else ``<bench>.json``."""
-        return self.file or f"{self.bench}.json"
-
-    def seed_command(self, spec: str, factor: float, seed: int) -> str:
-        """``command`` for ``spec`` at ``factor`` × the recipe's rate only, on seed ``seed``, into the seed folder
-        this module reads (``<the command's --out>/<its JSON's name>_seed<N>``)."""
-        stem = Path(self.json_name).stem
-        return _OUT.sub(lambda m: f"--seed {seed} --out {m.group(1)}/{stem}_seed{seed}",
-                        self.rate_command(spec, factor), count=1)
-
-    def seed_payloads(self, folder: Path) -> List[Dict[str, Any]]:
-        """The other seeds' bench JSONs beside the family's JSON under ``folder`` (none where its rows keep their own
-        seeds)."""
-        if not self.seed_folders:
-            return []
-        where = folder / self.json_name
-        return seed_payloads(where.parent, where.stem, self.part)
-
-    def rate_command(self, spec: str, factor: float) -> str:
-        """``command`` for ``spec`` at ``factor`` × the recipe's rate only (a rate past the end of its sweep; the
-        bench brackets on from there while the model stays best at the end); the command itself where it names no
-        grid (recall: run again, its sweep brackets)."""
-        return self._with_factors(spec, [f"{round(factor, 6):g}"])
-
-    def sweep_command(self, spec: str, done: Optional[float] = None) -> str:
-        """``command`` for ``spec``: its sweep over the family's grid, less the factor ``done`` (× the recipe's rate)
-        it already ran at — a model run at one rate only trains the others, and a fresh machine without that run's
-        checkpoint does not train it again."""
-        grid = _LR_FACTORS.search(self.command)
-        factors = grid.group(1).split() if grid else []
-        rest = [f for f in factors if done is None or not math.isclose(float(f), done, rel_tol=1e-3)]
-        return self._with_factors(spec, rest or factors)
-
-    def _with_factors(self, spec: str, factors: Sequence[str]) -> str:
-        """``command`` for ``spec`` with its ``--lr-factors`` replaced by ``factors`` (unchanged where it names
-        none)."""
-        return _LR_FACTORS.sub(f"--lr-factors {' '.join(factors)}", self.command.format(spec=spec))
-
-    def resolved(self, data: Optional[Dict[str, Any]]) -> "Family":
-        """This family with ``name`` and ``metric`` filled from the configuration of ``data`` (its bench JSON)."""
-        if not self.defaults:
-            return self
-        config = dict(self.defaults)
-        if data is not None:
-            config.update(data.get("config") or {})
-            config.update(data.get(self.part, {}).get("config") or {})
-        return replace(self, name=self.name.format(**config), metric=self.metric.format(**config))
-
-
-RECALL = Family("recall (MQAR, L 64, K 16)", "recall", "accuracy %", "median", True, "points", "attention", "pom",
-                "vpom-16k", hybrids=("hybrid-LV",), where={"seq_len": 64, "pairs": 16, "steps": 2000}, key="variant",
-                scale=100, part="state", guide="docs/recall.md", options=("-shift",), shift_options=("-shift",),
-                select="val_accuracy", ceiling=ACCURACY_CEILING, seed_folders=False,
-                command="polymixer bench recall --parts state --variants {spec} --sweep {spec} --out docs/bench")
-
-FAMILIES: Tuple[Family, ...] = (
-    Family("language model", "lm", "val loss", "val_loss", False, "relative", "tiny-attention", "tiny-pom",
-           "tiny-vpom", hybrids=("tiny-hybrid", "tiny-vhybrid"), best_target=0.02, all_target=0.10,
-           guide="docs/lm.md", options=("+attention_shift=4",), shift_options=("+attention_shift=4",),
-           select="val_loss", tuned=("value_heads", "token_shift", "shift_width"),
-           value_options=("+mixer=gated_value_pom",),
-           command="polymixer bench lm --parts quality --presets {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
-                   "--out docs/bench"),
-    RECALL,
-    # the same probe under Zoology's recipe (mixer-only blocks, batch 128, rates 0.3× to 10×: bench recall --zoology),
-    # in which attention learns MQAR at the equal budget
-    replace(RECALL, name="recall, Zoology's recipe (L 64, K 16)", bench="recall_zoology",
-            file="recall_zoology/recall.json",
-            command="polymixer bench recall --zoology --parts state --variants {spec} --sweep {spec} "
-                    "--out docs/bench/recall_zoology", per_state="zoology"),
-    Family("image generation (flow)", "image", "FD", "fd", False, "ratio", "tiny-sit", "tiny-sipom",
-           "tiny-sipom-value", hybrids=("tiny-sipom-vhybrid",), where={"objective": "flow"}, key="model",
-           best_target=1.10, all_target=1.15, guide="docs/image.md", select="fd_val",
-           options=("+position=sincos_rope", "+attention_shift=2", "+position=sincos_rope+attention_shift=2"),
-           shift_options=("+attention_shift=2", "+position=sincos_rope+attention_shift=2"),
-           tuned=("value_heads", "token_shift", "shift_width", "degree", "local_conv"),
-           value_options=("+position=sincos_rope+mixer=gated_value_pom",),
-           # the runs with a held-out 15% of the digits (a validation FD to choose on), in their own folder: the
-           # runs in image.json trained on every digit and could only be chosen on the reported FD
-           file="image_heldout/image.json",
-           command="polymixer bench image --parts quality --objectives flow --presets {spec} --sweep {spec} "
-                   "--lr-factors 1 2 4 8 16 --heldout 0.15 --out docs/bench/image_heldout"),
-    Family("handwriting (synthetic lines)", "ocr", "CER %", "cer", False, "relative", "tiny-htr-vt", "tiny-htr-vpom",
-           "tiny-htr-vpom-value", full_hybrids=("tiny-htr-vpom-hybrid",), where={"task": "synthetic"},
-           key="preset", scale=100, best_target=0.05, guide="docs/ocr.md", options=("+attention_shift=2",),
-           shift_options=("+attention_shift=2",), select="val_cer",
-           command="polymixer bench ocr --parts quality --tasks synthetic --quality-presets {spec} --sweep {spec} "
-                   "--lr-factors 0.5 1 2 4 --out docs/bench"),
-    Family("satellite ({crop} px windows)", "eo", "test mIoU %", "miou_{crop}", True, "points", "tiny-tsvit",
-           "tiny-tsvipom", "tiny-tsvipom-value", hybrids=("tiny-tsvipom-local",),
-           full_hybrids=("tiny-tsvipom-hybrid",), scale=100, best_target=-1.0,
-           all_target=-8.0, guide="docs/eo.md", defaults={"crop": 24},
-           # rotary dates with the LM's frequencies, and with periods of 21 days to 500 days suited to days of a
-           # year; the value PoM's 4-token shift given to attention, with rotary dates
-           options=("+date_rope=true", "+date_rope=true+date_rope_speed=0.3+date_rope_base=30",
-                    "+date_rope=true+attention_shift=4"),
-           shift_options=("+date_rope=true+attention_shift=4",), select="val_miou",
-           tuned=("value_heads", "token_shift", "shift_width", "expand", "degree"),
-           value_options=("+date_rope=true+mixer=gated_value_pom",),
-           command="polymixer bench eo --parts quality --quality-models {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
-                   "--out docs/bench"),
-    Family("point clouds", "points", "test mIoU %", "miou", True, "points", "tiny-ptv3", "tiny-ppomv3",
-           "tiny-ppomv3-value", hybrids=("tiny-ppomv3-hybrid",), scale=100, best_target=-1.0, guide="docs/points.md",
-           options=("+attention_shift=2",), shift_options=("+attention_shift=2",), select="val_miou",
-           tuned=("pom_patch_size",),
-           command="polymixer bench points --parts quality --quality-models {spec} --sweep {spec} "
-                   "--lr-factors 0.25 0.5 1 2 --out docs/bench"),
-)
-
-
-def _load(fam: Family, folder: Path) -> Optional[Dict[str, Any]]:
+def _load(fam: Comparison, folder: Path) -> Optional[Dict[str, Any]]:
     """The family's main bench JSON, or None where it has none."""
     path = folder / fam.json_name
     return read_json(path) if path.is_file() else None
 
 
-def _rows(fam: Family, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def _rows(fam: Comparison, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Each model's row at its best rate, of the family's task and budget."""
     return [r for r in best_rows(rows) if all(r.get(k) == v for k, v in fam.where.items())]
 
 
-def _longer_runs(fam: Family, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def _longer_runs(fam: Comparison, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Attention's runs of the family's task trained for more steps than the equal budget (recall: attention leaves
     its loss plateau only with more steps), fewest steps first, the best rate first within a budget."""
     if "steps" not in fam.where:
@@ -253,7 +91,7 @@ def _longer_runs(fam: Family, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]
     return sorted(longer, key=lambda r: (r["steps"], -r[fam.metric] if fam.higher else r[fam.metric]))
 
 
-def _beyond(fam: Family, raw: Sequence[Dict[str, Any]], row: Optional[Dict[str, Any]],
+def _beyond(fam: Comparison, raw: Sequence[Dict[str, Any]], row: Optional[Dict[str, Any]],
             ladder: Sequence[float] = ()) -> Optional[float]:
     """:func:`~polymixer.experiments.bench.common.beyond` for a family's compared row, chosen on its validation figure
     where it
@@ -262,7 +100,7 @@ def _beyond(fam: Family, raw: Sequence[Dict[str, Any]], row: Optional[Dict[str, 
     return beyond(raw, row, fam.key, tuple(fam.where), score, fam.ceiling, ladder=ladder)
 
 
-def _recipe_rate(fam: Family, data: Optional[Dict[str, Any]]) -> Optional[float]:
+def _recipe_rate(fam: Comparison, data: Optional[Dict[str, Any]]) -> Optional[float]:
     """The recipe's rate the family's JSON was run with (None where it names none)."""
     config = (data or {}).get(fam.part, {}).get("config") or {}
     recipe = config.get("lr", config.get("quality_lr"))
@@ -279,7 +117,7 @@ def _past_end(e: Dict[str, Any]) -> str:
     return f"{e['model']} at {e['lr']:g} ({e['beyond']:g} not run)"
 
 
-def seeded_rows(fam: Family, payloads: List[Dict[str, Any]]) -> List[Tuple[int, Dict[str, Any]]]:
+def seeded_rows(fam: Comparison, payloads: List[Dict[str, Any]]) -> List[Tuple[int, Dict[str, Any]]]:
     """(seed, row) of every run of the family's task in other seeds' bench JSONs (``payloads``: what
     :func:`~polymixer.experiments.bench.common.seed_payloads` reads); rows written before sweeps existed carry no rate
     and get
@@ -295,7 +133,7 @@ def seeded_rows(fam: Family, payloads: List[Dict[str, Any]]) -> List[Tuple[int, 
     return out
 
 
-def _by_seed(fam: Family, row: Dict[str, Any], seed: int, seeded: List[Tuple[int, Dict[str, Any]]]
+def _by_seed(fam: Comparison, row: Dict[str, Any], seed: int, seeded: List[Tuple[int, Dict[str, Any]]]
              ) -> Dict[int, float]:
     """The model's metric per seed at ``row``'s rate and steps: ``row`` itself (seed ``seed``) and its seed folders;
     a row that summarises its own seeds (recall: ``by_seed``, the metric their median) gives those."""
@@ -313,12 +151,12 @@ def _by_seed(fam: Family, row: Dict[str, Any], seed: int, seeded: List[Tuple[int
     return dict(sorted(values.items()))
 
 
-def _main_seed(fam: Family, data: Dict[str, Any]) -> int:
+def _main_seed(fam: Comparison, data: Dict[str, Any]) -> int:
     """The seed of the family's main JSON (0 where it names none)."""
     return int((data.get(fam.part, {}).get("config") or data.get("config") or {}).get("seed", 0) or 0)
 
 
-def _gap(fam: Family, value: float, base: float) -> float:
+def _gap(fam: Comparison, value: float, base: float) -> float:
     if fam.gap == "relative":
         return value / base - 1
     if fam.gap == "ratio":
@@ -327,7 +165,7 @@ def _gap(fam: Family, value: float, base: float) -> float:
 
 
 def _gap_text(kind: str, gap: float, target: Optional[float] = None) -> str:
-    """The gap of ``kind`` (a ``Family.gap``) as the table shows it; one more digit where it would read as the
+    """The gap of ``kind`` (a ``Comparison.gap``) as the table shows it; one more digit where it would read as the
     ``target`` it misses or meets."""
     def text(extra: int) -> str:
         return {"relative": f"{100 * gap:+.{1 + extra}f}%", "ratio": f"{gap:.{2 + extra}f}×"}.get(
@@ -338,18 +176,18 @@ def _gap_text(kind: str, gap: float, target: Optional[float] = None) -> str:
     return text(0)
 
 
-def _bound(fam: Family, target: float) -> str:
+def _bound(fam: Comparison, target: float) -> str:
     if fam.gap == "points":
         return f"{-target:g} point" + ("" if abs(target) == 1 else "s")
     return _gap_text(fam.gap, target)
 
 
-def _worse(fam: Family, gap: float, target: float) -> bool:
+def _worse(fam: Comparison, gap: float, target: float) -> bool:
     """Whether ``gap`` misses ``target`` (a bound on how much worse than attention)."""
     return gap < target if fam.gap == "points" else gap > target
 
 
-def _entry(fam: Family, row: Optional[Dict[str, Any]], base: Optional[Dict[str, Any]], seed: int = 0,
+def _entry(fam: Comparison, row: Optional[Dict[str, Any]], base: Optional[Dict[str, Any]], seed: int = 0,
            seeded: Optional[List[Tuple[int, Dict[str, Any]]]] = None) -> Dict[str, Any]:
     if row is None or not isinstance(row.get(fam.metric), (int, float)):
         return {"run": False}
@@ -373,7 +211,7 @@ def _short_of_seeds(e: Optional[Dict[str, Any]], attention_seeds: int) -> bool:
     return e is not None and ((len(e.get("by_seed", {})) or 1) < 3 or attention_seeds < 3)
 
 
-def _verdict(fam: Family, e: Optional[Dict[str, Any]], target: float, spread: Optional[float],
+def _verdict(fam: Comparison, e: Optional[Dict[str, Any]], target: float, spread: Optional[float],
              attention_seeds: int = 3, missing: Sequence[str] = ()) -> str:
     """"met" / "MISSED" on medians of ≥ 3 seeds of both the model and attention, every option that could change it
     run; else the same word followed by "unsettled" and why: attention's seed spread when the margin to the target
@@ -396,7 +234,7 @@ def _verdict(fam: Family, e: Optional[Dict[str, Any]], target: float, spread: Op
             + "; needs 3 seeds of both")
 
 
-def _seed_commands(fam: Family, data: Optional[Dict[str, Any]], attention: Dict[str, Any],
+def _seed_commands(fam: Comparison, data: Optional[Dict[str, Any]], attention: Dict[str, Any],
                    models: Sequence[Dict[str, Any]]) -> List[str]:
     """The commands that run the seeds the verdicts on ``models`` wait on: for each, the first 3 seeds either it or
     attention ran (0, 1, 2 where fewer ran), each side at the rate its sweep chose, into the seed folders. None
@@ -419,19 +257,19 @@ def _seed_commands(fam: Family, data: Optional[Dict[str, Any]], attention: Dict[
     return out
 
 
-def _measured(fam: Family, e: Dict[str, Any], target: float) -> str:
+def _measured(fam: Comparison, e: Dict[str, Any], target: float) -> str:
     """The model and its gap (precise enough to tell it from ``target``), and the seeds the gap is a median over
     when there are several."""
     n = len(e.get("by_seed", {}))
     return f"{e['model']} {_gap_text(fam.gap, e['gap'], target)}" + (f" (median of {n} seeds)" if n > 1 else "")
 
 
-def family(bench: str) -> Family:
+def family(bench: str) -> Comparison:
     """The parity family whose results are ``<bench>.json``."""
-    for fam in FAMILIES:
+    for fam in COMPARISONS:
         if fam.bench == bench:
             return fam
-    names = ", ".join(dict.fromkeys(f.bench for f in FAMILIES))
+    names = ", ".join(dict.fromkeys(f.bench for f in COMPARISONS))
     raise ValueError(f"no parity family reads {bench}.json (families: {names})")
 
 
@@ -439,12 +277,12 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _has_attention(fam: Family, name: str) -> bool:
+def _has_attention(fam: Comparison, name: str) -> bool:
     """Whether the compared model has attention layers (attention and every hybrid): the token shift applies."""
     return name == fam.attention or name in fam.hybrids + fam.full_hybrids
 
 
-def _choose(fam: Family, by: Dict[str, Dict[str, Any]], name: str, fair: bool
+def _choose(fam: Comparison, by: Dict[str, Dict[str, Any]], name: str, fair: bool
             ) -> Tuple[Optional[Dict[str, Any]], List[str], str]:
     """The model's form it is compared as: its preset, a variant (``fam.options`` that apply to it) or, under the
     fair rule, another run of its own preset fields (``fam.tuned``), whichever scores best on the validation figure
@@ -484,7 +322,7 @@ class _Judging:
     made so far (``item``), and the models whose verdicts wait on a rate (``unswept``: run at one rate only;
     ``past``: best at an end of their rates), in the order the verdicts named them."""
 
-    def __init__(self, fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]],
+    def __init__(self, fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]],
                  fair: bool) -> None:
         self.fam, self.data, self.seeded, self.fair = fam, data, seeded, fair
         part = {} if data is None else data.get(fam.part, {})
@@ -561,7 +399,7 @@ class _Judging:
         return out
 
 
-def _judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]],
+def _judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]],
            fair: bool = True) -> Dict[str, Any]:
     """:func:`judge` under the fair rule (``fair``) or the earlier one (options picked on the reported figure, no
     token shift offered)."""
@@ -681,7 +519,7 @@ def _rate_commands(j: _Judging) -> List[str]:
     return [c for c in dict.fromkeys(commands) if fam.command and c not in j.item["to_run"]]
 
 
-def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
+def _versus_based(fam: Comparison, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
     """Issue 39's state target, judged on Zoology's figure 2 (the ``per_state`` part): the value PoM's accuracy at
     least level with Based's (within :data:`~polymixer.experiments.recall.bench.LEVEL`) at every state size, length
     and form.
@@ -754,7 +592,7 @@ def _versus_based(fam: Family, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str
     return {"what": what, "verdict": verdict, "measured": measured}, [command(gaps)] if gaps else []
 
 
-def judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]]) -> Dict[str, Any]:
+def judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]]) -> Dict[str, Any]:
     """One family's comparison and its targets judged, from its main bench JSON ``data`` (None: not run) and the
     rows of its other seeds (:func:`seeded_rows`), under the fairness rule (module docstring). A target whose
     verdict differs under the earlier rule (options picked on the reported figure, no shift offered to attention)
@@ -770,7 +608,7 @@ def judge(fam: Family, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, D
 
 def collect(folder: Path) -> Dict[str, Any]:
     """Each family's comparison from the bench results in ``folder``."""
-    families = [judge(fam, _load(fam, folder), seeded_rows(fam, fam.seed_payloads(folder))) for fam in FAMILIES]
+    families = [judge(fam, _load(fam, folder), seeded_rows(fam, fam.seed_payloads(folder))) for fam in COMPARISONS]
     return {"families": families, "source": str(folder)}
 
 
@@ -879,7 +717,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     folder = Path(args.out)
-    files = list(dict.fromkeys(f.json_name for f in FAMILIES))
+    files = list(dict.fromkeys(f.json_name for f in COMPARISONS))
     if not any((folder / name).is_file() for name in files):
         looked = ", ".join(files)
         raise SystemExit(f"polymixer bench parity: no bench results in {folder} (looked for {looked}); run the "

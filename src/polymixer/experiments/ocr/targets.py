@@ -1,0 +1,18 @@
+"""The ocr family's comparison with attention: the models ``polymixer bench parity`` compares, the options
+offered to each alike, and the targets a verdict is judged against (:class:`~polymixer.experiments.bench.comparison.
+Comparison`)."""
+
+from __future__ import annotations
+
+from ..bench.comparison import Comparison
+
+__all__ = ["COMPARISON"]
+
+COMPARISON = Comparison(
+    "handwriting (synthetic lines)", "ocr", "CER %", "cer", False, "relative", "tiny-htr-vt", "tiny-htr-vpom",
+    "tiny-htr-vpom-value", full_hybrids=("tiny-htr-vpom-hybrid",), where={"task": "synthetic"},
+    key="preset", scale=100, best_target=0.05, guide="docs/ocr.md", options=("+attention_shift=2",),
+    shift_options=("+attention_shift=2",), select="val_cer",
+    command="polymixer bench ocr --parts quality --tasks synthetic --quality-presets {spec} --sweep {spec} "
+            "--lr-factors 0.5 1 2 4 --out docs/bench",
+)

@@ -1,0 +1,18 @@
+"""The points family's comparison with attention: the models ``polymixer bench parity`` compares, the options
+offered to each alike, and the targets a verdict is judged against (:class:`~polymixer.experiments.bench.comparison.
+Comparison`)."""
+
+from __future__ import annotations
+
+from ..bench.comparison import Comparison
+
+__all__ = ["COMPARISON"]
+
+COMPARISON = Comparison(
+    "point clouds", "points", "test mIoU %", "miou", True, "points", "tiny-ptv3", "tiny-ppomv3",
+    "tiny-ppomv3-value", hybrids=("tiny-ppomv3-hybrid",), scale=100, best_target=-1.0, guide="docs/points.md",
+    options=("+attention_shift=2",), shift_options=("+attention_shift=2",), select="val_miou",
+    tuned=("pom_patch_size",),
+    command="polymixer bench points --parts quality --quality-models {spec} --sweep {spec} "
+            "--lr-factors 0.25 0.5 1 2 --out docs/bench",
+)
