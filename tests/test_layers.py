@@ -210,3 +210,22 @@ def test_a_config_field_is_named_as_the_keyword_it_feeds_and_earlier_names_still
     from polymixer.hf import PolymixerConfig
 
     assert PolymixerConfig(**{**old, "vocab_size": m.config.vocab_size}).token_shift == 3
+
+
+def test_every_layer_takes_the_same_mode_keywords_and_names_a_misspelt_one():
+    """The layers' forward reads one list of modes (ops.common.LAYER_MODES): no layer spells them out again, and a
+    misspelt one is the TypeError a misspelt keyword argument is, naming the layer and its modes."""
+    import inspect
+
+    from polymixer import PolyMorpher
+    from polymixer.ops.common import LAYER_MODES
+
+    x = torch.randn(1, 6, 8)
+    for m in (PoM(8), ValuePoM(8, heads=2), GatedValuePoM(8, heads=2), Attention(8, heads=2),
+              LocalAttention(8, 3, heads=2)):
+        assert list(inspect.signature(m.forward).parameters) == ["x", "context", "modes"]
+        assert m(x, causal=True, mask=torch.ones(1, 6, dtype=torch.bool)).shape == x.shape
+        with pytest.raises(TypeError, match=rf"{type(m).__name__}.forward\(\) got an unexpected keyword argument "
+                                            rf"'casual'; its mode keywords: {', '.join(LAYER_MODES)}"):
+            m(x, casual=True)
+    assert PolyMorpher(8, "pom")(x, causal=True, block_size=None).shape == x.shape

@@ -12,7 +12,6 @@ from .layers.attention import Attention, AttentionState, LocalAttention
 from .layers.linear_attention import LinearAttention
 from .layers.pom import PoM, PoMState
 from .layers.value_pom import GatedValuePoM, ValuePoM
-from .ops.common import CuSeqlens
 
 __all__ = ["MLP", "DropPath", "PolyMorpher", "MixerSpec", "MIXER_TABLE", "MIXER_SPECS", "MIXERS", "LETTERS",
            "mixer_spec", "build_mixer", "layer_pattern"]
@@ -233,22 +232,10 @@ class PolyMorpher(nn.Module):
             self.mlp = MLP(dim, int(round(mlp_ratio * dim)), bias=bias, dropout=dropout, activation=mlp_activation)
         self.drop_path = DropPath(drop_path)
 
-    def forward(
-        self,
-        x: Tensor,
-        context: Optional[Tensor] = None,
-        *,
-        mask: Optional[Tensor] = None,
-        causal: Optional[bool] = None,
-        block_size: Optional[int] = None,
-        cu_seqlens: Optional[CuSeqlens] = None,
-        positions: Optional[Tensor] = None,
-        context_positions: Optional[Tensor] = None,
-        **mixer_kwargs: Any,
-    ) -> Tensor:
-        kw = dict(mask=mask, causal=causal, block_size=block_size, cu_seqlens=cu_seqlens, positions=positions,
-                  context_positions=context_positions, **mixer_kwargs)
-        kw = {k: v for k, v in kw.items() if v is not None}
+    def forward(self, x: Tensor, context: Optional[Tensor] = None, **modes: Any) -> Tensor:
+        """The block over ``x`` (and ``context`` for cross-mixing); ``modes``: the mixer's forward keywords
+        (:meth:`polymixer.PoM.forward`), those given as None left to the mixer's defaults."""
+        kw = {k: v for k, v in modes.items() if v is not None}
         dp = self.drop_path
         if self.norm_first:
             x = x + dp(self.drop(self.mixer(self.norm1(x), context, **kw)))

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from .pom import Index, batch_index, shift_width
 from ..ops.common import (
     CuSeqlens, check_bool_mask, check_mix_inputs, check_positions, check_tokens, default_positions, rope_angles,
-    rotate,
+    layer_modes, rotate,
 )
 from ..ops import parallel
 from ..ops.features import pattern_mask
@@ -241,19 +241,10 @@ class Attention(nn.Module):
 
     # -- forward --------------------------------------------------------------------------------------------------
 
-    def forward(
-        self,
-        x: Tensor,
-        context: Optional[Tensor] = None,
-        *,
-        mask: Optional[Tensor] = None,
-        causal: Optional[bool] = None,
-        block_size: Optional[int] = None,
-        cu_seqlens: Optional[CuSeqlens] = None,
-        positions: Optional[Tensor] = None,
-        context_positions: Optional[Tensor] = None,
-    ) -> Tensor:
-        """Same arguments as :meth:`polymixer.PoM.forward`; ``causal=None`` uses the module's default."""
+    def forward(self, x: Tensor, context: Optional[Tensor] = None, **modes: Any) -> Tensor:
+        """Same arguments as :meth:`polymixer.PoM.forward`; ``causal`` not given uses the module's default."""
+        mask, causal, block_size, cu_seqlens, positions, context_positions = layer_modes(
+            type(self).__name__ + ".forward", modes)
         causal = self.causal if causal is None else causal
         squeeze = False
         if cu_seqlens is not None and isinstance(x, Tensor) and x.dim() == 2:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree
 
-from ..ops.common import ACTIVATIONS, GATES, ActivationLike, CuSeqlens, compute_dtype, resolve
+from ..ops.common import ACTIVATIONS, GATES, ActivationLike, compute_dtype, layer_modes, resolve
 from ..ops.pom import pom, pom_step
 from ..ops.value_pom.modular import CHUNK
 
@@ -331,40 +331,14 @@ class PoM(nn.Module):
 
     # -- the plain PoM ------------------------------------------------------------------------------------------
 
-    def forward(
-        self,
-        x: Tensor,
-        context: Optional[Tensor] = None,
-        *,
-        mask: Optional[Tensor] = None,
-        causal: bool = False,
-        block_size: Optional[int] = None,
-        cu_seqlens: Optional[CuSeqlens] = None,
-        positions: Optional[Tensor] = None,
-        context_positions: Optional[Tensor] = None,
-    ) -> Tensor:
-        """Mix tokens. See :func:`polymixer.functional.pom` for every argument.
-
-        x: (B, M, dim); context: (B, N, dim) for cross-mixing; mask: (B, N) key padding or (B, M, N) bool
-        (True = takes part); causal / block_size: (block-)causal; cu_seqlens: packed int32 offsets (B = 1).
-        Cost O((M + N)·dim·D) — except a (B, M, N) mask, O(M·N·D).
-        """
-        return pom(
-            x,
-            context,
-            self.in_proj.weight,
-            self.gate_bias,
-            self.coeff,
-            self.out_proj.weight,
-            self.out_proj.bias,
-            mask=mask,
-            causal=causal,
-            block_size=block_size,
-            cu_seqlens=cu_seqlens,
-            positions=positions,
-            context_positions=context_positions,
-            **self._op_kwargs(),
-        )
+    def forward(self, x: Tensor, context: Optional[Tensor] = None, **modes: Any) -> Tensor:
+        """Mix tokens. x: (B, M, dim); context: (B, N, dim) for cross-mixing; ``modes`` (:data:`LAYER_MODES`, see
+        :func:`polymixer.functional.pom`): mask (B, N) key padding or (B, M, N) bool (True = takes part), causal /
+        block_size ((block-)causal), cu_seqlens (packed int32 offsets, B = 1), positions / context_positions
+        (rotary). Cost O((M + N)·dim·D) — except a (B, M, N) mask, O(M·N·D)."""
+        layer_modes(type(self).__name__ + ".forward", modes)
+        return pom(x, context, self.in_proj.weight, self.gate_bias, self.coeff, self.out_proj.weight,
+                   self.out_proj.bias, **modes, **self._op_kwargs())
 
     def init_state(
         self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None

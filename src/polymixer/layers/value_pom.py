@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from ..ops.common import ActivationLike, CuSeqlens
+from ..ops.common import ActivationLike, layer_modes
 from ..ops.value_pom import value_pom, value_pom_step
 from ..ops.value_pom.gated import gated_value_pom, gated_value_pom_step, retnet_bias
 from ..ops.value_pom.modular import CHUNK
@@ -135,23 +135,11 @@ class ValuePoM(PoM, short_form="value"):
         return (self.in_proj.weight, self.gate_bias, self.coeff, self.coeff_q,
                 self.shift if self.token_shift else None, self.norm_weight, self.out_proj.weight, self.out_proj.bias)
 
-    def forward(
-        self,
-        x: Tensor,
-        context: Optional[Tensor] = None,
-        *,
-        mask: Optional[Tensor] = None,
-        causal: bool = False,
-        block_size: Optional[int] = None,
-        cu_seqlens: Optional[CuSeqlens] = None,
-        positions: Optional[Tensor] = None,
-        context_positions: Optional[Tensor] = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, context: Optional[Tensor] = None, **modes: Any) -> Tensor:
         """Mix tokens: the arguments of :meth:`PoM.forward`. Cost O(N·D·dv/heads) in full mode,
         O(N·chunk·D + N·D·dv/heads) causal."""
-        return value_pom(x, context, *self.value_weights(), mask=mask, causal=causal, block_size=block_size,
-                         cu_seqlens=cu_seqlens, positions=positions, context_positions=context_positions,
-                         **self._op_kwargs())
+        layer_modes(type(self).__name__ + ".forward", modes)
+        return value_pom(x, context, *self.value_weights(), **modes, **self._op_kwargs())
 
     def init_state(
         self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None
@@ -220,22 +208,11 @@ class GatedValuePoM(ValuePoM, short_form="gated_value"):
     def _extra_repr_fields(self) -> str:
         return super()._extra_repr_fields() + f", decay={self.decay!r}"
 
-    def forward(
-        self,
-        x: Tensor,
-        context: Optional[Tensor] = None,
-        *,
-        mask: Optional[Tensor] = None,
-        causal: bool = False,
-        block_size: Optional[int] = None,
-        cu_seqlens: Optional[CuSeqlens] = None,
-        positions: Optional[Tensor] = None,
-        context_positions: Optional[Tensor] = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, context: Optional[Tensor] = None, **modes: Any) -> Tensor:
         """Mix tokens: the arguments of :meth:`PoM.forward` (no cross-mixing, no (B, M, N) mask)."""
+        layer_modes(type(self).__name__ + ".forward", modes)
         return gated_value_pom(x, context, *self.value_weights(), self.decay_proj.weight, self.decay_proj.bias,
-                               mask=mask, causal=causal, block_size=block_size, cu_seqlens=cu_seqlens,
-                               positions=positions, context_positions=context_positions, **self._op_kwargs())
+                               **modes, **self._op_kwargs())
 
     def _step_op(self) -> Tuple[Any, tuple]:
         return gated_value_pom_step, (self.decay_proj.weight, self.decay_proj.bias)

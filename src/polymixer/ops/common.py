@@ -19,8 +19,8 @@ from torch import Tensor
 ActivationLike = Union[str, Callable[[Tensor], Tensor]]
 CuSeqlens = Union[Tensor, Tuple[Tensor, Tensor]]
 
-__all__ = ["ActivationLike", "CuSeqlens", "MIXING_MODES", "STEP_MODES", "REFERENCE_MODES", "ACTIVATIONS", "GATES",
-           "GATES_INPLACE", "FUSED_BACKWARD", "resolve",
+__all__ = ["ActivationLike", "CuSeqlens", "MIXING_MODES", "STEP_MODES", "REFERENCE_MODES", "LAYER_MODES",
+           "layer_modes", "ACTIVATIONS", "GATES", "GATES_INPLACE", "FUSED_BACKWARD", "resolve",
            "activation", "gate_fn", "compute_dtype", "elementwise_backward", "is_compiling", "cast_output",
            "check_cu_seqlens",
            "segments", "documents_cu_seqlens", "rope_angles", "rotate", "check_tokens", "check_bool_mask",
@@ -280,6 +280,20 @@ class Mixing:
 MIXING_MODES = tuple(f.name for f in fields(Mixing))  # every mode keyword (a constant: torch.compile reads it)
 # the modes a streaming step takes (its chunk is causal by default or one block; no packing, no cross-mixing)
 STEP_MODES = ("causal", "mask", "positions", "activation", "gate", "reduction", "rope", "rope_base")
+# the modes a layer's forward takes (the rest of Mixing is the layer's own configuration)
+LAYER_MODES = ("mask", "causal", "block_size", "cu_seqlens", "positions", "context_positions")
+
+
+def layer_modes(layer: str, modes: Dict[str, Any]) -> Tuple[Any, ...]:
+    """A layer's forward mode keywords (``**modes``: :data:`LAYER_MODES`) in that order, None where not given — so
+    no layer spells them out again; any other keyword is the TypeError a misspelt keyword argument would be."""
+    bad = [k for k in modes if k not in LAYER_MODES]
+    if bad:
+        raise TypeError(f"{layer}() got an unexpected keyword argument {bad[0]!r}; its mode keywords: "
+                        f"{', '.join(LAYER_MODES)}")
+    return tuple(modes.get(k) for k in LAYER_MODES)
+
+
 # the modes a float64 oracle reads (which tokens a query sees comes to it as an explicit visibility matrix)
 REFERENCE_MODES = ("activation", "gate", "reduction", "rope", "rope_base", "positions", "context_positions")
 
