@@ -9,7 +9,7 @@ the fast path must reproduce by rotating before and after aggregation. Everythin
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -111,31 +111,33 @@ def _rotated_pairs(feat: Tensor, rope: str, base: float, positions: Tensor,
     return torch.cat([p1 * cos - p2 * sin, p2 * cos + p1 * sin], dim=-1)
 
 
+def _float64_inputs(op: str, modes: Dict[str, Any], x: Tensor, context: Optional[Tensor]
+                    ) -> Tuple[Mixing, Tensor, Tensor]:
+    """An oracle's modes (:data:`~polymixer.ops.common.REFERENCE_MODES`) and its tokens and context in float64."""
+    x = x.to(torch.float64)
+    return Mixing.of(op, modes, REFERENCE_MODES), x, x if context is None else context.to(torch.float64)
+
+
 def reference_pom(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias: Tensor, coeff: Tensor,
                   out_weight: Tensor, out_bias: Optional[Tensor], vis: Tensor, **modes: Any) -> Tensor:
     """y_i = W_o (s_i ⊙ H_i), H_i = Σ_j vis_ij R(p_j − p_i) poly(act(W_h c_j)) [/ Σ_j vis_ij], all in float64."""
-    m = Mixing.of("reference_pom", modes, REFERENCE_MODES)
-    activation, gate, reduction, rope = m.activation, m.gate, m.reduction, m.rope
-    rope_base, positions, context_positions = m.rope_base, m.positions, m.context_positions
-    f64 = torch.float64
-    x = x.to(f64)
-    c = x if context is None else context.to(f64)
+    m, x, c = _float64_inputs("reference_pom", modes, x, context)
     D = coeff.shape[0]
-    W = in_weight.to(f64)
-    poly = _poly(c @ W[:D].T, coeff, activation)
-    s = _gate(x, W[D:], gate_bias, gate, D)
-    visf = vis.to(f64)
-    if rope is None:
+    W = in_weight.to(torch.float64)
+    poly = _poly(c @ W[:D].T, coeff, m.activation)
+    s = _gate(x, W[D:], gate_bias, m.gate, D)
+    visf = vis.to(torch.float64)
+    if m.rope is None:
         H = torch.einsum("bmn,bnd->bmd", visf, poly)
     else:
-        rot = _rotated_pairs(poly, rope, rope_base, positions, context_positions)  # (B, M, N, D)
+        rot = _rotated_pairs(poly, m.rope, m.rope_base, m.positions, m.context_positions)  # (B, M, N, D)
         H = (visf.unsqueeze(-1) * rot).sum(2)
-    if reduction == "mean":
+    if m.reduction == "mean":
         count = visf.sum(-1, keepdim=True)
         H = torch.where(count > 0, H / count.clamp_min(1.0), torch.zeros_like(H))
-    y = (s * H) @ out_weight.to(f64).T
+    y = (s * H) @ out_weight.to(torch.float64).T
     if out_bias is not None:
-        y = y + out_bias.to(f64)
+        y = y + out_bias.to(torch.float64)
     return y
 
 
@@ -167,19 +169,14 @@ def reference_value_pom(x: Tensor, context: Optional[Tensor], in_weight: Tensor,
     ``has_prev`` (B, N) or (B, N, W − 1): whether token j's shift (of width W, ``shift_weight`` (W, D + dv)) sees
     token j − 1, or each token j − t (:func:`shift_validity`); default: every j ≥ t.
     """
-    m = Mixing.of("reference_value_pom", modes, REFERENCE_MODES)
-    activation, gate, reduction, rope = m.activation, m.gate, m.reduction, m.rope
-    rope_base, positions, context_positions = m.rope_base, m.positions, m.context_positions
-    f64 = torch.float64
-    x = x.to(f64)
-    c = x if context is None else context.to(f64)
+    m, x, c = _float64_inputs("reference_value_pom", modes, x, context)
     D = coeff.shape[0]
     dv = out_weight.shape[1]
-    W = in_weight.to(f64)
+    W = in_weight.to(torch.float64)
     B, N = c.shape[:2]
     zkv = c @ W[:D + dv].T
     if shift_weight is not None:
-        taps = shift_weight.to(f64)
+        taps = shift_weight.to(torch.float64)
         lags = taps.shape[0] - 1
         if has_prev is None:
             has_prev = shift_validity(B, N, lags=lags)
@@ -191,33 +188,33 @@ def reference_value_pom(x: Tensor, context: Optional[Tensor], in_weight: Tensor,
         for t in range(1, lags + 1):
             before = torch.zeros_like(zkv)
             for j in range(t, N):
-                before[:, j] = zkv[:, j - t] * has_prev[:, j, t - 1, None].to(f64)
+                before[:, j] = zkv[:, j - t] * has_prev[:, j, t - 1, None].to(torch.float64)
             shifted = shifted + taps[t] * before
         zkv = shifted
-    phi = _poly(zkv[..., :D], coeff, activation)
+    phi = _poly(zkv[..., :D], coeff, m.activation)
     v = zkv[..., D:]
-    psi = _poly(x @ W[D + dv:2 * D + dv].T, coeff_q, activation)
-    s = _gate(x, W[2 * D + dv:], gate_bias, gate, dv)
-    visf = vis.to(f64)
+    psi = _poly(x @ W[D + dv:2 * D + dv].T, coeff_q, m.activation)
+    s = _gate(x, W[2 * D + dv:], gate_bias, m.gate, dv)
+    visf = vis.to(torch.float64)
     M = x.shape[1]
     H, Dh, e = heads, D // heads, dv // heads
-    out = torch.zeros(B, M, dv, dtype=f64)
+    out = torch.zeros(B, M, dv, dtype=torch.float64)
     for h in range(H):
         ph, qh, vh = phi[..., h * Dh:(h + 1) * Dh], psi[..., h * Dh:(h + 1) * Dh], v[..., h * e:(h + 1) * e]
-        if rope is None:
+        if m.rope is None:
             score = torch.einsum("bmd,bnd->bmn", qh, ph)
         else:
-            rot = _rotated_pairs(ph, rope, rope_base, positions, context_positions)  # R(p_j − p_i) φ_j
+            rot = _rotated_pairs(ph, m.rope, m.rope_base, m.positions, m.context_positions)  # R(p_j − p_i) φ_j
             score = torch.einsum("bmd,bmnd->bmn", qh, rot)
         o = torch.einsum("bmn,bne->bme", visf * score, vh)
-        if reduction == "mean":
+        if m.reduction == "mean":
             count = visf.sum(-1, keepdim=True)
             o = torch.where(count > 0, o / count.clamp_min(1.0), torch.zeros_like(o))
         o = o / torch.sqrt((o**2).mean(-1, keepdim=True) + eps)
         out[..., h * e:(h + 1) * e] = o
-    y = (s * out * norm_weight.to(f64)) @ out_weight.to(f64).T
+    y = (s * out * norm_weight.to(torch.float64)) @ out_weight.to(torch.float64).T
     if out_bias is not None:
-        y = y + out_bias.to(f64)
+        y = y + out_bias.to(torch.float64)
     return y
 
 
