@@ -63,17 +63,8 @@ class PomCall:
 
     def describe(self) -> str:
         """The call in words, for messages: mode, packing, masks, rotary, dtype and device."""
-        parts = [self.mixing.mode(), "self-mixing" if self.self_mix else "cross-mixing"]
-        if self.cu_k is not None:
-            parts.append("packed")
-        if self.key_mask is not None:
-            parts.append("key padding")
-        if self.mask is not None:
-            parts.append("(B, M, N) mask")
-        if self.rope:
-            parts.append(f"{self.rope} rotary")
-        parts.append(f"{self.x.dtype} on {self.x.device.type}")
-        return ", ".join(parts)
+        return self.mixing.describe(self.x, self.self_mix, self.cu_k is not None, self.key_mask is not None,
+                                    self.mask is not None)
 
 
 def make_call(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias: Tensor, coeff: Tensor,

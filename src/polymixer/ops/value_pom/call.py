@@ -73,17 +73,8 @@ class ValueCall:
 
     def describe(self) -> str:
         """The call in words, for messages: mode, packing, masks, rotary, dtype and device."""
-        parts = [self.mixing.mode(), "self-mixing" if self.self_mix else "cross-mixing"]
-        if self.key_mask is not None:
-            parts.append("key padding")
-        if self.mask is not None:
-            parts.append("(B, M, N) mask")
-        if self.cu_k is not None:
-            parts.append("packed")
-        if self.mixing.rope:
-            parts.append(f"{self.mixing.rope} rotary")
-        parts.append(f"{self.x.dtype} on {self.x.device.type}")
-        return ", ".join(parts)
+        return self.mixing.describe(self.x, self.self_mix, self.cu_k is not None, self.key_mask is not None,
+                                    self.mask is not None)
 
 
 @dataclass(eq=False)
