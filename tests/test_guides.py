@@ -91,3 +91,103 @@ def test_a_marker_without_its_end_is_an_error(tmp_path):
 def test_markdown_table_writes_numbers_as_format_table_does():
     text = guides.markdown_table([[1024, 0.00641, 51054.2, None, ""]], ["a", "b", "c", "d", "e"])
     assert text.splitlines() == ["| a | b | c | d | e |", "|---|---|---|---|---|", "| 1024 | 0.00641 | 51,054 | — | |"]
+
+
+# --- the result tables generated in issue 84, item 5 -------------------------------------------------------------
+
+def _bench_with(tmp_path: Path, *files: str) -> Path:
+    """A bench folder holding copies of the named JSON files of docs/bench."""
+    bench = tmp_path / "bench"
+    for f in files:
+        (bench / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(BENCH / f, bench / f)
+    return bench
+
+
+def _cells(table: str, first: str):
+    """The cells of the table's row whose first cell is ``first``."""
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines() if line.startswith("|")]
+    return next(r for r in rows if r[0] == first)
+
+
+def _edit(path: Path, change) -> None:
+    payload = json.loads(path.read_text())
+    change(payload)
+    path.write_text(json.dumps(payload))
+
+
+def test_the_eo_quality_median_is_over_every_seed_the_json_holds(tmp_path):
+    bench = _bench_with(tmp_path, *guides.SOURCES["eo.quality"])
+    label = "TSViT (published date encoding)"
+    assert _cells(guides.eo_quality(bench), label)[1:5] == ["AA · AA", "2e-3", "39.4 / 51.6 / 42.7 / 44.7", "43.7"]
+
+    def drop_tsvit(payload):
+        payload["quality"]["rows"] = [r for r in payload["quality"]["rows"] if r["spec"] != "tiny-tsvit"]
+
+    _edit(bench / "eo_seed3/eo.json", drop_tsvit)
+    assert _cells(guides.eo_quality(bench), label)[3:5] == ["39.4 / 51.6 / 42.7", "42.7"]
+
+
+def test_image_every_digit_divides_a_median_by_sit_s_with_the_same_positions(tmp_path):
+    bench = _bench_with(tmp_path, *guides.SOURCES["image.every_digit"])
+    table = guides.image_every_digit(bench)
+    assert _cells(table, "value PoM (`tiny-sipom-value`)")[4:] == ["39.9", "1.15×"]
+    assert _cells(table, "SiPoM (`tiny-sipom`)")[1:] == ["1e-3", "77.5", "77.5", "", ""], "one seed: no median"
+
+    def rotary_sit_at(fd):
+        return lambda payload: [r.update(fd=fd) for r in payload["quality"]["rows"]
+                                if r["model"] == "tiny-sit+position=sincos_rope"]
+
+    for seed in (1, 2):  # the rotary SiT's median moves to the rotary value PoM's: only that ratio follows
+        _edit(bench / f"image_seed{seed}/image.json", rotary_sit_at(35.5669))
+    table = guides.image_every_digit(bench)
+    assert _cells(table, "value PoM, `position=sincos_rope`")[5] == "1.00×"
+    assert _cells(table, "value PoM (`tiny-sipom-value`)")[5] == "1.15×"
+
+
+def test_ocr_recipe_gives_each_cer_against_htr_vt_s_at_the_recipe_rate(tmp_path):
+    bench = _bench_with(tmp_path, "ocr.json")
+    figures = {"tiny HTR-VT": (0.04, 0.2), "tiny hybrid": (0.03, 0.1), "tiny HTR-VPoM": (0.05, 0.3)}
+
+    def digits(payload):
+        for r in payload["quality"]["rows"]:
+            if r["task"] == "digits" and r["lr"] == 1e-3:
+                r["cer"], r["wer"] = figures[r["model"]]
+
+    _edit(bench / "ocr.json", digits)
+    assert _cells(guides.ocr_recipe(bench), "handwritten digit lines (600 test lines)")[1:] == [
+        "300 × 32 lines", "**4.00%** / 20.0%", "3.00% (−25.0%) / 10.0%", "5.00% (+25.0%) / 30.0%"]
+
+
+def test_the_recall_tables_name_a_shared_figure_once_and_bold_the_picked_rate():
+    recipe = guides.recall_recipe(BENCH)
+    assert _cells(recipe, "hybrid-LV / hybrid-LV-shift")[1:] == ["16,704", "5e-4 / 2.5e-4 (4)", "0.0786 / 0.0783", "3"]
+    assert _cells(recipe, "value PoM 1k / 4k / 16k")[1:] == ["1,104 / 4,256 / 16,704", "4e-3 / 1e-3 / 1e-3",
+                                                             "0.9678 / 0.9997 / 0.9999", "1 / 2 / 3"]
+    mixture = guides.recall_mixture(BENCH)
+    assert _cells(mixture, "Based (1,081)")[1:3] == ["3e-3 / 3e-2 / 1e-1", "0.050 / **0.682** / 0.673"]
+    assert _cells(mixture, "value PoM (1,104)")[1:3] == ["3e-3", "0.750"], "one rate: nothing bold"
+
+
+def test_the_h200_tables_dash_what_was_not_run():
+    forward = guides.gpu_h200_forward(BENCH)
+    assert _cells(forward, "1,024")[-1] == "0.77× / 0.53×", "SDPA's forward ms over the triton route's"
+    assert _cells(forward, "65,536")[-2:] == ["— / —", "— / —"], "no SDPA at 65,536"
+    assert _cells(guides.gpu_h200_backward(BENCH), "65,536")[5] == "— / —"
+
+
+def test_the_traffic_table_is_traffic_py_s_own_table_of_its_json(tmp_path):
+    from polymixer.experiments.bench import traffic
+
+    gpu_sources = {f for name, files in guides.SOURCES.items() if name.startswith("gpu.") for f in files}
+    bench = _bench_with(tmp_path, *gpu_sources)
+    rows = json.loads((bench / "traffic.json").read_text())
+    assert guides.gpu_traffic(bench) == traffic.table(rows)
+    causal = _cells(guides.gpu_traffic(bench), "causal")
+    assert causal[3:7] == ["4", "4", "7", "7"], "the chunk-parallel causal kernels: 4 forward, 7 backward passes"
+
+    rows[0]["forward"]["passes"] = 5.0
+    (bench / "traffic.json").write_text(json.dumps(rows))
+    guide = _copy_guide(tmp_path, "gpu.md")
+    assert guides.update_guides(guide.parent, bench, check=True) == [("gpu.md", "gpu.traffic")]
+    assert _cells(guides.gpu_traffic(bench), "causal")[3:5] == ["5", "4"], "counted 5 against the model's 4"

@@ -27,6 +27,7 @@ from .bench import faults as faults_bench
 from .bench import parallel as parallel_bench
 from .bench import parity as parity_bench
 from .bench import roofline as roofline_bench
+from .bench import traffic as traffic_bench
 from .report import format_table
 
 __all__ = ["Table", "TABLES", "SOURCES", "Marked", "markdown_table", "marker", "find_markers", "update_guide",
@@ -238,6 +239,27 @@ def ocr_quality(bench: Path) -> str:
                                 "test CER, seeds 0 / 1 / 2", "median", "÷ HTR-VT"])
 
 
+# task: its label and what one training step holds (pages start from the single-line weights)
+_OCR_TASKS = {"synthetic": ("synthetic lines", "{:,} × {} lines"),
+              "synthetic-multiline": ("synthetic pages of 4–16 lines", "+ {:,} × {} pages"),
+              "digits": ("handwritten digit lines", "{:,} × {} lines")}
+_OCR_RECIPE_MODELS = ["tiny HTR-VT", "tiny hybrid", "tiny HTR-VPoM"]
+
+
+def ocr_recipe(bench: Path) -> str:
+    """CER and WER of HTR-VT, the hybrid and HTR-VPoM on the three tasks at the recipe's rate (1e-3, seed 0), the CER
+    relative to HTR-VT's in brackets."""
+    rows = [r for r in _read(bench, "ocr.json")["quality"]["rows"] if r["lr"] == 1e-3]
+    out = []
+    for task, (label, steps) in _OCR_TASKS.items():
+        runs = [next(r for r in rows if r["task"] == task and r["model"] == m) for m in _OCR_RECIPE_MODELS]
+        vt = runs[0]["cer"]
+        cells = [f"**{vt:.2%}** / {runs[0]['wer']:.1%}"]
+        cells += [f"{r['cer']:.2%} ({r['cer'] / vt - 1:+.1%}) / {r['wer']:.1%}".replace("(-", "(−") for r in runs[1:]]
+        out.append([f"{label} ({runs[0]['test_lines']:,} test lines)", steps.format(runs[0]["steps"],
+                    runs[0]["batch"])] + cells)
+    return markdown_table(out, ["task", "steps × batch", "tiny HTR-VT CER / WER", "tiny hybrid", "tiny HTR-VPoM"])
+
 
 _IMAGE_HELDOUT = [_Row("`tiny-sit+attention_shift=2`", ("tiny-sit+attention_shift=2",), True),
                   _Row("`tiny-sit`", ("tiny-sit",)),
@@ -268,6 +290,46 @@ def image_heldout(bench: Path) -> str:
                                 "reported FD, seeds 0 / 1 / 2", "median"])
 
 
+# label, model form, the SiT form its median is divided by (the same positions)
+_IMAGE_EVERY_DIGIT = [("SiT (`tiny-sit`)", "tiny-sit", ""),
+                      ("SiT, `position=sincos_rope`", "tiny-sit+position=sincos_rope", ""),
+                      ("value PoM (`tiny-sipom-value`)", "tiny-sipom-value", "tiny-sit"),
+                      ("value PoM, `position=sincos_rope`", "tiny-sipom-value+position=sincos_rope",
+                       "tiny-sit+position=sincos_rope"),
+                      ("SiPoM (`tiny-sipom`)", "tiny-sipom", "tiny-sit")]
+
+
+def _rates_tried(lrs: Sequence[float]) -> str:
+    """The rates of a sweep (a grid of ×2 steps): its ends and how many, or the one rate."""
+    lrs = sorted(lrs)
+    return _rate(lrs[0]) if len(lrs) == 1 else f"{_rate(lrs[0])} … {_rate(lrs[-1])} ({len(lrs)})"
+
+
+def image_every_digit(bench: Path) -> str:
+    """FD of each model form trained on every digit (flow; no held-out split, so the best rate is the one with the
+    lowest reported FD): every rate of seed 0 (image.json), the best rate's seeds 0 / 1 / 2 (image_seed1/,
+    image_seed2/), their median, and that median against SiT's with the same positions."""
+    sweep: Dict[str, List[Dict[str, Any]]] = {}
+    for r in _read(bench, "image.json")["quality"]["rows"]:
+        if r["objective"] == "flow":
+            sweep.setdefault(r["model"], []).append(r)
+    seeds = {m: [next(r for r in runs if r["best_lr"])] for m, runs in sweep.items()}
+    for name in ("image_seed1/image.json", "image_seed2/image.json"):
+        for r in _read(bench, name)["quality"]["rows"]:
+            if r["best_lr"] and r["objective"] == "flow":
+                seeds[r["model"]].append(r)
+    medians = {m: statistics.median(r["fd"] for r in runs) for m, runs in seeds.items() if len(runs) >= 3}
+    out = []
+    for label, model, reference in _IMAGE_EVERY_DIGIT:
+        runs = sorted(sweep[model], key=lambda r: r["lr"])
+        by_rate = " / ".join(_bold(f"{r['fd']:.1f}", r["best_lr"] and len(runs) > 1) for r in runs)
+        median = medians.get(model)
+        ratio = f"{median / medians[reference]:.2f}×" if median and reference in medians else ""
+        out.append([label, _rates_tried([r["lr"] for r in runs]), by_rate, _joined([r["fd"] for r in seeds[model]],
+                    1, 1), f"{median:.1f}" if median else "", ratio or ("—" if median else "")])
+    return markdown_table(out, ["model form", "rates tried (×2 steps)", "FD by rate, seed 0",
+                                "at its best rate, seeds 0 / 1 / 2", "median", "÷ SiT (same positions)"])
+
 
 _EO_CURVES = [("TSViT", "tiny-tsvit"), ("value PoM preset", "tiny-tsvipom-value"),
               ("hybrid, PoM + full temporal attention", "tiny-tsvipom-hybrid"), ("TSViPoM", "tiny-tsvipom")]
@@ -283,6 +345,46 @@ def eo_curves(bench: Path) -> str:
         out.append([f"{label} ({_rate(rows[spec]['lr'])})"] + values[:-1] + [_bold(values[-1], True)])
     return markdown_table(out, ["model (rate)"] + [str(s) for s in steps])
 
+
+_SLOW_DATES = "+date_rope=true+date_rope_speed=0.3+date_rope_base=30"
+_EO_QUALITY = [_Row("TSViT, rotary dates", ("tiny-tsvit+date_rope=true",), True),
+               _Row("local attention in time + value PoM, slower rotary dates", ("tiny-tsvipom-local" + _SLOW_DATES,),
+                    True),
+               _Row("local attention in time + value PoM, rotary dates", ("tiny-tsvipom-local+date_rope=true",)),
+               _Row("hybrid (attention in time, PoM in space), rotary dates", ("tiny-tsvipom-hybrid+date_rope=true",)),
+               _Row("gated value PoM, rotary dates", ("tiny-tsvipom-value+date_rope=true+mixer=gated_value_pom",),
+                    True),
+               _Row("value PoM, slower rotary dates", ("tiny-tsvipom-value" + _SLOW_DATES,)),
+               _Row("value PoM, rotary dates", ("tiny-tsvipom-value+date_rope=true",)),
+               _Row("TSViPoM, slower rotary dates", ("tiny-tsvipom" + _SLOW_DATES,)),
+               _Row("TSViT (published date encoding)", ("tiny-tsvit",)),
+               _Row("value PoM preset", ("tiny-tsvipom-value",)),
+               _Row("value PoM with 1 value head and a 2-frame shift",
+                    ("tiny-tsvipom-value+value_heads=1+shift_width=2",)),
+               _Row("hybrid (attention in time, PoM in space)", ("tiny-tsvipom-hybrid",)),
+               _Row("TSViPoM", ("tiny-tsvipom",))]
+
+
+def _blocks(pattern: str) -> str:
+    """A pattern of mixer letters as the guides write it, temporal blocks first: ``AAPP`` is ``AA · PP``."""
+    half = len(pattern) // 2
+    return f"{pattern[:half]} · {pattern[half:]}"
+
+
+def eo_quality(bench: Path) -> str:
+    """Test mIoU % on 24 × 24 windows of each model at its best rate by validation mIoU, every seed the JSON holds
+    (eo.json, eo_seed1/, eo_seed2/, eo_seed3/), the median of those run on three seeds or more, and seed 0 on whole
+    128 × 128 patches."""
+    by = _seed_rows(bench, ["eo.json", "eo_seed1/eo.json", "eo_seed2/eo.json", "eo_seed3/eo.json"])
+    out = []
+    for row in _EO_QUALITY:
+        runs = _runs(by, row)
+        median = f"{100 * statistics.median(r['miou_24'] for r in runs):.1f}" if len(runs) >= 3 else ""
+        out.append([row.label, _blocks(runs[0]["pattern"]), _rate(runs[0]["lr"]),
+                    _joined([r["miou_24"] for r in runs], 100, 1), _bold(median, row.bold),
+                    f"{100 * runs[0]['miou_whole']:.1f}"])
+    return markdown_table(out, ["model (form)", "blocks", "rate", "test mIoU, seeds 0 / 1 / 2 / 3", "median",
+                                "whole patch (seed 0)"])
 
 
 _RECALL_STATE = [_Row("attention, no shift", ("attention",), True),
@@ -326,6 +428,63 @@ def recall_zoology(bench: Path) -> str:
         out.append([f"`{variant}`", points[0]["family"], " / ".join(states)]
                    + [f"{r['median']:.4f} ({r['lr']:g})" for r in points])
     return markdown_table(out, ["variant", "mixer", "state floats / layer", "L 64", "L 128", "L 256"])
+
+
+_RECALL_MIXTURE = ["vpom-1k", "based-1k", "vpom-4k", "based-4k", "vpom-16k", "based-16k"]
+
+
+def recall_mixture(bench: Path) -> str:
+    """Test accuracy of the value PoM and Based trained on Zoology's mixture, at each rate run (seed 0) and each
+    point of figure 2; bold: the rate validation picks at that point, where there are several."""
+    by: Dict[str, List[Dict[str, Any]]] = {}
+    for r in _read(bench, "recall_mixture/recall.json")["zoology"]["rows"]:
+        by.setdefault(r["variant"], []).append(r)
+    out = []
+    for variant in _RECALL_MIXTURE:
+        runs = by[variant]
+        lrs = sorted({r["lr"] for r in runs})
+        cells = [f"{runs[0]['family']} ({runs[0]['state_floats']:,})", " / ".join(_rate(lr) for lr in lrs)]
+        for n in (64, 128, 256):
+            at = sorted((r for r in runs if r["seq_len"] == n), key=lambda r: r["lr"])
+            cells.append(" / ".join(_bold(f"{r['median']:.3f}", r["best_lr"] and len(at) > 1) for r in at))
+        out.append(cells)
+    return markdown_table(out, ["mixer (state floats / layer)", "rate", "L 64, K 16", "L 128, K 32", "L 256, K 64"])
+
+
+# label and the runs a row shows: (part of recall.json, variant, training steps), each at its best rate
+_RECALL_RECIPE = [("attention, no shift", [("state", "attention", 2000)]),
+                  ("attention, no shift, 8,000 / 16,000 / 32,000 steps",
+                   [("state", "attention", s) for s in (8000, 16000, 32000)]),
+                  ("attention with the shift", [("state", "attention-shift", 2000)]),
+                  ("value PoM 1k / 4k / 16k", [("state", f"vpom-{k}", 2000) for k in ("1k", "4k", "16k")]),
+                  ("Based 1k / 4k / 16k", [("state", f"based-{k}", 2000) for k in ("1k", "4k", "16k")]),
+                  ("Based, no shift, 16k", [("state", "based-noshift-16k", 2000)]),
+                  ("hybrid-LV / hybrid-LV-shift", [("state", "hybrid-LV", 2000), ("state", "hybrid-LV-shift", 2000)]),
+                  ("PoM", [("state", "pom", 2000)]),
+                  ("value PoM 16k, L 256, K 64", [("length", "vpom-16k", 2000)])]
+
+
+def _once(values: Sequence[str]) -> str:
+    """Values joined with " / ", or the one value when they are all the same."""
+    return values[0] if len(set(values)) == 1 else " / ".join(values)
+
+
+def recall_recipe(bench: Path) -> str:
+    """The summary of ``bench recall`` under its own recipe (recall.json): each variant's median accuracy at its best
+    rate, with its state, its rate (and how many were tried, where that is the same for every run of the row) and
+    how many seeds the median is over."""
+    payload = _read(bench, "recall.json")
+    best = {(part, r["variant"], r["steps"]): r for part in ("state", "length") for r in payload[part]["rows"]
+            if r.get("best_lr")}
+    out = []
+    for label, keys in _RECALL_RECIPE:
+        runs = [best[k] for k in keys]
+        tried = {r["rates"] for r in runs}
+        rate = _once([_rate(r["lr"]) for r in runs]) + (f" ({tried.pop()})" if len(tried) == 1 else "")
+        out.append([label, _once([f"{r['state_floats']:,}" for r in runs]), rate,
+                    " / ".join(f"{r['median']:.4f}" for r in runs), _once([str(r["seeds"]) for r in runs])])
+    return markdown_table(out, ["variant", "state floats / layer", "best lr (rates tried)", "accuracy (median)",
+                                "seeds"])
 
 
 def _report_table(text: str, index: int = 0) -> str:
@@ -467,6 +626,83 @@ def gpu_roofline(bench: Path) -> str:
     return text.splitlines()[0] + "\n" + _report_table(text)
 
 
+def _h200(bench: Path, name: str) -> Dict[Tuple[int, str], Dict[str, Any]]:
+    """The rows of an H200 ``bench mixer`` run by (N, mixer)."""
+    return _by(_read(bench, name)["rows"], "N", "mixer")
+
+
+def _pair(by: Dict[Tuple[int, str], Dict[str, Any]], n: int, mixers: Sequence[str], key: str,
+          fmt: str = "{:.2f}") -> str:
+    """One figure of two mixers at length ``n`` (full / causal), a dash where one was not run."""
+    return " / ".join(fmt.format(by[(n, m)][key]) if (n, m) in by else "—" for m in mixers)
+
+
+def _modes(mixer: str) -> Tuple[str, str]:
+    """A mixer's full and causal rows (``pom {mode} triton``, ``sdpa {mode}``)."""
+    return mixer.format(mode="full"), mixer.format(mode="causal")
+
+
+def _speedup(by: Dict[Tuple[int, str], Dict[str, Any]], n: int) -> str:
+    """SDPA's forward time over the ``triton`` PoM's, full / causal (a dash where SDPA was not run)."""
+    return " / ".join(f"{by[(n, f'sdpa {m}')]['fwd_ms'] / by[(n, f'pom {m} triton')]['fwd_ms']:.2f}×"
+                      if (n, f"sdpa {m}") in by else "—" for m in ("full", "causal"))
+
+
+def gpu_h200_forward(bench: Path) -> str:
+    """Forward ms on an H200 of PoM's routes against its matrix-product floor and SDPA (the serial-walk kernels)."""
+    by = _h200(bench, "gpu_h200/mixer.json")
+    out = []
+    for n, batch in dict.fromkeys((n, r["batch"]) for (n, _), r in by.items()):
+        out.append([f"{n:,}", batch, f"{by[(n, 'pom matmuls (floor)')]['fwd_ms']:.2f}",
+                    _pair(by, n, _modes("pom {mode} triton"), "fwd_ms"),
+                    _pair(by, n, _modes("pom {mode} triton"), "fwd_vs_floor", "{:.1f}"),
+                    _pair(by, n, _modes("pom {mode} triton_gemm"), "fwd_ms"),
+                    _pair(by, n, _modes("pom {mode}"), "fwd_ms"),
+                    _pair(by, n, _modes("sdpa {mode}"), "fwd_ms"), _speedup(by, n)])
+    return markdown_table(out, ["N", "batch", "PoM floor (its GEMMs)", "PoM `triton` full / causal", "÷ floor",
+                                "PoM `triton_gemm` full / causal", "PoM torch form full / causal", "SDPA full / causal",
+                                "`triton` speed-up over SDPA, full / causal"])
+
+
+def gpu_h200_backward(bench: Path) -> str:
+    """Forward + backward ms on an H200 of PoM's routes, SDPA and the value PoM's causal torch form and kernels."""
+    by = _h200(bench, "gpu_h200/mixer.json")
+    out = []
+    for n in dict.fromkeys(n for n, _ in by):
+        out.append([f"{n:,}", f"{by[(n, 'pom matmuls (floor)')]['fwdbwd_ms']:.2f}",
+                    _pair(by, n, _modes("pom {mode} triton"), "fwdbwd_ms"),
+                    _pair(by, n, _modes("pom {mode} triton_gemm"), "fwdbwd_ms"),
+                    _pair(by, n, _modes("pom {mode}"), "fwdbwd_ms"), _pair(by, n, _modes("sdpa {mode}"), "fwdbwd_ms"),
+                    f"{by[(n, 'value pom matmuls (floor)')]['fwdbwd_ms']:.2f}",
+                    _pair(by, n, ["value pom causal", "value pom causal triton"], "fwdbwd_ms")])
+    return markdown_table(out, ["N", "PoM floor", "PoM `triton` full / causal", "PoM `triton_gemm` full / causal",
+                                "PoM torch form full / causal", "SDPA full / causal", "value PoM floor",
+                                "value PoM causal: torch form / kernels"])
+
+
+def gpu_h200_compiled(bench: Path) -> str:
+    """PoM compiled (``torch.compile`` over the ``triton`` kernels) against the eager forms on an H200, ms."""
+    by = _h200(bench, "gpu_h200_compiled/mixer.json")
+    out = []
+    for n in dict.fromkeys(n for n, _ in by):
+        floor = by[(n, "pom matmuls (floor)")]
+        out.append([f"{n:,}", f"{floor['fwd_ms']:.2f} / {floor['fwdbwd_ms']:.2f}",
+                    _pair(by, n, _modes("pom {mode}"), "fwdbwd_ms"),
+                    _pair(by, n, _modes("pom {mode} triton"), "fwd_ms"),
+                    _pair(by, n, _modes("pom {mode} triton"), "fwdbwd_ms"),
+                    _pair(by, n, _modes("pom {mode} compiled"), "fwd_ms"),
+                    _bold(_pair(by, n, _modes("pom {mode} compiled"), "fwdbwd_ms"), True)])
+    return markdown_table(out, ["N", "floor fwd / fwd+bwd", "torch form (eager) full / causal, fwd+bwd",
+                                "`triton` (eager) full / causal, fwd", "`triton` (eager) full / causal, fwd+bwd",
+                                "**compiled** full / causal, fwd", "**compiled** full / causal, fwd+bwd"])
+
+
+def gpu_traffic(bench: Path) -> str:
+    """The kernels' HBM passes per N·D element counted in Triton's interpreter (``polymixer kernels --traffic``),
+    against the cost model and the floor: :func:`polymixer.experiments.bench.traffic.table` of traffic.json."""
+    return traffic_bench.table(json.loads((bench / "traffic.json").read_text()))
+
+
 @dataclass(frozen=True)
 class Table:
     """A registered table: its generator and the JSON files (under docs/bench) it reads, named in its marker."""
@@ -501,6 +737,16 @@ _REGISTRY: Dict[str, Table] = {
     "parallel.report": Table(parallel_report, ("parallel.json",)),
     "parity.families": Table(parity_families, ("parity.json",)),
     "gpu.roofline": Table(gpu_roofline, ("roofline.json",)),
+    "eo.quality": Table(eo_quality, ("eo.json", "eo_seed1/eo.json", "eo_seed2/eo.json", "eo_seed3/eo.json")),
+    "image.every_digit": Table(image_every_digit, ("image.json", "image_seed1/image.json",
+                                                   "image_seed2/image.json")),
+    "ocr.recipe": Table(ocr_recipe, ("ocr.json",)),
+    "recall.mixture": Table(recall_mixture, ("recall_mixture/recall.json",)),
+    "recall.recipe": Table(recall_recipe, ("recall.json",)),
+    "gpu.h200_forward": Table(gpu_h200_forward, ("gpu_h200/mixer.json",)),
+    "gpu.h200_backward": Table(gpu_h200_backward, ("gpu_h200/mixer.json",)),
+    "gpu.h200_compiled": Table(gpu_h200_compiled, ("gpu_h200_compiled/mixer.json",)),
+    "gpu.traffic": Table(gpu_traffic, ("traffic.json",)),
 }
 #: every generated table by name: a function of the docs/bench folder returning the table's Markdown
 TABLES: Dict[str, Callable[[Path], str]] = {name: t.make for name, t in _REGISTRY.items()}
