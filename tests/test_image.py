@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from polymixer.experiments.image.data import digits, image_folder, save_grid
-from polymixer.diffusion import FlowMatching, GaussianDiffusion, make_objective
+from polymixer.experiments.image.diffusion import FlowMatching, GaussianDiffusion, make_objective
 from polymixer.models import count_parameters, create_model
 from polymixer.models.image import AdaLNPolyMorpher, DiT, DiTConfig
 from polymixer.experiments.image.task import frechet_distance

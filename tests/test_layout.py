@@ -25,7 +25,7 @@ SRC = Path(polymixer.__file__).parent
 LIBRARY: List[Tuple[str, ...]] = [
     ("families", "import_hooks", "files", "ranges"),  # the family table, import hooks, atomic writes, ranges
     ("ops",),  # the operations: every backend, the dispatcher, the float64 oracles
-    ("functional", "reference", "tokenizer", "diffusion"),  # public names of the ops, tokenizers, diffusion objectives
+    ("functional", "reference", "tokenizer"),  # public names of the ops, tokenizers
     ("values", "layers"),  # the token mixers, one class per mixer
     ("blocks",),  # PolyMorpher and the mixer table
     ("models",),  # the registry and one file per family
@@ -34,7 +34,7 @@ LIBRARY: List[Tuple[str, ...]] = [
 ]
 LAB: List[Tuple[str, ...]] = [
     ("experiments", "commands", "report", "metrics", "data"),  # what every family's experiment shares at the bottom
-    ("data.py", "synth.py"),  # a family's loaders and offline default
+    ("data.py", "synth.py", "diffusion.py"),  # a family's loaders and offline default
     ("train",),  # the one training loop
     ("tasks", "task.py"),  # the data check and presets; a family's task and commands
     ("bench", "bench.py", "targets.py", "guides"),  # the benches, the parity judge and the comparisons; guides

@@ -70,7 +70,7 @@ def test_a_model_option_out_of_range_stops_before_any_data(argv, message, tmp_pa
     (["train", "ocr", "--eval-limit", "-5"], "--eval-limit", "must be ≥ 1, got -5"),
     (["train", "points", "--lovasz", "-1"], "--lovasz", "must be ≥ 0, got -1"),
     (["train", "points", "--max-points", "-1"], "--max-points", "must be ≥ 0, got -1"),
-    (["train", "image", "--eval-samples", "-1"], "--eval-samples", "must be ≥ 1, got -1"),
+    (["train", "image", "--eval-samples", "-1"], "--eval-samples", "must be ≥ 0, got -1"),
     (["train", "eo", "--eval-limit", "0"], "--eval-limit", "must be ≥ 1, got 0"),
 
     (["eval", "lm", "--ckpt", "nowhere", "--windows", "0"], "--windows", "must be ≥ 1, got 0"),

@@ -43,7 +43,7 @@ import warnings
 from typing import Dict, List, Optional, Tuple
 
 from ..families import FAMILIES
-from .commands import load_command, run_command, task_target
+from .commands import COMMAND_HELP, load_command, run_command, task_target
 
 # verb → noun → (help, target, description); the family verbs (train / eval / check-data / bench <family>) come from
 # the families table, each entry imports its module lazily so the CLI starts fast
@@ -74,7 +74,7 @@ USE_VERBS: Dict[str, Command] = {  # verbs that use a trained model of one famil
 def _commands() -> Dict[str, Dict[str, Command]]:
     out: Dict[str, Dict[str, Command]] = {"train": {}, "eval": {}, "check-data": {}}
     for name, fam in FAMILIES.items():
-        for verb, (short, desc) in fam.commands.items():
+        for verb, (short, desc) in COMMAND_HELP.get(name, {}).items():
             out.setdefault(verb, {})[name] = (short, task_target(name, verb), desc)
         if fam.default_data is not None:
             out["check-data"][name] = (

@@ -65,9 +65,6 @@ class DiTConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.input_size % self.patch_size or self.hidden_size % self.num_heads:
-            raise ValueError(f"input_size = {self.input_size} must be a multiple of patch_size = {self.patch_size} "
-                             f"and hidden_size = {self.hidden_size} of num_heads = {self.num_heads}")
         self.layer_pattern()
         shift_width(self.token_shift, "token_shift", off=False)
         shift_width(self.attention_shift, "attention_shift")

@@ -26,7 +26,7 @@ from torch import nn
 from ..data.cache import cache_dir
 from ..data.faults import SampleFaults
 from .data import ImageDataset, load_images, save_grid
-from ...diffusion import make_objective
+from .diffusion import make_objective
 from ...files import atomic_path
 from ...models import create_model, model_config
 from ...checkpoint import load_model, read_config
@@ -281,7 +281,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-size", type=int_at_least(1), default=None, help="override input_size")
     p.add_argument("--learn-sigma", action="store_true", help="learn the DDPM variance (DiT)")
     p.add_argument("--position", choices=["sincos", "rope"], default=None)
-    p.add_argument("--eval-samples", type=int_at_least(1), default=100, help="samples scored at each evaluation")
+    p.add_argument("--eval-samples", type=int_at_least(0), default=100, help="samples scored at each evaluation")
     add_set_argument(p, "image")
     add_train_config_arguments(p, t, "run folder (default: runs/image/<preset>-<objective>)",
                                tuple(n for n in TRAIN_FLAGS if n != "beta2"))
