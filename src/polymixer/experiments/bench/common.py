@@ -303,11 +303,17 @@ def render_report(payload: Dict[str, Any], sections: Dict[str, Callable[[Dict[st
                   tail: Sequence[str] = ()) -> str:
     """A family bench's text: each part the payload holds (``speed``, ``quality``, …), in the order of ``sections``,
     rendered by its section function from the whole payload, then ``tail`` (the verdicts)."""
+    return "\n".join(section_lines(payload, sections) + list(tail))
+
+
+def section_lines(payload: Dict[str, Any], sections: Dict[str, Callable[[Dict[str, Any]], List[str]]]) -> List[str]:
+    """The lines of each part the payload holds, rendered by its section function in the order of ``sections``
+    (a family bench's tables, or its verdicts)."""
     lines: List[str] = []
     for part, render in sections.items():
         if part in payload:
             lines += render(payload)
-    return "\n".join(lines + list(tail))
+    return lines
 
 
 def write_json(path: Path, payload: Dict[str, Any]) -> None:

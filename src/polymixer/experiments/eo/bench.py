@@ -34,8 +34,8 @@ from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, QualitySweep, Stage,
     SweepRun, best_rows, describe_variant, earlier_part, keep_freed_memory, mark_best, parse_variant, picture_owner,
-    render_report, resume_point, same_rate, sweep_table, time_interleaved, training_claim, training_minutes,
-    variant_slug, read_json,
+    render_report, section_lines, resume_point, same_rate, sweep_table, time_interleaved, training_claim,
+    training_minutes, variant_slug, read_json,
 )
 
 __all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdicts", "report", "plot", "run", "main",
@@ -278,36 +278,44 @@ def seed_rows(payload: Dict[str, Any], seeds: List[Dict[str, Any]], row: Dict[st
     return found
 
 
+def _speed_verdicts(payload: Dict[str, Any]) -> List[str]:
+    out: List[str] = []
+    rows = payload["speed"]["rows"]
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        pom = {r["side"]: r for r in rows if r["preset"] == "tsvipom" and r["dtype"] == dtype}
+        if not pom:
+            continue
+        small, large = min(pom), max(pom)
+        s = pom[small]["speedup"]
+        out.append(f"{dtype}: TSViPoM ÷ TSViT at {small}×{small}: {s:.2f}× ({'met' if s >= 1.0 else 'MISSED'}: "
+                   f"≥ 1×)")
+        if large != small:
+            s = pom[large]["speedup"]
+            out.append(f"{dtype}: TSViPoM ÷ TSViT at {large}×{large}: {s:.2f}× "
+                       f"({'met' if s >= 3.0 else 'MISSED'}: ≥ 3×; the paper: 3.65×)")
+    return out
+
+
+def _quality_verdicts(payload: Dict[str, Any], seeds: Optional[Any], main_json: Optional[Any]) -> List[str]:
+    out: List[str] = []
+    rows = best_rows(payload["quality"]["rows"])
+    crop = str(payload["quality"].get("config", payload["config"])["crop"])
+    out += verdict_lines("eo", payload, seeds, main_json)
+    for r in rows:
+        if f"miou_{crop}" in r and "miou_whole" in r:
+            keep = [f"{k}: {100 * v['miou']:.1f}" for k, v in r["windows"].items()]
+            out.append(f"{r['model']}: mIoU by evaluation window ({', '.join(keep)}) — whole patches "
+                       f"{100 * (r['miou_whole'] - r[f'miou_{crop}']):+.1f} points vs {crop}×{crop} windows")
+    return out
+
+
 def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
              main_json: Optional[Dict[str, Any]] = None) -> List[str]:
     """The satellite bench's verdicts (km²/s against TSViT, the quality targets), each met or MISSED with its
     figure, then the parity targets over the seeds (``seeds``, ``main_json``: see
     :func:`~polymixer.experiments.bench.parity.verdict_lines`)."""
-    out = []
-    if "speed" in payload:
-        rows = payload["speed"]["rows"]
-        for dtype in dict.fromkeys(r["dtype"] for r in rows):
-            pom = {r["side"]: r for r in rows if r["preset"] == "tsvipom" and r["dtype"] == dtype}
-            if not pom:
-                continue
-            small, large = min(pom), max(pom)
-            s = pom[small]["speedup"]
-            out.append(f"{dtype}: TSViPoM ÷ TSViT at {small}×{small}: {s:.2f}× ({'met' if s >= 1.0 else 'MISSED'}: "
-                       f"≥ 1×)")
-            if large != small:
-                s = pom[large]["speedup"]
-                out.append(f"{dtype}: TSViPoM ÷ TSViT at {large}×{large}: {s:.2f}× "
-                           f"({'met' if s >= 3.0 else 'MISSED'}: ≥ 3×; the paper: 3.65×)")
-    if "quality" in payload:
-        rows = best_rows(payload["quality"]["rows"])
-        crop = str(payload["quality"].get("config", payload["config"])["crop"])
-        out += verdict_lines("eo", payload, seeds, main_json)
-        for r in rows:
-            if f"miou_{crop}" in r and "miou_whole" in r:
-                keep = [f"{k}: {100 * v['miou']:.1f}" for k, v in r["windows"].items()]
-                out.append(f"{r['model']}: mIoU by evaluation window ({', '.join(keep)}) — whole patches "
-                           f"{100 * (r['miou_whole'] - r[f'miou_{crop}']):+.1f} points vs {crop}×{crop} windows")
-    return out
+    return section_lines(payload, {"speed": _speed_verdicts,
+                                   "quality": lambda p: _quality_verdicts(p, seeds, main_json)})
 
 
 def per_class_over_seeds(payload: Dict[str, Any], seeds: List[Dict[str, Any]]) -> List[str]:

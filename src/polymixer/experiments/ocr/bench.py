@@ -25,7 +25,7 @@ from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, best_rows,
     describe_variant, QualitySweep, Stage, SweepRun, keep_freed_memory, mark_best, picture_owner, quality_rows,
-    render_report, stale_rate_notes, sweep_folder, sweep_table, time_interleaved,
+    render_report, section_lines, stale_rate_notes, sweep_folder, sweep_table, time_interleaved,
 )
 
 __all__ = ["OCRBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
@@ -264,52 +264,60 @@ def _quality_stages(cfg: OCRBenchConfig) -> List[Stage]:
     return stages
 
 
+def _speed_verdicts(payload: Dict[str, Any]) -> List[str]:
+    out: List[str] = []
+    rows = payload["speed"]["rows"]
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        pom = {r["lines"]: r for r in rows if r["preset"] == "htr-vpom" and r["dtype"] == dtype}
+        ahead = [n for n in sorted(pom) if n >= 8]
+        if ahead:
+            ok = all(pom[n]["speedup"] > 1 for n in ahead)
+            figures = ", ".join(f"{n} lines {pom[n]['speedup']:.3f}×" for n in ahead)
+            out.append(f"{dtype}: HTR-VPoM ahead of HTR-VT from 8-line pages on: {figures} "
+                       f"({'met' if ok else 'MISSED'})")
+        if 16 in pom:
+            s = pom[16]["speedup"]
+            out.append(f"{dtype}: HTR-VPoM ÷ HTR-VT at 16 lines: {s:.3f}× ({'met' if s >= 1.1 else 'MISSED'}: "
+                       f"≥ 1.1×)")
+    return out
+
+
+def _quality_verdicts(payload: Dict[str, Any], seeds: Optional[Any], main_json: Optional[Any]) -> List[str]:
+    out: List[str] = []
+    rows = best_rows(quality_rows(payload["quality"], RECIPE_LR))
+    for task in dict.fromkeys(r["task"] for r in rows):
+        by = {r["preset"]: r for r in rows if r["task"] == task}
+        vt, pom, hyb = by.get(BASELINE), by.get("tiny-htr-vpom"), by.get("tiny-htr-vpom-hybrid")
+        if vt is None:
+            continue
+        parts = [f"{task}: HTR-VT CER {100 * vt['cer']:.2f}%"]
+        if task == "synthetic":
+            parts[0] += f" ({'met' if vt['cer'] < 0.05 else 'MISSED'}: < 5%)"
+        if hyb is not None:
+            rel = hyb["cer"] / max(vt["cer"], 1e-9) - 1
+            parts.append(f"hybrid {100 * hyb['cer']:.2f}% ({100 * rel:+.1f}% relative, "
+                         f"{'met' if rel <= 0.10 else 'MISSED'}: ≤ +10%)")
+        if pom is not None:
+            rel = pom["cer"] / max(vt["cer"], 1e-9) - 1
+            parts.append(f"all-PoM {100 * pom['cer']:.2f}% ({100 * rel:+.1f}% relative, "
+                         f"{'met' if rel <= 0.25 else 'MISSED'}: ≤ +25%)")
+        out.append(", ".join(parts))
+    by_task = {(r["task"], r["preset"]): r for r in rows}  # a multi-line task takes its single-line best rate
+    out += stale_rate_notes(rows, lambda r: by_task.get((r["lr_from"][5:], r["preset"]))
+                            if r["lr_from"].startswith("best ") else None,
+                            lambda r: f"--tasks {r['task']} --quality-presets {r['preset']}",
+                            lambda r: f"{r['task']} {r['model']}", lambda p: f"{p['task']} {p['model']}")
+    out += verdict_lines("ocr", payload, seeds, main_json)
+    return out
+
+
 def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
              main_json: Optional[Dict[str, Any]] = None) -> List[str]:
     """The OCR bench's verdicts (lines/s against HTR-VT, the CER targets), each met or MISSED with its
     figure, then the parity targets over the seeds (``seeds``, ``main_json``: see
     :func:`~polymixer.experiments.bench.parity.verdict_lines`)."""
-    out = []
-    if "speed" in payload:
-        rows = payload["speed"]["rows"]
-        for dtype in dict.fromkeys(r["dtype"] for r in rows):
-            pom = {r["lines"]: r for r in rows if r["preset"] == "htr-vpom" and r["dtype"] == dtype}
-            ahead = [n for n in sorted(pom) if n >= 8]
-            if ahead:
-                ok = all(pom[n]["speedup"] > 1 for n in ahead)
-                figures = ", ".join(f"{n} lines {pom[n]['speedup']:.3f}×" for n in ahead)
-                out.append(f"{dtype}: HTR-VPoM ahead of HTR-VT from 8-line pages on: {figures} "
-                           f"({'met' if ok else 'MISSED'})")
-            if 16 in pom:
-                s = pom[16]["speedup"]
-                out.append(f"{dtype}: HTR-VPoM ÷ HTR-VT at 16 lines: {s:.3f}× ({'met' if s >= 1.1 else 'MISSED'}: "
-                           f"≥ 1.1×)")
-    if "quality" in payload:
-        rows = best_rows(quality_rows(payload["quality"], RECIPE_LR))
-        for task in dict.fromkeys(r["task"] for r in rows):
-            by = {r["preset"]: r for r in rows if r["task"] == task}
-            vt, pom, hyb = by.get(BASELINE), by.get("tiny-htr-vpom"), by.get("tiny-htr-vpom-hybrid")
-            if vt is None:
-                continue
-            parts = [f"{task}: HTR-VT CER {100 * vt['cer']:.2f}%"]
-            if task == "synthetic":
-                parts[0] += f" ({'met' if vt['cer'] < 0.05 else 'MISSED'}: < 5%)"
-            if hyb is not None:
-                rel = hyb["cer"] / max(vt["cer"], 1e-9) - 1
-                parts.append(f"hybrid {100 * hyb['cer']:.2f}% ({100 * rel:+.1f}% relative, "
-                             f"{'met' if rel <= 0.10 else 'MISSED'}: ≤ +10%)")
-            if pom is not None:
-                rel = pom["cer"] / max(vt["cer"], 1e-9) - 1
-                parts.append(f"all-PoM {100 * pom['cer']:.2f}% ({100 * rel:+.1f}% relative, "
-                             f"{'met' if rel <= 0.25 else 'MISSED'}: ≤ +25%)")
-            out.append(", ".join(parts))
-        by_task = {(r["task"], r["preset"]): r for r in rows}  # a multi-line task takes its single-line best rate
-        out += stale_rate_notes(rows, lambda r: by_task.get((r["lr_from"][5:], r["preset"]))
-                                if r["lr_from"].startswith("best ") else None,
-                                lambda r: f"--tasks {r['task']} --quality-presets {r['preset']}",
-                                lambda r: f"{r['task']} {r['model']}", lambda p: f"{p['task']} {p['model']}")
-        out += verdict_lines("ocr", payload, seeds, main_json)
-    return out
+    return section_lines(payload, {"speed": _speed_verdicts,
+                                   "quality": lambda p: _quality_verdicts(p, seeds, main_json)})
 
 
 def _speed_report(payload: Dict[str, Any]) -> List[str]:

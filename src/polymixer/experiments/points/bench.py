@@ -29,7 +29,7 @@ from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, QualitySweep, Stage,
     SweepRun, best_rows, describe_variant, earlier_part, keep_freed_memory, mark_best, parse_variant, picture_owner,
-    quality_rows, render_report, stale_rate_notes, sweep_table, time_interleaved,
+    quality_rows, render_report, section_lines, stale_rate_notes, sweep_table, time_interleaved,
 )
 
 __all__ = ["PointBenchConfig", "make_scene", "run_speed", "run_conv", "run_quality", "verdicts", "report", "plot",
@@ -236,45 +236,53 @@ def run_quality(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
     return {**sweep.run(cfg, stages), "data": str(root), "split": cfg.eval_split, "pictures": pictures}
 
 
+def _speed_verdicts(payload: Dict[str, Any]) -> List[str]:
+    out: List[str] = []
+    rows = [r for r in payload["speed"]["rows"] if r["set"] == "sizes"]
+    pom = {r["voxels"]: r for r in rows if r["preset"] == "ppomv3" and r["spec"] == "ppomv3"}
+    for n, r in sorted(pom.items()):
+        out.append(f"PPoMv3 ÷ PTv3 at {n:,} voxels, patch 1,024: {r['speedup']:.2f}× "
+                   f"({'met' if r['speedup'] >= 1.0 else 'MISSED'}: ≥ 1×; the paper: 1.10×)")
+    ctx = [r for r in payload["speed"]["rows"] if r["set"] == "contexts"]
+    if ctx:
+        by = {r["spec"]: r for r in ctx}
+        for size in (4096, 16384):
+            a, p = by.get(f"ptv3+patch_size={size}"), by.get(f"ppomv3+pom_patch_size={size}")
+            if a and p:
+                out.append(f"patch {size:,} at {a['voxels']:,} voxels: PPoMv3 {p['mpts_per_s']:.4f} vs PTv3 "
+                           f"{a['mpts_per_s']:.4f} 10⁶ pts/s → {a['s_per_call'] / p['s_per_call']:.2f}×")
+        whole = by.get("ppomv3+pom_patch_size=scene")
+        if whole:
+            out.append(f"PPoMv3 with the whole scene as context: {whole['speedup']:.2f}× PTv3 (patch 1,024)")
+    return out
+
+
+def _quality_verdicts(payload: Dict[str, Any], seeds: Optional[Any], main_json: Optional[Any]) -> List[str]:
+    out: List[str] = []
+    rows = best_rows(quality_rows(payload["quality"], RECIPE_LR))
+    by = {r["spec"]: r for r in rows}
+    a, p, h = by.get(BASELINE), by.get("tiny-ppomv3"), by.get("tiny-ppomv3-hybrid")
+    if a and p:
+        d = 100 * (p["miou"] - a["miou"])
+        out.append(f"test mIoU: tiny PTv3 {100 * a['miou']:.1f}, tiny PPoMv3 {100 * p['miou']:.1f} ({d:+.1f} "
+                   f"points; {'met' if d >= -2 else 'MISSED'}: within 2 points, the paper: −0.8)")
+    if a and h:
+        d = 100 * (h["miou"] - a["miou"])
+        out.append(f"test mIoU: tiny hybrid {100 * h['miou']:.1f} ({d:+.1f} points vs PTv3; "
+                   f"{'met' if d >= -1 else 'MISSED'}: level, i.e. within 1 point; the paper: +0.1)")
+    out += verdict_lines("points", payload, seeds, main_json)
+    out += stale_rate_notes(rows, lambda r: by.get(r["lr_from"][5:]) if r["lr_from"].startswith("best ") else None,
+                            lambda r: f"--quality-models {r['spec']}", lambda r: r["model"], lambda p: p["spec"])
+    return out
+
+
 def verdicts(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
              main_json: Optional[Dict[str, Any]] = None) -> List[str]:
     """The point-cloud bench's verdicts (speed against PTv3, the mIoU targets), each met or MISSED with its
     figure, then the parity targets over the seeds (``seeds``, ``main_json``: see
     :func:`~polymixer.experiments.bench.parity.verdict_lines`)."""
-    out = []
-    if "speed" in payload:
-        rows = [r for r in payload["speed"]["rows"] if r["set"] == "sizes"]
-        pom = {r["voxels"]: r for r in rows if r["preset"] == "ppomv3" and r["spec"] == "ppomv3"}
-        for n, r in sorted(pom.items()):
-            out.append(f"PPoMv3 ÷ PTv3 at {n:,} voxels, patch 1,024: {r['speedup']:.2f}× "
-                       f"({'met' if r['speedup'] >= 1.0 else 'MISSED'}: ≥ 1×; the paper: 1.10×)")
-        ctx = [r for r in payload["speed"]["rows"] if r["set"] == "contexts"]
-        if ctx:
-            by = {r["spec"]: r for r in ctx}
-            for size in (4096, 16384):
-                a, p = by.get(f"ptv3+patch_size={size}"), by.get(f"ppomv3+pom_patch_size={size}")
-                if a and p:
-                    out.append(f"patch {size:,} at {a['voxels']:,} voxels: PPoMv3 {p['mpts_per_s']:.4f} vs PTv3 "
-                               f"{a['mpts_per_s']:.4f} 10⁶ pts/s → {a['s_per_call'] / p['s_per_call']:.2f}×")
-            whole = by.get("ppomv3+pom_patch_size=scene")
-            if whole:
-                out.append(f"PPoMv3 with the whole scene as context: {whole['speedup']:.2f}× PTv3 (patch 1,024)")
-    if "quality" in payload:
-        rows = best_rows(quality_rows(payload["quality"], RECIPE_LR))
-        by = {r["spec"]: r for r in rows}
-        a, p, h = by.get(BASELINE), by.get("tiny-ppomv3"), by.get("tiny-ppomv3-hybrid")
-        if a and p:
-            d = 100 * (p["miou"] - a["miou"])
-            out.append(f"test mIoU: tiny PTv3 {100 * a['miou']:.1f}, tiny PPoMv3 {100 * p['miou']:.1f} ({d:+.1f} "
-                       f"points; {'met' if d >= -2 else 'MISSED'}: within 2 points, the paper: −0.8)")
-        if a and h:
-            d = 100 * (h["miou"] - a["miou"])
-            out.append(f"test mIoU: tiny hybrid {100 * h['miou']:.1f} ({d:+.1f} points vs PTv3; "
-                       f"{'met' if d >= -1 else 'MISSED'}: level, i.e. within 1 point; the paper: +0.1)")
-        out += verdict_lines("points", payload, seeds, main_json)
-        out += stale_rate_notes(rows, lambda r: by.get(r["lr_from"][5:]) if r["lr_from"].startswith("best ") else None,
-                                lambda r: f"--quality-models {r['spec']}", lambda r: r["model"], lambda p: p["spec"])
-    return out
+    return section_lines(payload, {"speed": _speed_verdicts,
+                                   "quality": lambda p: _quality_verdicts(p, seeds, main_json)})
 
 
 def _speed_report(payload: Dict[str, Any]) -> List[str]:
