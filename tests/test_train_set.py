@@ -13,9 +13,10 @@ import pytest
 from polymixer.checkpoint import read_config
 from polymixer.experiments.bench.common import parse_variant
 from polymixer.experiments.cli import build_parser, main
-from polymixer.experiments.tasks.common import config_class, config_overrides, convert_field, format_field
+from polymixer.experiments.tasks.common import config_overrides, convert_field, format_field
 from polymixer.families import FAMILIES
 from polymixer.models import list_models, model_config
+from polymixer.models.registry import family_config
 
 TRAIN_FAMILIES = [name for name, fam in FAMILIES.items() if fam.tiny is not None]
 
@@ -143,7 +144,7 @@ def test_help_names_every_field(family, capsys):
     with pytest.raises(SystemExit):
         main(["train", family, "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    names = [f.name for f in dataclasses.fields(config_class(family))]
+    names = [f.name for f in dataclasses.fields(family_config(family))]
     assert "--set FIELD=VALUE" in text and f"Its fields: {', '.join(names)}" in text
     if family == "lm":
         for name in names:
@@ -161,7 +162,7 @@ def test_bench_variants_share_the_converter():
         parse_variant("tiny-pom+n_layr=2")
     with pytest.raises(ValueError, match="bias of LMConfig must be true or false, got 'maybe'"):
         parse_variant("tiny-pom+bias=maybe")
-    assert convert_field(config_class("points"), "pom_patch_size", "patch") == "patch"
+    assert convert_field(family_config("points"), "pom_patch_size", "patch") == "patch"
 
 
 @pytest.mark.usefixtures("polymixer_cache")

@@ -28,7 +28,7 @@ from .bench import parallel as parallel_bench
 from .bench import parity as parity_bench
 from .bench import roofline as roofline_bench
 from .bench import traffic as traffic_bench
-from .report import format_table
+from .report import format_cell, format_table
 
 __all__ = ["Table", "TABLES", "SOURCES", "Marked", "markdown_table", "marker", "find_markers", "update_guide",
            "guides_in", "update_guides", "main"]
@@ -42,20 +42,11 @@ def _read(bench: Path, name: str) -> Dict[str, Any]:
     return json.loads((bench / name).read_text())
 
 
-def _cell(v: Any) -> str:
-    """A number as :func:`format_table` writes it (3 significant digits, thousands separated from 100 on)."""
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
-    return str(v)
-
-
 def markdown_table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     """A plain (unaligned) Markdown table, cells written as :func:`format_table` writes them (an empty string
     stays an empty cell, ``None`` is a dash)."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    cells = [[_cell(c) for c in row] for row in rows]
+    cells = [[format_cell(c) for c in row] for row in rows]
     lines += ["|" + "|".join(f" {c} " if c else " " for c in row) + "|" for row in cells]
     return "\n".join(lines)
 

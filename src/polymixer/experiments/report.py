@@ -14,23 +14,24 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..files import atomic_path
 
-__all__ = ["format_table", "per_class_table", "new_figure", "save_figure", "plot_speed_vs_baseline", "read_history",
-           "plot_history", "add_plot_arguments", "main_plot"]
+__all__ = ["format_cell", "format_table", "per_class_table", "new_figure", "save_figure", "plot_speed_vs_baseline",
+           "read_history", "plot_history", "add_plot_arguments", "main_plot"]
+
+
+def format_cell(v: Any) -> str:
+    """A table cell: 3 significant digits (thousands separated from 100 on), a dash for None."""
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
+    return str(v)
 
 
 def format_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str],
                  headers: Optional[Sequence[str]] = None) -> str:
     """A plain aligned text table (also valid Markdown)."""
     headers = list(headers or columns)
-
-    def cell(v: Any) -> str:
-        if v is None:
-            return "—"
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
-        return str(v)
-
-    body = [[cell(r.get(c)) for c in columns] for r in rows]
+    body = [[format_cell(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
     line = lambda cells: "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from .pom import Index, batch_index, shift_width
 from ..ops.common import (
     CuSeqlens, check_bool_mask, check_mix_inputs, check_positions, check_tokens, default_positions, rope_angles,
-    layer_modes, rotate,
+    ROPE_BASE, layer_modes, rotate,
 )
 from ..ops import parallel
 from ..ops.features import pattern_mask
@@ -157,7 +157,7 @@ class Attention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         rope: Optional[str] = None,
-        rope_base: float = 10000.0,
+        rope_base: float = ROPE_BASE,
         qkv_bias: Optional[bool] = None,
         token_shift: Union[bool, int, None] = None,
         device: Optional[torch.device] = None,
@@ -243,8 +243,7 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, context: Optional[Tensor] = None, **modes: Any) -> Tensor:
         """Same arguments as :meth:`polymixer.PoM.forward`; ``causal`` not given uses the module's default."""
-        mask, causal, block_size, cu_seqlens, positions, context_positions = layer_modes(
-            type(self).__name__ + ".forward", modes)
+        mask, causal, block_size, cu_seqlens, positions, context_positions = layer_modes(self, modes)
         causal = self.causal if causal is None else causal
         squeeze = False
         if cu_seqlens is not None and isinstance(x, Tensor) and x.dim() == 2:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree
 
-from ..ops.common import ACTIVATIONS, GATES, ActivationLike, compute_dtype, layer_modes, resolve
+from ..ops.common import ACTIVATIONS, GATES, ROPE_BASE, ActivationLike, compute_dtype, layer_modes, resolve
 from ..ops.pom import pom, pom_step
 from ..ops.value_pom.modular import CHUNK
 
@@ -248,7 +248,7 @@ class PoM(nn.Module):
         reduction: str = "mean",
         bias: bool = False,
         rope: Optional[str] = None,
-        rope_base: float = 10000.0,
+        rope_base: float = ROPE_BASE,
         *,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
@@ -336,7 +336,7 @@ class PoM(nn.Module):
         :func:`polymixer.functional.pom`): mask (B, N) key padding or (B, M, N) bool (True = takes part), causal /
         block_size ((block-)causal), cu_seqlens (packed int32 offsets, B = 1), positions / context_positions
         (rotary). Cost O((M + N)·dim·D) — except a (B, M, N) mask, O(M·N·D)."""
-        layer_modes(type(self).__name__ + ".forward", modes)
+        layer_modes(self, modes)
         return pom(x, context, self.in_proj.weight, self.gate_bias, self.coeff, self.out_proj.weight,
                    self.out_proj.bias, **modes, **self._op_kwargs())
 

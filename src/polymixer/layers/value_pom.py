@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from ..ops.common import ActivationLike, layer_modes
+from ..ops.common import ROPE_BASE, ActivationLike, layer_modes
 from ..ops.value_pom import value_pom, value_pom_step
 from ..ops.value_pom.gated import gated_value_pom, gated_value_pom_step, retnet_bias
 from ..ops.value_pom.modular import CHUNK
@@ -65,7 +65,7 @@ class ValuePoM(PoM, short_form="value"):
         reduction: str = "mean",
         bias: bool = False,
         rope: Optional[str] = None,
-        rope_base: float = 10000.0,
+        rope_base: float = ROPE_BASE,
         value_dim: Optional[int] = None,
         heads: int = 1,
         token_shift: Union[bool, int, None] = None,
@@ -138,7 +138,7 @@ class ValuePoM(PoM, short_form="value"):
     def forward(self, x: Tensor, context: Optional[Tensor] = None, **modes: Any) -> Tensor:
         """Mix tokens: the arguments of :meth:`PoM.forward`. Cost O(N·D·dv/heads) in full mode,
         O(N·chunk·D + N·D·dv/heads) causal."""
-        layer_modes(type(self).__name__ + ".forward", modes)
+        layer_modes(self, modes)
         return value_pom(x, context, *self.value_weights(), **modes, **self._op_kwargs())
 
     def init_state(
@@ -210,7 +210,7 @@ class GatedValuePoM(ValuePoM, short_form="gated_value"):
 
     def forward(self, x: Tensor, context: Optional[Tensor] = None, **modes: Any) -> Tensor:
         """Mix tokens: the arguments of :meth:`PoM.forward` (no cross-mixing, no (B, M, N) mask)."""
-        layer_modes(type(self).__name__ + ".forward", modes)
+        layer_modes(self, modes)
         return gated_value_pom(x, context, *self.value_weights(), self.decay_proj.weight, self.decay_proj.bias,
                                **modes, **self._op_kwargs())
 

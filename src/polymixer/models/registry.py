@@ -22,7 +22,7 @@ from ..families import canonical_family
 from ..families import family as family_entry
 
 __all__ = ["register_model", "create_model", "list_models", "model_config", "build_from_config", "count_parameters",
-           "ModelEntry", "preset_of", "current_fields", "family_config"]
+           "ModelEntry", "preset_of", "current_fields", "current_name", "family_config"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,12 @@ def register_model(name: str, family: str, config_cls: type, builder: Callable[[
     family = family_entry(family).name
     _REGISTRY[name] = ModelEntry(name, family, config_cls, dict(defaults), builder, description)
     _FAMILIES[family] = (config_cls, builder)
+
+
+def current_name(config_cls: type, name: str) -> str:
+    """Today's name of a config field given under ``name`` (its earlier name, as the class's ``RENAMED`` lists it, or
+    itself)."""
+    return getattr(config_cls, "RENAMED", {}).get(name, name)
 
 
 def current_fields(config_cls: type, values: Dict[str, Any]) -> Dict[str, Any]:

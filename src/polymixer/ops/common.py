@@ -20,7 +20,7 @@ ActivationLike = Union[str, Callable[[Tensor], Tensor]]
 CuSeqlens = Union[Tensor, Tuple[Tensor, Tensor]]
 
 __all__ = ["ActivationLike", "CuSeqlens", "MIXING_MODES", "STEP_MODES", "REFERENCE_MODES", "LAYER_MODES",
-           "layer_modes", "ACTIVATIONS", "GATES", "GATES_INPLACE", "FUSED_BACKWARD", "resolve",
+           "layer_modes", "check_mode_keywords", "ACTIVATIONS", "GATES", "GATES_INPLACE", "FUSED_BACKWARD", "resolve",
            "activation", "gate_fn", "compute_dtype", "elementwise_backward", "is_compiling", "cast_output",
            "check_cu_seqlens",
            "segments", "documents_cu_seqlens", "rope_angles", "rotate", "check_tokens", "check_bool_mask",
@@ -243,11 +243,7 @@ class Mixing:
         over ``defaults`` (a streaming step's ``causal=True``); ``only`` limits them (a step takes no block_size,
         cu_seqlens or context_positions). A keyword that is not a mode of ``op`` is a TypeError naming it and the op's
         modes, as a misspelt keyword argument would be."""
-        allowed = only if only is not None else MIXING_MODES
-        bad = [k for k in modes if k not in allowed]
-        if bad:
-            raise TypeError(f"{op}() got an unexpected keyword argument {bad[0]!r}; its mode keywords: "
-                            f"{', '.join(allowed)}")
+        check_mode_keywords(op, modes, only if only is not None else MIXING_MODES)
         out = {**defaults, **modes}
         if "rope_base" in out:
             out["rope_base"] = float(out["rope_base"])
@@ -293,14 +289,21 @@ STEP_MODES = ("causal", "mask", "positions", "activation", "gate", "reduction", 
 LAYER_MODES = ("mask", "causal", "block_size", "cu_seqlens", "positions", "context_positions")
 
 
-def layer_modes(layer: str, modes: Dict[str, Any]) -> Tuple[Any, ...]:
-    """A layer's forward mode keywords (``**modes``: :data:`LAYER_MODES`) in that order, None where not given — so
+def layer_modes(layer: object, modes: Dict[str, Any]) -> Tuple[Any, ...]:
+    """``layer``'s forward mode keywords (``**modes``: :data:`LAYER_MODES`) in that order, None where not given — so
     no layer spells them out again; any other keyword is the TypeError a misspelt keyword argument would be."""
-    bad = [k for k in modes if k not in LAYER_MODES]
-    if bad:
-        raise TypeError(f"{layer}() got an unexpected keyword argument {bad[0]!r}; its mode keywords: "
-                        f"{', '.join(LAYER_MODES)}")
+    if not all(k in LAYER_MODES for k in modes):  # the layer's name is only spelt out for the error
+        check_mode_keywords(f"{type(layer).__name__}.forward", modes, LAYER_MODES)
     return tuple(modes.get(k) for k in LAYER_MODES)
+
+
+def check_mode_keywords(op: str, modes: Dict[str, Any], allowed: Sequence[str]) -> None:
+    """A keyword of ``**modes`` that ``op`` does not take is the TypeError a misspelt keyword argument would be,
+    naming it and the op's mode keywords."""
+    bad = [k for k in modes if k not in allowed]
+    if bad:
+        raise TypeError(f"{op}() got an unexpected keyword argument {bad[0]!r}; its mode keywords: "
+                        f"{', '.join(allowed)}")
 
 
 # the modes a float64 oracle reads (which tokens a query sees comes to it as an explicit visibility matrix)

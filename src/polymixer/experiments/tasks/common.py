@@ -18,11 +18,11 @@ from ..data.faults import DataCheckError, merge_bad
 from ...families import family as family_entry
 from ..commands import loader_module
 from ...models import list_models, model_config, preset_of
-from ...models.registry import current_fields
+from ...models.registry import current_name, family_config
 from ...ranges import Range
 
 __all__ = ["add_preset_argument", "check_preset", "add_data_check_argument", "check_dataset", "scan_dataset",
-           "int_at_least", "float_in", "config_class", "convert_field", "format_field", "add_set_argument",
+           "int_at_least", "float_in", "convert_field", "format_field", "add_set_argument",
            "add_field_flags", "field_overrides", "config_overrides"]
 
 
@@ -76,11 +76,6 @@ def check_preset(family: str, preset: str) -> str:
 
 NONE_WORDS = ("none", "scene")  # → None where a field allows it ("scene": a whole scene / patch, no window)
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes"), ("false", "0", "no")
-
-
-def config_class(family: str) -> type:
-    """The model-config dataclass of ``family`` (LMConfig, DiTConfig, …): the class of its tiny preset's config."""
-    return type(model_config(family_entry(family).tiny))
 
 
 def _field_hints(config_cls: type) -> Dict[str, Any]:
@@ -164,7 +159,7 @@ def _check_field(config_cls: type, name: str) -> Any:
     """The type hint of field ``name`` of ``config_cls``; a one-line ValueError suggesting the closest field (or
     listing them all when none is close)."""
     hints = _field_hints(config_cls)
-    name = next(iter(current_fields(config_cls, {name: None})))  # an earlier name of a field reads as today's
+    name = current_name(config_cls, name)  # an earlier name of a field reads as today's
     if name not in hints:
         close = difflib.get_close_matches(name, list(hints), n=1)
         hint = f"did you mean {close[0]}?" if close else f"its fields: {', '.join(hints)}"
@@ -194,7 +189,7 @@ def _assignment(text: str) -> str:
 def add_set_argument(p: Any, family: str) -> None:
     """``--set FIELD=VALUE`` (repeatable; ``p``: a parser or an argument group): any field of the family's model
     config, over the preset and any flag; :func:`config_overrides` converts them once the preset is known."""
-    cls = config_class(family)
+    cls = family_config(family)
     p.add_argument("--set", dest="set_fields", action="append", type=_assignment, default=None,
                    metavar="FIELD=VALUE",
                    help=f"set any field of the model config {cls.__name__} (repeatable: --set a=1 --set b=x), over the "
@@ -207,7 +202,7 @@ def add_field_flags(p: Any, family: str, names: Optional[Sequence[str]] = None) 
     ``p`` (a parser or an argument group), converted like ``--set``; the help shows the tiny preset's value.
     :func:`field_overrides` reads them back."""
     tiny = family_entry(family).tiny
-    cls, preset = config_class(family), model_config(tiny)
+    cls, preset = family_config(family), model_config(tiny)
     for name in names if names is not None else list(_field_hints(cls)):
         hint = _check_field(cls, name)
 
@@ -234,7 +229,8 @@ def config_overrides(family: str, preset: str, sets: Optional[Sequence[str]],
     a later assignment of a field wins). The config they make is checked now, before any data is read: one-line
     ValueErrors for another family's preset, an unknown field, a value that does not convert or one its config
     refuses (``n_layer must be ≥ 1, got 0``)."""
-    cls = type(model_config(check_preset(family, preset)))
+    check_preset(family, preset)
+    cls = family_config(family)
     out: Dict[str, Any] = dict(flags or {})
     for text in sets or ():
         name, eq, value = text.partition("=")
