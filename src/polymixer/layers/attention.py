@@ -310,7 +310,7 @@ class Attention(nn.Module):
         facts = {"length": n}
         if problem is None:
             facts.update({"batch": x.shape[0], "width": x.shape[-1], "window": self.window or 0,
-                          "shift": self.shift_width})
+                          "shift": self.shift_width, **parallel.tensor_facts(x)})
             facts.update(parallel.mode_facts(causal, block_size, key_mask, self.rope, positions, False))
         return key_mask, parallel.agree(cp, "attention", facts, problem)
 

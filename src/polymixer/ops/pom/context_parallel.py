@@ -1,15 +1,16 @@
 """PoM under context parallelism (:mod:`polymixer.ops.parallel`): this rank's slice of every sequence, mixed exactly
-as the whole sequence would be, with one all-gather of (B, D)-sized sums per call.
+as the whole sequence would be, with (B, D + 1)-sized transfers whose number grows as log P at most.
 
 For the slice [a, b) of a sequence, the aggregate a query i sees is
-  full          the sum over every rank (all-gather of each rank's sum and count, then their total),
-  causal        the sum over the ranks before this one (an exclusive prefix) + the local running sum,
+  full          the total over every rank (one all-reduce of each rank's sum and count),
+  causal        the sum over the ranks before this one (an exclusive scan over the ranks) + the local running sum,
   block-causal  the same prefix + the local running sum up to the end of i's block or of the slice; the queries of
                 the block that runs past b add, from each next rank that starts inside that block, its tokens of
-                that block (its first block): :func:`polymixer.ops.parallel.block_tail_ranks`.
+                that block (its first block): :func:`polymixer.ops.parallel.block_carry`.
 Counts travel with the sums (key padding weighs both). Rotary positions default to the global token index a + i.
-The gradients flow back through the all-gathers (:func:`polymixer.ops.parallel.gather`), so the input gradient of
-every row and the sum over ranks of the parameter gradients equal those of the unsharded call.
+The transfers are started as soon as this slice's sums are known and the local running sums are computed while
+they are in flight. The gradients flow back through them (each transfer's backward is its transpose), so the input
+gradient of every row and the sum over ranks of the parameter gradients equal those of the unsharded call.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from torch import Tensor
 
 from ..common import check_positions, compute_dtype, is_compiling, rope_angles, rotate
 from ..features import cumsum, gate_mix, poly_features, safe_inverse
-from ..parallel import ContextParallel, Slice, agree, block_tail_ranks, gather, mode_facts
+from ..parallel import (ContextParallel, Slice, agree, all_reduce_sum, block_carry, exclusive_scan, mode_facts,
+                        tensor_facts)
 
 __all__ = ["forward", "refuse"]
 
@@ -59,7 +61,8 @@ def forward(call, cp: ContextParallel, problem: Optional[str] = None,
     problem = problem or refuse(call)
     facts = {"length": call.N}
     if not problem:
-        facts.update({"batch": call.B, "width": call.x.shape[-1], "D": call.D, "gate width": call.Ds})
+        facts.update({"batch": call.B, "width": call.x.shape[-1], "D": call.D, "gate width": call.Ds,
+                      **tensor_facts(call.x)})
         facts.update(mode_facts(call.causal, call.block_size, call.key_mask, call.rope, call.positions,
                                 state is not None))
     sl = Slice(cp.rank, agree(cp, "pom", facts, problem))
@@ -78,39 +81,7 @@ def forward(call, cp: ContextParallel, problem: Optional[str] = None,
     w = call.key_mask.to(p.dtype) if call.key_mask is not None else p.new_ones(B, n)
     p = p * w.unsqueeze(-1)
     pc = torch.cat([p, w.unsqueeze(-1)], dim=-1)  # the sums and their counts travel together: (B, n, D + 1)
-    local = pc.sum(1)
-
-    if not call.causal:
-        h = gather(local, cp, "pom full sums").sum(0).unsqueeze(1)  # (B, 1, D + 1)
-        final = h[:, 0]
-    else:
-        K = call.block_size
-        run = cumsum(pc)  # (B, n, D + 1): the local running sums
-        if K is None:
-            parts = gather(local, cp, "pom causal sums")
-            prefix = parts[:cp.rank].sum(0)
-            tail_parts = None
-        else:
-            head_len = min(n, K - sl.start % K)  # this rank's tokens in its first block
-            head = run[:, head_len - 1] if head_len > 0 else torch.zeros_like(local)
-            both = gather(torch.cat([local, head], dim=-1), cp, "pom block-causal sums")  # (P, B, 2(D + 1))
-            prefix = both[:cp.rank, :, :D + 1].sum(0)
-            tail_parts = both[:, :, D + 1:]
-            gi = sl.start + torch.arange(n, device=x.device)
-            end = (torch.div(gi, K, rounding_mode="floor") + 1) * K  # one past the last token i's block sees
-            last = (torch.clamp(end, max=sl.start + n) - 1 - sl.start).clamp(min=0)
-            run = run.index_select(1, last)
-        if state is not None:
-            prefix = prefix + torch.cat([state[0].to(p.dtype), state[1].to(p.dtype).unsqueeze(-1)], dim=-1)
-        h = prefix.unsqueeze(1) + run
-        if K is not None:
-            tail_ranks = block_tail_ranks(sl, K)
-            if tail_ranks:
-                tail = tail_parts[tail_ranks].sum(0)  # (B, D + 1)
-                past = (end > sl.start + n).to(p.dtype)  # the queries whose block runs past this slice
-                h = h + past.view(1, n, 1) * tail.unsqueeze(1)
-        final = prefix + local
-
+    h, final = _sums(call, cp, sl, pc, state)
     hs, cnt = h[..., :D], h[..., D:]
     if call.reduction == "mean":
         hs = hs * safe_inverse(cnt)
@@ -121,6 +92,30 @@ def forward(call, cp: ContextParallel, problem: Optional[str] = None,
     y = F.linear(g, call.out_weight, call.out_bias)
     return y, (final[:, :D], final[:, D]), sl.total
 
+
+def _sums(call, cp: ContextParallel, sl: Slice, pc: Tensor, state: Optional[Tuple[Tensor, Tensor, Tensor]]
+          ) -> Tuple[Tensor, Tensor]:
+    """(the sums and counts each query reads (B, n or 1, D + 1), those after this slice (B, D + 1)) from this
+    slice's weighted features and counts ``pc`` (B, n, D + 1) and what the other ranks send."""
+    local = pc.sum(1)
+    if not call.causal:
+        total = all_reduce_sum(local, cp, "pom full sums")
+        return total.unsqueeze(1), total
+    K, n = call.block_size, call.N
+    run = cumsum(pc)  # (B, n, D + 1): the local running sums
+    if K is None:
+        prefix = exclusive_scan(local, cp, "pom causal sums")
+    else:
+        head = run[:, min(n, K - sl.start % K) - 1]  # this rank's sums over its tokens of its first block
+        prefix, tail = block_carry(local, head, sl, K, cp, "pom block-causal sums")
+        gi = sl.start + torch.arange(n, device=pc.device)
+        end = (torch.div(gi, K, rounding_mode="floor") + 1) * K  # one past the last token i's block sees
+        run = run.index_select(1, (torch.clamp(end, max=sl.start + n) - 1 - sl.start).clamp(min=0))
+        past = (end > sl.start + n).to(pc.dtype)  # the queries whose block runs past this slice read the tail
+        run = run + past.view(1, n, 1) * tail.unsqueeze(1)
+    if state is not None:
+        prefix = prefix + torch.cat([state[0].to(pc.dtype), state[1].to(pc.dtype).unsqueeze(-1)], dim=-1)
+    return prefix.unsqueeze(1) + run, prefix + local
 
 
 def _fusable(call) -> bool:
@@ -144,18 +139,17 @@ def _fused(call, cp: ContextParallel, sl: Slice, state: Optional[Tuple[Tensor, T
     z = F.linear(x, call.in_weight)
     local = slice_sum(z, call.coeff, rot, call.activation)
     counts = torch.full((B, 1), float(n), dtype=cd, device=x.device)
-    parts = gather(torch.cat([local, counts], dim=1), cp, "pom sums")  # (P, B, D + 1)
+    mine = torch.cat([local, counts], dim=1)  # (B, D + 1)
     if call.causal:
-        before = parts[:cp.rank].sum(0)
+        before = exclusive_scan(mine, cp, "pom causal sums")
         if state is not None:
             before = before + torch.cat([state[0].to(cd), state[1].to(cd).unsqueeze(-1)], dim=1)
         carry, count = before[:, :D], before[:, D].detach()
-        final = before + torch.cat([local, counts], dim=1)
+        final = before + mine
     else:
-        others = torch.cat([parts[:cp.rank], parts[cp.rank + 1:]]).sum(0)
-        carry = others[:, :D]
-        final = others + torch.cat([local, counts], dim=1)
-        count = final[:, D].detach()
+        final = all_reduce_sum(mine, cp, "pom full sums")
+        others = final - mine  # what the other ranks hold (the fused pass adds this slice's own sums)
+        carry, count = others[:, :D], final[:, D].detach()
     g = mix_with_carry(z, call.coeff, call.gate_bias, rot, call.causal, call.activation, call.gate,
                        call.reduction == "mean", carry, count)
     y = F.linear(g, call.out_weight, call.out_bias)

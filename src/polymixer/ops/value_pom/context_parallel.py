@@ -1,12 +1,12 @@
 """The value-carrying PoM under context parallelism (:mod:`polymixer.ops.parallel`).
 
 The same decomposition as PoM's (:mod:`polymixer.ops.pom.context_parallel`) with the (B, heads, D/h, dv/h)
-states in place of the (B, D) sums: full mixing sums every rank's state; causal mixing starts this slice's chunked
+states in place of the (B, D) sums: full mixing all-reduces every rank's state; causal mixing starts this slice's chunked
 mixing from the states of the ranks before it; block-causal mixing aligns the slice to the global blocks
 (zero-weight tokens in front), starts from the same prefix and adds, for the queries of the block that runs past the
 slice, the next ranks' states of that block. The token shift / short convolution of width W reads the W − 1
 projections before the slice's first token: each rank sends its last W − 1 (masked) key / value projections — a
-halo, gathered once.
+halo — to the ranks that read them, point to point.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..common import Mixing, check_positions
-from ..parallel import ContextParallel, Slice, agree, block_tail_ranks, gather, halo_before, mode_facts
+from ..parallel import (ContextParallel, Slice, agree, all_reduce_sum, block_carry, exclusive_scan, halo_before,
+                        mode_facts, tensor_facts)
 from .call import ValueWeights, make_value_call
 from .features import heads_view, rotate_heads, value_features, value_output
 from .modular import value_mix
@@ -76,7 +77,7 @@ def _agree(x: Tensor, context: Optional[Tensor], weights: ValueWeights, mixing: 
     facts = {"length": n}
     if not problem:
         facts.update({"batch": x.shape[0], "width": x.shape[-1], "D": D, "dv": dv, "heads": heads,
-                      "chunk": chunk, "shift width": 0 if shift is None else shift.shape[0]})
+                      "chunk": chunk, "shift width": 0 if shift is None else shift.shape[0], **tensor_facts(x)})
         facts.update(mode_facts(causal, block, key_mask, mixing.rope, mixing.positions, stream))
     return D, dv, key_mask, Slice(cp.rank, agree(cp, "value pom", facts, problem))
 
@@ -122,21 +123,18 @@ def _mix_states(q: Tensor, k: Tensor, vh: Tensor, w: Tensor, causal: bool, block
     X = total[0].numel()
     flat = torch.cat([total.reshape(B, X), w.sum(1, keepdim=True)], dim=1)  # (B, X + 1): state and count
     if not causal:
-        allsum = gather(flat, cp, "value-pom full states").sum(0)
+        allsum = all_reduce_sum(flat, cp, "value-pom full states")
         S, cnt_all = allsum[:, :X].view_as(total), allsum[:, X]
         o = torch.einsum("bhmd,bhde->bhme", q, S)
         return o, cnt_all.unsqueeze(1).expand(B, n), S, cnt_all
+    tail = None
     if block is None:
-        prefix = gather(flat, cp, "value-pom causal states")[:cp.rank].sum(0)
-        tail_parts = None
+        prefix = exclusive_scan(flat, cp, "value-pom causal states")
     else:
-        lead = sl.start % block
-        head_len = min(n, block - lead)
+        head_len = min(n, block - sl.start % block)
         head = torch.cat([torch.einsum("bhnd,bhne->bhde", k[:, :, :head_len], vh[:, :, :head_len]).reshape(B, X),
                           w[:, :head_len].sum(1, keepdim=True)], dim=1)
-        both = gather(torch.cat([flat, head], dim=1), cp, "value-pom block-causal states")
-        prefix = both[:cp.rank, :, :X + 1].sum(0)
-        tail_parts = both[:, :, X + 1:]
+        prefix, tail = block_carry(flat, head, sl, block, cp, "value-pom block-causal states")
     state_in, count_in = (None, None) if stream is None else stream[:2]
     if state_in is not None:
         prefix = prefix + torch.cat([state_in.reshape(B, X).to(prefix.dtype),
@@ -144,14 +142,14 @@ def _mix_states(q: Tensor, k: Tensor, vh: Tensor, w: Tensor, causal: bool, block
     S0, c0 = prefix[:, :X].view_as(total), prefix[:, X]
     if block is None:
         return value_mix(q, k, vh, w, causal=True, chunk=chunk, state=S0, count=c0)
-    return _block_causal(q, k, vh, w, block, chunk, S0, c0, tail_parts, sl)
+    return _block_causal(q, k, vh, w, block, chunk, S0, c0, tail, sl)
 
 
 def _block_causal(q: Tensor, k: Tensor, vh: Tensor, w: Tensor, block: int, chunk: int, S0: Tensor, c0: Tensor,
-                  tail_parts: Tensor, sl: Slice) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                  tail: Tensor, sl: Slice) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Block-causal :func:`_mix_states` from the prefix (``S0``, ``c0``): the slice aligned to the global blocks by
     zero-weight tokens in front; the queries of the block that runs past the slice also read the next ranks' part
-    of that block (``tail_parts``: every rank's state and count of its first block, (P, B, X + 1))."""
+    of that block (``tail``: their state and count of that block, (B, X + 1); zeros where no rank follows in it)."""
     n = w.shape[1]
     X = S0[0].numel()
     lead = sl.start % block
@@ -159,13 +157,11 @@ def _block_causal(q: Tensor, k: Tensor, vh: Tensor, w: Tensor, block: int, chunk
     o, o_cnt, final_state, final_count = value_mix(qp, kp, vp, F.pad(w, (lead, 0)), causal=True, block_size=block,
                                                    chunk=chunk, state=S0, count=c0)
     o, o_cnt = o[:, :, lead:], o_cnt[:, lead:]
-    tail_ranks = block_tail_ranks(sl, block)
-    if tail_ranks:
-        tail = tail_parts[tail_ranks].sum(0)
-        gi = sl.start + torch.arange(n, device=q.device)
-        past = ((torch.div(gi, block, rounding_mode="floor") + 1) * block > sl.start + n).to(o.dtype)
-        o = o + past.view(1, 1, n, 1) * torch.einsum("bhmd,bhde->bhme", q, tail[:, :X].view_as(S0))
-        o_cnt = o_cnt + past.unsqueeze(0) * tail[:, X:]
+    gi = sl.start + torch.arange(n, device=q.device)
+    past = ((torch.div(gi, block, rounding_mode="floor") + 1) * block > sl.start + n).to(o.dtype)
+    # added on every rank, zeros or not: the tail's transfers have a backward every rank must reach
+    o = o + past.view(1, 1, n, 1) * torch.einsum("bhmd,bhde->bhme", q, tail[:, :X].view_as(S0))
+    o_cnt = o_cnt + past.unsqueeze(0) * tail[:, X:]
     return o, o_cnt, final_state, final_count
 
 
