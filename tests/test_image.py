@@ -375,3 +375,114 @@ def test_train_sample_eval_commands(tmp_path, monkeypatch, capsys):
     rc = main(["train", "image", "--preset", "tiny-sit", "--data", str(tmp_path / "empty"), "--steps", "1",
                "--out", str(tmp_path / "run2"), "--quiet"])
     assert rc == 2 and "no images found" in capsys.readouterr().err
+
+
+CP_SCRIPT = r'''
+import json, os, sys
+import torch
+import torch.distributed as dist
+import polymixer
+from polymixer.models.image import DiT, DiTConfig
+from polymixer.ops import parallel
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+out = {}
+torch.manual_seed(0)
+x = torch.randn(2, 3, 16, 8, dtype=torch.float64)  # 8 patch rows of 4: the grid of a non-square image
+t, y = torch.rand(2, dtype=torch.float64) * 1000, torch.tensor([1, 10])
+variants = {"pom sincos": dict(mixer="pom"), "pom rope": dict(mixer="pom", position="rope"),
+            "attention + pom sincos_rope": dict(mixer="AP", position="sincos_rope"),
+            "local + value pom sincos": dict(mixer="LV", window=3, expand=1, sel_heads=4, value_heads=2)}
+for name, kw in variants.items():
+    torch.manual_seed(1)
+    m = DiT(DiTConfig(input_size=16, patch_size=2, in_channels=3, hidden_size=32, depth=2, num_heads=4,
+                      num_classes=10, learn_sigma=True, **kw)).double()
+    with torch.no_grad():  # leave the identity: random adaLN and output layers
+        for p in m.parameters():
+            if p.abs().sum() == 0 and p.dim() > 0:
+                p.normal_(0, 0.05)
+    m.eval()  # no label dropout: the two calls see the same classes
+    xs = x.clone().requires_grad_()
+    ref = m(xs, t, y)
+    g = torch.randn_like(ref)
+    (ref * g).sum().backward()
+    ref_grads = [p.grad.clone() for p in m.parameters()] + [xs.grad.clone()]
+    m.zero_grad()
+    xs.grad = None
+    embedded, logged = [], []
+    hooks = [m.patch.register_forward_pre_hook(lambda mod, inp: embedded.append(list(inp[0].shape))),
+             m.blocks[0].register_forward_pre_hook(lambda mod, inp: logged.append(len(cp.log)))]
+    total = parallel.TOTAL["bytes_sent"]
+    with polymixer.context_parallel() as cp:
+        o = m(xs, t, y)
+        (o * g).sum().backward()
+    for h in hooks:
+        h.remove()
+    grads = [p.grad.clone() for p in m.parameters()] + [xs.grad.clone()]
+    band = xs.grad.abs().sum(dim=(0, 1, 3)).nonzero().flatten()  # image rows this rank's gradient reaches
+    for u in grads:
+        dist.all_reduce(u)
+    rel = lambda u, v: ((u - v).abs().max() / v.abs().max()).item()
+    out[name] = {"y": rel(o, ref), "grads": max(rel(u / world, v) for u, v in zip(grads, ref_grads)),
+                 "embedded": embedded, "log_before_blocks": logged, "log": cp.log,
+                 "band": [int(band.min()), int(band.max())], "total": parallel.TOTAL["bytes_sent"] - total}
+errors = {}
+bad = {"rows": ((1, 3, 3 * world, 8), {}), "local_conv": ((1, 3, 16, 8), dict(local_conv=3))}
+for name, (image, kw) in bad.items():
+    m = DiT(DiTConfig(input_size=16, patch_size=2, in_channels=3, hidden_size=32, depth=1, num_heads=4,
+                      num_classes=10, **kw))
+    try:
+        with polymixer.context_parallel():
+            m(torch.randn(image), torch.rand(1), torch.tensor([0]))
+        errors[name] = None
+    except ValueError as e:
+        errors[name] = str(e)
+out["errors"] = errors
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump(out, f)
+dist.barrier()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+'''
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_context_parallel_ranks_embed_only_their_band_of_patch_rows(tmp_path, world):
+    """Under context parallelism each rank patch-embeds its own band of H / P image rows (never the whole image),
+    nothing is gathered before the blocks, the one token-sized gather is the predicted patches (B, N / P, p²·C) at
+    the end, and outputs and gradients equal the single-process model's (fp64; every position form, hybrids)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from polymixer.experiments.bench.parallel import free_port
+
+    script = tmp_path / "cp_image.py"
+    script.write_text(CP_SCRIPT)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
+                          f"--master_port={free_port()}", str(script), str(tmp_path)],
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    B, C, H, W, p, hidden = 2, 3, 16, 8, 2, 32
+    tokens = (H // p) * (W // p) // world  # this rank's patches
+    for rank, out in enumerate(results):
+        errors = out.pop("errors")
+        assert errors["rows"] == (f"context_parallel over {world} ranks needs the patch rows (image height / patch "
+                                  f"size) divisible by {world}, got {3 * world // p}"), errors["rows"]
+        assert "local convolution" in errors["local_conv"]
+        for name, r in out.items():
+            assert r["y"] < 1e-10 and r["grads"] < 1e-10, (rank, name, r["y"], r["grads"])
+            assert r["embedded"] == [[B, C, H // world, W]], (rank, name)  # the band, not the image
+            rows = H // world
+            assert r["band"] == [rank * rows, (rank + 1) * rows - 1], (rank, name)
+            assert r["log_before_blocks"] == [0], (rank, name)  # nothing gathered before the blocks
+            outputs = [n for what, n in r["log"] if what == "image output tokens"]
+            assert outputs == [(world - 1) * B * tokens * p * p * 2 * C * 8], (rank, name)
+            hidden_tokens = (world - 1) * B * tokens * hidden * 8
+            if name.startswith("pom"):  # PoM sends its (B, D + 1) sums: nothing else is token-sized
+                assert all(n < hidden_tokens for what, n in r["log"] if not what.startswith("image output")), r["log"]
+            assert r["total"] == sum(n for _, n in r["log"])

@@ -48,7 +48,7 @@ from polymixer.experiments.train.loop import TrainConfig
 out, cp = sys.argv[1], int(sys.argv[5])
 cfg = TrainConfig(steps=2, batch_size=4, lr=1e-3, warmup=1, eval_every=100, ckpt_every=100, log_every=1, out=out,
                   progress=False, seed=3, context_parallel=cp)
-res = train_image("tiny-sit", cfg, eval_samples=0, input_size=8, hidden_size=32, depth=2, position="rope")
+res = train_image(PRESET, cfg, eval_samples=0, input_size=8, hidden_size=32, depth=2, position=POSITION)
 if res["rank"] == 0:
     torch.save({k: v.detach().cpu() for k, v in res["model"].state_dict().items()}, f"{out}/weights.pt")
     json.dump([h["loss"] for h in res["history"] if "loss" in h], open(f"{out}/losses.json", "w"))
@@ -112,12 +112,18 @@ def test_fsdp_checkpoint_resumes_on_fewer_ranks_and_unsharded(tmp_path, corpus_d
             torch.testing.assert_close(weights[k], straight[k], rtol=1e-4, atol=1e-5, msg=f"{name}: {k}")
 
 
-@pytest.mark.slow  # the LM's context-parallel step runs by default; this is the image family's (~30 s)
-def test_context_parallel_image_step_equals_the_single_process_step(tmp_path, corpus_dir):
-    """The image family splits its patch tokens inside the model (2-D rotary positions sliced with them)."""
-    one, losses_one = _run(tmp_path, corpus_dir, tmp_path / "one", 2, script_text=IMAGE_SCRIPT)
-    two, losses_two = _run(tmp_path, corpus_dir, tmp_path / "cp", 2, procs=2, cp=2, port=29651,
-                           script_text=IMAGE_SCRIPT)
+@pytest.mark.slow  # the LM's context-parallel step runs by default; these are the image family's (~30 s each)
+@pytest.mark.parametrize("procs, preset, position, port", [(2, "tiny-sit", "rope", 29651),
+                                                           (2, "tiny-sipom", "sincos", 29653),
+                                                           (4, "tiny-sipom", "sincos_rope", 29655)])
+def test_context_parallel_image_step_equals_the_single_process_step(tmp_path, corpus_dir, procs, preset, position,
+                                                                    port):
+    """The image family: each rank embeds its own band of patch rows (positions the band's global ones: 2-D sin-cos
+    added, 2-D rotary, both), attention (tiny-sit) or PoM (tiny-sipom), on 2 ranks and on 4 (one row each)."""
+    text = f"PRESET, POSITION = {preset!r}, {position!r}\n" + IMAGE_SCRIPT
+    one, losses_one = _run(tmp_path, corpus_dir, tmp_path / "one", 2, script_text=text)
+    two, losses_two = _run(tmp_path, corpus_dir, tmp_path / "cp", 2, procs=procs, cp=procs, port=port,
+                           script_text=text)
     assert abs(losses_two[0] - losses_one[0]) <= 1e-6 * abs(losses_one[0])
     for k in one:
         torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5, msg=k)

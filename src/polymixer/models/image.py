@@ -253,25 +253,43 @@ class DiT(nn.Module):
         x = x.reshape(x.shape[0], gh, gw, p, p, C)
         return torch.einsum("bhwpqc->bchpwq", x).reshape(x.shape[0], C, gh * p, gw * p)
 
+    def embed(self, x: Tensor, rows: Tuple[int, int]) -> Tuple[Tensor, Optional[Tensor]]:
+        """The patch tokens of the patch rows [r0, r1) of ``x`` (B, C, H, W), positions added: (B, (r1 − r0)·gw,
+        hidden) and their 2-D rotary coordinates (or None).
+
+        The patch embedding is a stride-p convolution, so embedding only the image rows [r0·p, r1·p) gives exactly
+        those patches: under context parallelism each rank embeds its own band of the image, never the whole. The
+        positions (sin-cos added, rotary passed on) are the band's global ones."""
+        c = self.config
+        p, (r0, r1) = c.patch_size, rows
+        gh, gw = x.shape[-2] // p, x.shape[-1] // p
+        h = self.patch(x[:, :, r0 * p:r1 * p]).flatten(2).transpose(1, 2)
+        a, b = r0 * gw, r1 * gw  # the band's tokens in the row-major patch sequence
+        if "sincos" in c.position:
+            pe = self.pos_embed if (gh, gw) == (c.input_size // p,) * 2 else \
+                sincos_2d(gh, gw, c.hidden_size).to(h.device).unsqueeze(0)
+            h = h + pe[:, a:b].to(h.dtype)
+        positions = grid_positions(gh, gw, device=x.device)[a:b] if "rope" in c.position else None
+        return h, positions
+
     def forward(self, x: Tensor, t: Tensor, y: Tensor, force_drop: Optional[Tensor] = None) -> Tensor:
+        """The prediction (B, out_channels, H, W).
+
+        Under an active :func:`polymixer.context_parallel` every rank still takes the whole ``x`` and returns the
+        whole prediction, but embeds only its own equal band of patch rows (the number of patch rows must be
+        divisible by the group), runs the blocks on that band (the mixers' collectives mix across ranks), applies
+        the final layer to it, and gathers the predicted patches (B, N/P, p²·out_channels) once at the end: no
+        (B, N, hidden) tokens on any rank."""
         gh, gw = self._check(x, t, y)
-        h = self.patch(x).flatten(2).transpose(1, 2)  # (B, T, hidden)
-        positions = None
-        if "sincos" in self.config.position:
-            pe = self.pos_embed if (gh, gw) == (self.config.input_size // self.config.patch_size,) * 2 else \
-                sincos_2d(gh, gw, self.config.hidden_size).to(h.device).unsqueeze(0)
-            h = h + pe.to(h.dtype)
-        if "rope" in self.config.position:
-            positions = grid_positions(gh, gw, device=x.device)
-        c = self.t_embedder(t) + self.y_embedder(y, force_drop)
+        rows = (0, gh)
         cp = parallel.active()
-        if cp is not None:  # context parallelism: this rank's equal slice of the patch tokens, gathered at the end
+        if cp is not None:  # context parallelism: this rank's equal band of patch rows
             if self.config.local_conv:
                 raise ValueError("context_parallel: the local convolution over the patch grid would need its "
                                  "neighbours from other ranks; train without local_conv or without the context")
-            a, b = parallel.even_slice(h.shape[1], cp, "the patch tokens")
-            h = h[:, a:b]
-            positions = None if positions is None else positions[a:b]
+            rows = parallel.even_slice(gh, cp, "the patch rows (image height / patch size)")
+        h, positions = self.embed(x, rows)
+        c = self.t_embedder(t) + self.y_embedder(y, force_drop)
         for blk in self.blocks:
             h = blk(h, c, positions=positions, grid=(gh, gw))
         out = self.final_layer(h, c)

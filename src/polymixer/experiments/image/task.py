@@ -218,8 +218,11 @@ class ImageTask:
         return batch[0].shape[0]
 
     def split(self, batch: Any, part: int, parts: int) -> Any:
-        """Context parallelism: every rank of a group takes the whole batch share; the model splits
-        its patch tokens (each rank an equal share)."""
+        """Context parallelism: every rank of a group takes the whole batch share (the objective draws the
+        timesteps and the noise of whole images, alike on every rank of the group); the model embeds only its own
+        equal band of patch rows, runs its blocks on it and gathers the predicted patches once at the end, so the
+        loss (the mean over every pixel) is the whole batch's on every rank, and DDP's average of the gradients,
+        which flow back through that gather to the rank that computed each band, is the single-process one."""
         return batch
 
     def loss(self, model: nn.Module, batch: tuple) -> torch.Tensor:
