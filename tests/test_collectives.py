@@ -176,3 +176,22 @@ def test_bytes_per_rank_flat_in_n_and_log_in_p(worlds):
         mean2, _ = _per_rank(worlds[2], f"{name} 64")
         mean8, _ = _per_rank(worlds[8], f"{name} 64")
         assert mean8 <= 1.75 * mean2 + 1e-9, (name, mean8 / mean2)
+
+
+def test_bench_scaling_counts_equal_its_model(tmp_path):
+    from polymixer.experiments.bench.parallel import ScalingConfig, scaling, scaling_report
+
+    cfg = ScalingConfig(dim=16, value_dim=16, heads=2, tokens_per_rank=4, block_size=6, ranks=(2, 4),
+                        model_ranks=(8, 1024), out=str(tmp_path))
+    payload = scaling(cfg, progress=False)
+    for row in payload["counted"]:
+        if row["mode"] == "block-causal":  # the model bounds the block's tail by one hop
+            assert row["mean_bytes"] <= row["model_bytes"] + 1e-9, row
+        else:
+            assert abs(row["mean_bytes"] - row["model_bytes"]) < 1e-6, row
+    model = {(r["kind"], r["mode"], r["P"]): r for r in payload["model"]}
+    for kind in ("pom", "value_pom"):  # flat in P, where the all-gather grew as P
+        assert model[(kind, "causal", 1024)]["bytes"] < 2 * model[(kind, "causal", 8)]["bytes"]
+        assert model[(kind, "full", 1024)]["allgather_bytes"] > 100 * model[(kind, "full", 1024)]["bytes"]
+    assert "MODEL, not measured" in scaling_report(payload)
+    assert (tmp_path / "parallel_scaling.json").is_file()

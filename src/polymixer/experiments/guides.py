@@ -603,6 +603,11 @@ def parallel_report(bench: Path) -> str:
     return "```\n" + parallel_bench.report(_read(bench, "parallel.json")) + "\n```"
 
 
+def parallel_scaling(bench: Path) -> str:
+    """``bench parallel --scaling``: bytes per rank against P, counted, and the model of larger P, as a code block."""
+    return "```\n" + parallel_bench.scaling_report(_read(bench, "parallel_scaling.json")) + "\n```"
+
+
 def parity_families(bench: Path) -> str:
     """Attention, PoM, value PoM and the best hybrid of every family, as ``bench parity`` judges them."""
     payload = _read(bench, "parity.json")
@@ -726,6 +731,7 @@ _REGISTRY: Dict[str, Table] = {
     "mixer.packed": Table(mixer_packed, ("mixer.json",)),
     "faults.survival": Table(faults_survival, ("faults.json",)),
     "parallel.report": Table(parallel_report, ("parallel.json",)),
+    "parallel.scaling": Table(parallel_scaling, ("parallel_scaling.json",)),
     "parity.families": Table(parity_families, ("parity.json",)),
     "gpu.roofline": Table(gpu_roofline, ("roofline.json",)),
     "eo.quality": Table(eo_quality, ("eo.json", "eo_seed1/eo.json", "eo_seed2/eo.json", "eo_seed3/eo.json")),

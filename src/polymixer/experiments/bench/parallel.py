@@ -34,7 +34,8 @@ import torch
 from ..report import format_table, new_figure, save_figure
 from .common import machine, peak_memory_mb, read_json, time_interleaved, write_json
 
-__all__ = ["ParallelBenchConfig", "run", "report", "nvlink_model", "add_arguments", "main"]
+__all__ = ["ParallelBenchConfig", "ScalingConfig", "run", "report", "nvlink_model", "scaling", "scaling_report",
+           "transfer_model", "add_arguments", "main"]
 
 MIXERS = ("pom", "value_pom", "attention")
 
@@ -52,6 +53,22 @@ class ParallelBenchConfig:
     budget_gb: float = 16.0  # memory per rank for the longest-N extrapolation
     model_gpus: int = 8
     model_lengths: Tuple[int, ...] = (65536, 262144, 1048576)
+    out: str = "runs/bench/parallel"
+
+
+@dataclass
+class ScalingConfig:
+    """``bench parallel --scaling``: bytes counted per rank and layer call at each P (no timing: the counts do not
+    depend on the machine's load), and a labelled model of P up to ``model_ranks``."""
+
+    dim: int = 512
+    expand: int = 2
+    heads: int = 8
+    value_dim: int = 512
+    tokens_per_rank: int = 16
+    block_size: int = 24  # block-causal: blocks straddle the slices
+    ranks: Tuple[int, ...] = (2, 4, 8)
+    model_ranks: Tuple[int, ...] = (8, 64, 512, 1024)
     out: str = "runs/bench/parallel"
 
 
@@ -123,6 +140,144 @@ def _plan(cfg: ParallelBenchConfig, world: int) -> List[Tuple[str, int, bool]]:
         elif world > 1:
             plan.append(("attention", N, True))
     return plan
+
+
+MODES = {"full": {}, "causal": {"causal": True}, "block-causal": {"causal": True, "block_size": None}}
+# links of the model (assumed, not measured): per-message latency α and bandwidth β per GPU and direction
+LINKS = {"NVLink (≤ 8 GPUs, one node)": (3e-6, 450e9), "InfiniBand NDR (across nodes)": (8e-6, 50e9)}
+
+
+def _scaling_layer(kind: str, cfg: ScalingConfig) -> torch.nn.Module:
+    from ...layers.pom import PoM
+
+    torch.manual_seed(0)
+    if kind == "pom":
+        return PoM(cfg.dim, expand=cfg.expand, sel_heads=cfg.heads)
+    return PoM(cfg.dim, expand=1, value_dim=cfg.value_dim, heads=cfg.heads)
+
+
+def _count_worker(rank: int, world: int, port: int, cfg: ScalingConfig, out_dir: str) -> None:
+    """One forward + backward of each mixer in each mode on ``tokens_per_rank`` tokens per rank: the bytes and
+    transfers of every rank, gathered to the first."""
+    import torch.distributed as dist
+
+    from ...ops.parallel import context_parallel
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    n, mine = cfg.tokens_per_rank, {}
+    for kind in ("pom", "value_pom"):
+        layer = _scaling_layer(kind, cfg)
+        for mode, kw in MODES.items():
+            kw = {k: (cfg.block_size if k == "block_size" else v) for k, v in kw.items()}
+            x = torch.randn(1, n, cfg.dim, requires_grad=True)
+            with context_parallel(lengths=[n] * world, check="none") as cp:
+                layer(x, **kw).square().mean().backward()
+            mine[f"{kind} {mode}"] = (cp.bytes_sent, cp.calls)
+    every: List[Any] = [None] * world
+    dist.all_gather_object(every, mine)
+    if rank == 0:
+        Path(out_dir, f"count{world}.json").write_text(json.dumps(every))
+    dist.destroy_process_group()
+
+
+def state_bytes(kind: str, cfg: ScalingConfig) -> int:
+    """Bytes of one rank's carried state per sequence: PoM's (D + 1) sums and count, the value PoM's
+    (heads, D/h, dv/h) state and count — fp32, whatever N."""
+    if kind == "pom":
+        return 4 * (cfg.expand * cfg.dim + 1)
+    return 4 * (cfg.dim * cfg.value_dim // cfg.heads + 1)
+
+
+def _scan_sends(P: int) -> float:
+    """Sends of the state per rank, on average, of one exclusive scan over P ranks (the tree where P is a power
+    of two, recursive doubling otherwise)."""
+    if P & (P - 1) == 0:
+        return (2 * P - 2 - math.log2(P)) / P
+    return sum(P - d for d in (2 ** j for j in range(math.ceil(math.log2(P))))) / P
+
+
+def transfer_model(kind: str, mode: str, P: int, cfg: ScalingConfig) -> Dict[str, float]:
+    """Bytes per rank and layer call (forward + backward, mean over ranks) of this scheme and of the all-gather it
+    replaced, and their time on each link of :data:`LINKS` (α-β: latency per message plus bytes over bandwidth,
+    along the critical path). A MODEL; at the P counted, its bytes equal the count — block-causal's are a bound:
+    its tail costs one hop at most where slices are at least a block long (tests check)."""
+    S = state_bytes(kind, cfg)
+    lg = math.ceil(math.log2(P))
+    # the value PoM's token shift (width 2 by default): its last key / value projection to the next rank, and back
+    halo = 0 if kind == "pom" else 2 * (P - 1) * 4 * (cfg.dim + cfg.value_dim) / P  # (the all-gather: 1.5 P ×)
+    if mode == "full":
+        sent = 2 * (2 * (P - 1) * S // P)
+        rounds = lambda a, b: 2 * min(2 * (P - 1) * (a + S / P / b), 2 * lg * a + 2 * S / b)  # noqa: E731
+    else:
+        sent = 2 * _scan_sends(P) * S + (2 * S if mode == "block-causal" else 0)
+        depth = 2 * lg - 1 if P & (P - 1) == 0 else lg
+        rounds = lambda a, b: 2 * (depth + (mode == "block-causal")) * (a + S / b)  # noqa: E731
+    width = 2 if mode == "block-causal" else 1
+    gathered = (P - 1) * width * S + 2 * (P - 1) * width * S  # all-gather, then its backward's all-reduce of P copies
+    out = {"kind": kind, "mode": mode, "P": P, "bytes": float(sent + halo),
+           "allgather_bytes": float(gathered + 1.5 * P * halo)}
+    for link, (a, b) in LINKS.items():
+        out[f"{link} µs"] = 1e6 * rounds(a, b)
+        out[f"{link} all-gather µs"] = 1e6 * ((P - 1) * (a + width * S / b) + 2 * (P - 1) * (a + width * S / b))
+    return out
+
+
+def scaling(cfg: ScalingConfig, progress: bool = True) -> Dict[str, Any]:
+    """Count every rank's bytes at each P of ``cfg.ranks``, add the model up to ``cfg.model_ranks``, write
+    parallel_scaling.json / .txt."""
+    import torch.multiprocessing as mp
+    from tqdm.auto import tqdm
+
+    counted = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for P in tqdm(cfg.ranks, desc="bench parallel --scaling (ranks)", disable=not progress):
+            mp.spawn(_count_worker, args=(P, free_port(), cfg, tmp), nprocs=P, join=True)
+            for key in read_json(Path(tmp, f"count{P}.json"))[0]:
+                per = [r[key] for r in read_json(Path(tmp, f"count{P}.json"))]
+                kind, mode = key.split(" ", 1)
+                counted.append({"kind": kind, "mode": mode, "P": P, "mean_bytes": sum(b for b, _ in per) / P,
+                                "max_bytes": float(max(b for b, _ in per)), "max_transfers": max(c for _, c in per),
+                                "model_bytes": transfer_model(kind, mode, P, cfg)["bytes"]})
+    model = [transfer_model(k, m, P, cfg) for k in ("pom", "value_pom") for m in MODES for P in cfg.model_ranks]
+    payload = {"config": asdict(cfg), "machine": machine(), "counted": counted, "model": model}
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "parallel_scaling.json", payload)
+    (out / "parallel_scaling.txt").write_text(scaling_report(payload) + "\n")
+    return payload
+
+
+def _growth(counted: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    by = {(r["kind"], r["mode"], r["P"]): r for r in counted}
+    out = []
+    for (kind, mode, P), r in sorted(by.items()):
+        base = by.get((kind, mode, min(p for k, m, p in by if k == kind and m == mode)))
+        out.append({**r, "vs_first": r["mean_bytes"] / base["mean_bytes"] if base and base["mean_bytes"] else None})
+    return out
+
+
+def scaling_report(payload: Dict[str, Any]) -> str:
+    c = payload["config"]
+    links = list(LINKS)
+    lines = [f"BYTES PER RANK AND LAYER CALL against P, counted (forward + backward, gloo processes, batch 1, "
+             f"{c['tokens_per_rank']} tokens per rank — the counts do not depend on N): d {c['dim']}, PoM D "
+             f"{c['expand'] * c['dim']}, value PoM {c['heads']} heads × {c['dim'] // c['heads']} × "
+             f"{c['value_dim'] // c['heads']}, block-causal blocks of {c['block_size']}",
+             format_table(_growth(payload["counted"]), ["kind", "mode", "P", "mean_bytes", "max_bytes",
+                                                         "max_transfers", "vs_first", "model_bytes"],
+                          ["mixer", "mode", "P", "bytes / rank (mean)", "bytes (busiest rank)",
+                           "transfers (busiest rank)", "mean ÷ smallest P", "model bytes"]), "",
+             "MODEL, not measured: the same schemes at larger P beside the all-gather they replaced (its backward an "
+             "all-reduce of P copies); time per layer call along the critical path, α-β with " +
+             "; ".join(f"{k}: α {a * 1e6:g} µs, β {b / 1e9:g} GB/s" for k, (a, b) in LINKS.items()),
+             format_table(payload["model"], ["kind", "mode", "P", "bytes", "allgather_bytes", f"{links[0]} µs",
+                                             f"{links[0]} all-gather µs", f"{links[1]} µs",
+                                             f"{links[1]} all-gather µs"],
+                          ["mixer", "mode", "P", "bytes / rank", "all-gather bytes", "NVLink µs",
+                           "NVLink all-gather µs", "IB µs", "IB all-gather µs"])]
+    return "\n".join(lines)
 
 
 def nvlink_model(cfg: ParallelBenchConfig, counted: Dict[str, Dict[int, int]]) -> List[Dict[str, Any]]:
@@ -261,10 +416,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=d.repeats)
     p.add_argument("--budget-gb", type=float, default=d.budget_gb, help="memory per rank for the longest-N column")
     p.add_argument("--quick", action="store_true", help="N 4,096 and 16,384 on 1 and 2 processes")
+    p.add_argument("--scaling", action="store_true",
+                   help="only count the bytes per rank against P (2, 4, 8 processes) and model larger P (seconds)")
     p.add_argument("--out", default=d.out)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.scaling:
+        payload = scaling(ScalingConfig(out=args.out))
+        print(scaling_report(payload))
+        print(f"\nwrote {Path(args.out) / 'parallel_scaling.json'}, {Path(args.out) / 'parallel_scaling.txt'}")
+        return 0
     cfg = ParallelBenchConfig(lengths=tuple(args.lengths), ranks=tuple(args.ranks), attention_max=args.attention_max,
                               repeats=args.repeats, budget_gb=args.budget_gb, out=args.out)
     if args.quick:
