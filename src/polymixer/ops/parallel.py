@@ -29,14 +29,17 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
+from .features import chunked_cumsum
+
 __all__ = ["ContextParallel", "context_parallel", "active", "gather", "agree", "Slice", "block_tail_ranks",
            "mode_facts", "tensor_facts", "gather_rows", "FACTS", "TOTAL", "CHECKS", "even_slice", "gather_tokens",
-           "local", "halo_before", "all_reduce_sum", "exclusive_scan", "block_carry", "block_edges"]
+           "local", "halo_before", "all_reduce_sum", "exclusive_scan", "causal_sums", "block_carry",
+           "block_edges"]
 
 TOTAL = {"bytes_sent": 0, "calls": 0}  # over every context of this process (logs, tests)
 FACTS = 24  # integers a call is described by in the agreement (padded)
@@ -195,16 +198,18 @@ def local() -> Iterator[None]:
 
 # ---------------------------------------------------------------------------------------------- the transfers
 def _p2p(cp: ContextParallel, sends: Sequence[Tuple[int, Tensor]], recvs: Sequence[Tuple[int, Tensor]],
-         what: str) -> None:
+         what: str, during: Optional[List[Callable[[], None]]] = None) -> None:
     """One round of point-to-point transfers (peers are ranks of the group): every send and receive posted at
-    once, then awaited (no host read of the data; under NCCL the wait orders the streams only)."""
+    once, then awaited (no host read of the data; under NCCL the wait orders the streams only). ``during``: work
+    to run while the transfers are in flight (taken from the list: it runs once, in the first round)."""
     import torch.distributed as dist
 
     ops = [dist.P2POp(dist.isend, t, cp.ranks[peer], cp.group) for peer, t in sends]
     ops += [dist.P2POp(dist.irecv, buf, cp.ranks[peer], cp.group) for peer, buf in recvs]
-    if not ops:
-        return
-    for work in dist.batch_isend_irecv(ops):
+    works = dist.batch_isend_irecv(ops) if ops else []
+    while during:
+        during.pop()()
+    for work in works:
         work.wait()
     for _, t in sends:
         cp.count(what, t.numel() * t.element_size())
@@ -218,7 +223,7 @@ def _linked(a: int, b: int, edges: Sequence[bool]) -> bool:
 
 
 def _scan(x: Tensor, cp: ContextParallel, edges: Sequence[bool], reverse: bool, exclusive: bool,
-          what: str) -> Tensor:
+          what: str, during: Optional[List[Callable[[], None]]] = None) -> Tensor:
     """Σ of ``x`` over the ranks before this one (after it, ``reverse``) joined to it by open edges — with this
     rank's own (inclusive) or without (exclusive) — by recursive doubling: ⌈log₂ P⌉ rounds, in each at most one
     send and one receive of x's size per rank. Which ranks talk follows from ``edges`` alone (known everywhere)."""
@@ -228,14 +233,16 @@ def _scan(x: Tensor, cp: ContextParallel, edges: Sequence[bool], reverse: bool, 
     while d < cp.world:
         to, frm = cp.rank + step * d, cp.rank - step * d
         buf = torch.empty_like(run) if _linked(frm, cp.rank, edges) else None
-        _p2p(cp, [(to, run)] if _linked(cp.rank, to, edges) else [], [] if buf is None else [(frm, buf)], what)
+        _p2p(cp, [(to, run)] if _linked(cp.rank, to, edges) else [], [] if buf is None else [(frm, buf)], what,
+             during)
         if buf is not None:
             run, got = run + buf, got + buf
         d *= 2
     return got if exclusive else run
 
 
-def _tree_scan(x: Tensor, cp: ContextParallel, reverse: bool, what: str) -> Tensor:
+def _tree_scan(x: Tensor, cp: ContextParallel, reverse: bool, what: str,
+               during: Optional[List[Callable[[], None]]] = None) -> Tensor:
     """Σ of ``x`` over the ranks before this one (after it, ``reverse``) by the work-efficient tree (Blelloch): an
     up-sweep of partial sums, then a down-sweep of prefixes — 2 log₂ P − 1 rounds, but 2 P − 2 − log₂ P sends in all
     instead of recursive doubling's ~P log₂ P: half the bytes on average at 8 ranks. P a power of two."""
@@ -247,10 +254,10 @@ def _tree_scan(x: Tensor, cp: ContextParallel, reverse: bool, what: str) -> Tens
     while d < P:  # up-sweep: a right node adds its left sibling's subtree sum
         if (v + 1) % (2 * d) == 0:
             kept[d] = torch.empty_like(val)
-            _p2p(cp, [], [(peer(v - d), kept[d])], what)
+            _p2p(cp, [], [(peer(v - d), kept[d])], what, during)
             val = val + kept[d]
         elif (v + 1) % (2 * d) == d:
-            _p2p(cp, [(peer(v + d), val)], [], what)
+            _p2p(cp, [(peer(v + d), val)], [], what, during)
         d *= 2
     new: Optional[Tensor] = None  # this node's prefix; None while it is structurally zero (nothing sent)
     d = P // 2
@@ -266,12 +273,18 @@ def _tree_scan(x: Tensor, cp: ContextParallel, reverse: bool, what: str) -> Tens
     return torch.zeros_like(val) if new is None else new
 
 
-def _prefix(x: Tensor, cp: ContextParallel, reverse: bool, what: str) -> Tensor:
+def _prefix(x: Tensor, cp: ContextParallel, reverse: bool, what: str,
+            during: Optional[List[Callable[[], None]]] = None) -> Tensor:
     """The exclusive scan over every rank: the tree where P is a power of two (fewer bytes), recursive doubling
-    otherwise (fewer rounds, any P)."""
+    otherwise (fewer rounds, any P). ``during`` runs while the first transfer is in flight (or at the end, on a
+    rank that has none)."""
     if cp.world & (cp.world - 1) == 0:
-        return _tree_scan(x, cp, reverse, what)
-    return _scan(x, cp, [True] * (cp.world - 1), reverse, True, what)
+        out = _tree_scan(x, cp, reverse, what, during)
+    else:
+        out = _scan(x, cp, [True] * (cp.world - 1), reverse, True, what, during)
+    while during:
+        during.pop()()
+    return out
 
 
 def _hop(x: Tensor, cp: ContextParallel, edges: Sequence[bool], reverse: bool, what: str) -> Tensor:
@@ -328,6 +341,29 @@ def exclusive_scan(x: Tensor, cp: ContextParallel, what: str = "exclusive scan")
     rounds of x's size forward, as many backward (the scan reversed); 2 − (2 + log₂ P) / P sends of x per rank on
     average each way where P is a power of two (:func:`_tree_scan`), ⌈log₂ P⌉ at most otherwise."""
     return _ExclusiveScan.apply(x, cp, what)
+
+
+class _CausalSums(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, pc: Tensor, cp: ContextParallel, what: str) -> Tuple[Tensor, Tensor]:  # type: ignore[override]
+        ctx.cp, ctx.what = cp, what
+        run: List[Tensor] = []
+        prefix = _prefix(pc.sum(1), cp, False, what, [lambda: run.append(chunked_cumsum(pc, reverse=False))])
+        return prefix, run[0]
+
+    @staticmethod
+    def backward(ctx: Any, g_prefix: Tensor, g_run: Tensor) -> Tuple[Optional[Tensor], None, None]:  # type: ignore
+        back: List[Tensor] = []  # the running sums' transpose (a reverse cumulative sum) while the scan travels
+        g_local = _prefix(g_prefix, ctx.cp, True, ctx.what + " (backward)",
+                          [lambda: back.append(chunked_cumsum(g_run.contiguous(), reverse=True))])
+        return back[0] + g_local.unsqueeze(1), None, None
+
+
+def causal_sums(pc: Tensor, cp: ContextParallel, what: str = "causal sums") -> Tuple[Tensor, Tensor]:
+    """(Σ over the ranks before this one of this slice's total of ``pc`` (B, n, C) → (B, C), the local running sums
+    (B, n, C)), differentiable: the running sums are computed while the scan's first transfer is in flight, and
+    their gradient while the backward's is."""
+    return _CausalSums.apply(pc, cp, what)
 
 
 def block_edges(sl: "Slice", block: int) -> Tuple[List[bool], List[bool]]:

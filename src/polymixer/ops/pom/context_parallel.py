@@ -23,8 +23,8 @@ from torch import Tensor
 
 from ..common import check_positions, compute_dtype, is_compiling, rope_angles, rotate
 from ..features import cumsum, gate_mix, poly_features, safe_inverse
-from ..parallel import (ContextParallel, Slice, agree, all_reduce_sum, block_carry, exclusive_scan, mode_facts,
-                        tensor_facts)
+from ..parallel import (ContextParallel, Slice, agree, all_reduce_sum, block_carry, causal_sums, exclusive_scan,
+                        mode_facts, tensor_facts)
 
 __all__ = ["forward", "refuse"]
 
@@ -102,10 +102,10 @@ def _sums(call, cp: ContextParallel, sl: Slice, pc: Tensor, state: Optional[Tupl
         total = all_reduce_sum(local, cp, "pom full sums")
         return total.unsqueeze(1), total
     K, n = call.block_size, call.N
-    run = cumsum(pc)  # (B, n, D + 1): the local running sums
-    if K is None:
-        prefix = exclusive_scan(local, cp, "pom causal sums")
+    if K is None:  # the local running sums (B, n, D + 1) computed while the prefix travels
+        prefix, run = causal_sums(pc, cp, "pom causal sums")
     else:
+        run = cumsum(pc)
         head = run[:, min(n, K - sl.start % K) - 1]  # this rank's sums over its tokens of its first block
         prefix, tail = block_carry(local, head, sl, K, cp, "pom block-causal sums")
         gi = sl.start + torch.arange(n, device=pc.device)

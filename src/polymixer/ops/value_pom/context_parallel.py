@@ -1,8 +1,8 @@
 """The value-carrying PoM under context parallelism (:mod:`polymixer.ops.parallel`).
 
 The same decomposition as PoM's (:mod:`polymixer.ops.pom.context_parallel`) with the (B, heads, D/h, dv/h)
-states in place of the (B, D) sums: full mixing all-reduces every rank's state; causal mixing starts this slice's chunked
-mixing from the states of the ranks before it; block-causal mixing aligns the slice to the global blocks
+states in place of the (B, D) sums: full mixing all-reduces every rank's state; causal mixing starts this slice's
+chunked mixing from the states of the ranks before it; block-causal mixing aligns the slice to the global blocks
 (zero-weight tokens in front), starts from the same prefix and adds, for the queries of the block that runs past the
 slice, the next ranks' states of that block. The token shift / short convolution of width W reads the W − 1
 projections before the slice's first token: each rank sends its last W − 1 (masked) key / value projections — a
