@@ -8,6 +8,7 @@
     polymixer bench models --device cuda        the paper's models on a GPU (or --dry-run on the CPU)
     polymixer bench gpu --report OUT            docs/gpu.md's measured section from a scripts/gpu-check folder
     polymixer export hf --ckpt RUN --out DIR    a language model as a transformers folder (and import hf back)
+    polymixer export checkpoint RUN --out DIR   a sharded (--fsdp) checkpoint as one model.safetensors folder
     polymixer distill lm --teacher RUN --pattern LPLP   convert attention → hybrid / PoM and distil it
     polymixer bench distill [--quick]           distilled vs from-scratch students at an equal token budget
     polymixer train image --preset tiny-sipom   train a diffusion transformer (default data: digits)
@@ -126,7 +127,13 @@ def _commands() -> Dict[str, Dict[str, Command]]:
     out["export"] = {"hf": ("a language-model checkpoint as a transformers folder",
                             "polymixer.experiments.lm.task:export",
                             "Write model.safetensors, config.json and the tokenizer: AutoModelForCausalLM."
-                            "from_pretrained(DIR) loads it once polymixer is imported (needs the [hf] extra).")}
+                            "from_pretrained(DIR) loads it once polymixer is imported (needs the [hf] extra)."),
+                     "checkpoint": ("a sharded (--fsdp) checkpoint as one model.safetensors folder",
+                                    "polymixer.experiments.train.export",
+                                    "Read every rank's shards of a run's newest intact checkpoint (or of the "
+                                    "checkpoint folder named) on one process and write model.safetensors, "
+                                    "config.json and a manifest into --out: the folder load_model, the eval "
+                                    "commands and export hf read. Optimizer state is not exported.")}
     out["import"] = {"hf": ("a transformers folder of a polymixer language model as a polymixer run",
                             "polymixer.experiments.lm.task:import",
                             "The reverse of export hf: a checkpoint that generate, eval lm, train lm --init-from and "

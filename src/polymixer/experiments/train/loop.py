@@ -13,10 +13,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import datetime
 import json
 import math
 import os
+import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
@@ -28,14 +31,15 @@ from torch import nn
 if TYPE_CHECKING:
     import argparse
 
-from . import parallel
+from . import agreement, memory, parallel
 from ..data.faults import SampleError
 from ...files import write_text_atomic
 from ...ranges import Range, check_range
 from ..report import plot_history
 from ...checkpoint import (
-    config_diff, load_trainer_state, load_weights, read_config, resolve_checkpoint, rng_state, save_checkpoint,
-    set_rng_state,
+    SHARDED, CheckpointError, CheckpointWarning, begin_checkpoint, checkpoint_folder, config_diff, file_entries,
+    is_sharded, load_trainer_state, load_weights, publish_checkpoint, read_config, resolve_checkpoint, rng_state,
+    save_checkpoint, set_rng_state,
 )
 
 __all__ = ["TrainConfig", "Task", "train", "configure_optimizer", "lr_at", "distributed_context", "TRAIN_FLAGS",
@@ -76,6 +80,9 @@ class TrainConfig:
     check_data: bool = True  # the task scans every data file's header and length before training (--no-data-check)
     context_parallel: int = 1  # ranks that share each example, each holding a slice of its sequence (torchrun)
     fsdp: bool = False  # shard parameters, gradients and optimizer state over the ranks (FSDP2) instead of DDP
+    async_checkpoint: bool = False  # --fsdp: write each sharded checkpoint in the background while training goes on
+    activation_checkpointing: str = "none"  # none | block | selective: recompute activations in the backward
+    dist_timeout: float = 5.0  # minutes a collective waits for the other ranks before failing (torchrun)
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -83,6 +90,9 @@ class TrainConfig:
             check_range(name, getattr(self, name), allowed, f"--{name.replace('_', '-')}")
         if self.dtype not in ("auto", "fp32", "bf16"):
             raise ValueError(f"dtype (--dtype) must be auto, fp32 or bf16, got {self.dtype!r}")
+        memory.check_mode(self.activation_checkpointing)
+        if self.async_checkpoint and not self.fsdp:
+            raise ValueError("--async-checkpoint writes sharded checkpoints in the background: it needs --fsdp")
 
 
 # what each numeric TrainConfig field allows: checked when a config is made (a command checks its options before it
@@ -93,6 +103,7 @@ TRAIN_RANGES: Dict[str, Range] = {
     "beta2": Range(0, 1, high_open=True), "grad_clip": Range(0), "eval_every": Range(1), "ckpt_every": Range(1),
     "keep": Range(1), "log_every": Range(1), "ema": Range(0, 1, high_open=True), "sam_rho": Range(0),
     "max_nonfinite": Range(1), "context_parallel": Range(1), "stop_after": Range(0),
+    "dist_timeout": Range(0, low_open=True),
 }
 
 
@@ -147,7 +158,16 @@ def add_train_config_arguments(p: "argparse.ArgumentParser", defaults: TrainConf
                    help="under torchrun: C consecutive ranks share each example, each holding a contiguous slice of "
                         "its sequence (PoM sends O(D) per layer); the other factor of the processes is data parallel")
     p.add_argument("--fsdp", action="store_true",
-                   help="under torchrun: shard parameters, gradients and optimizer state (FSDP2) instead of DDP")
+                   help="under torchrun: shard parameters, gradients and optimizer state (FSDP2) instead of DDP; "
+                        "every rank writes its own shard of each checkpoint")
+    p.add_argument("--async-checkpoint", action="store_true",
+                   help="with --fsdp: write each checkpoint in the background while training goes on (published "
+                        "once complete, at the latest by the next checkpoint or the end)")
+    p.add_argument("--activation-checkpointing", default=defaults.activation_checkpointing, choices=memory.MODES,
+                   help="recompute activations in the backward instead of keeping them: block = each block keeps only "
+                        "its input; selective = keep the matrix products' outputs, recompute the elementwise ops")
+    p.add_argument("--dist-timeout", type=float, default=defaults.dist_timeout, metavar="MINUTES",
+                   help="under torchrun: minutes a collective waits for the other ranks before failing")
     p.add_argument("--out", default=None, help=out_help)
     p.add_argument("--no-resume", action="store_true", help="start over even if the run folder has a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -237,8 +257,12 @@ class DistContext:
         return self.rank == 0
 
 
-def distributed_context() -> DistContext:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); a plain run is rank 0 of 1."""
+def distributed_context(timeout_minutes: Optional[float] = None) -> DistContext:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); a plain run is rank 0 of 1.
+
+    ``timeout_minutes`` (``--dist-timeout``; None: PyTorch's 30 min gloo / 10 min NCCL) bounds how long a
+    collective waits for the other ranks before it fails instead of hanging: given to ``init_process_group`` and
+    made the default of the groups created later (the context-parallel mesh's, the checkpoint writers')."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistContext(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
@@ -249,7 +273,11 @@ def distributed_context() -> DistContext:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        timeout = None if timeout_minutes is None else datetime.timedelta(minutes=timeout_minutes)
+        if timeout is not None:  # (new_group's default is these module constants, not the world group's timeout)
+            dist.distributed_c10d.default_pg_timeout = timeout
+            dist.distributed_c10d.default_pg_nccl_timeout = timeout
+        dist.init_process_group(backend=backend, timeout=timeout)
     return DistContext(rank, world, local, device)
 
 
@@ -452,7 +480,9 @@ class _Run:
     optimizer: torch.optim.AdamW
     faults: Any  # the task's SampleFaults (the policy for bad samples and those skipped), or None
     amp: Optional[torch.dtype] = None
-    plain: Optional[nn.Module] = None  # under FSDP, rank 0's whole copy for evaluation
+    resumed: Optional[Path] = None  # the checkpoint this run resumed from (a sharded one loads in _parallelise)
+    pending: Any = None  # --async-checkpoint: the sharded save in flight (_Pending), published by _settle
+    ckpt_group: Any = None  # --async-checkpoint: the gloo group the background saves talk on
     bar: Any = None  # the progress bar
     start: int = 0  # the step this invocation starts from
     saved: int = 0  # the step of the latest checkpoint written
@@ -495,8 +525,11 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
 
 def _prepare(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str, Any]) -> _Run:
     """Check the settings against the process layout, seed, move the model to its device, and make the EMA and the
-    optimizer: a fresh run, before any checkpoint is read."""
-    ctx = distributed_context()
+    optimizer: a fresh run, before any checkpoint is read. Under torchrun the ranks first agree that they build the
+    same model with the same settings (one collective; a difference is the same one-line error on every rank)."""
+    ctx = distributed_context(cfg.dist_timeout)
+    if ctx.world > 1:
+        agreement.check_same_model(model, model_config, cfg, _autocast_dtype(cfg, ctx.device), ctx.device)
     unsupported = parallel.check_supported(cfg.fsdp, cfg.ema, cfg.sam_rho)
     if unsupported:
         raise ValueError(f"--fsdp with {unsupported[0]}: {unsupported[1]}")
@@ -512,12 +545,32 @@ def _prepare(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[
         raise ValueError(f"steps must be ≥ 1, got {cfg.steps}")
     torch.manual_seed(cfg.seed + lay.dp_rank)  # the ranks sharing an example draw the same noise and dropout
     model.to(ctx.device)
+    memory.apply_activation_checkpointing(model, cfg.activation_checkpointing)  # (names unchanged; before FSDP)
     ema = _Ema(model, cfg.ema) if cfg.ema > 0 else None
     no_decay = parallel.no_decay_names(model)
     optimizer = configure_optimizer(model, cfg, no_decay)
     return _Run(cfg=cfg, task=task, model_config=model_config, meta={**model_config, "train": asdict(cfg)}, ctx=ctx,
                 lay=lay, out=Path(cfg.out), raw=model, fwd_model=model, ema=ema, no_decay=no_decay,
                 optimizer=optimizer, faults=getattr(task, "faults", None))
+
+
+def _resolve(run: _Run) -> Path:
+    """The run folder's newest intact checkpoint. Under torchrun the ranks verify it together, each checksumming
+    every P-th file (the shards are read once, in parallel, not once per rank), and agree on the first problem any
+    rank found; the main rank alone warns about a checkpoint it skips."""
+    ctx = run.ctx
+    if ctx.world == 1:
+        return resolve_checkpoint(run.out)
+
+    def agree(problem: Optional[str]) -> Optional[str]:
+        found: List[Optional[str]] = [None] * ctx.world
+        dist.all_gather_object(found, problem)
+        return next((p for p in found if p), None)
+
+    with warnings.catch_warnings():
+        if not ctx.main:
+            warnings.simplefilter("ignore", CheckpointWarning)
+        return resolve_checkpoint(run.out, share=(ctx.rank, ctx.world), agree=agree)
 
 
 def _resume(run: _Run) -> Optional[Dict[str, Any]]:
@@ -528,16 +581,21 @@ def _resume(run: _Run) -> Optional[Dict[str, Any]]:
     if not (cfg.resume and (out / "checkpoints").exists()):
         return None
     try:
-        ck = resolve_checkpoint(out)
+        ck = _resolve(run)
     except FileNotFoundError:
         return None
     diff = _model_diff(ck, run.model_config, run.raw)
     if diff:
         listing = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
         raise ValueError(f"cannot resume from {ck}: its model config differs — {listing}")
-    load_weights(run.raw, ck)
+    run.resumed = ck
+    sharded = is_sharded(ck)
+    if not (sharded and cfg.fsdp):  # (a sharded checkpoint into a sharded model: in _parallelise, from meta)
+        load_weights(run.raw, ck)
     state = load_trainer_state(ck)
-    if not cfg.fsdp:  # (sharded: once the parameters are sharded, in _parallelise)
+    if sharded and not cfg.fsdp:  # a plain run (one process, DDP) reads every shard itself
+        parallel.load_sharded(run.raw, run.optimizer, ck / SHARDED)
+    elif not cfg.fsdp:  # (sharded: once the parameters are sharded, in _parallelise)
         parallel.load_optimizer_state(run.raw, run.optimizer, state["optimizer"], state.get("optimizer_format"))
     if run.ema is not None and (ck / "ema.safetensors").is_file():
         load_weights(run.ema.model, ck, ema=True)
@@ -557,13 +615,22 @@ def _parallelise(run: _Run, trainer_state: Optional[Dict[str, Any]]) -> None:
     cfg, ctx, raw = run.cfg, run.ctx, run.raw
     run.amp = _autocast_dtype(cfg, ctx.device)
     if cfg.fsdp:
-        if ctx.main:
-            run.plain = copy.deepcopy(raw).eval().requires_grad_(False)
-        parallel.shard(raw, run.amp == torch.bfloat16)
+        from_shards = run.resumed is not None and is_sharded(run.resumed)
+        if from_shards:  # never the whole weights again: meta → sharded → this rank's shards → loaded
+            run.optimizer.param_groups.clear()  # (it held the whole parameters)
+            buffers = parallel.to_meta(raw)
+            parallel.shard(raw, run.amp == torch.bfloat16)
+            parallel.materialise(raw, ctx.device, buffers)
+        else:  # a fresh run shards the weights the family built (each rank keeps its shard, the rest is freed)
+            parallel.shard(raw, run.amp == torch.bfloat16)
         run.optimizer = configure_optimizer(raw, cfg, run.no_decay)  # over the sharded parameters
-        if trainer_state is not None:
+        if from_shards:
+            parallel.load_sharded(raw, run.optimizer, run.resumed / SHARDED)
+        elif trainer_state is not None:  # a checkpoint of whole tensors (one process, DDP, earlier FSDP runs)
             parallel.load_optimizer_state(raw, run.optimizer, trainer_state["optimizer"],
                                           trainer_state.get("optimizer_format"))
+        if cfg.async_checkpoint:  # the background writes talk on their own group, never on training's
+            run.ckpt_group = dist.new_group(backend="gloo")
     fwd_model: nn.Module = raw
     if cfg.compile:
         fwd_model = torch.compile(raw)
@@ -691,20 +758,28 @@ def _log(run: _Run, done: int, lr: float, loss_sum: torch.Tensor, grad_norm: tor
 
 
 def _evaluate(run: _Run, done: int) -> None:
-    """Evaluate after ``done`` steps on the main rank (the EMA weights when kept; under FSDP the whole weights,
-    gathered by every rank): record the metrics, rewrite history and curves. Evaluation time is not training time."""
+    """Evaluate after ``done`` steps on the main rank (the EMA weights when kept): record the metrics, rewrite
+    history and curves. Evaluation time is not training time.
+
+    Under FSDP every rank runs the same evaluation on the sharded model (each block's parameters gathered for its
+    forward, then freed: no rank holds a whole copy, and none waits in a collective while another evaluates); the
+    others' results and files go to a scratch folder."""
     ctx, ema = run.ctx, run.ema
-    if run.cfg.fsdp:  # the whole weights, gathered by every rank, into rank 0's plain copy
-        whole = parallel.full_model_state(run.raw)
-        if run.plain is not None:
-            run.plain.load_state_dict(whole, strict=False)
+    if run.cfg.fsdp and not ctx.main:
+        with tempfile.TemporaryDirectory(prefix="polymixer-eval-") as scratch:
+            run.task.evaluate(run.raw, done, Path(scratch))
+        parallel.reshard(run.raw)
+        run.raw.train()
+        return
     if not ctx.main:
         return
     if run.cfg.progress:
         run.bar.write(f"step {done}: evaluating{' the EMA weights' if ema is not None else ''} …")
     t_eval = time.perf_counter()
-    model = ema.model if ema is not None else run.plain if run.plain is not None else run.raw
+    model = ema.model if ema is not None else run.raw
     run.metrics = run.task.evaluate(model, done, run.out)
+    if run.cfg.fsdp:
+        parallel.reshard(run.raw)
     took = time.perf_counter() - t_eval
     run.t_last += took  # throughput counts training time only
     if run.metrics:  # a task may only save artefacts (e.g. a sample grid) and report nothing
@@ -725,35 +800,123 @@ def _agree_preempted(run: _Run, flag: Dict[str, Any]) -> bool:
     return preempted
 
 
-def _checkpoint(run: _Run, done: int) -> None:
-    """A checkpoint of the state after ``done`` steps (every rank calls it): weights (gathered under FSDP),
-    optimizer, every rank's RNG, history, bad samples of every rank, EMA; the main rank writes it."""
-    ctx, faults = run.ctx, run.faults
-    model_state = optim_state = None
-    if run.cfg.fsdp:  # gathered by every rank, written by the first
-        model_state = parallel.full_model_state(run.raw)
-        optim_state = parallel.full_optimizer_state(run.raw, run.optimizer)
+def _rank_states(run: _Run) -> Tuple[Any, Dict[str, str]]:
+    """Every rank's RNG states (a list under torchrun, so that dropout resumes exactly everywhere) and the bad
+    samples any rank skipped (a collective under torchrun)."""
     rngs: Any = rng_state()
-    bad = dict(faults.bad) if faults is not None else {}
-    if ctx.world > 1:  # every rank's generators, so that dropout resumes exactly everywhere
-        gathered: List[Any] = [None] * ctx.world
+    bad = dict(run.faults.bad) if run.faults is not None else {}
+    if run.ctx.world > 1:
+        gathered: List[Any] = [None] * run.ctx.world
         dist.all_gather_object(gathered, (rngs, bad))
         rngs = [g[0] for g in gathered]
         for _, b in gathered:
             for path, reason in b.items():
                 bad.setdefault(path, reason)
+    return rngs, bad
+
+
+def _checkpoint(run: _Run, done: int) -> None:
+    """A checkpoint of the state after ``done`` steps (every rank calls it): weights, optimizer, every rank's RNG,
+    history, bad samples of every rank, EMA; the main rank writes it. Under FSDP every rank writes its own shards
+    (:func:`_checkpoint_sharded`)."""
+    if run.cfg.fsdp:
+        _checkpoint_sharded(run, done)
+        return
+    ctx = run.ctx
+    rngs, bad = _rank_states(run)
     if ctx.main:
-        trainer_state = {"optimizer": run.optimizer.state_dict() if optim_state is None else optim_state,
-                         "step": done, "rng": rngs, "history": run.history, "bad_samples": bad}
-        if optim_state is not None:
-            trainer_state["optimizer_format"] = parallel.OPTIMIZER_FQN
+        trainer_state = {"optimizer": run.optimizer.state_dict(), "step": done, "rng": rngs, "history": run.history,
+                         "bad_samples": bad}
         save_checkpoint(run.out, done, run.raw, {**run.meta, "metrics": run.metrics}, trainer_state,
-                        run.ema.model if run.ema is not None else None, keep=run.cfg.keep, model_state=model_state)
+                        run.ema.model if run.ema is not None else None, keep=run.cfg.keep)
         if bad:
             _write_json(run.out / "bad_samples.json", bad)
     if ctx.world > 1:
         dist.barrier()
     run.saved = done
+
+
+@dataclass
+class _Pending:
+    """A sharded checkpoint being written: its temporary folder, what its main rank adds, and the background save
+    (None once written)."""
+
+    tmp: Path
+    step: int
+    config: Dict[str, Any]
+    trainer_state: Dict[str, Any]
+    future: Any = None
+
+
+def _agreed(run: _Run, value: Any) -> Any:
+    """The main rank's ``value`` on every rank (a broadcast)."""
+    box = [value]
+    if run.ctx.world > 1:
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _checkpoint_sharded(run: _Run, done: int) -> None:
+    """Every rank writes its shards of the model and optimizer into the checkpoint's temporary folder (``sharded/``,
+    torch.distributed.checkpoint), then the folder is published (:func:`_publish`) — at once, or with
+    ``--async-checkpoint`` once the background write completes (the next checkpoint, or the end, waits for it)."""
+    _settle(run)  # one save in flight at most
+    rngs, bad = _rank_states(run)
+    try:
+        tmp = begin_checkpoint(run.out, done) if run.ctx.main else None
+        failure = None
+    except CheckpointError as e:
+        tmp, failure = None, str(e)
+    tmp, failure = _agreed(run, (tmp, failure))
+    if failure:
+        raise CheckpointError(failure)
+    state = parallel.sharded_state(run.raw, run.optimizer)
+    pending = _Pending(tmp, done, {**run.meta, "metrics": dict(run.metrics)},
+                       {"step": done, "rng": rngs, "history": list(run.history), "bad_samples": bad,
+                        "optimizer_format": parallel.OPTIMIZER_DCP})
+    try:
+        pending.future = parallel.save_sharded(state, tmp / SHARDED, run.ckpt_group, run.cfg.async_checkpoint)
+    except Exception as e:  # every rank raises alike: DCP gathers the ranks' failures
+        raise CheckpointError(f"could not write checkpoint {checkpoint_folder(run.out, done)}: {e}; the earlier "
+                              f"checkpoints and 'latest' are unchanged") from e
+    run.pending = pending
+    run.saved = done
+    if pending.future is None:
+        _settle(run)
+
+
+def _settle(run: _Run) -> None:
+    """Publish the sharded checkpoint in flight, if any (every rank calls it): wait for its background write, each
+    rank checksums the shard files it wrote (in parallel), and the main rank writes the config, trainer state and
+    manifest, renames the folder into place and points ``latest`` at it. Any rank's failure raises on every rank."""
+    pending, ctx = run.pending, run.ctx
+    if pending is None:
+        return
+    run.pending = None
+    failure = None
+    try:
+        if pending.future is not None:
+            pending.future.result()
+        folder = pending.tmp / SHARDED
+        entries = file_entries(pending.tmp, [f"{SHARDED}/{n}" for n in parallel.own_shard_files(folder, ctx.rank)])
+    except Exception as e:
+        entries, failure = {}, f"could not write checkpoint {checkpoint_folder(run.out, pending.step)}: {e}"
+    gathered: List[Any] = [(entries, failure)]
+    if ctx.world > 1:
+        gathered = [None] * ctx.world
+        dist.all_gather_object(gathered, (entries, failure))
+    failure = next((f for _, f in gathered if f), None)
+    if ctx.main and failure is None:
+        try:
+            publish_checkpoint(pending.tmp, run.out, pending.step, pending.config, pending.trainer_state,
+                               keep=run.cfg.keep, entries={k: v for e, _ in gathered for k, v in e.items()})
+            if pending.trainer_state["bad_samples"]:
+                _write_json(run.out / "bad_samples.json", pending.trainer_state["bad_samples"])
+        except CheckpointError as e:
+            failure = str(e)
+    failure = _agreed(run, failure)
+    if failure:
+        raise CheckpointError(failure)
 
 
 def _write_history(run: _Run) -> None:
@@ -774,6 +937,7 @@ def _finish(run: _Run, done: int, preempted: bool, flag: Dict[str, Any]) -> Dict
     """Close the bar, write the final history, and either raise :class:`Preempted` (after a signal) or return the
     run's result."""
     ctx, out, faults = run.ctx, run.out, run.faults
+    _settle(run)  # a checkpoint still being written in the background is waited for and published
     run.bar.close()
     if ctx.main:
         _write_history(run)

@@ -7,24 +7,29 @@
   rank's loss is the mean over its slice, and the mixers' collectives carry the cross-slice gradients, so the
   average over the world is the gradient of the mean over every token of the global batch (equal slices).
 - **Sharded parameters** (``--fsdp``): FSDP2 (``fully_shard``) on every block of every ``ModuleList`` and on the
-  root, bf16 parameters with fp32 gradient reduction where the device autocasts to bf16. Checkpoints stay one
-  verified folder: the full weights and optimizer state are gathered through ``torch.distributed.checkpoint``'s
-  state-dict API (every rank takes part, the first writes) and loaded back the same way, so a run saved on 4 ranks
-  resumes on 2, on 1, or without FSDP.
+  root, bf16 parameters with fp32 gradient reduction where the device autocasts to bf16. Checkpoints are sharded:
+  every rank writes its own shard of the model and optimizer state with ``torch.distributed.checkpoint`` (in a
+  background thread with ``--async-checkpoint``), nobody gathers the whole state, and ``dcp.load`` reshards them to
+  any number of ranks — or to one process without FSDP. A resumed model is built on the meta device, sharded, and
+  only its shards are materialised before they are loaded.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 from torch import Tensor, nn
 
 __all__ = ["Layout", "layout", "shard", "aliases", "no_decay_names", "full_model_state", "full_optimizer_state",
-           "load_optimizer_state", "by_names", "check_supported", "OPTIMIZER_FQN"]
+           "load_optimizer_state", "by_names", "check_supported", "OPTIMIZER_FQN", "OPTIMIZER_DCP", "sharded_state",
+           "save_sharded", "own_shard_files", "load_sharded", "to_meta", "materialise", "reshard", "is_sharded_model"]
 
 OPTIMIZER_FQN = "fqn"  # trainer_state["optimizer_format"] of a state keyed by parameter names (FSDP runs)
+OPTIMIZER_DCP = "dcp"  # the optimizer state is in the checkpoint's sharded/ folder, beside the model's
 
 
 @dataclass
@@ -82,6 +87,51 @@ def shard(model: nn.Module, bf16: bool) -> None:
             for block in module:
                 fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    for name in ("forward_with_cfg",):  # methods called in place of forward (sampling) gather the root's parameters
+        if callable(getattr(model, name, None)):
+            register_fsdp_forward_method(model, name)
+
+
+def is_sharded_model(model: nn.Module) -> bool:
+    """Whether the model's parameters are sharded (DTensors: FSDP2)."""
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+def reshard(model: nn.Module) -> None:
+    """Free every gathered parameter of a sharded model (the root keeps its own gathered after a forward without
+    backward, e.g. an evaluation), so that each rank holds its shard alone again."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+def to_meta(model: nn.Module) -> Dict[str, Tensor]:
+    """Put the model's parameters on the meta device in place (tied ones stay tied, ``requires_grad`` kept), freeing
+    their memory before sharding; returns a copy of every buffer (:func:`materialise` puts them back, since
+    ``to_empty`` leaves buffers uninitialised and buffers are not in every state dict)."""
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    made: Dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in made:
+                made[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+            module._parameters[name] = made[id(p)]
+    return buffers
+
+
+def materialise(model: nn.Module, device: torch.device, buffers: Dict[str, Tensor]) -> None:
+    """Allocate a (sharded) model built on the meta device on ``device`` — each rank only its shards, uninitialised
+    until loaded — and put its buffers back."""
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
 
 
 def _options(**kw: Any) -> Any:
@@ -119,7 +169,7 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sta
     DDP, keyed by position) or a state keyed by names (FSDP), into a plain or a sharded model."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
+    sharded = is_sharded_model(model)
     if fmt != OPTIMIZER_FQN:
         if not sharded:
             optimizer.load_state_dict(state)
@@ -142,6 +192,50 @@ def by_names(state: Dict[str, Any], names: List[str]) -> Dict[str, Any]:
     of = dict(zip(ids, names))
     return {"state": {of[i]: s for i, s in state["state"].items()},
             "param_groups": [{**g, "params": [of[i] for i in g["params"]]} for g in state["param_groups"]]}
+
+
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
+    """``{"model": …, "optimizer": …}``: this rank's shards of both, keyed by parameter names (no gather; a plain
+    model's whole state). Loading into it in place and then :func:`load_sharded`'s set fills model and optimizer."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
+
+
+def save_sharded(state: Dict[str, Any], folder: Path, group: Any = None, background: bool = False) -> Any:
+    """Every rank writes its shards of ``state`` into ``folder`` (a collective; the first rank adds the metadata).
+    ``background``: ``dcp.async_save`` — the state is copied to CPU memory before this returns, the files are written
+    by a thread, and the future it returns completes once every rank's files and the metadata are written. That
+    thread runs its collectives on ``group``, which must not be the group training uses (on gloo two threads' calls
+    on one group would interleave): a gloo group made for checkpoints."""
+    import torch.distributed.checkpoint as dcp
+
+    if background:
+        fut = dcp.async_save(state, checkpoint_id=str(folder), process_group=group)
+        return getattr(fut, "upload_completion", fut)
+    dcp.save(state, checkpoint_id=str(folder))
+    return None
+
+
+def own_shard_files(folder: Path, rank: int) -> List[str]:
+    """The files of ``folder`` this rank wrote (DCP names them ``__<rank>_<n>.distcp``), sorted: each rank checksums
+    its own, in parallel; the manifest's writer hashes whatever no rank claimed (the metadata)."""
+    return sorted(f.name for f in Path(folder).iterdir() if f.is_file() and f.name.startswith(f"__{rank}_"))
+
+
+def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Load a sharded checkpoint's model and optimizer state, resharded to this layout: into a sharded model every
+    rank reads the pieces of its own shards (a collective); into a plain model this process reads everything alone."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    sharded = is_sharded_model(model)
+    state = sharded_state(model, optimizer)
+    with warnings.catch_warnings():  # (DCP says it assumes one process: that is what no_dist asks)
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(folder), no_dist=not sharded)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 def check_supported(fsdp: bool, ema: float, sam_rho: float) -> Optional[Tuple[str, str]]:
