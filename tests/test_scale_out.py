@@ -127,3 +127,37 @@ def test_context_parallel_image_step_equals_the_single_process_step(tmp_path, co
     assert abs(losses_two[0] - losses_one[0]) <= 1e-6 * abs(losses_one[0])
     for k in one:
         torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+SLOW_EVAL_SCRIPT = r"""
+import sys, time
+from polymixer.experiments.lm import task as lm_task
+from polymixer.experiments.lm.task import train_lm
+from polymixer.experiments.train.loop import TrainConfig
+
+slow = lm_task.LMTask.evaluate
+def evaluate(self, model, step, out_dir):  # longer than --dist-timeout on every rank that evaluates
+    time.sleep(9)
+    return slow(self, model, step, out_dir)
+lm_task.LMTask.evaluate = evaluate
+out, data = sys.argv[1], sys.argv[2]
+cfg = TrainConfig(steps=2, batch_size=4, lr=3e-3, warmup=1, eval_every=1, ckpt_every=100, log_every=1, out=out,
+                  progress=False, seed=3, dist_timeout=0.1)
+res = train_lm("tiny-pom", cfg, [data], pack=False, eval_windows=2, n_layer=1, n_embd=32, n_head=2, block_size=16)
+if res["rank"] == 0:
+    open(f"{out}/metrics.txt", "w").write(str(res["metrics"]))
+"""
+
+
+def test_an_evaluation_longer_than_the_timeout_leaves_no_rank_waiting(tmp_path, corpus_dir):
+    """Every rank evaluates (the others into a scratch folder), so none waits in a collective while the first
+    evaluates: a 9 s evaluation under a 6 s --dist-timeout finishes on 2 ranks."""
+    from polymixer.experiments.bench.parallel import free_port
+
+    script = tmp_path / "slow_eval.py"
+    script.write_text(SLOW_EVAL_SCRIPT)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          f"--master_port={free_port()}", str(script), str(tmp_path / "run"), str(corpus_dir)],
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "val_loss" in (tmp_path / "run" / "metrics.txt").read_text()

@@ -17,6 +17,7 @@ import datetime
 import json
 import math
 import os
+import sys
 import tempfile
 import time
 import warnings
@@ -733,19 +734,32 @@ def _step(run: _Run, step: int, batches: List[Any]) -> Tuple[torch.Tensor, torch
     return loss_sum, grad_norm
 
 
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MB (the host's; 0 where the platform does not say)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0.0
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024 / (1024 if sys.platform == "darwin" else 1)  # bytes on macOS, KiB on Linux
+
+
 def _log(run: _Run, done: int, lr: float, loss_sum: torch.Tensor, grad_norm: torch.Tensor,
          on_log: Optional[Callable[[Dict[str, Any]], None]]) -> None:
     """Append a history record after ``done`` steps (loss averaged over the ranks, learning rate, throughput since
-    the last record, gradient norm, steps skipped, bad samples) and show it on the main rank."""
+    the last record, gradient norm, steps skipped, bad samples, the peak resident memory of the busiest rank) and
+    show it on the main rank."""
     ctx, lay, faults = run.ctx, run.lay, run.faults
+    rss = torch.tensor([_peak_rss_mb()], dtype=torch.float64, device=ctx.device)
     if ctx.world > 1:
         dist.all_reduce(loss_sum)
         loss_sum /= ctx.world
+        dist.all_reduce(rss, op=dist.ReduceOp.MAX)
     now = time.perf_counter()
     rate = run.units * lay.dp_world * lay.cp_size / max(now - run.t_last, 1e-9)
     run.t_last, run.units = now, 0
     rec = {"step": done, "loss": float(loss_sum), "lr": lr, f"{run.task.unit}_s": rate,
-           "grad_norm": float(grad_norm), "skipped": run.skipped}
+           "grad_norm": float(grad_norm), "skipped": run.skipped, "peak_rss_mb": float(rss)}
     if faults:
         rec["bad_samples"] = len(faults)
     run.history.append(rec)
@@ -761,14 +775,15 @@ def _evaluate(run: _Run, done: int) -> None:
     """Evaluate after ``done`` steps on the main rank (the EMA weights when kept): record the metrics, rewrite
     history and curves. Evaluation time is not training time.
 
-    Under FSDP every rank runs the same evaluation on the sharded model (each block's parameters gathered for its
-    forward, then freed: no rank holds a whole copy, and none waits in a collective while another evaluates); the
-    others' results and files go to a scratch folder."""
+    Under torchrun every rank runs the same evaluation, so that none waits in a collective (past ``--dist-timeout``)
+    while the first evaluates; the others' results and files go to a scratch folder. Under FSDP it runs on the
+    sharded model (each block's parameters gathered for its forward, then freed: no rank holds a whole copy)."""
     ctx, ema = run.ctx, run.ema
-    if run.cfg.fsdp and not ctx.main:
+    if ctx.world > 1 and not ctx.main:
         with tempfile.TemporaryDirectory(prefix="polymixer-eval-") as scratch:
-            run.task.evaluate(run.raw, done, Path(scratch))
-        parallel.reshard(run.raw)
+            run.task.evaluate(ema.model if ema is not None else run.raw, done, Path(scratch))
+        if run.cfg.fsdp:
+            parallel.reshard(run.raw)
         run.raw.train()
         return
     if not ctx.main:
