@@ -608,6 +608,12 @@ def parallel_scaling(bench: Path) -> str:
     return "```\n" + parallel_bench.scaling_report(_read(bench, "parallel_scaling.json")) + "\n```"
 
 
+def parallel_million(bench: Path) -> str:
+    """``bench parallel --million``: the long-context LM step's memory per rank with and without activation
+    checkpointing, as a code block."""
+    return "```\n" + parallel_bench.million_report(_read(bench, "parallel_million.json")) + "\n```"
+
+
 def parity_families(bench: Path) -> str:
     """Attention, PoM, value PoM and the best hybrid of every family, as ``bench parity`` judges them."""
     payload = _read(bench, "parity.json")
@@ -732,6 +738,7 @@ _REGISTRY: Dict[str, Table] = {
     "faults.survival": Table(faults_survival, ("faults.json",)),
     "parallel.report": Table(parallel_report, ("parallel.json",)),
     "parallel.scaling": Table(parallel_scaling, ("parallel_scaling.json",)),
+    "parallel.million": Table(parallel_million, ("parallel_million.json",)),
     "parity.families": Table(parity_families, ("parity.json",)),
     "gpu.roofline": Table(gpu_roofline, ("roofline.json",)),
     "eo.quality": Table(eo_quality, ("eo.json", "eo_seed1/eo.json", "eo_seed2/eo.json", "eo_seed3/eo.json")),

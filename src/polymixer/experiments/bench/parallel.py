@@ -35,7 +35,7 @@ from ..report import format_table, new_figure, save_figure
 from .common import machine, peak_memory_mb, read_json, time_interleaved, write_json
 
 __all__ = ["ParallelBenchConfig", "ScalingConfig", "run", "report", "nvlink_model", "scaling", "scaling_report",
-           "transfer_model", "add_arguments", "main"]
+           "transfer_model", "million", "million_report", "add_arguments", "main"]
 
 MIXERS = ("pom", "value_pom", "attention")
 
@@ -280,6 +280,70 @@ def scaling_report(payload: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# (activation checkpointing, N): the long-context LM step, with and without recomputation at one length, then 1M
+MILLION = (("none", 262144), ("block", 262144), ("block", 1048576))
+
+
+def million_command(ranks: int, N: int, ac: str, out: str) -> List[str]:
+    """The torchrun command of one long-context step: the tiny all-PoM LM, each sequence split over ``ranks`` gloo
+    processes, two steps of one sequence of N tokens."""
+    import sys
+
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", f"--master-port={free_port()}",
+            "-m", "polymixer", "train", "lm", "--preset", "tiny-pom", "--context-parallel", str(ranks), "--block-size",
+            str(N), "--activation-checkpointing", ac, "--no-pack", "--steps", "2", "--batch-size", "1", "--warmup",
+            "1", "--eval-windows", "1", "--quiet", "--out", out]
+
+
+def million(out: str, ranks: int = 4, progress: bool = True) -> Dict[str, Any]:
+    """Train the tiny PoM LM on one sequence of each length of :data:`MILLION` split over ``ranks`` processes;
+    the peak resident memory of the busiest rank (the loop's history) and the step time. Writes
+    parallel_million.json / .txt."""
+    import subprocess
+
+    from tqdm.auto import tqdm
+
+    rows = []
+    for ac, N in tqdm(MILLION, desc="bench parallel --million", disable=not progress):
+        with tempfile.TemporaryDirectory() as tmp:
+            res = subprocess.run(million_command(ranks, N, ac, tmp), env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                 capture_output=True, text=True)
+            if res.returncode:
+                raise RuntimeError(f"bench parallel --million: N {N} with {ac} failed: {res.stderr[-2000:]}")
+            rec = next(r for r in read_json(Path(tmp, "history.json")) if "loss" in r)
+        rows.append({"activation_checkpointing": ac, "N": N, "P": ranks, "tokens_per_rank": N // ranks,
+                     "peak_rss_mb": rec["peak_rss_mb"], "step_s": 2 * N / rec["tok_s"] if rec["tok_s"] else None,
+                     "loss": rec["loss"]})
+    cmd = million_command(ranks, MILLION[-1][1], "block", "OUT")
+    shown = ["torchrun", f"--nproc-per-node {ranks}"] + cmd[cmd.index("-m", 3):]  # what a user types
+    payload = {"config": {"ranks": ranks, "command": " ".join(shown)},
+               "machine": machine(), "rows": rows}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    write_json(Path(out, "parallel_million.json"), payload)
+    Path(out, "parallel_million.txt").write_text(million_report(payload) + "\n")
+    return payload
+
+
+def million_report(payload: Dict[str, Any]) -> str:
+    rows = payload["rows"]
+    by = {(r["activation_checkpointing"], r["N"]): r for r in rows}
+    lines = [f"LONG CONTEXT ON THIS MACHINE, measured: the tiny all-PoM LM (4 blocks × 128), one sequence split over "
+             f"{payload['config']['ranks']} gloo processes (one thread each, sharing {payload['machine'].get('cores')} "
+             f"cores), two training steps; peak resident memory of the busiest rank (host RSS, everything included)",
+             format_table(rows, ["activation_checkpointing", "N", "P", "tokens_per_rank", "peak_rss_mb", "step_s",
+                                 "loss"],
+                          ["activation checkpointing", "N", "P", "tokens / rank", "peak MB (busiest rank)",
+                           "s / step", "loss"])]
+    for (ac, N), r in sorted(by.items()):
+        base = by.get(("none", N))
+        if ac != "none" and base:
+            v = r["peak_rss_mb"] / base["peak_rss_mb"]
+            lines.append(f"{ac} checkpointing at N {N:,}: peak memory per rank {v:.2f}× without (target ≤ 0.5: "
+                         f"{'met' if v <= 0.5 else 'MISSED'})")
+    lines.append("command: " + payload["config"]["command"])
+    return "\n".join(lines)
+
+
 def nvlink_model(cfg: ParallelBenchConfig, counted: Dict[str, Dict[int, int]]) -> List[Dict[str, Any]]:
     """Per layer and rank on ``model_gpus`` H100 over NVLink (MODEL): PoM's bytes as counted here per other rank
     (its sums stay fp32 in bf16 training), scaled to the GPU count; ring attention's keys and values in bf16, sent
@@ -416,12 +480,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=d.repeats)
     p.add_argument("--budget-gb", type=float, default=d.budget_gb, help="memory per rank for the longest-N column")
     p.add_argument("--quick", action="store_true", help="N 4,096 and 16,384 on 1 and 2 processes")
+    p.add_argument("--million", action="store_true",
+                   help="train the tiny PoM LM on 262,144 and 1,048,576-token sequences over 4 processes, with and "
+                        "without activation checkpointing: peak memory per rank (about 12 minutes)")
     p.add_argument("--scaling", action="store_true",
                    help="only count the bytes per rank against P (2, 4, 8 processes) and model larger P (seconds)")
     p.add_argument("--out", default=d.out)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.million:
+        print(million_report(million(args.out)))
+        return 0
     if args.scaling:
         payload = scaling(ScalingConfig(out=args.out))
         print(scaling_report(payload))
