@@ -16,7 +16,7 @@ from torch import nn
 
 from ..data.faults import SampleFaults
 from ...tokenizer import load_tokenizer
-from .data import Corpus, TokenWindows, prepare_corpus
+from .data import CORPORA, Corpus, TokenWindows, check_vocabulary, load_corpus, shard_files
 from ...models import create_model, model_config
 from ...models.lm import pad_left
 from ...checkpoint import load_model, read_config
@@ -44,7 +44,7 @@ class LMTask:
 
     unit = "tok"
 
-    def __init__(self, corpus: Corpus, token_bytes: np.ndarray, block_size: int, batch_size: int, seed: int,
+    def __init__(self, corpus: Corpus, token_bytes: Optional[np.ndarray], block_size: int, batch_size: int, seed: int,
                  pack: bool = True, eval_windows: int = 256, eval_batch: int = 32,
                  faults: Optional[SampleFaults] = None) -> None:
         self.corpus, self.faults = corpus, faults
@@ -52,7 +52,7 @@ class LMTask:
         self.val_windows = TokenWindows(corpus.val, block_size)
         self.batch_size, self.seed, self.pack = batch_size, seed, pack
         self.eot = corpus.eot_id
-        self.token_bytes = torch.from_numpy(token_bytes)
+        self.token_bytes = None if token_bytes is None else torch.from_numpy(token_bytes)  # None: loss only
         self.eval_windows, self.eval_batch = eval_windows, eval_batch
 
     def batch(self, step: int, share: int, shares: int, device: torch.device) -> tuple:
@@ -86,12 +86,14 @@ class LMTask:
 
 
 @torch.no_grad()
-def evaluate_lm(model: nn.Module, windows: TokenWindows, token_bytes: torch.Tensor, sep_token: Optional[int],
-                count: int = 256, batch: int = 32, progress: bool = False, desc: str = "eval") -> Dict[str, float]:
+def evaluate_lm(model: nn.Module, windows: TokenWindows, token_bytes: Optional[torch.Tensor],
+                sep_token: Optional[int], count: int = 256, batch: int = 32, progress: bool = False,
+                desc: str = "eval") -> Dict[str, float]:
     """Mean loss (nats per token) and bits per byte over ``count`` evenly spaced windows of a split.
 
     Bits per byte = total nats / ln 2 / the number of UTF-8 bytes the predicted tokens stand for (end-of-text counts
-    zero bytes): comparable across tokenizers.
+    zero bytes): comparable across tokenizers. ``token_bytes`` None (token shards whose tokenizer is not known): the
+    loss alone.
     """
     from tqdm.auto import tqdm
 
@@ -109,8 +111,10 @@ def evaluate_lm(model: nn.Module, windows: TokenWindows, token_bytes: torch.Tens
                                                reduction="sum")
         nats += float(ce)
         tokens += y.numel()
-        nbytes += int(token_bytes[y.cpu()].sum())
+        nbytes += 0 if token_bytes is None else int(token_bytes[y.cpu()].sum())
     model.train(was)
+    if token_bytes is None:
+        return {"val_loss": nats / tokens}
     return {"val_loss": nats / tokens, "val_bpb": nats / LN2 / max(nbytes, 1)}
 
 
@@ -128,36 +132,48 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     add_set_argument(g, "lm")
     d = p.add_argument_group("data")
     d.add_argument("--data", nargs="*", default=None,
-                   help="text files or folders (default: the Python standard library's sources)")
-    d.add_argument("--tokenizer", default="bytes", help="'bytes' or a folder with GPT-2's encoder.json, vocab.bpe")
-    d.add_argument("--val-fraction", type=float_in(Range(0, 1, True, True)), default=0.1,
-                   help="the share of the files held out for validation (a single file: of its tokens)")
+                   help="text files or folders; or pre-tokenised .bin files (modded-nanogpt's shards: header + "
+                        "uint16 tokens; nanoGPT's raw train.bin / val.bin), or folders holding them, trained on as "
+                        "they are (GPT-2's vocabulary: --vocab-size 50304) (default: --corpus)")
+    d.add_argument("--corpus", choices=list(CORPORA), default=None,
+                   help="a named corpus: " + "; ".join(f"{k}: {v}" for k, v in CORPORA.items()) +
+                        " (default: stdlib)")
+    d.add_argument("--tokenizer", default="bytes",
+                   help="'bytes' or a folder with GPT-2's encoder.json, vocab.bpe (token shards: the tokenizer that "
+                        "wrote them, for bits per byte; 'bytes' there means not known: the loss alone)")
+    d.add_argument("--val-fraction", type=float_in(Range(0, 1, True, True)), default=None,
+                   help="the share of the files held out for validation (a single file: of its tokens; default "
+                        "0.1), or of the prose articles (default 0.05, and 0.05 for test)")
     d.add_argument("--no-pack", action="store_true", help="let windows attend across end-of-text")
     d.add_argument("--eval-windows", type=int_at_least(1), default=256, help="validation windows per evaluation")
     add_train_config_arguments(p.add_argument_group("optimisation"), t, "run folder (default: runs/lm/<preset>)")
 
 
 def train_lm(preset: str, train_cfg: TrainConfig, data: Optional[List[str]] = None, tokenizer: str = "bytes",
-             val_fraction: float = 0.1, pack: bool = True, eval_windows: int = 256,
-             **overrides: Any) -> Dict[str, Any]:
-    """Build ``preset`` (with overrides), prepare the corpus, and train it with the shared loop."""
+             val_fraction: Optional[float] = None, pack: bool = True, eval_windows: int = 256,
+             corpus: Optional[str] = None, **overrides: Any) -> Dict[str, Any]:
+    """Build ``preset`` (with overrides), prepare the corpus (``data``: text or token shards; ``corpus``: a named
+    one, e.g. ``"prose"``; neither: the standard library's sources), and train it with the shared loop. A test split
+    is never read here."""
     check_preset("lm", preset)
     tok = load_tokenizer(tokenizer)
     cfg = model_config(preset, **overrides)
-    if cfg.vocab_size < tok.vocab_size:
+    shards = bool(data) and shard_files(data) is not None
+    if cfg.vocab_size < tok.vocab_size and not shards:  # (shards: checked against their largest token below)
         raise ValueError(f"{preset} has a vocabulary of {cfg.vocab_size} but the {tok.name!r} tokenizer needs "
                          f"{tok.vocab_size}; pass --vocab-size {tok.vocab_size}")
     faults = SampleFaults.training(train_cfg.skip_bad_samples)
     if data and train_cfg.check_data:  # (the standard library's sources, the default, are known good)
         check_dataset("lm", list(data), progress=train_cfg.progress, skip_bad_samples=train_cfg.skip_bad_samples)
-    corpus = prepare_corpus(data, tok, val_fraction=val_fraction, progress=train_cfg.progress, faults=faults)
+    texts = load_corpus(data, corpus, tok, val_fraction, progress=train_cfg.progress, faults=faults)
+    check_vocabulary(texts, cfg.vocab_size, preset)
     torch.manual_seed(train_cfg.seed)  # the initial weights are part of the run's reproducible state
     model = create_model(preset, **overrides)
-    task = LMTask(corpus, tok.token_bytes(), cfg.block_size, train_cfg.batch_size, train_cfg.seed, pack,
-                  eval_windows, faults=faults)
+    task = LMTask(texts, tok.token_bytes() if texts.token_bytes_known else None, cfg.block_size,
+                  train_cfg.batch_size, train_cfg.seed, pack, eval_windows, faults=faults)
     meta = {"family": "lm", "preset": preset, "model": asdict(cfg),
-            "data": {"paths": data, "corpus": corpus.meta["name"], "tokenizer": tokenizer,
-                     "val_fraction": val_fraction, "tokens": corpus.meta["tokens"], "pack": pack}}
+            "data": {"paths": data, "named": corpus, "corpus": texts.meta["name"], "tokenizer": tokenizer,
+                     "val_fraction": texts.meta.get("val_fraction"), "tokens": texts.meta["tokens"], "pack": pack}}
     return {**train(model, task, train_cfg, meta), "model": model}
 
 
@@ -165,7 +181,7 @@ def main_train(args: argparse.Namespace) -> int:
     overrides = config_overrides("lm", args.preset, args.set_fields, field_overrides(args))
     tcfg = train_config_from_args(args, TrainConfig(), f"runs/lm/{args.preset}")
     res = train_lm(args.preset, tcfg, args.data, args.tokenizer, args.val_fraction, not args.no_pack,
-                   args.eval_windows, **overrides)
+                   args.eval_windows, corpus=args.corpus, **overrides)
     if res["rank"] == 0:
         print(json.dumps({"run": tcfg.out, **res["metrics"]}, indent=2))
     return 0
@@ -222,7 +238,10 @@ def main_generate(args: argparse.Namespace) -> int:
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="run folder or checkpoint folder")
     p.add_argument("--data", nargs="*", default=None, help="corpus (default: the one the model was trained on)")
-    p.add_argument("--windows", type=int_at_least(1), default=512, help="validation windows per context length")
+    p.add_argument("--split", choices=["val", "test"], default="val",
+                   help="the split evaluated: test is the held-out split of the prose corpus or of *test*.bin shards, "
+                        "for the final figure only (no choice may be made on it)")
+    p.add_argument("--windows", type=int_at_least(1), default=512, help="windows per context length")
     p.add_argument("--lengths", type=float_in(Range(0, low_open=True)), nargs="+", default=[1, 2, 4],
                    help="context lengths as multiples of the training context")
     p.add_argument("--json", default=None, help="also write the results to this file")
@@ -230,38 +249,49 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def evaluate_checkpoint(ckpt: str, data: Optional[List[str]] = None, windows: int = 512,
-                        lengths: Iterable[float] = (1, 2, 4), progress: bool = False) -> Dict[str, Any]:
-    """Validation loss and bits per byte at the training context and at multiples of it (length generalisation;
-    learned positions cannot go beyond the training context and report None there)."""
+                        lengths: Iterable[float] = (1, 2, 4), progress: bool = False,
+                        split: str = "val") -> Dict[str, Any]:
+    """Loss and bits per byte on a split (``"val"``, or ``"test"`` — the final figure, read nowhere else) at the
+    training context and at multiples of it (length generalisation; learned positions cannot go beyond the training
+    context and report None there). Keys ``<split>_loss`` / ``<split>_bpb`` (no bpb: shards of an unknown
+    tokenizer)."""
+    if split not in ("val", "test"):
+        raise ValueError(f"split must be 'val' or 'test', got {split!r}")
     cfg = read_config(ckpt)
     model = load_model(ckpt, family="lm")
     d = cfg.get("data", {})
     tok = load_tokenizer(d.get("tokenizer", "bytes"))
     pack = d.get("pack", True)
-    corpus = prepare_corpus(data or d.get("paths"), tok, val_fraction=d.get("val_fraction", 0.1), progress=progress)
+    corpus = load_corpus(data or d.get("paths"), None if data else d.get("named"), tok,
+                         val_fraction=d.get("val_fraction"), progress=progress)
+    tokens = corpus.val if split == "val" else corpus.test()
+    token_bytes = torch.from_numpy(tok.token_bytes()) if corpus.token_bytes_known else None
     T = model.config.block_size
     rows = []
     for mult in lengths:
         n = int(round(T * mult))
         if model.config.position == "learned" and n > T:
-            rows.append({"context": n, "x_train": mult, "val_loss": None, "val_bpb": None})
+            rows.append({"context": n, "x_train": mult, f"{split}_loss": None, f"{split}_bpb": None})
             continue
-        m = evaluate_lm(model, TokenWindows(corpus.val, n), torch.from_numpy(tok.token_bytes()),
-                        tok.eot_id if pack else None, windows, max(1, 32 * T // n), progress=progress,
-                        desc=f"eval lm, context {n}")
-        rows.append({"context": n, "x_train": mult, **m})
-    return {"ckpt": str(ckpt), "preset": cfg.get("preset"), "step": cfg.get("step"), "lengths": rows}
+        m = evaluate_lm(model, TokenWindows(tokens, n), token_bytes, corpus.eot_id if pack else None, windows,
+                        max(1, 32 * T // n), progress=progress, desc=f"eval lm ({split}), context {n}")
+        rows.append({"context": n, "x_train": mult, **{f"{split}_{k[4:]}": v for k, v in m.items()}})
+    return {"ckpt": str(ckpt), "preset": cfg.get("preset"), "step": cfg.get("step"), "split": split, "lengths": rows}
 
 
 def main_eval(args: argparse.Namespace) -> int:
-    res = evaluate_checkpoint(args.ckpt, args.data, args.windows, args.lengths, progress=not args.quiet)
-    print(f"{res['preset']} at step {res['step']} ({res['ckpt']})")
-    print("| context | × train | val loss | val bpb |\n|---|---|---|---|")
+    res = evaluate_checkpoint(args.ckpt, args.data, args.windows, args.lengths, progress=not args.quiet,
+                              split=args.split)
+    s = res["split"]
+    print(f"{res['preset']} at step {res['step']} ({res['ckpt']}), {s} split")
+    print(f"| context | × train | {s} loss | {s} bpb |\n|---|---|---|---|")
     for r in res["lengths"]:
-        if r["val_loss"] is None:
+        bpb = r.get(f"{s}_bpb")
+        if r[f"{s}_loss"] is None:
             print(f"| {r['context']} | {r['x_train']:g} | n/a (learned positions) | — |")
         else:
-            print(f"| {r['context']} | {r['x_train']:g} | {r['val_loss']:.4f} | {r['val_bpb']:.4f} |")
+            print(f"| {r['context']} | {r['x_train']:g} | {r[f'{s}_loss']:.4f} | "
+                  f"{'—' if bpb is None else f'{bpb:.4f}'} |")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
     return 0
