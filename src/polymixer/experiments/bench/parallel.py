@@ -5,9 +5,9 @@ Every configuration runs in P gloo processes on this machine (one thread each; P
 layer): a causal layer's forward + backward on one sequence of N tokens, each rank holding N / P of them. For PoM, the
 value-carrying PoM and attention it reports
 
-- the bytes each rank sends per layer (forward + backward), counted from the tensors of the collectives the layer
-  runs (:class:`polymixer.ops.parallel.ContextParallel`): PoM's do not depend on N, attention's (the keys and values of
-  every other rank — what ring attention sends too, in P − 1 steps) grow with it;
+- the bytes a rank sends per layer (forward + backward; the mean over the ranks), counted from the tensors the layer
+  sends (:class:`polymixer.ops.parallel.ContextParallel`): PoM's do not depend on N, attention's (the keys and values
+  of every other rank — what ring attention sends too, in P − 1 steps) grow with it;
 - the median step time per rank and the peak tensor memory per rank (PyTorch's allocations, replayed);
 - the longest N that fits a memory budget per rank, extrapolated from the measured peak at the longest N run
   (linear in N / P for PoM; attention here materialises its (N / P) × N scores, so quadratic);
@@ -120,8 +120,10 @@ def _worker(rank: int, world: int, port: int, cfg: ParallelBenchConfig, plan: Li
 
         timing = time_interleaved({"step": step}, warmup=1, repeats=cfg.repeats)["step"]
         peak = None if exchange_only else peak_memory_mb(step)
+        every: List[Any] = [None] * world  # the ranks send unequal shares (the scans): their mean
+        dist.all_gather_object(every, sent["bytes"])
         rows.append({"mixer": kind, "N": N, "P": world, "n_per_rank": n, "exchange_only": exchange_only,
-                     "bytes_per_rank": sent["bytes"] if world > 1 else 0, "step_s": timing.median,
+                     "bytes_per_rank": sum(every) / world if world > 1 else 0, "step_s": timing.median,
                      "spread": timing.spread, "peak_mb": peak})
         dist.barrier()
     if rank == 0:
@@ -345,24 +347,24 @@ def million_report(payload: Dict[str, Any]) -> str:
 
 
 def nvlink_model(cfg: ParallelBenchConfig, counted: Dict[str, Dict[int, int]]) -> List[Dict[str, Any]]:
-    """Per layer and rank on ``model_gpus`` H100 over NVLink (MODEL): PoM's bytes as counted here per other rank
-    (its sums stay fp32 in bf16 training), scaled to the GPU count; ring attention's keys and values in bf16, sent
-    P − 1 times forward and, with their gradients, twice as much backward; at 450 GB/s per direction, beside PoM's
-    GEMM time (fwd + bwd of W_in and W_o at 70% of 989 TFLOP/s)."""
+    """Per layer and rank on ``model_gpus`` H100 over NVLink (MODEL): the causal PoM's bytes of its rank scan
+    (:func:`transfer_model`, the mean over ranks: the count at the P run here; its sums stay fp32 in bf16 training)
+    and its time along the scan's critical path (α-β, :data:`LINKS`); ring attention's keys and values in bf16, sent
+    P − 1 times forward and, with their gradients, twice as much backward, at 450 GB/s per direction; beside PoM's
+    GEMM time (fwd + bwd of W_in and W_o at 70% of 989 TFLOP/s). ``counted`` is kept for the report's caller."""
     P = cfg.model_gpus
-    nvlink, peak, eff = 450e9, 989e12, 0.70
+    nvlink, peak, eff = LINKS["NVLink (≤ 8 GPUs, one node)"][1], 989e12, 0.70
     D = cfg.expand * cfg.dim
-    pom = counted.get("pom", {})
-    per_peer = pom[max(pom)] / (max(pom) - 1) if pom else 0.0
+    scan = transfer_model("pom", "causal", P, ScalingConfig(dim=cfg.dim, expand=cfg.expand, heads=cfg.heads,
+                                                            value_dim=cfg.value_dim))
     out = []
     for N in cfg.model_lengths:
         n = N // P
         gemm = 3 * 2 * n * cfg.dim * (2 * D + D) / (peak * eff)
-        pom_bytes = per_peer * (P - 1)
         ring = 3 * (P - 1) * n * 2 * cfg.dim * 2
-        out.append({"N": N, "P": P, "pom_bytes": pom_bytes, "ring_bytes": ring, "pom_us": 1e6 * pom_bytes / nvlink,
-                    "ring_us": 1e6 * ring / nvlink, "gemm_us": 1e6 * gemm,
-                    "ratio": ring / pom_bytes if pom_bytes else None})
+        out.append({"N": N, "P": P, "pom_bytes": scan["bytes"], "ring_bytes": ring,
+                    "pom_us": scan["NVLink (≤ 8 GPUs, one node) µs"], "ring_us": 1e6 * ring / nvlink,
+                    "gemm_us": 1e6 * gemm, "ratio": ring / scan["bytes"]})
     return out
 
 
@@ -427,7 +429,7 @@ def report(payload: Dict[str, Any]) -> str:
              f"{c['heads']} heads",
              format_table(rows, ["mixer", "N", "P", "n_per_rank", "bytes_per_rank", "step_s", "peak_mb",
                                  "memory_vs_one", "exchange_only"],
-                          ["mixer", "N", "P", "tokens / rank", "bytes sent / rank", "step s (median)",
+                          ["mixer", "N", "P", "tokens / rank", "bytes sent / rank (mean)", "step s (median)",
                            "peak MB / rank", "memory ÷ one process", "exchange only"]),
              "", _ratio_line(rows), ""]
     pom64 = [r for r in rows if r["mixer"] == "pom" and r["N"] == 65536 and r["P"] == 2]
@@ -439,8 +441,8 @@ def report(payload: Dict[str, Any]) -> str:
               "PoMs, quadratic for attention's scores)",
               format_table(payload["fits"], ["mixer", "P", "from_N", "peak_mb", "longest_N"],
                            ["mixer", "P", "from N", "peak MB", "longest N"]), "",
-              f"MODEL, not measured: {c['model_gpus']} × H100 over NVLink (450 GB/s per direction), bf16, per layer "
-              "and rank, forward + backward",
+              f"MODEL, not measured: {c['model_gpus']} × H100 over NVLink (450 GB/s per direction; PoM's scan: 3 µs a "
+              "transfer along its critical path), bf16, per layer and rank, forward + backward",
               format_table(payload["model"], ["N", "P", "pom_bytes", "ring_bytes", "ratio", "pom_us", "ring_us",
                                                "gemm_us"],
                            ["N", "GPUs", "PoM bytes", "ring attention bytes", "ring ÷ PoM", "PoM µs", "ring µs",
