@@ -20,6 +20,7 @@ from torch import nn
 from polymixer import PoM, PolyMorpher
 from polymixer.models import create_model
 from polymixer.experiments.train.memory import MODES, apply_activation_checkpointing, blocks_of, checkpointed_mode
+from polymixer.experiments.bench.parallel import free_port
 from polymixer.experiments.train.loop import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -267,7 +268,7 @@ def _train(tmp_path, corpus_dir, out, steps, procs=1, cp=1, fsdp=False, ac="none
     script.write_text(SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launch = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                  f"--nproc-per-node={procs}", f"--master-port={port}"]
+                                                  f"--nproc-per-node={procs}", f"--master-port={free_port()}"]
     args = [str(script), str(out), str(corpus_dir), str(steps), "-" if stop is None else str(stop), str(cp),
             "1" if fsdp else "0", ac]
     res = subprocess.run(launch + args, env=env, capture_output=True, text=True, timeout=300)
@@ -380,7 +381,8 @@ def test_context_parallel_models_with_checkpointing_equal_without(tmp_path):
     backward runs inside the context."""
     script = tmp_path / "cp_models.py"
     script.write_text(CP_MODELS)
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29891",
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                          f"--master-port={free_port()}",
                           str(script), str(tmp_path)], env={**os.environ, "OMP_NUM_THREADS": "1"},
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]

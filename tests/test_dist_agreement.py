@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from polymixer.experiments.bench.parallel import free_port
 from polymixer.experiments.train.agreement import describe_difference, fingerprint, model_facts
 from polymixer.experiments.train.loop import TrainConfig
 from polymixer.models import create_model
@@ -80,7 +81,7 @@ def _launch(tmp_path: Path, corpus_dir: Path, rank1: list, port: int, more: tupl
     script = tmp_path / "wrapper.py"
     script.write_text(WRAPPER)
     logs = tmp_path / f"logs{port}"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={port}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
            f"--log-dir={logs}", "--redirects=3", str(script), "train", "lm", "--preset", "tiny-pom", "--data",
            str(corpus_dir), "--steps", "2", "--batch-size", "2", "--eval-every", "100", "--eval-windows", "4",
            "--out", str(tmp_path / f"run{port}"), "--quiet", "--no-data-check", *more]
