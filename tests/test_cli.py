@@ -486,13 +486,15 @@ def test_eo_verdict_takes_the_medians_of_the_seeds_both_models_ran():
     def line(lines, what):
         return next(v for v in lines if v.startswith("parity") and what in v)
 
-    single = line(verdicts(main), "best without full attention")
+    single = line(verdicts(main), "best without full attention within")
     assert "tiny-tsvipom-value +0.3 — **met on 1 seed, unsettled" in single  # one seed: no verdict settles
-    three = line(verdicts(main, seeds), "best without full attention")
+    three = line(verdicts(main, seeds), "best without full attention within")
     # 39.7 against 42.7 on 3 seeds of both; the value PoM not run with the family's rotary-date options: unsettled
-    assert "tiny-tsvipom-value -3.0 (median of 3 seeds) — **MISSED, unsettled: not run with tiny-tsvipom-value" in three
+    assert "tiny-tsvipom-value -3.0 (median of 3 seeds: seeds 0, 1, 2 †" in three
+    assert "— **MISSED, unsettled: not run with tiny-tsvipom-value" in three
     two = line(verdicts(main, seeds[:1]), "all-PoM or all-value-PoM within 8 points")
-    assert "(median of 2 seeds)" in two and "met on 2 seeds, unsettled" in two  # −5.25; TSViT's 2 seeds spread 12.2
+    # −5.25; TSViT's 2 seeds spread 12.2
+    assert "(median of 2 seeds: seeds 0, 1 †" in two and "met on 2 seeds, unsettled" in two
 
 
 def test_a_rate_share_that_trains_nothing_is_an_error():

@@ -88,7 +88,10 @@ def test_parity_takes_medians_over_the_seed_folders_on_the_seeds_both_ran(tmp_pa
     assert f["pom"]["seeds"] == 1 and f["pom"]["gap"] == pytest.approx(15.6 - 39.4)  # seed 0 only
     # settled on seeds, but the value PoM was not run with the family's options (rotary dates) nor gated: unsettled
     dates = "+date_rope=true / +date_rope=true+date_rope_speed=0.3+date_rope_base=30"
-    assert (f"tiny-tsvipom-value -1.4 (median of 3 seeds) — **MISSED, unsettled: not run with tiny-tsvipom {dates}, "
+    # each side's range over those seeds: 36.0–37.0 inside attention's 35.0–39.4 (seed 0, the selection seed, counts:
+    # fewer than 3 other seeds ran)
+    assert ("tiny-tsvipom-value -1.4 (median of 3 seeds: seeds 0, 1, 2 †; 36.0–37.0 against attention's 35.0–39.4: "
+            f"within the seed ranges) — **MISSED, unsettled: not run with tiny-tsvipom {dates}, "
             f"tiny-tsvipom-value {dates} / +date_rope=true+mixer=gated_value_pom, tiny-tsvipom-local (any form)**"
             ) in parity.report(
         parity.collect(tmp_path))
@@ -97,7 +100,8 @@ def test_parity_takes_medians_over_the_seed_folders_on_the_seeds_both_ran(tmp_pa
 
     main = json.loads((tmp_path / "eo.json").read_text())
     lines = parity.verdict_lines("eo", main, seed_payloads(tmp_path, "eo"))
-    assert any("tiny-tsvipom-value -1.4 (median of 3 seeds) — **MISSED, unsettled" in line for line in lines)
+    assert any("tiny-tsvipom-value -1.4 (median of 3 seeds: seeds 0, 1, 2 †;" in line and "**MISSED, unsettled" in line
+               for line in lines)
     assert parity.verdict_lines("eo", {"config": {}}) == []  # a speed-only JSON: nothing to judge
     with pytest.raises(ValueError, match="no parity family reads nope.json"):
         parity.verdict_lines("nope", main)
@@ -159,7 +163,8 @@ def test_a_verdict_on_fewer_than_3_seeds_inside_attentions_spread_is_unsettled(t
         f"MISSED, unsettled: not run with {options}, tiny-sipom-vhybrid (any form); {test}",
         f"MISSED, unsettled: not run with {options}; {test}"]
     text = parity.report(parity.collect(tmp_path))
-    assert "tiny-sipom-value 1.21× (median of 3 seeds) — **MISSED, unsettled" in text
+    assert ("tiny-sipom-value 1.21× (median of 3 seeds: seeds 0, 1, 2 †; 41.0–44.0 against attention's 32.8–37.0: "
+            "separated) — **MISSED, unsettled") in text
     # a margin wider than the spread is still unsettled on one seed of the model: a verdict needs 3 of both
     _image(held / "image_seed1", 1, [row("tiny-sit", 36.9)])
     _image(held / "image_seed2", 2, [row("tiny-sit", 36.8)])
@@ -189,7 +194,8 @@ def test_a_gap_that_rounds_to_its_target_gets_one_more_digit(tmp_path):
 
 def test_options_are_offered_to_every_model_alike(tmp_path):
     """A family's options (satellite: rotary dates) are variants every model may take: attention too. Each model is
-    compared as the better of its preset and the variant on the main seed, and the gap is taken against attention's
+    compared as the better of its preset and the variant on the median over the seeds each ran (here on the
+    reported figure: no form has a validation figure), and the gap is taken against attention's
     choice — an encoding that helps attention more than the mixer widens the gap instead of crediting the mixer."""
 
     def eo(folder, seed, rows):
@@ -213,7 +219,9 @@ def test_options_are_offered_to_every_model_alike(tmp_path):
     text = parity.report(p)
     assert "63.0, +date_rope=true" in text and "53.0 (-10.0), +date_rope=true" in text
     assert "satellite (24 px windows): every model is compared as its preset or with +date_rope=true" in text
-    # where the variant helps attention less than its preset, attention keeps the preset
+    # where the variant helps attention less than its preset, attention keeps the preset (seed 1 removed: its
+    # rotary-dates run would still win the median)
+    (tmp_path / "eo_seed1" / "eo.json").unlink()
     eo(tmp_path, 0, [row("tiny-tsvit", 0.40), row("tiny-tsvit+date_rope=true", 0.38),
                      row("tiny-tsvipom-value", 0.40, 0.004), row("tiny-tsvipom-value+date_rope=true", 0.45, 0.004)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["eo"]
@@ -240,12 +248,13 @@ def test_an_option_on_one_seed_borrows_its_presets_spread(tmp_path):
         return {"model": model, "objective": "flow", "fd": fd, "lr": lr, "steps": 1200, "best_lr": True}
 
     rope = "+position=sincos_rope"
-    _image(held, 0, [row("tiny-sit", 37.0, 0.016), row("tiny-sit" + rope, 35.55),
+    _image(held, 0, [row("tiny-sit", 37.0, 0.016), row("tiny-sit" + rope, 34.6),
                      row("tiny-sipom-value", 42.1), row("tiny-sipom-value" + rope, 39.6)])
     _image(held / "image_seed1", 1, [row("tiny-sit", 34.7, 0.016), row("tiny-sipom-value" + rope, 34.8)])
     _image(held / "image_seed2", 2, [row("tiny-sit", 32.8, 0.016), row("tiny-sipom-value" + rope, 35.6)])
     fam = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["image"]
-    assert fam["attention"]["model"] == "tiny-sit" + rope and fam["value"]["gap"] == pytest.approx(39.6 / 35.55)
+    # rotary SiT's one seed (34.6) beats plain SiT's median (34.7 over 37.0 / 34.7 / 32.8)
+    assert fam["attention"]["model"] == "tiny-sit" + rope and fam["value"]["gap"] == pytest.approx(39.6 / 34.6)
     best, every = fam["targets"]
     assert best["verdict"].startswith("MISSED on 1 seed, unsettled") and "spread 4.2" in best["verdict"]
     assert every["verdict"].startswith("met on 1 seed, unsettled")
@@ -303,7 +312,7 @@ def test_the_fairness_rule_picks_on_validation_offers_the_shift_and_reports_flip
         {**row("tiny-tsvipom-value+value_heads=2", 0.70, 0.0), "val_miou": None}])
     v = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["eo"]["value"]
     assert v["model"] == "tiny-tsvipom-value+date_rope=true+value_heads=4+expand=0.875"
-    assert v["picked_by"] == "validation"
+    assert v["picked_by"] == "validation (tiny-tsvipom-value+value_heads=2 not scored on validation: not chosen)"
 
 
 def test_the_gated_value_pom_is_a_form_of_the_value_pom_only_and_shown_not_run(tmp_path):
@@ -534,7 +543,7 @@ def test_a_seed_folders_report_judges_the_family_not_its_seed_alone(tmp_path):
     family = parity.verdict_lines("eo", json.loads((tmp_path / "eo.json").read_text()), seed_payloads(tmp_path, "eo"))
     assert family and [line for line in text.splitlines() if line.startswith("parity (")] == family
     assert "--seed 2 --out docs/bench/eo_seed2" in text and "eo_seed0" not in text and "eo_seed1`" not in text
-    assert "(median of 2 seeds)" in text  # seeds 0 and 1 both counted
+    assert "(median of 2 seeds: seeds 0, 1 †;" in text  # seeds 0 and 1 both counted
     (tmp_path / "eo.json").write_text("{")
     with pytest.raises(ValueError, match="eo.json: not valid JSON"):
         main_payload(seed, "eo")
@@ -668,3 +677,179 @@ def test_a_family_in_its_own_folder_reads_and_names_the_seed_folders_beside_its_
     (tmp_path / "recall_zoology" / "recall_seed1").mkdir(parents=True)
     (tmp_path / "recall_zoology" / "recall_seed1" / "recall.json").write_text("{}")  # would be an error if read
     assert zoology.seed_payloads(tmp_path) == []
+
+
+def _eo_seed(folder, seed, rows):
+    """The satellite bench's JSON of one seed's runs (seed folders beside it: ``eo_seed<N>``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"seed": seed, "lr": 0.001}
+    (folder / "eo.json").write_text(json.dumps({"config": config, "quality": {"config": config, "rows": rows}}))
+
+
+def _eo_row(spec, test, val, lr=0.002):
+    return {"spec": spec, "miou_24": test, "val_miou": val, "lr": lr, "steps": 800, "best_lr": True}
+
+
+def test_every_selection_reads_validation_never_the_test_figure(tmp_path):
+    """Forms, the hybrid shown, the best linear-time model and the all-PoM candidate are each chosen on validation
+    where the test figure would choose otherwise; and permuting the test figures among the runs changes no choice."""
+    dates = "+date_rope=true"
+    runs = [("tiny-tsvit", 0.62, 0.50), ("tiny-tsvit" + dates, 0.70, 0.45),  # test says rotary dates, val plain
+            ("tiny-tsvipom-local", 0.60, 0.40), ("tiny-tsvipom-hybrid", 0.55, 0.50),  # the hybrids: test local
+            ("tiny-tsvipom", 0.50, 0.45), ("tiny-tsvipom-value", 0.58, 0.30)]  # all-PoM: test value PoM, val PoM
+    _eo_seed(tmp_path, 0, [_eo_row(*r) for r in runs])
+    f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["eo"]
+    chosen = {k: f[k]["model"] for k in ("attention", "hybrid", "best_linear", "all_pom")}
+    assert chosen == {"attention": "tiny-tsvit", "hybrid": "tiny-tsvipom-hybrid", "best_linear": "tiny-tsvipom",
+                      "all_pom": "tiny-tsvipom"}
+    assert f["attention"]["picked_by"] == "validation"
+    assert (f["hybrid_picked_by"], f["best_linear_picked_by"], f["all_pom_picked_by"]) == ("validation",) * 3
+    assert f["targets"][0]["measured"].startswith("tiny-tsvipom -12.0")  # 50 − 62: PoM, the validation choice
+    assert f["targets"][1]["measured"].startswith("tiny-tsvipom -12.0")
+    for shift in (1, 2, 3):  # the test figures rotated among the runs: the same choices
+        tests = [r[1] for r in runs]
+        tests = tests[shift:] + tests[:shift]
+        _eo_seed(tmp_path, 0, [_eo_row(spec, t, val) for (spec, _, val), t in zip(runs, tests)])
+        f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["eo"]
+        assert {k: f[k]["model"] for k in chosen} == chosen
+    # only where no candidate has a validation figure does a choice read the reported one, and it says so
+    _eo_seed(tmp_path, 0, [{**_eo_row(*r), "val_miou": None} for r in runs])
+    f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["eo"]
+    assert f["best_linear"]["model"] == "tiny-tsvipom-local" and f["all_pom"]["model"] == "tiny-tsvipom-value"
+    assert f["best_linear_picked_by"] == "the reported figure (no candidate has a validation figure)"
+    assert "chosen the hybrid shown on the reported figure (no candidate has a validation figure)" in \
+        parity.report(parity.collect(tmp_path))
+
+
+def test_the_all_pom_candidate_is_the_value_poms_or_poms_by_validation(tmp_path):
+    """The all-PoM target reads PoM or the value PoM, whichever validation prefers — here PoM, worse on test."""
+    _eo_seed(tmp_path, 0, [_eo_row("tiny-tsvit", 0.60, 0.60), _eo_row("tiny-tsvipom", 0.40, 0.55),
+                           _eo_row("tiny-tsvipom-value", 0.56, 0.50)])
+    f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["eo"]
+    assert f["all_pom"]["model"] == "tiny-tsvipom" and f["targets"][1]["measured"].startswith("tiny-tsvipom -20.0")
+
+
+def test_forms_are_chosen_on_the_seed_median_and_seed_0_is_kept_out_of_a_median_of_3_others(tmp_path):
+    """Seed 0 favours attention's plain form, the median over its seeds the rotary dates: the median chooses. With 3
+    seeds besides seed 0 (the selection seed of the rates) the reported median leaves seed 0 out; with fewer it
+    counts, marked †. Each side's range is shown, "separated" only where the ranges do not overlap."""
+    dates = "+date_rope=true"
+    _eo_seed(tmp_path, 0, [_eo_row("tiny-tsvit", 0.62, 0.60), _eo_row("tiny-tsvit" + dates, 0.50, 0.55),
+                           _eo_row("tiny-tsvipom-value", 0.40, 0.40)])
+    for seed, (plain, rotary, value) in {1: (0.50, 0.58, 0.41), 2: (0.50, 0.57, 0.42)}.items():
+        _eo_seed(tmp_path / f"eo_seed{seed}", seed, [
+            _eo_row("tiny-tsvit", plain, plain), _eo_row("tiny-tsvit" + dates, rotary + 0.01, rotary),
+            _eo_row("tiny-tsvipom-value", value, value)])
+    f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["eo"]
+    a, v = f["attention"], f["value"]
+    assert a["model"] == "tiny-tsvit" + dates and a["selection"] == {"median": 0.57, "seeds": [0, 1, 2]}
+    assert a["reported_seeds"] == [0, 1, 2] and a["selection_seed_in_median"] and a["selection_seed"] == 0
+    assert v["value"] == pytest.approx(41.0) and v["gap"] == pytest.approx(41.0 - 58.0)
+    assert v["range"] == pytest.approx([40.0, 42.0]) and v["against_range"] == pytest.approx([50.0, 59.0])
+    assert "(median of 3 seeds: seeds 0, 1, 2 †; 40.0–42.0 against attention's 50.0–59.0: separated)" in \
+        f["targets"][1]["measured"]
+    _eo_seed(tmp_path / "eo_seed3", 3, [_eo_row("tiny-tsvit" + dates, 0.49, 0.56),
+                                        _eo_row("tiny-tsvipom-value", 0.52, 0.52)])
+    f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["eo"]
+    a, v = f["attention"], f["value"]
+    assert a["reported_seeds"] == [1, 2, 3] and not a["selection_seed_in_median"]
+    assert v["reported_seeds"] == [1, 2, 3] and v["value"] == pytest.approx(42.0)  # seeds 1, 2, 3: 41 / 42 / 52
+    assert v["gap"] == pytest.approx(42.0 - 58.0) and v["against_range"] == pytest.approx([49.0, 59.0])
+    assert "(median of 3 seeds: seeds 1, 2, 3; 41.0–52.0 against attention's 49.0–59.0: within the seed ranges)" in \
+        f["targets"][1]["measured"]
+    text = parity.report(parity.collect(tmp_path))
+    assert "Rates are chosen by each bench's sweep on seed 0, the selection seed" in text
+
+
+def test_the_models_table_pairs_each_model_with_its_own_speed_the_paper_and_the_front(tmp_path):
+    """Every compared model gets the speed of that same model (timed by the family's speed bench at the longest
+    length attention and it were timed at), "not measured" where that very model was not timed (a form with
+    options, a model the bench does not time) — never another model's; the paper's figure beside the paper's models;
+    the Pareto front; and the README's cells name one model for both figures."""
+    from polymixer.experiments.bench import readme
+
+    def row(spec, loss):
+        return {"spec": spec, "val_loss": loss, "lr": 0.002, "steps": 100, "best_lr": True}
+
+    def timed(n, model, ms):
+        return {"N": n, "batch": 1, "model": model, "ms": ms}
+
+    quality = [row("tiny-attention", 1.00), row("tiny-pom", 1.30), row("tiny-hybrid", 1.02),
+               row("tiny-vpom+mixer=gated_value_pom", 1.05), row("tiny-vhybrid", 1.01)]
+    throughput = [timed(1024, "attention", 10.0), timed(1024, "pom", 8.0), timed(4096, "attention", 40.0),
+                  timed(4096, "pom", 10.0), timed(4096, "hybrid", 20.0), timed(4096, "vpom", 12.0),
+                  timed(8192, "pom", 20.0)]  # attention not timed at 8,192: not the length compared
+    (tmp_path / "lm.json").write_text(json.dumps({"config": {"seed": 0}, "machine": {"cpu": "Test CPU", "cores": 2},
+                                                  "quality": {"rows": quality},
+                                                  "throughput": {"rows": throughput}}))
+    p = parity.collect(tmp_path)
+    lm = {f["bench"]: f for f in p["families"]}["lm"]
+    assert lm["speed"]["at"] == "N 4,096" and lm["speed"]["device"] == "CPU (Test CPU, 2 cores)"
+    by = {m["model"]: m for m in lm["models"]}
+    assert by["tiny-attention"]["speed"] == 1.0 and by["tiny-pom"]["speed"] == pytest.approx(4.0)
+    assert by["tiny-hybrid"]["speed"] == pytest.approx(2.0)
+    assert by["tiny-vpom+mixer=gated_value_pom"]["speed"] is None  # the gated form was not timed: not vpom's 3.33×
+    assert by["tiny-vhybrid"]["speed"] is None and by["tiny-vhybrid"]["speed_text"] == "not measured"
+    assert by["tiny-pom"]["paper"] == "3.88, +17.9% (GPT-2 small, FineWeb val loss)"
+    assert by["tiny-hybrid"]["paper_gap"] == "+0.6%" and by["tiny-vhybrid"]["paper"] == ""
+    # attention (best, slowest), the hybrid (better than PoM, slower) and PoM (fastest) are all on the front
+    assert [by[m].get("pareto") for m in ("tiny-attention", "tiny-hybrid", "tiny-pom")] == [True, True, True]
+    assert "pareto" not in by["tiny-vhybrid"]
+    text = parity.report(p)
+    assert " 4.00× (CPU, N 4,096) |" in text and "speeds timed on CPU (Test CPU, 2 cores) at N 4,096" in text
+    # a model slower and worse than another is off the front
+    throughput.append(timed(4096, "vhybrid", 30.0))
+    (tmp_path / "lm.json").write_text(json.dumps({"config": {"seed": 0}, "quality": {"rows": quality},
+                                                  "throughput": {"rows": throughput}}))
+    lm = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}["lm"]
+    assert {m["model"]: m["pareto"] for m in lm["models"] if "pareto" in m}["tiny-vhybrid"] is True  # 1.01 < 1.02
+    throughput[-1] = timed(4096, "vhybrid", 50.0)  # slower than attention and worse: dominated
+    (tmp_path / "lm.json").write_text(json.dumps({"config": {"seed": 0}, "quality": {"rows": quality},
+                                                  "throughput": {"rows": throughput}}))
+    p = parity.collect(tmp_path)
+    lm = {f["bench"]: f for f in p["families"]}["lm"]
+    assert {m["model"]: m["pareto"] for m in lm["models"] if "pareto" in m}["tiny-vhybrid"] is False
+    # the README: each cell's speed is its own model's
+    cells = readme.family_rows(p)[0]
+    assert cells[5].startswith("`tiny-pom` 1.300") and "speed 4.00×; paper +17.9%" in cells[5]
+    assert cells[4].startswith("`tiny-vpom+mixer=gated_value_pom`") and "speed not measured" in cells[4]
+
+
+def test_a_met_against_a_baseline_that_passed_over_an_unscored_form_is_unsettled(tmp_path):
+    """Attention's choice of form passed over one never scored on validation (recall: ``attention-shift``): the
+    baseline may be weaker than attention at its best, so a "met" against it reads unsettled and names that form,
+    and the tables show the note beside the baseline; a "MISSED" (attention could only do better) is not doubted."""
+    from polymixer.experiments.bench import readme
+
+    dates, slow = "+date_rope=true", "+date_rope=true+date_rope_speed=0.3+date_rope_base=30"
+
+    def runs(rotary_val, value):
+        for seed in (0, 1, 2):
+            rows = [_eo_row("tiny-tsvit", 0.60 + seed / 100, 0.60), _eo_row("tiny-tsvit" + slow, 0.55, 0.50),
+                    _eo_row("tiny-tsvit+date_rope=true+attention_shift=4", 0.56, 0.52),
+                    _eo_row("tiny-tsvipom-value", value + seed / 100, value)]
+            if seed == 0:  # rotary dates: best on test, never scored on validation unless ``rotary_val``
+                rows.append(_eo_row("tiny-tsvit" + dates, 0.70, rotary_val))
+            _eo_seed(tmp_path / ("" if seed == 0 else f"eo_seed{seed}"), seed, rows)
+        return {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["eo"]
+
+    f = runs(None, 0.595)
+    a = f["attention"]
+    assert a["model"] == "tiny-tsvit" and a["unscored"] == ["tiny-tsvit" + dates]
+    assert a["picked_by"] == f"validation (tiny-tsvit{dates} not scored on validation: not chosen)"
+    doubt = f"attention's tiny-tsvit{dates} not scored on validation"
+    assert [t["verdict"] for t in f["targets"]] == [f"met, unsettled: {doubt}"] * 2  # 3 seeds of both, all else run
+    note = f"tiny-tsvit{dates} not scored on validation: a met against it is unsettled"
+    assert a["note"] == note and f"tiny-tsvit (attention; {note})" in parity.models_table(parity.collect(tmp_path))
+    p = parity.collect(tmp_path)
+    cells = readme.family_rows({"families": [x for x in p["families"] if x["bench"] == "eo"]})[0]
+    assert cells[2].startswith("`tiny-tsvit` 61.0") and cells[2].endswith(f"; {note}")
+    assert not any(note in c for c in cells[3:6])  # beside the baseline only
+    # scored on validation (and worse there than the plain preset): the same choice, now a settled "met"
+    f = runs(0.55, 0.595)
+    assert f["attention"]["model"] == "tiny-tsvit" and "unscored" not in f["attention"]
+    assert "note" not in f["attention"] and [t["verdict"] for t in f["targets"]] == ["met", "met"]
+    # a miss is not doubted by it: attention at its best could only widen the gap
+    f = runs(None, 0.40)
+    assert all(t["verdict"].startswith("MISSED") and "not scored on validation" not in t["verdict"]
+               for t in f["targets"])

@@ -41,8 +41,9 @@ class Comparison:
     part: str = "quality"
     guide: str = ""
     # variants offered to every model alike, as suffixes of its preset ("+position=sincos_rope"): each model is
-    # compared in whichever of its plain preset and these variants scores best on the main seed, so an option that
-    # helps attention as much as PoM raises the baseline instead of crediting the mixer
+    # compared in whichever of its plain preset and these variants scores best on validation (the median over the
+    # seeds each ran), so an option that helps attention as much as PoM raises the baseline instead of crediting the
+    # mixer
     options: Tuple[str, ...] = ()
     # options that give attention layers the token shift: they apply to attention and the hybrids only (a model with
     # no attention layer would be the same model)

@@ -1,35 +1,55 @@
-"""``polymixer bench parity``: one table of every family's linear-time models against attention at equal budget.
+"""``polymixer bench parity``: the table a user chooses a model from, and every family's linear-time models judged
+against attention at equal budget.
 
 It trains nothing: it reads the quality part of each family's bench (``lm.json``, ``recall.json``, ``image.json``,
 ``ocr.json``, ``eo.json``, ``points.json`` in ``--out``), takes each model at its best learning rate (the rate the
-bench's sweep chose, or the recipe's where the model was not swept) and writes, per family, attention against PoM,
-the value-carrying PoM and the best hybrid, each model's gap to attention, the rates tried and seeds, and the
-issue's parity targets judged (met / MISSED / not run). Outputs: ``parity.txt`` (Markdown, its links relative to
-the repository root, for the README), ``parity.json``.
+bench's sweep chose, or the recipe's where the model was not swept) and writes, per family, every compared model
+(attention, PoM, the value-carrying PoM, every hybrid) in the form it is compared as: its quality (median and range
+over seeds), its gap to attention, its parameters relative to attention's, the speed of that same model, the paper's
+figure beside the paper's models and the Pareto front (:func:`models_table`); then the issue's parity targets judged
+(met / MISSED / not run). Outputs: ``parity.txt`` (Markdown, its links relative to the repository root, for the
+README), ``parity.json``.
+
+Choices on validation only. Every choice — a model's form (``_choose``: its preset or an option), the hybrid a line
+shows (``hybrid``), the best linear-time model (``best_linear``) and the all-PoM candidate (``all_pom``: PoM or the
+value PoM) — is made on the family's validation figure (``Comparison.select``, direction ``Comparison.higher``), each
+candidate scored by its median over the seeds it ran at that choice (``selection`` in the JSON). A candidate never
+scored on validation is not chosen on the test figure instead: the report names it ("X not scored on validation:
+not chosen"). Only where no candidate has a validation figure does a choice fall back to the reported figure's
+median, and it says so (``picked_by``, ``hybrid_picked_by``, ``best_linear_picked_by``, ``all_pom_picked_by``).
+Where attention's own choice passed over a form not scored on validation (recall: ``attention-shift``), the
+baseline may be weaker than attention at its best: a "met" against it reads unsettled ("attention's X not scored on
+validation") and the tables show the note beside the baseline (``note``).
 
 Seeds: a family's runs of other seeds live beside its JSON, one folder per seed (``<bench>_seed<N>/<bench>.json``,
 written by ``polymixer bench <family> --seed N --out <out>/<bench>_seed<N>``; for a JSON in a folder of its own,
-such as ``image_heldout/image.json``, inside that folder). A model's runs there at the rate its
-seed-0 sweep chose (same steps) count as its other seeds: its value is the median over the seeds it shares with
-attention, and the gap is between the two medians over those seeds, so a model is never compared on seeds attention
-did not run. Attention's own value is the median over all its seeds. A verdict reached on fewer than 3 seeds whose
-margin to its target is within attention's seed spread (max − min over its seeds) is marked *unsettled* and names
-the 3 seeds it needs. Every verdict, met or missed, needs 3 seeds of both the model and attention: on fewer it reads
-"unsettled" (with the reason), and the "to run" lines give the commands that run the seeds it lacks (each side at
-the rate its sweep chose, into its seed folder).
+such as ``image_heldout/image.json``, inside that folder). A model's runs there at the rate its seed-0 sweep chose
+(same steps) count as its other seeds. Seed 0 is the selection seed: each bench's sweep chose the rates on it. A
+reported figure is the median over the seeds a model shares with attention (never seeds attention did not run),
+leaving seed 0 out where at least 3 other seeds ran (``reported_seeds``); otherwise over all of them, marked
+``selection_seed_in_median`` (shown †). Each entry carries its ``range`` over those seeds and attention's
+(``against_range``); a verdict calls the gap "separated" only where the two ranges do not overlap, else "within the
+seed ranges" (nothing where a side has one seed). A verdict reached on fewer than 3 seeds whose margin to its target
+is within attention's seed spread (max − min over its seeds) names that spread; every verdict, met or missed, needs
+3 seeds of both the model and attention: on fewer it reads "unsettled" (with the reason), and the "to run" lines give
+the commands that run the seeds it lacks (each side at the rate its sweep chose, into its seed folder).
 
 Options (the fairness rule): a family offers every model the same variants of its preset — rotary positions
 (image: ``+position=sincos_rope``), rotary dates (satellite: ``+date_rope=true``) and the token shift / short causal
 convolution the value PoM carries, given to attention's keys and values (``+attention_shift=W``, the value PoM's
-width; recall: the ``-shift`` variants). Each model — attention included — is compared as whichever of its preset
-and the variants that apply to it scores best on the family's *validation* figure (``Comparison.select``: validation
-loss, validation mIoU or CER; the reported test figure only where a family has none, said beside the table), so an
-option that helps attention as much as PoM raises the baseline rather than crediting the mixer. A variant that
-applies to a model but was not run is listed as "not run", and a verdict it could change (attention not run with
-an option: a "met"; a hybrid not run with it: a "MISSED") reads "unsettled"; so does a compared model not run in
-any form (listed with its preset and every option; a "MISSED" it could meet). A verdict that differs from the one the
-earlier rule gave (options picked on the reported figure, no shift offered to attention) says so, with both
-figures. Every compared model shows its parameter count relative to attention's.
+width; recall: the ``-shift`` variants) — so an option that helps attention as much as PoM raises the baseline
+rather than crediting the mixer. A variant that applies to a model but was not run is listed as "not run", and a
+verdict it could change (attention not run with an option: a "met"; a hybrid not run with it: a "MISSED") reads
+"unsettled"; so does a compared model not run in any form (listed with its preset and every option; a "MISSED" it
+could meet). A verdict that differs from the one the earlier rule gave (forms and models picked on the main seed's
+reported figure, no shift offered to attention) says so, with both figures.
+
+Speed: the family's speed bench (``lm.json``'s throughput, the other benches' speed part; the ``<bench>.json`` in
+``--out``): the throughput of the model's preset ÷ attention's preset's at the longest length both were timed, on
+the device the JSON names. A form with options (the token shift, rotary encodings, another mixer or patch size) was
+not timed and reads "not measured" — never its plain preset's speed. The paper's figures (:data:`PAPER`, GPU scale)
+stand beside attention, PoM and the paper's hybrid; the Pareto front marks the models no other is both better and
+faster than.
 
 Recall under Zoology's recipe also judges the state target on Zoology's figure 2 (the ``zoology`` part of
 ``recall_zoology/recall.json``): the value PoM at least level with Based at every state size, length and form,
@@ -58,14 +78,31 @@ from ..recall import targets as recall_targets
 from .common import best_rows, beyond, read_json, same_rate
 from .comparison import Comparison
 
-__all__ = ["COMPARISONS", "family", "seeded_rows", "judge", "collect", "target_lines", "verdict_lines", "report",
-           "main", "add_arguments"]
+__all__ = ["COMPARISONS", "PAPER", "family", "seeded_rows", "judge", "collect", "target_lines", "verdict_lines",
+           "models_table", "report", "main", "add_arguments"]
 
 
 # every family's comparison (each in its own folder: polymixer.experiments.<family>.targets), in the table's order
 COMPARISONS: Tuple[Comparison, ...] = (lm_targets.COMPARISON, recall_targets.RECALL, recall_targets.RECALL_ZOOLOGY,
                                        image_targets.COMPARISON, ocr_targets.COMPARISON, eo_targets.COMPARISON,
                                        points_targets.COMPARISON)
+
+# the paper's figures at GPU scale (its GPT-2 small on FineWeb, SiT-L/2 and XL/2, HTR-VT on LAM, TSViT on PASTIS,
+# PTv3 on ScanNet): per family, what each figure is, and the figures of attention, PoM and the paper's hybrid by
+# their tiny presets, one per model pair the paper reports
+PAPER: Dict[str, Tuple[Tuple[str, ...], Dict[str, Tuple[float, ...]]]] = {
+    "lm": (("GPT-2 small, FineWeb val loss",), {"tiny-attention": (3.29,), "tiny-pom": (3.88,),
+                                                "tiny-hybrid": (3.31,)}),
+    "image": (("SiT-L/2 FID", "SiT-XL/2 FID"), {"tiny-sit": (18.8, 17.2), "tiny-sipom": (17.6, 17.2)}),
+    "ocr": (("HTR-VT on LAM, CER %",), {"tiny-htr-vt": (2.8,), "tiny-htr-vpom": (3.2,),
+                                        "tiny-htr-vpom-hybrid": (2.8,)}),
+    "eo": (("TSViT on PASTIS, mIoU %",), {"tiny-tsvit": (64.6,), "tiny-tsvipom": (64.6,)}),
+    "points": (("PTv3 on ScanNet, mIoU %",), {"tiny-ptv3": (76.7,), "tiny-ppomv3": (75.9,),
+                                              "tiny-ppomv3-hybrid": (76.8,)}),
+}
+_SPEED_PARTS = ("throughput", "speed")  # where a family's bench keeps its speed rows
+_LENGTHS = ("N", "side", "lines", "voxels")  # a speed row's length, named as the table names it
+_TIMES = ("ms", "s_per_image", "s_per_call")  # a speed row's time per call (per image: already per item)
 
 
 def _load(fam: Comparison, folder: Path) -> Optional[Dict[str, Any]]:
@@ -133,22 +170,58 @@ def seeded_rows(fam: Comparison, payloads: List[Dict[str, Any]]) -> List[Tuple[i
     return out
 
 
-def _by_seed(fam: Comparison, row: Dict[str, Any], seed: int, seeded: List[Tuple[int, Dict[str, Any]]]
-             ) -> Dict[int, float]:
-    """The model's metric per seed at ``row``'s rate and steps: ``row`` itself (seed ``seed``) and its seed folders;
-    a row that summarises its own seeds (recall: ``by_seed``, the metric their median) gives those."""
+def _by_seed(fam: Comparison, row: Dict[str, Any], seed: int, seeded: List[Tuple[int, Dict[str, Any]]],
+             key: Optional[str] = None) -> Dict[int, float]:
+    """The model's figure ``key`` (the metric unless named: ``fam.select``, its validation figure) per seed at
+    ``row``'s rate and steps: ``row`` itself (seed ``seed``) and its seed folders, those with the figure only; a row
+    that summarises its own seeds (recall: ``by_seed``, the metric their median; ``val_by_seed`` on validation) gives
+    those."""
+    key = key or fam.metric
     own = row.get("by_seed")
     if isinstance(own, dict) and own and all(_number(v) for v in own.values()):
-        return {int(s): float(v) for s, v in sorted(own.items(), key=lambda kv: int(kv[0]))}
-    values = {seed: row[fam.metric]}
+        if key != fam.metric:  # the validation figure of each of its seeds
+            own = row.get("val_by_seed")
+            if not isinstance(own, dict):
+                return {seed: float(row[key])} if _number(row.get(key)) else {}
+        return {int(s): float(v) for s, v in sorted(own.items(), key=lambda kv: int(kv[0])) if _number(v)}
+    values = {seed: row[key]} if _number(row.get(key)) else {}
     for s, r in seeded:
-        if (r.get(fam.key) == row[fam.key] and isinstance(r.get(fam.metric), (int, float))
+        if (r.get(fam.key) == row[fam.key] and _number(r.get(key))
                 and r.get("steps") == row.get("steps") and s not in values
-                and (r.get("lr") == row.get("lr") or (isinstance(r.get("lr"), (int, float))
-                                                      and isinstance(row.get("lr"), (int, float))
+                and (r.get("lr") == row.get("lr") or (_number(r.get("lr")) and _number(row.get("lr"))
                                                       and same_rate(r["lr"], row["lr"])))):
-            values[s] = r[fam.metric]
+            values[s] = r[key]
     return dict(sorted(values.items()))
+
+
+def _validation(fam: Comparison, row: Dict[str, Any], seed: int, seeded: List[Tuple[int, Dict[str, Any]]]
+                ) -> Optional[Dict[str, Any]]:
+    """The row's validation figure (``fam.select``, unscaled) as its median over the seeds that have it and those
+    seeds; None where it was never scored on validation (or the family has no validation figure)."""
+    values = _by_seed(fam, row, seed, seeded, fam.select) if fam.select else {}
+    return {"median": median(values.values()), "seeds": sorted(values)} if values else None
+
+
+def _reported(seeds: Sequence[int], selection_seed: int) -> Tuple[List[int], bool]:
+    """The seeds a reported median is over: those other than the selection seed (the seed the sweeps chose the
+    rates on) where at least 3 of them ran, else all; and whether the selection seed is among them."""
+    others = [s for s in seeds if s != selection_seed]
+    chosen = others if len(others) >= 3 else list(seeds)
+    return chosen, selection_seed in chosen
+
+
+def _best(higher: bool, options: Sequence[Tuple[str, Any, Optional[float], float]], noun: str
+          ) -> Tuple[Any, str, List[str]]:
+    """The best of ``options`` — (name, candidate, its median validation figure or None, its median reported
+    figure) — on validation among those scored there (the first of equals: the plain preset), how it was chosen, and
+    the names passed over for want of a validation figure; on the reported figure only where none was scored."""
+    pick = max if higher else min
+    scored = [o for o in options if o[2] is not None]
+    if scored:
+        unscored = [o[0] for o in options if o[2] is None]
+        how = "validation" + (f" ({', '.join(unscored)} not scored on validation: not chosen)" if unscored else "")
+        return pick(scored, key=lambda o: o[2])[1], how, unscored
+    return pick(options, key=lambda o: o[3])[1], f"the reported figure (no {noun} has a validation figure)", []
 
 
 def _main_seed(fam: Comparison, data: Dict[str, Any]) -> int:
@@ -189,20 +262,29 @@ def _worse(fam: Comparison, gap: float, target: float) -> bool:
 
 def _entry(fam: Comparison, row: Optional[Dict[str, Any]], base: Optional[Dict[str, Any]], seed: int = 0,
            seeded: Optional[List[Tuple[int, Dict[str, Any]]]] = None) -> Dict[str, Any]:
-    if row is None or not isinstance(row.get(fam.metric), (int, float)):
+    """A model's figures in the form ``row``: its seeds, its validation median (``selection``), its reported median
+    over the seeds it shares with attention (``base``; seed ``seed``, the selection seed, left out where 3 others
+    ran), their range and, against attention, the gap and attention's median and range over the same seeds."""
+    if row is None or not _number(row.get(fam.metric)):
         return {"run": False}
-    mine = _by_seed(fam, row, seed, seeded or [])
+    seeded = seeded or []
+    mine = _by_seed(fam, row, seed, seeded)
     out = {"run": True, "model": row[fam.key], "lr": row.get("lr"), "rates": row.get("rates", 1),
-           "own_seeds": sorted(mine)}
-    if base is None or row is base or not isinstance(base.get(fam.metric), (int, float)):
-        return out | {"value": median(mine.values()) * fam.scale, "seeds": row.get("seeds", len(mine)),
-                      "by_seed": {s: v * fam.scale for s, v in mine.items()}}
-    theirs = _by_seed(fam, base, seed, seeded or [])
-    common = [s for s in mine if s in theirs]  # compared on the seeds both ran
-    value, against = median(mine[s] for s in common), median(theirs[s] for s in common)
-    return out | {"value": value * fam.scale, "seeds": row.get("seeds", len(common)),
-                  "by_seed": {s: mine[s] * fam.scale for s in common}, "gap": _gap(fam, value, against),
-                  "against": against * fam.scale}
+           "own_seeds": sorted(mine), "selection_seed": seed, "selection": _validation(fam, row, seed, seeded)}
+    compared = base is not None and row is not base and _number(base.get(fam.metric))
+    theirs = _by_seed(fam, base, seed, seeded) if compared else {}
+    seeds, in_median = _reported([s for s in mine if s in theirs] if compared else list(mine), seed)  # seeds both ran
+    value = median(mine[s] for s in seeds)
+    out |= {"value": value * fam.scale, "by_seed": {s: mine[s] * fam.scale for s in seeds}, "reported_seeds": seeds,
+            "selection_seed_in_median": in_median,
+            "range": [min(mine[s] for s in seeds) * fam.scale, max(mine[s] for s in seeds) * fam.scale],
+            "seeds": row.get("seeds", len(seeds))}
+    if not compared:
+        return out
+    against = median(theirs[s] for s in seeds)
+    return out | {"gap": _gap(fam, value, against), "against": against * fam.scale,
+                  "against_range": [min(theirs[s] for s in seeds) * fam.scale,
+                                    max(theirs[s] for s in seeds) * fam.scale]}
 
 
 def _short_of_seeds(e: Optional[Dict[str, Any]], attention_seeds: int) -> bool:
@@ -257,11 +339,27 @@ def _seed_commands(fam: Comparison, data: Optional[Dict[str, Any]], attention: D
     return out
 
 
+def _figure(v: float) -> str:
+    """A figure of a seed range as the README shows it: 3 decimals under 10, else 1."""
+    return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+
+
 def _measured(fam: Comparison, e: Dict[str, Any], target: float) -> str:
-    """The model and its gap (precise enough to tell it from ``target``), and the seeds the gap is a median over
-    when there are several."""
+    """The model and its gap (precise enough to tell it from ``target``) and, when it is a median of several seeds,
+    which seeds (``†``: the selection seed among them) and each side's range over them: "separated" where the ranges
+    do not overlap, else "within the seed ranges"."""
     n = len(e.get("by_seed", {}))
-    return f"{e['model']} {_gap_text(fam.gap, e['gap'], target)}" + (f" (median of {n} seeds)" if n > 1 else "")
+    text = f"{e['model']} {_gap_text(fam.gap, e['gap'], target)}"
+    if n < 2:
+        return text
+    seeds = ", ".join(map(str, e.get("reported_seeds", sorted(e["by_seed"]))))
+    mark = " †" if e.get("selection_seed_in_median") else ""
+    ranges = ""
+    if e.get("range") and e.get("against_range"):  # each side over the same n seeds
+        (lo, hi), (alo, ahi) = e["range"], e["against_range"]
+        apart = "separated" if hi < alo or ahi < lo else "within the seed ranges"
+        ranges = f"; {_figure(lo)}–{_figure(hi)} against attention's {_figure(alo)}–{_figure(ahi)}: {apart}"
+    return f"{text} (median of {n} seeds: seeds {seeds}{mark}{ranges})"
 
 
 def family(bench: str) -> Comparison:
@@ -282,12 +380,15 @@ def _has_attention(fam: Comparison, name: str) -> bool:
     return name == fam.attention or name in fam.hybrids + fam.full_hybrids
 
 
-def _choose(fam: Comparison, by: Dict[str, Dict[str, Any]], name: str, fair: bool
-            ) -> Tuple[Optional[Dict[str, Any]], List[str], str]:
+def _choose(fam: Comparison, by: Dict[str, Dict[str, Any]], name: str, fair: bool, seed: int = 0,
+            seeded: Sequence[Tuple[int, Dict[str, Any]]] = ()) -> Tuple[Optional[Dict[str, Any]], List[str], str,
+                                                                     List[str]]:
     """The model's form it is compared as: its preset, a variant (``fam.options`` that apply to it) or, under the
-    fair rule, another run of its own preset fields (``fam.tuned``), whichever scores best on the validation figure
-    among the forms that have one (``fair``), else on the reported figure (``fair`` False: the earlier rule, options
-    on the reported figure, no shift offered); the options that apply but were not run; how it was picked."""
+    fair rule, another run of its own preset fields (``fam.tuned``), whichever scores best on the median validation
+    figure over the seeds each form ran (``fair``; forms never scored on validation are not chosen, and are named),
+    else on the reported figure (``fair`` False: the earlier rule, options on the main seed's reported figure, no
+    shift offered); the options that apply but were not run; how it was picked; the forms passed over for want of a
+    validation figure."""
     options = [o for o in fam.options if (fair or o not in fam.shift_options)
                and (o not in fam.shift_options or _has_attention(fam, name))]
     mine = [o for o in fam.value_options if fair and name == fam.value]
@@ -303,18 +404,19 @@ def _choose(fam: Comparison, by: Dict[str, Dict[str, Any]], name: str, fair: boo
     # form lists all of them: it is a candidate its verdicts have not seen)
     missing = [o for o in ([] if name in by else [""]) + options if name + o not in by]
     if not found:
-        return by.get(name), missing, ""
+        return by.get(name), missing, "", []
     if len(found) == 1:
-        return found[0], missing, ""  # nothing to choose from
-    key, how = fam.metric, "the reported figure"
-    if fair and fam.select:
-        scored = [r for r in found if _number(r.get(fam.select))]
-        if scored:  # forms without a validation figure are not chosen on the test figure instead
-            found, key, how = scored, fam.select, "validation"
-        else:
-            how = "the reported figure (no form has a validation figure)"
-    chosen = (max if fam.higher else min)(found, key=lambda r: r[key])  # ties keep the plain preset
-    return chosen, missing, how
+        return found[0], missing, "", []  # nothing to choose from
+    if not fair:  # the earlier rule: the main seed's reported figure
+        return (max if fam.higher else min)(found, key=lambda r: r[fam.metric]), missing, "the reported figure", []
+    seeded = list(seeded)
+    scores = []
+    for r in found:
+        val = _validation(fam, r, seed, seeded)
+        scores.append((r[fam.key], r, None if val is None else val["median"],
+                       median(_by_seed(fam, r, seed, seeded).values())))
+    chosen, how, unscored = _best(fam.higher, scores, "form")
+    return chosen, missing, how, unscored
 
 
 class _Judging:
@@ -329,9 +431,9 @@ class _Judging:
         self.raw, self.ladder = part.get("rows", []), part.get("grid", [])  # every rate and budget; its sweep's grid
         self.rows = None if data is None else _rows(fam, self.raw)
         self.by = {r[fam.key]: r for r in self.rows or []}
-        self.picked: Dict[str, Tuple[Optional[Dict[str, Any]], List[str], str]] = {}
-        self.base = self.pick(fam.attention)
+        self.picked: Dict[str, Tuple[Optional[Dict[str, Any]], List[str], str, List[str]]] = {}
         self.seed = _main_seed(fam, data or {})
+        self.base = self.pick(fam.attention)
         self.item: Dict[str, Any] = {}
         self.absent: List[str] = []  # compared models never run in any form
         self.linear: List[Dict[str, Any]] = []  # the linear-time models' entries that have a gap
@@ -340,7 +442,7 @@ class _Judging:
 
     def pick(self, name: str) -> Optional[Dict[str, Any]]:
         """The row of the form ``name`` is compared as (:func:`_choose`), remembered with its forms not run."""
-        self.picked[name] = _choose(self.fam, self.by, name, self.fair)
+        self.picked[name] = _choose(self.fam, self.by, name, self.fair, self.seed, self.seeded)
         return self.picked[name][0]
 
     def entry(self, name: str, row: Optional[Dict[str, Any]] = None, compared: bool = True) -> Dict[str, Any]:
@@ -360,13 +462,16 @@ class _Judging:
             if _number(params) and _number(base_params) and base_params:
                 e["params"] = params
                 e["params_vs_attention"] = params / base_params - 1
+            if self.picked.get(name, (None, [], "", []))[3] and row is self.picked[name][0]:
+                e["unscored"] = self.picked[name][3]  # forms passed over for want of a validation figure
         return e
 
     def missing(self, e: Optional[Dict[str, Any]], candidates: List[Dict[str, Any]], target: float,
                 names: Sequence[str] = ()) -> List[str]:
         """What could change the verdict on ``e``: the options not run — attention's (it could only do better, so
-        they matter to a "met") and the linear-time candidates' (they matter to a "MISSED") — and a choice of form
-        or rate made on the reported figure, by attention or ``e``."""
+        they matter to a "met") and the linear-time candidates' (they matter to a "MISSED") —, a choice of form or
+        rate made on the reported figure, by attention or ``e``, and (to a "met") attention's forms passed over for
+        want of a validation figure: the baseline may be weaker than attention at its best."""
         if e is None:
             return []
         fam, attention = self.fam, self.item["attention"]
@@ -380,6 +485,8 @@ class _Judging:
         test = [c["model"] for c in (attention, e) if c.get("on_reported")]
         if test:
             out.append(f"{' and '.join(test)} chosen on the reported figure (no validation figure)")
+        if not worse and attention.get("unscored"):  # the baseline passed over a form it could not score
+            out.append(f"attention's {', '.join(attention['unscored'])} not scored on validation")
         return out + self._rate_doubts([attention] if not worse else [e])
 
     def _rate_doubts(self, side: List[Dict[str, Any]]) -> List[str]:
@@ -401,14 +508,13 @@ class _Judging:
 
 def _judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]],
            fair: bool = True) -> Dict[str, Any]:
-    """:func:`judge` under the fair rule (``fair``) or the earlier one (options picked on the reported figure, no
-    token shift offered)."""
+    """:func:`judge` under the fair rule (``fair``) or the earlier one (forms and models picked on the main seed's
+    reported figure, no token shift offered)."""
     j = _Judging(fam, data, seeded, fair)
     item = _compared(j)
     spread, attention_seeds = _attention_spread(j)
     targets: List[Dict[str, Any]] = []
     waiting: List[Dict[str, Any]] = []  # the models whose verdict waits on seeds
-    sign = 1 if fam.gap == "points" else -1  # larger × sign is better
     if fam.best_target is not None:
         best, bound = item["best_linear"], _bound(fam, fam.best_target)
         verdict = _verdict(fam, best, fam.best_target, spread, attention_seeds,
@@ -418,7 +524,7 @@ def _judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[i
         waiting += [best] if _short_of_seeds(best, attention_seeds) else []
     if fam.all_target is not None:
         alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
-        top = max(alls, key=lambda e: sign * e["gap"]) if alls else None
+        top = item["all_pom"]  # PoM or the value PoM, whichever validation prefers
         verdict = _verdict(fam, top, fam.all_target, spread, attention_seeds,
                            j.missing(top, alls, fam.all_target, [fam.pom, fam.value]))
         targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
@@ -439,31 +545,57 @@ def _judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[i
 
 def _compared(j: _Judging) -> Dict[str, Any]:
     """The family's comparison without its targets: attention, PoM, the value PoM and every hybrid in the form each
-    is compared as, the best hybrid and the best linear-time model, and the forms not run (with the commands that
-    run them). Leaves the item and the linear-time candidates (``linear``) on ``j``."""
+    is compared as, the hybrid a line shows, the best linear-time model and the all-PoM candidate (each chosen on
+    validation, :func:`_pick_entry`), and the forms not run (with the commands that run them). Leaves the item and
+    the linear-time candidates (``linear``) on ``j``."""
     fam, rows = j.fam, j.rows
     item: Dict[str, Any] = {"family": fam.name, "bench": fam.bench, "metric": fam.label, "higher": fam.higher,
                             "gap_kind": fam.gap, "guide": fam.guide, "found": rows is not None,
                             "options": list(fam.options), "value_options": list(fam.value_options),
                             "select": fam.select, "file": fam.file,
+                            "presets": {"attention": fam.attention, "pom": fam.pom, "value": fam.value},
                             "attention": j.entry(fam.attention, j.base, compared=False), "pom": j.entry(fam.pom),
                             "value": j.entry(fam.value)}
     hybrids = [j.entry(h) | {"full_attention": h in fam.full_hybrids} for h in fam.hybrids + fam.full_hybrids]
     # every compared model has been picked (``entry``); one never run in any form has all its forms to run
     found = rows is not None  # without the family's JSON nothing is "not run": the family is
-    item["not_run"] = {name: miss for name, (row, miss, _) in j.picked.items() if miss and found}
+    item["not_run"] = {name: miss for name, (row, miss, _, _) in j.picked.items() if miss and found}
     item["to_run"] = [fam.command.format(spec=name + o) for name, miss in item["not_run"].items() for o in miss
                       if fam.command]
-    item["absent"] = j.absent = [name for name, (row, _, _) in j.picked.items() if row is None and found]
-    hybrids = [h for h in hybrids if h["run"] and "gap" in h]
-    sign = 1 if fam.gap == "points" else -1  # larger × sign is better
-    item["hybrid"] = max(hybrids, key=lambda h: sign * h["gap"]) if hybrids else {"run": False}
+    item["absent"] = j.absent = [name for name, (row, _, _, _) in j.picked.items() if row is None and found]
+    item["hybrids"] = hybrids = [h for h in hybrids if h["run"] and "gap" in h]
+    hybrid, item["hybrid_picked_by"] = _pick_entry(j, hybrids)
+    item["hybrid"] = hybrid or {"run": False}
     item["hybrid_presets"] = list(fam.hybrids + fam.full_hybrids)
     j.linear = [e for e in [item["pom"], item["value"]] + [h for h in hybrids if not h["full_attention"]]
                 if e["run"] and "gap" in e]
-    item["best_linear"] = max(j.linear, key=lambda e: sign * e["gap"]) if j.linear else None
+    item["best_linear"], item["best_linear_picked_by"] = _pick_entry(j, j.linear)
+    all_pom, item["all_pom_picked_by"] = _pick_entry(j, [e for e in (item["pom"], item["value"])
+                                                         if e["run"] and "gap" in e])
+    item["all_pom"] = all_pom
+    unscored = item["attention"].get("unscored") or []
+    if unscored:  # the baseline passed over forms it could not score: a "met" against it is unsettled
+        forms = ", ".join(unscored) if len(", ".join(unscored)) <= 40 else f"{len(unscored)} forms"
+        item["attention"]["note"] = f"{forms} not scored on validation: a met against it is unsettled"
     j.item = item
     return item
+
+
+def _pick_entry(j: _Judging, entries: List[Dict[str, Any]]) -> Tuple[Optional[Dict[str, Any]], str]:
+    """The best of the compared models ``entries`` and how it was chosen: on the median validation figure over the
+    seeds each ran (``selection``; one never scored there is not chosen, and named), on the median reported figure
+    only where none was scored; under the earlier rule, on the gap. None (and "") where there is none."""
+    if not entries:
+        return None, ""
+    fam = j.fam
+    if not j.fair:
+        sign = 1 if fam.gap == "points" else -1  # larger × sign is better
+        return max(entries, key=lambda e: sign * e["gap"]), "the reported figure"
+    scores = [(e["model"], e, (e.get("selection") or {}).get("median"),
+               median(_by_seed(fam, j.by[e["model"]], j.seed, j.seeded).values()) if e["model"] in j.by
+               else e["value"] / fam.scale) for e in entries]
+    chosen, how, _ = _best(fam.higher, scores, "candidate")
+    return chosen, how
 
 
 def _attention_spread(j: _Judging) -> Tuple[Optional[float], int]:
@@ -595,8 +727,8 @@ def _versus_based(fam: Comparison, data: Optional[Dict[str, Any]]) -> Tuple[Dict
 def judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]]) -> Dict[str, Any]:
     """One family's comparison and its targets judged, from its main bench JSON ``data`` (None: not run) and the
     rows of its other seeds (:func:`seeded_rows`), under the fairness rule (module docstring). A target whose
-    verdict differs under the earlier rule (options picked on the reported figure, no shift offered to attention)
-    carries ``flipped``: that verdict and its figure."""
+    verdict differs under the earlier rule (forms and models picked on the main seed's reported figure, no shift
+    offered to attention) carries ``flipped``: that verdict and its figure."""
     fam = fam.resolved(data)
     item = _judge(fam, data, seeded)
     before = _judge(fam, data, seeded, fair=False)
@@ -607,9 +739,113 @@ def judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[in
 
 
 def collect(folder: Path) -> Dict[str, Any]:
-    """Each family's comparison from the bench results in ``folder``."""
-    families = [judge(fam, _load(fam, folder), seeded_rows(fam, fam.seed_payloads(folder))) for fam in COMPARISONS]
+    """Each family's comparison from the bench results in ``folder``, with the speeds its speed bench timed
+    (``speed``, from ``<bench>.json``) and every compared model with its own speed (``models``)."""
+    families = []
+    for fam in COMPARISONS:
+        item = judge(fam, _load(fam, folder), seeded_rows(fam, fam.seed_payloads(folder)))
+        timed = folder / f"{fam.bench}.json"
+        item["speed"], lengths = _speed(read_json(timed) if timed.is_file() else None, fam.attention)
+        item["models"] = _models(item, lengths)
+        families.append(item)
     return {"families": families, "source": str(folder)}
+
+
+def _speed_name(model: str) -> Optional[str]:
+    """The name a family's speed bench times ``model`` under (its preset without ``tiny-``); None for a form with
+    options, which the speed benches do not time."""
+    return None if "+" in model else model.removeprefix("tiny-").lower()
+
+
+def _timings(part: Dict[str, Any]) -> Tuple[Optional[str], Dict[str, Dict[Any, Tuple[float, float]]]]:
+    """The speed rows of ``part`` by model and length: (time per call, batch), fp32 and the presets themselves only
+    (points: the ``sizes`` set); and what the rows' length is named."""
+    label, times = None, {}
+    for r in part.get("rows", []):
+        if r.get("dtype", "fp32") != "fp32" or r.get("set", "sizes") != "sizes":
+            continue
+        length = next((k for k in _LENGTHS if _number(r.get(k))), None)
+        time = next((k for k in _TIMES if _number(r.get(k))), None)
+        name = str(r.get("spec") or r.get("preset") or r.get("model") or "").lower()
+        if length and time and name:
+            label = label or length
+            batch = r.get("batch", 1) if time != "s_per_image" else 1
+            times.setdefault(name, {})[r[length]] = (r[time], batch if _number(batch) else 1)
+    return label, times
+
+
+def _speed(data: Optional[Dict[str, Any]], attention: str) -> Tuple[Optional[Dict[str, Any]], Dict[str, str]]:
+    """The family's speed bench in ``data`` (its ``<bench>.json``): each timed model's throughput ÷ attention's
+    (``ratio``, by the speed bench's name) at the longest length both were timed, the longest of those lengths
+    (``at``) and the device the JSON names (a GPU only where it names the card); and each model's length as the
+    table names it. None where no model was timed beside attention."""
+    part = next((data[k] for k in _SPEED_PARTS if isinstance((data or {}).get(k), dict)), None)
+    if part is None:
+        return None, {}
+    label, times = _timings(part)
+    own = times.get(_speed_name(attention) or "")
+    ratio: Dict[str, float] = {}
+    lengths: Dict[str, Any] = {}
+    for name, mine in times.items():
+        common = [n for n in mine if own and n in own]
+        if common:
+            n = max(common)
+            (ta, ba), (tm, bm) = own[n], mine[n]
+            ratio[name] = ta / tm if ba == bm else (ta / ba) / (tm / bm)
+            lengths[name] = n
+    others = [n for name, n in lengths.items() if name != _speed_name(attention)]
+    if not others:
+        return None, {}
+    machine = part.get("machine") or data.get("machine") or {}
+    gpu = machine.get("gpu") if isinstance(machine.get("gpu"), str) else None
+    facts = [str(machine["cpu"])] if machine.get("cpu") else []
+    facts += [f"{machine['cores']} cores"] if machine.get("cores") else []
+    device = f"GPU ({gpu})" if gpu else "CPU" + (f" ({', '.join(facts)})" if facts else "")
+    return ({"at": f"{label} {max(others):,}", "device": device, "gpu": gpu is not None, "ratio": ratio},
+            {name: f"{label} {n:,}" for name, n in lengths.items()})
+
+
+def _paper(item: Dict[str, Any], model: str) -> Tuple[str, str]:
+    """The paper's figure of ``model`` (:data:`PAPER`, by its preset) and, beside a model other than attention,
+    its gap to the paper's attention, signed as the family's gaps are; empty where the paper has no such model."""
+    labels, figures = PAPER.get(item["bench"], ((), {}))
+    preset, base = model.split("+")[0], item.get("presets", {}).get("attention")
+    mine, theirs = figures.get(preset), figures.get(str(base))
+    if not mine or not theirs:
+        return "", ""
+    if preset == base:
+        return "; ".join(f"{v:g} ({label})" for v, label in zip(mine, labels)), ""
+    kind = item["gap_kind"]
+    gaps = [_gap_text(kind, v / b - 1 if kind == "relative" else v / b if kind == "ratio" else v - b)
+            for v, b in zip(mine, theirs)]
+    return "; ".join(f"{v:g}, {g} ({label})" for v, g, label in zip(mine, gaps, labels)), " / ".join(gaps)
+
+
+def _models(item: Dict[str, Any], lengths: Dict[str, str]) -> List[Dict[str, Any]]:
+    """Every compared model that ran (attention, PoM, the value PoM, every hybrid) in its compared form, with its
+    role, its own speed (``speed``: ÷ attention's; None where that very form was not timed), the paper's figure and
+    gap, whether it is on the Pareto front (``pareto``, timed models only: no other timed model both at least as
+    good and at least as fast, and better in one) and its speed as the table shows it."""
+    roles = [("attention", item["attention"]), ("PoM", item["pom"]), ("value PoM", item["value"])] + [
+        ("hybrid, full attention" if h.get("full_attention") else "hybrid", h) for h in item.get("hybrids", [])]
+    ratio = (item.get("speed") or {}).get("ratio", {})
+    models = []
+    for role, e in roles:
+        if e.get("run"):
+            paper, paper_gap = _paper(item, e["model"])
+            speed = ratio.get(_speed_name(e["model"]) or "")
+            models.append(dict(e) | {"role": role, "speed": speed, "paper": paper, "paper_gap": paper_gap})
+    sign = 1 if item["higher"] else -1
+    timed = [m for m in models if m["speed"] is not None]
+    for m in timed:
+        m["pareto"] = not any(sign * o["value"] >= sign * m["value"] and o["speed"] >= m["speed"]
+                              and (sign * o["value"] > sign * m["value"] or o["speed"] > m["speed"])
+                              for o in timed if o is not m)
+    device = "GPU" if (item.get("speed") or {}).get("gpu") else "CPU"
+    for m in models:
+        m["speed_text"] = ("not measured" if m["speed"] is None else
+                           f"{m['speed']:.2f}× ({device}, {lengths[_speed_name(m['model']) or '']})")
+    return models
 
 
 def target_lines(item: Dict[str, Any]) -> List[str]:
@@ -629,6 +865,12 @@ def target_lines(item: Dict[str, Any]) -> List[str]:
                       if e.get("run") and e.get("picked_by") not in (None, "", "validation")})
         if item.get("select") and odd:
             lines.append(f"{item['family']}: some forms were picked on {'; '.join(odd)}")
+    chosen = [f"{what} on {item[key]}" for key, what in (("hybrid_picked_by", "the hybrid shown"),
+                                                          ("best_linear_picked_by", "the best without full attention"),
+                                                          ("all_pom_picked_by", "the best all-PoM"))
+              if item.get(key) not in (None, "", "validation")]
+    if item.get("select") and chosen:
+        lines.append(f"{item['family']}: chosen {'; '.join(chosen)}")
     for name, options in (item.get("not_run") or {}).items():
         lines.append(f"{item['family']}: not run — {name} " + (
             "in any form" if name in item.get("absent", []) and len(options) > 1 else
@@ -640,8 +882,9 @@ def target_lines(item: Dict[str, Any]) -> List[str]:
         lines.append(f"{item['family']}: {t['what']}{measured} — **{t['verdict']}**")
         if t.get("flipped"):
             f = t["flipped"]
-            lines.append(f"{item['family']}: ↳ flipped by the fairness rule: under the earlier rule (options picked on "
-                         f"the reported figure, no shift offered to attention) it read {f['verdict']}"
+            lines.append(f"{item['family']}: ↳ flipped by the fairness rule: under the earlier rule (forms and models "
+                         f"picked on the main seed's reported figure, no shift offered to attention) it read "
+                         f"{f['verdict']}"
                          + (f" at {f['measured']}" if f.get("measured") else ""))
     return lines
 
@@ -661,11 +904,58 @@ def verdict_lines(bench: str, payload: Dict[str, Any], seeds: Optional[List[Dict
     return [f"parity (as `polymixer bench parity` judges): {line}" for line in target_lines(item)]
 
 
+def _digits(fam: Dict[str, Any]) -> int:
+    """The decimals a family's figures are shown with."""
+    return 4 if fam["bench"] == "lm" else (2 if fam["bench"] == "ocr" or fam["bench"].startswith("recall") else 1)
+
+
+def models_table(payload: Dict[str, Any]) -> str:
+    """The table a user chooses from: per family every compared model (:func:`collect`'s ``models``) with its
+    quality (median, range and seeds; † where the selection seed is in the median), gap, parameters and speed
+    against attention, the paper's figure and the Pareto front (★; blank: off it; —: no speed to place it)."""
+    rows = []
+    for f in payload["families"]:
+        digits = _digits(f)
+        for m in f.get("models", []):
+            n = len(m.get("by_seed", {})) or 1
+            lo, hi = m.get("range") or (m["value"], m["value"])
+            spread = f"{lo:.{digits}f}–{hi:.{digits}f}, " if n > 1 else ""
+            mark = " †" if n > 1 and m.get("selection_seed_in_median") else ""
+            role = m["role"] + (f"; {m['note']}" if m.get("note") else "")
+            rows.append({"family": f["family"], "model": f"{m['model']} ({role})",
+                         "metric": f["metric"] + (" ↑" if f["higher"] else " ↓"),
+                         "median": f"{m['value']:.{digits}f} ({spread}{n} seed{'s' if n > 1 else ''}{mark})",
+                         "gap": _gap_text(f["gap_kind"], m["gap"]) if "gap" in m else "—", "params": _params(m),
+                         "speed": m["speed_text"], "paper": m.get("paper") or "—",
+                         "front": "★" if m.get("pareto") else ("" if "pareto" in m else "—")})
+    cols = ["family", "model", "metric", "median", "gap", "params", "speed", "paper", "front"]
+    heads = ["family", "model (role)", "metric", "median (range, seeds)", "gap to attention", "params vs attention",
+             "speed ÷ attention's (device, length)", "the paper (GPU scale)", "Pareto front"]
+    return format_table(rows, cols, heads)
+
+
+def _models_notes(payload: Dict[str, Any]) -> List[str]:
+    """What the models table's seeds, marks and speeds mean, and where each family's speeds were timed."""
+    gpu = any((f.get("speed") or {}).get("gpu") for f in payload["families"])
+    lines = ["- Rates are chosen by each bench's sweep on seed 0, the selection seed (other seeds run at the chosen "
+             "rate only); forms, the hybrid, the best linear-time model and the all-PoM candidate on the median "
+             "validation figure over the seeds each ran. A median is over the seeds other than seed 0 where at least "
+             "3 of them ran; † marks one that includes seed 0 (fewer than 3 other seeds ran).",
+             "- Speed: the throughput of that same model (its preset at the family's speed-bench size) ÷ attention's "
+             "preset's, at the longest length both were timed; a form with options (the token shift, rotary "
+             "encodings, another mixer or patch size) was not timed and reads \"not measured\""
+             + ("; a GPU figure names its card" if gpu else
+                ", as does every GPU figure: no family's measured JSON names a card")
+             + ". ★: on the Pareto front (no model both better and faster); — : no speed to place it."]
+    return lines + [f"- {f['family']}: speeds timed on {f['speed']['device']} at {f['speed']['at']} ({f['bench']}.json)"
+                    for f in payload["families"] if f.get("speed")]
+
+
 def _cell(fam: Dict[str, Any], e: Dict[str, Any], option: bool = True) -> str:
     """A model's figure in the table, its gap to attention and (``option``) the option it is compared with."""
     if not e.get("run"):
         return "not run"
-    digits = 4 if fam["bench"] == "lm" else (2 if fam["bench"] == "ocr" or fam["bench"].startswith("recall") else 1)
+    digits = _digits(fam)
     text = f"{e['value']:.{digits}f}"
     if "gap" in e:
         text += f" ({_gap_text(fam['gap_kind'], e['gap'])})"
@@ -685,7 +975,8 @@ def _rates(e: Dict[str, Any]) -> str:
 
 
 def report(payload: Dict[str, Any]) -> str:
-    """The Markdown table and the targets, one line each."""
+    """The table a user chooses from (:func:`models_table`) with its notes, the families side by side, and the
+    targets, one line each."""
     rows = []
     for f in payload["families"]:
         h = f["hybrid"]
@@ -705,7 +996,7 @@ def report(payload: Dict[str, Any]) -> str:
     heads = ["family", "metric", "attention", "PoM (gap)", "value PoM (gap)", "best hybrid (gap)",
              "params vs attention: PoM / value PoM / hybrid", "rates tried: attention / PoM / value PoM", "seeds",
              "bench"]
-    lines = [format_table(rows, cols, heads), ""]
+    lines = [models_table(payload), "", *_models_notes(payload), "", format_table(rows, cols, heads), ""]
     for f in payload["families"]:
         lines += [f"- {line}" for line in target_lines(f)]
     return "\n".join(lines)

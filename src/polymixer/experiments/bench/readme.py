@@ -4,7 +4,9 @@
 says whether it is current (``tests/test_readme.py`` runs the check, so a README edited by hand or a parity rerun
 without regenerating fails the suite). Each row names the models its figures belong to: attention in its best form,
 the best model without full attention, the best with no attention at all, and the paper's plain PoM, each as the
-median over its seeds with their range.
+median over its seeds with their range, and each with the speed of that same model (× attention's throughput where
+the family's speed bench timed that very model, else "speed not measured": never another model's speed), and the
+paper's gap beside the paper's models.
 """
 
 from __future__ import annotations
@@ -50,16 +52,24 @@ def _gap(fam: Dict[str, Any], gap: Optional[float]) -> str:
 
 
 def _side(fam: Dict[str, Any], key: str) -> str:
-    """One compared model: its name, median (range over seeds, seed count) and gap to attention."""
+    """One compared model: its name, median (range over seeds, seed count), gap to attention, the speed of that same
+    model (the table of every compared model, ``models``, holds it), for the paper's models the paper's gap, and its
+    ``note`` (the baseline's: the forms it passed over for want of a validation figure)."""
     row = fam.get(key)
     if not row or not row.get("run"):
         return "not run"
     seeds = list(row.get("by_seed", {}).values())
     spread = f"{_number(min(seeds))}–{_number(max(seeds))}, " if len(seeds) > 1 else ""
-    n = row["seeds"]
+    n = len(seeds) or row["seeds"]
     gap = _gap(fam, row.get("gap"))
-    return (f"`{row['model']}` {_number(row['value'])} ({spread}{n} seed{'s' if n != 1 else ''})"
-            + (f", {gap}" if gap else ""))
+    mark = " †" if row.get("selection_seed_in_median") and n > 1 else ""
+    same = next((m for m in fam.get("models", []) if m.get("model") == row["model"]), {})
+    speed = same.get("speed_text", "not measured")
+    speed = "speed not measured" if speed == "not measured" else f"speed {speed.split(' (')[0]}"
+    paper = f"; paper {same['paper_gap']}" if same.get("paper_gap") else ""
+    note = f"; {row['note']}" if row.get("note") else ""  # the baseline passed over a form not scored on validation
+    return (f"`{row['model']}` {_number(row['value'])} ({spread}{n} seed{'s' if n != 1 else ''}{mark})"
+            + (f", {gap}" if gap else "") + f"; {speed}{paper}{note}")
 
 
 def _targets(fam: Dict[str, Any]) -> str:
@@ -75,7 +85,7 @@ def family_rows(payload: Dict[str, Any]) -> List[List[str]]:
         link = f"[{Path(guide).stem}]({guide})" if guide else ""
         rows.append([f"{fam['family']} — {DATA.get(fam['bench'], fam['bench'])}",
                      fam["metric"] + (" (higher is better)" if fam["higher"] else " (lower is better)"),
-                     _side(fam, "attention"), _side(fam, "best_linear"), _side(fam, "value"), _side(fam, "pom"),
+                     _side(fam, "attention"), _side(fam, "best_linear"), _side(fam, "all_pom"), _side(fam, "pom"),
                      _targets(fam), link])
     return rows
 
@@ -90,7 +100,19 @@ def family_table(payload: Dict[str, Any]) -> str:
         if long:
             raise ValueError(f"a README cell is over {MAX_CELL} characters: {long[0]!r}")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", _notes(payload)])
+
+
+def _notes(payload: Dict[str, Any]) -> str:
+    """What a cell's speed and marks mean, and where each family's speeds were timed."""
+    timed = [f"{f['bench']} {f['speed']['at']} ({f['speed']['device']})" for f in payload["families"]
+             if f.get("speed")]
+    return ("Speed: the throughput of the model the cell names (its preset at the family's speed-bench size) ÷ "
+            "attention's, at the longest length both were timed — " + "; ".join(timed) + "; \"not measured\" where "
+            "that model, in the form compared, was not timed (a form with options was not). † the median includes "
+            "seed 0, the seed each bench's sweep chose the rates on (fewer than 3 other seeds ran). Paper: the "
+            "paper's gap at GPU scale. Every compared model, with its speed and the Pareto front: "
+            "[docs/parity.md](docs/parity.md).")
 
 
 def update_readme(readme: Path, parity: Path, check: bool = False) -> bool:
