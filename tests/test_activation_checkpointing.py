@@ -284,6 +284,7 @@ def _assert_same(a, b, what):
         assert torch.equal(wa[k], wb[k]), (what, k)
 
 
+@pytest.mark.slow  # two training runs and a resume (~20 s)
 @pytest.mark.usefixtures("polymixer_cache")
 def test_a_checkpoint_of_a_checkpointed_run_resumes_without_it(tmp_path, corpus_dir):
     """One process, dropout on: a run with block checkpointing stopped after step 2 (its checkpoint), resumed

@@ -112,6 +112,7 @@ def test_a_rank_that_builds_another_model_stops_every_rank_with_one_line(tmp_pat
     assert took < 60, took
 
 
+@pytest.mark.slow  # waits for the timeout on purpose (~25 s)
 def test_dist_timeout_reaches_the_process_group(tmp_path, corpus_dir):
     """``--dist-timeout 0.1`` (6 s): rank 1 misses a collective for 20 s, and rank 0 fails with gloo's timeout
     error after 6 s instead of waiting (without the timeout it would wait the 20 s out and the run would

@@ -149,6 +149,7 @@ if res["rank"] == 0:
 """
 
 
+@pytest.mark.slow  # two 9 s evaluations on purpose (~25 s)
 def test_an_evaluation_longer_than_the_timeout_leaves_no_rank_waiting(tmp_path, corpus_dir):
     """Every rank evaluates (the others into a scratch folder), so none waits in a collective while the first
     evaluates: a 9 s evaluation under a 6 s --dist-timeout finishes on 2 ranks."""

@@ -350,6 +350,7 @@ def test_no_rank_holds_the_whole_state_to_save_load_or_evaluate(tmp_path, procs)
     assert rows[0]["gather_mb"] >= 0.95 * rows[0]["full_mb"]  # what a whole-state checkpoint costs the first rank
 
 
+@pytest.mark.slow  # a run, a signal and a resume on 2 ranks (~22 s)
 def test_sigterm_with_a_background_save_in_flight_publishes_it_exits_75_and_resumes_bit_exact(tmp_path):
     """--async-checkpoint: the save of step 5 is not yet published when SIGTERM reaches one rank during step 7; every
     rank stops after step 7, both checkpoints are published complete, the workers exit 75, and the resumed run ends
