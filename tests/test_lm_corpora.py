@@ -327,3 +327,17 @@ def _tiny_bpe(path: Path) -> Path:
     (path / "encoder.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
     (path / "vocab.bpe").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
     return path
+
+
+def test_bench_lm_quality_trains_on_the_named_corpus(prose, tmp_path):
+    """`polymixer bench lm --corpus prose`: the quality part trains on the prose corpus and says so in its report."""
+    from polymixer.experiments.lm import bench as lm_bench
+
+    cfg = lm_bench.LMBenchConfig(parts=("quality",), quality_presets=("tiny-pom+n_layer=1+block_size=32",),
+                                 sweep=(), quality_steps=2, quality_batch=2, quality_eval_windows=2, corpus="prose",
+                                 out=str(tmp_path / "bench"))
+    payload = lm_bench.run(cfg, progress=False)
+    assert payload["config"]["corpus"] == "prose"
+    row = payload["quality"]["rows"][0]
+    assert row["model"] == "tiny-pom+n_layer=1+block_size=32" and row["val_loss"] > 0
+    assert "corpus: English prose" in lm_bench.report(payload)

@@ -56,6 +56,7 @@ class LMBenchConfig:
     quality_steps: int = 1500
     quality_batch: int = 32
     quality_eval_windows: int = 1024
+    corpus: str = "stdlib"  # the quality part's text: "stdlib" (Python sources, the quick check) or "prose"
     parts: Tuple[str, ...] = ("throughput", "decode", "quality")  # and "hf_decode" (the [hf] extra)
     # "cuda": the throughput part on the GPU with the paper's models (GPT-2 small, GPPoM2-S, its hybrid and the value
     # PoM; rotary positions so every length runs) in bf16, PoM on the Triton kernels, attention on FlashAttention
@@ -211,7 +212,8 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     def evaluate(cfg: LMBenchConfig, job: SweepRun, stage: Stage,
                  tcfg: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         # a preset, or a variant of one: "tiny-vpom+value_heads=1+shift_width=2"
-        res = train_lm(job.preset, tcfg, eval_windows=cfg.quality_eval_windows, **job.overrides)
+        res = train_lm(job.preset, tcfg, eval_windows=cfg.quality_eval_windows,
+                       corpus=None if cfg.corpus == "stdlib" else cfg.corpus, **job.overrides)
         model = create_model(job.preset, device="meta", **job.overrides)
         return res, {"model": job.spec, "spec": job.spec, "params": count_parameters(model),
                      "steps": cfg.quality_steps,
@@ -301,8 +303,10 @@ def _quality_report(payload: Dict[str, Any], seeds: Optional[Any], main_json: Op
     q = payload["quality"]
     all_rows = q["rows"]
     rows = best_rows(all_rows)
-    lines += ["quality at equal steps (default corpus: the Python standard library, byte-level), each model at its "
-              "best learning rate (lowest validation loss)",
+    corpus = {"prose": "English prose: Wikipedia's vital articles"}.get(
+        (payload.get("config") or {}).get("corpus", "stdlib"), "the Python standard library's sources")
+    lines += [f"quality at equal steps (corpus: {corpus}, byte-level), each model at its best learning rate (lowest "
+              "validation loss)",
               format_table(rows, ["model", "params", "lr", "rates", "steps", "tokens", "val_loss", "val_bpb",
                                   "loss_vs_attention", "train_min"],
                            ["model", "params", "best lr", "rates tried", "steps", "tokens", "val loss", "val bpb",
@@ -389,6 +393,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presets", nargs="+", default=None,
                    help="presets of the quality part (those not given keep their earlier rows); a variant overrides "
                         "config fields: tiny-vpom+value_heads=1+shift_width=2")
+    p.add_argument("--corpus", choices=["stdlib", "prose"], default=d.corpus,
+                   help="the quality part's text: the Python standard library's sources (the quick check) or English "
+                        "prose (the [prose] extra; the paper's setting with +block_size=1024 presets)")
     p.add_argument("--device", default=d.device,
                    help="cuda: the throughput part on the GPU with the paper's models in bf16 (GPT-2 small vs "
                         "GPPoM2-S on the Triton kernels), the paper's protocol")
@@ -397,7 +404,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg = LMBenchConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, window=args.window,
-                        parts=tuple(args.parts), device=args.device, out=args.out)
+                        parts=tuple(args.parts), device=args.device, corpus=args.corpus, out=args.out)
     return bench_main(BENCH, args, cfg, QUICK,
                       {"tokens": "tokens", "lengths": "throughput_lengths", "contexts": "decode_contexts",
                        "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets"})
