@@ -341,3 +341,6 @@ def test_bench_lm_quality_trains_on_the_named_corpus(prose, tmp_path):
     row = payload["quality"]["rows"][0]
     assert row["model"] == "tiny-pom+n_layer=1+block_size=32" and row["val_loss"] > 0
     assert "corpus: English prose" in lm_bench.report(payload)
+    cfg.corpus = "stdlib"  # another corpus's rows are never merged with these
+    with pytest.raises(ValueError, match="made with --corpus prose, not stdlib: give these runs their own --out"):
+        lm_bench.run(cfg, progress=False)

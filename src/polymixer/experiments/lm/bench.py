@@ -367,7 +367,7 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 
 
 BENCH = FamilyBench("lm", {"throughput": run_throughput, "decode": run_decode, "hf_decode": run_hf_decode,
-                            "quality": run_quality}, plot, report)
+                            "quality": run_quality}, plot, report, recipes=(("corpus", "stdlib", "--corpus"),))
 
 
 def run(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
