@@ -333,13 +333,14 @@ def test_bench_lm_quality_trains_on_the_named_corpus(prose, tmp_path):
     """`polymixer bench lm --corpus prose`: the quality part trains on the prose corpus and says so in its report."""
     from polymixer.experiments.lm import bench as lm_bench
 
-    cfg = lm_bench.LMBenchConfig(parts=("quality",), quality_presets=("tiny-pom+n_layer=1+block_size=32",),
+    cfg = lm_bench.LMBenchConfig(parts=("quality",), quality_presets=("tiny-attention+n_layer=1+block_size=32",
+                                                                      "tiny-pom+n_layer=1+block_size=32"),
                                  sweep=(), quality_steps=2, quality_batch=2, quality_eval_windows=2, corpus="prose",
                                  out=str(tmp_path / "bench"))
     payload = lm_bench.run(cfg, progress=False)
     assert payload["config"]["corpus"] == "prose"
-    row = payload["quality"]["rows"][0]
-    assert row["model"] == "tiny-pom+n_layer=1+block_size=32" and row["val_loss"] > 0
+    row = next(r for r in payload["quality"]["rows"] if r["model"] == "tiny-pom+n_layer=1+block_size=32")
+    assert row["val_loss"] > 0 and row["loss_vs_attention"] > 0  # attention found among the variants
     assert "corpus: English prose" in lm_bench.report(payload)
     cfg.corpus = "stdlib"  # another corpus's rows are never merged with these
     with pytest.raises(ValueError, match="made with --corpus prose, not stdlib: give these runs their own --out"):

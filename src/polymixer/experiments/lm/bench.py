@@ -228,7 +228,9 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
 def _select(rows: List[Dict[str, Any]], cfg: LMBenchConfig) -> List[Dict[str, Any]]:
     """Each preset's best rate marked (the lowest validation loss), each row's loss ÷ attention's at its best."""
     mark_best(rows, "val_loss", higher=False)
-    att = next((r for r in best_rows(rows) if r["model"].endswith("attention")), None)
+    # attention's plainest form ("tiny-attention", or "tiny-attention+block_size=1024" when every preset is a variant)
+    atts = [r for r in best_rows(rows) if r["model"].split("+")[0].endswith("attention")]
+    att = min(atts, key=lambda r: r["model"].count("+")) if atts else None
     for r in rows:
         r["loss_vs_attention"] = r["val_loss"] / att["val_loss"] if att else None
     return rows
