@@ -250,3 +250,23 @@ def test_every_family_bench_takes_bracket_from_the_command_line(bench, config):
     cfg = getattr(module, config)
     assert apply_overrides(cfg(), None, p.parse_args([]), fields).bracket == BRACKET
     assert apply_overrides(cfg(), None, p.parse_args(["--bracket", "0"]), fields).bracket == 0
+
+
+def test_a_part_kept_from_an_earlier_run_keeps_the_machine_it_was_measured_on(tmp_path):
+    """A part written before parts recorded their own machine takes the file's, which a later run of another part
+    replaces: a speed measured on one CPU is never credited to the machine a later quality run used."""
+    import json
+    from dataclasses import dataclass
+
+    from polymixer.experiments.bench.common import run_parts
+
+    @dataclass
+    class Cfg:
+        parts: tuple = ("quality",)
+
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"config": {}, "machine": {"cpu": "the earlier CPU"}, "speed": {"rows": [1]}}))
+    payload = run_parts(Cfg(), path, {"speed": lambda c, p: {}, "quality": lambda c, p: {"rows": [2]}}, False)
+    assert payload["speed"]["machine"] == {"cpu": "the earlier CPU"}
+    assert json.loads(path.read_text())["speed"]["machine"] == {"cpu": "the earlier CPU"}
+    assert payload["quality"]["machine"]["cpu"] != "the earlier CPU"

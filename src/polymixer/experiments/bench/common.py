@@ -344,12 +344,21 @@ def run_parts(cfg: Any, path: Path, parts: Dict[str, Callable[[Any, bool], Dict[
             with locked(path):
                 # every other part as the file holds it now: another process may have written one during this part
                 old = read_json(path) if path.is_file() else {}
-                payload.update({n: old[n] for n in parts if n in old and n not in mine})
+                payload.update({n: _with_machine(old, n) for n in parts if n in old and n not in mine})
                 write_json(path, payload)
     if not mine and path.is_file():
         old = read_json(path)
-        payload.update({n: old[n] for n in parts if n in old})
+        payload.update({n: _with_machine(old, n) for n in parts if n in old})
     return payload
+
+
+def _with_machine(old: Dict[str, Any], name: str) -> Dict[str, Any]:
+    """Part ``name`` of an earlier file, carrying the machine it was measured on: a part written before parts
+    recorded their own takes the file's (which this run's machine is about to replace)."""
+    part = old[name]
+    if isinstance(part, dict) and "machine" not in part and "machine" in old:
+        return {**part, "machine": old["machine"]}
+    return part
 
 
 def record_part(path: Path, name: str, cfg: Any, update: Callable[[Dict[str, Any]], Dict[str, Any]]) -> None:
