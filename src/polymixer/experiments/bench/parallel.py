@@ -236,8 +236,9 @@ def scaling(cfg: ScalingConfig, progress: bool = True) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for P in tqdm(cfg.ranks, desc="bench parallel --scaling (ranks)", disable=not progress):
             mp.spawn(_count_worker, args=(P, free_port(), cfg, tmp), nprocs=P, join=True)
-            for key in read_json(Path(tmp, f"count{P}.json"))[0]:
-                per = [r[key] for r in read_json(Path(tmp, f"count{P}.json"))]
+            ranks = read_json(Path(tmp, f"count{P}.json"))  # every rank's {call: (bytes, transfers)}
+            for key in ranks[0]:
+                per = [r[key] for r in ranks]
                 kind, mode = key.split(" ", 1)
                 counted.append({"kind": kind, "mode": mode, "P": P, "mean_bytes": sum(b for b, _ in per) / P,
                                 "max_bytes": float(max(b for b, _ in per)), "max_transfers": max(c for _, c in per),
@@ -346,12 +347,12 @@ def million_report(payload: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def nvlink_model(cfg: ParallelBenchConfig, counted: Dict[str, Dict[int, int]]) -> List[Dict[str, Any]]:
+def nvlink_model(cfg: ParallelBenchConfig) -> List[Dict[str, Any]]:
     """Per layer and rank on ``model_gpus`` H100 over NVLink (MODEL): the causal PoM's bytes of its rank scan
     (:func:`transfer_model`, the mean over ranks: the count at the P run here; its sums stay fp32 in bf16 training)
     and its time along the scan's critical path (α-β, :data:`LINKS`); ring attention's keys and values in bf16, sent
     P − 1 times forward and, with their gradients, twice as much backward, at 450 GB/s per direction; beside PoM's
-    GEMM time (fwd + bwd of W_in and W_o at 70% of 989 TFLOP/s). ``counted`` is kept for the report's caller."""
+    GEMM time (fwd + bwd of W_in and W_o at 70% of 989 TFLOP/s)."""
     P = cfg.model_gpus
     nvlink, peak, eff = LINKS["NVLink (≤ 8 GPUs, one node)"][1], 989e12, 0.70
     D = cfg.expand * cfg.dim
@@ -381,10 +382,6 @@ def run(cfg: ParallelBenchConfig, progress: bool = True) -> Dict[str, Any]:
     for r in rows:
         base = single.get((r["mixer"], r["N"]))
         r["memory_vs_one"] = (r["peak_mb"] / base["peak_mb"]) if base and r["peak_mb"] and base["peak_mb"] else None
-    counted = {}
-    for r in rows:
-        if r["P"] > 1:
-            counted.setdefault(r["mixer"], {})[r["P"]] = r["bytes_per_rank"]
     fits = []
     for kind in MIXERS:
         for P in cfg.ranks:
@@ -397,7 +394,7 @@ def run(cfg: ParallelBenchConfig, progress: bool = True) -> Dict[str, Any]:
             fits.append({"mixer": kind, "P": P, "from_N": last["N"], "peak_mb": last["peak_mb"],
                          "longest_N": int(N_max)})
     payload = {"config": asdict(cfg), "machine": machine(), "rows": rows, "fits": fits,
-               "model": nvlink_model(cfg, counted)}
+               "model": nvlink_model(cfg)}
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "parallel.json", payload)
