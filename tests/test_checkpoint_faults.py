@@ -322,7 +322,7 @@ def test_sigterm_checkpoints_exits_75_and_resumes_bit_exact(tmp_path, corpus_dir
     def cmd(out):
         return [sys.executable, "-m", "polymixer", "train", "lm", "--preset", "tiny-hybrid", "--n-layer", "2",
                 "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--window", "8", "--sel-heads", "2",
-                "--steps", "300", "--batch-size", "4", "--warmup", "2", "--eval-every", "1000", "--ckpt-every", "5",
+                "--steps", "80", "--batch-size", "4", "--warmup", "2", "--eval-every", "1000", "--ckpt-every", "5",
                 "--eval-windows", "4", "--data", str(corpus), "--out", str(out), "--quiet"]
 
     proc = subprocess.Popen(cmd(tmp_path / "cut"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -336,7 +336,7 @@ def test_sigterm_checkpoints_exits_75_and_resumes_bit_exact(tmp_path, corpus_dir
     assert proc.returncode == EXIT_PREEMPTED, err
     assert "SIGTERM: stopped after step" in out
     step = int(out.split("stopped after step ")[1].split()[0])
-    assert 5 <= step < 300 and resolve_checkpoint(tmp_path / "cut").name == f"step_{step:08d}"
+    assert 5 <= step < 80 and resolve_checkpoint(tmp_path / "cut").name == f"step_{step:08d}"
     assert subprocess.run(cmd(tmp_path / "cut"), env=env, capture_output=True, timeout=300).returncode == 0
     assert subprocess.run(cmd(tmp_path / "ref"), env=env, capture_output=True, timeout=300).returncode == 0
     a, b = load_model(tmp_path / "cut"), load_model(tmp_path / "ref")

@@ -18,6 +18,7 @@ and its Triton routes side by side. ``--mixers`` runs a subset and keeps the row
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import math
 import os
@@ -360,8 +361,9 @@ def _measure_length(cfg: MixerBenchConfig, layers: _Layers, N: int, B: int, dev:
 
     def measured(fns: Dict[str, Callable[[], Any]]) -> Dict[str, Optional[float]]:
         out = {}
+        gc.collect()  # once for the group: the calls below leave no cyclic garbage behind
         for k, f in fns.items():
-            out[k] = peak_memory_mb(f, dev)
+            out[k] = peak_memory_mb(f, dev, collect=False)
             tick(k + " (memory)")
         return out
 
