@@ -71,6 +71,10 @@ class Comparison:
     # the part of the JSON holding Zoology's figure 2 (bench recall --zoology --parts zoology): the value PoM judged
     # against Based at every state size, length and form (with and without the shift)
     per_state: Optional[str] = None
+    # the paper's own models with the paper's tolerance for each: (preset, bound on the gap to attention, as
+    # ``best_target``), each judged like the other targets in the form it is compared as — whether the paper's claim
+    # for that model reproduces here
+    paper_targets: Tuple[Tuple[str, float], ...] = ()
     # a score (on the selection figure, unscaled) no other rate can beat: a model there at an end of its sweep
     # needs no rate beyond it
     ceiling: Optional[float] = None

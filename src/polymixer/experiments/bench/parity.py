@@ -531,6 +531,14 @@ def _judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[i
                         "verdict": verdict,
                         "measured": None if top is None else _measured(fam, top, fam.all_target)})
         waiting += [top] if _short_of_seeds(top, attention_seeds) else []
+    for preset, bound in fam.paper_targets:
+        e = _paper_model(item, preset)
+        verdict = _verdict(fam, e, bound, spread, attention_seeds, j.missing(e, [e] if e else [], bound, [preset]))
+        paper = _paper(item, preset)[1]
+        targets.append({"what": f"the paper's {preset} within {_bound(fam, bound)}"
+                                + (f" (the paper: {paper})" if paper else ""), "verdict": verdict,
+                        "measured": None if e is None else _measured(fam, e, bound)})
+        waiting += [e] if _short_of_seeds(e, attention_seeds) and e not in waiting else []
     if fam.bench.startswith("recall"):  # attention itself, without the shift
         targets.append(_attention_unshifted(j))
     if fam.per_state:
@@ -541,6 +549,15 @@ def _judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[i
     item["to_run"] += _seed_commands(fam, data, item["attention"], waiting)
     item["to_run"] += _rate_commands(j)
     return item
+
+
+def _paper_model(item: Dict[str, Any], preset: str) -> Optional[Dict[str, Any]]:
+    """The entry of the paper's model ``preset`` (PoM or one of the hybrids) in the form it is compared as; None
+    where it has not run."""
+    for e in [item["pom"], *item.get("hybrids", [])]:
+        if e.get("run") and "gap" in e and str(e["model"]).split("+")[0] == preset:
+            return e
+    return None
 
 
 def _compared(j: _Judging) -> Dict[str, Any]:

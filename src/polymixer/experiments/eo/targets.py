@@ -20,6 +20,8 @@ COMPARISON = Comparison(
     shift_options=("+date_rope=true+attention_shift=4",), select="val_miou",
     tuned=("value_heads", "token_shift", "shift_width", "expand", "degree"),
     value_options=("+date_rope=true+mixer=gated_value_pom",),
+    # the paper's own models at the paper's tolerance: does its claim reproduce here
+    paper_targets=(("tiny-tsvipom", -2.0),),
     command="polymixer bench eo --parts quality --quality-models {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
             "--out docs/bench",
 )

@@ -14,6 +14,8 @@ COMPARISON = Comparison(
     guide="docs/lm.md", options=("+attention_shift=4",), shift_options=("+attention_shift=4",),
     select="val_loss", tuned=("value_heads", "token_shift", "shift_width"),
     value_options=("+mixer=gated_value_pom",),
+    # the paper's own models at the paper's tolerance: does its claim reproduce here
+    paper_targets=(("tiny-pom", 0.18), ("tiny-hybrid", 0.02)),
     command="polymixer bench lm --parts quality --presets {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
             "--out docs/bench",
 )

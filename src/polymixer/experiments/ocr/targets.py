@@ -13,6 +13,8 @@ COMPARISON = Comparison(
     "tiny-htr-vpom-value", full_hybrids=("tiny-htr-vpom-hybrid",), where={"task": "synthetic"},
     key="preset", scale=100, best_target=0.05, guide="docs/ocr.md", options=("+attention_shift=2",),
     shift_options=("+attention_shift=2",), select="val_cer",
+    # the paper's own models at the paper's tolerance: does its claim reproduce here
+    paper_targets=(("tiny-htr-vpom", 0.15), ("tiny-htr-vpom-hybrid", 0.05)),
     command="polymixer bench ocr --parts quality --tasks synthetic --quality-presets {spec} --sweep {spec} "
             "--lr-factors 0.5 1 2 4 --out docs/bench",
 )
