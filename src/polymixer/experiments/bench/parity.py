@@ -520,6 +520,7 @@ def _judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[i
         verdict = _verdict(fam, best, fam.best_target, spread, attention_seeds,
                            j.missing(best, j.linear, fam.best_target, [fam.pom, fam.value, *fam.hybrids]))
         targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
+                        "short": f"no full attention within {bound}",
                         "measured": None if best is None else _measured(fam, best, fam.best_target)})
         waiting += [best] if _short_of_seeds(best, attention_seeds) else []
     if fam.all_target is not None:
@@ -528,7 +529,7 @@ def _judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[i
         verdict = _verdict(fam, top, fam.all_target, spread, attention_seeds,
                            j.missing(top, alls, fam.all_target, [fam.pom, fam.value]))
         targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
-                        "verdict": verdict,
+                        "verdict": verdict, "short": f"all-PoM within {_bound(fam, fam.all_target)}",
                         "measured": None if top is None else _measured(fam, top, fam.all_target)})
         waiting += [top] if _short_of_seeds(top, attention_seeds) else []
     for preset, bound in fam.paper_targets:
@@ -537,6 +538,7 @@ def _judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[i
         paper = _paper(item, preset)[1]
         targets.append({"what": f"the paper's {preset} within {_bound(fam, bound)}"
                                 + (f" (the paper: {paper})" if paper else ""), "verdict": verdict,
+                        "short": f"paper's {'PoM' if preset == fam.pom else 'hybrid'} within {_bound(fam, bound)}",
                         "measured": None if e is None else _measured(fam, e, bound)})
         waiting += [e] if _short_of_seeds(e, attention_seeds) and e not in waiting else []
     if fam.bench.startswith("recall"):  # attention itself, without the shift

@@ -73,7 +73,15 @@ def _side(fam: Dict[str, Any], key: str) -> str:
 
 
 def _targets(fam: Dict[str, Any]) -> str:
-    return "; ".join(f"{t['what'].split(' (')[0]}: {t['verdict'].split(' (')[0]}" for t in fam["targets"])
+    """Each target in a few words and its verdict: met / MISSED, "(unsettled)" where it waits on seeds, rates or
+    options (the parity page says on what)."""
+    def verdict(t: Dict[str, Any]) -> str:
+        word, rest = t["verdict"].split(" (")[0], t["verdict"]
+        if "unsettled" in rest:
+            return f"{word.split(' on ')[0].split(',')[0]} (unsettled)"
+        return word
+
+    return "; ".join(f"{t.get('short') or t['what'].split(' (')[0]}: {verdict(t)}" for t in fam["targets"])
 
 
 def family_rows(payload: Dict[str, Any]) -> List[List[str]]:
