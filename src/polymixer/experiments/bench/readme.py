@@ -76,10 +76,10 @@ def _targets(fam: Dict[str, Any]) -> str:
     """Each target in a few words and its verdict: met / MISSED, "(unsettled)" where it waits on seeds, rates or
     options (the parity page says on what)."""
     def verdict(t: Dict[str, Any]) -> str:
-        word, rest = t["verdict"].split(" (")[0], t["verdict"]
-        if "unsettled" in rest:
-            return f"{word.split(' on ')[0].split(',')[0]} (unsettled)"
-        return word
+        text = t["verdict"]
+        if "unsettled" in text:  # "met on 2 seeds, unsettled: …" → "met (unsettled)"
+            return f"{text.split(' on ')[0].split(',')[0]} (unsettled)"
+        return text.split(" (")[0]
 
     return "; ".join(f"{t.get('short') or t['what'].split(' (')[0]}: {verdict(t)}" for t in fam["targets"])
 
