@@ -6,8 +6,12 @@ and the Triton kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set 
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Optional
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
 
 DEVICE = os.environ.get("POLYMIXER_TEST_DEVICE", "cpu")
 if DEVICE == "cpu":
@@ -110,3 +114,25 @@ def assert_close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-10, atol: fl
     assert a.shape == b.shape, (a.shape, b.shape)
     assert torch.isfinite(a).all(), "non-finite values"
     torch.testing.assert_close(a.to(b.dtype), b, rtol=rtol, atol=atol)
+
+
+def torchrun(script_text: str, args: Sequence, tmp: Path, procs: int, env: Optional[Dict[str, str]] = None,
+             status: int = 0, name: str = "script.py", timeout: int = 600) -> subprocess.CompletedProcess:
+    """Writes ``script_text`` to ``tmp / name`` and runs it on ``procs`` CPU processes under torchrun (a free port, one
+    thread each), or as one plain process where ``procs`` is 1; asserts the exit status (stderr's tail on failure).
+    The one launcher of the multi-process tests (context parallelism, FSDP2, sharded checkpoints, collectives)."""
+    from polymixer.experiments.bench.parallel import free_port
+
+    script = tmp / name
+    script.write_text(script_text)
+    launch = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run",
+                                                  f"--nproc-per-node={procs}", f"--master-port={free_port()}"]
+    res = subprocess.run(launch + [str(script)] + [str(a) for a in args], capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=timeout)
+    assert res.returncode == status, res.stderr[-4000:]
+    return res
+
+
+def rank_results(folder: Path, world: int) -> List[dict]:
+    """The ``rank{r}.json`` each of ``world`` processes wrote to ``folder``, in rank order."""
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world)]

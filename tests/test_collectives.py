@@ -5,12 +5,8 @@ O(log P)); and no host read inside a layer under a context that knows its slices
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from conftest import rank_results, torchrun
 
 SCRIPT = r'''
 import json, os, sys
@@ -123,16 +119,8 @@ os._exit(0)
 
 
 def _run(tmp_path, world: int) -> list:
-    from polymixer.experiments.bench.parallel import free_port
-
-    script = tmp_path / "collectives.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
-                          f"--master_port={free_port()}", str(script), str(tmp_path)], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    torchrun(SCRIPT, [tmp_path], tmp_path, world, name="collectives.py")
+    return rank_results(tmp_path, world)
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,10 @@ ranks with equal and unequal slices; the prefill state; the same clear error on 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import rank_results, torchrun
 
 import polymixer
 
@@ -217,15 +214,9 @@ os._exit(0)
 '''
 
 
-def _run(tmp_path, world: int, splits, port: int) -> list:
-    script = tmp_path / "cp.py"
-    script.write_text(f"SPLITS = {splits!r}\n" + SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
-                          f"--master_port={port}", str(script), str(tmp_path)], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+def _run(tmp_path, world: int, splits) -> list:
+    torchrun(f"SPLITS = {splits!r}\n" + SCRIPT, [tmp_path], tmp_path, world, name="cp.py")
+    return rank_results(tmp_path, world)
 
 
 def _assert_exact(results) -> None:
@@ -255,7 +246,7 @@ def _assert_errors(results) -> None:
 
 def test_two_ranks_equal_and_unequal_slices(tmp_path):
     # block sizes 3, 5, 16 straddle the cut; the unequal split leaves a slice shorter than the token shift
-    results = _run(tmp_path, 2, [("equal", 12, [6, 6]), ("unequal", 13, [2, 11])], 29611)
+    results = _run(tmp_path, 2, [("equal", 12, [6, 6]), ("unequal", 13, [2, 11])])
     _assert_exact(results)
     _assert_errors(results)
     _assert_attention_sends_n(results)
@@ -264,7 +255,7 @@ def test_two_ranks_equal_and_unequal_slices(tmp_path):
 
 
 def test_three_ranks_unequal_slices(tmp_path):
-    results = _run(tmp_path, 3, [("unequal", 17, [5, 1, 11]), ("equal", 18, [6, 6, 6])], 29613)
+    results = _run(tmp_path, 3, [("unequal", 17, [5, 1, 11]), ("equal", 18, [6, 6, 6])])
     _assert_exact(results)
     _assert_errors(results)
     assert "decode" in results[-1]["pom prefill"] and "decode" in results[-1]["value prefill"]

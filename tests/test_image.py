@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import rank_results, torchrun
 
 from polymixer.experiments.image.data import digits, image_folder, save_grid
 from polymixer.experiments.image.diffusion import FlowMatching, GaussianDiffusion, make_objective
@@ -453,20 +454,8 @@ def test_context_parallel_ranks_embed_only_their_band_of_patch_rows(tmp_path, wo
     """Under context parallelism each rank patch-embeds its own band of H / P image rows (never the whole image),
     nothing is gathered before the blocks, the one token-sized gather is the predicted patches (B, N / P, p²·C) at
     the end, and outputs and gradients equal the single-process model's (fp64; every position form, hybrids)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from polymixer.experiments.bench.parallel import free_port
-
-    script = tmp_path / "cp_image.py"
-    script.write_text(CP_SCRIPT)
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
-                          f"--master_port={free_port()}", str(script), str(tmp_path)],
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    torchrun(CP_SCRIPT, [tmp_path], tmp_path, world, name="cp_image.py")
+    results = rank_results(tmp_path, world)
     B, C, H, W, p, hidden = 2, 3, 16, 8, 2, 32
     tokens = (H // p) * (W // p) // world  # this rank's patches
     for rank, out in enumerate(results):

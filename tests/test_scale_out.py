@@ -5,12 +5,11 @@ and without sharding to the weights an unsharded run reaches."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import torchrun
 
 pytestmark = pytest.mark.usefixtures("polymixer_cache")
 
@@ -55,16 +54,9 @@ if res["rank"] == 0:
 """
 
 
-def _run(tmp_path, corpus_dir, out, steps, procs=1, cp=1, fsdp=False, stop=None, port=29631, script_text=SCRIPT):
-    script = tmp_path / "scale_out.py"
-    script.write_text(script_text)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    args = [str(script), str(out), str(corpus_dir), str(steps), "-" if stop is None else str(stop), str(cp),
-            "1" if fsdp else "0"]
-    launch = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                  f"--nproc_per_node={procs}", f"--master_port={port}"]
-    res = subprocess.run(launch + args, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
+def _run(tmp_path, corpus_dir, out, steps, procs=1, cp=1, fsdp=False, stop=None, script_text=SCRIPT):
+    args = [out, corpus_dir, steps, "-" if stop is None else stop, cp, "1" if fsdp else "0"]
+    torchrun(script_text, args, tmp_path, procs, name="scale_out.py")
     return torch.load(out / "weights.pt"), json.loads((out / "losses.json").read_text())
 
 
@@ -78,8 +70,8 @@ def test_context_parallel_step_equals_the_single_process_step_and_resumes(tmp_pa
     for k in one:
         torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
     # stopped after step 2 (a checkpoint), then resumed to 3: bit-exact with the uninterrupted context-parallel run
-    _run(tmp_path, corpus_dir, tmp_path / "cp_stop", 3, procs=2, cp=2, stop=2, port=29633)
-    resumed, _ = _run(tmp_path, corpus_dir, tmp_path / "cp_stop", 3, procs=2, cp=2, port=29635)
+    _run(tmp_path, corpus_dir, tmp_path / "cp_stop", 3, procs=2, cp=2, stop=2)
+    resumed, _ = _run(tmp_path, corpus_dir, tmp_path / "cp_stop", 3, procs=2, cp=2)
     for k in two:
         assert torch.equal(resumed[k], two[k]), k
 
@@ -102,28 +94,25 @@ def test_context_parallel_needs_a_family_that_splits_and_plain_windows(tmp_path,
 def test_fsdp_checkpoint_resumes_on_fewer_ranks_and_unsharded(tmp_path, corpus_dir):
     straight, _ = _run(tmp_path, corpus_dir, tmp_path / "straight", 3)
     four = tmp_path / "four"
-    _run(tmp_path, corpus_dir, four, 2, procs=4, fsdp=True, port=29641)
+    _run(tmp_path, corpus_dir, four, 2, procs=4, fsdp=True)
     for name, procs, fsdp in (("two", 2, True), ("one", 1, False)):
         run = tmp_path / name
         run.mkdir()
         subprocess.run(["cp", "-r", str(four / "checkpoints"), str(run / "checkpoints")], check=True)
-        weights, _ = _run(tmp_path, corpus_dir, run, 3, procs=procs, fsdp=fsdp, port=29643)
+        weights, _ = _run(tmp_path, corpus_dir, run, 3, procs=procs, fsdp=fsdp)
         for k in straight:
             torch.testing.assert_close(weights[k], straight[k], rtol=1e-4, atol=1e-5, msg=f"{name}: {k}")
 
 
 @pytest.mark.slow  # the LM's context-parallel step runs by default; these are the image family's (~30 s each)
-@pytest.mark.parametrize("procs, preset, position, port", [(2, "tiny-sit", "rope", 29651),
-                                                           (2, "tiny-sipom", "sincos", 29653),
-                                                           (4, "tiny-sipom", "sincos_rope", 29655)])
-def test_context_parallel_image_step_equals_the_single_process_step(tmp_path, corpus_dir, procs, preset, position,
-                                                                    port):
+@pytest.mark.parametrize("procs, preset, position", [(2, "tiny-sit", "rope"), (2, "tiny-sipom", "sincos"),
+                                                     (4, "tiny-sipom", "sincos_rope")])
+def test_context_parallel_image_step_equals_the_single_process_step(tmp_path, corpus_dir, procs, preset, position):
     """The image family: each rank embeds its own band of patch rows (positions the band's global ones: 2-D sin-cos
     added, 2-D rotary, both), attention (tiny-sit) or PoM (tiny-sipom), on 2 ranks and on 4 (one row each)."""
     text = f"PRESET, POSITION = {preset!r}, {position!r}\n" + IMAGE_SCRIPT
     one, losses_one = _run(tmp_path, corpus_dir, tmp_path / "one", 2, script_text=text)
-    two, losses_two = _run(tmp_path, corpus_dir, tmp_path / "cp", 2, procs=procs, cp=procs, port=port,
-                           script_text=text)
+    two, losses_two = _run(tmp_path, corpus_dir, tmp_path / "cp", 2, procs=procs, cp=procs, script_text=text)
     assert abs(losses_two[0] - losses_one[0]) <= 1e-6 * abs(losses_one[0])
     for k in one:
         torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
@@ -153,12 +142,5 @@ if res["rank"] == 0:
 def test_an_evaluation_longer_than_the_timeout_leaves_no_rank_waiting(tmp_path, corpus_dir):
     """Every rank evaluates (the others into a scratch folder), so none waits in a collective while the first
     evaluates: a 9 s evaluation under a 6 s --dist-timeout finishes on 2 ranks."""
-    from polymixer.experiments.bench.parallel import free_port
-
-    script = tmp_path / "slow_eval.py"
-    script.write_text(SLOW_EVAL_SCRIPT)
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                          f"--master_port={free_port()}", str(script), str(tmp_path / "run"), str(corpus_dir)],
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
+    torchrun(SLOW_EVAL_SCRIPT, [tmp_path / "run", corpus_dir], tmp_path, 2, name="slow_eval.py", timeout=300)
     assert "val_loss" in (tmp_path / "run" / "metrics.txt").read_text()

@@ -7,15 +7,14 @@ save writes what the synchronous one writes; and no rank holds the whole state w
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import torchrun
 
 from polymixer.checkpoint import (
     SHARDED, CheckpointWarning, begin_checkpoint, file_entries, load_model, publish_checkpoint, resolve_checkpoint,
@@ -154,18 +153,9 @@ if rank == 0:
 """
 
 
-def _launch(script_text: str, args: list, procs: int, tmp: Path, status=None) -> subprocess.CompletedProcess:
-    from polymixer.experiments.bench.parallel import free_port
-
-    script = tmp / f"script_{abs(hash(script_text))}.py"
-    script.write_text(script_text)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "POLYMIXER_CACHE": str(tmp / "cache")}
-    launch = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                  f"--nproc-per-node={procs}", f"--master-port={free_port()}"]
-    res = subprocess.run(launch + [str(script)] + [str(a) for a in args], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == (0 if status is None else status), res.stderr[-4000:]
-    return res
+def _launch(script_text: str, args: list, procs: int, tmp: Path, status: int = 0) -> subprocess.CompletedProcess:
+    return torchrun(script_text, args, tmp, procs, env={"POLYMIXER_CACHE": str(tmp / "cache")}, status=status,
+                    name=f"script_{abs(hash(script_text))}.py")
 
 
 def _train(tmp: Path, corpus: Path, out: Path, steps: int, procs: int, fsdp: bool = True, stop=None,
