@@ -206,6 +206,34 @@ def test_one_models_sweep_is_its_rates_then_the_bracket_then_the_other_seeds_at_
     assert done == [("sweep", 1e-3)]
 
 
+def test_a_stage_at_other_models_rates_adds_only_the_one_rate_its_past_names(tmp_path):
+    """A stage taking its rates from other runs (the LM's larger models, at their smaller ones' rates) trains each
+    model at the rate given, then the one rate ``past`` names, never more; none without ``past``, in another seed's
+    folder or with --bracket 0."""
+    score = {(A, 5e-4): 3.0, (A, 1e-3): 2.0, (A, 2e-3): 1.0, (A, 4e-3): 2.0, (B, 1e-3): 1.0, (B, 5e-4): 0.5,
+             (B, 2.5e-4): 0.1}
+    given = lambda rows: {B: 1e-3}  # noqa: E731
+    asked: List[Tuple[str, float]] = []
+
+    def past(spec: str, rows: List[Dict[str, Any]]) -> float:
+        lr = min(r["lr"] for r in rows if r["spec"] == spec) / 2  # always one lower: only the first is taken
+        asked.append((spec, lr))
+        return lr
+
+    trained: List[Tuple[str, str, float]] = []
+    stages = [Stage((A,), name="one"), Stage((B,), name="one", prefix="big-", rates=given, past=past)]
+    out = _sweep(trained, score).run(_cfg(tmp_path, bracket=2), stages)
+    assert trained[-2:] == [("one", B, 1e-3), ("one", B, 5e-4)] and asked == [(B, 5e-4)]
+    assert {r["lr"]: r["lr_from"] for r in out["rows"] if r["spec"] == B} == {1e-3: B, 5e-4: "bracket"}
+    for kw in ({"seed": 1}, {"bracket": 0}):
+        trained.clear()
+        _sweep(trained, score).run(_cfg(tmp_path / str(kw), **kw), stages)
+        assert [lr for _, spec, lr in trained if spec == B] == [1e-3], kw
+    trained.clear()
+    _sweep(trained, score).run(_cfg(tmp_path / "no-past"), [stages[0], Stage((B,), name="one", rates=given)])
+    assert [lr for _, spec, lr in trained if spec == B] == [1e-3]
+
+
 def test_a_row_at_an_earlier_stages_best_rate_is_noted_once_that_best_has_moved():
     """A later stage trained at an earlier stage's best rate, whose sweep has since found another best: one note
     naming both rates and the flags that train it again; none where the rate still agrees (1e-3 written 0.001000001)

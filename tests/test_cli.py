@@ -388,6 +388,44 @@ def test_bench_lm_quality_keeps_finished_runs(tmp_path):
     assert row["params"] != count_parameters(create_model("tiny-vpom", device="meta"))
 
 
+def test_bench_lm_carries_each_smaller_models_best_rate_to_its_larger_one_by_the_width_rule(tmp_path):
+    """`bench lm --larger +n_embd=256` (the two-scale LM): each preset made larger trains after the sweep at the
+    smaller model's best rate × its width ÷ the larger width, is compared with attention at its own size, and the
+    report shows each gap at both sizes; one rate more only where the smaller pick sat at an edge of its rates; a
+    smaller model with no run is an error, never a run at the recipe's rate."""
+    from polymixer.experiments.lm.bench import (
+        LMBenchConfig, report, run, scaled_past, scaled_rates, two_scale_lines, width_ratio,
+    )
+
+    small, large = "tiny-pom+n_layer=1", "tiny-pom+n_layer=1+n_embd=256"
+    assert width_ratio(small, large) == 0.5 and width_ratio("tiny-pom", "tiny-pom+n_embd=64") == 2.0
+    rows = [{"model": small, "lr": lr, "best_lr": lr == 4e-3} for lr in (1e-3, 2e-3, 4e-3)]
+    assert scaled_rates(rows, {large: small}, "out") == {large: 2e-3}
+    assert scaled_past(large, small, rows) == 4e-3  # the pick at the top edge: 8e-3, carried over
+    assert scaled_past(large, small, rows + [{"model": large, "lr": 4e-3}]) is None  # ran there already
+    inside = [{**r, "best_lr": r["lr"] == 2e-3} for r in rows]
+    assert scaled_past(large, small, inside) is None
+    with pytest.raises(ValueError, match=r"--larger: tiny-hybrid has no run in out/lm.json"):
+        scaled_rates(rows, {"tiny-hybrid+n_embd=256": "tiny-hybrid"}, "out")
+
+    att = "tiny-attention+n_layer=1"
+    cfg = LMBenchConfig(quality_presets=(att, small), sweep=(small,), lr_factors=(1.0, 2.0), quality_steps=2,
+                        quality_batch=2, quality_eval_windows=2, parts=("quality",), out=str(tmp_path), bracket=0,
+                        larger="+n_embd=256")
+    payload = run(cfg, progress=False)
+    by = {(r["model"], r["lr"]): r for r in payload["quality"]["rows"]}
+    best_small = next(r for r in by.values() if r["model"] == small and r["best_lr"])
+    big = by[(large, best_small["lr"] / 2)]
+    assert big["smaller"] == small and big["lr_from"] == f"best {small} × 0.5"
+    big_att = by[(att + "+n_embd=256", 1e-3)]
+    assert big["loss_vs_attention"] == big["val_loss"] / big_att["val_loss"]  # against attention at its size
+    assert best_small["loss_vs_attention"] == best_small["val_loss"] / by[(att, 2e-3)]["val_loss"]
+    assert len(by) == 5  # --bracket 0: no rate more
+    lines = two_scale_lines(payload["quality"]["rows"])
+    assert len(lines) == 1 and lines[0].startswith(f"two scales: {small} ") and f"→ {large} " in lines[0]
+    assert lines[0] in report(payload)
+
+
 def test_eo_per_class_table_means_each_model_over_its_seeds(tmp_path):
     """Which classes carry a gap, over seeds: each model's runs at its seed-0 best rate and steps in the seed folders
     beside eo.json count; a run at another rate or budget does not; classes come ordered by the model's gap."""

@@ -829,7 +829,9 @@ class Stage:
     """One stage of a family's quality sweep (the family's only stage, or one per task / objective): its models run
     at every rate of the grid where ``cfg.sweep`` names them, else at the recipe's rate — or, where ``rates`` is
     given, each at the rate it picks from the runs known so far (a later stage reusing an earlier one's best rates;
-    ``rates_label(model)`` says where that rate came from)."""
+    ``rates_label(model)`` says where that rate came from). Such a stage brackets a model only where ``past`` is
+    given: ``past(model, rows)`` is the one rate it adds (None: none; e.g. where the rate it was given came from a
+    pick at an edge of another model's grid)."""
 
     models: Tuple[str, ...]
     name: str = ""  # the task / objective, for the family's hooks
@@ -837,6 +839,7 @@ class Stage:
     suffix: str = ""
     rates: Optional[Callable[[List[Dict[str, Any]]], Dict[str, float]]] = None
     rates_label: Callable[[str], str] = str
+    past: Optional[Callable[[str, List[Dict[str, Any]]], Optional[float]]] = None
 
 
 @dataclass(frozen=True)
@@ -896,8 +899,13 @@ class QualitySweep:
                                           same_rate(lr, x) for x in rates) else "bracket"})
                     self._train(cfg, job, stage, rows)
 
-                sweep_model(rates, train, lambda: self.past(cfg, stage, spec, rows),
-                            cfg.bracket if brackets and spec in cfg.sweep else 0)
+                if stage.rates is None:
+                    sweep_model(rates, train, lambda: self.past(cfg, stage, spec, rows),
+                                cfg.bracket if brackets and spec in cfg.sweep else 0)
+                else:  # at most one rate past the one it was given, and only where the stage names it
+                    given = stage.past is not None and not cfg.lrs and not cfg.seed
+                    sweep_model(rates, train, lambda: stage.past(spec, self.select(self.known(cfg, rows), cfg)),
+                                min(1, cfg.bracket) if given else 0)
         return self.summary(cfg, rows)
 
     def summary(self, cfg: Any, rows: List[Dict[str, Any]]) -> Dict[str, Any]:

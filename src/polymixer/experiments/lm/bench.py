@@ -25,10 +25,12 @@ from ..report import format_table, new_figure, save_figure
 from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, best_rows, QualitySweep,
-    Stage, SweepRun, mark_best, render_report, sweep_table, time_interleaved, read_json,
+    Stage, SweepRun, beyond, mark_best, parse_variant, render_report, same_rate, sweep_table, time_interleaved,
+    read_json,
 )
 
-__all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments"]
+__all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments",
+           "width_ratio", "scaled_rates", "scaled_past", "two_scale_lines"]
 
 KINDS = ("attention", "pom", "hybrid", "vpom", "vhybrid")  # the tiny-<kind> presets
 
@@ -51,6 +53,9 @@ class LMBenchConfig:
     quality_lr: float = 2e-3  # the recipe's rate: the middle of each sweep
     lr_factors: Tuple[float, ...] = LR_FACTORS
     sweep: Tuple[str, ...] = tuple(f"tiny-{k}" for k in KINDS)  # presets trained at every rate of the grid
+    # overrides that make each quality preset larger ("+n_embd=256"): the larger model trains after it, at its best
+    # rate carried over by the width rule (:func:`scaled_rates`); "" = none
+    larger: str = ""
     lrs: Tuple[float, ...] = ()  # run only these rates of the grid (several processes side by side); () = all
     bracket: int = BRACKET  # rates added past an end of the grid where a swept model is best there
     quality_steps: int = 1500
@@ -200,9 +205,15 @@ def run_hf_decode(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
 
 def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Train the tiny presets for the same steps on the default corpus, each swept preset at every rate of the
-    grid; validation loss and bits per byte, and each preset at its best rate (the lowest validation loss)."""
+    grid; validation loss and bits per byte, and each preset at its best rate (the lowest validation loss). With
+    ``larger``, each preset made larger then trains at its best rate carried over by the width rule: every gap to
+    attention at two sizes."""
     from .task import train_lm
     from ..train.loop import TrainConfig
+
+    smaller = {spec + cfg.larger: spec for spec in cfg.quality_presets} if cfg.larger else {}
+    for spec in smaller:
+        parse_variant(spec)  # a bad --larger: an error now, not after the smaller models trained
 
     def recipe(cfg: LMBenchConfig, job: SweepRun, stage: Stage) -> Any:
         return TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=job.lr, min_lr=job.lr / 10,
@@ -215,25 +226,86 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
         res = train_lm(job.preset, tcfg, eval_windows=cfg.quality_eval_windows,
                        corpus=None if cfg.corpus == "stdlib" else cfg.corpus, **job.overrides)
         model = create_model(job.preset, device="meta", **job.overrides)
-        return res, {"model": job.spec, "spec": job.spec, "params": count_parameters(model),
+        size = {"smaller": smaller[job.spec]} if job.spec in smaller else {}
+        return res, {"model": job.spec, "spec": job.spec, **size, "params": count_parameters(model),
                      "steps": cfg.quality_steps,
                      "tokens": cfg.quality_steps * cfg.quality_batch * model.config.block_size, **res["metrics"]}
 
     # rows from before sweeps carry no spec and no rate: the preset's name and the recipe's rate then (2e-3)
     sweep = QualitySweep("lm", 2e-3, ("model",), recipe, evaluate, _select, lambda rows: "val_loss",
                          base="quality_lr", earlier_defaults=lambda r: {"spec": r["model"]})
-    return sweep.run(cfg, [Stage(tuple(cfg.quality_presets))])
+    stages = [Stage(tuple(cfg.quality_presets))]
+    if smaller:  # after the smaller models: their best rates, carried over
+        stages.append(Stage(tuple(smaller), rates=lambda rows: scaled_rates(rows, smaller, cfg.out),
+                            rates_label=lambda s: f"best {smaller[s]} × {width_ratio(smaller[s], s):g}",
+                            past=lambda s, rows: scaled_past(s, smaller[s], rows)))
+    return sweep.run(cfg, stages)
+
+
+def width_ratio(small: str, large: str) -> float:
+    """The width rule's factor from ``small``'s rate to ``large``'s: its width ÷ the larger one's — Adam's best rate
+    for the hidden weights falls as 1 / width (μP, Yang et al. 2021), so doubling the width halves the rate."""
+    def width(spec: str) -> int:
+        preset, overrides = parse_variant(spec)
+        return create_model(preset, device="meta", **overrides).config.n_embd
+
+    return width(small) / width(large)
+
+
+def scaled_rates(rows: List[Dict[str, Any]], smaller: Dict[str, str], out: str) -> Dict[str, float]:
+    """Each larger model's rate: its smaller model's (``smaller[large]``) best rate among ``rows``, chosen on
+    validation, × the width rule's factor. A smaller model with no run is an error, not a run at the recipe's
+    rate."""
+    best = {r["model"]: r["lr"] for r in rows if r.get("best_lr")}
+    missing = sorted({small for small in smaller.values() if small not in best})
+    if missing:
+        raise ValueError(f"--larger: {', '.join(missing)} has no run in {out}/lm.json to carry a rate over from")
+    return {large: best[small] * width_ratio(small, large) for large, small in smaller.items()}
+
+
+def scaled_past(large: str, small: str, rows: List[Dict[str, Any]]) -> Optional[float]:
+    """The one rate a larger model adds: where its smaller model's pick sat at an edge of the rates that model was
+    tried at, the rate one grid step past that edge, carried over by the width rule; None where the pick lies
+    inside, or where the larger model already ran at that rate."""
+    mine = [r for r in rows if r.get("model") == small]
+    past = beyond(mine, next((r for r in mine if r.get("best_lr")), None), "model")
+    if past is None:
+        return None
+    lr = past * width_ratio(small, large)
+    return None if any(r.get("model") == large and same_rate(r["lr"], lr) for r in rows) else lr
 
 
 def _select(rows: List[Dict[str, Any]], cfg: LMBenchConfig) -> List[Dict[str, Any]]:
-    """Each preset's best rate marked (the lowest validation loss), each row's loss ÷ attention's at its best."""
+    """Each preset's best rate marked (the lowest validation loss), each row's loss ÷ attention's at its best —
+    attention at the row's size: a larger model (its row names its ``smaller`` one) against the larger attention."""
     mark_best(rows, "val_loss", higher=False)
     # attention's plainest form ("tiny-attention", or "tiny-attention+block_size=1024" when every preset is a variant)
-    atts = [r for r in best_rows(rows) if r["model"].split("+")[0].endswith("attention")]
-    att = min(atts, key=lambda r: r["model"].count("+")) if atts else None
+    atts: Dict[bool, List[Dict[str, Any]]] = {}
+    for r in best_rows(rows):
+        if r["model"].split("+")[0].endswith("attention"):
+            atts.setdefault("smaller" in r, []).append(r)
     for r in rows:
+        same = atts.get("smaller" in r)
+        att = min(same, key=lambda a: a["model"].count("+")) if same else None
         r["loss_vs_attention"] = r["val_loss"] / att["val_loss"] if att else None
     return rows
+
+
+def two_scale_lines(rows: List[Dict[str, Any]]) -> List[str]:
+    """Each larger model's gap to attention at its size beside its smaller model's gap at theirs, with the
+    direction (does the gap close with size?) — the two-scale curve, one line per model."""
+    best = {r["model"]: r for r in best_rows(rows)}
+    lines = []
+    for big in best.values():
+        small = best.get(big.get("smaller"))
+        gaps = (small or {}).get("loss_vs_attention"), big.get("loss_vs_attention")
+        if small is None or big["model"].split("+")[0].endswith("attention") or None in gaps:
+            continue  # (attention is the baseline at each size)
+        a, b = (100 * (g - 1) for g in gaps)
+        trend = "closes" if abs(b) < abs(a) else "widens" if abs(b) > abs(a) else "holds"
+        lines.append(f"two scales: {small['model']} {a:+.1f}% ({small['params']:,} params) → {big['model']} "
+                     f"{b:+.1f}% ({big['params']:,} params, lr {big['lr']:g}): the gap to attention {trend}")
+    return lines
 
 
 def _throughput_report(payload: Dict[str, Any]) -> List[str]:
@@ -315,7 +387,9 @@ def _quality_report(payload: Dict[str, Any], seeds: Optional[Any], main_json: Op
                             "÷ attention", "train min"]),
               "", "every rate (AdamW, warm-up then cosine to lr / 10; * = best)",
               sweep_table(all_rows, "val_loss", "val loss")]
-    lines += [note for note in [edge_note(all_rows, key="model")] if note] + [""]
+    # (a larger model runs at its smaller one's rate carried over, not swept: no edge to note)
+    lines += [note for note in [edge_note([r for r in all_rows if "smaller" not in r], key="model")] if note]
+    lines += two_scale_lines(all_rows) + [""]
     lines += verdict_lines("lm", payload, seeds, main_json)
     return lines
 
@@ -395,6 +469,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presets", nargs="+", default=None,
                    help="presets of the quality part (those not given keep their earlier rows); a variant overrides "
                         "config fields: tiny-vpom+value_heads=1+shift_width=2")
+    p.add_argument("--larger", default=None,
+                   help="overrides that make each preset larger (e.g. +n_embd=256): the larger model trains after "
+                        "it at its best rate times the width rule's factor (smaller width ÷ larger), one rate more "
+                        "where that pick sat at an edge of its grid; the report shows each gap at both sizes")
     p.add_argument("--corpus", choices=["stdlib", "prose"], default=d.corpus,
                    help="the quality part's text: the Python standard library's sources (the quick check) or English "
                         "prose (the [prose] extra; the paper's setting with +block_size=1024 presets)")
@@ -409,4 +487,5 @@ def main(args: argparse.Namespace) -> int:
                         parts=tuple(args.parts), device=args.device, corpus=args.corpus, out=args.out)
     return bench_main(BENCH, args, cfg, QUICK,
                       {"tokens": "tokens", "lengths": "throughput_lengths", "contexts": "decode_contexts",
-                       "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets"})
+                       "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets",
+                       "larger": "larger"})
