@@ -128,6 +128,30 @@ def test_the_eo_quality_median_is_over_every_seed_the_json_holds(tmp_path):
     assert _cells(guides.eo_quality(bench), label)[3:5] == ["39.4 / 51.6 / 42.7", "42.7"]
 
 
+def test_a_seed_folder_is_read_at_seed_0s_chosen_rate_not_at_its_own_best(tmp_path):
+    """The other seeds run at the rate seed 0's sweep chose; a seed folder's row at another rate (an earlier choice),
+    even where it scores better there, is not the model's figure — as `bench parity` reads the seeds."""
+    bench = _bench_with(tmp_path, *guides.SOURCES["points.quality"])
+    label = "hybrid (preset)"
+    assert _cells(guides.points_quality(bench), label)[2:6] == ["3e-3 (4)", "27.0 / 24.7 / 22.5", "24.7",
+                                                                "25.2 / 22.6 / 20.8"]
+
+    def better_elsewhere(payload):  # seed 1 at 6e-3 best in its own folder
+        for r in payload["quality"]["rows"]:
+            if r["spec"] == "tiny-ppomv3-hybrid":
+                r["best_lr"], r["val_miou"] = r["lr"] == 0.006, 0.30 if r["lr"] == 0.006 else r["val_miou"]
+
+    _edit(bench / "points_seed1/points.json", better_elsewhere)
+    assert _cells(guides.points_quality(bench), label)[3:6] == ["27.0 / 24.7 / 22.5", "24.7", "25.2 / 22.6 / 20.8"]
+
+    def drop_chosen(payload):  # no run at the chosen rate: the seed is not shown
+        payload["quality"]["rows"] = [r for r in payload["quality"]["rows"]
+                                      if not (r["spec"] == "tiny-ppomv3-hybrid" and r["lr"] == 0.003)]
+
+    _edit(bench / "points_seed2/points.json", drop_chosen)
+    assert _cells(guides.points_quality(bench), label)[3:5] == ["27.0 / 24.7", ""]
+
+
 def test_image_every_digit_divides_a_median_by_sit_s_with_the_same_positions(tmp_path):
     bench = _bench_with(tmp_path, *guides.SOURCES["image.every_digit"])
     table = guides.image_every_digit(bench)

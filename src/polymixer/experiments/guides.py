@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import sys
@@ -98,13 +99,25 @@ def _bold(text: str, bold: bool) -> str:
 
 
 def _seed_rows(bench: Path, files: Sequence[str], part: str = "quality") -> Dict[str, List[Dict[str, Any]]]:
-    """Each spec's best-rate row in each seed's JSON (seed 0's file first), by spec."""
+    """Each spec's run at its chosen rate in each seed's JSON, by spec: seed 0's best-rate row (the rate its sweep
+    chose on validation; seed 0's file first), then each other seed's row of that spec (and task / objective) at that
+    same rate — the other seeds run at the chosen rate only, as ``bench parity`` reads them; a row of a seed folder
+    at another rate (left from an earlier choice) is not the model's figure."""
     by: Dict[str, List[Dict[str, Any]]] = {}
-    for name in files:
+    chosen: Dict[Tuple[Any, ...], Any] = {}
+    for k, name in enumerate(files):
         for r in _read(bench, name)[part]["rows"]:
-            if r.get("best_lr"):
-                by.setdefault(r.get("spec") or r["model"], []).append(r)
+            key = (r.get("spec") or r["model"], r.get("task"), r.get("objective"))
+            if k == 0 and r.get("best_lr"):
+                chosen[key] = r.get("lr")
+            elif k == 0 or key not in chosen or not _same_rate(r.get("lr"), chosen[key]):
+                continue
+            by.setdefault(key[0], []).append(r)
     return by
+
+
+def _same_rate(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, rel_tol=1e-6))
 
 
 # the language-model rows the guide compares: label, spec, whether its median and gap are bold (the parity picks)
