@@ -394,7 +394,7 @@ def test_bench_lm_carries_each_smaller_models_best_rate_to_its_larger_one_by_the
     report shows each gap at both sizes; one rate more only where the smaller pick sat at an edge of its rates; a
     smaller model with no run is an error, never a run at the recipe's rate."""
     from polymixer.experiments.lm.bench import (
-        LMBenchConfig, report, run, scaled_past, scaled_rates, two_scale_lines, width_ratio,
+        LMBenchConfig, larger_models, report, run, scaled_past, scaled_rates, two_scale_lines, width_ratio,
     )
 
     small, large = "tiny-pom+n_layer=1", "tiny-pom+n_layer=1+n_embd=256"
@@ -407,6 +407,9 @@ def test_bench_lm_carries_each_smaller_models_best_rate_to_its_larger_one_by_the
     assert scaled_past(large, small, inside) is None
     with pytest.raises(ValueError, match=r"--larger: tiny-hybrid has no run in out/lm.json"):
         scaled_rates(rows, {"tiny-hybrid+n_embd=256": "tiny-hybrid"}, "out")
+    for bad, said in (("n_embd=256", "config overrides after '\\+'"), ("+nonesuch=3", "unknown field 'nonesuch'")):
+        with pytest.raises(ValueError, match=f"--larger '\\{bad}': .*{said}" if bad[0] == "+" else said):
+            larger_models(LMBenchConfig(quality_presets=("tiny-pom",), larger=bad))
 
     att = "tiny-attention+n_layer=1"
     cfg = LMBenchConfig(quality_presets=(att, small), sweep=(small,), lr_factors=(1.0, 2.0), quality_steps=2,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import statistics
 import sys
@@ -29,6 +28,7 @@ from .bench import parallel as parallel_bench
 from .bench import parity as parity_bench
 from .bench import roofline as roofline_bench
 from .bench import traffic as traffic_bench
+from .bench.common import same_rate
 from .report import format_cell, format_table
 
 __all__ = ["Table", "TABLES", "SOURCES", "Marked", "markdown_table", "marker", "find_markers", "update_guide",
@@ -110,14 +110,15 @@ def _seed_rows(bench: Path, files: Sequence[str], part: str = "quality") -> Dict
             key = (r.get("spec") or r["model"], r.get("task"), r.get("objective"))
             if k == 0 and r.get("best_lr"):
                 chosen[key] = r.get("lr")
-            elif k == 0 or key not in chosen or not _same_rate(r.get("lr"), chosen[key]):
+            elif k == 0 or key not in chosen or not _at_rate(r.get("lr"), chosen[key]):
                 continue
             by.setdefault(key[0], []).append(r)
     return by
 
 
-def _same_rate(a: Any, b: Any) -> bool:
-    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, rel_tol=1e-6))
+def _at_rate(lr: Optional[float], chosen: Optional[float]) -> bool:
+    """``same_rate``, where a row from before sweeps has no rate (None) on either side."""
+    return lr == chosen or (lr is not None and chosen is not None and same_rate(lr, chosen))
 
 
 # the language-model rows the guide compares: label, spec, whether its median and gap are bold (the parity picks)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -30,6 +30,7 @@ from ..bench.common import (
 )
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments",
+           "larger_models",
            "width_ratio", "scaled_rates", "scaled_past", "two_scale_lines"]
 
 KINDS = ("attention", "pom", "hybrid", "vpom", "vhybrid")  # the tiny-<kind> presets
@@ -211,9 +212,7 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     from .task import train_lm
     from ..train.loop import TrainConfig
 
-    smaller = {spec + cfg.larger: spec for spec in cfg.quality_presets} if cfg.larger else {}
-    for spec in smaller:
-        parse_variant(spec)  # a bad --larger: an error now, not after the smaller models trained
+    smaller = larger_models(cfg)
 
     def recipe(cfg: LMBenchConfig, job: SweepRun, stage: Stage) -> Any:
         return TrainConfig(steps=cfg.quality_steps, batch_size=cfg.quality_batch, lr=job.lr, min_lr=job.lr / 10,
@@ -240,6 +239,22 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
                             rates_label=lambda s: f"best {smaller[s]} × {width_ratio(smaller[s], s):g}",
                             past=lambda s, rows: scaled_past(s, smaller[s], rows)))
     return sweep.run(cfg, stages)
+
+
+def larger_models(cfg: LMBenchConfig) -> Dict[str, str]:
+    """Each quality preset made larger by ``cfg.larger``, to its smaller preset; a malformed ``--larger`` (not
+    "+field=value…", or a field the preset lacks) is a one-line error naming it, before any part runs."""
+    if not cfg.larger:
+        return {}
+    if not cfg.larger.startswith("+"):
+        raise ValueError(f"--larger {cfg.larger!r}: config overrides after '+', e.g. +n_embd=256")
+    smaller = {spec + cfg.larger: spec for spec in cfg.quality_presets}
+    for spec in smaller:
+        try:
+            parse_variant(spec)
+        except ValueError as e:
+            raise ValueError(f"--larger {cfg.larger!r}: {e}") from None
+    return smaller
 
 
 def width_ratio(small: str, large: str) -> float:
@@ -485,6 +500,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = LMBenchConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, window=args.window,
                         parts=tuple(args.parts), device=args.device, corpus=args.corpus, out=args.out)
+    larger_models(replace(cfg, larger=args.larger or "", quality_presets=tuple(args.presets or cfg.quality_presets)))
     return bench_main(BENCH, args, cfg, QUICK,
                       {"tokens": "tokens", "lengths": "throughput_lengths", "contexts": "decode_contexts",
                        "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets",
