@@ -902,3 +902,36 @@ def test_the_papers_pom_and_hybrid_are_judged_at_the_papers_tolerance(tmp_path):
     # medians over seeds 0, 1, 2: PoM 26.0 against 27.0 (−1.0: met), the hybrid 23.5 against 27.0 (−3.5: missed)
     assert pom["verdict"] == "met" and pom["measured"].startswith("tiny-ppomv3 -1.0 (median of 3 seeds")
     assert hybrid["verdict"] == "MISSED" and hybrid["measured"].startswith("tiny-ppomv3-hybrid -3.5")
+
+
+def test_the_prose_lm_at_context_1024_is_a_comparison_of_its_own(tmp_path):
+    """The LM at the paper's proportions (``--corpus prose``, ``docs/bench/lm_prose``) is judged apart from the quick
+    check: attention, the paper's PoM and hybrid at context 1,024 (no value PoM), the shift offered to attention and
+    the hybrid, the paper's targets at its tolerance, the option beside a figure named past the compared preset, its
+    seed folders inside its own folder and its "to run" lines training on prose into that folder."""
+    att, pom, hyb = ("tiny-attention+block_size=1024", "tiny-pom+block_size=1024",
+                     "tiny-hybrid+block_size=1024+window=128")
+
+    def row(spec, loss, lr=0.004, best=True):
+        return {"spec": spec, "val_loss": loss, "lr": lr, "steps": 375, "best_lr": best, "rates": 3}
+
+    rows = [row(att, 1.60), row(att + "+attention_shift=4", 1.50), row(pom, 2.00, 0.008), row(hyb, 1.56),
+            row(pom + "+n_embd=256", 1.80, 0.004),  # the larger model: not a form of the smaller one
+            row("tiny-attention", 1.0, 0.004, True) | {"steps": 200}]  # another budget: not this comparison's
+    _write(tmp_path / "lm_prose", "lm", "quality", rows, {"seed": 0, "lr": 0.002})
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "lm_prose")
+    assert f["attention"]["model"] == att + "+attention_shift=4" and f["value"] == {"run": False}
+    assert f["pom"]["model"] == pom and f["pom"]["gap"] == pytest.approx(2.0 / 1.5 - 1)
+    assert f["hybrid"]["model"] == hyb and f["hybrid"]["gap"] == pytest.approx(1.56 / 1.5 - 1)
+    assert [t["what"] for t in f["targets"]] == ["the paper's tiny-pom within +18.0% (the paper: +17.9%)",
+                                                 "the paper's tiny-hybrid within +2.0% (the paper: +0.6%)"]
+    assert [t["verdict"].split(" on 1 seed")[0] for t in f["targets"]] == ["MISSED", "MISSED"]
+    assert (f"polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {hyb}+attention_shift=4 "
+            f"--sweep {hyb}+attention_shift=4 --lr-factors 0.5 1 2 4 8 --out docs/bench/lm_prose") in f["to_run"]
+    assert any(c.endswith("--seed 1 --out docs/bench/lm_prose/lm_seed1") and f"--presets {pom} " in c
+               for c in f["to_run"])
+    text = parity.report(parity.collect(tmp_path))
+    assert "1.5000, +attention_shift=4" in text and "2.0000 (+33.3%) |" in text  # the option past the preset only
+    _write(tmp_path / "lm_prose" / "lm_seed1", "lm", "quality", [row(pom, 1.9, 0.008)], {"seed": 1, "lr": 0.002})
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "lm_prose")
+    assert f["pom"]["own_seeds"] == [0, 1]

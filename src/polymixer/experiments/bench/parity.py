@@ -83,7 +83,7 @@ __all__ = ["COMPARISONS", "PAPER", "family", "seeded_rows", "judge", "collect", 
 
 
 # every family's comparison (each in its own folder: polymixer.experiments.<family>.targets), in the table's order
-COMPARISONS: Tuple[Comparison, ...] = (lm_targets.COMPARISON, recall_targets.RECALL, recall_targets.RECALL_ZOOLOGY,
+COMPARISONS: Tuple[Comparison, ...] = (lm_targets.COMPARISON, lm_targets.PROSE, recall_targets.RECALL, recall_targets.RECALL_ZOOLOGY,
                                        image_targets.COMPARISON, ocr_targets.COMPARISON, eo_targets.COMPARISON,
                                        points_targets.COMPARISON)
 
@@ -93,6 +93,8 @@ COMPARISONS: Tuple[Comparison, ...] = (lm_targets.COMPARISON, recall_targets.REC
 PAPER: Dict[str, Tuple[Tuple[str, ...], Dict[str, Tuple[float, ...]]]] = {
     "lm": (("GPT-2 small, FineWeb val loss",), {"tiny-attention": (3.29,), "tiny-pom": (3.88,),
                                                 "tiny-hybrid": (3.31,)}),
+    "lm_prose": (("GPT-2 small, FineWeb val loss",), {"tiny-attention": (3.29,), "tiny-pom": (3.88,),
+                                                      "tiny-hybrid": (3.31,)}),
     "image": (("SiT-L/2 FID", "SiT-XL/2 FID"), {"tiny-sit": (18.8, 17.2), "tiny-sipom": (17.6, 17.2)}),
     "ocr": (("HTR-VT on LAM, CER %",), {"tiny-htr-vt": (2.8,), "tiny-htr-vpom": (3.2,),
                                         "tiny-htr-vpom-hybrid": (2.8,)}),
@@ -445,13 +447,16 @@ class _Judging:
         self.picked[name] = _choose(self.fam, self.by, name, self.fair, self.seed, self.seeded)
         return self.picked[name][0]
 
-    def entry(self, name: str, row: Optional[Dict[str, Any]] = None, compared: bool = True) -> Dict[str, Any]:
+    def entry(self, name: Optional[str], row: Optional[Dict[str, Any]] = None, compared: bool = True) -> Dict[str, Any]:
         """``name``'s entry (:func:`_entry`; against attention where ``compared``) in its picked form (or ``row``),
         with its forms not run, how it was picked, its rate's standing and its parameters relative to attention."""
         fam = self.fam
+        if name is None:  # a model the family does not compare (the prose LM has no value PoM)
+            return {"run": False}
         row = self.pick(name) if row is None else row
         e = _entry(fam, row, self.base if compared else None, self.seed, self.seeded)
         if e["run"]:
+            e["preset"] = name  # the compared model whose form this is
             e["not_run"] = self.picked[name][1]
             e["picked_by"] = self.picked[name][2]
             # chosen on the reported figure: its form, or its rate (a run without a validation figure)
@@ -828,7 +833,7 @@ def _paper(item: Dict[str, Any], model: str) -> Tuple[str, str]:
     """The paper's figure of ``model`` (:data:`PAPER`, by its preset) and, beside a model other than attention,
     its gap to the paper's attention, signed as the family's gaps are; empty where the paper has no such model."""
     labels, figures = PAPER.get(item["bench"], ((), {}))
-    preset, base = model.split("+")[0], item.get("presets", {}).get("attention")
+    preset, base = model.split("+")[0], str(item.get("presets", {}).get("attention")).split("+")[0]
     mine, theirs = figures.get(preset), figures.get(str(base))
     if not mine or not theirs:
         return "", ""
@@ -925,7 +930,7 @@ def verdict_lines(bench: str, payload: Dict[str, Any], seeds: Optional[List[Dict
 
 def _digits(fam: Dict[str, Any]) -> int:
     """The decimals a family's figures are shown with."""
-    return 4 if fam["bench"] == "lm" else (2 if fam["bench"] == "ocr" or fam["bench"].startswith("recall") else 1)
+    return 4 if fam["bench"].startswith("lm") else (2 if fam["bench"] == "ocr" or fam["bench"].startswith("recall") else 1)
 
 
 def models_table(payload: Dict[str, Any]) -> str:
@@ -978,8 +983,9 @@ def _cell(fam: Dict[str, Any], e: Dict[str, Any], option: bool = True) -> str:
     text = f"{e['value']:.{digits}f}"
     if "gap" in e:
         text += f" ({_gap_text(fam['gap_kind'], e['gap'])})"
-    if option and "+" in str(e.get("model", "")):
-        text += ", +" + e["model"].split("+", 1)[1]  # the option this model is compared with
+    preset = str(e.get("preset") or str(e.get("model", "")).split("+")[0])
+    if option and str(e.get("model", "")).startswith(preset + "+"):
+        text += ", " + e["model"][len(preset):]  # the option this model is compared with
     return text
 
 

@@ -4,9 +4,11 @@ Comparison`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..bench.comparison import Comparison
 
-__all__ = ["COMPARISON"]
+__all__ = ["COMPARISON", "PROSE"]
 
 COMPARISON = Comparison(
     "language model", "lm", "val loss", "val_loss", False, "relative", "tiny-attention", "tiny-pom",
@@ -18,4 +20,16 @@ COMPARISON = Comparison(
     paper_targets=(("tiny-pom", 0.18), ("tiny-hybrid", 0.02)),
     command="polymixer bench lm --parts quality --presets {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
             "--out docs/bench",
+)
+
+# the paper's proportions (issue 86 item 3): context 1,024, a local window of 128 in the hybrid, English prose, the
+# quick check's 12.3M tokens (375 steps of 32 × 1,024 bytes); the paper's PoM and hybrid against attention, each
+# form offered the shift where it has attention layers; no value PoM here (the quick check compares it)
+PROSE = replace(
+    COMPARISON, name="language model, English prose at context 1,024", bench="lm_prose", file="lm_prose/lm.json",
+    attention="tiny-attention+block_size=1024", pom="tiny-pom+block_size=1024", value=None,
+    hybrids=("tiny-hybrid+block_size=1024+window=128",), best_target=None, all_target=None, tuned=(),
+    value_options=(), where={"steps": 375},
+    command="polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {spec} --sweep {spec} "
+            "--lr-factors 0.5 1 2 4 8 --out docs/bench/lm_prose",
 )
