@@ -923,8 +923,9 @@ def test_the_prose_lm_at_context_1024_is_a_comparison_of_its_own(tmp_path):
     assert f["attention"]["model"] == att + "+attention_shift=4" and f["value"] == {"run": False}
     assert f["pom"]["model"] == pom and f["pom"]["gap"] == pytest.approx(2.0 / 1.5 - 1)
     assert f["hybrid"]["model"] == hyb and f["hybrid"]["gap"] == pytest.approx(1.56 / 1.5 - 1)
-    assert [t["what"] for t in f["targets"]] == ["the paper's tiny-pom within +18.0% (the paper: +17.9%)",
-                                                 "the paper's tiny-hybrid within +2.0% (the paper: +0.6%)"]
+    assert [t["what"] for t in f["targets"]] == [f"the paper's {pom} within +18.0% (the paper: +17.9%)",
+                                                 f"the paper's {hyb} within +2.0% (the paper: +0.6%)"]
+    assert [t["short"] for t in f["targets"]] == ["paper's PoM within +18.0%", "paper's hybrid within +2.0%"]
     assert [t["verdict"].split(" on 1 seed")[0] for t in f["targets"]] == ["MISSED", "MISSED"]
     assert (f"polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {hyb}+attention_shift=4 "
             f"--sweep {hyb}+attention_shift=4 --lr-factors 0.5 1 2 4 8 --out docs/bench/lm_prose") in f["to_run"]
@@ -933,5 +934,17 @@ def test_the_prose_lm_at_context_1024_is_a_comparison_of_its_own(tmp_path):
     text = parity.report(parity.collect(tmp_path))
     assert "1.5000, +attention_shift=4" in text and "2.0000 (+33.3%) |" in text  # the option past the preset only
     _write(tmp_path / "lm_prose" / "lm_seed1", "lm", "quality", [row(pom, 1.9, 0.008)], {"seed": 1, "lr": 0.002})
-    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "lm_prose")
+    # speeds: the quick check's throughput part times the same models at N 1,024 (its window is the hybrid's 128);
+    # the prose comparison reads them there, the quick check at the longest length; the shift form is not timed
+    timed = [{"N": n, "batch": 8, "model": m, "ms": ms} for n, m, ms in
+             [(1024, "attention", 30.0), (1024, "pom", 20.0), (1024, "hybrid", 25.0),
+              (4096, "attention", 240.0), (4096, "pom", 80.0), (4096, "hybrid", 120.0)]]
+    _write(tmp_path, "lm", "throughput", timed)
+    fams = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}
+    f = fams["lm_prose"]
     assert f["pom"]["own_seeds"] == [0, 1]
+    speeds = {m["model"]: m["speed_text"] for m in f["models"]}
+    assert speeds == {att + "+attention_shift=4": "not measured", pom: "1.50× (CPU, N 1,024)",
+                      hyb: "1.20× (CPU, N 1,024)"}
+    assert f["speed"]["file"] == "lm.json" and f["speed"]["at"] == "N 1,024"
+    assert fams["lm"]["speed"]["at"] == "N 4,096"

@@ -79,6 +79,14 @@ class Comparison:
     # needs no rate beyond it
     ceiling: Optional[float] = None
 
+    # the speed bench's JSON under <out> where it is not <bench>.json (the prose LM is timed by lm.json's throughput)
+    speed_file: Optional[str] = None
+    # the length the speeds are read at (the family's own context) instead of the longest both were timed at
+    speed_length: Optional[int] = None
+    # compared forms the speed bench times under another name (options that leave the timed model's compute as it
+    # is: the context a preset is built for, the local window the bench uses too)
+    timed_as: Dict[str, str] = field(default_factory=dict)
+
     @property
     def json_name(self) -> str:
         """The family's bench JSON under ``<out>``: ``file``, else ``<bench>.json``."""

@@ -45,7 +45,9 @@ could meet). A verdict that differs from the one the earlier rule gave (forms an
 reported figure, no shift offered to attention) says so, with both figures.
 
 Speed: the family's speed bench (``lm.json``'s throughput, the other benches' speed part; the ``<bench>.json`` in
-``--out``): the throughput of the model's preset ÷ attention's preset's at the longest length both were timed, on
+``--out``; ``Comparison.speed_file`` where another bench times it): the throughput of the model's preset (or of the
+form ``Comparison.timed_as`` names) ÷ attention's at the longest length both were timed (``Comparison.speed_length``:
+at the family's own context), on
 the device the JSON names. A form with options (the token shift, rotary encodings, another mixer or patch size) was
 not timed and reads "not measured" — never its plain preset's speed. The paper's figures (:data:`PAPER`, GPU scale)
 stand beside attention, PoM and the paper's hybrid; the Pareto front marks the models no other is both better and
@@ -83,9 +85,9 @@ __all__ = ["COMPARISONS", "PAPER", "family", "seeded_rows", "judge", "collect", 
 
 
 # every family's comparison (each in its own folder: polymixer.experiments.<family>.targets), in the table's order
-COMPARISONS: Tuple[Comparison, ...] = (lm_targets.COMPARISON, lm_targets.PROSE, recall_targets.RECALL, recall_targets.RECALL_ZOOLOGY,
-                                       image_targets.COMPARISON, ocr_targets.COMPARISON, eo_targets.COMPARISON,
-                                       points_targets.COMPARISON)
+COMPARISONS: Tuple[Comparison, ...] = (lm_targets.COMPARISON, lm_targets.PROSE, recall_targets.RECALL,
+                                       recall_targets.RECALL_ZOOLOGY, image_targets.COMPARISON,
+                                       ocr_targets.COMPARISON, eo_targets.COMPARISON, points_targets.COMPARISON)
 
 # the paper's figures at GPU scale (its GPT-2 small on FineWeb, SiT-L/2 and XL/2, HTR-VT on LAM, TSViT on PASTIS,
 # PTv3 on ScanNet): per family, what each figure is, and the figures of attention, PoM and the paper's hybrid by
@@ -482,7 +484,7 @@ class _Judging:
         fam, attention = self.fam, self.item["attention"]
         worse = _worse(fam, e["gap"], target)
         who = [attention] if not worse else [c for c in candidates if c.get("not_run")]
-        runs = [f"{c['model'].split('+')[0] if fam.key != 'variant' else c['model']} "
+        runs = [f"{c.get('preset', c['model']) if fam.key != 'variant' else c['model']} "
                 f"{' / '.join(map(_form, c['not_run']))}" for c in who if c.get("run") and c.get("not_run")]
         if worse:  # a candidate never run in any form could meet it
             runs += [f"{name} (any form)" for name in self.absent if name in names]
@@ -562,7 +564,7 @@ def _paper_model(item: Dict[str, Any], preset: str) -> Optional[Dict[str, Any]]:
     """The entry of the paper's model ``preset`` (PoM or one of the hybrids) in the form it is compared as; None
     where it has not run."""
     for e in [item["pom"], *item.get("hybrids", [])]:
-        if e.get("run") and "gap" in e and str(e["model"]).split("+")[0] == preset:
+        if e.get("run") and "gap" in e and e.get("preset") == preset:
             return e
     return None
 
@@ -768,16 +770,22 @@ def collect(folder: Path) -> Dict[str, Any]:
     families = []
     for fam in COMPARISONS:
         item = judge(fam, _load(fam, folder), seeded_rows(fam, fam.seed_payloads(folder)))
-        timed = folder / f"{fam.bench}.json"
-        item["speed"], lengths = _speed(read_json(timed) if timed.is_file() else None, fam.attention)
+        timed = folder / (fam.speed_file or f"{fam.bench}.json")
+        item["timed_as"] = dict(fam.timed_as)
+        item["speed"], lengths = _speed(read_json(timed) if timed.is_file() else None,
+                                        _speed_name(fam.attention, fam.timed_as), fam.speed_length)
+        if item["speed"]:
+            item["speed"]["file"] = timed.name
         item["models"] = _models(item, lengths)
         families.append(item)
     return {"families": families, "source": str(folder)}
 
 
-def _speed_name(model: str) -> Optional[str]:
-    """The name a family's speed bench times ``model`` under (its preset without ``tiny-``); None for a form with
-    options, which the speed benches do not time."""
+def _speed_name(model: str, timed_as: Optional[Dict[str, str]] = None) -> Optional[str]:
+    """The name a family's speed bench times ``model`` under (its preset without ``tiny-``; ``timed_as``: forms it
+    times under another name); None for another form with options, which the speed benches do not time."""
+    if model in (timed_as or {}):
+        return timed_as[model]
     return None if "+" in model else model.removeprefix("tiny-").lower()
 
 
@@ -798,26 +806,28 @@ def _timings(part: Dict[str, Any]) -> Tuple[Optional[str], Dict[str, Dict[Any, T
     return label, times
 
 
-def _speed(data: Optional[Dict[str, Any]], attention: str) -> Tuple[Optional[Dict[str, Any]], Dict[str, str]]:
+def _speed(data: Optional[Dict[str, Any]], attention: Optional[str], length: Optional[int] = None
+           ) -> Tuple[Optional[Dict[str, Any]], Dict[str, str]]:
     """The family's speed bench in ``data`` (its ``<bench>.json``): each timed model's throughput ÷ attention's
-    (``ratio``, by the speed bench's name) at the longest length both were timed, the longest of those lengths
+    (``ratio``, by the speed bench's name; ``attention``: the name it times attention under) at the longest length
+    both were timed (``length``: at that length only, the family's own context), the longest of those lengths
     (``at``) and the device the JSON names (a GPU only where it names the card); and each model's length as the
     table names it. None where no model was timed beside attention."""
     part = next((data[k] for k in _SPEED_PARTS if isinstance((data or {}).get(k), dict)), None)
     if part is None:
         return None, {}
     label, times = _timings(part)
-    own = times.get(_speed_name(attention) or "")
+    own = times.get(attention or "")
     ratio: Dict[str, float] = {}
     lengths: Dict[str, Any] = {}
     for name, mine in times.items():
-        common = [n for n in mine if own and n in own]
+        common = [n for n in mine if own and n in own and (length is None or n == length)]
         if common:
             n = max(common)
             (ta, ba), (tm, bm) = own[n], mine[n]
             ratio[name] = ta / tm if ba == bm else (ta / ba) / (tm / bm)
             lengths[name] = n
-    others = [n for name, n in lengths.items() if name != _speed_name(attention)]
+    others = [n for name, n in lengths.items() if name != attention]
     if not others:
         return None, {}
     machine = part.get("machine") or data.get("machine") or {}
@@ -857,7 +867,7 @@ def _models(item: Dict[str, Any], lengths: Dict[str, str]) -> List[Dict[str, Any
     for role, e in roles:
         if e.get("run"):
             paper, paper_gap = _paper(item, e["model"])
-            speed = ratio.get(_speed_name(e["model"]) or "")
+            speed = ratio.get(_speed_name(e["model"], item.get("timed_as")) or "")
             models.append(dict(e) | {"role": role, "speed": speed, "paper": paper, "paper_gap": paper_gap})
     sign = 1 if item["higher"] else -1
     timed = [m for m in models if m["speed"] is not None]
@@ -867,8 +877,8 @@ def _models(item: Dict[str, Any], lengths: Dict[str, str]) -> List[Dict[str, Any
                               for o in timed if o is not m)
     device = "GPU" if (item.get("speed") or {}).get("gpu") else "CPU"
     for m in models:
-        m["speed_text"] = ("not measured" if m["speed"] is None else
-                           f"{m['speed']:.2f}× ({device}, {lengths[_speed_name(m['model']) or '']})")
+        at = lengths.get(_speed_name(m["model"], item.get("timed_as")) or "")
+        m["speed_text"] = "not measured" if m["speed"] is None else f"{m['speed']:.2f}× ({device}, {at})"
     return models
 
 
@@ -930,7 +940,8 @@ def verdict_lines(bench: str, payload: Dict[str, Any], seeds: Optional[List[Dict
 
 def _digits(fam: Dict[str, Any]) -> int:
     """The decimals a family's figures are shown with."""
-    return 4 if fam["bench"].startswith("lm") else (2 if fam["bench"] == "ocr" or fam["bench"].startswith("recall") else 1)
+    bench = fam["bench"]
+    return 4 if bench.startswith("lm") else (2 if bench == "ocr" or bench.startswith("recall") else 1)
 
 
 def models_table(payload: Dict[str, Any]) -> str:
@@ -966,13 +977,14 @@ def _models_notes(payload: Dict[str, Any]) -> List[str]:
              "validation figure over the seeds each ran. A median is over the seeds other than seed 0 where at least "
              "3 of them ran; † marks one that includes seed 0 (fewer than 3 other seeds ran).",
              "- Speed: the throughput of that same model (its preset at the family's speed-bench size) ÷ attention's "
-             "preset's, at the longest length both were timed; a form with options (the token shift, rotary "
-             "encodings, another mixer or patch size) was not timed and reads \"not measured\""
+             "preset's, at the longest length both were timed or at the family's own context (the lines below say "
+             "which); a form with options (the token shift, rotary encodings, another mixer or patch size) was not "
+             "timed and reads \"not measured\""
              + ("; a GPU figure names its card" if gpu else
                 ", as does every GPU figure: no family's measured JSON names a card")
              + ". ★: on the Pareto front (no model both better and faster); — : no speed to place it."]
-    return lines + [f"- {f['family']}: speeds timed on {f['speed']['device']} at {f['speed']['at']} ({f['bench']}.json)"
-                    for f in payload["families"] if f.get("speed")]
+    return lines + [f"- {f['family']}: speeds timed on {f['speed']['device']} at {f['speed']['at']} "
+                    f"({f['speed'].get('file', f['bench'] + '.json')})" for f in payload["families"] if f.get("speed")]
 
 
 def _cell(fam: Dict[str, Any], e: Dict[str, Any], option: bool = True) -> str:

@@ -26,7 +26,7 @@ END = "<!-- families:end -->"
 # what each family's tiny runs are trained and scored on (the benches' offline defaults)
 DATA: Dict[str, str] = {
     "lm": "Python standard library sources, bytes, context 256",
-    "lm_prose": "English prose (Wikipedia's vital articles), bytes, context 1,024",
+    "lm_prose": "English Wikipedia's vital articles, bytes, context 1,024",
     "recall": "MQAR, the bench's own recipe",
     "recall_zoology": "MQAR, Zoology's recipe",
     "image": "scikit-learn digits, held-out validation",
@@ -117,11 +117,11 @@ def _notes(payload: Dict[str, Any]) -> str:
     timed = [f"{f['bench']} {f['speed']['at']} ({f['speed']['device']})" for f in payload["families"]
              if f.get("speed")]
     return ("Speed: the throughput of the model the cell names (its preset at the family's speed-bench size) ÷ "
-            "attention's, at the longest length both were timed — " + "; ".join(timed) + "; \"not measured\" where "
-            "that model, in the form compared, was not timed (a form with options was not). † the median includes "
-            "seed 0, the seed each bench's sweep chose the rates on (fewer than 3 other seeds ran). Paper: the "
-            "paper's gap at GPU scale. Every compared model, with its speed and the Pareto front: "
-            "[docs/parity.md](docs/parity.md).")
+            "attention's, at the longest length both were timed (the prose LM: at its context) — "
+            + "; ".join(timed) + "; \"not measured\" where that model, in the form compared, was not timed (a "
+            "form with options was not). † the median includes seed 0, the seed each bench's sweep chose the rates "
+            "on (fewer than 3 other seeds ran). Paper: the paper's gap at GPU scale. Every compared model, with its "
+            "speed and the Pareto front: [docs/parity.md](docs/parity.md).")
 
 
 def update_readme(readme: Path, parity: Path, check: bool = False) -> bool:
