@@ -215,3 +215,27 @@ def test_the_traffic_table_is_traffic_py_s_own_table_of_its_json(tmp_path):
     guide = _copy_guide(tmp_path, "gpu.md")
     assert guides.update_guides(guide.parent, bench, check=True) == [("gpu.md", "gpu.traffic")]
     assert _cells(guides.gpu_traffic(bench), "causal")[3:5] == ["5", "4"], "counted 5 against the model's 4"
+
+
+def test_the_prose_lm_table_compares_each_size_with_attentions_best_form_at_that_size(tmp_path):
+    """lm.prose: every rate a model ran (its best bold), attention's best form (with or without the shift) the
+    reference, a larger model against the larger attention, smaller models first."""
+    def row(spec, lr, loss):
+        return {"spec": spec, "lr": lr, "val_loss": loss, "params": 1000}
+
+    rows = [row("tiny-pom+block_size=1024", 0.008, 2.0), row("tiny-attention+block_size=1024", 0.004, 1.6),
+            row("tiny-attention+block_size=1024+attention_shift=4", 0.004, 1.5),
+            row("tiny-attention+block_size=1024", 0.008, 1.7),
+            row("tiny-pom+block_size=1024+n_embd=256", 0.004, 1.8),
+            row("tiny-attention+block_size=1024+n_embd=256", 0.002, 1.2)]
+    (tmp_path / "lm_prose").mkdir()
+    (tmp_path / "lm_prose" / "lm.json").write_text(json.dumps({"quality": {"rows": rows}}))
+    lines = guides.lm_prose(tmp_path).splitlines()
+    assert lines[0] == "| model | params | 2e-3 | 4e-3 | 8e-3 | best vs attention's best form |"
+    assert [line.split(" | ")[0] for line in lines[2:]] == [
+        "| `tiny-attention+block_size=1024`", "| `tiny-attention+block_size=1024+attention_shift=4`",
+        "| `tiny-pom+block_size=1024`", "| `tiny-attention+block_size=1024+n_embd=256`",
+        "| `tiny-pom+block_size=1024+n_embd=256`"]
+    assert lines[2].endswith("| | **1.6000** | 1.7000 | +6.7% |")  # plain attention against its shifted form
+    assert lines[3].endswith("— (the reference) |") and lines[4].endswith("| +33.3% |")
+    assert lines[6].endswith("| | **1.8000** | | +50.0% |")  # against the larger attention

@@ -151,6 +151,34 @@ def lm_quality(bench: Path) -> str:
                                  "vs attention + shift"])
 
 
+def lm_prose(bench: Path) -> str:
+    """The LM at the paper's proportions (lm_prose/lm.json: context 1,024 on English prose): each model's validation
+    loss at every rate it ran on seed 0 (its best bold) and its best against the best of attention's forms (with or
+    without the shift) at the same size — smaller models first, attention's forms first within a size."""
+    rows = _read(bench, "lm_prose/lm.json")["quality"]["rows"]
+
+    def larger(spec: str) -> bool:
+        return "n_embd" in spec
+
+    def attention(spec: str) -> bool:
+        return spec.startswith("tiny-attention")
+
+    specs = sorted(dict.fromkeys(r["spec"] for r in rows), key=lambda s: (larger(s), not attention(s), s))
+    rates = sorted({r["lr"] for r in rows})
+    best = {s: min((r for r in rows if r["spec"] == s), key=lambda r: r["val_loss"]) for s in specs}
+    out = []
+    for spec in specs:
+        bases = [b for b in specs if attention(b) and larger(b) == larger(spec)]
+        base = min(bases, key=lambda b: best[b]["val_loss"]) if bases else None
+        gap = best[spec]["val_loss"] / best[base]["val_loss"] - 1 if base and base != spec else None
+        at = {r["lr"]: r["val_loss"] for r in rows if r["spec"] == spec}
+        out.append([f"`{spec}`", f"{best[spec]['params']:,}"]
+                   + [_bold(f"{at[lr]:.4f}", lr == best[spec]["lr"]) if lr in at else "" for lr in rates]
+                   + ["— (the reference)" if base == spec else "" if gap is None else f"{gap:+.1%}"])
+    return markdown_table(out, ["model", "params", *(f"{_rate(lr)}" for lr in rates),
+                                "best vs attention's best form"])
+
+
 _LM_LAYOUT = [("1 head, 2-token shift", "tiny-vpom+value_heads=1+shift_width=2"),
               ("8 heads, 2-token shift", "tiny-vpom+value_heads=8+shift_width=2"),
               ("4 heads, 2-token shift", "tiny-vpom+value_heads=4+shift_width=2"),
@@ -732,6 +760,7 @@ _REGISTRY: Dict[str, Table] = {
     "lm.decode": Table(lm_decode, ("lm.json",)),
     "lm.quality": Table(lm_quality, ("lm.json", "lm_seed1/lm.json", "lm_seed2/lm.json")),
     "lm.layout": Table(lm_layout, ("lm.json",)),
+    "lm.prose": Table(lm_prose, ("lm_prose/lm.json",)),
     "hf.decode": Table(hf_decode, ("lm.json",)),
     "hf.distill": Table(hf_distill, ("distill.json",)),
     "image.throughput": Table(image_throughput, ("image.json",)),
