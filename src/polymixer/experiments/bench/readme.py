@@ -26,7 +26,7 @@ END = "<!-- families:end -->"
 # what each family's tiny runs are trained and scored on (the benches' offline defaults)
 DATA: Dict[str, str] = {
     "lm": "Python standard library sources, bytes, context 256",
-    "lm_prose": "English Wikipedia's vital articles, bytes, context 1,024",
+    "lm_prose": "English Wikipedia's vital articles, bytes",
     "recall": "MQAR, the bench's own recipe",
     "recall_zoology": "MQAR, Zoology's recipe",
     "image": "scikit-learn digits, held-out validation",
