@@ -226,8 +226,9 @@ def test_the_prose_lm_table_compares_each_size_with_attentions_best_form_at_that
     rows = [row("tiny-pom+block_size=1024", 0.008, 2.0), row("tiny-attention+block_size=1024", 0.004, 1.6),
             row("tiny-attention+block_size=1024+attention_shift=4", 0.004, 1.5),
             row("tiny-attention+block_size=1024", 0.008, 1.7),
-            row("tiny-pom+block_size=1024+n_embd=256", 0.004, 1.8),
-            row("tiny-attention+block_size=1024+n_embd=256", 0.002, 1.2)]
+            row("tiny-pom+block_size=1024+n_embd=256", 0.004, 1.8) | {"smaller": "tiny-pom+block_size=1024"},
+            row("tiny-attention+block_size=1024+n_embd=256", 0.002, 1.2)
+            | {"smaller": "tiny-attention+block_size=1024"}]
     (tmp_path / "lm_prose").mkdir()
     (tmp_path / "lm_prose" / "lm.json").write_text(json.dumps({"quality": {"rows": rows}}))
     lines = guides.lm_prose(tmp_path).splitlines()

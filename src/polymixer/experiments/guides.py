@@ -156,9 +156,10 @@ def lm_prose(bench: Path) -> str:
     loss at every rate it ran on seed 0 (its best bold) and its best against the best of attention's forms (with or
     without the shift) at the same size — smaller models first, attention's forms first within a size."""
     rows = _read(bench, "lm_prose/lm.json")["quality"]["rows"]
+    made_larger = {r["spec"] for r in rows if "smaller" in r}  # the bench names a larger model's smaller one
 
     def larger(spec: str) -> bool:
-        return "n_embd" in spec
+        return spec in made_larger
 
     def attention(spec: str) -> bool:
         return spec.startswith("tiny-attention")

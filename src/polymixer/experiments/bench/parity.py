@@ -95,8 +95,6 @@ COMPARISONS: Tuple[Comparison, ...] = (lm_targets.COMPARISON, lm_targets.PROSE, 
 PAPER: Dict[str, Tuple[Tuple[str, ...], Dict[str, Tuple[float, ...]]]] = {
     "lm": (("GPT-2 small, FineWeb val loss",), {"tiny-attention": (3.29,), "tiny-pom": (3.88,),
                                                 "tiny-hybrid": (3.31,)}),
-    "lm_prose": (("GPT-2 small, FineWeb val loss",), {"tiny-attention": (3.29,), "tiny-pom": (3.88,),
-                                                      "tiny-hybrid": (3.31,)}),
     "image": (("SiT-L/2 FID", "SiT-XL/2 FID"), {"tiny-sit": (18.8, 17.2), "tiny-sipom": (17.6, 17.2)}),
     "ocr": (("HTR-VT on LAM, CER %",), {"tiny-htr-vt": (2.8,), "tiny-htr-vpom": (3.2,),
                                         "tiny-htr-vpom-hybrid": (2.8,)}),
@@ -104,6 +102,7 @@ PAPER: Dict[str, Tuple[Tuple[str, ...], Dict[str, Tuple[float, ...]]]] = {
     "points": (("PTv3 on ScanNet, mIoU %",), {"tiny-ptv3": (76.7,), "tiny-ppomv3": (75.9,),
                                               "tiny-ppomv3-hybrid": (76.8,)}),
 }
+PAPER["lm_prose"] = PAPER["lm"]  # the paper's GPT-2 runs are at the prose comparison's context of 1,024
 _SPEED_PARTS = ("throughput", "speed")  # where a family's bench keeps its speed rows
 _LENGTHS = ("N", "side", "lines", "voxels")  # a speed row's length, named as the table names it
 _TIMES = ("ms", "s_per_image", "s_per_call")  # a speed row's time per call (per image: already per item)
@@ -771,12 +770,11 @@ def collect(folder: Path) -> Dict[str, Any]:
     for fam in COMPARISONS:
         item = judge(fam, _load(fam, folder), seeded_rows(fam, fam.seed_payloads(folder)))
         timed = folder / (fam.speed_file or f"{fam.bench}.json")
-        item["timed_as"] = dict(fam.timed_as)
         item["speed"], lengths = _speed(read_json(timed) if timed.is_file() else None,
                                         _speed_name(fam.attention, fam.timed_as), fam.speed_length)
         if item["speed"]:
             item["speed"]["file"] = timed.name
-        item["models"] = _models(item, lengths)
+        item["models"] = _models(item, lengths, fam.timed_as)
         families.append(item)
     return {"families": families, "source": str(folder)}
 
@@ -844,7 +842,7 @@ def _paper(item: Dict[str, Any], model: str) -> Tuple[str, str]:
     its gap to the paper's attention, signed as the family's gaps are; empty where the paper has no such model."""
     labels, figures = PAPER.get(item["bench"], ((), {}))
     preset, base = model.split("+")[0], str(item.get("presets", {}).get("attention")).split("+")[0]
-    mine, theirs = figures.get(preset), figures.get(str(base))
+    mine, theirs = figures.get(preset), figures.get(base)
     if not mine or not theirs:
         return "", ""
     if preset == base:
@@ -855,7 +853,8 @@ def _paper(item: Dict[str, Any], model: str) -> Tuple[str, str]:
     return "; ".join(f"{v:g}, {g} ({label})" for v, g, label in zip(mine, gaps, labels)), " / ".join(gaps)
 
 
-def _models(item: Dict[str, Any], lengths: Dict[str, str]) -> List[Dict[str, Any]]:
+def _models(item: Dict[str, Any], lengths: Dict[str, str], timed_as: Optional[Dict[str, str]] = None
+            ) -> List[Dict[str, Any]]:
     """Every compared model that ran (attention, PoM, the value PoM, every hybrid) in its compared form, with its
     role, its own speed (``speed``: ÷ attention's; None where that very form was not timed), the paper's figure and
     gap, whether it is on the Pareto front (``pareto``, timed models only: no other timed model both at least as
@@ -867,7 +866,7 @@ def _models(item: Dict[str, Any], lengths: Dict[str, str]) -> List[Dict[str, Any
     for role, e in roles:
         if e.get("run"):
             paper, paper_gap = _paper(item, e["model"])
-            speed = ratio.get(_speed_name(e["model"], item.get("timed_as")) or "")
+            speed = ratio.get(_speed_name(e["model"], timed_as) or "")
             models.append(dict(e) | {"role": role, "speed": speed, "paper": paper, "paper_gap": paper_gap})
     sign = 1 if item["higher"] else -1
     timed = [m for m in models if m["speed"] is not None]
@@ -877,7 +876,7 @@ def _models(item: Dict[str, Any], lengths: Dict[str, str]) -> List[Dict[str, Any
                               for o in timed if o is not m)
     device = "GPU" if (item.get("speed") or {}).get("gpu") else "CPU"
     for m in models:
-        at = lengths.get(_speed_name(m["model"], item.get("timed_as")) or "")
+        at = lengths.get(_speed_name(m["model"], timed_as) or "")
         m["speed_text"] = "not measured" if m["speed"] is None else f"{m['speed']:.2f}× ({device}, {at})"
     return models
 

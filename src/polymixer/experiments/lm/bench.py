@@ -30,8 +30,7 @@ from ..bench.common import (
 )
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments",
-           "larger_models",
-           "width_ratio", "scaled_rates", "scaled_past", "two_scale_lines"]
+           "larger_models", "width_ratio", "scaled_rates", "scaled_past", "two_scale_lines"]
 
 KINDS = ("attention", "pom", "hybrid", "vpom", "vhybrid")  # the tiny-<kind> presets
 
