@@ -117,7 +117,8 @@ def _notes(payload: Dict[str, Any]) -> str:
     timed = [f"{f['bench']} {f['speed']['at']} ({f['speed']['device']})" for f in payload["families"]
              if f.get("speed")]
     return ("Speed: the throughput of the model the cell names (its preset at the family's speed-bench size) ÷ "
-            "attention's, at the longest length both were timed (the prose LM: at its context) — "
+            "attention's, at the length named per family (the longest both were timed, or the context a family is "
+            "trained at where it fixes one) — "
             + "; ".join(timed) + "; \"not measured\" where that model, in the form compared, was not timed (a "
             "form with options was not). † the median includes seed 0, the seed each bench's sweep chose the rates "
             "on (fewer than 3 other seeds ran). Paper: the paper's gap at GPU scale. Every compared model, with its "
