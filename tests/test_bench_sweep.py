@@ -14,7 +14,7 @@ import pytest
 
 from polymixer.experiments.bench.common import (
     QualitySweep, Stage, SweepRun, edge_note, mark_best, quality_rows, rate_beyond, round_rate, stale_rate_notes,
-    sweep_model,
+    sweep_model, training_curve,
 )
 from polymixer.files import claimed
 
@@ -40,7 +40,8 @@ def _sweep(trained: List[Tuple[str, str, float]], score: Dict[Tuple[str, float],
         trained.append((stage.name, job.spec, job.lr))
         job.out.mkdir(parents=True, exist_ok=True)  # as training would (each run its own folder)
         assert tcfg.lr == job.lr and job.out.parent == Path(cfg.out) / "quality"
-        return {"history": []}, {"task": stage.name, "spec": job.spec, "val": score[(job.spec, job.lr)],
+        history = [{"step": 5, "loss": 4.0}, {"step": 10, "loss": 2.0}, {"step": 10, "eval_val": 1.0}]
+        return {"history": history}, {"task": stage.name, "spec": job.spec, "val": score[(job.spec, job.lr)],
                                  "test": 2 * score[(job.spec, job.lr)]}
 
     def select(rows: List[Dict[str, Any]], cfg: Any) -> List[Dict[str, Any]]:
@@ -70,6 +71,7 @@ def test_stages_sweep_then_reuse_the_best_rate_chosen_on_validation(tmp_path):
     assert {r["lr_from"] for r in rows if r["task"] == "two"} == {"best one"}
     assert {r["lr_from"] for r in rows if r["task"] == "one"} == {"sweep", "recipe"}
     assert all(isinstance(r["train_min"], float) for r in rows)
+    assert all(r["train_curve"] == [[5, 4.0], [10, 2.0]] for r in rows)  # the training loss, not the evaluation
     # the run folders: the recipe's rate without a suffix (the folders of runs made before sweeps)
     folders = {Path(p).name for p in (tmp_path / "quality").iterdir()}
     assert folders >= {"one-tiny-vpom", "one-tiny-vpom-lr0.0005", "two-tiny-vpom"}
@@ -298,3 +300,12 @@ def test_a_part_kept_from_an_earlier_run_keeps_the_machine_it_was_measured_on(tm
     assert payload["speed"]["machine"] == {"cpu": "the earlier CPU"}
     assert json.loads(path.read_text())["speed"]["machine"] == {"cpu": "the earlier CPU"}
     assert payload["quality"]["machine"]["cpu"] != "the earlier CPU"
+
+
+def test_a_training_curve_keeps_evenly_spread_logged_losses_with_the_first_and_last():
+    history = [{"step": 10 * i, "loss": 1 / i, "lr": 1e-3} for i in range(1, 101)] + [{"step": 1000, "eval_x": 0.5}]
+    curve = training_curve(history, points=5)
+    assert [s for s, _ in curve] == [10, 260, 510, 750, 1000]  # records 0, 25, 50, 74, 99 of 100
+    assert curve[0] == [10, 1.0] and curve[-1] == [1000, 0.01]
+    assert training_curve(history[:3], points=5) == [[10, 1.0], [20, 0.5], [30, 0.3333]]  # fewer: every one
+    assert training_curve([]) == []

@@ -229,14 +229,19 @@ def test_the_prose_lm_table_compares_each_size_with_attentions_best_form_at_that
             row("tiny-pom+block_size=1024+n_embd=256", 0.004, 1.8) | {"smaller": "tiny-pom+block_size=1024"},
             row("tiny-attention+block_size=1024+n_embd=256", 0.002, 1.2)
             | {"smaller": "tiny-attention+block_size=1024"}]
+    # the training curves: PoM's gap to the shifted attention opens, 0% → +10% → +20% → +30% (steps 10 … 40)
+    rows[0]["train_curve"] = [[10, 3.0], [20, 2.2], [30, 1.8], [40, 1.3]]
+    rows[2]["train_curve"] = [[10, 3.0], [20, 2.0], [30, 1.5], [40, 1.0]]
     (tmp_path / "lm_prose").mkdir()
     (tmp_path / "lm_prose" / "lm.json").write_text(json.dumps({"quality": {"rows": rows}}))
     lines = guides.lm_prose(tmp_path).splitlines()
-    assert lines[0] == "| model | params | 2e-3 | 4e-3 | 8e-3 | best vs attention's best form |"
+    assert lines[0] == ("| model | params | 2e-3 | 4e-3 | 8e-3 | best vs attention's best form "
+                        "| training loss vs it at ¼ · ½ · ¾ · end |")
     assert [line.split(" | ")[0] for line in lines[2:]] == [
         "| `tiny-attention+block_size=1024`", "| `tiny-attention+block_size=1024+attention_shift=4`",
         "| `tiny-pom+block_size=1024`", "| `tiny-attention+block_size=1024+n_embd=256`",
         "| `tiny-pom+block_size=1024+n_embd=256`"]
-    assert lines[2].endswith("| | **1.6000** | 1.7000 | +6.7% |")  # plain attention against its shifted form
-    assert lines[3].endswith("— (the reference) |") and lines[4].endswith("| +33.3% |")
-    assert lines[6].endswith("| | **1.8000** | | +50.0% |")  # against the larger attention
+    assert lines[2].endswith("| | **1.6000** | 1.7000 | +6.7% | — |")  # plain attention against its shifted form
+    assert lines[3].endswith("— (the reference) | |")  # (a row without a curve: "—")
+    assert lines[4].endswith("| +33.3% | +0.0% · +10.0% · +20.0% · +30.0% |")
+    assert lines[6].endswith("| | **1.8000** | | +50.0% | — |")  # against the larger attention

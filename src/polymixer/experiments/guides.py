@@ -173,11 +173,24 @@ def lm_prose(bench: Path) -> str:
         base = min(bases, key=lambda b: best[b]["val_loss"]) if bases else None
         gap = best[spec]["val_loss"] / best[base]["val_loss"] - 1 if base and base != spec else None
         at = {r["lr"]: r["val_loss"] for r in rows if r["spec"] == spec}
+        along = _gaps_along(best[spec], best[base]) if gap is not None else ""
         out.append([f"`{spec}`", f"{best[spec]['params']:,}"]
                    + [_bold(f"{at[lr]:.4f}", lr == best[spec]["lr"]) if lr in at else "" for lr in rates]
-                   + ["— (the reference)" if base == spec else "" if gap is None else f"{gap:+.1%}"])
+                   + ["— (the reference)" if base == spec else "" if gap is None else f"{gap:+.1%}", along])
     return markdown_table(out, ["model", "params", *(f"{_rate(lr)}" for lr in rates),
-                                "best vs attention's best form"])
+                                "best vs attention's best form", "training loss vs it at ¼ · ½ · ¾ · end"])
+
+
+def _gaps_along(row: Dict[str, Any], base: Dict[str, Any]) -> str:
+    """A run's training loss against the reference run's at the logged steps nearest a quarter, half, three
+    quarters and the end of training (both rows' ``train_curve``): whether a gap closes or opens as they train;
+    "—" where either row predates the curve."""
+    mine, ref = dict(map(tuple, row.get("train_curve", []))), dict(map(tuple, base.get("train_curve", [])))
+    steps = sorted(set(mine) & set(ref))
+    if not steps:
+        return "—"
+    picks = [min(steps, key=lambda s: abs(s - f * steps[-1])) for f in (0.25, 0.5, 0.75, 1.0)]
+    return " · ".join(f"{mine[s] / ref[s] - 1:+.1%}" for s in picks)
 
 
 _LM_LAYOUT = [("1 head, 2-token shift", "tiny-vpom+value_heads=1+shift_width=2"),

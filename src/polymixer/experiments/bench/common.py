@@ -439,6 +439,16 @@ def training_minutes(out: Path, started: float, resumed_finished: bool, history:
     return seconds / 60 if seconds else None
 
 
+def training_curve(history: List[Dict[str, Any]], points: int = 16) -> List[List[float]]:
+    """[step, training loss] at up to ``points`` of the steps a run logged, evenly spread, its first and last
+    included: how its loss fell, small enough to keep in a bench row — two models that end apart may have been
+    apart from the start or may be drifting apart, and only the curve tells which."""
+    logged = [(r["step"], r["loss"]) for r in history if "loss" in r]
+    if len(logged) > points:
+        logged = [logged[round(i * (len(logged) - 1) / (points - 1))] for i in range(points)]
+    return [[step, round(float(loss), 4)] for step, loss in logged]
+
+
 def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
     """``"tiny-tsvipom+spatial_position=rope+sel_heads=1"`` → ("tiny-tsvipom", {"spatial_position": "rope",
     "sel_heads": 1}): a preset and overrides of its config, each value converted to the type of the field by the
@@ -926,7 +936,8 @@ class QualitySweep:
             t0 = time.perf_counter()
             res, row = self.evaluate(cfg, job, stage, tcfg)
             minutes = training_minutes(job.out, t0, finished, res.get("history", []), tcfg.batch_size)
-        rows.append({**row, "lr": job.lr, "lr_from": job.source, "train_min": minutes})
+        rows.append({**row, "lr": job.lr, "lr_from": job.source, "train_min": minutes,
+                     "train_curve": training_curve(res.get("history", []))})
         record_part(Path(cfg.out) / f"{self.bench}.json", "quality", cfg,  # on file at once, the family's other
                     lambda part: {**part, **self.summary(cfg, rows)})  # fields of the part as the file has them
 
