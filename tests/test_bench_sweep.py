@@ -14,7 +14,7 @@ import pytest
 
 from polymixer.experiments.bench.common import (
     QualitySweep, Stage, SweepRun, edge_note, mark_best, quality_rows, rate_beyond, round_rate, stale_rate_notes,
-    sweep_model, training_curve,
+    sweep_model, training_curve, training_minutes,
 )
 from polymixer.files import claimed
 
@@ -309,3 +309,15 @@ def test_a_training_curve_keeps_evenly_spread_logged_losses_with_the_first_and_l
     assert curve[0] == [10, 1.0] and curve[-1] == [1000, 0.01]
     assert training_curve(history[:3], points=5) == [[10, 1.0], [20, 0.5], [30, 0.3333]]  # fewer: every one
     assert training_curve([]) == []
+
+
+def test_training_minutes_count_a_resumed_runs_earlier_part_and_keep_a_finished_runs_record(tmp_path):
+    import time
+
+    # resumed after an interruption: the history's seconds (both invocations), not this process's few
+    history = [{"step": 10, "loss": 2.0, "tok_s": 1.0, "train_s": 600.0}, {"step": 20, "loss": 1.0, "train_s": 1800.0}]
+    assert training_minutes(tmp_path, time.perf_counter(), False, history, 4) == pytest.approx(30.0)
+    # a finished run only evaluated again: the minutes recorded when it finished
+    assert training_minutes(tmp_path, time.perf_counter() - 600, True, [], 4) == pytest.approx(30.0)
+    # a history without the seconds (older runs): this process's time
+    assert training_minutes(tmp_path / "old", time.perf_counter() - 120, False, [], 4) == pytest.approx(2.0, abs=0.1)

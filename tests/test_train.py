@@ -58,6 +58,9 @@ def test_train_checkpoint_roundtrip_and_exact_resume(tmp_path, corpus_dir):
         assert torch.equal(v1, v2), k
     hist = json.loads((tmp_path / "b" / "run" / "history.json").read_text())
     assert [h["step"] for h in hist if "loss" in h] == [1, 2, 3, 4, 5, 6]
+    # the seconds trained accumulate across the interruption (a bench's train_min counts both invocations)
+    seconds = [h["train_s"] for h in hist if "loss" in h]
+    assert all(0 < a < b for a, b in zip(seconds, seconds[1:]))
 
 
 def test_resume_with_a_different_model_lists_the_differences(tmp_path, corpus_dir):

@@ -420,16 +420,21 @@ def training_claim(out: Path, wait: bool = False) -> Iterator[bool]:
 
 def training_minutes(out: Path, started: float, resumed_finished: bool, history: List[Dict[str, Any]],
                      batch: int) -> Optional[float]:
-    """Minutes a bench's training run took. Quality benches train with ``resume=True``, so a run that an interrupted
-    bench had already finished is only evaluated again (``resumed_finished``): its time is then the one recorded in
-    ``out/train_time.json``, or for a run older than that record, estimated from the throughput in its history."""
+    """Minutes a bench's training run trained, over every invocation of it: the seconds its history logs
+    (``train_s``, evaluation excluded), so that a run interrupted and resumed counts its earlier part too. A run
+    that an interrupted bench had already finished is only evaluated again (``resumed_finished``): its time is then
+    the one recorded in ``out/train_time.json``; a run older than the logged seconds takes this process's time, or,
+    finished, an estimate from the throughput in its history."""
     record = Path(out) / "train_time.json"
+    if resumed_finished and record.is_file():
+        return read_json(record)["minutes"]
+    logged = next((r["train_s"] for r in reversed(history) if "train_s" in r), None)
     if not resumed_finished:
-        minutes = (time.perf_counter() - started) / 60
+        minutes = logged / 60 if logged else (time.perf_counter() - started) / 60
         write_json(record, {"minutes": minutes})
         return minutes
-    if record.is_file():
-        return read_json(record)["minutes"]
+    if logged:
+        return logged / 60
     seconds, last = 0.0, 0
     for rec in history:
         rate = next((v for k, v in rec.items() if k.endswith("_s") and v), None)

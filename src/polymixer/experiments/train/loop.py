@@ -493,6 +493,7 @@ class _Run:
     nonfinite_run: int = 0  # non-finite steps in a row
     units: int = 0  # units trained on since the last log
     t_last: float = 0.0  # when the throughput was last measured
+    train_s: float = 0.0  # seconds spent training so far, a resumed run's earlier invocations included
     stats: List[torch.Tensor] = field(default_factory=list)  # running statistics a skipped step restores
 
 
@@ -652,6 +653,7 @@ def _begin(run: _Run) -> None:
                    desc=f"train {run.out.name}", dynamic_ncols=True)
     run.t_last, run.units = time.perf_counter(), 0
     run.skipped = next((r["skipped"] for r in reversed(run.history) if "skipped" in r), 0)
+    run.train_s = next((r["train_s"] for r in reversed(run.history) if "train_s" in r), 0.0)
     run.nonfinite_run = 0
     run.saved = run.start
     run.stats = _running_stats(run.raw)
@@ -747,8 +749,8 @@ def _peak_rss_mb() -> float:
 def _log(run: _Run, done: int, lr: float, loss_sum: torch.Tensor, grad_norm: torch.Tensor,
          on_log: Optional[Callable[[Dict[str, Any]], None]]) -> None:
     """Append a history record after ``done`` steps (loss averaged over the ranks, learning rate, throughput since
-    the last record, gradient norm, steps skipped, bad samples, the peak resident memory of the busiest rank) and
-    show it on the main rank."""
+    the last record, gradient norm, steps skipped, bad samples, the peak resident memory of the busiest rank, the
+    seconds trained so far over every invocation of the run) and show it on the main rank."""
     ctx, lay, faults = run.ctx, run.lay, run.faults
     rss = torch.tensor([_peak_rss_mb()], dtype=torch.float64, device=ctx.device)
     if ctx.world > 1:
@@ -757,9 +759,11 @@ def _log(run: _Run, done: int, lr: float, loss_sum: torch.Tensor, grad_norm: tor
         dist.all_reduce(rss, op=dist.ReduceOp.MAX)
     now = time.perf_counter()
     rate = run.units * lay.dp_world * lay.cp_size / max(now - run.t_last, 1e-9)
+    run.train_s += now - run.t_last
     run.t_last, run.units = now, 0
     rec = {"step": done, "loss": float(loss_sum), "lr": lr, f"{run.task.unit}_s": rate,
-           "grad_norm": float(grad_norm), "skipped": run.skipped, "peak_rss_mb": float(rss)}
+           "grad_norm": float(grad_norm), "skipped": run.skipped, "peak_rss_mb": float(rss),
+           "train_s": run.train_s}
     if faults:
         rec["bad_samples"] = len(faults)
     run.history.append(rec)
