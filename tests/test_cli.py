@@ -51,6 +51,12 @@ def test_cli_reports_bad_arguments(capsys):
     assert "positive" in capsys.readouterr().err
 
 
+def test_bench_lm_kinds_name_a_known_kind(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "lm", "--parts", "throughput", "--kinds", "transformer+attention_shift=4"])
+    assert "'transformer+attention_shift=4': a kind is one of attention, pom" in capsys.readouterr().err
+
+
 def test_bench_lm_timing_parts(tmp_path, capsys):
     """Throughput and decoding parts on a toy model: every row filled, ratios against the right baseline, a plot."""
     from polymixer.experiments.lm.bench import LMBenchConfig, report, run
@@ -84,6 +90,10 @@ def test_bench_lm_timing_parts(tmp_path, capsys):
     assert new.keys() == old.keys() and all(new[k] == v for k, v in old.items() if k[1] in ("pom", "hybrid"))
     assert {r["model"] for r in again["decode"]["rows"]} == set(kinds)
     assert [r["state_mb"] for r in again["decode"]["rows"] if r["model"] == "pom"] == [r["state_mb"] for r in pom]
+    # a compared form with options is timed as its own kind, beside its preset's rows
+    shifted = run(replace(cfg, kinds=("hybrid+attention_shift=4",), parts=("throughput",)), progress=False)
+    assert {(r["N"], r["model"]) for r in shifted["throughput"]["rows"]} == old.keys() | {
+        (n, "hybrid+attention_shift=4") for n in (32, 64)}
 
 
 def test_bench_image_both_parts(tmp_path):

@@ -948,3 +948,8 @@ def test_the_prose_lm_at_context_1024_is_a_comparison_of_its_own(tmp_path):
                       hyb: "1.20× (CPU, N 1,024)"}
     assert f["speed"]["file"] == "lm.json" and f["speed"]["at"] == "N 1,024"
     assert fams["lm"]["speed"]["at"] == "N 4,096"
+    # the shift form timed as its own kind (--kinds attention+attention_shift=4): its speed is its own
+    timed.append({"N": 1024, "batch": 8, "model": "attention+attention_shift=4", "ms": 32.0})
+    _write(tmp_path, "lm", "throughput", timed)
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "lm_prose")
+    assert {m["model"]: m["speed_text"] for m in f["models"]}[att + "+attention_shift=4"] == "0.94× (CPU, N 1,024)"

@@ -779,12 +779,13 @@ def collect(folder: Path) -> Dict[str, Any]:
     return {"families": families, "source": str(folder)}
 
 
-def _speed_name(model: str, timed_as: Optional[Dict[str, str]] = None) -> Optional[str]:
-    """The name a family's speed bench times ``model`` under (its preset without ``tiny-``; ``timed_as``: forms it
-    times under another name); None for another form with options, which the speed benches do not time."""
+def _speed_name(model: str, timed_as: Optional[Dict[str, str]] = None) -> str:
+    """The name a family's speed bench times ``model`` under: its spec without ``tiny-`` (a form with options too,
+    ``hybrid+attention_shift=4``, where the bench timed that form; a form it did not time finds no row and reads
+    "not measured", never its preset's speed); ``timed_as``: forms it times under another name."""
     if model in (timed_as or {}):
         return timed_as[model]
-    return None if "+" in model else model.removeprefix("tiny-").lower()
+    return model.removeprefix("tiny-").lower()
 
 
 def _timings(part: Dict[str, Any]) -> Tuple[Optional[str], Dict[str, Dict[Any, Tuple[float, float]]]]:
@@ -866,7 +867,7 @@ def _models(item: Dict[str, Any], lengths: Dict[str, str], timed_as: Optional[Di
     for role, e in roles:
         if e.get("run"):
             paper, paper_gap = _paper(item, e["model"])
-            speed = ratio.get(_speed_name(e["model"], timed_as) or "")
+            speed = ratio.get(_speed_name(e["model"], timed_as))
             models.append(dict(e) | {"role": role, "speed": speed, "paper": paper, "paper_gap": paper_gap})
     sign = 1 if item["higher"] else -1
     timed = [m for m in models if m["speed"] is not None]
@@ -876,7 +877,7 @@ def _models(item: Dict[str, Any], lengths: Dict[str, str], timed_as: Optional[Di
                               for o in timed if o is not m)
     device = "GPU" if (item.get("speed") or {}).get("gpu") else "CPU"
     for m in models:
-        at = lengths.get(_speed_name(m["model"], timed_as) or "")
+        at = lengths.get(_speed_name(m["model"], timed_as))
         m["speed_text"] = "not measured" if m["speed"] is None else f"{m['speed']:.2f}× ({device}, {at})"
     return models
 

@@ -30,7 +30,7 @@ from ..bench.common import (
 )
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments",
-           "larger_models", "width_ratio", "scaled_rates", "scaled_past", "two_scale_lines"]
+           "larger_models", "width_ratio", "scaled_rates", "scaled_past", "two_scale_lines", "kind_argument"]
 
 KINDS = ("attention", "pom", "hybrid", "vpom", "vhybrid")  # the tiny-<kind> presets
 
@@ -77,10 +77,21 @@ QUICK = dict(throughput_lengths=(1024, 4096), tokens=8192, repeats=2, decode_con
 
 
 def _model(cfg: LMBenchConfig, kind: str) -> torch.nn.Module:
-    m = create_model("tiny-" + kind, n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, window=cfg.window,
-                     sel_heads=cfg.n_head, position="rope",
-                     block_size=max(cfg.decode_contexts + cfg.throughput_lengths))
-    return m.eval()
+    """The ``tiny-<kind>`` preset at the bench's width and depth, rotary positions; a kind with options
+    (``hybrid+attention_shift=4``) is that form of it, so the speed of a compared form is its own."""
+    preset, options = parse_variant("tiny-" + kind)
+    size = dict(n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, window=cfg.window, sel_heads=cfg.n_head,
+                position="rope", block_size=max(cfg.decode_contexts + cfg.throughput_lengths))
+    return create_model(preset, **{**size, **options}).eval()
+
+
+def kind_argument(text: str) -> str:
+    """``--kinds``' type: one of :data:`KINDS`, optionally with config overrides (``attention+attention_shift=4``);
+    anything else is a one-line error naming the kinds."""
+    if text.split("+")[0] not in KINDS:
+        raise argparse.ArgumentTypeError(f"{text!r}: a kind is one of {', '.join(KINDS)}, optionally with "
+                                         "+field=value overrides (attention+attention_shift=4)")
+    return text
 
 
 def _earlier(cfg: LMBenchConfig, part: str, run: Tuple[str, ...]) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
@@ -478,8 +489,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=None, help="throughput sequence lengths")
     p.add_argument("--contexts", type=int, nargs="+", default=None, help="decoding contexts")
     p.add_argument("--quality-steps", type=int, default=None)
-    p.add_argument("--kinds", nargs="+", choices=list(KINDS), default=None,
-                   help="models of the throughput and decoding parts (tiny-<kind>)")
+    p.add_argument("--kinds", nargs="+", type=kind_argument, default=None,
+                   help=f"models of the throughput and decoding parts (tiny-<kind>: {', '.join(KINDS)}), a form with "
+                        "options as kind+field=value (hybrid+attention_shift=4)")
     p.add_argument("--presets", nargs="+", default=None,
                    help="presets of the quality part (those not given keep their earlier rows); a variant overrides "
                         "config fields: tiny-vpom+value_heads=1+shift_width=2")

@@ -35,7 +35,9 @@ PROSE = replace(
     # positions: the context a preset is built for costs nothing) with the hybrid's local window of 128
     speed_file="lm.json", speed_length=1024,
     timed_as={"tiny-attention+block_size=1024": "attention", "tiny-pom+block_size=1024": "pom",
-              "tiny-hybrid+block_size=1024+window=128": "hybrid"},
+              "tiny-hybrid+block_size=1024+window=128": "hybrid",
+              "tiny-attention+block_size=1024+attention_shift=4": "attention+attention_shift=4",
+              "tiny-hybrid+block_size=1024+window=128+attention_shift=4": "hybrid+attention_shift=4"},
     command="polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {spec} --sweep {spec} "
             "--lr-factors 0.5 1 2 4 8 --out docs/bench/lm_prose",
 )
