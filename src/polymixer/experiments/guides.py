@@ -55,10 +55,17 @@ def markdown_table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str
 # --- language model (docs/lm.md, docs/hf.md) -------------------------------------------------------------------
 
 def lm_throughput(bench: Path) -> str:
-    """Forward throughput of attention, PoM and the hybrid at a fixed token budget (``bench lm --parts speed``)."""
-    rows = _read(bench, "lm.json")["throughput"]["rows"]
-    return format_table(rows, ["N", "batch", "model", "ms", "ktok_s", "vs_attention"],
-                        ["N", "B", "model", "ms", "k tok/s", "÷ attention"])
+    """Forward throughput of every timed model (``bench lm --parts throughput``; a kind with options is that form)
+    at each length for a fixed token budget: thousand tokens/s and, in brackets, ÷ attention's; one row a model."""
+    part = _read(bench, "lm.json")["throughput"]
+    rows, params = part["rows"], part.get("params", {})
+    lengths = sorted({r["N"] for r in rows})
+    batch = {r["N"]: r["batch"] for r in rows}
+    at = {(r["model"], r["N"]): r for r in rows}
+    out = [[f"`{m}`", f"{params[m]:,}" if m in params else ""]
+           + [f"{at[m, n]['ktok_s']:.3g} ({at[m, n]['vs_attention']:.2f}×)" if (m, n) in at else "" for n in lengths]
+           for m in dict.fromkeys(r["model"] for r in rows)]
+    return markdown_table(out, ["model (`--kinds`)", "params", *(f"N {n:,} (batch {batch[n]})" for n in lengths)])
 
 
 def lm_decode(bench: Path) -> str:
