@@ -55,6 +55,9 @@ def test_bench_lm_kinds_name_a_known_kind(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "lm", "--parts", "throughput", "--kinds", "transformer+attention_shift=4"])
     assert "'transformer+attention_shift=4': a kind is one of attention, pom" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # an override is checked before anything runs, too
+        main(["bench", "lm", "--parts", "throughput", "--kinds", "hybrid+attention_shfit=4"])
+    assert "unknown field 'attention_shfit' of LMConfig" in capsys.readouterr().err
 
 
 def test_bench_lm_timing_parts(tmp_path, capsys):

@@ -940,9 +940,10 @@ class QualitySweep:
             finished = resume_point(job.out, tcfg)  # a run trained to the end (here or copied in): scored
             t0 = time.perf_counter()
             res, row = self.evaluate(cfg, job, stage, tcfg)
-            minutes = training_minutes(job.out, t0, finished, res.get("history", []), tcfg.batch_size)
+            history = res.get("history", [])
+            minutes = training_minutes(job.out, t0, finished, history, tcfg.batch_size)
         rows.append({**row, "lr": job.lr, "lr_from": job.source, "train_min": minutes,
-                     "train_curve": training_curve(res.get("history", []))})
+                     "train_curve": training_curve(history)})
         record_part(Path(cfg.out) / f"{self.bench}.json", "quality", cfg,  # on file at once, the family's other
                     lambda part: {**part, **self.summary(cfg, rows)})  # fields of the part as the file has them
 

@@ -86,11 +86,15 @@ def _model(cfg: LMBenchConfig, kind: str) -> torch.nn.Module:
 
 
 def kind_argument(text: str) -> str:
-    """``--kinds``' type: one of :data:`KINDS`, optionally with config overrides (``attention+attention_shift=4``);
-    anything else is a one-line error naming the kinds."""
+    """``--kinds``' type: one of :data:`KINDS`, optionally with config overrides (``attention+attention_shift=4``),
+    each override checked by :func:`parse_variant` before anything runs; anything else is a one-line error."""
     if text.split("+")[0] not in KINDS:
         raise argparse.ArgumentTypeError(f"{text!r}: a kind is one of {', '.join(KINDS)}, optionally with "
                                          "+field=value overrides (attention+attention_shift=4)")
+    try:
+        parse_variant("tiny-" + text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return text
 
 
