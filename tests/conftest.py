@@ -116,6 +116,20 @@ def assert_close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-10, atol: fl
     torch.testing.assert_close(a.to(b.dtype), b, rtol=rtol, atol=atol)
 
 
+# Appended to every torchrun script: a script that reaches its end leaves its process group and exits without the
+# interpreter's teardown, where a still-joined gloo group's threads can abort a finished rank (SIGABRT, "terminate
+# called without an active exception"). A script that raises never gets here and keeps its error status.
+_LEAVE = """
+import os as _os, sys as _sys
+_dist = _sys.modules.get("torch.distributed")
+if _dist is not None and _dist.is_available() and _dist.is_initialized():
+    _dist.destroy_process_group()  # (no barrier: a rank that raised is not waited for)
+_sys.stdout.flush()
+_sys.stderr.flush()
+_os._exit(0)
+"""
+
+
 def torchrun(script_text: str, args: Sequence, tmp: Path, procs: int, env: Optional[Dict[str, str]] = None,
              status: int = 0, name: str = "script.py", timeout: int = 600) -> subprocess.CompletedProcess:
     """Writes ``script_text`` to ``tmp / name`` and runs it on ``procs`` CPU processes under torchrun (a free port, one
@@ -124,7 +138,7 @@ def torchrun(script_text: str, args: Sequence, tmp: Path, procs: int, env: Optio
     from polymixer.experiments.bench.parallel import free_port
 
     script = tmp / name
-    script.write_text(script_text)
+    script.write_text(script_text + _LEAVE)
     launch = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run",
                                                   f"--nproc-per-node={procs}", f"--master-port={free_port()}"]
     res = subprocess.run(launch + [str(script)] + [str(a) for a in args], capture_output=True, text=True,
