@@ -263,15 +263,18 @@ def test_bench_eo_both_parts(tmp_path, monkeypatch, capsys):
 
     data = write_synthetic_pastis(tmp_path / "data", patches_per_fold=1, size=32, frames=(3, 5), progress=False)
     toy = dict(dim=16, heads=2, temporal_depth=1, spatial_depth=1, sel_heads=2)
-    cfg = EOBenchConfig(sides=(8, 16), frames=3, budget=256, repeats=1, quality_models=(
+    cfg = EOBenchConfig(presets=("tsvit", "tsvipom", "tsvipom-value+date_rope=true"), sides=(8, 16), frames=3,
+                        budget=256, repeats=1, quality_models=(
         "tiny-tsvit", "tiny-tsvipom", "tiny-tsvipom+spatial_position=rope"), quality_steps=2, quality_batch=2,
         crop=8, eval_windows=(8, 16, 0), data_dir=str(data), model_overrides=toy, out=str(tmp_path / "bench"),
         sweep=("tiny-tsvit",), curve_models=("tiny-tsvit", "tiny-tsvipom"), curve_factor=2, curve_points=2,
         parts=("speed", "quality", "curves"), bracket=0)
     payload = run(cfg, progress=False)
     rows = payload["speed"]["rows"]
-    assert [(r["dtype"], r["side"], r["preset"]) for r in rows] == [(d, s, p) for d in ("fp32", "bf16")
-                                                                    for s in (8, 16) for p in cfg.presets]
+    # a form with options is timed as itself (what a compared form's speed is read from)
+    assert [(r["dtype"], r["side"], r["spec"]) for r in rows] == [(d, s, p) for d in ("fp32", "bf16")
+                                                                  for s in (8, 16) for p in cfg.presets]
+    assert rows[2]["preset"] == "tsvipom-value" and "date_rope=True" in rows[2]["model"]
     assert all(r["km2_per_s"] > 0 and r["batch"] * r["side"] ** 2 >= 256 for r in rows)
     assert all(r["speedup"] == 1.0 for r in rows if r["preset"] == "tsvit")
     q = payload["quality"]["rows"]

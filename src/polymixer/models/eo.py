@@ -442,6 +442,10 @@ def _register() -> None:
     # 2e-3 (seed 0), 2 heads 37.0, 2 heads and the 4-token shift 42.1 (docs/eo.md).
     register_model("tsvipom-value", "eo", TSViTConfig, TSViT, "TSViPoM with the value-carrying PoM in every block",
                    mixer="value_pom", degree=2, expand=1, sel_heads=4, value_heads=4)
+    # the same at TSViT's size: the first temporal block local attention, the value PoM in the other seven
+    register_model("tsvipom-local", "eo", TSViTConfig, TSViT,
+                   "TSViPoM: local attention (30 days) then the value PoM in time, the value PoM in space",
+                   mixer="LVVVVVVV", degree=2, expand=1, sel_heads=4, value_heads=4)
     register_model("tiny-tsvipom-value", "eo", TSViTConfig, TSViT, "tiny TSViPoM with the value-carrying PoM",
                    **{**tiny, "mixer": "value_pom", "expand": 0.9375, "value_heads": 2, "token_shift": 4})
     # local attention beside the value PoM where the gap is (time): the first temporal block attends within 30 days

@@ -47,11 +47,11 @@ reported figure, no shift offered to attention) says so, with both figures.
 Speed: the family's speed bench (``lm.json``'s throughput, the other benches' speed part; the ``<bench>.json`` in
 ``--out``; ``Comparison.speed_file`` where another bench times it): the throughput of the model's preset (or of the
 form ``Comparison.timed_as`` names) ÷ attention's at the longest length both were timed (``Comparison.speed_length``:
-at the family's own context), on
-the device the JSON names. A form with options (the token shift, rotary encodings, another mixer or patch size) was
-not timed and reads "not measured" — never its plain preset's speed. The paper's figures (:data:`PAPER`, GPU scale)
-stand beside attention, PoM and the paper's hybrid; the Pareto front marks the models no other is both better and
-faster than.
+at the family's own context), on the device the JSON names. A form with options (the token shift, rotary encodings,
+another mixer or patch size) is timed as itself where its bench took it (``bench lm --kinds``, ``bench eo`` /
+``bench points --presets`` with ``+field=value`` options); one no bench timed reads "not measured" — never its plain
+preset's speed. The paper's figures (:data:`PAPER`, GPU scale) stand beside attention, PoM and the paper's hybrid;
+the Pareto front marks the models no other is both better and faster than.
 
 Recall under Zoology's recipe also judges the state target on Zoology's figure 2 (the ``zoology`` part of
 ``recall_zoology/recall.json``): the value PoM at least level with Based at every state size, length and form,
@@ -978,8 +978,8 @@ def _models_notes(payload: Dict[str, Any]) -> List[str]:
              "3 of them ran; † marks one that includes seed 0 (fewer than 3 other seeds ran).",
              "- Speed: the throughput of that same model (its preset at the family's speed-bench size) ÷ attention's "
              "preset's, at the longest length both were timed or at the family's own context (the lines below say "
-             "which); a form with options (the token shift, rotary encodings, another mixer or patch size) was not "
-             "timed and reads \"not measured\""
+             "which); a form with options (the token shift, rotary encodings, another mixer or patch size) timed as "
+             "itself where its bench took it, else \"not measured\""
              + ("; a GPU figure names its card" if gpu else
                 ", as does every GPU figure: no family's measured JSON names a card")
              + ". ★: on the Pareto front (no model both better and faster); — : no speed to place it."]

@@ -119,8 +119,8 @@ def _notes(payload: Dict[str, Any]) -> str:
     return ("Speed: the throughput of the model the cell names (its preset at the family's speed-bench size) ÷ "
             "attention's, at the length named per family (the longest both were timed, or the context a family is "
             "trained at where it fixes one) — "
-            + "; ".join(timed) + "; \"not measured\" where that model, in the form compared, was not timed (a "
-            "form with options was not). † the median includes seed 0, the seed each bench's sweep chose the rates "
+            + "; ".join(timed) + "; \"not measured\" where that model, in the form compared, was not timed. "
+            "† the median includes seed 0, the seed each bench's sweep chose the rates "
             "on (fewer than 3 other seeds ran). Paper: the paper's gap at GPU scale. Every compared model, with its "
             "speed and the Pareto front: [docs/parity.md](docs/parity.md).")
 

@@ -43,6 +43,7 @@ __all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdic
 
 NAMES = {"tsvit": "TSViT", "tsvipom": "TSViPoM", "tsvipom-hybrid": "TSViPoM Hybrid", "tiny-tsvit": "tiny TSViT",
          "tiny-tsvipom": "tiny TSViPoM", "tiny-tsvipom-hybrid": "tiny hybrid", "tsvipom-value": "TSViPoM-value",
+         "tsvipom-local": "TSViPoM-local",
          "tiny-tsvipom-value": "tiny TSViPoM-value"}
 # the classes of the synthetic PASTIS that share spectra and curve shapes and differ only in timing
 # (data/eo_synth.py): the winter cereals and the summer crops
@@ -98,7 +99,9 @@ def variant_name(spec: str) -> str:
 
 @torch.inference_mode()
 def run_speed(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    """km²/s of each preset per dtype and window side, round-robin, T = ``cfg.frames`` dates."""
+    """km²/s of each model per dtype and window side, round-robin, T = ``cfg.frames`` dates. A model is a preset,
+    optionally with ``+field=value`` options (``tsvit+date_rope=true``): the form a quality comparison picked is
+    timed as itself, never as its plain preset."""
     from tqdm.auto import tqdm
 
     bad = sorted(set(cfg.dtypes) - set(DTYPES))
@@ -111,7 +114,7 @@ def run_speed(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     bar = tqdm(total=len(cfg.dtypes) * len(cfg.sides) * len(cfg.presets) * (cfg.repeats + 1), disable=not progress,
                desc="bench eo speed", unit="call")
     for dtype in cfg.dtypes:
-        models = {p: create_model(p, **cfg.model_overrides).eval().to(DTYPES[dtype]) for p in cfg.presets}
+        models = {p: _speed_model(p, cfg).eval().to(DTYPES[dtype]) for p in cfg.presets}
         params.update({p: count_parameters(m) for p, m in models.items()})
         first = next(iter(models.values())).config
         for side in cfg.sides:
@@ -128,11 +131,17 @@ def run_speed(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
             for p in cfg.presets:
                 t = timing[p].median
                 rows.append({"dtype": dtype, "side": side, "batch": batch, "spatial_tokens": grid * grid,
-                             "temporal_tokens": first.num_classes + cfg.frames, "model": NAMES.get(p, p), "preset": p,
+                             "temporal_tokens": first.num_classes + cfg.frames, "model": variant_name(p), "spec": p,
+                             "preset": p.split("+")[0],
                              "s_per_call": t, "km2_per_s": batch * side * side * PIXEL_KM2 / t, "speedup": base / t,
                              "spread": timing[p].spread})
     bar.close()
     return {"rows": rows, "params": params, "allocator_tuned": allocator}
+
+
+def _speed_model(spec: str, cfg: EOBenchConfig) -> torch.nn.Module:
+    preset, overrides = parse_variant(spec)
+    return create_model(preset, **{**cfg.model_overrides, **overrides})
 
 
 def _train_cfg(cfg: EOBenchConfig, out: Path, lr: float, steps: int, ckpt_every: int, keep: int,
@@ -282,7 +291,7 @@ def _speed_verdicts(payload: Dict[str, Any]) -> List[str]:
     out: List[str] = []
     rows = payload["speed"]["rows"]
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
-        pom = {r["side"]: r for r in rows if r["preset"] == "tsvipom" and r["dtype"] == dtype}
+        pom = {r["side"]: r for r in rows if r.get("spec", r["preset"]) == "tsvipom" and r["dtype"] == dtype}
         if not pom:
             continue
         small, large = min(pom), max(pom)
@@ -538,7 +547,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a few-minute version of both parts")
     p.add_argument("--parts", nargs="+", choices=["speed", "quality", "curves"], default=list(d.parts),
                    help="curves: the learning curves of the quality models at their best rates (5× the steps)")
-    p.add_argument("--presets", nargs="+", default=None, help="models of the speed part (the first is the baseline)")
+    p.add_argument("--presets", nargs="+", default=None,
+                   help="models of the speed part (the first is the baseline), each optionally with +field=value "
+                        "options (e.g. tsvit+date_rope=true)")
     p.add_argument("--sides", type=int, nargs="+", default=None, help="window sides of the speed part")
     p.add_argument("--frames", type=int, default=None, help="dates per series in the speed part")
     p.add_argument("--budget", type=int, default=None, help="pixels per forward call")

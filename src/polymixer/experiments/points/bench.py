@@ -393,10 +393,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = PointBenchConfig()
     p.add_argument("--quick", action="store_true", help="a few-minute version of every part")
     p.add_argument("--parts", nargs="+", choices=["speed", "conv", "quality"], default=list(d.parts))
-    p.add_argument("--presets", nargs="+", default=None, help="models of the speed part (the first is the baseline)")
+    p.add_argument("--presets", nargs="+", default=None,
+                   help="models of the speed part (the first is the baseline), each optionally with +field=value "
+                        "options (e.g. ptv3+attention_shift=2)")
     p.add_argument("--sizes", type=int, nargs="+", default=None, help="voxels per scene in the speed part")
-    p.add_argument("--patch-models", nargs="+", default=None,
-                   help="context variants timed at --patch-scene voxels (preset+field=value, 'scene' = whole scene)")
+    p.add_argument("--patch-models", nargs="*", default=None,
+                   help="context variants timed at --patch-scene voxels (preset+field=value, 'scene' = whole scene; "
+                        "none given: none)")
     p.add_argument("--patch-scene", type=int, default=None)
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--quality-models", nargs="+", default=None,
