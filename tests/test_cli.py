@@ -195,16 +195,18 @@ def test_bench_ocr_both_parts(tmp_path):
     pages = {f"p{j:02d}": TEXTS[j % 5:j % 5 + 3] for j in range(5)}
     data = write_dataset(tmp_path / "data", pages, {"train": ["p00", "p01", "p02"], "val": ["p03"], "test": ["p04"]})
     toy = dict(height=32, dim=32, heads=2, stem_channels=(8, 16, 32), depth=2, sel_heads=2)
-    cfg = OCRBenchConfig(lines=(1, 2), budget=2, repeats=1, quality_steps=2, multiline_steps=1, quality_batch=4,
+    cfg = OCRBenchConfig(presets=("htr-vt", "htr-vpom", "htr-vt+attention_shift=2"), lines=(1, 2), budget=2,
+                         repeats=1, quality_steps=2, multiline_steps=1, quality_batch=4,
                          multiline_batch=2, max_lines=3, tasks=("synthetic", "synthetic-multiline"),
                          quality_presets=("tiny-htr-vt", "tiny-htr-vpom"), sweep=("tiny-htr-vpom",), lrs=(1e-3,),
                          data_dir=str(data), model_overrides=toy, out=str(tmp_path / "bench"))
     payload = run(cfg, progress=False)
     rows = payload["speed"]["rows"]
-    assert [(r["dtype"], r["lines"], r["preset"]) for r in rows] == [(d, n, p) for d in ("fp32", "bf16")
-                                                                     for n in (1, 2) for p in cfg.presets]
+    assert [(r["dtype"], r["lines"], r["spec"]) for r in rows] == [(d, n, p) for d in ("fp32", "bf16")
+                                                                   for n in (1, 2) for p in cfg.presets]
+    assert rows[2]["preset"] == "htr-vt" and "attention_shift=2" in rows[2]["model"]  # a form timed as itself
     assert all(r["lines_per_s"] > 0 and 0 < r["stem_share"] for r in rows)
-    assert all(r["speedup"] == 1.0 for r in rows if r["preset"] == "htr-vt")
+    assert all(r["speedup"] == 1.0 for r in rows if r["spec"] == "htr-vt")
     q = payload["quality"]["rows"]
     assert [(r["task"], r["preset"], r["lr"]) for r in q] == [(t, p, 1e-3) for t in cfg.tasks
                                                               for p in cfg.quality_presets]  # --lrs: one rate

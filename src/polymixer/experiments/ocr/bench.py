@@ -24,8 +24,8 @@ from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figu
 from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, best_rows,
-    describe_variant, QualitySweep, Stage, SweepRun, keep_freed_memory, mark_best, picture_owner, quality_rows,
-    render_report, section_lines, stale_rate_notes, sweep_folder, sweep_table, time_interleaved,
+    describe_variant, QualitySweep, Stage, SweepRun, keep_freed_memory, mark_best, parse_variant, picture_owner,
+    quality_rows, render_report, section_lines, stale_rate_notes, sweep_folder, sweep_table, time_interleaved,
 )
 
 __all__ = ["OCRBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
@@ -90,7 +90,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 @torch.inference_mode()
 def run_speed(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    """Lines/s of each preset per dtype and page length, round-robin with the shared stem timed alone."""
+    """Lines/s of each model per dtype and page length, round-robin with the shared stem timed alone. A model is a
+    preset, optionally with ``+field=value`` options (``htr-vt+attention_shift=2``): a compared form is timed as
+    itself."""
     from tqdm.auto import tqdm
 
     bad = sorted(set(cfg.dtypes) - set(DTYPES))
@@ -106,8 +108,7 @@ def run_speed(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
     bar = tqdm(total=len(cfg.dtypes) * len(cfg.lines) * (len(cfg.presets) + 1) * (cfg.repeats + 1),
                disable=not progress, desc="bench ocr speed", unit="call")
     for dtype in cfg.dtypes:
-        models = {p: create_model(p, **cfg.model_overrides).optimize_for_inference(DTYPES[dtype])
-                  for p in cfg.presets}
+        models = {p: _speed_model(p, cfg).optimize_for_inference(DTYPES[dtype]) for p in cfg.presets}
         params.update({p: count_parameters(m) for p, m in models.items()})
         stem = models[cfg.presets[0]].stem
         height = next(iter(models.values())).config.height
@@ -124,11 +125,17 @@ def run_speed(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
             for p in cfg.presets:
                 t = timing[p].median
                 rows.append({"dtype": dtype, "lines": n, "tokens": (width + 3) // 4, "batch": batch,
-                             "model": NAMES.get(p, p), "preset": p, "s_per_call": t, "lines_per_s": cfg.budget / t,
+                             "model": describe_variant(p, NAMES), "spec": p, "preset": p.split("+")[0],
+                             "s_per_call": t, "lines_per_s": cfg.budget / t,
                              "speedup": base / t, "stem_share": stem_t / t, "spread": timing[p].spread,
                              "encoder_speedup": (base - stem_t) / max(t - stem_t, 1e-9)})
     bar.close()
     return {"rows": rows, "params": params, "allocator_tuned": allocator}
+
+
+def _speed_model(spec: str, cfg: OCRBenchConfig) -> torch.nn.Module:
+    preset, overrides = parse_variant(spec)
+    return create_model(preset, **{**cfg.model_overrides, **overrides})
 
 
 def _select(rows: List[Dict[str, Any]], cfg: OCRBenchConfig) -> List[Dict[str, Any]]:
@@ -268,7 +275,7 @@ def _speed_verdicts(payload: Dict[str, Any]) -> List[str]:
     out: List[str] = []
     rows = payload["speed"]["rows"]
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
-        pom = {r["lines"]: r for r in rows if r["preset"] == "htr-vpom" and r["dtype"] == dtype}
+        pom = {r["lines"]: r for r in rows if r.get("spec", r["preset"]) == "htr-vpom" and r["dtype"] == dtype}
         ahead = [n for n in sorted(pom) if n >= 8]
         if ahead:
             ok = all(pom[n]["speedup"] > 1 for n in ahead)
@@ -391,6 +398,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = OCRBenchConfig()
     p.add_argument("--quick", action="store_true", help="a few-minute version of both parts")
     p.add_argument("--parts", nargs="+", choices=["speed", "quality"], default=list(d.parts))
+    p.add_argument("--presets", nargs="+", default=None,
+                   help="models of the speed part (the first is the baseline), each optionally with +field=value "
+                        "options (e.g. htr-vt+attention_shift=2)")
     p.add_argument("--lines", type=int, nargs="+", default=None, help="lines per page of the speed part")
     p.add_argument("--budget", type=int, default=None, help="lines per forward call")
     p.add_argument("--repeats", type=int, default=None)
@@ -413,6 +423,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = OCRBenchConfig(parts=tuple(args.parts), out=args.out)
     return bench_main(BENCH, args, cfg, QUICK,
-                      {n: n for n in ("lines", "budget", "repeats", "dtypes", "tasks", "quality_steps",
+                      {n: n for n in ("presets", "lines", "budget", "repeats", "dtypes", "tasks", "quality_steps",
                                       "multiline_steps", "digits_steps", "multiline_init", "sam_rho",
                                       "quality_presets")})

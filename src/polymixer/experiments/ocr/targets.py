@@ -15,6 +15,8 @@ COMPARISON = Comparison(
     shift_options=("+attention_shift=2",), select="val_cer",
     # the paper's own models at the paper's tolerance: does its claim reproduce here
     paper_targets=(("tiny-htr-vpom", 0.15), ("tiny-htr-vpom-hybrid", 0.05)),
+    # the compared forms timed as themselves at HTR-VT's size on pages of 16 lines (fp32), beside the presets
+    speed_file="ocr_forms/ocr.json",
     command="polymixer bench ocr --parts quality --tasks synthetic --quality-presets {spec} --sweep {spec} "
             "--lr-factors 0.5 1 2 4 --out docs/bench",
 )
