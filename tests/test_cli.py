@@ -109,14 +109,16 @@ def test_bench_image_both_parts(tmp_path):
     from polymixer.models import count_parameters, create_model
 
     toy = dict(hidden_size=32, depth=1, num_heads=4)
-    cfg = ImageBenchConfig(hidden=32, depth=1, heads=2, sides=(8, 16), pom_sides=(32,), tokens=128, repeats=1,
+    cfg = ImageBenchConfig(hidden=32, depth=2, heads=2, sides=(8, 16), pom_sides=(32,), tokens=128, repeats=1,
+                           forms=("tiny-sipom-vhybrid+position=sincos_rope",),
                            throughput_batch=2, quality_steps=2, quality_batch=8, quality_samples=20, sample_steps=2,
                            objectives=("flow",), quality_presets=("tiny-sit", "tiny-sipom"), sweep=("tiny-sipom",),
                            lrs=(1e-3,), bracket=0, model_overrides=toy, out=str(tmp_path))
     payload = run(cfg, progress=False)
     rows = payload["speed"]["rows"]
-    assert [(r["side"], r["model"]) for r in rows] == [(8, "SiT"), (8, "SiPoM"), (16, "SiT"), (16, "SiPoM"),
-                                                       (32, "SiPoM")]
+    form = "tiny-sipom-vhybrid+position=sincos_rope"  # a compared form at the bench's size, beside SiT and SiPoM
+    assert [(r["side"], r["model"]) for r in rows] == [(8, "SiT"), (8, "SiPoM"), (8, form), (16, "SiT"),
+                                                       (16, "SiPoM"), (16, form), (32, "SiPoM")]
     assert all(r["s_per_image"] > 0 for r in rows)
     assert all(r["sit_over_sipom"] > 0 for r in rows if r["model"] == "SiPoM" and r["side"] < 32)
     q = payload["quality"]["rows"]

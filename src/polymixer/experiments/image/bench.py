@@ -23,8 +23,8 @@ from ..report import format_table, new_figure, save_figure
 from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, best_rows, QualitySweep,
-    Stage, SweepRun, mark_best, quality_rows, render_report, stale_rate_notes, sweep_table, synchronized,
-    time_interleaved,
+    Stage, SweepRun, mark_best, parse_variant, quality_rows, render_report, stale_rate_notes, sweep_table,
+    synchronized, time_interleaved,
 )
 
 __all__ = ["ImageBenchConfig", "run_speed", "run_quality", "report", "main", "add_arguments"]
@@ -46,6 +46,9 @@ class ImageBenchConfig:
     channels: int = 4
     sides: Tuple[int, ...] = (32, 64, 128, 256)  # 256 → 16,384 tokens at patch 2
     pom_sides: Tuple[int, ...] = (362, 512)  # 32,761 and 65,536 tokens, SiPoM only
+    # quality presets in a compared form (tiny-sipom-value+position=sincos_rope) timed at every side of ``sides``
+    # beside SiT and SiPoM: their mixer and options at the bench's width and depth
+    forms: Tuple[str, ...] = ()
     tokens: int = 16384  # per forward call: batch = tokens / tokens-per-image
     repeats: int = 3
     throughput_batch: int = 64
@@ -77,10 +80,14 @@ QUICK = dict(sides=(32, 64), pom_sides=(128,), tokens=4096, repeats=2, throughpu
              quality_samples=200, sample_steps=10)
 
 
-def _backbone(cfg: ImageBenchConfig, mixer: str, side: int) -> torch.nn.Module:
-    preset = "sipom-s/2" if mixer == "pom" else "sit-s/2"
-    m = create_model(preset, input_size=side, hidden_size=cfg.hidden, depth=cfg.depth, num_heads=cfg.heads,
-                     patch_size=cfg.patch, in_channels=cfg.channels, num_classes=10).eval()
+def _backbone(cfg: ImageBenchConfig, model: str, side: int) -> torch.nn.Module:
+    """The speed part's model at the bench's width, depth, heads and patch: "attention" (SiT), "pom" (SiPoM) or a
+    preset in a compared form, whose mixer and options it keeps (its own size fields are the bench's)."""
+    preset, overrides = ("sipom-s/2", {}) if model == "pom" else ("sit-s/2", {}) if model == "attention" else \
+        parse_variant(model)
+    m = create_model(preset, **{**overrides, "input_size": side, "hidden_size": cfg.hidden, "depth": cfg.depth,
+                                "num_heads": cfg.heads, "patch_size": cfg.patch, "in_channels": cfg.channels,
+                                "num_classes": 10}).eval()
     dev = torch.device(cfg.device)
     return m.to(dev, torch.bfloat16) if dev.type == "cuda" else m
 
@@ -101,20 +108,22 @@ def run_speed(cfg: ImageBenchConfig, progress: bool = True) -> Dict[str, Any]:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda, but PyTorch sees no CUDA device here")
     sides = sorted(set(cfg.sides) | set(cfg.pom_sides))
-    bar = tqdm(total=sum((2 if s in cfg.sides else 1) * (cfg.repeats + 1) for s in sides), disable=not progress,
+    per_side = 2 + len(cfg.forms)
+    bar = tqdm(total=sum((per_side if s in cfg.sides else 1) * (cfg.repeats + 1) for s in sides), disable=not progress,
                desc="bench image speed", unit="call")
     rows = []
     for side in sides:
         tokens = (side // cfg.patch) ** 2
         b = max(1, cfg.tokens // tokens)
-        mixers = ["attention", "pom"] if side in cfg.sides else ["pom"]
+        mixers = ["attention", "pom", *cfg.forms] if side in cfg.sides else ["pom"]
         models = {m: _backbone(cfg, m, side) for m in mixers}
         x, t, y = _inputs(cfg, b, side)
         timing = time_interleaved({m: synchronized(lambda mod=mod: mod(x, t, y), dev) for m, mod in models.items()},
                                   warmup=1, repeats=cfg.repeats, on_sample=lambda name: bar.update(1))
         bar.update(len(models))
         for m in mixers:
-            rows.append({"side": side, "tokens": tokens, "batch": b, "model": "SiPoM" if m == "pom" else "SiT",
+            name = {"pom": "SiPoM", "attention": "SiT"}.get(m, m)
+            rows.append({"side": side, "tokens": tokens, "batch": b, "model": name, "spec": name,
                          "s_per_image": timing[m].median / b})
     bar.close()
     for side in cfg.sides:
@@ -327,6 +336,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cuda: the speed part on the GPU in bf16 (SiPoM on the Triton kernels, SiT on SDPA)")
     p.add_argument("--sides", type=int, nargs="+", default=None)
     p.add_argument("--pom-sides", type=int, nargs="*", default=None)
+    p.add_argument("--forms", nargs="*", default=None,
+                   help="quality presets in a compared form (e.g. tiny-sipom-value+position=sincos_rope) timed at "
+                        "every --sides beside SiT and SiPoM, with their mixer and options at the bench's size")
     p.add_argument("--quality-steps", type=int, default=None)
     p.add_argument("--objectives", nargs="+", choices=["flow", "ddpm"], default=list(d.objectives),
                    help="objectives of the quality part (ddpm runs take each preset's best flow rate)")
@@ -345,6 +357,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = ImageBenchConfig(parts=tuple(args.parts), out=args.out, objectives=tuple(args.objectives),
                            device=args.device)
-    return bench_main(BENCH, args, cfg, QUICK, {**{name: name for name in ("sides", "pom_sides", "quality_steps",
-                                                                          "heldout")},
+    return bench_main(BENCH, args, cfg, QUICK, {**{name: name for name in ("sides", "pom_sides", "forms",
+                                                                          "quality_steps", "heldout")},
                                                 "presets": "quality_presets"})

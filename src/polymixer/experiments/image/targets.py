@@ -21,6 +21,8 @@ COMPARISON = Comparison(
     file="image_heldout/image.json",
     # the paper's own models at the paper's tolerance: does its claim reproduce here
     paper_targets=(("tiny-sipom", 1.10),),
+    # the compared forms timed at the speed bench's width and depth beside SiT and SiPoM (bench image --forms)
+    speed_file="image_forms/image.json",
     command="polymixer bench image --parts quality --objectives flow --presets {spec} --sweep {spec} "
             "--lr-factors 1 2 4 8 16 --heldout 0.15 --out docs/bench/image_heldout",
 )
