@@ -953,3 +953,22 @@ def test_the_prose_lm_at_context_1024_is_a_comparison_of_its_own(tmp_path):
     _write(tmp_path, "lm", "throughput", timed)
     f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "lm_prose")
     assert {m["model"]: m["speed_text"] for m in f["models"]}[att + "+attention_shift=4"] == "0.94× (CPU, N 1,024)"
+
+
+def test_a_compared_form_timed_beside_the_presets_is_found_under_its_compared_name():
+    """A speed run of the compared forms (``bench image --forms tiny-…+option``, ``bench eo --presets tsvit+…``)
+    names each row by its spec; the parity table finds a compared model there under the name it looks up (the tiny
+    preset's form by its spec without ``tiny-``), and a form not in the run stays unmeasured."""
+    def row(spec, s):
+        return {"side": 256, "tokens": 16384, "batch": 1, "model": spec, "spec": spec, "s_per_image": s}
+
+    form = "tiny-sipom-value+position=sincos_rope"
+    data = {"speed": {"rows": [row("SiT", 12.0), row("SiPoM", 1.5), row(form, 3.0)]}}
+    speed, lengths = parity._speed(data, parity._speed_name("tiny-sit"))
+    assert speed["ratio"][parity._speed_name(form)] == pytest.approx(4.0)
+    assert speed["ratio"][parity._speed_name("tiny-sipom")] == pytest.approx(8.0)
+    assert parity._speed_name("tiny-sipom-value") not in speed["ratio"]  # its plain preset was not timed
+    assert lengths[parity._speed_name(form)] == "side 256"
+    for fam, folder in (("image", "image_forms"), ("ocr", "ocr_forms"), ("eo", "eo_forms"),
+                        ("points", "points_forms")):  # where each family's compared forms are timed
+        assert next(c for c in parity.COMPARISONS if c.bench == fam).speed_file == f"{folder}/{fam}.json"
