@@ -321,3 +321,9 @@ def test_training_minutes_count_a_resumed_runs_earlier_part_and_keep_a_finished_
     assert training_minutes(tmp_path, time.perf_counter() - 600, True, [], 4) == pytest.approx(30.0)
     # a history without the seconds (older runs): this process's time
     assert training_minutes(tmp_path / "old", time.perf_counter() - 120, False, [], 4) == pytest.approx(2.0, abs=0.1)
+    # an older run finished, no record: estimated from its logged rate, in the rate's own unit or not at all
+    images = [{"step": 10, "loss": 2.0, "img_s": 2.0}, {"step": 30, "loss": 1.0, "img_s": 4.0}]
+    assert training_minutes(tmp_path / "a", 0.0, True, images, 12) == pytest.approx((10 * 12 / 2 + 20 * 12 / 4) / 60)
+    tokens = [{"step": 60, "loss": 2.0, "tok_s": 1024.0}]
+    assert training_minutes(tmp_path / "b", 0.0, True, tokens, 4) is None  # 4 sequences are not 4 tokens
+    assert training_minutes(tmp_path / "b", 0.0, True, tokens, 4, units_per_step=4 * 256) == pytest.approx(1.0)

@@ -418,13 +418,18 @@ def training_claim(out: Path, wait: bool = False) -> Iterator[bool]:
         yield True
 
 
+_PER_SAMPLE_RATES = ("img_s", "line_s", "seq_s", "ex_s")  # logged rates whose unit is one batch element
+
+
 def training_minutes(out: Path, started: float, resumed_finished: bool, history: List[Dict[str, Any]],
-                     batch: int) -> Optional[float]:
+                     batch: int, units_per_step: Optional[float] = None) -> Optional[float]:
     """Minutes a bench's training run trained, over every invocation of it: the seconds its history logs
     (``train_s``, evaluation excluded), so that a run interrupted and resumed counts its earlier part too. A run
     that an interrupted bench had already finished is only evaluated again (``resumed_finished``): its time is then
     the one recorded in ``out/train_time.json``; a run older than the logged seconds takes this process's time, or,
-    finished, an estimate from the throughput in its history."""
+    finished, an estimate from the throughput in its history: steps × ``units_per_step`` ÷ the logged rate, where
+    ``units_per_step`` (in the rate's unit: tokens, pixels …) defaults to ``batch`` only for a rate per sample
+    (images, lines, sequences) — else None, never a figure in the wrong unit."""
     record = Path(out) / "train_time.json"
     if resumed_finished and record.is_file():
         return read_json(record)["minutes"]
@@ -437,10 +442,14 @@ def training_minutes(out: Path, started: float, resumed_finished: bool, history:
         return logged / 60
     seconds, last = 0.0, 0
     for rec in history:
-        rate = next((v for k, v in rec.items() if k.endswith("_s") and v), None)
-        if rate and "loss" in rec:
-            seconds += (rec["step"] - last) * batch / rate
-            last = rec["step"]
+        key = next((k for k, v in rec.items() if k.endswith("_s") and v), None)
+        if key is None or "loss" not in rec:
+            continue
+        per_step = units_per_step if units_per_step is not None else batch if key in _PER_SAMPLE_RATES else None
+        if per_step is None:
+            return None
+        seconds += (rec["step"] - last) * per_step / rec[key]
+        last = rec["step"]
     return seconds / 60 if seconds else None
 
 

@@ -83,7 +83,8 @@ def _train_scratch(cfg: DistillBenchConfig, preset: str, steps: int, out: Path, 
                  **cfg.model_overrides)
     history = _history(out)
     units = cfg.batch * model_config(preset, **cfg.model_overrides).block_size  # the loop counts tokens
-    return {"minutes": training_minutes(out, t0, finished, history, units), "history": history}
+    return {"minutes": training_minutes(out, t0, finished, history, cfg.batch, units_per_step=units),
+            "history": history}
 
 
 def run_quality(cfg: DistillBenchConfig, progress: bool = True) -> Dict[str, Any]:
