@@ -485,6 +485,15 @@ def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
     return preset, overrides
 
 
+def variant_model(spec: str, **defaults: Any) -> Any:
+    """The model a variant names: its preset with ``defaults`` (e.g. a bench's toy sizes) under the variant's own
+    overrides — what every family's speed part builds, so a compared form is timed as itself."""
+    from ...models import create_model
+
+    preset, overrides = parse_variant(spec)
+    return create_model(preset, **{**defaults, **overrides})
+
+
 def variant_slug(spec: str) -> str:
     """A variant's folder name: ``"tiny-vpom+value_heads=1"`` → ``"tiny-vpom_value_heads-1"``."""
     return spec.replace("+", "_").replace("=", "-")

@@ -797,8 +797,8 @@ def _timings(part: Dict[str, Any]) -> Tuple[Optional[str], Dict[str, Dict[Any, T
             continue
         length = next((k for k in _LENGTHS if _number(r.get(k))), None)
         time = next((k for k in _TIMES if _number(r.get(k))), None)
-        # (a tiny preset's form timed at the bench's size goes by its compared name, as _speed_name looks it up)
-        name = str(r.get("spec") or r.get("preset") or r.get("model") or "").lower().removeprefix("tiny-")
+        # named as _speed_name looks a compared model up (a tiny preset's form timed at the bench's size too)
+        name = _speed_name(str(r.get("spec") or r.get("preset") or r.get("model") or ""))
         if length and time and name:
             label = label or length
             batch = r.get("batch", 1) if time != "s_per_image" else 1

@@ -28,13 +28,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from .data import PIXEL_KM2
-from ...models import count_parameters, create_model
+from ...models import count_parameters
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, QualitySweep, Stage,
     SweepRun, best_rows, describe_variant, earlier_part, keep_freed_memory, mark_best, parse_variant, picture_owner,
-    render_report, section_lines, resume_point, same_rate, sweep_table, time_interleaved, training_claim,
+    render_report, section_lines, resume_point, same_rate, sweep_table, time_interleaved, training_claim, variant_model,
     training_minutes, variant_slug, read_json,
 )
 
@@ -114,7 +114,7 @@ def run_speed(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
     bar = tqdm(total=len(cfg.dtypes) * len(cfg.sides) * len(cfg.presets) * (cfg.repeats + 1), disable=not progress,
                desc="bench eo speed", unit="call")
     for dtype in cfg.dtypes:
-        models = {p: _speed_model(p, cfg).eval().to(DTYPES[dtype]) for p in cfg.presets}
+        models = {p: variant_model(p, **cfg.model_overrides).eval().to(DTYPES[dtype]) for p in cfg.presets}
         params.update({p: count_parameters(m) for p, m in models.items()})
         first = next(iter(models.values())).config
         for side in cfg.sides:
@@ -137,11 +137,6 @@ def run_speed(cfg: EOBenchConfig, progress: bool = True) -> Dict[str, Any]:
                              "spread": timing[p].spread})
     bar.close()
     return {"rows": rows, "params": params, "allocator_tuned": allocator}
-
-
-def _speed_model(spec: str, cfg: EOBenchConfig) -> torch.nn.Module:
-    preset, overrides = parse_variant(spec)
-    return create_model(preset, **{**cfg.model_overrides, **overrides})
 
 
 def _train_cfg(cfg: EOBenchConfig, out: Path, lr: float, steps: int, ckpt_every: int, keep: int,

@@ -19,13 +19,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ...models import count_parameters, create_model
+from ...models import count_parameters
 from ..report import format_table, new_figure, plot_speed_vs_baseline, save_figure
 from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, best_rows,
-    describe_variant, QualitySweep, Stage, SweepRun, keep_freed_memory, mark_best, parse_variant, picture_owner,
-    quality_rows, render_report, section_lines, stale_rate_notes, sweep_folder, sweep_table, time_interleaved,
+    describe_variant, QualitySweep, Stage, SweepRun, keep_freed_memory, mark_best, picture_owner, quality_rows,
+    render_report, section_lines, stale_rate_notes, sweep_folder, sweep_table, time_interleaved, variant_model,
 )
 
 __all__ = ["OCRBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
@@ -108,7 +108,7 @@ def run_speed(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
     bar = tqdm(total=len(cfg.dtypes) * len(cfg.lines) * (len(cfg.presets) + 1) * (cfg.repeats + 1),
                disable=not progress, desc="bench ocr speed", unit="call")
     for dtype in cfg.dtypes:
-        models = {p: _speed_model(p, cfg).optimize_for_inference(DTYPES[dtype]) for p in cfg.presets}
+        models = {p: variant_model(p, **cfg.model_overrides).optimize_for_inference(DTYPES[dtype]) for p in cfg.presets}
         params.update({p: count_parameters(m) for p, m in models.items()})
         stem = models[cfg.presets[0]].stem
         height = next(iter(models.values())).config.height
@@ -131,11 +131,6 @@ def run_speed(cfg: OCRBenchConfig, progress: bool = True) -> Dict[str, Any]:
                              "encoder_speedup": (base - stem_t) / max(t - stem_t, 1e-9)})
     bar.close()
     return {"rows": rows, "params": params, "allocator_tuned": allocator}
-
-
-def _speed_model(spec: str, cfg: OCRBenchConfig) -> torch.nn.Module:
-    preset, overrides = parse_variant(spec)
-    return create_model(preset, **{**cfg.model_overrides, **overrides})
 
 
 def _select(rows: List[Dict[str, Any]], cfg: OCRBenchConfig) -> List[Dict[str, Any]]:

@@ -23,13 +23,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ...models import count_parameters, create_model
+from ...models import count_parameters
 from ..report import format_table, new_figure, save_figure
 from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, QualitySweep, Stage,
     SweepRun, best_rows, describe_variant, earlier_part, keep_freed_memory, mark_best, parse_variant, picture_owner,
-    quality_rows, render_report, section_lines, stale_rate_notes, sweep_table, time_interleaved,
+    quality_rows, render_report, section_lines, stale_rate_notes, sweep_table, time_interleaved, variant_model,
 )
 
 __all__ = ["PointBenchConfig", "make_scene", "run_speed", "run_conv", "run_quality", "verdicts", "report", "plot",
@@ -122,8 +122,7 @@ def run_speed(cfg: PointBenchConfig, progress: bool = True) -> Dict[str, Any]:
         offset = torch.tensor([len(grid)])
         fns, configs = {}, {}
         for spec in specs:
-            preset, overrides = parse_variant(spec)
-            model = create_model(preset, **{**cfg.model_overrides, **overrides}).eval()
+            model = variant_model(spec, **cfg.model_overrides).eval()
             params[spec], configs[spec] = count_parameters(model), model.config
             fns[spec] = (lambda m=model: m(feat, grid, offset))
         timing = time_interleaved(fns, warmup=1, repeats=cfg.repeats, on_sample=lambda name: bar.update(1))
