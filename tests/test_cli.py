@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -420,13 +421,13 @@ def test_bench_lm_carries_each_smaller_models_best_rate_to_its_larger_one_by_the
     small, large = "tiny-pom+n_layer=1", "tiny-pom+n_layer=1+n_embd=256"
     assert width_ratio(small, large) == 0.5 and width_ratio("tiny-pom", "tiny-pom+n_embd=64") == 2.0
     rows = [{"model": small, "lr": lr, "best_lr": lr == 4e-3} for lr in (1e-3, 2e-3, 4e-3)]
-    assert scaled_rates(rows, {large: small}, "out") == {large: 2e-3}
+    assert scaled_rates(rows, Path("out/lm.json"), {large: small}) == {large: 2e-3}
     assert scaled_past(large, small, rows) == 4e-3  # the pick at the top edge: 8e-3, carried over
     assert scaled_past(large, small, rows + [{"model": large, "lr": 4e-3}]) is None  # ran there already
     inside = [{**r, "best_lr": r["lr"] == 2e-3} for r in rows]
     assert scaled_past(large, small, inside) is None
     with pytest.raises(ValueError, match=r"--larger: tiny-hybrid has no run in out/lm.json"):
-        scaled_rates(rows, {"tiny-hybrid+n_embd=256": "tiny-hybrid"}, "out")
+        scaled_rates(rows, Path("out/lm.json"), {"tiny-hybrid+n_embd=256": "tiny-hybrid"})
     for bad, said in (("n_embd=256", "config overrides after '\\+'"), ("+nonesuch=3", "unknown field 'nonesuch'")):
         with pytest.raises(ValueError, match=f"--larger '\\{bad}': .*{said}" if bad[0] == "+" else said):
             larger_models(LMBenchConfig(quality_presets=("tiny-pom",), larger=bad))
@@ -447,6 +448,22 @@ def test_bench_lm_carries_each_smaller_models_best_rate_to_its_larger_one_by_the
     lines = two_scale_lines(payload["quality"]["rows"])
     assert len(lines) == 1 and lines[0].startswith(f"two scales: {small} ") and f"→ {large} " in lines[0]
     assert lines[0] in report(payload)
+
+
+def test_bench_lm_another_seed_carries_the_selection_seeds_rate_to_the_larger_model(tmp_path):
+    """In a seed folder (``<out>/lm_seed<N>``) the larger model trains at the rate seed 0's sweep chose, carried
+    over — not at the rate its own seed's runs would pick (there a smaller model that diverged at the chosen rate
+    would move its larger model to another rate, and the seeds would no longer be seeds of one run)."""
+    from polymixer.experiments.lm.bench import LMBenchConfig, chosen_rows, scaled_rates
+
+    small, large = "tiny-pom+n_layer=1", "tiny-pom+n_layer=1+n_embd=256"
+    main = [{"model": small, "spec": small, "lr": lr, "best_lr": lr == 8e-3} for lr in (4e-3, 8e-3)]
+    (tmp_path / "lm.json").write_text(json.dumps({"quality": {"config": {"seed": 0}, "rows": main}}))
+    own = [{"model": small, "spec": small, "lr": lr, "best_lr": lr == 4e-3} for lr in (4e-3, 8e-3)]  # seed 1 diverged
+    rows, path = chosen_rows(LMBenchConfig(out=str(tmp_path / "lm_seed1"), seed=1), own)
+    assert path == tmp_path / "lm.json" and scaled_rates(rows, path, {large: small}) == {large: 4e-3}
+    rows, path = chosen_rows(LMBenchConfig(out=str(tmp_path)), own)  # the selection seed's own folder: its own rows
+    assert rows is own and scaled_rates(rows, path, {large: small}) == {large: 2e-3}
 
 
 def test_eo_per_class_table_means_each_model_over_its_seeds(tmp_path):

@@ -26,11 +26,11 @@ from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, best_rows, QualitySweep,
     Stage, SweepRun, beyond, mark_best, parse_variant, render_report, same_rate, sweep_table, time_interleaved,
-    read_json,
+    read_json, main_payload,
 )
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments",
-           "larger_models", "width_ratio", "scaled_rates", "scaled_past", "two_scale_lines", "kind_argument"]
+           "larger_models", "width_ratio", "chosen_rows", "scaled_rates", "scaled_past", "two_scale_lines", "kind_argument"]
 
 KINDS = ("attention", "pom", "hybrid", "vpom", "vhybrid")  # the tiny-<kind> presets
 
@@ -249,7 +249,7 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
                          base="quality_lr", earlier_defaults=lambda r: {"spec": r["model"]})
     stages = [Stage(tuple(cfg.quality_presets))]
     if smaller:  # after the smaller models: their best rates, carried over
-        stages.append(Stage(tuple(smaller), rates=lambda rows: scaled_rates(rows, smaller, cfg.out),
+        stages.append(Stage(tuple(smaller), rates=lambda rows: scaled_rates(*chosen_rows(cfg, rows), smaller),
                             rates_label=lambda s: f"best {smaller[s]} × {width_ratio(smaller[s], s):g}",
                             past=lambda s, rows: scaled_past(s, smaller[s], rows)))
     return sweep.run(cfg, stages)
@@ -281,14 +281,25 @@ def width_ratio(small: str, large: str) -> float:
     return width(small) / width(large)
 
 
-def scaled_rates(rows: List[Dict[str, Any]], smaller: Dict[str, str], out: str) -> Dict[str, float]:
-    """Each larger model's rate: its smaller model's (``smaller[large]``) best rate among ``rows``, chosen on
-    validation, × the width rule's factor. A smaller model with no run is an error, not a run at the recipe's
-    rate."""
+def chosen_rows(cfg: LMBenchConfig, rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Path]:
+    """The rows whose best rates the larger models carry over, and their file: this folder's — or, in a seed folder
+    (``<out>/lm_seed<N>``), the selection seed's (``<out>/lm.json``): seed 0's sweep chose each smaller model's
+    rate, and every seed trains the larger model at that same rate, never at the rate its own seed would pick."""
+    out = Path(cfg.out)
+    main = main_payload(out, "lm")
+    if main is None:
+        return rows, out / "lm.json"
+    return main.get("quality", {}).get("rows", []), out.parent / "lm.json"  # (as selected when written)
+
+
+def scaled_rates(rows: List[Dict[str, Any]], path: Path, smaller: Dict[str, str]) -> Dict[str, float]:
+    """Each larger model's rate: its smaller model's (``smaller[large]``) best rate among ``rows`` (of ``path``),
+    chosen on validation, × the width rule's factor. A smaller model with no run is an error, not a run at the
+    recipe's rate."""
     best = {r["model"]: r["lr"] for r in rows if r.get("best_lr")}
     missing = sorted({small for small in smaller.values() if small not in best})
     if missing:
-        raise ValueError(f"--larger: {', '.join(missing)} has no run in {out}/lm.json to carry a rate over from")
+        raise ValueError(f"--larger: {', '.join(missing)} has no run in {path} to carry a rate over from")
     return {large: best[small] * width_ratio(small, large) for large, small in smaller.items()}
 
 
