@@ -275,6 +275,37 @@ def test_bench_recall_on_a_toy(tmp_path):
     assert (tmp_path / "recall.png").is_file() and "state floats / layer" in report(payload)
 
 
+def test_bench_recall_times_the_models_it_scores_and_parity_reads_each_ones_own_speed(tmp_path, monkeypatch):
+    """``bench recall --parts speed``: every state variant's forward at the state point and the recipe's batch, timed
+    round-robin beside attention, the very model the state part scores (mixer-only under --zoology); ``bench parity``
+    then gives each compared recall model its own speed instead of "not measured"."""
+    from polymixer.experiments.bench.parity import collect
+    from polymixer.experiments.recall.bench import RecallBenchConfig, report, run
+
+    cfg = RecallBenchConfig(vocab_size=64, d_model=16, steps=3, batch=8, seeds=(0,), state_point=(16, 2),
+                            state_variants=("attention", "pom", "vpom-16k"), test_examples=16, sweep=(),
+                            curves=False, speed_repeats=2, parts=("state", "speed"), out=str(tmp_path))
+    payload = run(cfg, progress=False)
+    speed = {r["variant"]: r for r in payload["speed"]["rows"]}
+    assert set(speed) == {"attention", "pom", "vpom-16k"} and speed["attention"]["vs_attention"] == 1.0
+    for v, r in speed.items():
+        assert r["N"] == 16 and r["batch"] == 8 and r["ms"] > 0 and r["seq_s"] == pytest.approx(8e3 / r["ms"])
+        assert r["params"] == next(s["params"] for s in payload["state"]["rows"] if s["variant"] == v)
+    assert "speed: forward pass at L 16, batch 8" in report(payload)
+    from dataclasses import replace
+
+    zoology = replace(cfg, mlp_ratio=0.0, parts=("speed",), out=str(tmp_path / "z"))
+    mixer_only = {r["variant"]: r["params"] for r in run(zoology, progress=False)["speed"]["rows"]}
+    assert all(mixer_only[v] < speed[v]["params"] for v in speed)  # the recipe's blocks: no MLP
+    from polymixer.experiments.bench import parity
+    from polymixer.experiments.recall.targets import RECALL
+
+    monkeypatch.setattr(parity, "COMPARISONS", (replace(RECALL, where={"seq_len": 16, "pairs": 2, "steps": 3}),))
+    family, = collect(tmp_path)["families"]
+    timed = {m["model"]: m.get("speed") for m in family["models"]}
+    assert timed["attention"] == 1.0 and timed["pom"] == pytest.approx(speed["pom"]["vs_attention"])
+
+
 def test_bench_recall_trains_a_mixture_run_once_for_every_point(tmp_path):
     """A run trained on a mixture is one folder and one training for every point it is tested at (each further
     point scored from its final checkpoint, as the training's own evaluation scores it); a bench of the other

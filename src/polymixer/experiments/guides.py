@@ -452,15 +452,18 @@ _RECALL_STATE = [_Row("attention, no shift", ("attention",), True),
 
 def recall_state(bench: Path) -> str:
     """MQAR accuracy at L 64, K 16 on Zoology's recipe (recall_zoology/recall.json), each mixer at its best rate,
-    median and range over 3 seeds."""
-    rows = {r["variant"]: r for r in _read(bench, "recall_zoology/recall.json")["state"]["rows"] if r.get("best_lr")}
+    median and range over 3 seeds, and the same model's forward speed ÷ attention's (its speed part, this CPU)."""
+    data = _read(bench, "recall_zoology/recall.json")
+    rows = {r["variant"]: r for r in data["state"]["rows"] if r.get("best_lr")}
+    speed = {r["variant"]: r["vs_attention"] for r in data.get("speed", {}).get("rows", [])}
     out = []
     for row in _RECALL_STATE:
         r = rows[row.keys[0]]
+        timed = speed.get(row.keys[0])
         out.append([row.label, f"{r['state_floats']:,}", _rate(r["lr"]), _bold(f"{r['median']:.4f}", row.bold),
-                    f"{r['low']:.4f} – {r['high']:.4f}"])
+                    f"{r['low']:.4f} – {r['high']:.4f}", "not measured" if timed is None else f"{timed:.2f}×"])
     return markdown_table(out, ["mixer", "state floats / layer", "best lr", "accuracy (median, 3 seeds)",
-                                "min – max"])
+                                "min – max", "speed ÷ attention (CPU)"])
 
 
 _RECALL_ZOOLOGY = ["attention", "attention-shift", "vpom-1k", "vpom-4k", "vpom-16k", "based-1k", "based-4k",

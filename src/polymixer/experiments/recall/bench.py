@@ -14,6 +14,8 @@ come at about 1k, 4k and 16k floats of state per layer. Two parts:
 - ``zoology`` (under ``--zoology``, Zoology's recipe): Zoology's figure 2 — the value PoM, Based and linear
   attention at three state sizes, each with and without the short convolution, PoM, and attention with and without
   it as the ceiling, at L = 64 / 128 / 256 (K = L / 4), every variant swept; ``recall_zoology.png``.
+- ``speed``: each state variant's forward sequences/s at the state point and the recipe's batch, round-robin beside
+  attention — the speed of the very models the state part scores (run it alone: it is timed).
 
 Learning rates: in the state part, attention (with and without the token shift), the value PoM and Based at each
 state size (``SWEPT``) train at every rate of a grid around the recipe's 1e-3 (0.5×, 1×, 2× by default): the first
@@ -42,12 +44,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import torch
+
 from .data import ZOOLOGY_MIXTURE
 from ..report import format_table, new_figure, save_figure
 from ..bench.common import (
     ACCURACY_CEILING, BRACKET, LR_FACTORS, add_bracket_argument, add_report_argument, check_rates, apply_overrides,
     best_rows, beyond, edge_note, lr_grid, mark_best, read_json, record_part, report_again, resume_point, run_parts,
-    same_rate, sweep_folder, sweep_model, sweep_table, training_claim, write_json, write_report, written,
+    same_rate, sweep_folder, sweep_model, sweep_table, time_interleaved, training_claim, write_json, write_report,
+    written,
 )
 
 __all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "ZOOLOGY_POINTS", "ZOOLOGY_VARIANTS", "zoology_form", "run",
@@ -142,6 +147,7 @@ class RecallBenchConfig:
     zoology_points: Tuple[Tuple[int, int], ...] = ZOOLOGY_POINTS
     zoology_variants: Tuple[str, ...] = ZOOLOGY_VARIANTS
     test_examples: int = 1000
+    speed_repeats: int = 20  # timed forward passes of each variant (the speed part)
     parts: Tuple[str, ...] = ("state", "length")
     train: bool = True  # False (--collect): report the runs that have finished, train nothing
     mixture: Tuple[Tuple[int, int, int], ...] = ()  # train on these (L, K, weight) points, test at each point
@@ -170,6 +176,43 @@ def _folder(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed
     return sweep_folder(Path(cfg.out) / "quality" / "recall", slug, lr, RECIPE_LR)
 
 
+def _variant(cfg: RecallBenchConfig, variant: str) -> Tuple[str, Dict[str, Any], str]:
+    """(preset, RecallConfig overrides, mixer family) of a variant under the bench's recipe: mixer-only blocks
+    under --zoology (the runs at the old recipe keep their results key: no mlp_ratio there)."""
+    preset, overrides, family = VARIANTS[variant]
+    if cfg.mlp_ratio != 4.0:
+        overrides = {**overrides, "mlp_ratio": cfg.mlp_ratio}
+    return preset, overrides, family
+
+
+def run_speed(cfg: RecallBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Sequences/s of each state variant's forward pass at the state point (L, K) and the recipe's batch, the
+    variants timed round-robin (:func:`time_interleaved`; medians): each compared mixer's speed beside attention's,
+    the very model (sizes, recipe: mixer-only blocks under --zoology) whose accuracy the state part reports."""
+    from tqdm.auto import tqdm
+    from .data import mqar
+    from ...models import count_parameters, create_model
+
+    L, K = cfg.state_point
+    x, _ = mqar(cfg.batch, L, K, cfg.vocab_size, seed=(0, 0))
+    models = {}
+    for v in cfg.state_variants:
+        preset, overrides, _ = _variant(cfg, v)
+        models[v] = create_model(preset, vocab_size=cfg.vocab_size, d_model=cfg.d_model, seq_len=L,
+                                 **overrides).eval()
+    bar = tqdm(total=len(models) * cfg.speed_repeats, disable=not progress, desc="bench recall speed", unit="call")
+    with torch.inference_mode():
+        timing = time_interleaved({v: (lambda m=m: m(x)) for v, m in models.items()}, warmup=2,
+                                  repeats=cfg.speed_repeats, on_sample=lambda name: bar.update(1))
+    bar.close()
+    base = timing["attention"].median if "attention" in timing else None
+    rows = [{"variant": v, "model": v, "N": L, "pairs": K, "batch": cfg.batch, "ms": 1e3 * t.median,
+             "spread": t.spread, "seq_s": cfg.batch / t.median, "vs_attention": base / t.median if base else None,
+             "params": count_parameters(models[v]), "state_floats": models[v].state_floats(L)}
+            for v, t in timing.items()]
+    return {"rows": rows, "repeats": cfg.speed_repeats, "threads": torch.get_num_threads()}
+
+
 def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: int, lr: float, progress: bool,
          train: bool = True) -> Optional[Dict[str, Any]]:
     """Train one (variant, point, seed, rate), or read the result a finished earlier run left (None: not run yet
@@ -177,9 +220,7 @@ def _run(cfg: RecallBenchConfig, variant: str, seq_len: int, pairs: int, seed: i
     from .task import train_recall
     from ..train.loop import TrainConfig
 
-    preset, overrides, family = VARIANTS[variant]
-    if cfg.mlp_ratio != 4.0:  # (runs at the old recipe keep their results key)
-        overrides = {**overrides, "mlp_ratio": cfg.mlp_ratio}
+    preset, overrides, family = _variant(cfg, variant)
     out = _folder(cfg, variant, seq_len, pairs, seed, lr)
     tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch, lr=lr, min_lr=lr / 10,
                        warmup=max(1, cfg.steps // 20), weight_decay=0.1, beta2=0.98, eval_every=cfg.steps,
@@ -461,7 +502,8 @@ def run(cfg: RecallBenchConfig, progress: bool = True) -> Dict[str, Any]:
     parts = {"state": lambda c, p: _part("state", [tuple(c.state_point)], c.state_variants, c.sweep)(c, p),
              "length": lambda c, p: _part("length", [tuple(x) for x in c.length_points], c.length_variants, ())(c, p),
              "zoology": lambda c, p: _part("zoology", [tuple(x) for x in c.zoology_points], c.zoology_variants,
-                                           c.zoology_variants, shares=("state",))(c, p)}
+                                           c.zoology_variants, shares=("state",))(c, p),
+             "speed": run_speed}
     payload = run_parts(cfg, Path(cfg.out) / "recall.json", parts, progress)
     write_report(Path(cfg.out), "recall", payload, plots, report)
     return payload
@@ -514,8 +556,25 @@ def report(payload: Dict[str, Any], *seed_payloads: Any) -> str:
             if others:
                 text += f"\none rate only (not swept, or not yet): {', '.join(others)}"
         out.append(text)
+    if "speed" in payload:
+        out.append(_speed_report(payload["speed"]))
     out += _targets(payload)
     return "\n\n".join(out)
+
+
+def _speed_report(part: Dict[str, Any]) -> str:
+    """The speed part's table: each variant's forward time and sequences/s, fastest first, ÷ attention's."""
+    rows = sorted(part["rows"], key=lambda r: r["ms"])
+    first = rows[0] if rows else {}
+    shown = [{**r, "params": f"{r['params']:,}", "state_floats": f"{r['state_floats']:,}", "ms": f"{r['ms']:.2f}",
+              "seq_s": f"{r['seq_s']:,.0f}", "spread": f"{100 * r['spread']:.0f}%",
+              "vs_attention": "—" if r.get("vs_attention") is None else f"{r['vs_attention']:.2f}×"} for r in rows]
+    machine = part.get("machine", {})
+    return (f"speed: forward pass at L {first.get('N')}, batch {first.get('batch')} (median of {part.get('repeats')} "
+            f"interleaved calls; {machine.get('cpu', '?')}, {part.get('threads', '?')} threads)\n"
+            + format_table(shown, ["variant", "params", "state_floats", "ms", "seq_s", "vs_attention", "spread"],
+                           ["variant", "params", "state floats / layer", "ms", "seq/s", "speed ÷ attention",
+                            "spread"]))
 
 
 def _targets(payload: Dict[str, Any]) -> List[str]:
@@ -708,10 +767,11 @@ def _point(text: str) -> Tuple[int, int]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = RecallBenchConfig()
     p.add_argument("--quick", action="store_true", help="a few-minute version (150 steps, 1 seed, 4 mixers)")
-    p.add_argument("--parts", nargs="+", choices=["state", "length", "zoology"], default=list(d.parts),
+    p.add_argument("--parts", nargs="+", choices=["state", "length", "zoology", "speed"], default=list(d.parts),
                    help="zoology (with --zoology): Zoology's figure 2 — every mixer with and without the shift at 3 "
                         "state sizes, L 64 / 128 / 256, every variant swept (hundreds of runs; share them with "
-                        "--zoology-variants / --lrs / --seeds, finished runs are read back)")
+                        "--zoology-variants / --lrs / --seeds, finished runs are read back); speed: each state "
+                        "variant's forward sequences/s at the state point, beside attention's (run it alone)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None,
