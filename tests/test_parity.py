@@ -940,19 +940,57 @@ def test_the_prose_lm_at_context_1024_is_a_comparison_of_its_own(tmp_path):
              [(1024, "attention", 30.0), (1024, "pom", 20.0), (1024, "hybrid", 25.0),
               (4096, "attention", 240.0), (4096, "pom", 80.0), (4096, "hybrid", 120.0)]]
     _write(tmp_path, "lm", "throughput", timed)
-    fams = {f["bench"]: f for f in parity.collect(tmp_path)["families"]}
-    f = fams["lm_prose"]
+    fams = {f["family"]: f for f in parity.collect(tmp_path)["families"]}
+    f = fams["language model (prose, context 1,024)"]
     assert f["pom"]["own_seeds"] == [0, 1]
     speeds = {m["model"]: m["speed_text"] for m in f["models"]}
     assert speeds == {att + "+attention_shift=4": "not measured", pom: "1.50× (CPU, N 1,024)",
                       hyb: "1.20× (CPU, N 1,024)"}
     assert f["speed"]["file"] == "lm.json" and f["speed"]["at"] == "N 1,024"
-    assert fams["lm"]["speed"]["at"] == "N 4,096"
+    assert fams["language model"]["speed"]["at"] == "N 4,096"
     # the shift form timed as its own kind (--kinds attention+attention_shift=4): its speed is its own
     timed.append({"N": 1024, "batch": 8, "model": "attention+attention_shift=4", "ms": 32.0})
     _write(tmp_path, "lm", "throughput", timed)
     f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "lm_prose")
     assert {m["model"]: m["speed_text"] for m in f["models"]}[att + "+attention_shift=4"] == "0.94× (CPU, N 1,024)"
+
+
+def test_the_prose_lm_at_the_larger_size_is_judged_at_its_carried_rate(tmp_path):
+    """The second size (``bench lm --larger +n_embd=256``): each model in the form chosen at the smaller size, at
+    its smaller model's rate carried over (one rate by design: never "run at one rate only", never "best at an
+    end"), against attention with the shift at its size; its seed commands train the smaller spec with --larger at
+    the smaller model's rate; the throughput part times these very sizes."""
+    from polymixer.experiments.lm.bench import width_ratio
+    from polymixer.experiments.lm.targets import LARGER, PROSE, PROSE_LARGER
+
+    att, pom, hyb = PROSE_LARGER.attention, PROSE_LARGER.pom, PROSE_LARGER.hybrids[0]
+    small = {att: PROSE.attention + "+attention_shift=4", pom: PROSE.pom, hyb: PROSE.hybrids[0] + "+attention_shift=4"}
+    assert PROSE_LARGER.larger_rate == width_ratio(small[pom], pom) == 0.5 and pom == small[pom] + LARGER
+
+    def row(spec, loss, lr, **more):
+        return {"spec": spec, "val_loss": loss, "lr": lr, "steps": 375, "best_lr": True, "rates": 1, **more}
+
+    rows = [row(small[att], 1.50, 0.008) | {"rates": 3}, row(small[pom], 2.0, 0.008) | {"rates": 3},
+            row(small[hyb], 1.52, 0.008) | {"rates": 3}]
+    rows += [row(big, loss, 0.004, smaller=small[big]) for big, loss in ((att, 1.30), (pom, 1.56), (hyb, 1.31))]
+    _write(tmp_path / "lm_prose", "lm", "quality", rows, {"seed": 0, "lr": 0.002})
+    for seed in (1, 2):
+        _write(tmp_path / "lm_prose" / f"lm_seed{seed}", "lm", "quality",
+               [row(att, 1.30 + seed / 100, 0.004, smaller=small[att]), row(pom, 1.60, 0.004, smaller=small[pom])],
+               {"seed": seed, "lr": 0.002})
+    _write(tmp_path, "lm", "throughput", [{"N": 1024, "batch": 8, "model": m, "ms": ms} for m, ms in
+                                          (("attention+attention_shift=4", 30.0), ("pom", 20.0))])
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["family"] == PROSE_LARGER.name)
+    assert f["attention"]["model"] == att and f["pom"]["model"] == pom and f["hybrid"]["model"] == hyb
+    assert not f["pom"]["one_rate"] and f["pom"]["beyond"] is None and f["pom"]["own_seeds"] == [0, 1, 2]
+    assert f["pom"]["gap"] == pytest.approx(1.60 / 1.31 - 1)  # medians over seeds 0, 1, 2 of both
+    paper_pom, paper_hyb = f["targets"]
+    assert paper_pom["verdict"] == "MISSED" and "one rate" not in paper_hyb["verdict"]
+    assert paper_hyb["verdict"].startswith("met") and "1 seed" in paper_hyb["verdict"]  # the hybrid: seed 0 only
+    assert (f"--presets {small[hyb]} --sweep {small[hyb]} --lr-factors 4 --larger {LARGER} --seed 1 "
+            f"--out docs/bench/lm_prose/lm_seed1") in " ".join(f["to_run"])
+    speeds = {m["model"]: m["speed_text"] for m in f["models"]}
+    assert speeds[pom] == "1.50× (CPU, N 1,024)" and speeds[hyb] == "not measured"
 
 
 def test_a_compared_form_timed_beside_the_presets_is_found_under_its_compared_name():

@@ -86,6 +86,11 @@ class Comparison:
     # compared forms the speed bench times under another name (options that leave the timed model's compute as it
     # is: the context a preset is built for, the local window the bench uses too)
     timed_as: Dict[str, str] = field(default_factory=dict)
+    # a comparison of models made larger by these config overrides ("+n_embd=256": ``bench lm --larger``): its
+    # commands train the smaller spec with ``--larger``, at the smaller model's rate (the larger one's ÷
+    # ``larger_rate``, the width rule's factor from the smaller model's rate to the larger one's)
+    larger: str = ""
+    larger_rate: float = 1.0
 
     @property
     def json_name(self) -> str:
@@ -110,7 +115,10 @@ class Comparison:
     def rate_command(self, spec: str, factor: float) -> str:
         """``command`` for ``spec`` at ``factor`` × the recipe's rate only (a rate past the end of its sweep; the
         bench brackets on from there while the model stays best at the end); the command itself where it names no
-        grid (recall: run again, its sweep brackets)."""
+        grid (recall: run again, its sweep brackets). A larger model's is its smaller model's rate, which the bench
+        carries over (``larger``)."""
+        if self.larger and spec.endswith(self.larger):
+            factor /= self.larger_rate
         return self._with_factors(spec, [f"{round(factor, 6):g}"])
 
     def sweep_command(self, spec: str, done: Optional[float] = None) -> str:
@@ -124,7 +132,9 @@ class Comparison:
 
     def _with_factors(self, spec: str, factors: Sequence[str]) -> str:
         """``command`` for ``spec`` with its ``--lr-factors`` replaced by ``factors`` (unchanged where it names
-        none)."""
+        none); a larger model's names its smaller spec, which ``--larger`` makes larger after its sweep."""
+        if self.larger and spec.endswith(self.larger):
+            spec = spec[:-len(self.larger)]
         return _LR_FACTORS.sub(f"--lr-factors {' '.join(factors)}", self.command.format(spec=spec))
 
     def resolved(self, data: Optional[Dict[str, Any]]) -> "Comparison":

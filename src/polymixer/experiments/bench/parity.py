@@ -85,7 +85,8 @@ __all__ = ["COMPARISONS", "PAPER", "family", "seeded_rows", "judge", "collect", 
 
 
 # every family's comparison (each in its own folder: polymixer.experiments.<family>.targets), in the table's order
-COMPARISONS: Tuple[Comparison, ...] = (lm_targets.COMPARISON, lm_targets.PROSE, recall_targets.RECALL,
+COMPARISONS: Tuple[Comparison, ...] = (lm_targets.COMPARISON, lm_targets.PROSE, lm_targets.PROSE_LARGER,
+                                       recall_targets.RECALL,
                                        recall_targets.RECALL_ZOOLOGY, image_targets.COMPARISON,
                                        ocr_targets.COMPARISON, eo_targets.COMPARISON, points_targets.COMPARISON)
 
@@ -462,8 +463,11 @@ class _Judging:
             e["picked_by"] = self.picked[name][2]
             # chosen on the reported figure: its form, or its rate (a run without a validation figure)
             e["on_reported"] = self.fair and bool(fam.select) and not _number(row.get(fam.select))
-            e["beyond"] = _beyond(fam, self.raw, row, self.ladder)
-            e["one_rate"] = row.get("rates") == 1  # its sweep says it ran one rate only
+            # a larger model (its row names its ``smaller`` one: bench lm --larger) runs at its smaller model's
+            # chosen rate carried over by the width rule — one rate by design, judged at the smaller size's sweep
+            carried = bool(row.get("smaller"))
+            e["beyond"] = None if carried else _beyond(fam, self.raw, row, self.ladder)
+            e["one_rate"] = row.get("rates") == 1 and not carried  # its sweep says it ran one rate only
             params, base_params = row.get("params"), (self.base or {}).get("params")
             if _number(params) and _number(base_params) and base_params:
                 e["params"] = params
@@ -585,7 +589,7 @@ def _compared(j: _Judging) -> Dict[str, Any]:
     # every compared model has been picked (``entry``); one never run in any form has all its forms to run
     found = rows is not None  # without the family's JSON nothing is "not run": the family is
     item["not_run"] = {name: miss for name, (row, miss, _, _) in j.picked.items() if miss and found}
-    item["to_run"] = [fam.command.format(spec=name + o) for name, miss in item["not_run"].items() for o in miss
+    item["to_run"] = [fam.sweep_command(name + o) for name, miss in item["not_run"].items() for o in miss
                       if fam.command]
     item["absent"] = j.absent = [name for name, (row, _, _, _) in j.picked.items() if row is None and found]
     item["hybrids"] = hybrids = [h for h in hybrids if h["run"] and "gap" in h]

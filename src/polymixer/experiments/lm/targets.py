@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from ..bench.comparison import Comparison
 
-__all__ = ["COMPARISON", "PROSE"]
+__all__ = ["COMPARISON", "PROSE", "PROSE_LARGER", "LARGER"]
 
 COMPARISON = Comparison(
     "language model", "lm", "val loss", "val_loss", False, "relative", "tiny-attention", "tiny-pom",
@@ -40,4 +40,20 @@ PROSE = replace(
               "tiny-hybrid+block_size=1024+window=128+attention_shift=4": "hybrid+attention_shift=4"},
     command="polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {spec} --sweep {spec} "
             "--lr-factors 0.5 1 2 4 8 --out docs/bench/lm_prose",
+)
+
+# the same comparison at the second size (issue 86 item 3: ``bench lm --larger +n_embd=256``, twice the width, 3.9×
+# the parameters): each model in the form chosen at the smaller size, at that size's chosen rate carried over by the
+# width rule (a carried rate is one rate by design, not a sweep left undone), against attention with the shift at
+# its size — the gap at two scales; timed by the throughput part, whose models are these very sizes (4 × 256)
+LARGER = "+n_embd=256"
+_ATT, _POM, _HYB = (f"{PROSE.attention}+attention_shift=4{LARGER}", f"{PROSE.pom}{LARGER}",
+                    f"{PROSE.hybrids[0]}+attention_shift=4{LARGER}")
+PROSE_LARGER = replace(
+    PROSE, name="language model (prose, context 1,024, 4× size)", attention=_ATT, pom=_POM, hybrids=(_HYB,),
+    options=(), shift_options=(), paper_targets=((_POM, 0.18), (_HYB, 0.02)), larger=LARGER,
+    larger_rate=0.5,  # the width rule (lm.bench.width_ratio): width 128 → 256 halves the rate
+    timed_as={_ATT: "attention+attention_shift=4", _POM: "pom", _HYB: "hybrid+attention_shift=4"},
+    command="polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {spec} --sweep {spec} "
+            f"--lr-factors 0.5 1 2 4 8 --larger {LARGER} --out docs/bench/lm_prose",
 )
