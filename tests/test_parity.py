@@ -991,6 +991,11 @@ def test_the_prose_lm_at_the_larger_size_is_judged_at_its_carried_rate(tmp_path)
             f"--out docs/bench/lm_prose/lm_seed1") in " ".join(f["to_run"])
     speeds = {m["model"]: m["speed_text"] for m in f["models"]}
     assert speeds[pom] == "1.50× (CPU, N 1,024)" and speeds[hyb] == "not measured"
+    # a larger model never run: its smaller model at the rate that model chose, made larger — not its whole sweep
+    _write(tmp_path / "lm_prose", "lm", "quality", [r for r in rows if r["spec"] != hyb], {"seed": 0, "lr": 0.002})
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["family"] == PROSE_LARGER.name)
+    assert (f"--presets {small[hyb]} --sweep {small[hyb]} --lr-factors 4 --larger {LARGER} "
+            f"--out docs/bench/lm_prose") in f["to_run"][0]
 
 
 def test_a_compared_form_timed_beside_the_presets_is_found_under_its_compared_name():

@@ -589,7 +589,7 @@ def _compared(j: _Judging) -> Dict[str, Any]:
     # every compared model has been picked (``entry``); one never run in any form has all its forms to run
     found = rows is not None  # without the family's JSON nothing is "not run": the family is
     item["not_run"] = {name: miss for name, (row, miss, _, _) in j.picked.items() if miss and found}
-    item["to_run"] = [fam.sweep_command(name + o) for name, miss in item["not_run"].items() for o in miss
+    item["to_run"] = [_first_command(j, name + o) for name, miss in item["not_run"].items() for o in miss
                       if fam.command]
     item["absent"] = j.absent = [name for name, (row, _, _, _) in j.picked.items() if row is None and found]
     item["hybrids"] = hybrids = [h for h in hybrids if h["run"] and "gap" in h]
@@ -668,6 +668,21 @@ def _attention_unshifted(j: _Judging) -> Dict[str, Any]:
                      + ", ".join(f"{r[fam.metric] * fam.scale:.1f}% at {n:,} (lr {r.get('lr'):g})"
                                  for n, r in longer.items()))
     return {"what": "attention without the shift ≥ 99% at its best rate", "verdict": verdict, "measured": measured}
+
+
+def _first_command(j: _Judging, spec: str) -> str:
+    """The command that trains a form never run: its sweep over the family's grid — or, for a larger model
+    (``Comparison.larger``), its smaller model at the rate that model's sweep chose (the bench carries it over to
+    the larger one), not a sweep that would train the smaller model's other rates again."""
+    fam = j.fam
+    recipe = _recipe_rate(fam, j.data)
+    if fam.larger and spec.endswith(fam.larger) and recipe:
+        small = spec[:-len(fam.larger)]
+        chosen = next((r for r in j.raw if r.get(fam.key) == small and r.get("best_lr") and _number(r.get("lr"))
+                       and all(r.get(k) == v for k, v in fam.where.items())), None)
+        if chosen is not None:
+            return fam.rate_command(spec, chosen["lr"] * fam.larger_rate / recipe)
+    return fam.sweep_command(spec)
 
 
 def _rate_commands(j: _Judging) -> List[str]:
