@@ -960,6 +960,7 @@ def test_the_prose_lm_at_the_larger_size_is_judged_at_its_carried_rate(tmp_path)
     its smaller model's rate carried over (one rate by design: never "run at one rate only", never "best at an
     end"), against attention with the shift at its size; its seed commands train the smaller spec with --larger at
     the smaller model's rate; the throughput part times these very sizes."""
+    from polymixer.experiments.bench.common import seed_payloads
     from polymixer.experiments.lm.bench import width_ratio
     from polymixer.experiments.lm.targets import LARGER, PROSE, PROSE_LARGER
 
@@ -991,6 +992,10 @@ def test_the_prose_lm_at_the_larger_size_is_judged_at_its_carried_rate(tmp_path)
             f"--out docs/bench/lm_prose/lm_seed1") in " ".join(f["to_run"])
     speeds = {m["model"]: m["speed_text"] for m in f["models"]}
     assert speeds[pom] == "1.50× (CPU, N 1,024)" and speeds[hyb] == "not measured"
+    # the prose bench's own report judges both sizes, as the parity table does
+    lines = parity.verdict_lines("lm_prose", json.loads((tmp_path / "lm_prose" / "lm.json").read_text()),
+                                 seed_payloads(tmp_path / "lm_prose", "lm"))
+    assert any(PROSE.name + ":" in line for line in lines) and any(PROSE_LARGER.name + ":" in line for line in lines)
     # a larger model never run: its smaller model at the rate that model chose, made larger — not its whole sweep
     _write(tmp_path / "lm_prose", "lm", "quality", [r for r in rows if r["spec"] != hyb], {"seed": 0, "lr": 0.002})
     f = next(f for f in parity.collect(tmp_path)["families"] if f["family"] == PROSE_LARGER.name)

@@ -950,12 +950,13 @@ def verdict_lines(bench: str, payload: Dict[str, Any], seeds: Optional[List[Dict
     parity table never disagree. Where ``payload`` is a seed folder's, ``main_json`` is the family's main JSON (and
     ``seeds`` its seed folders, this one among them): the verdicts are the family's, not this seed's alone, which
     would ask again for the seeds the main folder holds. Empty where the payload holds no part the family is
-    judged on."""
-    fam = family(bench)
-    if fam.part not in payload:
-        return []
-    item = judge(fam, main_json if main_json is not None else payload, seeded_rows(fam, seeds or []))
-    return [f"parity (as `polymixer bench parity` judges): {line}" for line in target_lines(item)]
+    judged on. A bench judged by several comparisons (the prose LM at two sizes) gives each one's lines."""
+    lines = []
+    for fam in [family(bench)] + [f for f in COMPARISONS if f.bench == bench and f is not family(bench)]:
+        if fam.part in payload:
+            item = judge(fam, main_json if main_json is not None else payload, seeded_rows(fam, seeds or []))
+            lines += [f"parity (as `polymixer bench parity` judges): {line}" for line in target_lines(item)]
+    return lines
 
 
 def _digits(fam: Dict[str, Any]) -> int:

@@ -417,8 +417,8 @@ def _quality_report(payload: Dict[str, Any], seeds: Optional[Any], main_json: Op
     q = payload["quality"]
     all_rows = q["rows"]
     rows = best_rows(all_rows)
-    corpus = {"prose": "English prose: Wikipedia's vital articles"}.get(
-        (payload.get("config") or {}).get("corpus", "stdlib"), "the Python standard library's sources")
+    prose = (payload.get("config") or {}).get("corpus", "stdlib") == "prose"
+    corpus = "English prose: Wikipedia's vital articles" if prose else "the Python standard library's sources"
     lines += [f"quality at equal steps (corpus: {corpus}, byte-level), each model at its best learning rate (lowest "
               "validation loss)",
               format_table(rows, ["model", "params", "lr", "rates", "steps", "tokens", "val_loss", "val_bpb",
@@ -430,7 +430,7 @@ def _quality_report(payload: Dict[str, Any], seeds: Optional[Any], main_json: Op
     # (a larger model runs at its smaller one's rate carried over, not swept: no edge to note)
     lines += [note for note in [edge_note([r for r in all_rows if "smaller" not in r], key="model")] if note]
     lines += two_scale_lines(all_rows) + [""]
-    lines += verdict_lines("lm", payload, seeds, main_json)
+    lines += verdict_lines("lm_prose" if prose else "lm", payload, seeds, main_json)  # (the prose LM: both sizes)
     return lines
 
 
