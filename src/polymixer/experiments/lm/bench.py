@@ -30,7 +30,8 @@ from ..bench.common import (
 )
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments",
-           "larger_models", "width_ratio", "chosen_rows", "scaled_rates", "scaled_past", "two_scale_lines", "kind_argument"]
+           "larger_models", "width_ratio", "chosen_rows", "scaled_rates", "scaled_past", "two_scale_lines",
+           "kind_argument"]
 
 KINDS = ("attention", "pom", "hybrid", "vpom", "vhybrid")  # the tiny-<kind> presets
 

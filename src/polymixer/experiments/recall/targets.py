@@ -22,7 +22,8 @@ RECALL = Comparison(
 # in which attention learns MQAR at the equal budget
 RECALL_ZOOLOGY = replace(
     RECALL, name="recall, Zoology's recipe (L 64, K 16)", bench="recall_zoology",
-    file="recall_zoology/recall.json", speed_file="recall_zoology/recall.json",  # (bench recall --zoology --parts speed)
+    # its speeds: bench recall --zoology --parts speed, in the same file
+    file="recall_zoology/recall.json", speed_file="recall_zoology/recall.json",
     command="polymixer bench recall --zoology --parts state --variants {spec} --sweep {spec} "
             "--out docs/bench/recall_zoology", per_state="zoology",
 )
