@@ -117,7 +117,7 @@ class Comparison:
         bench brackets on from there while the model stays best at the end); the command itself where it names no
         grid (recall: run again, its sweep brackets). A larger model's is its smaller model's rate, which the bench
         carries over (``larger``)."""
-        if self.larger and spec.endswith(self.larger):
+        if self.smaller(spec):
             factor /= self.larger_rate
         return self._with_factors(spec, [f"{round(factor, 6):g}"])
 
@@ -133,9 +133,12 @@ class Comparison:
     def _with_factors(self, spec: str, factors: Sequence[str]) -> str:
         """``command`` for ``spec`` with its ``--lr-factors`` replaced by ``factors`` (unchanged where it names
         none); a larger model's names its smaller spec, which ``--larger`` makes larger after its sweep."""
-        if self.larger and spec.endswith(self.larger):
-            spec = spec[:-len(self.larger)]
-        return _LR_FACTORS.sub(f"--lr-factors {' '.join(factors)}", self.command.format(spec=spec))
+        command = self.command.format(spec=self.smaller(spec) or spec)
+        return _LR_FACTORS.sub(f"--lr-factors {' '.join(factors)}", command)
+
+    def smaller(self, spec: str) -> Optional[str]:
+        """The smaller spec a larger model of this comparison was made from (``larger`` removed), else None."""
+        return spec[:-len(self.larger)] if self.larger and spec.endswith(self.larger) else None
 
     def resolved(self, data: Optional[Dict[str, Any]]) -> "Comparison":
         """This family with ``name`` and ``metric`` filled from the configuration of ``data`` (its bench JSON)."""

@@ -676,8 +676,8 @@ def _first_command(j: _Judging, spec: str) -> str:
     the larger one), not a sweep that would train the smaller model's other rates again."""
     fam = j.fam
     recipe = _recipe_rate(fam, j.data)
-    if fam.larger and spec.endswith(fam.larger) and recipe:
-        small = spec[:-len(fam.larger)]
+    small = fam.smaller(spec)
+    if small and recipe:
         chosen = next((r for r in j.raw if r.get(fam.key) == small and r.get("best_lr") and _number(r.get("lr"))
                        and all(r.get(k) == v for k, v in fam.where.items())), None)
         if chosen is not None:
@@ -951,8 +951,9 @@ def verdict_lines(bench: str, payload: Dict[str, Any], seeds: Optional[List[Dict
     ``seeds`` its seed folders, this one among them): the verdicts are the family's, not this seed's alone, which
     would ask again for the seeds the main folder holds. Empty where the payload holds no part the family is
     judged on. A bench judged by several comparisons (the prose LM at two sizes) gives each one's lines."""
+    family(bench)  # (an unknown bench: the error naming the families)
     lines = []
-    for fam in [family(bench)] + [f for f in COMPARISONS if f.bench == bench and f is not family(bench)]:
+    for fam in [f for f in COMPARISONS if f.bench == bench]:
         if fam.part in payload:
             item = judge(fam, main_json if main_json is not None else payload, seeded_rows(fam, seeds or []))
             lines += [f"parity (as `polymixer bench parity` judges): {line}" for line in target_lines(item)]
