@@ -450,6 +450,34 @@ def test_bench_lm_carries_each_smaller_models_best_rate_to_its_larger_one_by_the
     assert lines[0] in report(payload)
 
 
+def test_bench_lm_plots_each_gap_at_two_sizes_over_the_seeds_at_the_chosen_rates(tmp_path):
+    """The two-scale curve: the smaller model at its chosen rate and the larger at its carried rate, each point the
+    median, lowest and highest over the seed folders' runs at that same rate (a seed's run at another rate is not
+    that point); the main folder's plot draws it."""
+    from polymixer.experiments.lm.bench import plot, two_scale_points
+
+    small, large = "tiny-pom+block_size=1024", "tiny-pom+block_size=1024+n_embd=256"
+    def row(m, lr, v, **kw):
+        return {"model": m, "spec": m, "lr": lr, "val_loss": v, "params": 4 if "smaller" in kw else 1, **kw}
+
+    main = [row(small, 4e-3, 2.2, best_lr=False), row(small, 8e-3, 2.0, best_lr=True),
+            row(large, 4e-3, 1.9, smaller=small, best_lr=True)]
+    def seed(n, rows):
+        return {"config": {"seed": n}, "quality": {"config": {"seed": n}, "rows": rows}}
+
+    seeds = [seed(1, [row(small, 8e-3, 2.1), row(small, 4e-3, 1.0), row(large, 4e-3, 1.7, smaller=small)]),
+             seed(2, [row(small, 8e-3, 2.3)])]
+    payload = {"config": {}, "machine": {"cpu": "x", "torch_threads": 1},
+               "quality": {"config": {"corpus": "prose", "quality_steps": 3}, "rows": main}}
+    assert two_scale_points(payload, seeds) == {small: [(1, 2.1, 2.0, 2.3, 3), (4, pytest.approx(1.8), 1.7, 1.9, 2)]}
+    assert two_scale_points({"quality": {"rows": main[:2]}}) == {}  # no larger model: no curve
+    for n, data in ((1, seeds[0]), (2, seeds[1])):
+        (tmp_path / f"lm_seed{n}").mkdir()
+        (tmp_path / f"lm_seed{n}" / "lm.json").write_text(json.dumps(data))
+    plot(payload, tmp_path / "lm.png")
+    assert (tmp_path / "lm.png").stat().st_size > 0
+
+
 def test_bench_lm_another_seed_carries_the_selection_seeds_rate_to_the_larger_model(tmp_path):
     """In a seed folder (``<out>/lm_seed<N>``) the larger model trains at the rate seed 0's sweep chose, carried
     over — not at the rate its own seed's runs would pick (there a smaller model that diverged at the chosen rate

@@ -13,10 +13,11 @@ Each part prints a table and writes ``lm_<part>.json``; ``lm.png`` plots parts 1
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -26,11 +27,12 @@ from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, best_rows, QualitySweep,
     Stage, SweepRun, beyond, mark_best, parse_variant, render_report, same_rate, sweep_table, time_interleaved,
-    read_json, main_payload,
+    read_json, main_payload, seed_payloads,
 )
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments",
            "larger_models", "width_ratio", "chosen_rows", "scaled_rates", "scaled_past", "two_scale_lines",
+           "two_scale_points",
            "kind_argument"]
 
 KINDS = ("attention", "pom", "hybrid", "vpom", "vhybrid")  # the tiny-<kind> presets
@@ -349,6 +351,39 @@ def two_scale_lines(rows: List[Dict[str, Any]]) -> List[str]:
     return lines
 
 
+def two_scale_points(payload: Dict[str, Any], seeds: Sequence[Dict[str, Any]] = ()
+                     ) -> Dict[str, List[Tuple[int, float, float, float, int]]]:
+    """The two-scale curve of each model made larger, keyed by its smaller model: at each size (parameters) the
+    validation loss's median, lowest and highest over the seeds and how many — the smaller model at its chosen
+    rate, the larger at its carried rate, each seed (``seeds``: the seed folders' payloads) at that same rate."""
+    best = {r["model"]: r for r in best_rows(payload["quality"]["rows"])}
+    curves = {}
+    for big in best.values():
+        small = best.get(big.get("smaller"))
+        if small is None:
+            continue
+        points = []
+        for row in (small, big):
+            vals = [row["val_loss"]] + [r["val_loss"] for p in seeds for r in p.get("quality", {}).get("rows", [])
+                                        if r["model"] == row["model"] and same_rate(r["lr"], row["lr"])]
+            points.append((row["params"], statistics.median(vals), min(vals), max(vals), len(vals)))
+        curves[small["model"]] = points
+    return curves
+
+
+def _plot_two_scales(ax: Any, curves: Dict[str, List[Tuple[int, float, float, float, int]]]) -> None:
+    for name, pts in curves.items():
+        params, med, low, high, n = zip(*pts)
+        ax.errorbar(params, med, yerr=[[m - lo for m, lo in zip(med, low)], [hi - m for m, hi in zip(med, high)]],
+                    marker="o", capsize=3, label=f"{name} (seeds: {' / '.join(map(str, n))})")
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters")
+    ax.set_ylabel("validation loss (nats / byte)")
+    ax.set_title("quality at two sizes (median, range over seeds)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def _throughput_report(payload: Dict[str, Any]) -> List[str]:
     lines: List[str] = []
     p = payload["throughput"]
@@ -445,11 +480,18 @@ def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None
 
 
 def plot(payload: Dict[str, Any], path: Path) -> None:
+    """Throughput and decoding against length; with a larger model in the quality part, its two-scale curve (over
+    the seed folders beside ``path`` where it is the main folder)."""
     parts = [p for p in ("throughput", "decode") if p in payload]
-    if not parts:
+    seeds = seed_payloads(path.parent, "lm") if main_payload(path.parent, "lm") is None else []
+    curves = two_scale_points(payload, seeds) if "quality" in payload else {}
+    if not parts and not curves:
         return
-    fig, axes = new_figure(len(parts) + (1 if "decode" in payload else 0))
+    fig, axes = new_figure(len(parts) + (1 if "decode" in payload else 0) + (1 if curves else 0))
     i = 0
+    if curves:
+        _plot_two_scales(axes[i], curves)
+        i += 1
     if "throughput" in payload:
         ax = axes[i]
         i += 1
@@ -477,9 +519,14 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
             ax.set_title(title)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend()
-    c = payload["config"]
-    fig.suptitle(f"language models: {c['n_layer']} layers × {c['n_embd']}, local window {c['window']} — "
-                 f"{payload['machine']['cpu']} ({payload['machine']['torch_threads']} threads)", fontsize=9)
+    c, cpu = payload["config"], f"{payload['machine']['cpu']} ({payload['machine']['torch_threads']} threads)"
+    if parts:
+        fig.suptitle(f"language models: {c['n_layer']} layers × {c['n_embd']}, local window {c['window']} — {cpu}",
+                     fontsize=9)
+    else:
+        q = payload["quality"]["config"]
+        fig.suptitle(f"language models, corpus {q.get('corpus', 'stdlib')}, {q['quality_steps']} steps each",
+                     fontsize=9)
     save_figure(fig, path)
 
 
