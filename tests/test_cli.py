@@ -445,31 +445,40 @@ def test_bench_lm_carries_each_smaller_models_best_rate_to_its_larger_one_by_the
     assert big["loss_vs_attention"] == big["val_loss"] / big_att["val_loss"]  # against attention at its size
     assert best_small["loss_vs_attention"] == best_small["val_loss"] / by[(att, 2e-3)]["val_loss"]
     assert len(by) == 5  # --bracket 0: no rate more
-    lines = two_scale_lines(payload["quality"]["rows"])
-    assert len(lines) == 1 and lines[0].startswith(f"two scales: {small} ") and f"→ {large} " in lines[0]
+    lines = two_scale_lines(payload)
+    assert len(lines) == 1 and lines[0].startswith(f"two scales: {small} against {att}: ")
     assert lines[0] in report(payload)
 
 
 def test_bench_lm_plots_each_gap_at_two_sizes_over_the_seeds_at_the_chosen_rates(tmp_path):
     """The two-scale curve: the smaller model at its chosen rate and the larger at its carried rate, each point the
     median, lowest and highest over the seed folders' runs at that same rate (a seed's run at another rate is not
-    that point); the main folder's plot draws it."""
-    from polymixer.experiments.lm.bench import plot, two_scale_points
+    that point); its gaps to attention's curve, medians against medians; the main folder's plot draws it."""
+    from polymixer.experiments.lm.bench import plot, two_scale_lines, two_scale_points
 
     small, large = "tiny-pom+block_size=1024", "tiny-pom+block_size=1024+n_embd=256"
+    att, att_large = "tiny-attention+block_size=1024", "tiny-attention+block_size=1024+n_embd=256"
+
     def row(m, lr, v, **kw):
         return {"model": m, "spec": m, "lr": lr, "val_loss": v, "params": 4 if "smaller" in kw else 1, **kw}
 
-    main = [row(small, 4e-3, 2.2, best_lr=False), row(small, 8e-3, 2.0, best_lr=True),
-            row(large, 4e-3, 1.9, smaller=small, best_lr=True)]
     def seed(n, rows):
         return {"config": {"seed": n}, "quality": {"config": {"seed": n}, "rows": rows}}
 
-    seeds = [seed(1, [row(small, 8e-3, 2.1), row(small, 4e-3, 1.0), row(large, 4e-3, 1.7, smaller=small)]),
-             seed(2, [row(small, 8e-3, 2.3)])]
+    main = [row(small, 4e-3, 2.2, best_lr=False), row(small, 8e-3, 2.0, best_lr=True),
+            row(large, 4e-3, 1.9, smaller=small, best_lr=True),
+            row(att, 4e-3, 1.0, best_lr=True), row(att_large, 2e-3, 1.2, smaller=att, best_lr=True)]
+    seeds = [seed(1, [row(small, 8e-3, 2.1), row(small, 4e-3, 1.0), row(large, 4e-3, 1.7, smaller=small),
+                      row(att, 4e-3, 1.0)]),
+             seed(2, [row(small, 8e-3, 2.3), row(att, 4e-3, 1.0)])]
     payload = {"config": {}, "machine": {"cpu": "x", "torch_threads": 1},
                "quality": {"config": {"corpus": "prose", "quality_steps": 3}, "rows": main}}
-    assert two_scale_points(payload, seeds) == {small: [(1, 2.1, 2.0, 2.3, 3), (4, pytest.approx(1.8), 1.7, 1.9, 2)]}
+    curves = two_scale_points(payload, seeds)
+    assert curves[small] == [(1, 2.1, 2.0, 2.3, 3), (4, pytest.approx(1.8), 1.7, 1.9, 2)]
+    assert curves[att] == [(1, 1.0, 1.0, 1.0, 3), (4, 1.2, 1.2, 1.2, 1)]
+    assert two_scale_lines(payload, seeds) == [
+        f"two scales: {small} against {att}: +110.0% (1 params) → +50.0% (4 params), medians over seeds "
+        "(3 vs 3 / 2 vs 1): the gap to attention closes"]
     assert two_scale_points({"quality": {"rows": main[:2]}}) == {}  # no larger model: no curve
     for n, data in ((1, seeds[0]), (2, seeds[1])):
         (tmp_path / f"lm_seed{n}").mkdir()

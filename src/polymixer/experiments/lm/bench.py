@@ -334,23 +334,6 @@ def _select(rows: List[Dict[str, Any]], cfg: LMBenchConfig) -> List[Dict[str, An
     return rows
 
 
-def two_scale_lines(rows: List[Dict[str, Any]]) -> List[str]:
-    """Each larger model's gap to attention at its size beside its smaller model's gap at theirs, with the
-    direction (does the gap close with size?) — the two-scale curve, one line per model."""
-    best = {r["model"]: r for r in best_rows(rows)}
-    lines = []
-    for big in best.values():
-        small = best.get(big.get("smaller"))
-        gaps = (small or {}).get("loss_vs_attention"), big.get("loss_vs_attention")
-        if small is None or big["model"].split("+")[0].endswith("attention") or None in gaps:
-            continue  # (attention is the baseline at each size)
-        a, b = (100 * (g - 1) for g in gaps)
-        trend = "closes" if abs(b) < abs(a) else "widens" if abs(b) > abs(a) else "holds"
-        lines.append(f"two scales: {small['model']} {a:+.1f}% ({small['params']:,} params) → {big['model']} "
-                     f"{b:+.1f}% ({big['params']:,} params, lr {big['lr']:g}): the gap to attention {trend}")
-    return lines
-
-
 def two_scale_points(payload: Dict[str, Any], seeds: Sequence[Dict[str, Any]] = ()
                      ) -> Dict[str, List[Tuple[int, float, float, float, int]]]:
     """The two-scale curve of each model made larger, keyed by its smaller model: at each size (parameters) the
@@ -369,6 +352,27 @@ def two_scale_points(payload: Dict[str, Any], seeds: Sequence[Dict[str, Any]] = 
             points.append((row["params"], statistics.median(vals), min(vals), max(vals), len(vals)))
         curves[small["model"]] = points
     return curves
+
+
+def two_scale_lines(payload: Dict[str, Any], seeds: Sequence[Dict[str, Any]] = ()) -> List[str]:
+    """Each model's gap to attention at the smaller size and at the larger one, with the direction (does the gap
+    close with size?) — the two-scale curve in words, one line per model made larger; each point the median over
+    the seeds run there (``two_scale_points``), attention being the attention model that was made larger too."""
+    curves = two_scale_points(payload, seeds)
+    atts = [name for name in curves if name.split("+")[0].endswith("attention")]
+    if not atts:
+        return []
+    att = min(atts, key=lambda a: a.count("+"))
+    lines = []
+    for name, pts in curves.items():
+        if name == att:
+            continue
+        a, b = (100 * (m[1] / base[1] - 1) for m, base in zip(pts, curves[att]))
+        trend = "closes" if abs(b) < abs(a) else "widens" if abs(b) > abs(a) else "holds"
+        seeds_run = " / ".join(f"{m[4]} vs {base[4]}" for m, base in zip(pts, curves[att]))
+        lines.append(f"two scales: {name} against {att}: {a:+.1f}% ({pts[0][0]:,} params) → {b:+.1f}% "
+                     f"({pts[1][0]:,} params), medians over seeds ({seeds_run}): the gap to attention {trend}")
+    return lines
 
 
 def _plot_two_scales(ax: Any, curves: Dict[str, List[Tuple[int, float, float, float, int]]]) -> None:
@@ -465,7 +469,7 @@ def _quality_report(payload: Dict[str, Any], seeds: Optional[Any], main_json: Op
               sweep_table(all_rows, "val_loss", "val loss")]
     # (a larger model runs at its smaller one's rate carried over, not swept: no edge to note)
     lines += [note for note in [edge_note([r for r in all_rows if "smaller" not in r], key="model")] if note]
-    lines += two_scale_lines(all_rows) + [""]
+    lines += two_scale_lines(payload, seeds or []) + [""]
     lines += verdict_lines("lm_prose" if prose else "lm", payload, seeds, main_json)  # (the prose LM: both sizes)
     return lines
 
