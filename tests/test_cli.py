@@ -478,7 +478,7 @@ def test_bench_lm_plots_each_gap_at_two_sizes_over_the_seeds_at_the_chosen_rates
     assert curves[att] == [(1, 1.0, 1.0, 1.0, 3), (4, 1.2, 1.2, 1.2, 1)]
     assert two_scale_lines(payload, seeds) == [
         f"two scales: {small} against {att}: +110.0% (1 params) → +50.0% (4 params), medians over seeds "
-        "(3 vs 3 / 2 vs 1): the gap to attention closes"]
+        "(3 vs 3 / 2 vs 1): with size it gains 60.0 points on attention"]
     assert two_scale_points({"quality": {"rows": main[:2]}}) == {}  # no larger model: no curve
     for n, data in ((1, seeds[0]), (2, seeds[1])):
         (tmp_path / f"lm_seed{n}").mkdir()

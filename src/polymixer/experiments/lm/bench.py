@@ -355,9 +355,10 @@ def two_scale_points(payload: Dict[str, Any], seeds: Sequence[Dict[str, Any]] = 
 
 
 def two_scale_lines(payload: Dict[str, Any], seeds: Sequence[Dict[str, Any]] = ()) -> List[str]:
-    """Each model's gap to attention at the smaller size and at the larger one, with the direction (does the gap
-    close with size?) — the two-scale curve in words, one line per model made larger; each point the median over
-    the seeds run there (``two_scale_points``), attention being the attention model that was made larger too."""
+    """Each model's gap to attention at the smaller size and at the larger one, with the direction (does the
+    model gain on attention with size?) — the two-scale curve in words, one line per model made larger; each point
+    the median over the seeds run there (``two_scale_points``), attention being the attention model made larger
+    too."""
     curves = two_scale_points(payload, seeds)
     atts = [name for name in curves if name.split("+")[0].endswith("attention")]
     if not atts:
@@ -368,10 +369,11 @@ def two_scale_lines(payload: Dict[str, Any], seeds: Sequence[Dict[str, Any]] = (
         if name == att:
             continue
         a, b = (100 * (m[1] / base[1] - 1) for m, base in zip(pts, curves[att]))
-        trend = "closes" if abs(b) < abs(a) else "widens" if abs(b) > abs(a) else "holds"
+        trend = (f"it gains {a - b:.1f} points on attention" if b < a else
+                 f"it loses {b - a:.1f} points to attention" if b > a else "the gap holds")
         seeds_run = " / ".join(f"{m[4]} vs {base[4]}" for m, base in zip(pts, curves[att]))
         lines.append(f"two scales: {name} against {att}: {a:+.1f}% ({pts[0][0]:,} params) → {b:+.1f}% "
-                     f"({pts[1][0]:,} params), medians over seeds ({seeds_run}): the gap to attention {trend}")
+                     f"({pts[1][0]:,} params), medians over seeds ({seeds_run}): with size {trend}")
     return lines
 
 
@@ -385,7 +387,7 @@ def _plot_two_scales(ax: Any, curves: Dict[str, List[Tuple[int, float, float, fl
     ax.set_ylabel("validation loss (nats / byte)")
     ax.set_title("quality at two sizes (median, range over seeds)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: the curves fill the panel
 
 
 def _throughput_report(payload: Dict[str, Any]) -> List[str]:
@@ -491,7 +493,8 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
     curves = two_scale_points(payload, seeds) if "quality" in payload else {}
     if not parts and not curves:
         return
-    fig, axes = new_figure(len(parts) + (1 if "decode" in payload else 0) + (1 if curves else 0))
+    fig, axes = new_figure(len(parts) + (1 if "decode" in payload else 0) + (1 if curves else 0),
+                           height=5.0 if curves else 4.0)
     i = 0
     if curves:
         _plot_two_scales(axes[i], curves)
