@@ -32,8 +32,7 @@ from ..bench.common import (
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments",
            "larger_models", "width_ratio", "chosen_rows", "scaled_rates", "scaled_past", "two_scale_lines",
-           "two_scale_points",
-           "kind_argument"]
+           "two_scale_points", "kind_argument"]
 
 KINDS = ("attention", "pom", "hybrid", "vpom", "vhybrid")  # the tiny-<kind> presets
 
@@ -526,14 +525,14 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
             ax.set_title(title)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend()
-    c, cpu = payload["config"], f"{payload['machine']['cpu']} ({payload['machine']['torch_threads']} threads)"
-    if parts:
-        fig.suptitle(f"language models: {c['n_layer']} layers × {c['n_embd']}, local window {c['window']} — {cpu}",
-                     fontsize=9)
+    if parts:  # (timings: the machine matters)
+        c, m = payload["config"], payload["machine"]
+        title = (f"language models: {c['n_layer']} layers × {c['n_embd']}, local window {c['window']} — "
+                 f"{m['cpu']} ({m['torch_threads']} threads)")
     else:
         q = payload["quality"]["config"]
-        fig.suptitle(f"language models, corpus {q.get('corpus', 'stdlib')}, {q['quality_steps']} steps each",
-                     fontsize=9)
+        title = f"language models, corpus {q.get('corpus', 'stdlib')}, {q['quality_steps']} steps each"
+    fig.suptitle(title, fontsize=9)
     save_figure(fig, path)
 
 
