@@ -5,6 +5,7 @@ process sharing the sweep, a run another process is training now skipped."""
 
 import dataclasses
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,7 +43,7 @@ def _sweep(trained: List[Tuple[str, str, float]], score: Dict[Tuple[str, float],
         assert tcfg.lr == job.lr and job.out.parent == Path(cfg.out) / "quality"
         history = [{"step": 5, "loss": 4.0}, {"step": 10, "loss": 2.0}, {"step": 10, "eval_val": 1.0}]
         return {"history": history}, {"task": stage.name, "spec": job.spec, "val": score[(job.spec, job.lr)],
-                                 "test": 2 * score[(job.spec, job.lr)]}
+                                 "test": 2 * score[(job.spec, job.lr)], "steps": tcfg.steps}
 
     def select(rows: List[Dict[str, Any]], cfg: Any) -> List[Dict[str, Any]]:
         for task in {r["task"] for r in rows}:
@@ -105,6 +106,25 @@ def test_a_run_another_process_is_training_is_skipped_not_trained_twice(tmp_path
     again = _sweep(trained, score).run(_cfg(tmp_path), [Stage((A,), name="one")])
     assert ("one", A, 2e-3) in trained[2:] and trained[-1] == ("one", A, 4e-3)
     assert [r["lr"] for r in again["rows"] if r["best_lr"]] == [2e-3]
+
+
+def test_a_run_on_file_whose_folder_is_gone_is_kept_not_trained_again(tmp_path):
+    # a fresh checkout holds the bench JSON, not the (ignored) run folders: the recorded runs stand; a row of
+    # another stage or of another length of training is not this run's
+    score = {(A, 5e-4): 3.0, (A, 1e-3): 1.0, (A, 2e-3): 2.0}
+    trained: List[Tuple[str, str, float]] = []
+    first = _sweep(trained, score).run(_cfg(tmp_path), [Stage((A,), name="one")])
+    shutil.rmtree(tmp_path / "quality")
+    trained.clear()
+    again = _sweep(trained, {k: 7.0 for k in score}).run(_cfg(tmp_path), [Stage((A,), name="one")])
+    assert trained == []
+    assert [(r["lr"], r["val"], r["best_lr"]) for r in again["rows"]] == [
+        (r["lr"], r["val"], r["best_lr"]) for r in first["rows"]]
+    _sweep(trained, score).run(_cfg(tmp_path, lrs=(1e-3,)), [Stage((A,), name="two")])
+    assert trained == [("two", A, 1e-3)]
+    longer = dataclasses.replace(_sweep(trained, score), recipe=lambda cfg, job, stage: _Recipe(job.lr, steps=20))
+    longer.run(_cfg(tmp_path, lrs=(2e-3,)), [Stage((A,), name="one")])
+    assert trained[1:] == [("one", A, 2e-3)]
 
 
 def test_each_finished_run_is_on_file_before_the_next_one_starts(tmp_path):

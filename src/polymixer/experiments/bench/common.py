@@ -952,6 +952,10 @@ class QualitySweep:
         """Train and score one run (resumed, or only scored where it finished) unless another process holds it;
         its row appended to ``rows``."""
         tcfg = self.recipe(cfg, job, stage)
+        kept = self.on_file(cfg, job, stage, tcfg)
+        if kept is not None:
+            rows.append(kept)
+            return
         with training_claim(job.out) as mine:
             if not mine:
                 return
@@ -964,6 +968,21 @@ class QualitySweep:
                      "train_curve": training_curve(history)})
         record_part(Path(cfg.out) / f"{self.bench}.json", "quality", cfg,  # on file at once, the family's other
                     lambda part: {**part, **self.summary(cfg, rows)})  # fields of the part as the file has them
+
+    def on_file(self, cfg: Any, job: SweepRun, stage: Stage, tcfg: Any) -> Optional[Dict[str, Any]]:
+        """The earlier file's row of this run where its folder is gone (a fresh checkout of committed bench JSON,
+        or run folders deleted to free disk): the recorded result stands and is not trained again — remove the row
+        to retrain it. A row of another length of training (its ``steps``) does not count; a folder that is there
+        is resumed or scored as usual."""
+        if Path(job.out).exists():
+            return None
+        for r in earlier_rows(Path(cfg.out) / f"{self.bench}.json", self.recipe_lr):
+            if (r.get(self.model) == job.spec and same_rate(r["lr"], job.lr)
+                    and (self.stage_key is None or r.get(self.stage_key) == stage.name)
+                    and r.get("steps", tcfg.steps) == tcfg.steps):
+                print(f"{job.spec} at lr {job.lr:g}: kept from {cfg.out}/{self.bench}.json (its run folder is gone)")
+                return r
+        return None
 
     def past(self, cfg: Any, stage: Stage, spec: str, rows: List[Dict[str, Any]]) -> Optional[float]:
         """The rate the bracket adds for ``spec`` in ``stage``: one grid step past the highest or lowest rate it
