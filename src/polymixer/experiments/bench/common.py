@@ -976,7 +976,7 @@ class QualitySweep:
         is resumed or scored as usual."""
         if Path(job.out).exists():
             return None
-        for r in earlier_rows(Path(cfg.out) / f"{self.bench}.json", self.recipe_lr):
+        for r in self.known(cfg, []):  # the earlier file's rows, as the sweep reads them
             if (r.get(self.model) == job.spec and same_rate(r["lr"], job.lr)
                     and (self.stage_key is None or r.get(self.stage_key) == stage.name)
                     and r.get("steps", tcfg.steps) == tcfg.steps):
