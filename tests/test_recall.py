@@ -580,6 +580,35 @@ def test_bench_recall_keeps_the_runs_a_process_beside_it_recorded_meanwhile(tmp_
     assert {r["variant"] for r in saved["rows"]} == {"attention", "pom"}
 
 
+def test_bench_recall_keeps_the_stale_runs_a_process_beside_it_trained_again(tmp_path, monkeypatch):
+    """Both variants on file without a validation score (recorded before the draw): a slice re-training the swept
+    one's runs beside a slice of the other variant keeps its fresh rows, even though the other slice started with
+    the stale copies of them and writes the part after it."""
+    import polymixer.experiments.recall.bench as bench
+
+    def row(cfg, variant, L, K, seed, lr, val):
+        out = {"variant": variant, "family": variant, "seq_len": L, "pairs": K, "seed": seed, "steps": cfg.steps,
+               "lr": lr, "accuracy": 0.5, "loss": 1.0, "state_floats": 1, "params": 1, "minutes": 0.0}
+        return {**out, "val_accuracy": 0.75} if val else out
+
+    monkeypatch.setattr(bench, "_run", lambda c, v, L, K, s, lr, p, train=True: row(c, v, L, K, s, lr, False))
+    bench.run(_toy_sweep(tmp_path), progress=False)  # every run on file without a validation score
+    beside = []
+
+    def run_one(cfg, variant, L, K, seed, lr, progress, train=True):
+        if variant == "pom" and not beside:  # while the pom slice runs, the attention slice re-trains its runs
+            monkeypatch.setattr(bench, "_run", lambda c, v, L, K, s, lr, p, train=True: row(c, v, L, K, s, lr, True))
+            beside.append(bench.run(_toy_sweep(tmp_path, state_variants=("attention",)), progress=False))
+        return row(cfg, variant, L, K, seed, lr, train)
+
+    monkeypatch.setattr(bench, "_run", run_one)
+    bench.run(_toy_sweep(tmp_path, state_variants=("pom",)), progress=False)
+    assert beside, "the attention slice did not run"
+    saved = json.loads((tmp_path / "recall.json").read_text())["state"]
+    swept = [r for r in saved["runs"] if r["variant"] == "attention" and r["seed"] == 0]
+    assert len(swept) == 3 and all(r.get("val_accuracy") == 0.75 for r in swept)
+
+
 def test_bench_recall_records_each_run_as_it_finishes(tmp_path, monkeypatch):
     """A process stopped in the middle of a part (killed, or its machine given back with the run folders) leaves the
     runs it finished in recall.json, with their rows, beside the runs another slice recorded before it: the next

@@ -441,6 +441,12 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
             return known
 
         runs = recorded()
+        mine: set = set()  # the keys this process trained or read back fresh: only these override the file
+
+        def on_file() -> Dict[tuple, Dict[str, Any]]:
+            """The runs on file now with this process's own fresh ones over them: its start-time copy of the
+            other rows must not override what another process recorded since (a stale row re-trained there)."""
+            return {**recorded(), **{k: runs[k] for k in mine}}
 
         def summary(known: Dict[tuple, Dict[str, Any]]) -> Dict[str, Any]:
             results = sorted(known.values(), key=lambda r: _key(r))
@@ -460,8 +466,10 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
             if r is not None:
                 fresh = runs.get(key) != r
                 runs[key] = r
+                if fresh:
+                    mine.add(key)
                 if fresh and cfg.train:  # a run just finished (or read back from its folder): on file at once
-                    record_part(Path(cfg.out) / "recall.json", name, cfg, lambda part: summary({**recorded(), **runs}))
+                    record_part(Path(cfg.out) / "recall.json", name, cfg, lambda part: summary(on_file()))
 
         for (L, K) in points:
             for v in variants:
@@ -485,7 +493,7 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
                     if chosen is None or not same_rate(lr, chosen):
                         for s in cfg.seeds[n:]:
                             one(v, L, K, s, lr, train=False)
-        return summary({**recorded(), **runs})
+        return summary(on_file())
     return part
 
 
