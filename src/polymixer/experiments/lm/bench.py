@@ -333,46 +333,61 @@ def _select(rows: List[Dict[str, Any]], cfg: LMBenchConfig) -> List[Dict[str, An
     return rows
 
 
+def _seed_losses(payload: Dict[str, Any], seeds: Sequence[Dict[str, Any]], row: Dict[str, Any]
+                 ) -> Dict[int, float]:
+    """``row``'s validation loss on each seed run at its model and rate: the main folder's (its own seed) and each
+    seed folder's (``seeds``: their payloads)."""
+    def seed_of(p: Dict[str, Any]) -> int:
+        return int(p.get("quality", {}).get("config", {}).get("seed", p.get("config", {}).get("seed", 0)))
+
+    out = {seed_of(payload): row["val_loss"]}
+    for p in seeds:
+        out.update({seed_of(p): r["val_loss"] for r in p.get("quality", {}).get("rows", [])
+                    if r["model"] == row["model"] and same_rate(r["lr"], row["lr"])})
+    return out
+
+
+def _two_scale_losses(payload: Dict[str, Any], seeds: Sequence[Dict[str, Any]] = ()
+                      ) -> Dict[str, List[Tuple[int, Dict[int, float]]]]:
+    """Each model made larger, keyed by its smaller model: at each size its parameters and its validation loss per
+    seed — the smaller model at its chosen rate, the larger at its carried rate, each seed at that same rate."""
+    best = {r["model"]: r for r in best_rows(payload["quality"]["rows"])}
+    return {best[big["smaller"]]["model"]: [(row["params"], _seed_losses(payload, seeds, row))
+                                            for row in (best[big["smaller"]], big)]
+            for big in best.values() if big.get("smaller") in best}
+
+
 def two_scale_points(payload: Dict[str, Any], seeds: Sequence[Dict[str, Any]] = ()
                      ) -> Dict[str, List[Tuple[int, float, float, float, int]]]:
     """The two-scale curve of each model made larger, keyed by its smaller model: at each size (parameters) the
     validation loss's median, lowest and highest over the seeds and how many — the smaller model at its chosen
     rate, the larger at its carried rate, each seed (``seeds``: the seed folders' payloads) at that same rate."""
-    best = {r["model"]: r for r in best_rows(payload["quality"]["rows"])}
-    curves = {}
-    for big in best.values():
-        small = best.get(big.get("smaller"))
-        if small is None:
-            continue
-        points = []
-        for row in (small, big):
-            vals = [row["val_loss"]] + [r["val_loss"] for p in seeds for r in p.get("quality", {}).get("rows", [])
-                                        if r["model"] == row["model"] and same_rate(r["lr"], row["lr"])]
-            points.append((row["params"], statistics.median(vals), min(vals), max(vals), len(vals)))
-        curves[small["model"]] = points
-    return curves
+    return {name: [(params, statistics.median(v.values()), min(v.values()), max(v.values()), len(v))
+                   for params, v in pts] for name, pts in _two_scale_losses(payload, seeds).items()}
 
 
 def two_scale_lines(payload: Dict[str, Any], seeds: Sequence[Dict[str, Any]] = ()) -> List[str]:
     """Each model's gap to attention at the smaller size and at the larger one, with the direction (does the
-    model gain on attention with size?) — the two-scale curve in words, one line per model made larger; each point
-    the median over the seeds run there (``two_scale_points``), attention being the attention model made larger
-    too."""
-    curves = two_scale_points(payload, seeds)
+    model gain on attention with size?) — the two-scale curve in words, one line per model made larger, attention
+    being the attention model made larger too. Each gap pairs seeds as ``bench parity`` does: the model's median
+    over the seeds both it and attention ran there against attention's median over the same seeds."""
+    curves = _two_scale_losses(payload, seeds)
     atts = [name for name in curves if name.split("+")[0].endswith("attention")]
     if not atts:
         return []
     att = min(atts, key=lambda a: a.count("+"))
     lines = []
     for name, pts in curves.items():
-        if name == att:
+        paired = [sorted(set(m) & set(base)) for (_, m), (_, base) in zip(pts, curves[att])]
+        if name == att or not all(paired):
             continue
-        a, b = (100 * (m[1] / base[1] - 1) for m, base in zip(pts, curves[att]))
+        a, b = (100 * (statistics.median(m[s] for s in both) / statistics.median(base[s] for s in both) - 1)
+                for (_, m), (_, base), both in zip(pts, curves[att], paired))
         trend = (f"it gains {a - b:.1f} points on attention" if b < a else
                  f"it loses {b - a:.1f} points to attention" if b > a else "the gap holds")
-        seeds_run = " / ".join(f"{m[4]} vs {base[4]}" for m, base in zip(pts, curves[att]))
+        seeds_run = " / ".join(", ".join(map(str, both)) for both in paired)
         lines.append(f"two scales: {name} against {att}: {a:+.1f}% ({pts[0][0]:,} params) → {b:+.1f}% "
-                     f"({pts[1][0]:,} params), medians over seeds ({seeds_run}): with size {trend}")
+                     f"({pts[1][0]:,} params), medians over the seeds both ran (seeds {seeds_run}): with size {trend}")
     return lines
 
 
