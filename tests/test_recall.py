@@ -558,6 +558,34 @@ def test_bench_recall_trains_again_the_sweep_runs_recorded_without_a_validation_
     assert trained == []
 
 
+def test_bench_recall_trains_again_a_bracket_rate_recorded_without_a_validation_score(tmp_path, monkeypatch):
+    """A rate an earlier ``--bracket`` added past the grid is part of the sweep: recorded without a validation score,
+    its sweep seed trains again like the grid's, so the choice is made on validation, not left on the test figure."""
+    import polymixer.experiments.recall.bench as bench
+
+    trained = []
+
+    def fake(val):
+        def run_one(cfg, variant, L, K, seed, lr, progress, train=True):
+            if not train:
+                return None
+            trained.append((variant, seed, lr))
+            out = {"variant": variant, "family": variant, "seq_len": L, "pairs": K, "seed": seed,
+                   "steps": cfg.steps, "lr": lr, "accuracy": 0.5 - lr * 100, "loss": 1.0, "state_floats": 1,
+                   "params": 1, "minutes": 0.0}
+            return {**out, "val_accuracy": 0.5 - lr * 100} if val else out
+        return run_one
+
+    monkeypatch.setattr(bench, "_run", fake(val=False))
+    bench.run(_toy_sweep(tmp_path, state_variants=("attention",), bracket=1), progress=False)
+    assert ("attention", 0, 2.5e-4) in trained  # best at the grid's lowest rate: one rate past it
+    trained.clear()
+    monkeypatch.setattr(bench, "_run", fake(val=True))
+    payload = bench.run(_toy_sweep(tmp_path, state_variants=("attention",)), progress=False)
+    assert sorted(trained) == [("attention", 0, lr) for lr in (2.5e-4, 5e-4, 1e-3, 2e-3)]
+    assert {r["selected_on"] for r in payload["state"]["rows"]} == {"validation"}
+
+
 def test_bench_recall_keeps_the_runs_a_process_beside_it_recorded_meanwhile(tmp_path, monkeypatch):
     """Two slices of one part (``--variants``) run side by side: the one finishing last writes the part with the
     other's runs, recorded while it trained, not with what the file held when it started."""

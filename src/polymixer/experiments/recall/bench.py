@@ -42,7 +42,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -421,6 +421,18 @@ def _earlier_runs(cfg: RecallBenchConfig, name: str) -> List[Dict[str, Any]]:
     return [_with_budget(r) for r in part.get("runs", [])]
 
 
+def _with_earlier_rates(rates: Sequence[float], runs: Iterable[Dict[str, Any]], spec: Tuple[str, int, int, int],
+                        seeds: Sequence[int]) -> Tuple[float, ...]:
+    """``rates`` and the other rates a sweep seed of ``spec`` (variant, L, K, steps) ran at before, in ascending
+    order: a rate an earlier ``--bracket`` tried is part of the sweep the best rate is chosen from."""
+    out = list(rates)
+    for r in runs:
+        if (r["variant"], r["seq_len"], r["pairs"], r["steps"]) == spec and r["seed"] in seeds \
+                and not any(same_rate(r["lr"], x) for x in out):
+            out.append(r["lr"])
+    return tuple(sorted(out))
+
+
 def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], swept: Tuple[str, ...],
           shares: Tuple[str, ...] = ()):
     """A part of the bench: every variant at every point, the ``swept`` ones at every rate of the grid (the sweep
@@ -475,6 +487,8 @@ def _part(name: str, points: List[Tuple[int, int]], variants: Tuple[str, ...], s
             for v in variants:
                 rates = grid if v in swept else (cfg.lr,)
                 n = max(1, cfg.sweep_seeds) if len(rates) > 1 else len(cfg.seeds)
+                if len(rates) > 1:  # the rates an earlier bracket added count as the grid's (a stale one re-trains)
+                    rates = _with_earlier_rates(rates, runs.values(), (v, L, K, cfg.steps), cfg.seeds[:n])
 
                 # (the closures below run within the iteration that makes them)
                 def train(lr: float) -> None:  # the sweep seeds at one rate
