@@ -186,8 +186,8 @@ def test_ocr_recipe_gives_each_cer_against_htr_vt_s_at_the_recipe_rate(tmp_path)
 
 
 def test_the_recall_tables_name_a_shared_figure_once_and_bold_the_picked_rate():
-    recipe = guides.recall_recipe(BENCH)
-    assert _cells(recipe, "hybrid-LV / hybrid-LV-shift")[1:] == ["16,704", "5e-4 / 2.5e-4", "0.0786 / 0.0783", "3"]  # 4 and 5 rates tried: no shared count
+    recipe = guides.recall_recipe(BENCH)  # hybrid-LV / -shift tried 4 / 5 rates: no shared count
+    assert _cells(recipe, "hybrid-LV / hybrid-LV-shift")[1:] == ["16,704", "5e-4 / 2.5e-4", "0.0786 / 0.0783", "3"]
     assert _cells(recipe, "value PoM 1k / 4k / 16k")[1:] == ["1,104 / 4,256 / 16,704", "4e-3 / 1e-3 / 2e-3",
                                                              "0.9678 / 0.9997 / 1.0000", "1 / 2 / 3"]
     mixture = guides.recall_mixture(BENCH)
