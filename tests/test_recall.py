@@ -526,6 +526,19 @@ def test_bench_recall_scores_old_runs_on_the_validation_draw(tmp_path):
     assert any("not scored on the validation draw" in str(w.message) for w in caught)
 
 
+def _training_recorder(trained, val, accuracy):
+    """A stand-in for the recall bench's ``_run`` that trains instantly: it notes each run trained in ``trained``
+    and scores it ``accuracy(lr)`` (on the validation draw too where ``val``); a run not to train gives None."""
+    def run_one(cfg, variant, L, K, seed, lr, progress, train=True):
+        if not train:
+            return None
+        trained.append((variant, seed, lr))
+        out = {"variant": variant, "family": variant, "seq_len": L, "pairs": K, "seed": seed, "steps": cfg.steps,
+               "lr": lr, "accuracy": accuracy(lr), "loss": 1.0, "state_floats": 1, "params": 1, "minutes": 0.0}
+        return {**out, "val_accuracy": accuracy(lr)} if val else out
+    return run_one
+
+
 def test_bench_recall_trains_again_the_sweep_runs_recorded_without_a_validation_score(tmp_path, monkeypatch):
     """Runs recorded in recall.json before the validation draw existed, their folders gone: the sweep seed of a swept
     variant is trained again (its rate is chosen on that score), the other seeds and unswept variants are kept."""
@@ -534,15 +547,7 @@ def test_bench_recall_trains_again_the_sweep_runs_recorded_without_a_validation_
     trained = []
 
     def fake(val):
-        def run_one(cfg, variant, L, K, seed, lr, progress, train=True):
-            if not train:
-                return None
-            trained.append((variant, seed, lr))
-            out = {"variant": variant, "family": variant, "seq_len": L, "pairs": K, "seed": seed,
-                   "steps": cfg.steps, "lr": lr, "accuracy": 0.5 + lr * 100, "loss": 1.0, "state_floats": 1,
-                   "params": 1, "minutes": 0.0}
-            return {**out, "val_accuracy": 0.5 + lr * 100} if val else out
-        return run_one
+        return _training_recorder(trained, val, lambda lr: 0.5 + lr * 100)
 
     monkeypatch.setattr(bench, "_run", fake(val=False))
     bench.run(_toy_sweep(tmp_path), progress=False)
@@ -566,15 +571,7 @@ def test_bench_recall_trains_again_a_bracket_rate_recorded_without_a_validation_
     trained = []
 
     def fake(val):
-        def run_one(cfg, variant, L, K, seed, lr, progress, train=True):
-            if not train:
-                return None
-            trained.append((variant, seed, lr))
-            out = {"variant": variant, "family": variant, "seq_len": L, "pairs": K, "seed": seed,
-                   "steps": cfg.steps, "lr": lr, "accuracy": 0.5 - lr * 100, "loss": 1.0, "state_floats": 1,
-                   "params": 1, "minutes": 0.0}
-            return {**out, "val_accuracy": 0.5 - lr * 100} if val else out
-        return run_one
+        return _training_recorder(trained, val, lambda lr: 0.5 - lr * 100)
 
     monkeypatch.setattr(bench, "_run", fake(val=False))
     bench.run(_toy_sweep(tmp_path, state_variants=("attention",), bracket=1), progress=False)

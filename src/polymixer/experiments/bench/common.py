@@ -609,6 +609,13 @@ def read_json(path: Path) -> Any:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
+def payload_seed(data: Dict[str, Any], part: str = "quality") -> Optional[int]:
+    """The seed a bench JSON was run with: its ``part``'s configuration's, else the top-level one's (None where
+    neither names one)."""
+    seed = (data.get(part, {}).get("config") or data.get("config") or {}).get("seed")
+    return None if seed is None else int(seed)
+
+
 def seed_payloads(out: Path, bench: str, part: str = "quality") -> List[Dict[str, Any]]:
     """The bench JSONs of the other seeds beside ``out/<bench>.json`` (``out/<bench>_seed<N>/<bench>.json``, written
     by ``polymixer bench <bench> --seed N --out out/<bench>_seed<N>``), in seed order. A file that is not JSON, or
@@ -616,10 +623,10 @@ def seed_payloads(out: Path, bench: str, part: str = "quality") -> List[Dict[str
     found = []
     for path in sorted(out.glob(f"{bench}_seed*/{bench}.json")):
         data = read_json(path)
-        config = data.get(part, {}).get("config") or data.get("config") or {}
-        if "seed" not in config:
+        seed = payload_seed(data, part)
+        if seed is None:
             raise ValueError(f"{path}: its configuration names no seed, so its runs cannot count as another seed")
-        found.append((int(config["seed"]), data))
+        found.append((seed, data))
     return [data for _, data in sorted(found, key=lambda x: x[0])]
 
 

@@ -77,7 +77,7 @@ from ..lm import targets as lm_targets
 from ..ocr import targets as ocr_targets
 from ..points import targets as points_targets
 from ..recall import targets as recall_targets
-from .common import best_rows, beyond, read_json, same_rate
+from .common import best_rows, beyond, payload_seed, read_json, same_rate
 from .comparison import Comparison
 
 __all__ = ["COMPARISONS", "PAPER", "family", "seeded_rows", "judge", "collect", "target_lines", "verdict_lines",
@@ -230,7 +230,7 @@ def _best(higher: bool, options: Sequence[Tuple[str, Any, Optional[float], float
 
 def _main_seed(fam: Comparison, data: Dict[str, Any]) -> int:
     """The seed of the family's main JSON (0 where it names none)."""
-    return int((data.get(fam.part, {}).get("config") or data.get("config") or {}).get("seed", 0) or 0)
+    return payload_seed(data, fam.part) or 0
 
 
 def _gap(fam: Comparison, value: float, base: float) -> float:

@@ -27,7 +27,7 @@ from ..bench.parity import verdict_lines
 from ..bench.common import (
     BRACKET, edge_note, FamilyBench, add_sweep_arguments, bench_main, run_bench, LR_FACTORS, best_rows, QualitySweep,
     Stage, SweepRun, beyond, mark_best, parse_variant, render_report, same_rate, sweep_table, time_interleaved,
-    read_json, main_payload, seed_payloads,
+    read_json, main_payload, payload_seed, seed_payloads,
 )
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments",
@@ -337,12 +337,9 @@ def _seed_losses(payload: Dict[str, Any], seeds: Sequence[Dict[str, Any]], row: 
                  ) -> Dict[int, float]:
     """``row``'s validation loss on each seed run at its model and rate: the main folder's (its own seed) and each
     seed folder's (``seeds``: their payloads)."""
-    def seed_of(p: Dict[str, Any]) -> int:
-        return int(p.get("quality", {}).get("config", {}).get("seed", p.get("config", {}).get("seed", 0)))
-
-    out = {seed_of(payload): row["val_loss"]}
+    out = {payload_seed(payload) or 0: row["val_loss"]}
     for p in seeds:
-        out.update({seed_of(p): r["val_loss"] for r in p.get("quality", {}).get("rows", [])
+        out.update({payload_seed(p) or 0: r["val_loss"] for r in p.get("quality", {}).get("rows", [])
                     if r["model"] == row["model"] and same_rate(r["lr"], row["lr"])})
     return out
 
