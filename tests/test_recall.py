@@ -545,15 +545,11 @@ def test_bench_recall_trains_again_the_sweep_runs_recorded_without_a_validation_
     import polymixer.experiments.recall.bench as bench
 
     trained = []
-
-    def fake(val):
-        return _training_recorder(trained, val, lambda lr: 0.5 + lr * 100)
-
-    monkeypatch.setattr(bench, "_run", fake(val=False))
+    monkeypatch.setattr(bench, "_run", _training_recorder(trained, False, lambda lr: 0.5 + lr * 100))
     bench.run(_toy_sweep(tmp_path), progress=False)
     assert len(trained) == 3 + 1 + 2
     trained.clear()
-    monkeypatch.setattr(bench, "_run", fake(val=True))
+    monkeypatch.setattr(bench, "_run", _training_recorder(trained, True, lambda lr: 0.5 + lr * 100))
     payload = bench.run(_toy_sweep(tmp_path), progress=False)
     assert sorted(trained) == [("attention", 0, 5e-4), ("attention", 0, 1e-3), ("attention", 0, 2e-3)]
     rows = [r for r in payload["state"]["rows"] if r["variant"] == "attention"]
@@ -569,15 +565,11 @@ def test_bench_recall_trains_again_a_bracket_rate_recorded_without_a_validation_
     import polymixer.experiments.recall.bench as bench
 
     trained = []
-
-    def fake(val):
-        return _training_recorder(trained, val, lambda lr: 0.5 - lr * 100)
-
-    monkeypatch.setattr(bench, "_run", fake(val=False))
+    monkeypatch.setattr(bench, "_run", _training_recorder(trained, False, lambda lr: 0.5 - lr * 100))
     bench.run(_toy_sweep(tmp_path, state_variants=("attention",), bracket=1), progress=False)
     assert ("attention", 0, 2.5e-4) in trained  # best at the grid's lowest rate: one rate past it
     trained.clear()
-    monkeypatch.setattr(bench, "_run", fake(val=True))
+    monkeypatch.setattr(bench, "_run", _training_recorder(trained, True, lambda lr: 0.5 - lr * 100))
     payload = bench.run(_toy_sweep(tmp_path, state_variants=("attention",)), progress=False)
     assert sorted(trained) == [("attention", 0, lr) for lr in (2.5e-4, 5e-4, 1e-3, 2e-3)]
     assert {r["selected_on"] for r in payload["state"]["rows"]} == {"validation"}

@@ -339,7 +339,8 @@ def _seed_losses(payload: Dict[str, Any], seeds: Sequence[Dict[str, Any]], row: 
     seed folder's (``seeds``: their payloads)."""
     out = {payload_seed(payload) or 0: row["val_loss"]}
     for p in seeds:
-        out.update({payload_seed(p) or 0: r["val_loss"] for r in p.get("quality", {}).get("rows", [])
+        seed = payload_seed(p) or 0
+        out.update({seed: r["val_loss"] for r in p.get("quality", {}).get("rows", [])
                     if r["model"] == row["model"] and same_rate(r["lr"], row["lr"])})
     return out
 
