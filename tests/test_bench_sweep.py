@@ -17,7 +17,7 @@ from polymixer.experiments.bench.common import (
     QualitySweep, Stage, SweepRun, edge_note, mark_best, quality_rows, rate_beyond, round_rate, stale_rate_notes,
     sweep_model, training_curve, training_minutes,
 )
-from polymixer.files import claimed
+from polymixer.experiments.locks import claimed
 
 A, B = "tiny-vpom", "tiny-attention+attention_shift=4"  # a preset and a variant (its overrides parsed)
 

@@ -134,7 +134,7 @@ def test_bench_distill_toy(tmp_path, corpus_dir):
     import threading
 
     from polymixer.experiments.distill.bench import DistillBenchConfig, report, run
-    from polymixer.files import claimed
+    from polymixer.experiments.locks import claimed
 
     cfg = DistillBenchConfig(teacher_steps=12, batch=4, stage1_steps=1, eval_every=1, eval_windows=4,
                              students=("hybrid",), data=(str(corpus_dir),), model_overrides=MODEL,

@@ -1,5 +1,5 @@
 """Atomic writes (polymixer.files): whole or nothing, and writers of the same file at once never collide; a run
-folder's claim held by one process at a time and ended with it."""
+folder's claim (polymixer.experiments.locks) held by one process at a time and ended with it."""
 
 import json
 import subprocess
@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from polymixer.experiments.bench.common import write_json
-from polymixer.files import atomic_path, claimed, write_text_atomic
+from polymixer.experiments.locks import claimed
+from polymixer.files import atomic_path, write_text_atomic
 
 
 def test_a_second_writer_finishing_inside_the_first_leaves_both_working(tmp_path):
@@ -103,7 +104,7 @@ def test_a_bench_file_that_is_not_json_stops_the_bench_before_it_trains(tmp_path
 def test_the_lock_excludes_a_second_holder(tmp_path):
     from filelock import FileLock, Timeout
 
-    from polymixer.files import locked
+    from polymixer.experiments.locks import locked
 
     target = tmp_path / "lm.json"
     with locked(target):
@@ -119,7 +120,7 @@ def test_a_run_folder_is_claimed_by_one_holder_and_freed_when_its_process_dies(t
             assert mine and not other
     with claimed(run) as again:
         assert again  # free once the block ends
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom polymixer.files import claimed\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom polymixer.experiments.locks import claimed\n"
                                f"with claimed({str(run)!r}) as mine:\n    print(mine, flush=True)\n"
                                "    time.sleep(600)"], stdout=subprocess.PIPE, text=True)
     try:

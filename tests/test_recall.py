@@ -344,7 +344,7 @@ def test_bench_recall_skips_a_run_another_process_is_training(tmp_path):
     """Two processes given the same run: the one that finds its folder claimed leaves it to the other (a warning
     says so) and trains the rest; run again once the claim has ended, the bench trains it."""
     from polymixer.experiments.recall.bench import RecallBenchConfig, run
-    from polymixer.files import claimed
+    from polymixer.experiments.locks import claimed
 
     cfg = RecallBenchConfig(vocab_size=64, d_model=16, steps=2, batch=8, seeds=(0, 1), state_point=(16, 2),
                             state_variants=("pom",), parts=("state",), test_examples=16, sweep=(), curves=False,

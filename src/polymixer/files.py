@@ -11,9 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Union
 
-from filelock import FileLock, Timeout
-
-__all__ = ["atomic_path", "locked", "claimed", "write_text_atomic", "umask", "file_mode"]
+__all__ = ["atomic_path", "write_text_atomic", "umask", "file_mode"]
 
 
 def umask() -> int:
@@ -50,39 +48,3 @@ def write_text_atomic(path: Union[str, Path], text: str) -> None:
     """``Path(path).write_text(text)``, atomically (see :func:`atomic_path`)."""
     with atomic_path(path) as tmp:
         tmp.write_text(text)
-
-
-@contextlib.contextmanager
-def locked(path: Union[str, Path]) -> Iterator[None]:
-    """Hold an exclusive inter-process lock on ``path`` (a ``.<name>.lock`` sibling) for the block: a read-merge-write
-    of a file other processes also update (a bench JSON whose parts two processes measure) must not interleave, or
-    the later writer puts back the earlier state it read and the other's update is lost."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path.parent / f".{path.name}.lock")):
-        yield
-
-
-CLAIM = ".claim.lock"
-
-
-@contextlib.contextmanager
-def claimed(folder: Union[str, Path], wait: bool = False) -> Iterator[bool]:
-    """Claim a run folder for the block: yield True when this process holds the claim, False at once when another
-    process holds it (``wait``: block until it ends, then hold it) — two processes sharing a sweep never train the
-    same run into one folder. The claim is an OS file lock (``<folder>/.claim.lock``), so it ends with its process
-    however that process ends: a run whose trainer was killed is free to be resumed at once, with no stale claim to
-    clear."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(folder / CLAIM))
-    try:
-        lock.acquire(timeout=-1 if wait else 0)
-        held = True
-    except Timeout:
-        held = False
-    try:
-        yield held
-    finally:
-        if held:
-            lock.release()
