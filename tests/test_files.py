@@ -120,7 +120,8 @@ def test_a_run_folder_is_claimed_by_one_holder_and_freed_when_its_process_dies(t
             assert mine and not other
     with claimed(run) as again:
         assert again  # free once the block ends
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom polymixer.experiments.locks import claimed\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from polymixer.experiments.locks import claimed\n"
                                f"with claimed({str(run)!r}) as mine:\n    print(mine, flush=True)\n"
                                "    time.sleep(600)"], stdout=subprocess.PIPE, text=True)
     try:

@@ -33,7 +33,7 @@ LIBRARY: List[Tuple[str, ...]] = [
     ("hf", "pomify"),  # transformers integration and conversion of trained models
 ]
 LAB: List[Tuple[str, ...]] = [
-    ("experiments", "commands", "report", "metrics", "data", "locks", "extras"),  # what every family's experiment shares
+    ("experiments", "commands", "report", "metrics", "data", "locks", "extras"),  # shared by every family
     ("data.py", "synth.py", "diffusion.py"),  # a family's loaders and offline default
     ("train",),  # the one training loop
     ("tasks", "task.py"),  # the data check and presets; a family's task and commands

@@ -400,7 +400,7 @@ def resume_point(out: Path, train_cfg: Any) -> bool:
 
 @contextlib.contextmanager
 def training_claim(out: Path, wait: bool = False) -> Iterator[bool]:
-    """Claim a bench's run folder for training it (:func:`polymixer.experiments.locks.claimed`): False, with a warning, when
+    """Claim a bench's run folder for training it (:func:`claimed`): False, with a warning, when
     another process is training that run now — two processes given the same rate of a sweep would otherwise both
     train it into one folder. The caller skips the run; the bench run again once the other has finished reads its
     result back. ``wait`` (a run the rest of the bench needs, such as a distillation's teacher): say so and wait
