@@ -10,6 +10,7 @@ import sys
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from ..families import Family, family
+from .extras import missing_extra
 
 __all__ = ["COMMAND_HELP", "loader_module", "default_module", "load_command", "task_target", "run_command",
            "process_group_joined", "run_family_command", "COMMAND_ERRORS"]
@@ -116,7 +117,8 @@ def process_group_joined() -> bool:
 
 
 def run_command(run: Callable[[argparse.Namespace], Optional[int]], args: argparse.Namespace, name: str) -> int:
-    """Run a parsed command: its status, or 2 with one line ``polymixer <name>: error: …`` on bad input.
+    """Run a parsed command: its status, or 2 with one line ``polymixer <name>: error: …`` on bad input or
+    when a package of an extra it needs is missing (the line names the extra).
 
     A process group the command joined (a run under torchrun) is destroyed when it ends, whatever the outcome, so no
     communicator thread is left to the interpreter's exit (gloo's can abort a finished rank there); a group the
@@ -126,6 +128,11 @@ def run_command(run: Callable[[argparse.Namespace], Optional[int]], args: argpar
         return int(run(args) or 0)
     except COMMAND_ERRORS as e:
         print(f"polymixer {name}: error: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:  # a package of an extra that is not installed: which extra, in one line
+        if (line := missing_extra(e)) is None:
+            raise
+        print(f"polymixer {name}: error: {line}", file=sys.stderr)
         return 2
     finally:
         if owned and process_group_joined():

@@ -50,11 +50,8 @@ class ImageDataset:
 
 def digits(size: int = 16) -> ImageDataset:
     """scikit-learn's bundled 8×8 digits (no download), bilinearly upsampled to ``size`` × ``size``, in [-1, 1]."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("the digits default needs scikit-learn (a polymixer dependency): "
-                          "pip install 'scikit-learn>=1.2'") from e
+    from sklearn.datasets import load_digits  # the [lab] extra (the command line names it when missing)
+
     d = load_digits()
     x = torch.from_numpy(d.images.astype(np.float32) / 16.0).unsqueeze(1)  # (1797, 1, 8, 8) in [0, 1]
     if size != 8:
