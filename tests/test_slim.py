@@ -129,6 +129,16 @@ def test_extras_table_matches_pyproject():
     assert "polymixer[lab]" in extras["dev"]
 
 
+def test_the_readmes_commands_install_what_they_run_and_ci_runs_the_second():
+    """Command 1 runs a `polymixer` command, so it installs the lab; command 2 runs the tests, so it installs dev
+    (the lab and the test tools); .ci/run is command 2 in a fresh .venv."""
+    commands = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("python3 -m venv")]
+    assert len(commands) == 2
+    assert '-e ".[lab]"' in commands[0] and "polymixer bench" in commands[0]
+    assert '-e ".[dev]"' in commands[1] and commands[1].endswith("-m pytest")
+    assert commands[1] in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
 @pytest.mark.slow
 def test_pip_install_without_extras_in_a_fresh_venv_installs_the_library_alone(tmp_path):
     """The real thing: a fresh virtual environment, torch 2.13.0 first (as the README says), then `pip install .`
