@@ -15,6 +15,7 @@ from typing import Dict, List, Set, Tuple
 import pytest
 
 import polymixer
+from polymixer.families import BUILT_IN
 
 SRC = Path(polymixer.__file__).parent
 
@@ -33,15 +34,24 @@ LIBRARY: List[Tuple[str, ...]] = [
     ("hf", "pomify"),  # transformers integration and conversion of trained models
 ]
 LAB: List[Tuple[str, ...]] = [
-    ("experiments", "commands", "report", "metrics", "data"),  # what every family's experiment shares at the bottom
+    # what every family's experiment shares at the bottom, and the families' registry (which finds each family's
+    # registration at run time: no module of a family is imported by it)
+    ("experiments", "commands", "registry", "report", "metrics", "data"),
     ("data.py", "synth.py", "diffusion.py"),  # a family's loaders and offline default
     ("train",),  # the one training loop
     ("tasks", "task.py"),  # the data check and presets; a family's task and commands
-    ("bench", "bench.py", "targets.py", "guides"),  # the benches, the parity judge and the comparisons; guides
+    # the benches, the parity judge, the guides' tables; a family's bench, comparisons and guide tables
+    ("bench", "guides", "bench.py", "targets.py", "tables.py"),
+    ("family.py",),  # a family's registration: the one object that names all its pieces
     ("cli",),  # the command line
 ]
 FLOORS: List[Tuple[str, ...]] = LIBRARY + LAB + [("__main__",), ("__init__",)]
-FAMILY_FOLDERS = ("lm", "image", "ocr", "eo", "points", "recall", "distill")
+# the folders of the lab that hold a family (the built-in families of the families table) or a task that is not a
+# model family (distill: attention language models converted to PoM); their files sit on the floors of their kind
+TASK_FOLDERS = ("distill",)
+FAMILY_FOLDERS = BUILT_IN + TASK_FOLDERS
+# the lab's folders every family shares (their modules, like the lab's shared files, import no family's module)
+SHARED_FOLDERS = ("bench", "data", "tasks", "train")
 
 
 def _modules() -> Dict[str, Tuple[Path, bool]]:
@@ -126,6 +136,28 @@ def _floor(mod: str) -> int:
         if key in names:
             return len(LIBRARY) + i
     raise AssertionError(f"{mod} is on no floor of tests/test_layout.py: add it to LAB")
+
+
+def _family_folder(mod: str) -> str:
+    """The family (or task) folder of the lab ``mod`` lives in, "" for a shared module."""
+    parts = mod.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "experiments" and parts[2] in FAMILY_FOLDERS else ""
+
+
+def test_the_shared_modules_import_no_family():
+    """A family is a plug-in: the command line, the registry, the benches (parity, faults, the README's table), the
+    guides' tables, the data check and the training loop find the families through the registry at run time and
+    import no module of a family folder, lazily or not; every folder of the lab is shared or a family's (or a
+    task's), and every built-in family has its registration."""
+    edges, _ = _graph()
+    shared = [m for m in edges if m.startswith("polymixer.experiments") and not _family_folder(m)]
+    assert "polymixer.experiments.bench.parity" in shared and "polymixer.experiments.cli" in shared
+    named = [f"{m} imports {t}" for m in sorted(shared) for t in sorted(edges[m]) if _family_folder(t)]
+    assert not named, "\n".join(named)
+    lab = SRC / "experiments"
+    assert sorted(p.name for p in lab.iterdir() if (p / "__init__.py").is_file() and p.name not in SHARED_FOLDERS) \
+        == sorted(FAMILY_FOLDERS), "a folder of the lab is neither shared (SHARED_FOLDERS) nor a family's (or task's)"
+    assert all((lab / name / "family.py").is_file() for name in BUILT_IN)
 
 
 def test_the_library_imports_nothing_from_the_lab():
