@@ -8,6 +8,7 @@ still a dependency). ``from pkg import name`` counts as an import of ``pkg.name`
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
@@ -305,3 +306,60 @@ def test_the_length_checker_counts_methods_and_nested_functions_and_skips_kernel
                        "ops/long.py outer.inner": 81}
     with pytest.raises(AssertionError, match=r"polymixer\.ops\.long\.A\.method \(81 lines\)"):
         test_no_function_is_longer_than_80_lines()
+
+
+LAYOUT = SRC.parents[1] / "docs" / "layout.md"
+
+
+def _layout_names(text: str) -> Tuple[Set[str], Set[str]]:
+    """The file names (``x.py``, ``ops/measured.json``, ``docs/gpu.md``) and the folder paths (``ops/``,
+    ``docs/bench/``) the code block of docs/layout.md names; patterns (``docs/<family>.md``) left out."""
+    block = text.split("```")[1]
+    files, folders = set(), set()
+    for token in re.findall(r"[\w./<>*-]+", block):
+        token = token.rstrip(".,:;")
+        if "<" in token or "*" in token or "/" not in token and "." not in token:
+            continue
+        if token.endswith("/"):
+            folders.add(token)
+        elif re.search(r"\.(py|json|md)$", token):
+            files.add(token)
+    return files, folders
+
+
+def test_docs_layout_names_every_file_and_nothing_else():
+    """docs/layout.md follows the tree: every module of the package is named there (a family folder's files by their
+    kind, each built-in family's model file by "one file per built-in family"), and every file or folder it names
+    exists."""
+    root = SRC.parent.parent
+    files, folders = _layout_names(LAYOUT.read_text())
+    names = {Path(f).name for f in files}
+    parts = {part for f in folders for part in f.strip("/").split("/")}
+    on_disk = [p.relative_to(SRC) for p in SRC.rglob("*") if p.suffix in (".py", ".json")
+               and p.name != "__init__.py" and "__pycache__" not in p.parts]
+    unnamed = []
+    for rel in on_disk:
+        folder = rel.parts[:-1]
+        if folder == ("models",) and rel.stem in BUILT_IN:
+            continue  # models/<family>.py
+        if rel.name not in names or not all(part in parts for part in folder):
+            unnamed.append(str(rel))
+    assert not unnamed, f"files docs/layout.md does not name: {unnamed}"
+    basenames = {p.name for p in on_disk} | {"__init__.py"}
+    dirs = {p.name for p in SRC.rglob("*") if p.is_dir()}
+    missing = [f for f in files if not ((root / f).exists() or (SRC / f).exists() or "/" not in f and f in basenames)]
+    missing += [f for f in folders if not ((root / f).is_dir() or (SRC.parent / f).is_dir() or (SRC / f).is_dir()
+                                           or all(part in dirs for part in f.strip("/").split("/")))]
+    assert not missing, f"names in docs/layout.md that are no file or folder: {missing}"
+
+
+def test_the_layout_check_sees_an_unnamed_file_and_a_name_of_nothing(tmp_path, monkeypatch):
+    """The check above fails on a file the layout leaves out and on a name it gives that is no file."""
+    text = LAYOUT.read_text()
+    monkeypatch.setattr(sys.modules[__name__], "LAYOUT", tmp_path / "layout.md")
+    (tmp_path / "layout.md").write_text(text.replace("import_hooks.py", "import_hook.py", 1))
+    with pytest.raises(AssertionError, match=r"does not name: \['import_hooks.py'\]"):
+        test_docs_layout_names_every_file_and_nothing_else()
+    (tmp_path / "layout.md").write_text(text.replace("  files.py ", "  files.py nowhere.py ", 1))
+    with pytest.raises(AssertionError, match=r"no file or folder: \['nowhere.py'\]"):
+        test_docs_layout_names_every_file_and_nothing_else()
