@@ -1,14 +1,10 @@
 """The table of model families: each family's name, what one model of it is, its tiny preset and its earlier names.
 
-A family has one name everywhere: the registry's ``family`` (and a checkpoint's), its model file, its experiment
-folder, its guide ``docs/<name>.md`` and its command-line noun (``polymixer train <name>``, ``eval <name>``,
-``check-data <name>``, ``bench <name>``). Names a family had before are kept as ``aliases``: older checkpoints
-(``"family": "ptv3"``) load and older commands (``polymixer train 3d``) run.
-
-The families shipped here (:data:`BUILT_IN`) keep their models in ``polymixer.models.<name>`` and their experiments in
-``polymixer.experiments.<name>``; a family from another package adds itself with :func:`add_family` before it
-registers its presets (the lab finds such a package through its entry point: ``polymixer.experiments.registry``).
-The model registry and checkpoints read this table. Nothing here imports torch.
+A family has one name everywhere: the registry's and a checkpoint's ``family``, its model file, its experiment
+folder, its guide ``docs/<name>.md`` and its command-line noun (``polymixer train <name>``). Earlier names stay as
+``aliases``: older checkpoints (``"family": "ptv3"``) load and older commands (``polymixer train 3d``) run. The
+families shipped here (:data:`BUILT_IN`) live in ``polymixer.models.<name>`` and ``polymixer.experiments.<name>``;
+another package's family joins with :func:`add_family` before it registers its presets. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -36,7 +32,6 @@ FAMILIES: Dict[str, Family] = {f.name: f for f in (
     Family("eo", "a crop-type segmenter of satellite time series", "tiny-tsvipom", aliases=("tsvit",)),
     Family("points", "a point-cloud segmenter", "tiny-ppomv3", aliases=("3d", "ptv3")),
 )}
-# the families this package ships: models in polymixer.models.<name>, experiments in polymixer.experiments.<name>
 BUILT_IN: Tuple[str, ...] = tuple(FAMILIES)
 
 _ALIASES: Dict[str, str] = {a: f.name for f in FAMILIES.values() for a in (f.name, *f.aliases)}

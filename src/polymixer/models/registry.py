@@ -1,10 +1,9 @@
 """The registry of model presets (timm-style): ``create_model(name, **overrides)``, ``list_models()``.
 
-Each family's model file (``models/<family>.py`` for the built-in families; a module of its own package for a family
-added with :func:`polymixer.families.add_family`) registers named presets: a config dataclass holding every
-hyper-parameter, and a constructor. Overrides are fields of that dataclass; ``device="meta"`` builds the module
-without allocating a single weight (parameter counting of paper-scale presets). Family names are those of the
-families table; a family's earlier names are accepted.
+Each family's model file (``models/<family>.py``, or a module of the package that added the family) registers named
+presets: a config dataclass holding every hyper-parameter, and a constructor. Overrides are fields of that
+dataclass; ``device="meta"`` builds the module without allocating a single weight (parameter counting of
+paper-scale presets). Family names are those of the families table; a family's earlier names are accepted.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """``polymixer bench parity``: the table a user chooses a model from, and every family's linear-time models judged
 against attention at equal budget.
 
-It trains nothing: it reads the quality part of each family's bench (``lm.json``, ``recall.json``, ``image.json``,
-``ocr.json``, ``eo.json``, ``points.json`` in ``--out``), takes each model at its best learning rate (the rate the
-bench's sweep chose, or the recipe's where the model was not swept) and writes, per family, every compared model
+It trains nothing: it reads the quality part of each family's bench (its ``<bench>.json`` in ``--out``, e.g.
+``lm.json``), each comparison a family registers (:attr:`~polymixer.experiments.registry.LabFamily.comparisons`,
+in the families' order), takes each model at its best learning rate (the rate the bench's sweep chose, or the
+recipe's where the model was not swept) and writes, per family, every compared model
 (attention, PoM, the value-carrying PoM, every hybrid) in the form it is compared as: its quality (median and range
 over seeds), its gap to attention, its parameters relative to attention's, the speed of that same model, the paper's
 figure beside the paper's models and the Pareto front (:func:`models_table`); then the issue's parity targets judged
@@ -50,12 +51,12 @@ form ``Comparison.timed_as`` names) ÷ attention's at the longest length both we
 at the family's own context), on the device the JSON names. A form with options (the token shift, rotary encodings,
 another mixer or patch size) is timed as itself where its bench took it (``bench lm --kinds``, ``bench eo`` /
 ``bench points --presets`` with ``+field=value`` options); one no bench timed reads "not measured" — never its plain
-preset's speed. The paper's figures (:data:`PAPER`, GPU scale) stand beside attention, PoM and the paper's hybrid;
-the Pareto front marks the models no other is both better and faster than.
+preset's speed. The paper's figures (``Comparison.paper``, GPU scale) stand beside attention, PoM and the paper's
+hybrid; the Pareto front marks the models no other is both better and faster than.
 
-Recall under Zoology's recipe also judges the state target on Zoology's figure 2 (the ``zoology`` part of
-``recall_zoology/recall.json``): the value PoM at least level with Based at every state size, length and form,
-met only when all of them ran on 3 seeds of both.
+A family may judge targets of its own beside these: attention itself at a floor (``Comparison.attention_floor``;
+recall: attention learns MQAR) and one its comparison computes (``Comparison.extra_target``; recall under Zoology's
+recipe: the value PoM at least level with Based at every state size, length and form of Zoology's figure 2).
 
 Gaps are signed so that positive is worse than attention where the metric is a loss or a distance (val loss and
 CER: relative; Fréchet distance: a ratio) and negative is worse where it is an accuracy (mIoU, MQAR: points).
