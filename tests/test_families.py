@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from polymixer.experiments.cli import COMMANDS, build_parser, main
-from polymixer.families import FAMILIES, canonical_family, family
+from polymixer.families import BUILT_IN, FAMILIES, canonical_family, family
 from polymixer.models import create_model, list_models
 from polymixer.models.registry import preset_of
 from polymixer.checkpoint import load_model, read_config, save_checkpoint
@@ -33,12 +33,37 @@ def test_the_table_is_what_the_command_line_and_the_registry_offer():
             assert canonical_family(alias) == name and family(alias) is fam
             assert list_models(family=alias) == list_models(family=name)
     from polymixer.experiments.bench.faults import FaultsBenchConfig
-    from polymixer.families import TRAINABLE
+    from polymixer.experiments.registry import families, lab_family, trainable
 
-    assert set(TRAINABLE) == {n for n, f in FAMILIES.items() if f.tiny is not None}
-    assert FaultsBenchConfig().families == TRAINABLE  # bench faults probes every family that trains
-    with pytest.raises(ValueError, match="unknown model family 'nope'; the families are lm, image"):
+    assert list(families()) == list(BUILT_IN) == list(FAMILIES)  # each built-in family's registration, in order
+    assert all(lab_family(name).family is fam for name, fam in FAMILIES.items())
+    assert set(trainable()) == {n for n, f in FAMILIES.items() if f.tiny is not None}
+    assert FaultsBenchConfig().families == trainable()  # bench faults probes every family that trains
+    with pytest.raises(ValueError, match="unknown model family 'nope'; the families are lm, recall, image"):
         family("nope")
+    with pytest.raises(ValueError, match="the recall family has no command `polymixer train recall`"):
+        lab_family("recall").command("train")
+
+
+def test_a_family_from_another_package_joins_the_table_once():
+    """add_family: a new family's name and earlier names join the table (the registry then takes its presets); the
+    same entry again is no change; a name another family holds is refused. In a process of its own: the table of
+    this one stays as the other tests find it."""
+    code = """
+from polymixer.families import BUILT_IN, FAMILIES, Family, add_family, canonical_family, family
+toy = Family("toy", "a toy", None, aliases=("toy-earlier",))
+assert add_family(toy) is toy and add_family(toy) is toy and list(FAMILIES) == [*BUILT_IN, "toy"]
+assert family("toy-earlier") is toy and canonical_family("toy-earlier") == "toy"
+for other in (Family("other", "another", None, aliases=("lm",)), Family("toy", "a different toy", None)):
+    try:
+        add_family(other)
+    except ValueError as e:
+        print(e)
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["family 'other': 'lm' already names the family 'lm'",
+                                       "another family named 'toy' is in the table already"]
 
 
 def test_an_earlier_noun_still_runs_the_command():

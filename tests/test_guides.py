@@ -23,11 +23,22 @@ def test_every_generated_table_in_the_guides_is_current():
 
 
 def test_every_registered_table_is_marked_in_exactly_one_guide():
+    """Every table (the shared ones and each family's, which its registration brings) is marked once in docs/*.md,
+    and the JSON it names exists."""
     used = [m.name for g in guides.guides_in(DOCS) for m in guides.find_markers(g.read_text(), g.name)]
-    assert sorted(used) == sorted(guides.TABLES), "each name in TABLES is used by exactly one marker in docs/*.md"
-    assert set(guides.SOURCES) == set(guides.TABLES)
-    for name, files in guides.SOURCES.items():
-        assert all((BENCH / f).exists() for f in files), name
+    assert sorted(used) == sorted(guides.tables()), "each table is used by exactly one marker in docs/*.md"
+    assert {"lm.quality", "recall.state", "eo.quality"} <= set(guides.tables()) - set(guides.SHARED)
+    for name, table in guides.tables().items():
+        assert all((BENCH / f).exists() for f in table.sources), name
+
+
+def _make(name: str, bench: Path) -> str:
+    """The table ``name`` generated from the JSON under ``bench``."""
+    return guides.tables()[name].make(bench)
+
+
+def _sources(name: str):
+    return guides.tables()[name].sources
 
 
 def _copy_guide(tmp_path: Path, name: str) -> Path:
@@ -119,23 +130,23 @@ def _edit(path: Path, change) -> None:
 
 
 def test_the_eo_quality_median_is_over_every_seed_the_json_holds(tmp_path):
-    bench = _bench_with(tmp_path, *guides.SOURCES["eo.quality"])
+    bench = _bench_with(tmp_path, *_sources("eo.quality"))
     label = "TSViT (published date encoding)"
-    assert _cells(guides.eo_quality(bench), label)[1:5] == ["AA · AA", "2e-3", "39.4 / 51.6 / 42.7 / 44.7", "43.7"]
+    assert _cells(_make("eo.quality", bench), label)[1:5] == ["AA · AA", "2e-3", "39.4 / 51.6 / 42.7 / 44.7", "43.7"]
 
     def drop_tsvit(payload):
         payload["quality"]["rows"] = [r for r in payload["quality"]["rows"] if r["spec"] != "tiny-tsvit"]
 
     _edit(bench / "eo_seed3/eo.json", drop_tsvit)
-    assert _cells(guides.eo_quality(bench), label)[3:5] == ["39.4 / 51.6 / 42.7", "42.7"]
+    assert _cells(_make("eo.quality", bench), label)[3:5] == ["39.4 / 51.6 / 42.7", "42.7"]
 
 
 def test_a_seed_folder_is_read_at_seed_0s_chosen_rate_not_at_its_own_best(tmp_path):
     """The other seeds run at the rate seed 0's sweep chose; a seed folder's row at another rate (an earlier choice),
     even where it scores better there, is not the model's figure — as `bench parity` reads the seeds."""
-    bench = _bench_with(tmp_path, *guides.SOURCES["points.quality"])
+    bench = _bench_with(tmp_path, *_sources("points.quality"))
     label = "hybrid (preset)"
-    assert _cells(guides.points_quality(bench), label)[2:6] == ["3e-3 (4)", "27.0 / 24.7 / 22.5", "24.7",
+    assert _cells(_make("points.quality", bench), label)[2:6] == ["3e-3 (4)", "27.0 / 24.7 / 22.5", "24.7",
                                                                 "25.2 / 22.6 / 20.8"]
 
     def better_elsewhere(payload):  # seed 1 at 6e-3 best in its own folder
@@ -144,19 +155,19 @@ def test_a_seed_folder_is_read_at_seed_0s_chosen_rate_not_at_its_own_best(tmp_pa
                 r["best_lr"], r["val_miou"] = r["lr"] == 0.006, 0.30 if r["lr"] == 0.006 else r["val_miou"]
 
     _edit(bench / "points_seed1/points.json", better_elsewhere)
-    assert _cells(guides.points_quality(bench), label)[3:6] == ["27.0 / 24.7 / 22.5", "24.7", "25.2 / 22.6 / 20.8"]
+    assert _cells(_make("points.quality", bench), label)[3:6] == ["27.0 / 24.7 / 22.5", "24.7", "25.2 / 22.6 / 20.8"]
 
     def drop_chosen(payload):  # no run at the chosen rate: the seed is not shown
         payload["quality"]["rows"] = [r for r in payload["quality"]["rows"]
                                       if not (r["spec"] == "tiny-ppomv3-hybrid" and r["lr"] == 0.003)]
 
     _edit(bench / "points_seed2/points.json", drop_chosen)
-    assert _cells(guides.points_quality(bench), label)[3:5] == ["27.0 / 24.7", ""]
+    assert _cells(_make("points.quality", bench), label)[3:5] == ["27.0 / 24.7", ""]
 
 
 def test_image_every_digit_divides_a_median_by_sit_s_with_the_same_positions(tmp_path):
-    bench = _bench_with(tmp_path, *guides.SOURCES["image.every_digit"])
-    table = guides.image_every_digit(bench)
+    bench = _bench_with(tmp_path, *_sources("image.every_digit"))
+    table = _make("image.every_digit", bench)
     assert _cells(table, "value PoM (`tiny-sipom-value`)")[4:] == ["39.9", "1.15×"]
     assert _cells(table, "SiPoM (`tiny-sipom`)")[1:] == ["1e-3", "77.5", "77.5", "", ""], "one seed: no median"
 
@@ -166,7 +177,7 @@ def test_image_every_digit_divides_a_median_by_sit_s_with_the_same_positions(tmp
 
     for seed in (1, 2):  # the rotary SiT's median moves to the rotary value PoM's: only that ratio follows
         _edit(bench / f"image_seed{seed}/image.json", rotary_sit_at(35.5669))
-    table = guides.image_every_digit(bench)
+    table = _make("image.every_digit", bench)
     assert _cells(table, "value PoM, `position=sincos_rope`")[5] == "1.00×"
     assert _cells(table, "value PoM (`tiny-sipom-value`)")[5] == "1.15×"
 
@@ -181,42 +192,42 @@ def test_ocr_recipe_gives_each_cer_against_htr_vt_s_at_the_recipe_rate(tmp_path)
                 r["cer"], r["wer"] = figures[r["model"]]
 
     _edit(bench / "ocr.json", digits)
-    assert _cells(guides.ocr_recipe(bench), "handwritten digit lines (600 test lines)")[1:] == [
+    assert _cells(_make("ocr.recipe", bench), "handwritten digit lines (600 test lines)")[1:] == [
         "300 × 32 lines", "**4.00%** / 20.0%", "3.00% (−25.0%) / 10.0%", "5.00% (+25.0%) / 30.0%"]
 
 
 def test_the_recall_tables_name_a_shared_figure_once_and_bold_the_picked_rate():
-    recipe = guides.recall_recipe(BENCH)  # hybrid-LV / -shift tried 4 / 5 rates: no shared count
+    recipe = _make("recall.recipe", BENCH)  # hybrid-LV / -shift tried 4 / 5 rates: no shared count
     assert _cells(recipe, "hybrid-LV / hybrid-LV-shift")[1:] == ["16,704", "5e-4 / 2.5e-4", "0.0786 / 0.0783", "3"]
     assert _cells(recipe, "value PoM 1k / 4k / 16k")[1:] == ["1,104 / 4,256 / 16,704", "4e-3 / 1e-3 / 2e-3",
                                                              "0.9678 / 0.9997 / 1.0000", "1 / 2 / 3"]
-    mixture = guides.recall_mixture(BENCH)
+    mixture = _make("recall.mixture", BENCH)
     assert _cells(mixture, "Based (1,081)")[1:3] == ["3e-3 / 3e-2 / 1e-1", "0.050 / **0.682** / 0.673"]
     assert _cells(mixture, "value PoM (1,104)")[1:3] == ["3e-3", "0.750"], "one rate: nothing bold"
 
 
 def test_the_h200_tables_dash_what_was_not_run():
-    forward = guides.gpu_h200_forward(BENCH)
+    forward = _make("gpu.h200_forward", BENCH)
     assert _cells(forward, "1,024")[-1] == "0.77× / 0.53×", "SDPA's forward ms over the triton route's"
     assert _cells(forward, "65,536")[-2:] == ["— / —", "— / —"], "no SDPA at 65,536"
-    assert _cells(guides.gpu_h200_backward(BENCH), "65,536")[5] == "— / —"
+    assert _cells(_make("gpu.h200_backward", BENCH), "65,536")[5] == "— / —"
 
 
 def test_the_traffic_table_is_traffic_py_s_own_table_of_its_json(tmp_path):
     from polymixer.experiments.bench import traffic
 
-    gpu_sources = {f for name, files in guides.SOURCES.items() if name.startswith("gpu.") for f in files}
+    gpu_sources = {f for name, table in guides.tables().items() if name.startswith("gpu.") for f in table.sources}
     bench = _bench_with(tmp_path, *gpu_sources)
     rows = json.loads((bench / "traffic.json").read_text())
-    assert guides.gpu_traffic(bench) == traffic.table(rows)
-    causal = _cells(guides.gpu_traffic(bench), "causal")
+    assert _make("gpu.traffic", bench) == traffic.table(rows)
+    causal = _cells(_make("gpu.traffic", bench), "causal")
     assert causal[3:7] == ["4", "4", "7", "7"], "the chunk-parallel causal kernels: 4 forward, 7 backward passes"
 
     rows[0]["forward"]["passes"] = 5.0
     (bench / "traffic.json").write_text(json.dumps(rows))
     guide = _copy_guide(tmp_path, "gpu.md")
     assert guides.update_guides(guide.parent, bench, check=True) == [("gpu.md", "gpu.traffic")]
-    assert _cells(guides.gpu_traffic(bench), "causal")[3:5] == ["5", "4"], "counted 5 against the model's 4"
+    assert _cells(_make("gpu.traffic", bench), "causal")[3:5] == ["5", "4"], "counted 5 against the model's 4"
 
 
 def test_the_prose_lm_table_compares_each_size_with_attentions_best_form_at_that_size(tmp_path):
@@ -236,7 +247,7 @@ def test_the_prose_lm_table_compares_each_size_with_attentions_best_form_at_that
     rows[2]["train_curve"] = [[10, 3.0], [20, 2.0], [30, 1.5], [40, 1.0]]
     (tmp_path / "lm_prose").mkdir()
     (tmp_path / "lm_prose" / "lm.json").write_text(json.dumps({"quality": {"rows": rows}}))
-    lines = guides.lm_prose(tmp_path).splitlines()
+    lines = _make("lm.prose", tmp_path).splitlines()
     assert lines[0] == ("| model | params | 2e-3 | 4e-3 | 8e-3 | best vs attention's best form "
                         "| training loss vs it at ¼ · ½ · ¾ · end |")
     assert [line.split(" | ")[0] for line in lines[2:]] == [

@@ -8,6 +8,7 @@ still a dependency). ``from pkg import name`` counts as an import of ``pkg.name`
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
@@ -15,6 +16,7 @@ from typing import Dict, List, Set, Tuple
 import pytest
 
 import polymixer
+from polymixer.families import BUILT_IN
 
 SRC = Path(polymixer.__file__).parent
 
@@ -33,15 +35,25 @@ LIBRARY: List[Tuple[str, ...]] = [
     ("hf", "pomify"),  # transformers integration and conversion of trained models
 ]
 LAB: List[Tuple[str, ...]] = [
-    ("experiments", "commands", "report", "metrics", "data", "locks", "extras"),  # shared by every family
+    # what every family's experiment shares at the bottom, and the families' registry (which finds each family's
+    # registration at run time: no module of a family is imported by it)
+    ("experiments", "commands", "registry", "report", "metrics", "data", "locks",
+     "extras"),
     ("data.py", "synth.py", "diffusion.py"),  # a family's loaders and offline default
     ("train",),  # the one training loop
     ("tasks", "task.py"),  # the data check and presets; a family's task and commands
-    ("bench", "bench.py", "targets.py", "guides"),  # the benches, the parity judge and the comparisons; guides
+    # the benches, the parity judge, the guides' tables; a family's bench, comparisons and guide tables
+    ("bench", "guides", "bench.py", "targets.py", "tables.py"),
+    ("family.py",),  # a family's registration: the one object that names all its pieces
     ("cli",),  # the command line
 ]
 FLOORS: List[Tuple[str, ...]] = LIBRARY + LAB + [("__main__",), ("__init__",)]
-FAMILY_FOLDERS = ("lm", "image", "ocr", "eo", "points", "recall", "distill")
+# the folders of the lab that hold a family (the built-in families of the families table) or a task that is not a
+# model family (distill: attention language models converted to PoM); their files sit on the floors of their kind
+TASK_FOLDERS = ("distill",)
+FAMILY_FOLDERS = BUILT_IN + TASK_FOLDERS
+# the lab's folders every family shares (their modules, like the lab's shared files, import no family's module)
+SHARED_FOLDERS = ("bench", "data", "tasks", "train")
 
 
 def _modules() -> Dict[str, Tuple[Path, bool]]:
@@ -126,6 +138,28 @@ def _floor(mod: str) -> int:
         if key in names:
             return len(LIBRARY) + i
     raise AssertionError(f"{mod} is on no floor of tests/test_layout.py: add it to LAB")
+
+
+def _family_folder(mod: str) -> str:
+    """The family (or task) folder of the lab ``mod`` lives in, "" for a shared module."""
+    parts = mod.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "experiments" and parts[2] in FAMILY_FOLDERS else ""
+
+
+def test_the_shared_modules_import_no_family():
+    """A family is a plug-in: the command line, the registry, the benches (parity, faults, the README's table), the
+    guides' tables, the data check and the training loop find the families through the registry at run time and
+    import no module of a family folder, lazily or not; every folder of the lab is shared or a family's (or a
+    task's), and every built-in family has its registration."""
+    edges, _ = _graph()
+    shared = [m for m in edges if m.startswith("polymixer.experiments") and not _family_folder(m)]
+    assert "polymixer.experiments.bench.parity" in shared and "polymixer.experiments.cli" in shared
+    named = [f"{m} imports {t}" for m in sorted(shared) for t in sorted(edges[m]) if _family_folder(t)]
+    assert not named, "\n".join(named)
+    lab = SRC / "experiments"
+    assert sorted(p.name for p in lab.iterdir() if (p / "__init__.py").is_file() and p.name not in SHARED_FOLDERS) \
+        == sorted(FAMILY_FOLDERS), "a folder of the lab is neither shared (SHARED_FOLDERS) nor a family's (or task's)"
+    assert all((lab / name / "family.py").is_file() for name in BUILT_IN)
 
 
 def test_the_library_imports_nothing_from_the_lab():
@@ -273,3 +307,60 @@ def test_the_length_checker_counts_methods_and_nested_functions_and_skips_kernel
                        "ops/long.py outer.inner": 81}
     with pytest.raises(AssertionError, match=r"polymixer\.ops\.long\.A\.method \(81 lines\)"):
         test_no_function_is_longer_than_80_lines()
+
+
+LAYOUT = SRC.parents[1] / "docs" / "layout.md"
+
+
+def _layout_names(text: str) -> Tuple[Set[str], Set[str]]:
+    """The file names (``x.py``, ``ops/measured.json``, ``docs/gpu.md``) and the folder paths (``ops/``,
+    ``docs/bench/``) the code block of docs/layout.md names; patterns (``docs/<family>.md``) left out."""
+    block = text.split("```")[1]
+    files, folders = set(), set()
+    for token in re.findall(r"[\w./<>*-]+", block):
+        token = token.rstrip(".,:;")
+        if "<" in token or "*" in token or "/" not in token and "." not in token:
+            continue
+        if token.endswith("/"):
+            folders.add(token)
+        elif re.search(r"\.(py|json|md)$", token):
+            files.add(token)
+    return files, folders
+
+
+def test_docs_layout_names_every_file_and_nothing_else():
+    """docs/layout.md follows the tree: every module of the package is named there (a family folder's files by their
+    kind, each built-in family's model file by "one file per built-in family"), and every file or folder it names
+    exists."""
+    root = SRC.parent.parent
+    files, folders = _layout_names(LAYOUT.read_text())
+    names = {Path(f).name for f in files}
+    parts = {part for f in folders for part in f.strip("/").split("/")}
+    on_disk = [p.relative_to(SRC) for p in SRC.rglob("*") if p.suffix in (".py", ".json")
+               and p.name != "__init__.py" and "__pycache__" not in p.parts]
+    unnamed = []
+    for rel in on_disk:
+        folder = rel.parts[:-1]
+        if folder == ("models",) and rel.stem in BUILT_IN:
+            continue  # models/<family>.py
+        if rel.name not in names or not all(part in parts for part in folder):
+            unnamed.append(str(rel))
+    assert not unnamed, f"files docs/layout.md does not name: {unnamed}"
+    basenames = {p.name for p in on_disk} | {"__init__.py"}
+    dirs = {p.name for p in SRC.rglob("*") if p.is_dir()}
+    missing = [f for f in files if not ((root / f).exists() or (SRC / f).exists() or "/" not in f and f in basenames)]
+    missing += [f for f in folders if not ((root / f).is_dir() or (SRC.parent / f).is_dir() or (SRC / f).is_dir()
+                                           or all(part in dirs for part in f.strip("/").split("/")))]
+    assert not missing, f"names in docs/layout.md that are no file or folder: {missing}"
+
+
+def test_the_layout_check_sees_an_unnamed_file_and_a_name_of_nothing(tmp_path, monkeypatch):
+    """The check above fails on a file the layout leaves out and on a name it gives that is no file."""
+    text = LAYOUT.read_text()
+    monkeypatch.setattr(sys.modules[__name__], "LAYOUT", tmp_path / "layout.md")
+    (tmp_path / "layout.md").write_text(text.replace("import_hooks.py", "import_hook.py", 1))
+    with pytest.raises(AssertionError, match=r"does not name: \['import_hooks.py'\]"):
+        test_docs_layout_names_every_file_and_nothing_else()
+    (tmp_path / "layout.md").write_text(text.replace("  files.py ", "  files.py nowhere.py ", 1))
+    with pytest.raises(AssertionError, match=r"no file or folder: \['nowhere.py'\]"):
+        test_docs_layout_names_every_file_and_nothing_else()

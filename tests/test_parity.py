@@ -640,13 +640,13 @@ def test_a_rate_at_the_end_of_a_sweep_leaves_a_verdict_it_could_flip_unsettled(t
 
 
 def test_the_sweep_command_leaves_out_the_rate_run():
-    fam = next(f for f in parity.COMPARISONS if f.bench == "lm")
+    fam = next(f for f in parity.comparisons() if f.bench == "lm")
     full = fam.command.format(spec="tiny-x")
     assert "--lr-factors 0.5 1 2 4 8 " in full
     assert fam.sweep_command("tiny-x") == full
     assert "--lr-factors 0.5 1 4 8 " in fam.sweep_command("tiny-x", 2.0)
     assert fam.sweep_command("tiny-x", 3.0) == full  # off the grid: the whole grid
-    recall = next(f for f in parity.COMPARISONS if f.bench == "recall")
+    recall = next(f for f in parity.comparisons() if f.bench == "recall")
     assert recall.sweep_command("attention", 1.0) == recall.command.format(spec="attention")  # names no grid
 
 
@@ -1019,4 +1019,4 @@ def test_a_compared_form_timed_beside_the_presets_is_found_under_its_compared_na
     assert lengths[parity._speed_name(form)] == "side 256"
     for fam, folder in (("image", "image_forms"), ("ocr", "ocr_forms"), ("eo", "eo_forms"),
                         ("points", "points_forms")):  # where each family's compared forms are timed
-        assert next(c for c in parity.COMPARISONS if c.bench == fam).speed_file == f"{folder}/{fam}.json"
+        assert next(c for c in parity.comparisons() if c.bench == fam).speed_file == f"{folder}/{fam}.json"

@@ -300,7 +300,8 @@ def test_bench_recall_times_the_models_it_scores_and_parity_reads_each_ones_own_
     from polymixer.experiments.bench import parity
     from polymixer.experiments.recall.targets import RECALL
 
-    monkeypatch.setattr(parity, "COMPARISONS", (replace(RECALL, where={"seq_len": 16, "pairs": 2, "steps": 3}),))
+    small = replace(RECALL, where={"seq_len": 16, "pairs": 2, "steps": 3})
+    monkeypatch.setattr(parity, "comparisons", lambda: (small,))
     family, = collect(tmp_path)["families"]
     timed = {m["model"]: m.get("speed") for m in family["models"]}
     assert timed["attention"] == 1.0 and timed["pom"] == pytest.approx(speed["pom"]["vs_attention"])

@@ -32,8 +32,8 @@
     polymixer check-data <family> --data DIR    every bad file of a dataset with its reason, in one pass
     polymixer plot RUN [RUN ...]                training curves (loss, learning rate, evaluations) as a PNG
 
-The families (lm, image, ocr, eo, points, recall) and their commands come from :mod:`polymixer.families`; a
-family's earlier name (``3d`` for points) still works as a noun.
+The families and their commands come from the families' registry (:mod:`polymixer.experiments.registry`: the
+built-in families and those of other packages); a family's earlier name (``3d`` for points) still works as a noun.
 """
 
 from __future__ import annotations
@@ -41,117 +41,100 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from ..families import FAMILIES
-from .commands import COMMAND_HELP, load_command, run_command, task_target
+from .commands import load_command, run_command
+from .registry import Command, families
 
-# verb → noun → (help, target, description); the family verbs (train / eval / check-data / bench <family>) come from
-# the families table, each entry imports its module lazily so the CLI starts fast
-Command = Tuple[str, str, str]
-USE_VERBS: Dict[str, Command] = {  # verbs that use a trained model of one family
-    "generate": ("sample text from a trained language model", "polymixer.experiments.lm.task:generate",
-                 "Prefill the prompt in parallel, then decode token by token with per-layer state."),
-    "sample": ("sample an image grid from a trained generator", "polymixer.experiments.image.task:sample",
-               "Class-conditional samples with classifier-free guidance, written as a PNG grid."),
-    "read": ("transcribe line images with a trained recogniser", "polymixer.experiments.ocr.task:read",
-             "Print the greedy CTC transcription of each image (resized like the training lines)."),
-    "segment": ("segment whole patches of a PASTIS-layout folder with a trained segmenter",
-                "polymixer.experiments.eo.task:segment",
-                "Write the class map of each patch as <ID>_classes.npy (uint8) and a PNG in the PASTIS colour map; the "
-                "whole patch in one forward call by default."),
-    "segment3d": ("segment point clouds with a trained 3-D segmenter", "polymixer.experiments.points.task:segment3d",
-                  "Write each scene's per-point labels as <name>_labels.npy, a .ply coloured by class and a top-view "
-                  "PNG; the whole scene in one forward call."),
-    "kernels": ("build the Triton kernels ahead of time for NVIDIA GPUs (no GPU needed)",
-                "polymixer.experiments.bench.aot",
-                "Compile every Triton kernel at every launch configuration for the given architectures and report "
-                "registers, spills and shared memory per build (status 1 if any fails or spills)."),
-    "plot": ("training curves of one or more runs as a PNG", "polymixer.experiments.report:plot",
-             "Overlay the loss, learning rate and evaluation metrics of runs (their history.json) in one PNG."),
+# verb → noun → (help, target, description): each family's commands come from its registration (the families'
+# registry); the shared ones are below. Each entry imports its module lazily so the CLI starts fast
+SHARED_BENCHES: Dict[str, Command] = {  # `polymixer bench <noun>`: the benches every family shares
+    "mixer": Command("PoM vs attention across sequence lengths at a fixed token budget",
+                     "polymixer.experiments.bench.mixer",
+                     "Time forward and forward+backward of PoM and the value PoM (two sizes), full and causal, eager "
+                     "and compiled, against SDPA and naive attention; on a GPU the Triton routes beside them."),
+    "models": Command("the paper's models on a GPU: GPT-2-S vs GPPoM2-S / hybrid / value PoM, SiT-XL/2 vs SiPoM-XL/2",
+                      "polymixer.experiments.bench.models",
+                      "Compiled, bf16, FlashAttention: forward tokens/s at the paper's token budget beside its table, "
+                      "training step time and memory, decoding time per token at 1k-64k context, images/s at 256 and "
+                      "512 px; out-of-memory configurations listed. --dry-run: the same on the CPU at tiny sizes."),
+    "gpu": Command("the GPU check: every kernel alone against a copy's bandwidth, the check's summary, docs/gpu.md",
+                   "polymixer.experiments.bench.gpu",
+                   "--kernels: time every Triton kernel alone (TB/s, and ÷ a large clone's); --summary: the summary of "
+                   "a scripts/gpu-check folder; --report: regenerate docs/gpu.md's measured section from one and copy "
+                   "its JSON to docs/bench/gpu_<card>/."),
+    "roofline": Command("a roofline MODEL of GPT-2 vs GPPoM2-S on a GPU: predicted tokens/s, not measured",
+                        "polymixer.experiments.bench.roofline",
+                        "Count each kernel's FLOPs and HBM bytes of one forward pass and predict its time on an H100 / "
+                        "H200 / A100 (GEMMs, FlashAttention-2, PoM's Triton mixing); beside the paper's "
+                        "measurements."),
+    "parallel": Command("context parallelism: bytes sent, step time and memory per rank against N and ranks",
+                        "polymixer.experiments.bench.parallel",
+                        "Run a causal PoM, value-PoM and attention layer (forward + backward) split over P gloo "
+                        "processes: bytes each rank sends (counted from the collectives), step time and peak memory "
+                        "per rank, the longest N a memory budget holds, and a labelled model of 8 × H100 over "
+                        "NVLink."),
+    "parity": Command("every family's linear-time models against attention at equal budget, from the benches' results",
+                      "polymixer.experiments.bench.parity",
+                      "Read the quality part of each family's bench (its JSON in --out), take each model at its best "
+                      "learning rate and write one table: attention against PoM, the value PoM and the best hybrid, "
+                      "the gaps, rates and seeds, and the parity targets judged."),
+    "faults": Command("fault injection into training: SIGKILL, SIGTERM, truncated checkpoint, NaN loss; every family",
+                      "polymixer.experiments.bench.faults",
+                      "Train a tiny preset of each family once uninterrupted and again under faults (SIGKILL at random "
+                      "moments, some inside a checkpoint write; SIGTERM; a truncated newest checkpoint; a NaN loss), "
+                      "resuming each time; report faults survived, steps lost and whether the final weights are "
+                      "bit-identical."),
+}
+SHARED_VERBS: Dict[str, Dict[str, Command]] = {  # the other shared commands: verb → noun ("": none) → command
+    "export": {"checkpoint": Command("a sharded (--fsdp) checkpoint as one model.safetensors folder",
+                                     "polymixer.experiments.train.export",
+                                     "Read every rank's shards of a run's newest intact checkpoint (or of the "
+                                     "checkpoint folder named) on one process and write model.safetensors, "
+                                     "config.json and a manifest into --out: the folder load_model, the eval "
+                                     "commands and export hf read. Optimizer state is not exported.")},
+    "kernels": {"": Command("build the Triton kernels ahead of time for NVIDIA GPUs (no GPU needed)",
+                            "polymixer.experiments.bench.aot",
+                            "Compile every Triton kernel at every launch configuration for the given architectures and "
+                            "report registers, spills and shared memory per build (status 1 if any fails or "
+                            "spills).")},
+    "plot": {"": Command("training curves of one or more runs as a PNG", "polymixer.experiments.report:plot",
+                         "Overlay the loss, learning rate and evaluation metrics of runs (their history.json) in one "
+                         "PNG.")},
 }
 
 
+def _check_data(name: str) -> Optional[Command]:
+    """``polymixer check-data <family>`` where the family has dataset files to check."""
+    fam = families()[name]
+    if fam.loaders is None:
+        return None
+    default = f" (default: the offline default, '{fam.default_data}')" if fam.default_data else ""
+    return Command(f"check every file of {fam.family.title.split(' ', 1)[1]} dataset and list the bad ones",
+                   "polymixer.experiments.tasks.check",
+                   f"Read the headers and lengths of every file of a {name} dataset{default} and list each bad file "
+                   f"with its reason, in one pass; status 1 if any.")
+
+
 def _commands() -> Dict[str, Dict[str, Command]]:
-    out: Dict[str, Dict[str, Command]] = {"train": {}, "eval": {}, "check-data": {}}
-    for name, fam in FAMILIES.items():
-        for verb, (short, desc) in COMMAND_HELP.get(name, {}).items():
-            out.setdefault(verb, {})[name] = (short, task_target(name, verb), desc)
-        if fam.default_data is not None:
-            out["check-data"][name] = (
-                f"check every file of {fam.title.split(' ', 1)[1]} dataset and list the bad ones",
-                "polymixer.experiments.tasks.check",
-                f"Read the headers and lengths of every file of a {name} dataset (default: the offline default, "
-                f"'{fam.default_data}') and list each bad file with its reason, in one pass; status 1 if any.")
-    out["bench"].update({
-        "mixer": ("PoM vs attention across sequence lengths at a fixed token budget",
-                  "polymixer.experiments.bench.mixer",
-                  "Time forward and forward+backward of PoM and the value PoM (two sizes), full and causal, eager "
-                  "and compiled, against SDPA and naive attention; on a GPU the Triton routes beside them."),
-        "models": ("the paper's models on a GPU: GPT-2-S vs GPPoM2-S / hybrid / value PoM, SiT-XL/2 vs SiPoM-XL/2",
-                   "polymixer.experiments.bench.models",
-                   "Compiled, bf16, FlashAttention: forward tokens/s at the paper's token budget beside its table, "
-                   "training step time and memory, decoding time per token at 1k-64k context, images/s at 256 and "
-                   "512 px; out-of-memory configurations listed. --dry-run: the same on the CPU at tiny sizes."),
-        "gpu": ("the GPU check: every kernel alone against a copy's bandwidth, the check's summary, docs/gpu.md",
-                "polymixer.experiments.bench.gpu",
-                "--kernels: time every Triton kernel alone (TB/s, and ÷ a large clone's); --summary: the summary of "
-                "a scripts/gpu-check folder; --report: regenerate docs/gpu.md's measured section from one and copy "
-                "its JSON to docs/bench/gpu_<card>/."),
-        "distill": ("attention LM converted to hybrid / all-PoM and distilled vs trained from scratch",
-                    "polymixer.experiments.distill.bench",
-                    "Train the tiny attention teacher, distil it into the hybrid and all-PoM patterns within a quarter "
-                    "of its training tokens, and train the same students from scratch on that budget; val loss vs "
-                    "tokens."),
-        "roofline": ("a roofline MODEL of GPT-2 vs GPPoM2-S on a GPU: predicted tokens/s, not measured",
-                     "polymixer.experiments.bench.roofline",
-                     "Count each kernel's FLOPs and HBM bytes of one forward pass and predict its time on an H100 / "
-                     "H200 / A100 (GEMMs, FlashAttention-2, PoM's Triton mixing); beside the paper's measurements."),
-        "parallel": ("context parallelism: bytes sent, step time and memory per rank against N and ranks",
-                     "polymixer.experiments.bench.parallel",
-                     "Run a causal PoM, value-PoM and attention layer (forward + backward) split over P gloo "
-                     "processes: bytes each rank sends (counted from the collectives), step time and peak memory "
-                     "per rank, the longest N a memory budget holds, and a labelled model of 8 × H100 over NVLink."),
-        "parity": ("every family's linear-time models against attention at equal budget, from the benches' results",
-                   "polymixer.experiments.bench.parity",
-                   "Read the quality part of each family's bench (lm, recall, image, ocr, eo, points JSON in --out), "
-                   "take each model at its best learning rate and write one table: attention against PoM, the value "
-                   "PoM and the best hybrid, the gaps, rates and seeds, and the parity targets judged."),
-        "faults": ("fault injection into training: SIGKILL, SIGTERM, truncated checkpoint, NaN loss; every family",
-                   "polymixer.experiments.bench.faults",
-                   "Train a tiny preset of each family once uninterrupted and again under faults (SIGKILL at random "
-                   "moments, some inside a checkpoint write; SIGTERM; a truncated newest checkpoint; a NaN loss), "
-                   "resuming each time; report faults survived, steps lost and whether the final weights are "
-                   "bit-identical."),
-    })
-    out["export"] = {"hf": ("a language-model checkpoint as a transformers folder",
-                            "polymixer.experiments.lm.task:export",
-                            "Write model.safetensors, config.json and the tokenizer: AutoModelForCausalLM."
-                            "from_pretrained(DIR) loads it once polymixer is imported (needs the [hf] extra)."),
-                     "checkpoint": ("a sharded (--fsdp) checkpoint as one model.safetensors folder",
-                                    "polymixer.experiments.train.export",
-                                    "Read every rank's shards of a run's newest intact checkpoint (or of the "
-                                    "checkpoint folder named) on one process and write model.safetensors, "
-                                    "config.json and a manifest into --out: the folder load_model, the eval "
-                                    "commands and export hf read. Optimizer state is not exported.")}
-    out["import"] = {"hf": ("a transformers folder of a polymixer language model as a polymixer run",
-                            "polymixer.experiments.lm.task:import",
-                            "The reverse of export hf: a checkpoint that generate, eval lm, train lm --init-from and "
-                            "distill lm take.")}
-    out["distill"] = {"lm": ("convert an attention LM to PoM / hybrid and distil it (attention transfer, then "
-                             "fine-tuning)", "polymixer.experiments.distill.task:lm",
-                             "Replace the attention of the layers a pattern marks (P = PoM, L = local attention) in a "
-                             "polymixer run or a transformers GPT-2 / Llama-family folder, train the new mixers to "
-                             "match each replaced layer (stage 1), then fine-tune the whole student on the "
-                             "language-modelling loss (stage 2).")}
-    for verb, entry in USE_VERBS.items():
-        out[verb] = {"": entry}
-    return out
+    out: Dict[str, Dict[str, Command]] = {"train": {}, "eval": {}, "check-data": {}, "bench": {}}
+    plain: Dict[str, Dict[str, Command]] = {}  # verbs without a noun, after those with one
+    for name, fam in families().items():
+        for (verb, noun), command in fam.commands.items():
+            (plain if noun == "" else out).setdefault(verb, {})[noun] = command
+        check = _check_data(name)
+        if check is not None:
+            out["check-data"][name] = check
+    out["bench"].update(SHARED_BENCHES)
+    for verb, nouns in SHARED_VERBS.items():
+        (plain if "" in nouns else out).setdefault(verb, {}).update(nouns)
+    return {**out, **plain}
 
 
 COMMANDS: Dict[str, Dict[str, Command]] = _commands()
 # benches that time nothing (a busy machine changes none of their figures): no warning about the load
-UNTIMED_BENCHES = ("roofline", "faults", "recall", "distill", "parity", "gpu")
+UNTIMED_BENCHES = ("roofline", "faults", "parity", "gpu") + tuple(n for f in families().values() for n in f.untimed)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -1,7 +1,7 @@
 """The registry of model presets (timm-style): ``create_model(name, **overrides)``, ``list_models()``.
 
-Each family's model file (``models/<family>.py``, one per entry of :data:`polymixer.families.FAMILIES`) registers
-named presets: a config dataclass holding every hyper-parameter, and a constructor. Overrides are fields of that
+Each family's model file (``models/<family>.py``, or a module of the package that added the family) registers named
+presets: a config dataclass holding every hyper-parameter, and a constructor. Overrides are fields of that
 dataclass; ``device="meta"`` builds the module without allocating a single weight (parameter counting of
 paper-scale presets). Family names are those of the families table; a family's earlier names are accepted.
 """

@@ -1,6 +1,7 @@
 """What ``polymixer bench parity`` compares in one family: where its quality rows are, how to read them, which models
-stand for attention, PoM, the value PoM and the hybrids, the options offered to every model alike, and the targets.
-Each family's own comparison lives in its folder (``polymixer.experiments.<family>.targets``)."""
+stand for attention, PoM, the value PoM and the hybrids, the options offered to every model alike, the targets, the
+paper's figures and how the table shows them. Each family's own comparisons live in its folder and reach ``bench
+parity`` through its registration (:attr:`~polymixer.experiments.registry.LabFamily.comparisons`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .common import seed_payloads
 
@@ -68,9 +69,13 @@ class Comparison:
     # PoM whose state forgets): offered like the options, so the value PoM is compared in its best form, and shown
     # "not run" where they were not
     value_options: Tuple[str, ...] = ()
-    # the part of the JSON holding Zoology's figure 2 (bench recall --zoology --parts zoology): the value PoM judged
-    # against Based at every state size, length and form (with and without the shift)
-    per_state: Optional[str] = None
+    # a target of the family's own beyond the shared ones (recall: the value PoM against Based on Zoology's figure
+    # 2), judged from its bench JSON by this function: (the target, as the others are, and the commands that run what
+    # it lacks)
+    extra_target: Optional[Callable[["Comparison", Optional[Dict[str, Any]]], Tuple[Dict[str, Any], List[str]]]] = None
+    # attention's own target where the family sets one: its plain preset (no option) at least this figure (as shown,
+    # × ``scale``) at its best rate (recall: attention learns MQAR, ≥ 99%)
+    attention_floor: Optional[float] = None
     # the paper's own models with the paper's tolerance for each: (preset, bound on the gap to attention, as
     # ``best_target``), each judged like the other targets in the form it is compared as — whether the paper's claim
     # for that model reproduces here
@@ -91,6 +96,12 @@ class Comparison:
     # ``larger_rate``, the width rule's factor from the smaller model's rate to the larger one's)
     larger: str = ""
     larger_rate: float = 1.0
+
+    # the paper's figures at GPU scale beside the compared models: what each figure is, and the figures of its
+    # models (attention, PoM, the paper's hybrid) by their tiny presets, one per model pair the paper reports
+    paper: Tuple[Tuple[str, ...], Dict[str, Tuple[float, ...]]] = ((), {})
+    digits: int = 1  # the decimals its figures are shown with
+    trained_on: str = ""  # what its runs are trained and scored on (the README's family column)
 
     @property
     def json_name(self) -> str:

@@ -42,36 +42,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ...families import FAMILIES, TRAINABLE
 from ..commands import run_family_command
+from ..registry import lab_family, trainable
 from ..report import format_table, new_figure, save_figure
 from .common import apply_overrides, machine, read_json, write_json
 
-__all__ = ["FaultsBenchConfig", "run", "report", "plot", "main", "add_arguments"]
-
-# every family of the families table that trains: its tiny preset, with the family's own recipe (EMA, SAM,
-# dropout where it has them), at sizes a run of a few dozen steps affords
-SIZES: Dict[str, List[str]] = {
-    "lm": ["--mixer", "hybrid", "--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--block-size", "64",
-           "--window", "16", "--dropout", "0.1", "--batch-size", "8", "--eval-windows", "8", "--ema", "0.99"],
-    "image": ["--image-size", "8", "--batch-size", "16", "--eval-samples", "0", "--ema", "0.99"],
-    "ocr": ["--batch-size", "4", "--eval-limit", "4"],
-    "eo": ["--batch-size", "4", "--eval-limit", "1"],
-    "points": ["--batch-size", "2", "--eval-limit", "1"],
-}
+__all__ = ["FaultsBenchConfig", "train_args", "run", "report", "plot", "main", "add_arguments"]
 
 
 def train_args(family: str) -> List[str]:
-    """``polymixer train`` arguments of a family's fault runs: its noun and tiny preset, from the families table."""
-    fam = FAMILIES[family]
-    return [fam.name, "--preset", str(fam.tiny), *SIZES.get(fam.name, [])]
+    """``polymixer train`` arguments of a family's fault runs: its noun, its tiny preset and its recipe's arguments
+    (:class:`~polymixer.experiments.registry.FaultRecipe`: sizes a run of a few dozen steps affords)."""
+    fam = lab_family(family)
+    recipe = fam.faults
+    return [fam.name, "--preset", str(fam.family.tiny), *(recipe.args if recipe else ())]
+
 
 PROGRESS, WRITING = ".bench-progress", ".bench-writing"
 
 
 @dataclass
 class FaultsBenchConfig:
-    families: Tuple[str, ...] = TRAINABLE
+    families: Tuple[str, ...] = field(default_factory=trainable)  # every family that trains
     steps: int = 40
     ckpt_every: int = 4
     kills: int = 10
@@ -127,8 +119,10 @@ def _worker(argv: Sequence[str]) -> None:
     def train(model: Any, task: Any, cfg: Any, model_config: Any, on_log: Any = None) -> Any:
         return real_train(model, _Probe(task, Path(cfg.out), spec.get("nan_step")), cfg, model_config, on_log)
 
-    for name in TRAINABLE:
-        importlib.import_module(f"polymixer.experiments.{name}.task").train = train
+    if args[:1] != ["train"] or len(args) < 2:
+        raise SystemExit(f"the fault probe runs `polymixer train <family> …`, got {' '.join(args)!r}")
+    # the family's train command runs the loop through its module's global ``train``: wrapped there
+    importlib.import_module(lab_family(args[1]).command("train").target.partition(":")[0]).train = train
     if spec.get("hold_from") is not None:
         import safetensors.torch as st
 
@@ -145,8 +139,6 @@ def _worker(argv: Sequence[str]) -> None:
             return result
 
         st.save_model = save_model
-    if args[:1] != ["train"] or len(args) < 2:
-        raise SystemExit(f"the fault probe runs `polymixer train <family> …`, got {' '.join(args)!r}")
     sys.exit(run_family_command("train", args[1], args[2:]))
 
 
@@ -394,17 +386,12 @@ def _nan_row(cfg: FaultsBenchConfig, family: str, base: Path, rng: random.Random
 
 
 def _small_data(cfg: FaultsBenchConfig, family: str) -> None:
-    """The 3-D default rooms hold 40,000 points each (minutes per run on a CPU); this bench trains on 6 rooms of
-    4,000 points, generated once, unless ``extra`` names data."""
-    if family != "points" or "--data" in cfg.extra.get(family, []):
+    """The family's small data where its recipe has some (its offline default too large for a run of a few dozen
+    steps), made once under ``<out>/faults``, unless ``extra`` names data."""
+    recipe = lab_family(family).faults
+    if recipe is None or recipe.data is None or "--data" in cfg.extra.get(family, []):
         return
-    from ..points.synth import write_synthetic_rooms
-
-    root = Path(cfg.out) / "faults" / "rooms-4k"
-    if not (root / "meta.json").is_file():
-        shutil.rmtree(root, ignore_errors=True)
-        write_synthetic_rooms(root, train=4, val=1, test=1, points=4000, seed=0, progress=False)
-    cfg.extra = {**cfg.extra, family: [*cfg.extra.get(family, []), "--data", str(root)]}
+    cfg.extra = {**cfg.extra, family: [*cfg.extra.get(family, []), *recipe.data(Path(cfg.out) / "faults")]}
 
 
 def run_family(cfg: FaultsBenchConfig, family: str, progress: bool = True) -> Dict[str, Any]:
@@ -435,9 +422,9 @@ def _line(r: Dict[str, Any]) -> str:
 
 
 def run(cfg: FaultsBenchConfig, progress: bool = True) -> Dict[str, Any]:
-    unknown = [f for f in cfg.families if f not in TRAINABLE]
+    unknown = [f for f in cfg.families if f not in trainable()]
     if unknown:
-        raise ValueError(f"unknown families {unknown}; choose from {', '.join(TRAINABLE)}")
+        raise ValueError(f"unknown families {unknown}; choose from {', '.join(trainable())}")
     if cfg.steps < 2 * cfg.ckpt_every + 2:
         raise ValueError(f"steps ({cfg.steps}) must be ≥ 2 × ckpt_every + 2 = {2 * cfg.ckpt_every + 2}")
     path = Path(cfg.out) / "faults.json"
@@ -499,7 +486,7 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = FaultsBenchConfig()
     p.add_argument("--quick", action="store_true", help="16 steps and 3 kills per family (a few minutes)")
-    p.add_argument("--families", nargs="+", choices=list(TRAINABLE), default=list(d.families))
+    p.add_argument("--families", nargs="+", choices=list(trainable()), default=list(d.families))
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--ckpt-every", type=int, default=None)
     p.add_argument("--kills", type=int, default=None)

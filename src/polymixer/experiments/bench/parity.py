@@ -1,9 +1,10 @@
 """``polymixer bench parity``: the table a user chooses a model from, and every family's linear-time models judged
 against attention at equal budget.
 
-It trains nothing: it reads the quality part of each family's bench (``lm.json``, ``recall.json``, ``image.json``,
-``ocr.json``, ``eo.json``, ``points.json`` in ``--out``), takes each model at its best learning rate (the rate the
-bench's sweep chose, or the recipe's where the model was not swept) and writes, per family, every compared model
+It trains nothing: it reads the quality part of each family's bench (its ``<bench>.json`` in ``--out``, e.g.
+``lm.json``), each comparison a family registers (:attr:`~polymixer.experiments.registry.LabFamily.comparisons`,
+in the families' order), takes each model at its best learning rate (the rate the bench's sweep chose, or the
+recipe's where the model was not swept) and writes, per family, every compared model
 (attention, PoM, the value-carrying PoM, every hybrid) in the form it is compared as: its quality (median and range
 over seeds), its gap to attention, its parameters relative to attention's, the speed of that same model, the paper's
 figure beside the paper's models and the Pareto front (:func:`models_table`); then the issue's parity targets judged
@@ -50,12 +51,12 @@ form ``Comparison.timed_as`` names) ÷ attention's at the longest length both we
 at the family's own context), on the device the JSON names. A form with options (the token shift, rotary encodings,
 another mixer or patch size) is timed as itself where its bench took it (``bench lm --kinds``, ``bench eo`` /
 ``bench points --presets`` with ``+field=value`` options); one no bench timed reads "not measured" — never its plain
-preset's speed. The paper's figures (:data:`PAPER`, GPU scale) stand beside attention, PoM and the paper's hybrid;
-the Pareto front marks the models no other is both better and faster than.
+preset's speed. The paper's figures (``Comparison.paper``, GPU scale) stand beside attention, PoM and the paper's
+hybrid; the Pareto front marks the models no other is both better and faster than.
 
-Recall under Zoology's recipe also judges the state target on Zoology's figure 2 (the ``zoology`` part of
-``recall_zoology/recall.json``): the value PoM at least level with Based at every state size, length and form,
-met only when all of them ran on 3 seeds of both.
+A family may judge targets of its own beside these: attention itself at a floor (``Comparison.attention_floor``;
+recall: attention learns MQAR) and one its comparison computes (``Comparison.extra_target``; recall under Zoology's
+recipe: the value PoM at least level with Based at every state size, length and form of Zoology's figure 2).
 
 Gaps are signed so that positive is worse than attention where the metric is a loss or a distance (val loss and
 CER: relative; Fréchet distance: a ratio) and negative is worse where it is an accuracy (mIoU, MQAR: points).
@@ -70,40 +71,15 @@ from statistics import median
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...files import write_text_atomic
+from ..registry import comparisons
 from ..report import format_table
-from ..eo import targets as eo_targets
-from ..image import targets as image_targets
-from ..lm import targets as lm_targets
-from ..ocr import targets as ocr_targets
-from ..points import targets as points_targets
-from ..recall import targets as recall_targets
 from .common import best_rows, beyond, payload_seed, read_json, same_rate
 from .comparison import Comparison
 
-__all__ = ["COMPARISONS", "PAPER", "family", "seeded_rows", "judge", "collect", "target_lines", "verdict_lines",
-           "models_table", "report", "main", "add_arguments"]
+__all__ = ["comparisons", "family", "seeded_rows", "judge", "collect", "target_lines", "verdict_lines",
+           "models_table", "report", "past_end", "main", "add_arguments"]
 
 
-# every family's comparison (each in its own folder: polymixer.experiments.<family>.targets), in the table's order
-COMPARISONS: Tuple[Comparison, ...] = (lm_targets.COMPARISON, lm_targets.PROSE, lm_targets.PROSE_LARGER,
-                                       recall_targets.RECALL,
-                                       recall_targets.RECALL_ZOOLOGY, image_targets.COMPARISON,
-                                       ocr_targets.COMPARISON, eo_targets.COMPARISON, points_targets.COMPARISON)
-
-# the paper's figures at GPU scale (its GPT-2 small on FineWeb, SiT-L/2 and XL/2, HTR-VT on LAM, TSViT on PASTIS,
-# PTv3 on ScanNet): per family, what each figure is, and the figures of attention, PoM and the paper's hybrid by
-# their tiny presets, one per model pair the paper reports
-PAPER: Dict[str, Tuple[Tuple[str, ...], Dict[str, Tuple[float, ...]]]] = {
-    "lm": (("GPT-2 small, FineWeb val loss",), {"tiny-attention": (3.29,), "tiny-pom": (3.88,),
-                                                "tiny-hybrid": (3.31,)}),
-    "image": (("SiT-L/2 FID", "SiT-XL/2 FID"), {"tiny-sit": (18.8, 17.2), "tiny-sipom": (17.6, 17.2)}),
-    "ocr": (("HTR-VT on LAM, CER %",), {"tiny-htr-vt": (2.8,), "tiny-htr-vpom": (3.2,),
-                                        "tiny-htr-vpom-hybrid": (2.8,)}),
-    "eo": (("TSViT on PASTIS, mIoU %",), {"tiny-tsvit": (64.6,), "tiny-tsvipom": (64.6,)}),
-    "points": (("PTv3 on ScanNet, mIoU %",), {"tiny-ptv3": (76.7,), "tiny-ppomv3": (75.9,),
-                                              "tiny-ppomv3-hybrid": (76.8,)}),
-}
-PAPER["lm_prose"] = PAPER["lm"]  # the paper's GPT-2 runs are at the prose comparison's context of 1,024
 _SPEED_PARTS = ("throughput", "speed")  # where a family's bench keeps its speed rows
 _LENGTHS = ("N", "side", "lines", "voxels")  # a speed row's length, named as the table names it
 _TIMES = ("ms", "s_per_image", "s_per_call")  # a speed row's time per call (per image: already per item)
@@ -153,7 +129,7 @@ def _form(option: str) -> str:
     return option or "its preset"
 
 
-def _past_end(e: Dict[str, Any]) -> str:
+def past_end(e: Dict[str, Any]) -> str:
     """``e``'s model, its rate at the end of its sweep and the rate beyond it not run."""
     return f"{e['model']} at {e['lr']:g} ({e['beyond']:g} not run)"
 
@@ -368,10 +344,10 @@ def _measured(fam: Comparison, e: Dict[str, Any], target: float) -> str:
 
 def family(bench: str) -> Comparison:
     """The parity family whose results are ``<bench>.json``."""
-    for fam in COMPARISONS:
+    for fam in comparisons():
         if fam.bench == bench:
             return fam
-    names = ", ".join(dict.fromkeys(f.bench for f in COMPARISONS))
+    names = ", ".join(dict.fromkeys(f.bench for f in comparisons()))
     raise ValueError(f"no parity family reads {bench}.json (families: {names})")
 
 
@@ -511,7 +487,7 @@ class _Judging:
             self.unswept.extend(c for c in single if c not in self.unswept)
         ends = [c for c in side if c.get("beyond")]
         if ends:
-            out.append(f"best at an end of the rates tried: {', '.join(_past_end(c) for c in ends)}")
+            out.append(f"best at an end of the rates tried: {', '.join(past_end(c) for c in ends)}")
             self.past.extend(c for c in ends if c not in self.past)
         return out
 
@@ -545,16 +521,16 @@ def _judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[i
     for preset, bound in fam.paper_targets:
         e = _paper_model(item, preset)
         verdict = _verdict(fam, e, bound, spread, attention_seeds, j.missing(e, [e] if e else [], bound, [preset]))
-        paper = _paper(item, preset)[1]
+        paper = _paper(fam, item, preset)[1]
         targets.append({"what": f"the paper's {preset} within {_bound(fam, bound)}"
                                 + (f" (the paper: {paper})" if paper else ""), "verdict": verdict,
                         "short": f"paper's {'PoM' if preset == fam.pom else 'hybrid'} within {_bound(fam, bound)}",
                         "measured": None if e is None else _measured(fam, e, bound)})
         waiting += [e] if _short_of_seeds(e, attention_seeds) and e not in waiting else []
-    if fam.bench.startswith("recall"):  # attention itself, without the shift
+    if fam.attention_floor is not None:  # attention itself, without the shift
         targets.append(_attention_unshifted(j))
-    if fam.per_state:
-        target, commands = _versus_based(fam, data)
+    if fam.extra_target is not None:  # the family's own target
+        target, commands = fam.extra_target(fam, data)
         targets.append(target)
         item["to_run"] += commands
     item["targets"] = targets
@@ -642,32 +618,37 @@ def _attention_spread(j: _Judging) -> Tuple[Optional[float], int]:
 
 
 def _attention_unshifted(j: _Judging) -> Dict[str, Any]:
-    """Recall's own target: attention itself, without the shift, at ≥ 99% at its best rate (unsettled on fewer
-    than 3 seeds, or where a better rate could meet a miss), with its longer runs beside the equal budget."""
+    """Attention's own target (``Comparison.attention_floor``; recall: attention learns MQAR): attention itself,
+    without the shift, at least at that figure at its best rate (unsettled on fewer than 3 seeds, or where a better
+    rate could meet a miss), with its longer runs beside the equal budget."""
     fam = j.fam
+    floor, unit = fam.attention_floor, "%" if fam.label.endswith("%") else ""
     preset = j.by.get(fam.attention)
     a = _entry(fam, preset, None, j.seed, j.seeded)
-    verdict = "not run" if not a["run"] else ("met" if a["value"] >= 99 else "MISSED")
+    short = a["run"] and (a["value"] < floor if fam.higher else a["value"] > floor)
+    verdict = "not run" if not a["run"] else ("MISSED" if short else "met")
     na = len(a.get("by_seed", {})) or 1
     missed = verdict == "MISSED"  # a better rate could meet it
     a["beyond"] = _beyond(fam, j.raw, preset, j.ladder) if missed else None
     single = missed and preset.get("rates") == 1
     why = (["needs 3 seeds"] if a["run"] and na < 3 else []) + (
-        [f"best at an end of the rates tried: {_past_end(a)}"] if a.get("beyond") else []) + (
+        [f"best at an end of the rates tried: {past_end(a)}"] if a.get("beyond") else []) + (
         [f"run at one rate only: {a['model']}"] if single else [])
     j.past += [a] if a.get("beyond") else []
     j.unswept += [a] if single else []
     if why:
         verdict += (f" on {na} seed{'s' if na > 1 else ''}" if na < 3 else "") + f", unsettled: {'; '.join(why)}"
-    measured = None if not a["run"] else f"{a['value']:.1f}%"
+    measured = None if not a["run"] else f"{a['value']:.1f}{unit}"
     longer: Dict[int, Dict[str, Any]] = {}
     for r in _longer_runs(fam, j.raw):  # the best rate at each longer budget
         longer.setdefault(r["steps"], r)
     if measured and longer:
         measured += (f" at {fam.where['steps']:,} steps; with more steps (not the equal budget): "
-                     + ", ".join(f"{r[fam.metric] * fam.scale:.1f}% at {n:,} (lr {r.get('lr'):g})"
+                     + ", ".join(f"{r[fam.metric] * fam.scale:.1f}{unit} at {n:,} (lr {r.get('lr'):g})"
                                  for n, r in longer.items()))
-    return {"what": "attention without the shift ≥ 99% at its best rate", "verdict": verdict, "measured": measured}
+    at_least = "≥" if fam.higher else "≤"
+    return {"what": f"attention without the shift {at_least} {floor:g}{unit} at its best rate", "verdict": verdict,
+            "measured": measured}
 
 
 def _first_command(j: _Judging, spec: str) -> str:
@@ -695,79 +676,6 @@ def _rate_commands(j: _Judging) -> List[str]:
     return [c for c in dict.fromkeys(commands) if fam.command and c not in j.item["to_run"]]
 
 
-def _versus_based(fam: Comparison, data: Optional[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
-    """Issue 39's state target, judged on Zoology's figure 2 (the ``per_state`` part): the value PoM's accuracy at
-    least level with Based's (within :data:`~polymixer.experiments.recall.bench.LEVEL`) at every state size, length
-    and form.
-    Met needs every one of them run on 3 seeds of both; a miss on 3 seeds settles a MISSED. With the command that
-    runs what is missing."""
-    from ..recall.bench import LEVEL, STATE_SIZES, ZOOLOGY_POINTS, versus_based
-
-    rows = (data or {}).get(str(fam.per_state), {}).get("rows", [])
-    ladder = (data or {}).get(str(fam.per_state), {}).get("grid", [])
-    pairs = versus_based(rows)
-    what = ("value PoM at least level with Based at every state size (Zoology's figure 2: L "
-            + " / ".join(str(L) for L, _ in ZOOLOGY_POINTS) + f", {' / '.join(STATE_SIZES)} state floats, with and "
-            f"without the shift, each model trained on its test point alone (Zoology trains on a mixture of points: "
-            f"bench recall --mixture, docs/recall.md); level: within {100 * LEVEL:g} point)")
-
-    def command(cells: List[Tuple[int, int, bool, str]]) -> str:
-        """The bench run that trains ``cells`` ((L, K, shift, size)), each swept at every rate, on 3 seeds."""
-        points = sorted({(L, K) for L, K, _, _ in cells})
-        forms = {(shift, size) for _, _, shift, size in cells}
-        variants = [f"{m}-{'' if shift else 'noshift-'}{size}" for m in ("vpom", "based") for shift in (True, False)
-                    for size in STATE_SIZES if (shift, size) in forms]
-        return (f"polymixer bench recall --zoology --parts zoology --zoology-points "
-                f"{' '.join(f'{L}:{K}' for L, K in points)} --zoology-variants {' '.join(variants)} --seeds 0 1 2 "
-                f"--out docs/bench/recall_zoology")
-
-    every = [(L, K, shift, size) for L, K in ZOOLOGY_POINTS for shift in (True, False) for size in STATE_SIZES]
-    if not pairs:
-        return {"what": what, "verdict": "not run", "measured": None}, [command(every)]
-
-    def where(L: int, shift: bool, size: str) -> str:
-        return f"L {L} {size}{'' if shift else ' no shift'}"
-
-    def name(c: Dict[str, Any]) -> str:
-        return where(c["seq_len"], c["shift"], c["size"])
-
-    measured = ", ".join(f"{name(c)} {100 * c['value']['median']:.1f} vs {100 * c['based']['median']:.1f}"
-                         + ("" if c["seeds"] >= 3 else f" ({c['seeds']} seed{'s' if c['seeds'] > 1 else ''})")
-                         + (" (neither learns)" if c["neither"] else "")
-                         for c in pairs)
-    ran = {(c["seq_len"], c["pairs"], c["shift"], c["size"]) for c in pairs}
-    lacking = [cell for cell in every if cell not in ran]
-    few = [c for c in pairs if c["seeds"] < 3]
-    for c in pairs:  # the side whose better rate would flip the cell: the value PoM's where missed, Based's where met
-        side = c["based" if c["met"] else "value"]
-        c["beyond"] = beyond(rows, side, "variant", ("seq_len", "pairs", "steps"), "select", fam.ceiling,
-                             ladder=ladder)
-        c["past"] = {"model": side["variant"], "lr": side["lr"], "beyond": c["beyond"]}
-        c["one_rate"] = side.get("rates") == 1
-    ends = [c for c in pairs if c["beyond"] is not None]
-    single = [c for c in pairs if c["one_rate"]]
-    gaps = lacking + [(c["seq_len"], c["pairs"], c["shift"], c["size"]) for c in few + ends + single]
-    why = ([f"not run at {', '.join(where(L, shift, size) for L, _, shift, size in lacking)}"] if lacking else []) + \
-        ([f"fewer than 3 seeds at {', '.join(name(c) for c in few)}"] if few else []) + \
-        ([f"best at an end of the rates tried at {', '.join(name(c) + ': ' + _past_end(c['past']) for c in ends)}"]
-         if ends else []) + \
-        ([f"run at one rate only at {', '.join(name(c) + ': ' + c['past']['model'] for c in single)}"]
-         if single else [])
-    missed = [c for c in pairs if not c["met"]]
-    if missed:
-        settled = [c for c in missed if c["seeds"] >= 3 and c["beyond"] is None and not c["one_rate"]]
-        at = " at " + ", ".join(name(c) + (" (where neither learns)" if c["neither"] else "") for c in missed)
-        if settled:  # settled by the rule; the figure the target is read on may yet be incomplete
-            verdict = "MISSED" + at + (f"; figure 2 {'; '.join(why)}" if why else "")
-        elif all(c["beyond"] is None and not c["one_rate"] for c in missed):
-            verdict = f"MISSED on {min(c['seeds'] for c in missed)} seed(s), unsettled: needs 3 seeds" + at
-        else:  # another rate of the value PoM (past the end of its rates, or its sweep) could level it
-            verdict = "MISSED" + at + f", unsettled: {'; '.join(why)}"
-        return {"what": what, "verdict": verdict, "measured": measured}, [command(gaps)] if gaps else []
-    verdict = "met" if not why else f"met where run, unsettled: {'; '.join(why)}"
-    return {"what": what, "verdict": verdict, "measured": measured}, [command(gaps)] if gaps else []
-
-
 def judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]]) -> Dict[str, Any]:
     """One family's comparison and its targets judged, from its main bench JSON ``data`` (None: not run) and the
     rows of its other seeds (:func:`seeded_rows`), under the fairness rule (module docstring). A target whose
@@ -786,14 +694,14 @@ def collect(folder: Path) -> Dict[str, Any]:
     """Each family's comparison from the bench results in ``folder``, with the speeds its speed bench timed
     (``speed``, from ``<bench>.json``) and every compared model with its own speed (``models``)."""
     families = []
-    for fam in COMPARISONS:
+    for fam in comparisons():
         item = judge(fam, _load(fam, folder), seeded_rows(fam, fam.seed_payloads(folder)))
         timed = folder / (fam.speed_file or f"{fam.bench}.json")
         item["speed"], lengths = _speed(read_json(timed) if timed.is_file() else None,
                                         _speed_name(fam.attention, fam.timed_as), fam.speed_length)
         if item["speed"]:
             item["speed"]["file"] = timed.name
-        item["models"] = _models(item, lengths, fam.timed_as)
+        item["models"] = _models(fam, item, lengths)
         families.append(item)
     return {"families": families, "source": str(folder)}
 
@@ -858,10 +766,10 @@ def _speed(data: Optional[Dict[str, Any]], attention: Optional[str], length: Opt
             {name: f"{label} {n:,}" for name, n in lengths.items()})
 
 
-def _paper(item: Dict[str, Any], model: str) -> Tuple[str, str]:
-    """The paper's figure of ``model`` (:data:`PAPER`, by its preset) and, beside a model other than attention,
+def _paper(fam: Comparison, item: Dict[str, Any], model: str) -> Tuple[str, str]:
+    """The paper's figure of ``model`` (``Comparison.paper``, by its preset) and, beside a model other than attention,
     its gap to the paper's attention, signed as the family's gaps are; empty where the paper has no such model."""
-    labels, figures = PAPER.get(item["bench"], ((), {}))
+    labels, figures = fam.paper
     preset, base = model.split("+")[0], str(item.get("presets", {}).get("attention")).split("+")[0]
     mine, theirs = figures.get(preset), figures.get(base)
     if not mine or not theirs:
@@ -874,8 +782,7 @@ def _paper(item: Dict[str, Any], model: str) -> Tuple[str, str]:
     return "; ".join(f"{v:g}, {g} ({label})" for v, g, label in zip(mine, gaps, labels)), " / ".join(gaps)
 
 
-def _models(item: Dict[str, Any], lengths: Dict[str, str], timed_as: Optional[Dict[str, str]] = None
-            ) -> List[Dict[str, Any]]:
+def _models(fam: Comparison, item: Dict[str, Any], lengths: Dict[str, str]) -> List[Dict[str, Any]]:
     """Every compared model that ran (attention, PoM, the value PoM, every hybrid) in its compared form, with its
     role, its own speed (``speed``: ÷ attention's; None where that very form was not timed), the paper's figure and
     gap, whether it is on the Pareto front (``pareto``, timed models only: no other timed model both at least as
@@ -886,8 +793,8 @@ def _models(item: Dict[str, Any], lengths: Dict[str, str], timed_as: Optional[Di
     models = []
     for role, e in roles:
         if e.get("run"):
-            paper, paper_gap = _paper(item, e["model"])
-            speed = ratio.get(_speed_name(e["model"], timed_as))
+            paper, paper_gap = _paper(fam, item, e["model"])
+            speed = ratio.get(_speed_name(e["model"], fam.timed_as))
             models.append(dict(e) | {"role": role, "speed": speed, "paper": paper, "paper_gap": paper_gap})
     sign = 1 if item["higher"] else -1
     timed = [m for m in models if m["speed"] is not None]
@@ -897,7 +804,7 @@ def _models(item: Dict[str, Any], lengths: Dict[str, str], timed_as: Optional[Di
                               for o in timed if o is not m)
     device = "GPU" if (item.get("speed") or {}).get("gpu") else "CPU"
     for m in models:
-        at = lengths.get(_speed_name(m["model"], timed_as))
+        at = lengths.get(_speed_name(m["model"], fam.timed_as))
         m["speed_text"] = "not measured" if m["speed"] is None else f"{m['speed']:.2f}× ({device}, {at})"
     return models
 
@@ -953,7 +860,7 @@ def verdict_lines(bench: str, payload: Dict[str, Any], seeds: Optional[List[Dict
     judged on. A bench judged by several comparisons (the prose LM at two sizes) gives each one's lines."""
     family(bench)  # (an unknown bench: the error naming the families)
     lines = []
-    for fam in [f for f in COMPARISONS if f.bench == bench]:
+    for fam in [f for f in comparisons() if f.bench == bench]:
         if fam.part in payload:
             item = judge(fam, main_json if main_json is not None else payload, seeded_rows(fam, seeds or []))
             lines += [f"parity (as `polymixer bench parity` judges): {line}" for line in target_lines(item)]
@@ -961,9 +868,9 @@ def verdict_lines(bench: str, payload: Dict[str, Any], seeds: Optional[List[Dict
 
 
 def _digits(fam: Dict[str, Any]) -> int:
-    """The decimals a family's figures are shown with."""
-    bench = fam["bench"]
-    return 4 if bench.startswith("lm") else (2 if bench == "ocr" or bench.startswith("recall") else 1)
+    """The decimals a family's figures are shown with (``Comparison.digits`` of its bench; 1 for a bench no family
+    registers)."""
+    return next((c.digits for c in comparisons() if c.bench == fam["bench"]), 1)
 
 
 def models_table(payload: Dict[str, Any]) -> str:
@@ -1067,7 +974,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     folder = Path(args.out)
-    files = list(dict.fromkeys(f.json_name for f in COMPARISONS))
+    files = list(dict.fromkeys(f.json_name for f in comparisons()))
     if not any((folder / name).is_file() for name in files):
         looked = ", ".join(files)
         raise SystemExit(f"polymixer bench parity: no bench results in {folder} (looked for {looked}); run the "

@@ -26,4 +26,6 @@ COMPARISON = Comparison(
     speed_file="eo_forms/eo.json",
     command="polymixer bench eo --parts quality --quality-models {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
             "--out docs/bench",
+    paper=(("TSViT on PASTIS, mIoU %",), {"tiny-tsvit": (64.6,), "tiny-tsvipom": (64.6,)}),
+    trained_on="synthetic PASTIS-like tiles",
 )

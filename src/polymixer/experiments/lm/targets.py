@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from ..bench.comparison import Comparison
 
-__all__ = ["COMPARISON", "PROSE", "PROSE_LARGER", "LARGER"]
+__all__ = ["COMPARISON", "PROSE", "PROSE_LARGER", "LARGER", "COMPARISONS"]
 
 COMPARISON = Comparison(
     "language model", "lm", "val loss", "val_loss", False, "relative", "tiny-attention", "tiny-pom",
@@ -20,6 +20,10 @@ COMPARISON = Comparison(
     paper_targets=(("tiny-pom", 0.18), ("tiny-hybrid", 0.02)),
     command="polymixer bench lm --parts quality --presets {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
             "--out docs/bench",
+    # the paper's GPT-2 small on FineWeb (its runs are at the prose comparison's context of 1,024)
+    paper=(("GPT-2 small, FineWeb val loss",), {"tiny-attention": (3.29,), "tiny-pom": (3.88,),
+                                                "tiny-hybrid": (3.31,)}),
+    digits=4, trained_on="Python standard library sources, bytes, context 256",
 )
 
 # the paper's proportions (issue 86 item 3): context 1,024, a local window of 128 in the hybrid, English prose, the
@@ -29,7 +33,7 @@ PROSE = replace(
     COMPARISON, name="language model (prose, context 1,024)", bench="lm_prose", file="lm_prose/lm.json",
     attention="tiny-attention+block_size=1024", pom="tiny-pom+block_size=1024", value=None,
     hybrids=("tiny-hybrid+block_size=1024+window=128",), best_target=None, all_target=None, tuned=(),
-    value_options=(), where={"steps": 375},
+    value_options=(), where={"steps": 375}, trained_on="English Wikipedia's vital articles, bytes",
     paper_targets=(("tiny-pom+block_size=1024", 0.18), ("tiny-hybrid+block_size=1024+window=128", 0.02)),
     # timed by the quick check's throughput part at N 1,024, whose models are these at its width (256, rotary
     # positions: the context a preset is built for costs nothing) with the hybrid's local window of 128
@@ -57,3 +61,5 @@ PROSE_LARGER = replace(
     command="polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {spec} --sweep {spec} "
             f"--lr-factors 0.5 1 2 4 8 --larger {LARGER} --out docs/bench/lm_prose",
 )
+
+COMPARISONS = (COMPARISON, PROSE, PROSE_LARGER)  # in the parity table's order

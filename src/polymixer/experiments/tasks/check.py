@@ -2,7 +2,8 @@
 
 The loaders read lazily, so without a check a truncated array or an unreadable image is found only when the sampler
 draws it, possibly hours into a run. The check reads headers and lengths (not the data), the same scan ``polymixer
-train`` runs before its first step unless given ``--no-data-check``.
+train`` runs before its first step unless given ``--no-data-check``. What it scans is the family's to say
+(:attr:`~polymixer.experiments.registry.LabFamily.check`): by default the one folder given, or the offline default.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ import argparse
 import importlib
 import json
 import time
+from typing import Any
 
-from ...families import family as family_entry
-from ..commands import default_module
+from ..registry import LabFamily, lab_family
 from .common import scan_dataset
 
-__all__ = ["add_arguments", "main"]
+__all__ = ["add_arguments", "main", "dataset_folder"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,25 +32,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def main(args: argparse.Namespace) -> int:
-    fam = family_entry(args.noun)
-    if fam.name == "lm":
-        data = args.data or None
-    else:
-        if args.data and len(args.data) > 1:
-            raise ValueError(f"check-data {fam.name} takes one dataset folder, got {len(args.data)}")
-        resolve = importlib.import_module(default_module(fam)).resolve_data
-        given = args.data[0] if args.data else None
-        if fam.name == "image" and given is None:
-            print("image: the default (scikit-learn's digits) is bundled with scikit-learn: nothing to check")
-            return 0
-        data = given if fam.name == "image" else resolve(given, progress=not args.quiet)
-    kw: dict = {"format": args.format} if fam.name == "points" else {}
-    if fam.name == "ocr":  # the checks train makes with its model: the line height and width cap
-        from ...models import model_config
+def dataset_folder(args: argparse.Namespace, fam: LabFamily) -> Any:
+    """The one dataset folder ``--data`` names, resolved by the family's offline default where it has one (no folder
+    given: the default, made once into the cache; a folder: checked to exist); as given otherwise."""
+    if args.data and len(args.data) > 1:
+        raise ValueError(f"check-data {fam.name} takes one dataset folder, got {len(args.data)}")
+    given = args.data[0] if args.data else None
+    if fam.offline_default is None:
+        return given
+    return importlib.import_module(fam.offline_default).resolve_data(given, progress=not args.quiet)
 
-        cfg = model_config(args.preset or fam.tiny)
-        kw.update(height=cfg.height, max_width=cfg.max_width)
+
+def main(args: argparse.Namespace) -> int:
+    fam = lab_family(args.noun)
+    found = fam.check(args) if fam.check is not None else (dataset_folder(args, fam), {})
+    if found is None:  # nothing to scan (the family said why)
+        return 0
+    data, kw = found
     t0 = time.perf_counter()
     bad = scan_dataset(fam.name, data, progress=not args.quiet, **kw)
     where = "the default corpus" if data is None else ", ".join(map(str, data)) if isinstance(data, list) else data

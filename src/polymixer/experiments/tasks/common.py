@@ -16,10 +16,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..data.faults import DataCheckError, merge_bad
 from ...families import family as family_entry
-from ..commands import loader_module
 from ...models import list_models, model_config, preset_of
 from ...models.registry import current_name, family_config
 from ...ranges import Range
+from ..registry import lab_family
 
 __all__ = ["add_preset_argument", "check_preset", "add_data_check_argument", "check_dataset", "scan_dataset",
            "int_at_least", "float_in", "convert_field", "format_field", "add_set_argument",
@@ -248,12 +248,13 @@ def add_data_check_argument(p: argparse.ArgumentParser) -> None:
 
 
 def scan_dataset(family: str, data: Any, progress: bool = True, **kw: Any) -> List[Tuple[str, str]]:
-    """Every bad file of a dataset of ``family`` with its reason, in one pass over headers and lengths
-    (``polymixer.experiments.<family>.data.check_data``); ``data`` is what the family's loaders take (a folder, or the
-    text
-    files of a language model)."""
-    fam = family_entry(family)
-    module = importlib.import_module(loader_module(fam))
+    """Every bad file of a dataset of ``family`` with its reason, in one pass over headers and lengths (the
+    ``check_data`` of the family's loaders, :attr:`~polymixer.experiments.registry.LabFamily.loaders`); ``data`` is
+    what those loaders take (a folder, or the text files of a language model)."""
+    loaders = lab_family(family).loaders
+    if loaders is None:
+        raise ValueError(f"the {family_entry(family).name} family has no dataset files to check")
+    module = importlib.import_module(loaders)
     return merge_bad(module.check_data(data, progress=progress, **kw))  # each bad file once, all its reasons
 
 
