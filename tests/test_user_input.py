@@ -189,3 +189,66 @@ def test_every_declared_range_of_every_model_config_is_checked():
                 cls(**{**base, field: value})
             checked += 1
     assert checked >= 40  # image, lm and points declare theirs
+
+
+def test_version_prints_the_one_version(capsys):
+    """`polymixer --version` prints the installed version, which pyproject.toml reads from polymixer.__version__."""
+    import tomllib
+
+    import polymixer
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out == f"polymixer {polymixer.__version__}\n"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and project["project"]["dynamic"] == ["version"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "polymixer.__version__"}
+
+
+def _help(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as stop:
+        main(argv + ["--help"])
+    assert stop.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_shows_examples_where_outputs_go_and_the_docs(capsys, monkeypatch):
+    """`polymixer --help` ends with example commands, where runs, benches and the cache go, and the guides; each
+    family's train command with an example run and its guide. Every file named there exists."""
+    monkeypatch.setenv("COLUMNS", "120")
+    text = _help([], capsys)
+    for part in ("examples:", "polymixer bench mixer --quick", "polymixer train lm --preset tiny-pom",
+                 "polymixer eval lm --ckpt", "polymixer plot", "where outputs go", "runs/<family>/<preset>/",
+                 "runs/bench/<bench>/", "~/.cache/polymixer/", "POLYMIXER_CACHE", "README.md", "docs/<family>.md"):
+        assert part in text, part
+    for doc in re.findall(r"docs/[a-z]+\.md", text):
+        assert (ROOT / doc).is_file(), doc
+    from polymixer.families import FAMILIES, TRAINABLE
+
+    for family in TRAINABLE:
+        text = _help(["train", family], capsys)
+        assert f"example:\n  polymixer train {family} --preset {FAMILIES[family].tiny} --steps 200" in text
+        assert f"guide: docs/{family}.md" in text and (ROOT / "docs" / f"{family}.md").is_file()
+
+
+@pytest.mark.parametrize("family, preset, field", [
+    ("lm", "tiny-hybrid", "mixer"), ("lm", "tiny-vpom", "mixer"), ("ocr", "tiny-htr-vt", "mixer"),
+    ("eo", "tiny-tsvit", "mixer"), ("points", "tiny-ptv3", "mixer"), ("image", "tiny-sit", "mixer"),
+])
+def test_help_shows_the_values_of_the_preset_named_before_it(family, preset, field, capsys):
+    """`train <family> --preset P --help` shows P's values (the model fields' flags, --set's list), not the tiny
+    preset's; a preset of another family falls back to the family's own (the command refuses it when run)."""
+    from polymixer.experiments.tasks.common import format_field
+    from polymixer.families import FAMILIES
+    from polymixer.models import model_config
+
+    tiny = FAMILIES[family].tiny
+    mine, theirs = (format_field(getattr(model_config(p), field)) for p in (preset, tiny))
+    assert mine != theirs  # the case tells the presets apart
+    text = " ".join(_help(["train", family, "--preset", preset], capsys).split())
+    assert f"this help shows {preset}'s values" in text
+    assert f"with {preset}'s values:" in text and f" {field}={mine}," in text
+    if family == "lm":
+        assert f"{preset}: {mine})" in text and f"{tiny}: " not in text
+    other = "tiny-sit" if family != "image" else "tiny-pom"
+    assert f"this help shows {tiny}'s values" in " ".join(_help(["train", family, "--preset", other], capsys).split())
