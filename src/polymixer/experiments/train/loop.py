@@ -644,13 +644,20 @@ def _parallelise(run: _Run, trainer_state: Optional[Dict[str, Any]]) -> None:
 
 
 def _begin(run: _Run) -> None:
-    """Open the progress bar, start the counters where the run stands, warn of a run too short to leave its
-    warm-up, and put the model in training mode."""
+    """Open the progress bar (none for a run already complete), say where a resumed run stands ("resumed from step
+    N of M", "already complete at step N"), start the counters there, warn of a run too short to leave its warm-up,
+    and put the model in training mode."""
     from tqdm.auto import tqdm
 
     cfg, ctx = run.cfg, run.ctx
-    run.bar = tqdm(total=cfg.steps, initial=run.start, disable=not (cfg.progress and ctx.main),
+    complete = run.start >= cfg.steps  # nothing to train: no bar that pretends to
+    run.bar = tqdm(total=cfg.steps, initial=run.start, disable=complete or not (cfg.progress and ctx.main),
                    desc=f"train {run.out.name}", dynamic_ncols=True)
+    if ctx.main and run.resumed is not None:
+        of = f"of {cfg.steps}" if run.start <= cfg.steps else f"past --steps {cfg.steps}"
+        run.bar.write(f"{run.out}: already complete at step {run.start} {of}: nothing to train, its last evaluation "
+                      f"stands (--steps to go further, --no-resume to start over)" if complete
+                      else f"{run.out}: resumed from step {run.start} {of} ({run.resumed})")
     run.t_last, run.units = time.perf_counter(), 0
     run.skipped = next((r["skipped"] for r in reversed(run.history) if "skipped" in r), 0)
     run.train_s = next((r["train_s"] for r in reversed(run.history) if "train_s" in r), 0.0)
