@@ -148,10 +148,12 @@ def test_init_from_starts_a_new_run_from_another_runs_weights(tmp_path, corpus_d
     src = _cfg(tmp_path / "src", steps=3, ckpt_every=3, eval_every=3)
     train_lm("tiny-pom", src, [str(corpus_dir)], **MODEL)
     start = load_model(tmp_path / "src" / "run")
-    ft = _cfg(tmp_path / "ft", steps=2, ckpt_every=2, eval_every=2, lr=0.0, min_lr=0.0, init_from=src.out)
+    ft = _cfg(tmp_path / "ft", steps=2, ckpt_every=2, eval_every=2, lr=1e-12, min_lr=0.0, init_from=src.out)
     res = train_lm("tiny-pom", ft, [str(corpus_dir)], **MODEL)
     for (k, v1), v2 in zip(start.state_dict().items(), res["model"].state_dict().values()):
-        assert torch.equal(v1, v2), k  # lr 0: the fine-tuned run is still exactly the source
+        # lr 1e-12 (0 is refused): AdamW moves a weight by ~lr a step, so the fine-tuned run is still the source to
+        # 1e-10, where another initialisation differs by ~1e-2
+        torch.testing.assert_close(v2, v1, rtol=0, atol=1e-10, msg=k)
     with pytest.raises(ValueError, match="cannot start from .*n_layer"):
         train_lm("tiny-pom", _cfg(tmp_path / "bad", steps=2, init_from=src.out), [str(corpus_dir)],
                  **{**MODEL, "n_layer": 4})

@@ -26,7 +26,7 @@ def _error_line(capsys) -> str:
     ("--steps", "-1", "steps (--steps) must be ≥ 1, got -1"),
     ("--batch-size", "0", "batch_size (--batch-size) must be ≥ 1, got 0"),
     ("--batch-size", "-4", "batch_size (--batch-size) must be ≥ 1, got -4"),
-    ("--lr", "-0.1", "lr (--lr) must be ≥ 0, got -0.1"),
+    ("--lr", "-0.1", "lr (--lr) must be > 0, got -0.1"),
     ("--ema", "1", "ema (--ema) must be in [0, 1), got 1.0"),
 ])
 def test_a_training_option_out_of_range_stops_before_any_data(family, option, value, message, tmp_path, capsys,
@@ -252,3 +252,88 @@ def test_help_shows_the_values_of_the_preset_named_before_it(family, preset, fie
         assert f"{preset}: {mine})" in text and f"{tiny}: " not in text
     other = "tiny-sit" if family != "image" else "tiny-pom"
     assert f"this help shows {tiny}'s values" in " ".join(_help(["train", family, "--preset", other], capsys).split())
+
+
+@pytest.mark.parametrize("argv, message", [
+    # every rate and count of the shared loop, at and past its bound
+    (["train", "lm", "--lr", "0"], "lr (--lr) must be > 0, got 0.0"),
+    (["train", "ocr", "--lr", "nan"], "lr (--lr) must be a finite number > 0, got nan"),
+    (["train", "eo", "--lr", "inf"], "lr (--lr) must be a finite number > 0, got inf"),
+    (["train", "lm", "--min-lr", "-0.00001"], "min_lr (--min-lr) must be ≥ 0, got -1e-05"),
+    (["train", "image", "--lr", "1e-4", "--min-lr", "1e-3"], "min_lr (--min-lr) must be ≤ lr (--lr) = 0.0001, "
+     "got 0.001: the rate decays from lr down to min_lr; give a lower --min-lr with it"),
+    (["train", "points", "--warmup", "-1"], "warmup (--warmup) must be ≥ 0, got -1"),
+    (["train", "lm", "--weight-decay", "-0.1"], "weight_decay (--weight-decay) must be ≥ 0, got -0.1"),
+    (["train", "lm", "--beta2", "1"], "beta2 (--beta2) must be in [0, 1), got 1.0"),
+    (["train", "ocr", "--grad-clip", "-1"], "grad_clip (--grad-clip) must be ≥ 0, got -1.0"),
+    (["train", "image", "--ema", "-0.5"], "ema (--ema) must be in [0, 1), got -0.5"),
+    (["train", "ocr", "--sam-rho", "-0.05"], "sam_rho (--sam-rho) must be ≥ 0, got -0.05"),
+    (["train", "lm", "--grad-accum", "0"], "grad_accum (--grad-accum) must be ≥ 1, got 0"),
+    (["train", "lm", "--eval-every", "0"], "eval_every (--eval-every) must be ≥ 1, got 0"),
+    (["train", "lm", "--ckpt-every", "0"], "ckpt_every (--ckpt-every) must be ≥ 1, got 0"),
+    (["train", "lm", "--keep", "0"], "keep (--keep) must be ≥ 1, got 0"),
+    (["train", "lm", "--log-every", "0"], "log_every (--log-every) must be ≥ 1, got 0"),
+    (["train", "lm", "--seed", "-1"], "seed (--seed) must be ≥ 0, got -1"),
+    (["train", "lm", "--max-nonfinite", "0"], "max_nonfinite (--max-nonfinite) must be ≥ 1, got 0"),
+    (["train", "lm", "--stop-after", "0"], "stop_after (--stop-after) must be ≥ 1, got 0"),
+    (["train", "lm", "--context-parallel", "0"], "context_parallel (--context-parallel) must be ≥ 1, got 0"),
+    (["train", "lm", "--dist-timeout", "0"], "dist_timeout (--dist-timeout) must be > 0, got 0.0"),
+    # the model fields every family shares, through flags and --set
+    (["train", "lm", "--dropout", "-0.1"], "dropout must be in [0, 1), got -0.1"),
+    (["train", "ocr", "--set", "dropout=1"], "dropout must be in [0, 1), got 1.0"),
+    (["train", "eo", "--set", "dropout=nan"], "dropout must be a finite number in [0, 1), got nan"),
+    (["train", "points", "--set", "drop_path=-0.1"], "drop_path must be in [0, 1), got -0.1"),
+    (["train", "ocr", "--set", "expand=0"], "expand must be > 0, got 0.0"),
+    (["train", "eo", "--set", "mlp_ratio=-4"], "mlp_ratio must be > 0, got -4.0"),
+    (["train", "ocr", "--set", "degree=0"], "degree must be ≥ 1, got 0"),
+    (["train", "eo", "--set", "value_heads=0"], "value_heads must be ≥ 1, got 0"),
+    (["train", "ocr", "--set", "norm_eps=0"], "norm_eps must be > 0, got 0.0"),
+    (["train", "ocr", "--set", "stem_channels=64,0,128"], "stem_channels[1] must be ≥ 1, got 0"),
+    (["train", "ocr", "--set", "mask_ratio=1"], "mask_ratio must be in [0, 1), got 1.0"),
+    (["train", "image", "--set", "class_dropout_prob=1"], "class_dropout_prob must be in [0, 1), got 1.0"),
+    (["train", "points", "--set", "bn_momentum=2"], "bn_momentum must be in [0, 1], got 2.0"),
+])
+def test_every_rate_and_count_out_of_range_is_one_line_before_anything_is_written(argv, message, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """A table of bad values, each through the command line: exit status 2, one line `polymixer train <family>:
+    error: <option> must be <range>, got <value>`, and nothing written — no run folder, no dataset generated."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("POLYMIXER_CACHE", str(cache))
+    assert main(argv + ["--out", str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"polymixer {argv[0]} {argv[1]}: error: {message}"]
+    assert not (tmp_path / "run").exists() and not (cache.exists() and any(cache.iterdir()))
+
+
+def test_every_numeric_setting_has_a_range():
+    """Every number of the shared loop's TrainConfig is in TRAIN_RANGES, and every number of every family's model
+    config (ints, floats, their optional and tuple forms) refuses -1 and NaN with one line naming it."""
+    import dataclasses
+    import math
+    import typing
+
+    from polymixer.experiments.train.loop import TRAIN_RANGES, TrainConfig
+    from polymixer.families import FAMILIES
+    from polymixer.models import list_models
+    from polymixer.models.registry import family_config, model_config
+
+    def numeric(hint) -> bool:
+        args = typing.get_args(hint)
+        return hint in (int, float) or any(a in (int, float) for a in args)
+
+    hints = typing.get_type_hints(TrainConfig)
+    assert {f.name for f in dataclasses.fields(TrainConfig) if numeric(hints[f.name])} == set(TRAIN_RANGES)
+    checked = 0
+    for name, fam in FAMILIES.items():
+        cls = family_config(name)
+        base = vars(model_config(fam.tiny or list_models(family=name)[0]))
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if not numeric(hints[f.name]):
+                continue
+            for bad in (-1, math.nan):
+                value = tuple(bad for _ in base[f.name]) if isinstance(base[f.name], tuple) else bad
+                with pytest.raises(ValueError, match=rf"^{f.name}\b"):
+                    cls(**{**base, f.name: value})
+            checked += 1
+    assert checked >= 90
