@@ -154,7 +154,8 @@ def test_the_readme_activates_the_venv_before_its_bare_commands():
 
 def test_the_quick_speed_figure_shows_what_was_measured_and_its_threads(tmp_path, monkeypatch):
     """`bench mixer --quick` times the forward only: its figure has that one panel (no empty forward + backward or
-    memory panels), and its title says the threads the timings ran with (one on a busy machine)."""
+    memory panels), and its title, wrapped to that panel's width, says the threads the timings ran with (one on a
+    busy machine)."""
     import json
 
     from polymixer.experiments.bench import mixer as bench_mixer
@@ -166,7 +167,10 @@ def test_the_quick_speed_figure_shows_what_was_measured_and_its_threads(tmp_path
     bench_mixer.plot(payload, tmp_path / "mixer.png")
     (fig,) = figures
     assert [ax.get_title() for ax in fig.axes] == ["forward"]
-    assert "(1 thread)" in fig._suptitle.get_text()
+    title = fig._suptitle.get_text()
+    assert ", 1 thread, torch 2.13" in " ".join(title.split())
+    # wrapped to the one panel's width: no line of the title wider than the figure
+    assert max(map(len, title.splitlines())) * 0.55 * fig._suptitle.get_fontsize() <= fig.get_figwidth() * 72
 
 
 def test_every_declared_range_of_every_model_config_is_checked():

@@ -279,7 +279,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser(_help_preset(argv)).parse_args(argv)
     _, run = load_command(args._module)
     name = f"{args.verb}{' ' + args.noun if args.noun else ''}"
-    if args.verb != "bench" or args.noun in UNTIMED_BENCHES:
+    if args.verb != "bench" or args.noun in UNTIMED_BENCHES or getattr(args, "report", False):  # (--report: no timing)
         return run_command(run, args, name)
     from .bench.common import MachineLoad
 
