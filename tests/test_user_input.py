@@ -79,8 +79,28 @@ def test_a_model_option_out_of_range_stops_before_any_data(argv, message, tmp_pa
     (["generate", "--ckpt", "nowhere", "--max-new-tokens", "x"], "--max-new-tokens",
      "must be an integer ≥ 1, got 'x'"),
     (["train", "lm", "--val-fraction", "1"], "--val-fraction", "must be in (0, 1), got 1"),
+    (["generate", "--ckpt", "nowhere", "--seed", "-1"], "--seed", "must be ≥ 0, got -1"),
+    (["sample", "--ckpt", "nowhere", "--steps", "0"], "--steps", "must be ≥ 1, got 0"),
+    (["sample", "--ckpt", "nowhere", "--cfg", "-1"], "--cfg", "must be ≥ 0, got -1"),
+    (["eval", "image", "--ckpt", "nowhere", "--n", "0"], "--n", "must be ≥ 1, got 0"),
+    (["eval", "eo", "--ckpt", "nowhere", "--fold", "7"], "--fold", "invalid choice: 7 (choose from 1, 2, 3, 4, 5)"),
+    (["eval", "eo", "--ckpt", "nowhere", "--batch", "0"], "--batch", "must be ≥ 1, got 0"),
+    (["eval", "ocr", "--ckpt", "nowhere", "--samples", "-1"], "--samples", "must be ≥ 0, got -1"),
+    (["eval", "points", "--ckpt", "nowhere", "--limit", "0"], "--limit", "must be ≥ 1, got 0"),
+    (["read", "--ckpt", "nowhere", "x.png", "--batch", "0"], "--batch", "must be ≥ 1, got 0"),
+    (["distill", "lm", "--teacher", "nowhere", "--kl-temperature", "0"], "--kl-temperature", "must be > 0, got 0"),
+    (["distill", "lm", "--teacher", "nowhere", "--stage1-steps", "-1"], "--stage1-steps", "must be ≥ 0, got -1"),
+    (["bench", "lm", "--quality-steps", "0"], "--quality-steps", "must be ≥ 1, got 0"),
+    (["bench", "image", "--heldout", "1"], "--heldout", "must be in [0, 1), got 1"),
+    (["bench", "ocr", "--sam-rho", "-1"], "--sam-rho", "must be ≥ 0, got -1"),
+    (["bench", "eo", "--lrs", "0"], "--lrs", "must be > 0, got 0"),
+    (["bench", "points", "--seed", "-1"], "--seed", "must be ≥ 0, got -1"),
+    (["bench", "recall", "--lr", "0"], "--lr", "must be > 0, got 0"),
+    (["bench", "distill", "--budget", "0"], "--budget", "must be > 0, got 0"),
 ])
 def test_an_evaluation_option_out_of_range_is_the_parsers_one_line_error(argv, option, message, capsys):
+    """Options outside the training config (evaluation, generation, sampling, distillation, the benches) are the
+    parser's one-line errors naming the option and its range."""
     with pytest.raises(SystemExit) as stop:
         main(argv)
     assert stop.value.code == 2
