@@ -47,9 +47,10 @@ def test_predicted_crossover_is_d_plus_3_for_defaults():
 
 
 def test_cli_reports_bad_arguments(capsys):
-    rc = main(["bench", "mixer", "--lengths", "0", "--no-compile", "--out", "/tmp/unused"])
-    assert rc == 2
-    assert "positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # the parser's one line, before anything runs
+        main(["bench", "mixer", "--lengths", "0", "--no-compile", "--out", "/tmp/unused"])
+    assert stop.value.code == 2
+    assert "error: argument --lengths: must be ≥ 1, got 0" in capsys.readouterr().err
 
 
 def test_bench_lm_kinds_name_a_known_kind(capsys):

@@ -33,7 +33,9 @@
     polymixer plot RUN [RUN ...]                training curves (loss, learning rate, evaluations) as a PNG
 
 The families (lm, image, ocr, eo, points, recall) and their commands come from :mod:`polymixer.families`; a
-family's earlier name (``3d`` for points) still works as a noun.
+family's earlier name (``3d`` for points) still works as a noun. ``polymixer --version`` prints the version;
+``polymixer --help`` ends with examples, where outputs go and the guides; ``train <family> --preset P --help`` shows
+P's values.
 """
 
 from __future__ import annotations
