@@ -734,6 +734,9 @@ def test_bench_mixer_quick_report_says_what_it_measured_in_the_columns_it_measur
     assert "The floor holds its whole input projection beside it (16,384 × 2,048, D and the gate: 128 MiB), 160 MiB " \
            "in all" in note and "SDPA its queries, keys, values and the heads' outputs" in note
     assert "not measured" not in text
+    payload = json.loads((quick / "mixer.json").read_text())
+    payload["params"] = {"pom": 1, "value_pom": 2, "value_pom_att": 3, "attention": 4}
+    assert "parameters per layer: pom 1, attention 4\n" in report(payload)  # the mixers it timed only
     assert main(["bench", "mixer", "--report", "--out", str(tmp_path / "none")]) == 2
     assert "mixer.json: no bench results to report" in capsys.readouterr().err
 

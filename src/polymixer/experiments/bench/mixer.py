@@ -658,8 +658,10 @@ def report(payload: Dict[str, Any]) -> str:
     if gpu:
         lines.append(f"GPU: {gpu['name']} ({gpu['arch']}, {gpu['sms']} SMs), CUDA {gpu['cuda']}, Triton "
                      f"{gpu['triton']}, driver {gpu['driver']}")
-    if payload.get("params"):
-        lines.append("parameters per layer: " + ", ".join(f"{k} {v:,}" for k, v in payload["params"].items()))
+    timed = {_owner(r["mixer"]) for r in rows}
+    if payload.get("params"):  # of the mixers in the table only
+        lines.append("parameters per layer: " + ", ".join(f"{k} {v:,}" for k, v in payload["params"].items()
+                                                          if k in timed))
     if payload.get("partial"):
         lines.append("PARTIAL: the run stopped before its last length")
     for k, why in payload.get("skipped", {}).items():
