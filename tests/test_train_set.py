@@ -138,14 +138,17 @@ def test_an_unknown_field_far_from_any_lists_the_fields():
 
 
 @pytest.mark.parametrize("family", TRAIN_FAMILIES)
-def test_help_names_every_field(family, capsys):
-    """``--help`` lists every field ``--set`` takes; the language model's also has a flag per LMConfig field,
-    showing the tiny preset's value."""
+def test_help_names_every_field(family, capsys, monkeypatch):
+    """``--help`` lists every field ``--set`` takes with the tiny preset's value; the language model's also has a
+    flag per LMConfig field, showing that value too."""
+    monkeypatch.setenv("COLUMNS", "10000")  # one line per option: no value broken at a hyphen (z-trans)
     with pytest.raises(SystemExit):
         main(["train", family, "--help"])
     text = " ".join(capsys.readouterr().out.split())
+    tiny = model_config(FAMILIES[family].tiny)
     names = [f.name for f in dataclasses.fields(family_config(family))]
-    assert "--set FIELD=VALUE" in text and f"Its fields: {', '.join(names)}" in text
+    listed = ", ".join(f"{n}={format_field(getattr(tiny, n))}" for n in names)
+    assert "--set FIELD=VALUE" in text and f"Its fields, with {FAMILIES[family].tiny}'s values: {listed}" in text
     if family == "lm":
         for name in names:
             assert f"--{name.replace('_', '-')} {name.upper()} override the preset's {name} (LMConfig.{name}," in text

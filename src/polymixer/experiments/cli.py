@@ -34,18 +34,22 @@
 
 The families and their commands come from the families' registry (:mod:`polymixer.experiments.registry`: the
 built-in families and those of other packages); a family's earlier name (``3d`` for points) still works as a noun.
+``polymixer --version`` prints the version; ``polymixer --help`` ends with examples, where outputs go and the guides;
+``train <family> --preset P --help`` shows P's values.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import warnings
 from typing import Dict, List, Optional
 
 from ..families import FAMILIES
 from .commands import load_command, run_command
 from .registry import Command, families
+from .tasks.common import HELP_PRESET
 
 # verb → noun → (help, target, description): each family's commands come from its registration (the families'
 # registry); the shared ones are below. Each entry imports its module lazily so the CLI starts fast
@@ -138,8 +142,16 @@ UNTIMED_BENCHES = ("roofline", "faults", "parity", "gpu") + tuple(n for f in fam
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults in every option's help (not "(default: None)" or "(default: False)"), and metavars named after
-    the option (``--n-layer N_LAYER``, not ``M_MIXER``)."""
+    """Defaults in every option's help (not "(default: None)" or "(default: False)"), metavars named after the
+    option (``--n-layer N_LAYER``, not ``M_MIXER``), and descriptions and epilogs wrapped line by line (an example
+    command stays on its own line)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = []
+        for line in text.splitlines():
+            lead = indent + line[:len(line) - len(line.lstrip())]
+            lines.append(textwrap.fill(line.strip(), width, initial_indent=lead, subsequent_indent=lead + "  "))
+        return "\n".join(lines)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         help_ = action.help or ""
@@ -148,9 +160,56 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return f"{help_} (default: %(default)s)" if help_ else "default: %(default)s"
 
 
-def build_parser() -> argparse.ArgumentParser:
+# `polymixer --help`'s epilog: what a first session types, where everything it writes goes, and where to read on
+EPILOG = """examples:
+  polymixer bench mixer --quick                     PoM vs attention on this machine (~1.5 min)
+  polymixer train lm --preset tiny-pom --steps 200  a tiny language model (any family: train <family> --help)
+  polymixer eval lm --ckpt runs/lm/tiny-pom         its validation loss and bits per byte
+  polymixer generate --ckpt runs/lm/tiny-pom --prompt "def "
+  polymixer plot runs/lm/tiny-pom                   its training curves as a PNG
+
+where outputs go (--out moves each):
+  runs/<family>/<preset>/  a training run: checkpoints/, history.json, curves.png (the same command resumes it)
+  runs/bench/<bench>/      a bench's JSON, text report and PNG (docs/bench/ holds those the docs quote)
+  ~/.cache/polymixer/      the offline default datasets, generated once (POLYMIXER_CACHE=DIR moves it)
+
+docs (in the repository):
+  README.md                start here
+  docs/<family>.md         lm, image, ocr, eo, points, recall: what you can do, how, what it costs
+  docs/mixer.md            the speed bench; docs/parallel.md scale-out; docs/faults.md preemption and resume"""
+
+
+def _family_epilog(verb: str, fam: str) -> str:
+    """The epilog of ``polymixer <verb> <family>``: for train an example run and where it goes; the family's
+    guide."""
+    guide = f"guide: docs/{fam}.md"
+    tiny = FAMILIES[fam].tiny
+    if verb != "train" or tiny is None:
+        return guide
+    return (f"example:\n  polymixer train {fam} --preset {tiny} --steps 200 --out runs/{fam}/try\n"
+            f"  polymixer plot runs/{fam}/try; polymixer eval {fam} --ckpt runs/{fam}/try\n"
+            f"the run folder holds checkpoints/, history.json and curves.png; the same command again resumes it (or "
+            f"says it is complete); --no-resume starts over.\n{guide}")
+
+
+def version() -> str:
+    """The installed distribution's version (``polymixer.__version__`` where polymixer runs uninstalled, from its
+    source folder): pyproject.toml reads its version from ``polymixer.__version__``, the one place it is written."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("polymixer")
+    except PackageNotFoundError:  # (the package's __init__ ran before this module: reading it adds no import)
+        return sys.modules["polymixer"].__version__
+
+
+def build_parser(help_preset: Optional[str] = None) -> argparse.ArgumentParser:
+    """The whole command line. ``help_preset``: the ``--preset`` a ``--help`` request named, whose values the train
+    commands' help then shows (see :func:`~polymixer.experiments.tasks.common.shown_preset`)."""
     parser = argparse.ArgumentParser(prog="polymixer", description="The Polynomial Mixer: models, training, "
-                                     "generation, evaluation and benchmarks.")
+                                     "generation, evaluation and benchmarks.", epilog=EPILOG,
+                                     formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"polymixer {version()}")
     verbs = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
     for verb, nouns in COMMANDS.items():
         if "" in nouns:  # a verb without a noun, e.g. `polymixer generate`
@@ -162,11 +221,24 @@ def build_parser() -> argparse.ArgumentParser:
         vp = verbs.add_parser(verb, help=f"{verb} ({', '.join(nouns)})")
         sub = vp.add_subparsers(dest="noun", metavar="<what>", required=True)
         for noun, (short, module, desc) in nouns.items():
-            aliases = list(FAMILIES[noun].aliases) if noun in FAMILIES else []  # earlier names keep working
-            np_ = sub.add_parser(noun, aliases=aliases, help=short, description=desc, formatter_class=_HelpFormatter)
+            fam = noun in FAMILIES
+            np_ = sub.add_parser(noun, aliases=list(FAMILIES[noun].aliases) if fam else [],  # earlier names work
+                                 help=short, description=desc, epilog=_family_epilog(verb, noun) if fam else None,
+                                 formatter_class=_HelpFormatter)
+            if help_preset:
+                np_.set_defaults(**{HELP_PRESET: help_preset})
             load_command(module)[0](np_)
             np_.set_defaults(_module=module, noun=noun)
     return parser
+
+
+def _help_preset(argv: List[str]) -> Optional[str]:
+    """The ``--preset`` of a command line that asks for help (None otherwise)."""
+    if not {"-h", "--help"} & set(argv):
+        return None
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset")
+    return pre.parse_known_args(argv)[0].preset
 
 
 def _format_warning(message: Warning | str, category: type, filename: str, lineno: int,
@@ -188,10 +260,11 @@ def install_warning_format() -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     install_warning_format()
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(_help_preset(argv)).parse_args(argv)
     _, run = load_command(args._module)
     name = f"{args.verb}{' ' + args.noun if args.noun else ''}"
-    if args.verb != "bench" or args.noun in UNTIMED_BENCHES:
+    if args.verb != "bench" or args.noun in UNTIMED_BENCHES or getattr(args, "report", False):  # (--report: no timing)
         return run_command(run, args, name)
     from .bench.common import MachineLoad
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..files import atomic_path
 
-__all__ = ["format_cell", "format_table", "per_class_table", "new_figure", "save_figure", "plot_speed_vs_baseline",
-           "read_history", "plot_history", "add_plot_arguments", "main_plot"]
+__all__ = ["format_cell", "format_table", "per_class_table", "new_figure", "figure_title", "save_figure",
+           "plot_speed_vs_baseline", "read_history", "plot_history", "add_plot_arguments", "main_plot"]
 
 
 def format_cell(v: Any) -> str:
@@ -80,6 +81,12 @@ def plot_speed_vs_baseline(ax, ax2, rows: Sequence[Dict[str, Any]], x: str, y: s
     ax.set_ylabel(ylabel)
     ax2.set_ylabel(f"speed ÷ {baseline} (same dtype)")
     ax2.axhline(1.0, color="gray", lw=0.8)
+
+
+def figure_title(fig: Any, text: str, fontsize: float = 9) -> None:
+    """``fig``'s title, wrapped to the figure's width: a long title over one narrow panel is not cut at its edges."""
+    per_line = max(30, int(fig.get_figwidth() * 72 / (0.55 * fontsize)))  # characters of ~0.55 em fit a line
+    fig.suptitle(textwrap.fill(text, per_line), fontsize=fontsize)
 
 
 def save_figure(fig: Any, path: Union[str, Path]) -> None:

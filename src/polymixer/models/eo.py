@@ -47,6 +47,7 @@ from ..blocks import PolyMorpher, layer_pattern, mixer_spec
 from ..layers.pom import shift_width
 from ..ops import parallel
 from ..layers.positions import grid_positions
+from ..ranges import check_ranges
 
 __all__ = ["TSViTConfig", "TSViT", "DAYS_PER_YEAR", "unpack_dates", "patchify", "unpatchify"]
 
@@ -99,6 +100,7 @@ class TSViTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_ranges(self)  # the shared settings' (expand, mlp_ratio, dropout, …)
         shift_width(self.token_shift, "token_shift", off=False)
         shift_width(self.attention_shift, "attention_shift")
         if self.image_size % self.patch_size:

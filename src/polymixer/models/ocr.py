@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from ..blocks import PolyMorpher, layer_pattern, mixer_spec
 from ..layers.pom import shift_width
 from ..layers.positions import sincos_1d, sincos_2d
+from ..ranges import Range, check_ranges
 
 __all__ = ["HTRConfig", "HTR", "ResNetStem", "MaskedBatchNorm2d", "ctc_greedy_decode", "ctc_loss", "span_mask",
            "token_lengths", "PIXELS_PER_TOKEN"]
@@ -40,6 +41,9 @@ PIXELS_PER_TOKEN = 4  # line pixels per token: the recognisers' stems halve the 
 
 @dataclass
 class HTRConfig:
+    RANGES: ClassVar[Dict[str, Range]] = {  # checked when a config is made (polymixer.ranges); tuples per entry
+        **{n: Range(1) for n in ("num_classes", "max_width", "dim", "depth", "heads", "window", "grid_width",
+                                 "mask_span", "stem_channels")}, "mask_ratio": Range(0, 1, high_open=True)}
     num_classes: int = 80  # CTC blank (class 0) + the charset (IAM: 79 characters)
     height: int = 64  # line images are resized to this height (32 or 64: the stem reduces either to one row)
     max_width: int = 512  # width cap of a single line (the data pipeline's; pages concatenate capped lines)
@@ -65,15 +69,13 @@ class HTRConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         self.stem_channels = tuple(int(c) for c in self.stem_channels)
         if len(self.stem_channels) != 3:
             raise ValueError(f"stem_channels must hold three stage widths, got {self.stem_channels}")
         if self.height not in (32, 64):
             raise ValueError(f"height must be 32 or 64 (the stem reduces either to one row of tokens), got "
                              f"{self.height}")
-        for name in ("num_classes", "max_width", "dim", "depth", "heads", "window", "grid_width", "mask_span"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         shift_width(self.attention_shift, "attention_shift")
         if self.num_classes < 2:
             raise ValueError(f"num_classes counts the CTC blank and at least one character, got {self.num_classes}")
@@ -83,8 +85,6 @@ class HTRConfig:
             raise ValueError(f"position must be 'grid' or 'sincos', got {self.position!r}")
         if self.position == "grid" and self.dim % 4:
             raise ValueError(f"2-D sin-cos positions need dim divisible by 4, got {self.dim}")
-        if not 0.0 <= self.mask_ratio < 1.0:
-            raise ValueError(f"mask_ratio must be in [0, 1), got {self.mask_ratio}")
         self.layer_pattern()
 
     def layer_pattern(self) -> str:

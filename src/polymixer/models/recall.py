@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..blocks import LETTERS, PolyMorpher, layer_pattern, mixer_spec
+from ..ranges import check_ranges
 from ..values import token_shift
 
 __all__ = ["RecallConfig", "RecallLM", "IGNORE"]
@@ -54,6 +55,7 @@ class RecallConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        check_ranges(self)  # the shared settings' (expand, mlp_ratio)
         for name in ("token_shift", "rope", "value_shift"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")

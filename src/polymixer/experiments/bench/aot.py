@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
+from ..tasks.common import int_at_least
+
 __all__ = ["Build", "builds", "build", "build_all", "summarise", "occupancy", "SHARED_LIMIT", "F64_SCALARS",
            "add_arguments", "main"]
 
@@ -314,7 +316,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "ctas_per_sm)")
     p.add_argument("--representative", action="store_true",
                    help="one build per kernel and route at the default configuration instead of every one")
-    p.add_argument("--jobs", type=int, default=0, help="builds at once (default: one per CPU core)")
+    p.add_argument("--jobs", type=int_at_least(0), default=0, help="builds at once (default: one per CPU core)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--traffic", action="store_true",
                    help="count each mode's HBM passes per N·D element in Triton's interpreter instead of building "

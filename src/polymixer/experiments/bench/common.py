@@ -23,6 +23,8 @@ import torch
 from ...files import write_text_atomic
 from ..locks import claimed, locked
 from ..report import format_table
+from ...ranges import Range
+from ..tasks.common import float_in, int_at_least
 
 
 @dataclass
@@ -737,14 +739,14 @@ def add_sweep_arguments(p: Any, bench: str, recipe_lr: float, factors: Sequence[
     p.add_argument("--sweep", nargs="*", default=None,
                    help=f"{models} trained at every rate of the grid (default: all; none: the recipe's rate only)"
                         + (f"; {sweep_note}" if sweep_note else ""))
-    p.add_argument("--lr-factors", type=float, nargs="+", default=None,
+    p.add_argument("--lr-factors", type=float_in(Range(0, low_open=True)), nargs="+", default=None,
                    help=f"the grid: the recipe's rate ({recipe_lr:g}) times these (default: "
                         f"{' '.join(map(str, factors))})")
-    p.add_argument("--lrs", type=float, nargs="+", default=None,
+    p.add_argument("--lrs", type=float_in(Range(0, low_open=True)), nargs="+", default=None,
                    help="run only these rates of the grid (to share a sweep among processes)"
                         + (f"; {lrs_note}" if lrs_note else ""))
     add_bracket_argument(p)
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--seed", type=int_at_least(0), default=None,
                    help=f"seed of the quality runs (their init and batches); one --out per seed, e.g. --out "
                         f"docs/bench/{bench}_seed1, which `polymixer bench parity` reads"
                         + (f"; {seed_note}" if seed_note else ""))
@@ -754,7 +756,7 @@ def add_sweep_arguments(p: Any, bench: str, recipe_lr: float, factors: Sequence[
 
 def add_bracket_argument(p: Any) -> None:
     """``--bracket N``: how many rates past the end of the rates tried a sweep adds for a model best at that end."""
-    p.add_argument("--bracket", type=int, default=None,
+    p.add_argument("--bracket", type=int_at_least(0), default=None,
                    help=f"a swept model best at the highest (lowest) rate tried is trained one grid step higher "
                         f"(lower), again while it stays best at the end, up to this many rates (default {BRACKET}; "
                         f"0: the grid only); a share of a sweep (--lrs) and another seed's run (--seed) add none")

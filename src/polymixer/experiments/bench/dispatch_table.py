@@ -29,6 +29,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ...ops import cost, measured
 from ...ops.dispatch import AUTO_ORDER
+from ...ranges import Range
+from ..tasks.common import float_in
 
 __all__ = ["MARGIN", "parse_mixer", "build_run", "build_table", "add_run", "dumps", "main"]
 
@@ -234,7 +236,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the hash of the kernel source the run measured, per op, where the bench JSON does not record "
                         "it (default: the kernel source installed here)")
     p.add_argument("--label", help="the run's source as written in the table (default: the --from path)")
-    p.add_argument("--margin", type=float, default=MARGIN, help="faster means at most this fraction of the time")
+    p.add_argument("--margin", type=float_in(Range(0, 1, low_open=True)), default=MARGIN,
+                   help="faster means at most this fraction of the time")
     p.add_argument("--note", help="a line of provenance kept with the run")
     return p
 

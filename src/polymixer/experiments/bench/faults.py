@@ -46,6 +46,7 @@ from ..commands import run_family_command
 from ..registry import lab_family, trainable
 from ..report import format_table, new_figure, save_figure
 from .common import apply_overrides, machine, read_json, write_json
+from ..tasks.common import int_at_least
 
 __all__ = ["FaultsBenchConfig", "train_args", "run", "report", "plot", "main", "add_arguments"]
 
@@ -487,12 +488,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = FaultsBenchConfig()
     p.add_argument("--quick", action="store_true", help="16 steps and 3 kills per family (a few minutes)")
     p.add_argument("--families", nargs="+", choices=list(trainable()), default=list(d.families))
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--ckpt-every", type=int, default=None)
-    p.add_argument("--kills", type=int, default=None)
-    p.add_argument("--write-kills", type=int, default=None, help="kills while a checkpoint is being written")
-    p.add_argument("--threads", type=int, default=d.threads)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--steps", type=int_at_least(1), default=None)
+    p.add_argument("--ckpt-every", type=int_at_least(1), default=None)
+    p.add_argument("--kills", type=int_at_least(0), default=None)
+    p.add_argument("--write-kills", type=int_at_least(0), default=None,
+                   help="kills while a checkpoint is being written")
+    p.add_argument("--threads", type=int_at_least(1), default=d.threads)
+    p.add_argument("--seed", type=int_at_least(0), default=d.seed)
     p.add_argument("--out", default=d.out)
 
 

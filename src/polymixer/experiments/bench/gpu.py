@@ -38,6 +38,7 @@ import torch
 
 from ..report import format_table, new_figure, save_figure
 from .common import gpu_facts, kernel_ms, machine, read_json, write_json
+from ..tasks.common import int_at_least
 
 __all__ = ["KernelBenchConfig", "KERNEL_MODULES", "clone_bandwidth", "time_kernels", "run_kernels",
            "summarize_check", "card_slug", "gpu_section", "update_doc", "write_gpu_report", "BEGIN", "END",
@@ -492,8 +493,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--kernels: tiny shapes on the CPU (Triton's interpreter); --summary: mark it a dry run")
     p.add_argument("--device", default=d.device)
     p.add_argument("--dtype", choices=list(DTYPES), default=d.dtype)
-    p.add_argument("--tokens", type=int, default=d.tokens)
-    p.add_argument("--length", type=int, default=d.length)
+    p.add_argument("--tokens", type=int_at_least(1), default=d.tokens)
+    p.add_argument("--length", type=int_at_least(1), default=d.length)
     p.add_argument("--out", default=d.out, help="--kernels: the folder of its files")
     p.add_argument("--doc", default=None,
                    help="--report: the document to update (default docs/gpu.md; a dry run's report needs another)")

@@ -23,6 +23,7 @@ import itertools
 import math
 import os
 import statistics
+import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -33,13 +34,16 @@ import torch.nn.functional as F
 from ...layers.attention import Attention
 from ...layers.pom import PoM
 from ...models import count_parameters
-from ..report import format_table, new_figure, save_figure
+from ..report import figure_title, format_table, new_figure, save_figure
 from ...values import value_mix
 from ...ops import backend
+from ...ranges import Range
+from ..tasks.common import float_in, int_at_least
 from .common import (MachineLoad, apply_overrides, failure, gpu_facts, machine, peak_memory_mb, recompile_limit,
                      release_memory, synchronized, time_interleaved, read_json, write_json)
 
-__all__ = ["MixerBenchConfig", "run", "predicted_crossover", "attention_sized_value_pom", "add_arguments", "main"]
+__all__ = ["MixerBenchConfig", "run", "predicted_crossover", "attention_sized_value_pom", "header", "report", "plot",
+           "write_report", "run_dtype", "add_arguments", "main"]
 
 MIXERS = ("pom", "value_pom", "value_pom_att", "attention")
 # the row names of the two value PoMs (the rows of a mixer start with its name)
@@ -228,6 +232,11 @@ def _configs(cfg: MixerBenchConfig, N: int, B: int, layers: _Layers) -> Dict[str
     return out
 
 
+def run_dtype(device: str, dtype: str) -> str:
+    """The dtype a run times in: ``dtype``, or for "auto" fp32 on the CPU and bf16 on a GPU."""
+    return dtype if dtype != "auto" else ("bf16" if device.startswith("cuda") else "fp32")
+
+
 def _floor_of(name: str) -> str:
     """The floor row a row's time is divided by: its value PoM's matrix products (causal or full), else PoM's."""
     for prefix in sorted(VALUE_ROWS.values(), key=len, reverse=True):
@@ -262,8 +271,7 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
     dev = torch.device(cfg.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda, but PyTorch sees no CUDA device here")
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(
-        cfg.dtype, torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[run_dtype(cfg.device, cfg.dtype)]
     layers = _build(cfg, dev, dtype)
     lengths = sorted(set(cfg.lengths) | set(cfg.pom_lengths))
     plans = [(N, max(1, cfg.tokens // N)) for N in lengths]
@@ -311,8 +319,7 @@ def run(cfg: MixerBenchConfig, progress: bool = True) -> Dict[str, Any]:
     torch.set_num_threads(threads)
     payload = _payload(cfg, kept + rows, facts, skipped, packed, bool(busy) or load.warning() is not None)
     write_json(out / "mixer.json", payload)
-    (out / "mixer.txt").write_text(report(payload) + "\n")
-    plot(payload, out / "mixer.png")
+    write_report(payload, out)
     return payload
 
 
@@ -524,21 +531,25 @@ def _quartiles(rows: List[Dict[str, Any]], N: int, mixer: str) -> Optional[Tuple
 def ratio_verdict(rows: List[Dict[str, Any]], N: int, a: str, b: str, at_most: float) -> str:
     """Whether time(a) ÷ time(b) ≤ ``at_most`` at N, judged on the spread of the repeats, not the medians alone:
     "met" when even a's upper quartile over b's lower one is within the bound, "MISSED" when even a's lower quartile
-    over b's upper one exceeds it, else "not measured (the repeats straddle the bound: a busy machine?)"."""
+    over b's upper one exceeds it; otherwise what the medians say and that the repeats, straddling the bound, do not
+    separate it from the bound ("met by the medians, not separated: …")."""
     qa, qb = _quartiles(rows, N, a), _quartiles(rows, N, b)
     if qa is None or qb is None:
         return "not run"
-    if qa[1] / qb[0] <= at_most:
+    low, high = qa[0] / qb[1], qa[1] / qb[0]
+    if high <= at_most:
         return "met"
-    if qa[0] / qb[1] > at_most:
+    if low > at_most:
         return "MISSED"
-    return "not measured (the repeats straddle the bound: a busy machine?)"
+    medians = "met" if _ratio(rows, N, a, b, "fwd_ms") <= at_most else "missed"
+    return (f"{medians} by the medians, not separated: the repeats give {low:.2f}–{high:.2f} across the bound (a busy "
+            f"machine? run it alone)")
 
 
 def _unless_busy(payload: Dict[str, Any], verdict: str) -> str:
-    """A miss measured while other work shared the cores is not a verdict on PoM: "not measured (busy)"."""
+    """A miss measured while other work shared the cores is still the measured miss, said with its caveat."""
     if verdict == "MISSED" and payload.get("busy"):
-        return "not measured (busy: other work shared the cores; run it alone)"
+        return "MISSED while other work shared the cores: run it alone before reading it as PoM's"
     return verdict
 
 
@@ -577,31 +588,87 @@ def _ratio(rows: List[Dict[str, Any]], N: int, a: str, b: str, key: str) -> Opti
     return None if x is None or y is None else x / y
 
 
+# the report's columns: (row key, header); a column no row has a value for is left out (--quick: the forward only)
+COLUMNS = (("N", "N"), ("batch", "B"), ("mixer", "mixer"), ("fwd_ms", "fwd ms"), ("fwd_tok_s", "fwd tok/s"),
+           ("fwd_vs_floor", "fwd ÷ floor"), ("fwdbwd_ms", "fwd+bwd ms"), ("fwdbwd_vs_floor", "fwd+bwd ÷ floor"),
+           ("fwd_peak_mb", "fwd MB"), ("fwdbwd_peak_mb", "fwd+bwd MB"))
+
+
+# what each mixer of a run is, for its report's header
+MIXER_NAMES = {"pom": "PoM", "value_pom": "the value PoM", "value_pom_att": "the value PoM at attention's size",
+               "attention": "attention"}
+
+
+def header(payload: Dict[str, Any]) -> str:
+    """What a run measured, in words (its report's first lines): the layers and their sizes, the tokens of each call
+    and how they split into batch × length, what was timed and how, the dtype, the device and torch."""
+    c, m, rows = _config(payload), payload["machine"], payload["rows"]
+    sizes = {"pom": f" (D = {round(c['expand'] * c['dim']):,}, degree {c['degree']})",
+             "value_pom": f" (dv = {c['value_dim']}, {c['value_heads']} heads)",
+             "attention": f" ({c['heads']} heads: SDPA{' and the naive N × N form' if c['naive'] else ''})"}
+    owners = [k for k in MIXERS if any(_owner(r["mixer"]) == k for r in rows)]
+    within = ", ".join(f"{B} × {N:,}" for N, B in sorted({(r["N"], r["batch"]) for r in rows if r["N"] <= c["tokens"]}))
+    beyond = sorted({r["N"] for r in rows if r["N"] > c["tokens"]})
+    where = f"GPU {payload['gpu']['name']}" if payload.get("gpu") else f"CPU {m['cpu']} with {_threads(payload)}"
+    lines = [f"bench mixer: one mixing layer with its projections, d = {c['dim']}: "
+             + ", ".join(MIXER_NAMES[k] + sizes.get(k, "") for k in owners),
+             f"{c['tokens']:,} tokens per call, batch × length: {within}"
+             + (f"; PoM alone beyond: one sequence of {', '.join(f'{n:,}' for n in beyond)}" if beyond else ""),
+             f"timed: {'forward and forward + backward' if c['backward'] else 'the forward pass only'}, "
+             f"{'eager and under torch.compile' if c['compile'] else 'eager (no torch.compile)'}; the median of "
+             f"{payload.get('repeats', c['repeats'])} interleaved repeats after {c['warmup']} warm-up call(s)",
+             f"{run_dtype(c['device'], c['dtype'])} on the {where}; torch {m['torch']}"]
+    earlier = [MIXER_NAMES[k] for k in owners if k not in c["mixers"]]
+    if earlier:  # (--mixers times some mixers again and keeps the others' rows)
+        lines.append(f"the rows of {' and '.join(earlier)} come from an earlier run into this folder (that run's "
+                     f"repeats and threads)")
+    return "\n".join(textwrap.fill(t, 120, initial_indent="  " if i else "", subsequent_indent="    ")
+                     for i, t in enumerate(lines))
+
+
+def _config(payload: Dict[str, Any]) -> Dict[str, Any]:
+    """A run's config, with today's defaults for settings older runs did not record."""
+    return {**asdict(MixerBenchConfig()), **payload["config"]}
+
+
+def _memory_note(payload: Dict[str, Any]) -> List[str]:
+    """What the fwd MB column counts, and why the floor needs more than PoM: its projection held whole."""
+    c = _config(payload)
+    size = 2 if run_dtype(c["device"], c["dtype"]) == "bf16" else 4
+    mib = lambda floats: f"{floats * size / 2**20:,.0f} MiB"  # noqa: E731
+    T, d, D = c["tokens"], c["dim"], round(c["expand"] * c["dim"])
+    note = (f"fwd MB: the peak tensor memory one forward call allocates beyond its input and weights (MiB), its "
+            f"output included ({T:,} tokens × {d} = {mib(T * d)}). The floor holds its whole input projection beside "
+            f"it ({T:,} × {2 * D:,}, D and the gate: {mib(T * 2 * D)}), {mib(T * (2 * D + d))} in all; SDPA its "
+            f"queries, keys, values and the heads' outputs ({T:,} × {4 * d:,}: {mib(T * 4 * d)})")
+    if not c["device"].startswith("cuda"):
+        note += "; PoM's fused CPU path projects and mixes a tile of tokens at a time"
+    return textwrap.wrap(note + ".", 120)
+
+
 def report(payload: Dict[str, Any]) -> str:
-    """The printed report: table, crossovers and the targets of the issue."""
+    """The printed report: what was measured, the table (the columns measured), crossovers and the targets."""
     rows = payload["rows"]
-    table = format_table(
-        rows,
-        ["N", "batch", "mixer", "fwd_ms", "fwd_tok_s", "fwd_vs_floor", "fwdbwd_ms", "fwdbwd_vs_floor",
-         "fwd_peak_mb", "fwdbwd_peak_mb"],
-        ["N", "B", "mixer", "fwd ms", "fwd tok/s", "fwd ÷ floor", "fwd+bwd ms", "fwd+bwd ÷ floor", "fwd MB",
-         "fwd+bwd MB"],
-    )
+    shown = [(k, h) for k, h in COLUMNS if any(r.get(k) is not None for r in rows)]
     s = payload["summary"]
-    lines = [table, ""]
+    lines = [header(payload), "", format_table(rows, [k for k, _ in shown], [h for _, h in shown]), ""]
+    if any(k == "fwd_peak_mb" for k, _ in shown):
+        lines += _memory_note(payload) + [""]
     gpu = payload.get("gpu")
     if gpu:
         lines.append(f"GPU: {gpu['name']} ({gpu['arch']}, {gpu['sms']} SMs), CUDA {gpu['cuda']}, Triton "
                      f"{gpu['triton']}, driver {gpu['driver']}")
-    if payload.get("params"):
-        lines.append("parameters per layer: " + ", ".join(f"{k} {v:,}" for k, v in payload["params"].items()))
+    timed = {_owner(r["mixer"]) for r in rows}
+    if payload.get("params"):  # of the mixers in the table only
+        lines.append("parameters per layer: " + ", ".join(f"{k} {v:,}" for k, v in payload["params"].items()
+                                                          if k in timed))
     if payload.get("partial"):
         lines.append("PARTIAL: the run stopped before its last length")
     for k, why in payload.get("skipped", {}).items():
         lines.append(f"not timed: {k} — {why}")
     if payload.get("busy_at_start"):
         lines.append(f"the machine was busy when this started: {payload.get('repeats')} repeats, "
-                     f"{payload.get('threads')} thread(s); a miss measured beside other work reads 'not measured'")
+                     f"{_threads(payload)}; a miss measured beside other work says so")
     lines.append(f"crossover (PoM cheaper than attention): paper's cost model n ≥ {s['predicted_crossover']:.0f}; "
                  f"measured here: full {s['measured_crossover_full']}, causal {s['measured_crossover_causal']}")
     checks = [("pom full", 1.25), ("pom full compiled", 1.25), ("pom causal", 1.4), ("pom causal compiled", 1.4)]
@@ -640,7 +707,7 @@ def report(payload: Dict[str, Any]) -> str:
                 elif any(v == "MISSED" for v in judged.values()):
                     verdict = _unless_busy(payload, "MISSED")
                 else:
-                    verdict = "not measured (busy: the repeats of PoM and SDPA overlap)"
+                    verdict = "not separated: the repeats of PoM and SDPA overlap (a busy machine? run it alone)"
                 lines.append(f"  faster at every N ≥ 2048: {verdict}")
             if 16384 in sp:
                 lines.append(f"  ≥ 5× at N = 16384: {sp[16384]:.2f}× ({'met' if sp[16384] >= 5 else 'MISSED'})")
@@ -684,45 +751,58 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
         ax.axvline(payload["summary"]["predicted_crossover"], color="grey", lw=0.8, ls="-.")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"PoM vs attention, d={cfg['dim']}, D={round(cfg['expand'] * cfg['dim'])}, degree={cfg['degree']} — "
-                 f"{payload['machine']['cpu']} ({_threads(payload)}); "
-                 f"dash-dot: paper's predicted crossover", fontsize=9)
+    c = _config(payload)
+    where = payload["gpu"]["name"] if payload.get("gpu") else f"{payload['machine']['cpu']}, {_threads(payload)}"
+    figure_title(fig, f"PoM vs attention: one layer, d = {c['dim']} (PoM D = {round(c['expand'] * c['dim']):,}, "
+                      f"degree {c['degree']}), {budget:,} tokens per call, {run_dtype(c['device'], c['dtype'])} — "
+                      f"{where}, torch {payload['machine']['torch']}. Dash-dot: the paper's predicted crossover "
+                      f"(N = {payload['summary']['predicted_crossover']:.0f})")
     save_figure(fig, path)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = MixerBenchConfig()
+    size, count = int_at_least(1), int_at_least(0)
     p.add_argument("--quick", action="store_true",
                    help="the README's rows in 1–2 minutes: N = 1,024 and 4,096 at a 16k-token budget, forward, PoM "
-                        "and its floor against SDPA, eager, 7 interleaved repeats (13 on a busy machine)")
-    p.add_argument("--dim", type=int, default=d.dim)
-    p.add_argument("--expand", type=float, default=d.expand)
-    p.add_argument("--degree", type=int, default=d.degree)
-    p.add_argument("--heads", type=int, default=d.heads, help="attention heads of the baselines")
-    p.add_argument("--tokens", type=int, default=d.tokens, help="token budget per call (batch = tokens / N)")
-    p.add_argument("--lengths", type=int, nargs="+", default=None, help="sequence lengths for every mixer")
-    p.add_argument("--pom-lengths", type=int, nargs="*", default=None, help="extra lengths for PoM only")
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--warmup", type=int, default=None)
+                        "and its floor against SDPA, eager, 7 interleaved repeats (13 on a busy machine); written to "
+                        f"{d.out}-quick unless --out says otherwise")
+    p.add_argument("--report", action="store_true",
+                   help="time nothing: write mixer.txt and mixer.png again from the mixer.json in --out")
+    p.add_argument("--dim", type=size, default=d.dim)
+    p.add_argument("--expand", type=float_in(Range(0, low_open=True)), default=d.expand)
+    p.add_argument("--degree", type=size, default=d.degree)
+    p.add_argument("--heads", type=size, default=d.heads, help="attention heads of the baselines")
+    p.add_argument("--tokens", type=size, default=d.tokens, help="token budget per call (batch = tokens / N)")
+    p.add_argument("--lengths", type=size, nargs="+", default=None, help="sequence lengths for every mixer")
+    p.add_argument("--pom-lengths", type=size, nargs="*", default=None, help="extra lengths for PoM only")
+    p.add_argument("--repeats", type=size, default=None)
+    p.add_argument("--warmup", type=count, default=None)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile columns")
     p.add_argument("--no-backward", action="store_true", help="time the forward pass only")
-    p.add_argument("--naive-max-gb", type=float, default=d.naive_max_gb)
+    p.add_argument("--naive-max-gb", type=float_in(Range(0, low_open=True)), default=d.naive_max_gb)
     p.add_argument("--mixers", nargs="+", choices=list(MIXERS), default=None,
                    help="mixers to time (default all; value_pom_att: the value PoM at attention's size, D = dv = dim "
                         "over --heads heads, a gate per head); the rows of the others are kept from the earlier "
                         "mixer.json")
-    p.add_argument("--compile-lengths", type=int, nargs="*", default=None,
+    p.add_argument("--compile-lengths", type=size, nargs="*", default=None,
                    help="the lengths that get the torch.compile columns (default: every length; each length "
                         "compiles every layer afresh, which takes most of a GPU run's time)")
-    p.add_argument("--value-dim", type=int, default=d.value_dim, help="value-carrying PoM: dv")
-    p.add_argument("--value-heads", type=int, default=d.value_heads, help="value-carrying PoM: heads")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--value-dim", type=size, default=d.value_dim, help="value-carrying PoM: dv")
+    p.add_argument("--value-heads", type=size, default=d.value_heads, help="value-carrying PoM: heads")
+    p.add_argument("--seed", type=count, default=d.seed)
     p.add_argument("--device", default=d.device,
                    help="cpu, or cuda: time on the GPU, with the Triton kernels beside eager and compiled PoM and "
                         "SDPA (FlashAttention in bf16)")
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default=d.dtype,
                    help="auto: fp32 on the CPU, bf16 on a GPU")
-    p.add_argument("--out", default=d.out, help="folder for mixer.json and mixer.png")
+    p.add_argument("--out", default=d.out, help="folder for mixer.json, mixer.txt and mixer.png")
+
+
+def write_report(payload: Dict[str, Any], out: Path) -> None:
+    """mixer.txt and mixer.png of a run's payload into ``out`` (mixer.json is the run's own)."""
+    (out / "mixer.txt").write_text(report(payload) + "\n")
+    plot(payload, out / "mixer.png")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -736,9 +816,15 @@ def main(args: argparse.Namespace) -> int:
                                              "compile_lengths")})
     if args.quick and args.out == MixerBenchConfig.out:  # its own folder: no rows of an earlier full sweep mixed in
         cfg.out = MixerBenchConfig.out + "-quick"
-    if any(n < 1 for n in cfg.lengths + cfg.pom_lengths) or cfg.tokens < 1 or cfg.repeats < 1:
-        raise ValueError("lengths, tokens and repeats must be positive")
-    payload = run(cfg)
+    out = Path(cfg.out)
+    if args.report:
+        if not (out / "mixer.json").is_file():
+            raise ValueError(f"{out / 'mixer.json'}: no bench results to report (run polymixer bench mixer first)")
+        payload = read_json(out / "mixer.json")
+        write_report(payload, out)
+    else:
+        payload = run(cfg)
     print(report(payload))
-    print(f"\nwrote {Path(cfg.out) / 'mixer.json'}, mixer.txt and mixer.png")
+    print(f"\nwrote {out / 'mixer.json'}, mixer.txt and mixer.png" if not args.report else
+          f"\nwrote {out / 'mixer.txt'} and mixer.png")
     return 0

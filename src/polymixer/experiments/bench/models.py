@@ -40,6 +40,8 @@ from ...models import count_parameters, create_model
 from ..report import format_table, new_figure, save_figure
 from .common import (failure, gpu_facts, peak_memory_mb, print_written, recompile_limit, record_part,
                      release_memory, report_again, run_parts, synchronized, time_interleaved, write_report)
+from ...ranges import Range
+from ..tasks.common import float_in, int_at_least
 
 __all__ = ["ModelsBenchConfig", "PAPER_LM", "PAPER_IMAGES", "run", "banner", "sections", "report", "plot",
            "add_arguments", "main"]
@@ -589,14 +591,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-presets", nargs="+", default=None, help="image models (the first: the baseline)")
     p.add_argument("--lm-shapes", nargs="+", default=None, metavar="BxN",
                    help="forward shapes, batch × tokens, e.g. 128x1024 32x4096 (default: the paper's table)")
-    p.add_argument("--train-tokens", type=int, default=None, help="tokens of a training step")
-    p.add_argument("--contexts", type=int, nargs="+", default=None, help="decoding contexts")
-    p.add_argument("--latents", type=int, nargs="+", default=None, help="latent sides of the image models")
-    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--train-tokens", type=int_at_least(1), default=None, help="tokens of a training step")
+    p.add_argument("--contexts", type=int_at_least(1), nargs="+", default=None, help="decoding contexts")
+    p.add_argument("--latents", type=int_at_least(1), nargs="+", default=None, help="latent sides of the image models")
+    p.add_argument("--repeats", type=int_at_least(1), default=None)
     p.add_argument("--no-compile", action="store_true", help="eager models (the bench's figures are compiled)")
     p.add_argument("--dynamic", action="store_true",
                    help="compile each kind of block once with symbolic shapes instead of once per shape")
-    p.add_argument("--budget-s", type=float, default=None,
+    p.add_argument("--budget-s", type=float_in(Range(0, low_open=True)), default=None,
                    help="no configuration starts after this many seconds; the rest are listed as not run (a "
                         "device session's fixed time)")
     p.add_argument("--report", action="store_true", help="time nothing: write models.txt and models.png again")

@@ -33,6 +33,8 @@ import torch
 
 from ..report import format_table, new_figure, save_figure
 from .common import machine, peak_memory_mb, read_json, time_interleaved, write_json
+from ...ranges import Range
+from ..tasks.common import float_in, int_at_least
 
 __all__ = ["ParallelBenchConfig", "ScalingConfig", "run", "report", "nvlink_model", "scaling", "scaling_report",
            "transfer_model", "million", "million_report", "add_arguments", "main"]
@@ -472,12 +474,13 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ParallelBenchConfig()
-    p.add_argument("--lengths", type=int, nargs="+", default=list(d.lengths), help="sequence lengths N")
-    p.add_argument("--ranks", type=int, nargs="+", default=list(d.ranks), help="process counts P")
-    p.add_argument("--attention-max", type=int, default=d.attention_max,
+    p.add_argument("--lengths", type=int_at_least(1), nargs="+", default=list(d.lengths), help="sequence lengths N")
+    p.add_argument("--ranks", type=int_at_least(1), nargs="+", default=list(d.ranks), help="process counts P")
+    p.add_argument("--attention-max", type=int_at_least(0), default=d.attention_max,
                    help="longest N attention runs whole (longer: its exchange alone is counted)")
-    p.add_argument("--repeats", type=int, default=d.repeats)
-    p.add_argument("--budget-gb", type=float, default=d.budget_gb, help="memory per rank for the longest-N column")
+    p.add_argument("--repeats", type=int_at_least(1), default=d.repeats)
+    p.add_argument("--budget-gb", type=float_in(Range(0, low_open=True)), default=d.budget_gb,
+                   help="memory per rank for the longest-N column")
     p.add_argument("--quick", action="store_true", help="N 4,096 and 16,384 on 1 and 2 processes")
     p.add_argument("--million", action="store_true",
                    help="train the tiny PoM LM on 262,144 and 1,048,576-token sequences over 4 processes, with and "

@@ -28,6 +28,8 @@ from typing import Any, Dict, Optional, Tuple
 from ...ops.cost import GPUS, PASS_FLOOR, fused_efficiency, fused_tiles, hbm_passes
 from ..report import format_table, new_figure, save_figure
 from .common import write_json
+from ...ranges import Range
+from ..tasks.common import float_in
 
 __all__ = ["GPUS", "RooflineConfig", "predict", "run", "report", "add_arguments", "main"]
 # the paper's GPT-2 / GPPoM2-S forward k tokens/s on H100 (PoM's Triton kernels) at 1k / 4k / 16k / 32k tokens
@@ -193,13 +195,15 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = RooflineConfig()
     p.add_argument("--gpu", choices=sorted(GPUS), default=d.gpu)
-    p.add_argument("--gemm-eff", type=float, default=d.gemm_eff, help="fraction of the tensor-core peak of a GEMM")
-    p.add_argument("--fused-gemm-eff", type=float, default=d.fused_gemm_eff,
+    p.add_argument("--gemm-eff", type=float_in(Range(0, 1, low_open=True)), default=d.gemm_eff,
+                   help="fraction of the tensor-core peak of a GEMM")
+    p.add_argument("--fused-gemm-eff", type=float_in(Range(0, 1, low_open=True)), default=d.fused_gemm_eff,
                    help="fraction of the peak of PoM's fused GEMM (default: from its tile's intensity and L2 "
                         "bandwidth)")
-    p.add_argument("--flash-eff", type=float, default=d.flash_eff,
+    p.add_argument("--flash-eff", type=float_in(Range(0, 1, low_open=True)), default=d.flash_eff,
                    help="fraction of the tensor-core peak FlashAttention-2's forward reaches")
-    p.add_argument("--bw-eff", type=float, default=d.bw_eff, help="fraction of HBM bandwidth of memory-bound kernels")
+    p.add_argument("--bw-eff", type=float_in(Range(0, 1, low_open=True)), default=d.bw_eff,
+                   help="fraction of HBM bandwidth of memory-bound kernels")
     p.add_argument("--full", action="store_true", help="bidirectional attention (default: causal, as GPT-2)")
     p.add_argument("--out", default=d.out)
 

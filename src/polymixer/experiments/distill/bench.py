@@ -23,6 +23,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...models import count_parameters, create_model, model_config
 from ..report import format_table, new_figure, save_figure
 from ..bench.common import apply_overrides, read_json, resume_point, run_parts, training_claim, training_minutes
+from ...ranges import Range
+from ..tasks.common import float_in, int_at_least
 
 __all__ = ["DistillBenchConfig", "run_quality", "report", "plot", "run", "main", "add_arguments"]
 
@@ -237,13 +239,15 @@ def run(cfg: DistillBenchConfig, progress: bool = True) -> Dict[str, Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = DistillBenchConfig()
     p.add_argument("--quick", action="store_true", help="a few-minute version (short teacher, short budget)")
-    p.add_argument("--teacher-steps", type=int, default=None)
-    p.add_argument("--budget", type=float, default=None, help="student tokens as a fraction of the teacher's")
-    p.add_argument("--stage1-steps", type=int, default=None)
-    p.add_argument("--finetune-lr", type=float, default=None)
-    p.add_argument("--kl", type=float, default=None, help="weight of KL to the teacher's logits in stage 2")
+    p.add_argument("--teacher-steps", type=int_at_least(1), default=None)
+    p.add_argument("--budget", type=float_in(Range(0, low_open=True)), default=None,
+                   help="student tokens as a fraction of the teacher's")
+    p.add_argument("--stage1-steps", type=int_at_least(0), default=None)
+    p.add_argument("--finetune-lr", type=float_in(Range(0, low_open=True)), default=None)
+    p.add_argument("--kl", type=float_in(Range(0)), default=None,
+                   help="weight of KL to the teacher's logits in stage 2")
     p.add_argument("--students", nargs="+", choices=list(PATTERNS), default=list(d.students))
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int_at_least(0), default=d.seed)
     p.add_argument("--out", default=d.out)
 
 

@@ -42,6 +42,8 @@ from ...pomify import pomify, replaced_layers
 from ...checkpoint import load_model, read_config, resolve_checkpoint
 from ..train.loop import TrainConfig, add_train_config_arguments, train, train_config_from_args
 from ..lm.task import LMTask, evaluate_lm
+from ...ranges import Range
+from ..tasks.common import float_in, int_at_least
 
 __all__ = ["DistillConfig", "Teacher", "load_teacher", "MixerBank", "AttentionTransferTask", "DistillLMTask",
            "distill_lm"]
@@ -367,18 +369,21 @@ def add_lm_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--teacher", required=True, help="polymixer run / checkpoint, or a transformers folder")
     p.add_argument("--pattern", default=d.pattern,
                    help="one letter per layer over P (PoM), L (local attention), A (keep); or 'hybrid' / 'pom'")
-    for name, kind in (("window", int), ("degree", int), ("expand", float), ("sel_heads", int)):
+    for name, kind in (("window", int_at_least(1)), ("degree", int_at_least(1)),
+                       ("expand", float_in(Range(0, low_open=True))), ("sel_heads", int_at_least(1))):
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help="of the new mixers")
     p.add_argument("--random-init", action="store_true", help="new mixers start random, not from the attention")
-    p.add_argument("--stage1-steps", type=int, default=d.stage1_steps, help="attention-transfer steps (0: skip)")
-    p.add_argument("--stage1-lr", type=float, default=d.stage1_lr)
-    p.add_argument("--kl", type=float, default=d.kl, help="weight of KL(teacher ‖ student) in stage 2")
-    p.add_argument("--kl-temperature", type=float, default=d.kl_temperature)
+    p.add_argument("--stage1-steps", type=int_at_least(0), default=d.stage1_steps,
+                   help="attention-transfer steps (0: skip)")
+    p.add_argument("--stage1-lr", type=float_in(Range(0, low_open=True)), default=d.stage1_lr)
+    p.add_argument("--kl", type=float_in(Range(0)), default=d.kl, help="weight of KL(teacher ‖ student) in stage 2")
+    p.add_argument("--kl-temperature", type=float_in(Range(0, low_open=True)), default=d.kl_temperature)
     p.add_argument("--data", nargs="*", default=None,
                    help="text files or folders (default: the teacher's corpus, else the Python standard library)")
-    p.add_argument("--val-fraction", type=float, default=0.1)
-    p.add_argument("--eval-windows", type=int, default=256)
-    p.add_argument("--block-size", type=int, default=None, help="window length (default: the teacher's context)")
+    p.add_argument("--val-fraction", type=float_in(Range(0, 1, True, True)), default=0.1)
+    p.add_argument("--eval-windows", type=int_at_least(1), default=256)
+    p.add_argument("--block-size", type=int_at_least(1), default=None,
+                   help="window length (default: the teacher's context)")
     p.add_argument("--no-pack", action="store_true", help="let windows attend across end-of-text")
     add_train_config_arguments(p, DEFAULTS, "run folder (default: runs/distill/<pattern>); stage 1 in <out>/stage1")
 

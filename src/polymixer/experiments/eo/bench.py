@@ -37,6 +37,7 @@ from ..bench.common import (
     render_report, section_lines, resume_point, same_rate, sweep_table, time_interleaved, training_claim, variant_model,
     training_minutes, variant_slug, read_json,
 )
+from ..tasks.common import int_at_least
 
 __all__ = ["EOBenchConfig", "run_speed", "run_quality", "parse_variant", "verdicts", "report", "plot", "run", "main",
            "add_arguments"]
@@ -545,21 +546,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presets", nargs="+", default=None,
                    help="models of the speed part (the first is the baseline), each optionally with +field=value "
                         "options (e.g. tsvit+date_rope=true)")
-    p.add_argument("--sides", type=int, nargs="+", default=None, help="window sides of the speed part")
-    p.add_argument("--frames", type=int, default=None, help="dates per series in the speed part")
-    p.add_argument("--budget", type=int, default=None, help="pixels per forward call")
-    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--sides", type=int_at_least(1), nargs="+", default=None, help="window sides of the speed part")
+    p.add_argument("--frames", type=int_at_least(1), default=None, help="dates per series in the speed part")
+    p.add_argument("--budget", type=int_at_least(1), default=None, help="pixels per forward call")
+    p.add_argument("--repeats", type=int_at_least(1), default=None)
     p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=None)
     p.add_argument("--quality-models", nargs="+", default=None,
                    help="presets of the quality part, each optionally with +field=value overrides "
                         "(e.g. tiny-tsvipom+spatial_position=rope)")
-    p.add_argument("--quality-steps", type=int, default=None)
-    p.add_argument("--quality-batch", type=int, default=None)
-    p.add_argument("--eval-windows", type=int, nargs="+", default=None,
+    p.add_argument("--quality-steps", type=int_at_least(1), default=None)
+    p.add_argument("--quality-batch", type=int_at_least(1), default=None)
+    p.add_argument("--eval-windows", type=int_at_least(1), nargs="+", default=None,
                    help="evaluation window sides of the quality part (0: whole patches)")
-    p.add_argument("--eval-limit", type=int, default=None, help="test patches scored (0: all)")
+    p.add_argument("--eval-limit", type=int_at_least(0), default=None, help="test patches scored (0: all)")
     p.add_argument("--curve-models", nargs="+", default=None, help="models of the curves part")
-    p.add_argument("--curve-factor", type=int, default=None, help="curves: this many times the quality steps")
+    p.add_argument("--curve-factor", type=int_at_least(1), default=None,
+                   help="curves: this many times the quality steps")
     p.add_argument("--data", default=None, help="PASTIS folder for the quality part (default: the synthetic one)")
     add_sweep_arguments(p, "eo", d.lr, d.lr_factors, d.out, models="quality models",
                         sweep_note=f"default: {' '.join(d.sweep)}")

@@ -347,7 +347,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     add_preset_argument(p, "eo")
     p.add_argument("--data", default=None, help="PASTIS folder (metadata.geojson, DATA_S2/, ANNOTATIONS/), or "
                                                 "'synthetic' (default) — the offline set, generated on first use")
-    p.add_argument("--fold", type=int, default=1, help="PASTIS fold: train on folds f…f+2, validate on f+3")
+    p.add_argument("--fold", type=int, choices=range(1, 6), default=1,
+                   help="PASTIS fold: train on folds f…f+2, validate on f+3")
     p.add_argument("--crop", type=_crop_arg, default=24, help="training window side in pixels (0: whole patches)")
     p.add_argument("--norm", default="auto", choices=["auto", "file", "computed", "tsvit"],
                    help="band statistics: NORM_S2_patch.json's training folds if present else computed (auto), "
@@ -404,14 +405,15 @@ def _window_arg(value: str) -> int:
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="run folder or checkpoint folder")
     p.add_argument("--data", default=None, help="PASTIS folder (default: the one the model was trained on)")
-    p.add_argument("--fold", type=int, default=None, help="PASTIS fold (default: the training fold)")
+    p.add_argument("--fold", type=int, choices=range(1, 6), default=None,
+                   help="PASTIS fold (default: the training fold)")
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
     p.add_argument("--window", type=_window_arg, default=None,
                    help="predict by windows of this side covering each patch (0: whole patches in one call; "
                         "default: the training window)")
-    p.add_argument("--limit", type=int, default=None, help="the first N patches only")
-    p.add_argument("--batch", type=int, default=16, help="windows per forward call")
-    p.add_argument("--tiles", type=int, default=4, help="patches drawn in the tiles PNG (0: none)")
+    p.add_argument("--limit", type=int_at_least(1), default=None, help="the first N patches only")
+    p.add_argument("--batch", type=int_at_least(1), default=16, help="windows per forward call")
+    p.add_argument("--tiles", type=int_at_least(0), default=4, help="patches drawn in the tiles PNG (0: none)")
     p.add_argument("--png", default=None, help="prefix of the PNGs (default: <run>/eval_<split>)")
     p.add_argument("--json", default=None, help="also write the scores (per-class, confusion matrix) to this file")
     p.add_argument("--no-ema", action="store_true")

@@ -26,6 +26,8 @@ from ..bench.common import (
     Stage, SweepRun, mark_best, parse_variant, quality_rows, render_report, stale_rate_notes, sweep_table,
     synchronized, time_interleaved,
 )
+from ...ranges import Range
+from ..tasks.common import float_in, int_at_least
 
 __all__ = ["ImageBenchConfig", "run_speed", "run_quality", "report", "main", "add_arguments"]
 
@@ -334,19 +336,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parts", nargs="+", choices=["speed", "quality"], default=list(d.parts))
     p.add_argument("--device", default=d.device,
                    help="cuda: the speed part on the GPU in bf16 (SiPoM on the Triton kernels, SiT on SDPA)")
-    p.add_argument("--sides", type=int, nargs="+", default=None)
-    p.add_argument("--pom-sides", type=int, nargs="*", default=None)
+    p.add_argument("--sides", type=int_at_least(1), nargs="+", default=None)
+    p.add_argument("--pom-sides", type=int_at_least(1), nargs="*", default=None)
     p.add_argument("--forms", nargs="*", default=None,
                    help="quality presets in a compared form (e.g. tiny-sipom-value+position=sincos_rope) timed at "
                         "every --sides beside SiT and SiPoM, with their mixer and options at the bench's size")
-    p.add_argument("--quality-steps", type=int, default=None)
+    p.add_argument("--quality-steps", type=int_at_least(1), default=None)
     p.add_argument("--objectives", nargs="+", choices=["flow", "ddpm"], default=list(d.objectives),
                    help="objectives of the quality part (ddpm runs take each preset's best flow rate)")
     p.add_argument("--presets", nargs="+", default=None,
                    help=f"presets of the quality part, ratios taken against {BASELINE} (default: "
                         f"{' '.join(d.quality_presets)}; runs not redone keep their earlier rows); a variant "
                         f"overrides fields of its preset's config: tiny-sipom-value+value_heads=4+shift_width=4")
-    p.add_argument("--heldout", type=float, default=None,
+    p.add_argument("--heldout", type=float_in(Range(0, 1, high_open=True)), default=None,
                    help="hold this fraction of the digits out of training (e.g. 0.15) and choose rates and options "
                         "on a validation FD against them (independent samples); default 0: the committed results' "
                         "recipe, chosen on the reported FD; one --out per value")

@@ -31,8 +31,9 @@ from ...files import atomic_path
 from ...models import create_model, model_config
 from ...checkpoint import load_model, read_config
 from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
+from ...ranges import Range
 from ..tasks.common import (
-    add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides, int_at_least,
+    add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides, float_in, int_at_least,
 )
 
 __all__ = ["ImageTask", "Classifier", "get_classifier", "frechet_distance", "sample_images", "evaluate_generator",
@@ -318,11 +319,11 @@ def _parse_classes(text: Optional[str], k: int) -> List[int]:
 def add_sample_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="run folder or checkpoint folder")
     p.add_argument("--classes", default=None, help="comma-separated class ids (default: all)")
-    p.add_argument("--n-per-class", type=int, default=8)
-    p.add_argument("--cfg", type=float, default=4.0, help="classifier-free guidance scale (1 = none)")
-    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--n-per-class", type=int_at_least(1), default=8)
+    p.add_argument("--cfg", type=float_in(Range(0)), default=4.0, help="classifier-free guidance scale (1 = none)")
+    p.add_argument("--steps", type=int_at_least(1), default=50)
     p.add_argument("--sampler", default=None, help="flow: heun | euler | sde; ddpm: ddpm | ddim")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
     p.add_argument("--out", default="grid.png")
 
@@ -349,11 +350,11 @@ def main_sample(args: argparse.Namespace) -> int:
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="run folder or checkpoint folder")
-    p.add_argument("--n", type=int, default=800, help="generated samples (and real samples) to compare")
-    p.add_argument("--cfg", type=float, default=2.0)
-    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--n", type=int_at_least(1), default=800, help="generated samples (and real samples) to compare")
+    p.add_argument("--cfg", type=float_in(Range(0)), default=2.0)
+    p.add_argument("--steps", type=int_at_least(1), default=50)
     p.add_argument("--sampler", default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--data", default=None, help="image folder (default: the data the model was trained on)")
     p.add_argument("--json", default=None)
 

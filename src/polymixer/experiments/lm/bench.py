@@ -29,6 +29,7 @@ from ..bench.common import (
     Stage, SweepRun, beyond, mark_best, parse_variant, render_report, same_rate, sweep_table, time_interleaved,
     read_json, main_payload, payload_seed, seed_payloads,
 )
+from ..tasks.common import int_at_least
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments",
            "larger_models", "width_ratio", "chosen_rows", "scaled_rates", "scaled_past", "two_scale_lines",
@@ -563,14 +564,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a few-minute version of every part")
     p.add_argument("--parts", nargs="+", choices=["throughput", "decode", "hf_decode", "quality"],
                    default=list(d.parts))
-    p.add_argument("--n-layer", type=int, default=d.n_layer)
-    p.add_argument("--n-embd", type=int, default=d.n_embd)
-    p.add_argument("--n-head", type=int, default=d.n_head)
-    p.add_argument("--window", type=int, default=d.window)
-    p.add_argument("--tokens", type=int, default=None, help="token budget per forward call")
-    p.add_argument("--lengths", type=int, nargs="+", default=None, help="throughput sequence lengths")
-    p.add_argument("--contexts", type=int, nargs="+", default=None, help="decoding contexts")
-    p.add_argument("--quality-steps", type=int, default=None)
+    p.add_argument("--n-layer", type=int_at_least(1), default=d.n_layer)
+    p.add_argument("--n-embd", type=int_at_least(1), default=d.n_embd)
+    p.add_argument("--n-head", type=int_at_least(1), default=d.n_head)
+    p.add_argument("--window", type=int_at_least(1), default=d.window)
+    p.add_argument("--tokens", type=int_at_least(1), default=None, help="token budget per forward call")
+    p.add_argument("--lengths", type=int_at_least(1), nargs="+", default=None, help="throughput sequence lengths")
+    p.add_argument("--contexts", type=int_at_least(1), nargs="+", default=None, help="decoding contexts")
+    p.add_argument("--quality-steps", type=int_at_least(1), default=None)
     p.add_argument("--kinds", nargs="+", type=kind_argument, default=None,
                    help=f"models of the throughput and decoding parts (tiny-<kind>: {', '.join(KINDS)}), a form with "
                         "options as kind+field=value (hybrid+attention_shift=4)")

@@ -203,7 +203,8 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help="sample among the k most likely tokens only (default: all)")
     p.add_argument("--top-p", type=float_in(Range(0, 1, low_open=True)), default=None,
                    help="sample among the most likely tokens whose probabilities sum to p (nucleus; default: off)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the sampling (the same seed, the same text)")
+    p.add_argument("--seed", type=int_at_least(0), default=0,
+                   help="random seed of the sampling (the same seed, the same text)")
     p.add_argument("--num-samples", type=int_at_least(1), default=1, help="samples per prompt")
     p.add_argument("--no-stop", action="store_true", help="do not stop at end-of-text")
 

@@ -27,6 +27,8 @@ from ..bench.common import (
     describe_variant, QualitySweep, Stage, SweepRun, keep_freed_memory, mark_best, picture_owner, quality_rows,
     render_report, section_lines, stale_rate_notes, sweep_folder, sweep_table, time_interleaved, variant_model,
 )
+from ...ranges import Range
+from ..tasks.common import float_in, int_at_least
 
 __all__ = ["OCRBenchConfig", "run_speed", "run_quality", "main", "add_arguments"]
 
@@ -396,17 +398,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presets", nargs="+", default=None,
                    help="models of the speed part (the first is the baseline), each optionally with +field=value "
                         "options (e.g. htr-vt+attention_shift=2)")
-    p.add_argument("--lines", type=int, nargs="+", default=None, help="lines per page of the speed part")
-    p.add_argument("--budget", type=int, default=None, help="lines per forward call")
-    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--lines", type=int_at_least(1), nargs="+", default=None, help="lines per page of the speed part")
+    p.add_argument("--budget", type=int_at_least(1), default=None, help="lines per forward call")
+    p.add_argument("--repeats", type=int_at_least(1), default=None)
     p.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16"], default=None)
     p.add_argument("--tasks", nargs="+", choices=["synthetic", "synthetic-multiline", "digits"], default=None)
-    p.add_argument("--quality-steps", type=int, default=None)
-    p.add_argument("--multiline-steps", type=int, default=None)
-    p.add_argument("--digits-steps", type=int, default=None)
+    p.add_argument("--quality-steps", type=int_at_least(1), default=None)
+    p.add_argument("--multiline-steps", type=int_at_least(1), default=None)
+    p.add_argument("--digits-steps", type=int_at_least(1), default=None)
     p.add_argument("--multiline-init", choices=["single-line", "scratch"], default=None,
                    help="page models start from their single-line run (default) or from random weights")
-    p.add_argument("--sam-rho", type=float, default=None)
+    p.add_argument("--sam-rho", type=float_in(Range(0)), default=None)
     p.add_argument("--quality-presets", nargs="+", default=None,
                    help=f"presets of the quality part (default: {' '.join(d.quality_presets)}; runs not redone keep "
                         f"their earlier rows); a variant overrides fields of its preset's config: "

@@ -299,9 +299,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--multiline", default=None, choices=["yes", "no"],
                    help="evaluate pages instead of lines (default: as trained)")
     p.add_argument("--max-lines", type=int_at_least(1), default=None)
-    p.add_argument("--limit", type=int, default=None, help="the first N examples only")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--samples", type=int, default=8, help="lines drawn in the PNG (0: none)")
+    p.add_argument("--limit", type=int_at_least(1), default=None, help="the first N examples only")
+    p.add_argument("--batch", type=int_at_least(1), default=16)
+    p.add_argument("--samples", type=int_at_least(0), default=8, help="lines drawn in the PNG (0: none)")
     p.add_argument("--png", default=None, help="PNG of sample lines (default: <run>/eval_<split>.png)")
     p.add_argument("--json", default=None, help="also write the metrics (and every prediction) to this file")
     p.add_argument("--no-ema", action="store_true")
@@ -365,10 +365,10 @@ def draw_samples(images: Sequence[np.ndarray], references: Sequence[str], predic
 def add_read_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="+", help="line images (PNG / JPEG; any height, resized like the training data)")
     p.add_argument("--ckpt", required=True, help="run folder or checkpoint folder")
-    p.add_argument("--max-width", type=int, default=None,
+    p.add_argument("--max-width", type=int_at_least(0), default=None,
                    help="width cap after resizing (default: the model's; 0 = none, e.g. for a whole page's lines "
                         "concatenated)")
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batch", type=int_at_least(1), default=16)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
 
 

@@ -31,6 +31,7 @@ from ..bench.common import (
     SweepRun, best_rows, describe_variant, earlier_part, keep_freed_memory, mark_best, parse_variant, picture_owner,
     quality_rows, render_report, section_lines, stale_rate_notes, sweep_table, time_interleaved, variant_model,
 )
+from ..tasks.common import int_at_least
 
 __all__ = ["PointBenchConfig", "make_scene", "run_speed", "run_conv", "run_quality", "verdicts", "report", "plot",
            "run", "main", "add_arguments"]
@@ -395,19 +396,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presets", nargs="+", default=None,
                    help="models of the speed part (the first is the baseline), each optionally with +field=value "
                         "options (e.g. ptv3+attention_shift=2)")
-    p.add_argument("--sizes", type=int, nargs="+", default=None, help="voxels per scene in the speed part")
+    p.add_argument("--sizes", type=int_at_least(1), nargs="+", default=None, help="voxels per scene in the speed part")
     p.add_argument("--patch-models", nargs="*", default=None,
                    help="context variants timed at --patch-scene voxels (preset+field=value, 'scene' = whole scene; "
                         "none given: none)")
-    p.add_argument("--patch-scene", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--patch-scene", type=int_at_least(1), default=None)
+    p.add_argument("--repeats", type=int_at_least(1), default=None)
     p.add_argument("--quality-models", nargs="+", default=None,
                    help="presets of the quality part, each optionally with +field=value overrides "
                         "(e.g. tiny-ppomv3+pom_patch_size=scene)")
-    p.add_argument("--quality-steps", type=int, default=None)
-    p.add_argument("--quality-batch", type=int, default=None)
-    p.add_argument("--quality-points", type=int, default=None, help="sphere-crop budget of each training room")
-    p.add_argument("--eval-limit", type=int, default=None, help="test rooms scored (0: all)")
+    p.add_argument("--quality-steps", type=int_at_least(1), default=None)
+    p.add_argument("--quality-batch", type=int_at_least(1), default=None)
+    p.add_argument("--quality-points", type=int_at_least(1), default=None,
+                   help="sphere-crop budget of each training room")
+    p.add_argument("--eval-limit", type=int_at_least(0), default=None, help="test rooms scored (0: all)")
     p.add_argument("--data", default=None, help="a ScanNet-layout folder for the quality part (default: the "
                                                 "synthetic rooms)")
     add_sweep_arguments(p, "points", d.lr, d.lr_factors, d.out, models="quality models",

@@ -365,9 +365,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default=None, choices=["train", "val", "test"],
                    help="split to evaluate (default: the first labelled one, test else val — ScanNet's and "
                         "SemanticKITTI's test scenes carry no labels)")
-    p.add_argument("--limit", type=int, default=None, help="the first N scenes only")
-    p.add_argument("--batch", type=int, default=4, help="scenes per forward call")
-    p.add_argument("--scenes", type=int, default=2, help="scenes drawn in the PNG (0: none)")
+    p.add_argument("--limit", type=int_at_least(1), default=None, help="the first N scenes only")
+    p.add_argument("--batch", type=int_at_least(1), default=4, help="scenes per forward call")
+    p.add_argument("--scenes", type=int_at_least(0), default=2, help="scenes drawn in the PNG (0: none)")
     p.add_argument("--png", default=None, help="prefix of the PNGs (default: <run>/eval_<split>)")
     p.add_argument("--json", default=None, help="also write the scores (per class, confusion matrix) to this file")
     p.add_argument("--no-ema", action="store_true", help="the raw weights even where the checkpoint has EMA weights")

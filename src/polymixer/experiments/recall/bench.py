@@ -54,6 +54,8 @@ from ..bench.common import (
     same_rate, sweep_folder, sweep_model, sweep_table, time_interleaved, training_claim, write_json, write_report,
     written,
 )
+from ...ranges import Range
+from ..tasks.common import float_in, int_at_least
 
 __all__ = ["RecallBenchConfig", "VARIANTS", "SWEPT", "ZOOLOGY_POINTS", "ZOOLOGY_VARIANTS", "zoology_form", "run",
            "report", "plot", "plots", "plot_zoology", "versus_based", "STATE_SIZES", "LEVEL", "LEARNED", "CHANCES",
@@ -794,22 +796,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "state sizes, L 64 / 128 / 256, every variant swept (hundreds of runs; share them with "
                         "--zoology-variants / --lrs / --seeds, finished runs are read back); speed: each state "
                         "variant's forward sequences/s at the state point, beside attention's (run it alone)")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--steps", type=int_at_least(1), default=None)
+    p.add_argument("--seeds", type=int_at_least(0), nargs="+", default=None)
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None,
                    help="mixers of the state sweep (default: all)")
-    p.add_argument("--lr", type=float, default=None,
+    p.add_argument("--lr", type=float_in(Range(0, low_open=True)), default=None,
                    help=f"the recipe's rate: the middle of each sweep and the rate of the others (default {d.lr:g})")
     p.add_argument("--sweep", nargs="*", choices=list(VARIANTS), default=None,
                    help="state-part variants trained at every rate of the grid (default: "
                         f"{' '.join(d.sweep)}; none: the recipe's rate only)")
-    p.add_argument("--lr-factors", type=float, nargs="+", default=None,
+    p.add_argument("--lr-factors", type=float_in(Range(0, low_open=True)), nargs="+", default=None,
                    help=f"the grid: the recipe's rate times these (default: {' '.join(map(str, d.lr_factors))})")
-    p.add_argument("--lrs", type=float, nargs="+", default=None,
+    p.add_argument("--lrs", type=float_in(Range(0, low_open=True)), nargs="+", default=None,
                    help="train only these rates of the grid (to share a sweep among processes); the others' "
                         "finished runs are still read")
     add_bracket_argument(p)
-    p.add_argument("--sweep-seeds", type=int, default=None,
+    p.add_argument("--sweep-seeds", type=int_at_least(0), default=None,
                    help=f"how many of the seeds train at every rate (default {d.sweep_seeds}); the other seeds "
                         "train only at each variant's best rate")
     p.add_argument("--length-points", nargs="+", type=_point, default=None, metavar="L:K",

@@ -23,7 +23,7 @@ from ..registry import lab_family
 
 __all__ = ["add_preset_argument", "check_preset", "add_data_check_argument", "check_dataset", "scan_dataset",
            "int_at_least", "float_in", "convert_field", "format_field", "add_set_argument",
-           "add_field_flags", "field_overrides", "config_overrides"]
+           "add_field_flags", "field_overrides", "config_overrides", "HELP_PRESET", "shown_preset"]
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -55,6 +55,21 @@ def float_in(allowed: Range) -> Callable[[str], float]:
     return parse
 
 
+# the parser default under which the command line hands a train command's parser the preset named before --help
+# (``polymixer train lm --preset tiny-hybrid --help``): its help then shows that preset's values
+HELP_PRESET = "help_preset"
+
+
+def shown_preset(p: Any, family: str) -> str:
+    """The preset whose values the help of ``p`` (a parser or an argument group) shows: the one the command line
+    named before ``--help`` when it is one of ``family``'s, else the family's tiny preset."""
+    named = p.get_default(HELP_PRESET)
+    try:
+        return check_preset(family, named) if named else family_entry(family).tiny
+    except ValueError:  # another family's or no preset: the command itself says so when it runs
+        return family_entry(family).tiny
+
+
 def add_preset_argument(p: argparse.ArgumentParser, family: str) -> None:
     """``--preset``, defaulting to the family's tiny preset and listing the family's tiny presets."""
     fam = family_entry(family)
@@ -62,7 +77,8 @@ def add_preset_argument(p: argparse.ArgumentParser, family: str) -> None:
     tiny = [n for n in names if n.startswith("tiny-")]
     p.add_argument("--preset", default=fam.tiny, metavar="NAME",
                    help=f"the model: {', '.join(tiny)} (CPU scale), or one of the {len(names) - len(tiny)} paper-size "
-                        f"presets (polymixer.models.list_models(family={fam.name!r}))")
+                        f"presets (polymixer.models.list_models(family={fam.name!r})); this help shows "
+                        f"{shown_preset(p, family)}'s values: --preset NAME --help shows another's")
 
 
 def check_preset(family: str, preset: str) -> str:
@@ -189,20 +205,21 @@ def _assignment(text: str) -> str:
 def add_set_argument(p: Any, family: str) -> None:
     """``--set FIELD=VALUE`` (repeatable; ``p``: a parser or an argument group): any field of the family's model
     config, over the preset and any flag; :func:`config_overrides` converts them once the preset is known."""
-    cls = family_config(family)
+    cls, preset = family_config(family), shown_preset(p, family)
+    values = model_config(preset)
     p.add_argument("--set", dest="set_fields", action="append", type=_assignment, default=None,
                    metavar="FIELD=VALUE",
                    help=f"set any field of the model config {cls.__name__} (repeatable: --set a=1 --set b=x), over the "
-                        f"preset and the flags; tuples comma-separated, none for None. Its fields: "
-                        f"{', '.join(_field_hints(cls))}")
+                        f"preset and the flags; tuples comma-separated, none for None. Its fields, with {preset}'s "
+                        f"values: {', '.join(f'{n}={format_field(getattr(values, n))}' for n in _field_hints(cls))}")
 
 
 def add_field_flags(p: Any, family: str, names: Optional[Sequence[str]] = None) -> None:
     """A flag ``--<field>`` (dest ``m_<field>``) for each field of the family's model config (or ``names``) on
-    ``p`` (a parser or an argument group), converted like ``--set``; the help shows the tiny preset's value.
-    :func:`field_overrides` reads them back."""
-    tiny = family_entry(family).tiny
-    cls, preset = family_config(family), model_config(tiny)
+    ``p`` (a parser or an argument group), converted like ``--set``; the help shows the value of the preset
+    :func:`shown_preset` names. :func:`field_overrides` reads them back."""
+    shown = shown_preset(p, family)
+    cls, preset = family_config(family), model_config(shown)
     for name in names if names is not None else list(_field_hints(cls)):
         hint = _check_field(cls, name)
 
@@ -214,7 +231,7 @@ def add_field_flags(p: Any, family: str, names: Optional[Sequence[str]] = None) 
 
         p.add_argument("--" + name.replace("_", "-"), dest="m_" + name, type=parse, default=None,
                        metavar=name.upper(), help=f"override the preset's {name} ({cls.__name__}.{name}, "
-                                                  f"{_describe(hint)}; {tiny}: {format_field(getattr(preset, name))})")
+                                                  f"{_describe(hint)}; {shown}: {format_field(getattr(preset, name))})")
 
 
 def field_overrides(args: argparse.Namespace) -> Dict[str, Any]:

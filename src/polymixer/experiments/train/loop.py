@@ -89,6 +89,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name, allowed in TRAIN_RANGES.items():
             check_range(name, getattr(self, name), allowed, f"--{name.replace('_', '-')}")
+        if self.min_lr > self.lr:  # the cosine decays from lr to min_lr: above lr it would climb instead
+            raise ValueError(f"min_lr (--min-lr) must be ≤ lr (--lr) = {self.lr:g}, got {self.min_lr:g}: the rate "
+                             f"decays from lr down to min_lr; give a lower --min-lr with it")
         if self.dtype not in ("auto", "fp32", "bf16"):
             raise ValueError(f"dtype (--dtype) must be auto, fp32 or bf16, got {self.dtype!r}")
         memory.check_mode(self.activation_checkpointing)
@@ -99,11 +102,11 @@ class TrainConfig:
 # what each numeric TrainConfig field allows: checked when a config is made (a command checks its options before it
 # reads any data), one line naming the option and the range
 TRAIN_RANGES: Dict[str, Range] = {
-    "steps": Range(1), "batch_size": Range(1), "grad_accum": Range(1), "lr": Range(0),
+    "steps": Range(1), "batch_size": Range(1), "grad_accum": Range(1), "lr": Range(0, low_open=True),
     "min_lr": Range(0), "warmup": Range(0), "weight_decay": Range(0), "beta1": Range(0, 1, high_open=True),
     "beta2": Range(0, 1, high_open=True), "grad_clip": Range(0), "eval_every": Range(1), "ckpt_every": Range(1),
-    "keep": Range(1), "log_every": Range(1), "ema": Range(0, 1, high_open=True), "sam_rho": Range(0),
-    "max_nonfinite": Range(1), "context_parallel": Range(1), "stop_after": Range(0),
+    "keep": Range(1), "log_every": Range(1), "seed": Range(0), "ema": Range(0, 1, high_open=True),
+    "sam_rho": Range(0), "max_nonfinite": Range(1), "context_parallel": Range(1), "stop_after": Range(1),
     "dist_timeout": Range(0, low_open=True),
 }
 
@@ -644,13 +647,20 @@ def _parallelise(run: _Run, trainer_state: Optional[Dict[str, Any]]) -> None:
 
 
 def _begin(run: _Run) -> None:
-    """Open the progress bar, start the counters where the run stands, warn of a run too short to leave its
-    warm-up, and put the model in training mode."""
+    """Open the progress bar (none for a run already complete), say where a resumed run stands ("resumed from step
+    N of M", "already complete at step N"), start the counters there, warn of a run too short to leave its warm-up,
+    and put the model in training mode."""
     from tqdm.auto import tqdm
 
     cfg, ctx = run.cfg, run.ctx
-    run.bar = tqdm(total=cfg.steps, initial=run.start, disable=not (cfg.progress and ctx.main),
+    complete = run.start >= cfg.steps  # nothing to train: no bar that pretends to
+    run.bar = tqdm(total=cfg.steps, initial=run.start, disable=complete or not (cfg.progress and ctx.main),
                    desc=f"train {run.out.name}", dynamic_ncols=True)
+    if ctx.main and run.resumed is not None:
+        of = f"of {cfg.steps}" if run.start <= cfg.steps else f"past --steps {cfg.steps}"
+        run.bar.write(f"{run.out}: already complete at step {run.start} {of}: nothing to train, its last evaluation "
+                      f"stands (--steps to go further, --no-resume to start over)" if complete
+                      else f"{run.out}: resumed from step {run.start} {of} ({run.resumed})")
     run.t_last, run.units = time.perf_counter(), 0
     run.skipped = next((r["skipped"] for r in reversed(run.history) if "skipped" in r), 0)
     run.train_s = next((r["train_s"] for r in reversed(run.history) if "train_s" in r), 0.0)
