@@ -177,6 +177,36 @@ def test_each_config_names_real_mixer_options(family):
         assert name in fields and any(name in m.options for m in MIXER_TABLE), name
 
 
+def test_an_option_no_layer_takes_is_refused_in_one_line():
+    """Over a preset, a mixer option set away from the preset's value that no layer of the model takes changes
+    nothing: a ValueError naming it, the model's mixers and the mixers that take it. One some layer takes, one at
+    the preset's value, and the config itself (which also holds the options of layers pomify may add) pass."""
+    from polymixer.blocks import check_mixer_options
+    from polymixer.models import check_overrides, model_config
+
+    line = ("token_shift=4 is taken by no mixer of this model (attention A); it is taken by value_pom, "
+            "gated_value_pom, linear_attention, based")
+    with pytest.raises(ValueError) as refused:
+        check_overrides("tiny-attention", {"token_shift": 4})
+    assert str(refused.value) == line
+    with pytest.raises(ValueError, match=r"^token_shift=4 is taken by no mixer"):
+        check_overrides("tiny-attention", {"shift_width": 4})  # the field's earlier name
+    with pytest.raises(ValueError, match=r"^window=32 is taken by no mixer of this model \(pom P\); it is taken by "
+                                         r"local_attention$"):
+        check_overrides("tiny-pom", {"window": 32})
+    with pytest.raises(ValueError, match=r"^qkv_bias=False .*\(pom P, value_pom V\)"):
+        check_overrides("tiny-ppomv3", {"mixer": "PV", "qkv_bias": False})
+    with pytest.raises(ValueError, match=r"^feature_dim=8 .*\(value_pom V\); it is taken by linear_attention, based"):
+        check_overrides("mqar-vpom", {"feature_dim": 8})
+    assert check_overrides("tiny-attention", {"window": 64}).window == 64  # the preset's own value
+    assert check_overrides("tiny-hybrid", {"window": 32, "token_shift": 2}).window == 32  # L takes it (2: default)
+    assert check_overrides("tiny-attention", {"mixer": "V", "token_shift": 4}).token_shift == 4
+    assert model_config("tiny-attention", token_shift=4).token_shift == 4  # a config may hold it (checkpoints)
+    check_mixer_options("LP", {"window": 8, "degree": 3, "attention_shift": 2})
+    with pytest.raises(ValueError, match=r"^value_heads=2 .*\(local_attention L, pom P\)"):
+        check_mixer_options("LPLP", {"window": 8, "value_heads": 2})
+
+
 VALUE_PRESETS = [("tiny-vpom", "tiny-attention"), ("tiny-sipom-value", "tiny-sit"),
                  ("tiny-htr-vpom-value", "tiny-htr-vt"), ("tiny-tsvipom-value", "tiny-tsvit"),
                  ("tiny-ppomv3-value", "tiny-ptv3"), ("gppom2-small-value", "gpt2-small"),
