@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from polymixer import Attention
+from polymixer import Attention, LocalAttention
 from polymixer.functional import rope_angles, rotate
 from polymixer.reference import reference_attention, visibility
 
@@ -50,8 +50,10 @@ def _ref(m: Attention, x, vis, context=None, positions=None, context_positions=N
     return o @ m.proj.weight.double().T + m.proj.bias.double()
 
 
-def _att(**kw):
-    return Attention(DIM, heads=H, **kw).double()
+def _att(window=None, **kw):
+    """Attention, or with a window LocalAttention."""
+    m = Attention(DIM, heads=H, **kw) if window is None else LocalAttention(DIM, window, heads=H, **kw)
+    return m.double()
 
 
 MODES = {

@@ -124,9 +124,87 @@ def test_layer_patterns_read_the_table():
     from polymixer.blocks import layer_pattern
 
     assert layer_pattern("value_pom", 4, "AP", allowed="APV") == "VVVV"
-    assert layer_pattern("attention", 3, "AP") == "AAA" and layer_pattern("hybrid", 4, "AP") == "APAP"
+    assert layer_pattern("attention", 3, "AP", "PAL") == "AAA" and layer_pattern("hybrid", 4, "AP", "PAL") == "APAP"
     with pytest.raises(ValueError, match=r"pattern over P \(PoM\), A \(attention\), V \(value-carrying PoM\)"):
         layer_pattern("PQ", 2, "AP", allowed="PAV")
+
+
+# what each family took before its letters came from the table (kept: a change here changes what users may build)
+FAMILY_LETTERS = {"lm": "PALVG", "image": "APVLG", "ocr": "PALVG", "eo": "PAVGL", "points": "APV",
+                  "recall": "ALPVIBG"}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_LETTERS))
+def test_each_family_takes_the_letters_the_table_derives_from_what_it_needs(family):
+    """A family's letters are the mixers of the table that do what it needs: a decoder LM decodes token by token
+    (no recall baseline has a step), an encoder mixes both ways, points need weights that do not fall with the
+    distance along a shuffled serialization (no window, no decay), recall compares every mixer, baselines included.
+    Its config refuses the others and builds every one it takes."""
+    from polymixer.blocks import MIXER_TABLE, mixer_spec
+    from polymixer.models import list_models, model_config
+    from polymixer.models.registry import family_config
+
+    config_cls = family_config(family)
+    assert sorted(config_cls.MIXER_LETTERS) == sorted(FAMILY_LETTERS[family])
+    for spec in MIXER_TABLE:
+        takes = spec.letter in config_cls.MIXER_LETTERS
+        assert takes == ((spec.causal if family in ("lm", "recall") else spec.full)
+                         and (spec.streaming is not None or family != "lm")
+                         and (spec.distance_free or family != "points") and (not spec.baseline or family == "recall"))
+    preset = list_models(family=family)[0]
+    outside = [m.letter for m in MIXER_TABLE if m.letter not in config_cls.MIXER_LETTERS]
+    for letter in outside:
+        with pytest.raises(ValueError, match=f"unknown letters \\['{letter}'\\]"):
+            model_config(preset, mixer=letter)
+    for letter in config_cls.MIXER_LETTERS:
+        if family == "eo" and letter == "L":
+            continue  # local attention mixes frames within days: the temporal blocks only (eo's own rule)
+        assert set(model_config(preset, mixer=mixer_spec(letter).name).layer_pattern()) == {letter}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_LETTERS))
+def test_each_config_names_real_mixer_options(family):
+    """The fields a config gives every mixer by their own names are its fields and options of some mixer of the
+    table (so the refusal of an option no layer takes cannot miss one by a typo)."""
+    import dataclasses
+
+    from polymixer.blocks import MIXER_TABLE
+    from polymixer.models.registry import family_config
+
+    config_cls = family_config(family)
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    for name in config_cls.MIXER_OPTIONS:
+        assert name in fields and any(name in m.options for m in MIXER_TABLE), name
+
+
+def test_an_option_no_layer_takes_is_refused_in_one_line():
+    """Over a preset, a mixer option set away from the preset's value that no layer of the model takes changes
+    nothing: a ValueError naming it, the model's mixers and the mixers that take it. One some layer takes, one at
+    the preset's value, and the config itself (which also holds the options of layers pomify may add) pass."""
+    from polymixer.blocks import check_mixer_options
+    from polymixer.models import check_overrides, model_config
+
+    line = ("token_shift=4 is taken by no mixer of this model (attention A); it is taken by value_pom, "
+            "gated_value_pom, linear_attention, based")
+    with pytest.raises(ValueError) as refused:
+        check_overrides("tiny-attention", {"token_shift": 4})
+    assert str(refused.value) == line
+    with pytest.raises(ValueError, match=r"^token_shift=4 is taken by no mixer"):
+        check_overrides("tiny-attention", {"shift_width": 4})  # the field's earlier name
+    with pytest.raises(ValueError, match=r"^window=32 is taken by no mixer of this model \(pom P\); it is taken by "
+                                         r"local_attention$"):
+        check_overrides("tiny-pom", {"window": 32})
+    with pytest.raises(ValueError, match=r"^qkv_bias=False .*\(pom P, value_pom V\)"):
+        check_overrides("tiny-ppomv3", {"mixer": "PV", "qkv_bias": False})
+    with pytest.raises(ValueError, match=r"^feature_dim=8 .*\(value_pom V\); it is taken by linear_attention, based"):
+        check_overrides("mqar-vpom", {"feature_dim": 8})
+    assert check_overrides("tiny-attention", {"window": 64}).window == 64  # the preset's own value
+    assert check_overrides("tiny-hybrid", {"window": 32, "token_shift": 2}).window == 32  # L takes it (2: default)
+    assert check_overrides("tiny-attention", {"mixer": "V", "token_shift": 4}).token_shift == 4
+    assert model_config("tiny-attention", token_shift=4).token_shift == 4  # a config may hold it (checkpoints)
+    check_mixer_options("LP", {"window": 8, "degree": 3, "attention_shift": 2})
+    with pytest.raises(ValueError, match=r"^value_heads=2 .*\(local_attention L, pom P\)"):
+        check_mixer_options("LPLP", {"window": 8, "value_heads": 2})
 
 
 VALUE_PRESETS = [("tiny-vpom", "tiny-attention"), ("tiny-sipom-value", "tiny-sit"),

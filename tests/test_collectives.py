@@ -72,13 +72,13 @@ for lengths, K in (([2] * world, 3), ([1] * world, 4), ([3, 1, 1, 4, 1, 2, 5, 1]
         out["halo"].append(err(before, want))
 
 # bytes per rank of one layer call, forward + backward, in each mode
-from polymixer import PoM
+from polymixer import PoM, ValuePoM
 sent = {}
 for name, module, kw in (("pom full", PoM(64, expand=2), {}), ("pom causal", PoM(64, expand=2), {"causal": True}),
                          ("pom block", PoM(64, expand=2), {"causal": True, "block_size": 8}),
-                         ("value full", PoM(64, value_dim=64, heads=4), {}),
-                         ("value causal", PoM(64, value_dim=64, heads=4), {"causal": True}),
-                         ("value causal shift", PoM(64, value_dim=64, heads=4, token_shift=4), {"causal": True})):
+                         ("value full", ValuePoM(64, value_dim=64, heads=4), {}),
+                         ("value causal", ValuePoM(64, value_dim=64, heads=4), {"causal": True}),
+                         ("value causal shift", ValuePoM(64, value_dim=64, heads=4, token_shift=4), {"causal": True})):
     for n in (16, 64):
         x = torch.randn(2, n, 64, requires_grad=True)
         with polymixer.context_parallel(lengths=[n] * world, check="none") as cp:
@@ -93,8 +93,8 @@ syncs = {}
 for name, module, kw in (("pom causal", PoM(16, rope="1d"), {"causal": True}),
                          ("pom block", PoM(16), {"causal": True, "block_size": 3}),
                          ("pom full", PoM(16), {}),
-                         ("value causal shift", PoM(16, value_dim=16, heads=2, token_shift=3), {"causal": True}),
-                         ("value block", PoM(16, value_dim=16, heads=2), {"causal": True, "block_size": 3})):
+                         ("value causal shift", ValuePoM(16, value_dim=16, heads=2, token_shift=3), {"causal": True}),
+                         ("value block", ValuePoM(16, value_dim=16, heads=2), {"causal": True, "block_size": 3})):
     x = torch.randn(2, 5, 16, requires_grad=True)
     try:
         with polymixer.context_parallel(lengths=[5] * world, check="none"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polymixer import PoM, PolyMorpher
+from polymixer import PoM, PolyMorpher, ValuePoM
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +57,8 @@ def test_compiled_torch_form_gradients_equal_eager(value, device):
     from polymixer import backend
 
     torch.manual_seed(0)
-    m = PoM(8, degree=3, expand=2, bias=True, **(dict(value_dim=8, heads=2) if value else {})).to(device)
+    m = (ValuePoM(8, degree=3, expand=2, bias=True, heads=2) if value else PoM(8, degree=3, expand=2, bias=True))
+    m = m.to(device)
     with torch.no_grad():
         m.coeff.uniform_(-1.0, 1.0)
         m.gate_bias.normal_()

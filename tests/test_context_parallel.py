@@ -16,7 +16,7 @@ import json, os, sys
 import torch
 import torch.distributed as dist
 import polymixer
-from polymixer import PoM
+from polymixer import PoM, ValuePoM
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -81,34 +81,34 @@ for split_name, n, split in SPLITS:
     grid = torch.stack([torch.arange(n) // 4, torch.arange(n) % 4], -1)
     check(f"pom 2-D rotary full {split_name}", p2, n, split, dict(), positions=grid)
     for width in (2, 4):
-        vp = dbl(PoM(8, value_dim=8, heads=2, token_shift=width, chunk_size=4))
+        vp = dbl(ValuePoM(8, value_dim=8, heads=2, token_shift=width, chunk_size=4))
         check(f"value causal shift {width} {split_name}", vp, n, split, dict(causal=True))
-    vp = dbl(PoM(8, value_dim=8, heads=2, chunk_size=4, rope="1d"))
+    vp = dbl(ValuePoM(8, value_dim=8, heads=2, chunk_size=4, rope="1d"))
     check(f"value full rotary {split_name}", vp, n, split, dict())
     check(f"value causal rotary key padding {split_name}", vp, n, split, dict(causal=True), mask=True)
     for K in (3, 8):
         check(f"value block {K} {split_name}", vp, n, split, dict(causal=True, block_size=K))
-    vb = dbl(PoM(8, value_dim=8, heads=2, token_shift=3, chunk_size=4))
+    vb = dbl(ValuePoM(8, value_dim=8, heads=2, token_shift=3, chunk_size=4))
     check(f"value block 5 key padding shift {split_name}", vb, n, split, dict(causal=True, block_size=5), mask=True)
 
     # float32, the dtype of training: within 1e-5 relative
     for name, m, kw in (("pom causal", PoM(8, degree=3), dict(causal=True)),
                         ("pom block 5", PoM(8, rope="1d"), dict(causal=True, block_size=5)),
-                        ("value causal shift 4", PoM(8, value_dim=8, heads=2, token_shift=4, chunk_size=4),
+                        ("value causal shift 4", ValuePoM(8, value_dim=8, heads=2, token_shift=4, chunk_size=4),
                          dict(causal=True)),
-                        ("value full", PoM(8, value_dim=8, heads=2, chunk_size=4), dict())):
+                        ("value full", ValuePoM(8, value_dim=8, heads=2, chunk_size=4), dict())):
         check(f"fp32 {name} {split_name}", m, n, split, kw, mask=True, dtype=torch.float32)
-    from polymixer import Attention
+    from polymixer import Attention, LocalAttention
     for name, kw in (("causal", dict(causal=True)), ("full", dict()), ("block 4", dict(causal=True, block_size=4))):
         check(f"attention {name} {split_name}", dbl(Attention(8, heads=2, rope="1d")), n, split, kw, mask=True)
     check(f"attention causal unmasked {split_name}", dbl(Attention(8, heads=2)), n, split, dict(causal=True))
     for W, kw in ((2, dict(causal=True)), (4, dict()), (3, dict(causal=True, block_size=4))):  # the token shift's halo
         sh = dbl(Attention(8, heads=2, rope="1d", token_shift=W))
         check(f"attention shift {W} {sorted(kw)} {split_name}", sh, n, split, kw, mask=True)
-    check(f"local attention 3 shift 4 {split_name}", dbl(Attention(8, heads=2, window=3, token_shift=4)), n, split,
+    check(f"local attention 3 shift 4 {split_name}", dbl(LocalAttention(8, 3, heads=2, token_shift=4)), n, split,
           dict(causal=True))
     for W in (2, 4, 7):
-        at = dbl(Attention(8, heads=2, window=W))
+        at = dbl(LocalAttention(8, W, heads=2))
         check(f"local attention {W} causal {split_name}", at, n, split, dict(causal=True), mask=True)
         check(f"local attention {W} bidirectional {split_name}", at, n, split, dict(causal=False))
 
@@ -152,7 +152,7 @@ for preset, kw in (("tiny-tsvipom", {"date_rope": True}), ("tiny-tsvit", {}), ("
     out[f"model {preset}"] = check_model(preset, m, (sat, doy, frames))
 
 # a context-parallel prefill: the last rank's state is the whole prefix's, and decoding continues from it
-for name, module in (("pom", PoM(8, rope="1d").double()), ("value", PoM(8, value_dim=8, heads=2, token_shift=3,
+for name, module in (("pom", PoM(8, rope="1d").double()), ("value", ValuePoM(8, value_dim=8, heads=2, token_shift=3,
                                                                         chunk_size=4, rope="1d").double())):
     torch.manual_seed(2)
     n, split = SPLITS[-1][1], SPLITS[-1][2]

@@ -18,7 +18,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from polymixer import PoM  # noqa: E402
+from polymixer import PoM, ValuePoM  # noqa: E402
 from polymixer.ops import backend  # noqa: E402
 from polymixer.ops import triton_common as tc  # noqa: E402
 
@@ -138,8 +138,7 @@ def test_every_kernel_of_both_ops_launches_through_the_guard(value, device, devi
     interpreter; the fake current device starts as cuda:0)."""
     if device.type != "cpu":
         pytest.skip("the fake devices stand in for a second GPU on the CPU")
-    extra = dict(value_dim=8, heads=2) if value else {}
-    m = PoM(8, degree=2, **extra)
+    m = ValuePoM(8, degree=2, heads=2) if value else PoM(8, degree=2)
     x = torch.randn(1, 12, 8, requires_grad=True)
     with backend("triton"):
         m(x, causal=True).square().sum().backward()

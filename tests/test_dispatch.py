@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import polymixer
-from polymixer import PoM, functional
+from polymixer import PoM, ValuePoM, functional
 from polymixer.ops import BACKENDS, backend, backend_for, current_backend, disabled_backends
 
 
@@ -53,7 +53,7 @@ def test_an_explicit_choice_is_strict_and_says_why():
         with backend("torch"):  # the innermost block wins
             m(x, causal=True, block_size=2)
     assert current_backend() is None
-    v = PoM(8, value_dim=8)
+    v = ValuePoM(8, value_dim=8)
     with backend("cpu"), pytest.raises(NotImplementedError, match="backend 'cpu' has no value_pom"):
         v(x)
     with pytest.raises(ValueError, match="unknown backend 'cuda'; the backends are reference, torch, cpu, triton"):
@@ -63,8 +63,7 @@ def test_an_explicit_choice_is_strict_and_says_why():
 
 @pytest.mark.parametrize("op", ["pom", "value_pom"])
 def test_every_backend_of_an_op_agrees_with_the_reference_in_float64(op):
-    kw = dict(value_dim=8, heads=2) if op == "value_pom" else {}
-    m = PoM(8, degree=3, bias=True, **kw).double()
+    m = (ValuePoM(8, degree=3, bias=True, heads=2) if op == "value_pom" else PoM(8, degree=3, bias=True)).double()
     x = torch.randn(2, 9, 8, dtype=torch.float64)
     for mode in (dict(causal=True), {}, dict(causal=True, block_size=4)):
         with backend("reference"):
@@ -114,8 +113,8 @@ def test_cpu_calls_never_import_triton():
     backend_for — runs without importing Triton (nor torch's dynamo, which imports it)."""
     out = _python("""
         import sys, torch, polymixer
-        from polymixer import PoM
-        m, v = PoM(8), PoM(8, value_dim=8, heads=2)
+        from polymixer import PoM, ValuePoM
+        m, v = PoM(8), ValuePoM(8, value_dim=8, heads=2)
         x = torch.randn(2, 12, 8)
         for kw in (dict(causal=True), {}, dict(causal=True, block_size=4)):
             m(x, **kw).sum().backward()
@@ -129,11 +128,11 @@ def test_cpu_calls_never_import_triton():
 
 _FRESH_COMPILE = """
     import sys, torch, polymixer
-    from polymixer import PoM
+    from polymixer import PoM, ValuePoM
 
     op = sys.argv[1] if len(sys.argv) > 1 else "{op}"
     assert "polymixer.ops.{module}.triton_kernels" in sys.modules  # imported with the op's package
-    m = PoM(8, degree=2, **(dict(value_dim=8, heads=2) if op == "value_pom" else {{}}))
+    m = ValuePoM(8, degree=2, heads=2) if op == "value_pom" else PoM(8, degree=2)
     x = torch.randn(2, 12, 8)
     ops = []
 
@@ -269,7 +268,7 @@ def test_the_dispatcher_follows_the_measurements_of_its_own_kernels(tmp_path, on
     route is passed over."""
     from polymixer.ops import measured
 
-    m, v = PoM(8), PoM(8, value_dim=8, heads=2)
+    m, v = PoM(8), ValuePoM(8, value_dim=8, heads=2)
     x = torch.randn(1, 20, 8)
     pom_args = (x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
     with measured.use_table(_table(tmp_path, _now())):
@@ -300,7 +299,7 @@ def test_a_measurement_of_other_kernel_code_decides_nothing(tmp_path, on_a_gpu):
     measurement" — they stay out."""
     from polymixer.ops import measured
 
-    m, v = PoM(8), PoM(8, value_dim=8, heads=2)
+    m, v = PoM(8), ValuePoM(8, value_dim=8, heads=2)
     x = torch.randn(1, 20, 8)
     with measured.use_table(_table(tmp_path, {"pom": "0123456789ab", "value_pom": "ba9876543210"})), torch.no_grad():
         pom = backend_for("pom", x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight, causal=True)
@@ -329,7 +328,7 @@ def test_the_shipped_table_is_the_h200_run_of_the_old_kernels(tmp_path, on_a_gpu
     monkeypatch.setitem(measured.KERNEL_FILES, "value_pom", old)
     measured.kernel_hash.cache_clear()
     try:
-        m, v = PoM(64).bfloat16(), PoM(64, value_dim=64, heads=2).bfloat16()
+        m, v = PoM(64).bfloat16(), ValuePoM(64, value_dim=64, heads=2).bfloat16()
         x = torch.randn(64, 1024, 64, dtype=torch.bfloat16)
         args = (x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
         vargs = (x, None, *v.value_weights())

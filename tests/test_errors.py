@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polymixer import Attention, PoM, PolyMorpher
+from polymixer import Attention, LocalAttention, PoM, PolyMorpher
 
 X = torch.randn(2, 10, 8)
 
@@ -109,14 +109,14 @@ def test_bad_rope_positions():
 def test_bad_attention_config():
     with pytest.raises(ValueError, match="not divisible by heads"):
         Attention(10, heads=3)
-    with pytest.raises(ValueError, match="window"):
-        Attention(8, heads=2, window=0)
+    with pytest.raises(ValueError, match="window must be a positive int"):
+        LocalAttention(8, 0, heads=2)
 
 
 def test_bad_block_config():
     with pytest.raises(ValueError, match="unknown mixer"):
         PolyMorpher(8, mixer="mamba")
-    with pytest.raises(ValueError, match="pass value_dim as well"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'heads'"):
         PolyMorpher(8, mixer="pom", heads=2)  # only the value-carrying PoM has heads: the slip surfaces
     with pytest.raises(TypeError):
         PolyMorpher(8, mixer="pom", n_head=2)

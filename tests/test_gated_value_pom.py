@@ -9,14 +9,14 @@ import os
 import pytest
 import torch
 
-from polymixer import PoM
+from polymixer import GatedValuePoM, PoM, ValuePoM
 from polymixer.blocks import build_mixer, mixer_spec
 from polymixer.ops.value_pom.gated import gated_scan, reference_gated, retnet_bias
 
 
 def _module(**kw):
     torch.manual_seed(0)
-    m = PoM(8, value_dim=8, heads=2, decay="head", chunk_size=4, degree=3, **kw).double()
+    m = GatedValuePoM(8, value_dim=8, heads=2, chunk_size=4, degree=3, **kw).double()
     with torch.no_grad():  # a data-dependent decay with a visible range of rates
         m.decay_proj.weight.normal_(0, 0.5)
         m.decay_proj.bias.normal_(0, 1.0)
@@ -62,13 +62,13 @@ def test_rotary_one_and_two_d_against_the_oracle():
 
 
 def test_decay_matters_and_starts_at_retnets_rates():
-    fresh = PoM(8, value_dim=8, heads=4, decay="head")
+    fresh = GatedValuePoM(8, value_dim=8, heads=4)
     gamma = torch.exp(-torch.nn.functional.softplus(fresh.decay_proj.bias.double()))
     torch.testing.assert_close(gamma, 1 - 2.0 ** (-5.0 - torch.arange(4, dtype=torch.float64)))
     torch.testing.assert_close(retnet_bias(4), fresh.decay_proj.bias.detach())
     m = _module()
     x = torch.randn(1, 9, 8, dtype=torch.float64)
-    ungated = PoM(8, value_dim=8, heads=2, chunk_size=4, degree=3).double()
+    ungated = ValuePoM(8, value_dim=8, heads=2, chunk_size=4, degree=3).double()
     ungated.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("decay_proj")})
     assert (m(x, causal=True) - ungated(x, causal=True)).abs().max() > 1e-3  # the decay changes the output
 
@@ -116,8 +116,8 @@ def test_refusals_are_clear():
         m(torch.randn(1, 4, 8, dtype=torch.float64), torch.randn(1, 5, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match="explicit"):
         m(torch.randn(1, 4, 8, dtype=torch.float64), mask=torch.ones(1, 4, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="decay belong"):
-        PoM(8, decay="head")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'decay'"):
+        PoM(8, decay="head")  # a plain PoM: the gated one is GatedValuePoM
 
 
 def test_one_entry_of_the_mixer_table_that_every_family_builds():

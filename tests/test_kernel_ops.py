@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from polymixer import PoM, PolyMorpher  # noqa: E402
+from polymixer import PoM, PolyMorpher, ValuePoM  # noqa: E402
 from polymixer.ops import backend  # noqa: E402
 from polymixer.ops import triton_common as tc  # noqa: E402
 from polymixer.ops.pom import triton_kernels as tk  # noqa: E402
@@ -37,8 +37,8 @@ def small_tiles(device, monkeypatch):
 
 
 def _mixer(value: bool = False, **kw) -> PoM:
-    extra = dict(value_dim=8, heads=2) if value else {}
-    m = PoM(8, degree=3, expand=2, bias=True, **extra, **kw)
+    m = (ValuePoM(8, heads=2, degree=3, expand=2, bias=True, **kw) if value
+         else PoM(8, degree=3, expand=2, bias=True, **kw))
     with torch.no_grad():
         m.coeff.uniform_(-1.0, 1.0)
         m.gate_bias.normal_()

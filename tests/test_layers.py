@@ -1,8 +1,8 @@
 """One class per mixer in polymixer.layers: PoM, ValuePoM, GatedValuePoM, Attention and LocalAttention.
 
-Each class builds from its own arguments; the short forms ``PoM(value_dim=…)`` / ``PoM(…, decay="head")`` and
-``Attention(window=…)`` build the same class with the same parameters, state dict and outputs; the mixer table builds
-the right class per letter; and the state dicts keep the names and shapes of the checkpoints saved before the split.
+Each class builds from its own arguments and only from them (``PoM(value_dim=…)`` and ``Attention(window=…)`` are
+refused: ValuePoM and LocalAttention are the way); the mixer table builds the right class per letter; and the state
+dicts keep the names and shapes of the checkpoints saved before the split.
 """
 
 from __future__ import annotations
@@ -32,13 +32,11 @@ SAVED_LAYOUTS = {
               "decay_proj.bias": (2,)},
     "local": {"qkv.weight": (24, 8), "qkv.bias": (24,), "proj.weight": (8, 8), "proj.bias": (8,), "shift": (2, 16)},
 }
-SHORT_FORMS = {  # name: (the short form as users' code writes it, the same mixer by its own class)
-    "pom": (lambda: PoM(8, degree=3, sel_heads=2, bias=True), lambda: PoM(8, degree=3, sel_heads=2, bias=True)),
-    "value": (lambda: PoM(8, value_dim=8, heads=2, token_shift=4), lambda: ValuePoM(8, heads=2, token_shift=4)),
-    "gated": (lambda: PoM(8, value_dim=8, heads=2, decay="head", degree=3),
-              lambda: GatedValuePoM(8, degree=3, value_dim=8, heads=2)),
-    "local": (lambda: Attention(8, heads=2, window=3, token_shift=2),
-              lambda: LocalAttention(8, 3, heads=2, token_shift=2)),
+OWN = {  # name: the mixer of that checkpoint, built by its own class
+    "pom": lambda: PoM(8, degree=3, sel_heads=2, bias=True),
+    "value": lambda: ValuePoM(8, heads=2, token_shift=4),
+    "gated": lambda: GatedValuePoM(8, degree=3, value_dim=8, heads=2),
+    "local": lambda: LocalAttention(8, 3, heads=2, token_shift=2),
 }
 CLASSES = {"pom": PoM, "value": ValuePoM, "gated": GatedValuePoM, "local": LocalAttention}
 
@@ -72,48 +70,31 @@ def test_each_class_builds_from_its_own_arguments():
     assert isinstance(la, Attention)
 
 
-def test_short_forms_return_the_classes():
-    assert type(PoM(8, value_dim=8)) is ValuePoM
-    assert type(PoM(8, value_dim=8, decay=None)) is ValuePoM
-    assert type(PoM(8, value_dim=8, heads=2, decay="head")) is GatedValuePoM
-    assert type(PoM(8, value_dim=None, heads=1, token_shift=False, decay=None)) is PoM  # value keywords at defaults
-    assert type(PoM(8, 3, 2, value_dim=8)) is ValuePoM  # the shared arguments may still come by position
-    assert type(Attention(8, heads=2, window=4)) is LocalAttention
-    assert type(Attention(8, 2, False, 4)) is Attention and Attention(8, 2, False, 4).window == 4  # window by position
+def test_one_way_to_build_each_class():
+    """The short forms are gone: a plain PoM takes no value keyword, Attention no window (its 4th argument on is
+    keyword-only, so a window by position is no bias either)."""
+    for kw in (dict(value_dim=8), dict(value_dim=8, decay="head"), dict(heads=2), dict(token_shift=2),
+               dict(decay="head")):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{next(iter(kw))}'"):
+            PoM(8, **kw)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'window'"):
+        Attention(8, heads=2, window=4)
+    with pytest.raises(TypeError, match="positional argument"):
+        Attention(8, 2, False, 4)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'decay'"):
+        GatedValuePoM(8, decay="head")
 
 
-@pytest.mark.parametrize("name", sorted(SHORT_FORMS))
-def test_short_form_and_class_are_the_same_mixer(name):
-    short, own = (_seeded(make) for make in SHORT_FORMS[name])
-    assert type(short) is type(own) is CLASSES[name]
-    assert list(short.state_dict()) == list(own.state_dict())
-    for k, t in short.state_dict().items():
-        assert torch.equal(t, own.state_dict()[k]), k
-    for a, b in zip(_outputs(short), _outputs(own)):
-        assert torch.equal(a, b)
-    assert repr(short) == repr(own)
-
-
-@pytest.mark.parametrize("name", sorted(SHORT_FORMS))
+@pytest.mark.parametrize("name", sorted(OWN))
 def test_saved_checkpoints_load_into_the_new_classes(name):
-    short, own = SHORT_FORMS[name]
-    saved = _seeded(short, seed=1)
+    saved = _seeded(OWN[name], seed=1)
+    assert type(saved) is CLASSES[name]
     assert {k: tuple(t.shape) for k, t in saved.state_dict().items()} == SAVED_LAYOUTS[name]
-    fresh = _seeded(own, seed=2)
+    fresh = _seeded(OWN[name], seed=2)
     assert not all(torch.equal(a, b) for a, b in zip(_outputs(fresh), _outputs(saved)))
     fresh.load_state_dict(saved.state_dict(), strict=True)
     for a, b in zip(_outputs(fresh), _outputs(saved)):
         assert torch.equal(a, b)
-
-
-def test_local_attention_equals_attention_with_a_window():
-    for causal in (False, True):
-        a = _seeded(lambda: Attention(8, heads=2, window=3, causal=causal, rope="1d"))
-        b = _seeded(lambda: LocalAttention(8, window=3, heads=2, causal=causal, rope="1d"))
-        x = torch.randn(2, 11, 8, dtype=torch.float64)
-        assert_close(a(x), b(x), 0, 0)
-        mask = torch.rand(2, 11) > 0.3
-        assert_close(a(x, mask=mask), b(x, mask=mask), 0, 0)
 
 
 def test_copies_and_pickles_keep_the_class():
@@ -128,24 +109,19 @@ def test_mixer_table_builds_one_class_per_mixer():
     kinds = {"P": PoM, "V": ValuePoM, "G": GatedValuePoM, "A": Attention, "L": LocalAttention}
     for letter, cls in kinds.items():
         assert type(mixer_spec(letter).make(16, **options)) is cls, letter
-    assert type(polymixer.build_mixer("attention", 16, heads=2, window=4)) is LocalAttention
+    assert type(polymixer.build_mixer("local_attention", 16, heads=2, window=4)) is LocalAttention
+    with pytest.raises(TypeError, match="'window'"):
+        polymixer.build_mixer("attention", 16, heads=2, window=4)
 
 
 def test_each_class_refuses_what_is_not_its_own():
-    with pytest.raises(ValueError, match="pass value_dim as well"):
-        PoM(8, token_shift=2)
     with pytest.raises(TypeError, match="unexpected keyword"):
         PoM(8, n_head=2)
-    with pytest.raises(ValueError, match="decay must be None or 'head'"):
-        PoM(8, value_dim=8, decay="channel")
-    with pytest.raises(ValueError, match="use GatedValuePoM"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'decay'"):
         ValuePoM(8, decay="head")
-    with pytest.raises(ValueError, match="decay must be 'head'"):
-        GatedValuePoM(8, decay="token")
-    with pytest.raises(ValueError, match="needs a window"):
-        LocalAttention(8, None)
-    with pytest.raises(ValueError, match="window must be a positive int"):
-        LocalAttention(8, 0)
+    for window in (None, 0, True):
+        with pytest.raises(ValueError, match="window must be a positive int"):
+            LocalAttention(8, window)
     with pytest.raises(ValueError, match="needs its own init_state"):
         ValuePoM(8).step(torch.randn(1, 2, 8), PoM(8).init_state(1))
     with pytest.raises(ValueError, match="no value-carrying PoM"):

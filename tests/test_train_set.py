@@ -50,8 +50,8 @@ def test_every_field_of_every_preset_is_settable(family, parser):
 
 
 @pytest.mark.parametrize("family, sets, expected", [
-    ("lm", ["n_layer=1", "expand=1.5", "bias=false", "value_dim=16", "position=none", "n_layer=2"],
-     dict(n_layer=2, expand=1.5, bias=False, value_dim=16, position="none")),
+    ("lm", ["n_layer=1", "expand=1.5", "bias=false", "mixer=PV", "value_dim=16", "position=none", "n_layer=2"],
+     dict(n_layer=2, expand=1.5, bias=False, mixer="PV", value_dim=16, position="none")),
     ("image", ["learn_sigma=1", "input_size=16", "value_dim=none"], dict(learn_sigma=True, input_size=16,
                                                                          value_dim=None)),
     ("ocr", ["stem_channels=8,16,32", "norm_eps=1e-5"], dict(stem_channels=(8, 16, 32), norm_eps=1e-5)),
@@ -117,6 +117,25 @@ def test_a_bad_set_is_one_line_and_exit_status_2(family, text, message, tmp_path
     assert main(["train", family, "--set", text, "--out", str(tmp_path / "run"), "--quiet"]) == 2
     assert _error_line(capsys) == f"polymixer train {family}: error: {message}"
     assert not (tmp_path / "run").exists() and not (cache.exists() and any(cache.iterdir()))
+
+
+@pytest.mark.parametrize("family, argv, message", [
+    ("lm", ["--preset", "tiny-attention", "--set", "token_shift=4"],
+     "token_shift=4 is taken by no mixer of this model (attention A); it is taken by value_pom, gated_value_pom, "
+     "linear_attention, based"),
+    ("lm", ["--window", "32"], "window=32 is taken by no mixer of this model (pom P); it is taken by local_attention"),
+    ("image", ["--preset", "tiny-sit", "--set", "degree=3"], "degree=3 is taken by no mixer of this model "
+     "(attention A); it is taken by pom, value_pom, gated_value_pom"),
+])
+def test_a_mixer_option_no_layer_takes_is_one_line_and_exit_status_2(family, argv, message, tmp_path, capsys):
+    """A setting that would change nothing (no layer of the model takes it) stops the command before it reads or
+    writes anything, as any bad setting does; given at the preset's own value, or to a model with a layer that
+    takes it, it passes."""
+    assert main(["train", family, *argv, "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    assert _error_line(capsys) == f"polymixer train {family}: error: {message}"
+    assert not (tmp_path / "run").exists()
+    assert config_overrides("lm", "tiny-attention", ["window=64", "mixer=LV", "token_shift=4"]) == dict(
+        window=64, mixer="LV", token_shift=4)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from polymixer import PoM  # noqa: E402
+from polymixer import PoM, ValuePoM  # noqa: E402
 from polymixer.ops import backend, backend_for  # noqa: E402
 from polymixer.ops import triton_common as tc  # noqa: E402
 from polymixer.ops.pom import triton_kernels as tk  # noqa: E402
@@ -439,7 +439,7 @@ def test_the_kernel_summary_keeps_the_worst_configuration():
 
 
 def _value_mixer(**kw) -> PoM:
-    m = PoM(8, degree=2, expand=2, value_dim=8, heads=2, bias=True, **kw)
+    m = ValuePoM(8, degree=2, expand=2, value_dim=8, heads=2, bias=True, **kw)
     with torch.no_grad():
         m.coeff.uniform_(-1.0, 1.0)
         m.coeff_q.uniform_(-1.0, 1.0)

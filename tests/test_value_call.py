@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import polymixer
-from polymixer import PoM
+from polymixer import GatedValuePoM, PoM, ValuePoM
 from polymixer.ops import ROPE_BASE, Mixing, backend, backend_for, dispatch
 from polymixer.ops.common import MIXING_MODES, STEP_MODES
 from polymixer.ops import value_pom as vp
@@ -24,12 +24,12 @@ OPS = Path(polymixer.__file__).parent / "ops"
 
 def _value(**kw) -> PoM:
     torch.manual_seed(0)
-    return PoM(8, value_dim=8, heads=2, **kw)
+    return ValuePoM(8, value_dim=8, heads=2, **kw)
 
 
 def _gated() -> PoM:
     torch.manual_seed(0)
-    m = PoM(8, value_dim=8, heads=2, decay="head", chunk_size=16)
+    m = GatedValuePoM(8, value_dim=8, heads=2, chunk_size=16)
     with torch.no_grad():
         m.decay_proj.weight.normal_(0, 0.5)
     return m

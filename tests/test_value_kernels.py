@@ -354,7 +354,7 @@ def test_a_bf16_layer_hands_the_kernels_bf16_operands(device, monkeypatch):
     """The polynomial features are computed in fp32, but a layer under bf16 autocast hands the kernels bf16 q, k and
     v — bf16 tensor-core products and bf16 states, half the bytes of fp32 — and stays within bf16's rounding of the
     float64 oracle (as close as the torch form in bf16 is)."""
-    from polymixer import PoM
+    from polymixer import ValuePoM
     from polymixer.ops import backend
 
     seen: List[torch.dtype] = []
@@ -365,7 +365,7 @@ def test_a_bf16_layer_hands_the_kernels_bf16_operands(device, monkeypatch):
         return real(q, k, v, *rest)
 
     monkeypatch.setattr(vk, "value_mix_op", spy)
-    m = PoM(8, degree=2, expand=2, value_dim=8, heads=2, bias=True).to(device)
+    m = ValuePoM(8, degree=2, expand=2, value_dim=8, heads=2, bias=True).to(device)
     x = torch.randn(2, 37, 8, device=device)
     with backend("reference"):
         exact = m.double()(x.double(), causal=True)

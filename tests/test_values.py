@@ -1,4 +1,4 @@
-"""The value-carrying PoM (``PoM(value_dim=…)``), tested as the core is: the float64 oracle built from the explicit
+"""The value-carrying PoM (``ValuePoM``), tested as the core is: the float64 oracle built from the explicit
 visibility matrix for every mode, gradcheck, padded == packed == per sequence, chunked streaming == parallel,
 compile, nothing quadratic, and clear errors."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polymixer import PoM, PoMState
+from polymixer import PoM, PoMState, ValuePoM
 from polymixer.reference import reference_value_pom, shift_validity, visibility
 from polymixer.values import value_pom
 
@@ -16,7 +16,7 @@ f64 = torch.float64
 
 def vpom(dim=8, value_dim=8, heads=2, degree=3, expand=1.5, **kw):
     """A value-carrying PoM in float64 with non-trivial coefficients, gate bias, shift and norm gains."""
-    m = PoM(dim, degree=degree, expand=expand, value_dim=value_dim, heads=heads, bias=True, **kw).double()
+    m = ValuePoM(dim, degree=degree, expand=expand, value_dim=value_dim, heads=heads, bias=True, **kw).double()
     with torch.no_grad():
         m.coeff.uniform_(-0.6, 0.6)
         m.coeff_q.uniform_(-0.6, 0.6)
@@ -92,7 +92,7 @@ def test_cross_mixing_matches_the_oracle(M, kw):
 
 
 def test_2d_rotary_matches_the_oracle_and_is_translation_invariant():
-    m = PoM(8, degree=2, expand=2, value_dim=8, heads=2, rope="2d").double()  # 8 key channels per head
+    m = ValuePoM(8, degree=2, expand=2, value_dim=8, heads=2, rope="2d").double()  # 8 key channels per head
     with torch.no_grad():
         m.coeff.uniform_(-0.6, 0.6)
         m.coeff_q.uniform_(-0.6, 0.6)
@@ -228,9 +228,9 @@ def test_a_wider_shift_streams_and_starts_as_the_token_shift():
         outs.append(y)
         i += t
     close(torch.cat(outs, 1), full)
-    narrow, wide = PoM(8, value_dim=8, heads=2), PoM(8, value_dim=8, heads=2, token_shift=4)
+    narrow, wide = ValuePoM(8, value_dim=8, heads=2), ValuePoM(8, value_dim=8, heads=2, token_shift=4)
     wide.load_state_dict({**narrow.state_dict(), "shift": torch.cat([narrow.shift, torch.zeros(2, 24)])})
-    fresh = PoM(8, value_dim=8, heads=2, token_shift=4).shift
+    fresh = ValuePoM(8, value_dim=8, heads=2, token_shift=4).shift
     assert torch.equal(fresh[:2], narrow.shift) and not fresh[2:].any()  # the extra taps start at zero
     xs = torch.randn(2, 10, 8)
     torch.testing.assert_close(wide(xs, causal=True), narrow(xs, causal=True))
@@ -298,7 +298,7 @@ def test_nothing_quadratic(kw):
     from test_functional import _Largest
 
     B, N = 1, 2048
-    m = PoM(16, value_dim=16, heads=2)
+    m = ValuePoM(16, value_dim=16, heads=2)
     x = torch.randn(B, N, 16, requires_grad=True)
     kw = dict(kw)
     if kw.get("cu_seqlens"):  # causal packing never pads (548 one-token documents beside one of 1,500)
@@ -310,7 +310,7 @@ def test_nothing_quadratic(kw):
 
 def test_compiled_equals_eager():
     torch._dynamo.reset()
-    m = PoM(16, value_dim=16, heads=2, rope="1d")
+    m = ValuePoM(16, value_dim=16, heads=2, rope="1d")
     cm = torch.compile(m, fullgraph=True)
     x = torch.randn(2, 100, 16, requires_grad=True)
     for kw in (dict(causal=True), dict()):
@@ -325,7 +325,7 @@ def test_compiled_equals_eager():
 
 
 def test_bf16_within_tolerance_of_fp32():
-    m = PoM(32, value_dim=32, heads=4)
+    m = ValuePoM(32, value_dim=32, heads=4)
     x = torch.randn(2, 70, 32)
     with torch.no_grad():
         y = m(x, causal=True)
@@ -336,14 +336,14 @@ def test_bf16_within_tolerance_of_fp32():
 
 def test_bad_inputs_give_clear_errors():
     with pytest.raises(ValueError, match="heads = 3 must divide"):
-        PoM(8, value_dim=8, heads=3)
-    with pytest.raises(ValueError, match="pass value_dim as well"):
-        PoM(8, heads=2)
+        ValuePoM(8, value_dim=8, heads=3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'heads'"):
+        PoM(8, heads=2)  # a plain PoM: the value-carrying one is ValuePoM
     with pytest.raises(ValueError, match="value_dim = 6 is not divisible by sel_heads = 4"):
-        PoM(8, value_dim=6, sel_heads=4)
+        ValuePoM(8, value_dim=6, sel_heads=4)
     with pytest.raises(ValueError, match="1-D rotary needs an even expand·dim / heads"):
-        PoM(6, expand=1, value_dim=6, heads=2, rope="1d")
-    m = PoM(8, value_dim=8, heads=2)
+        ValuePoM(6, expand=1, value_dim=6, heads=2, rope="1d")
+    m = ValuePoM(8, value_dim=8, heads=2)
     with pytest.raises(ValueError, match="needs its own init_state"):
         m.step(torch.randn(1, 2, 8), PoM(8).init_state(1))
     with pytest.raises(ValueError, match=r"state has shape \(1, 2, 8, 4\)"):
@@ -353,6 +353,6 @@ def test_bad_inputs_give_clear_errors():
     with pytest.raises(ValueError, match="8 features but the mixer was built for dim=8|has 4 features"):
         m(torch.randn(1, 3, 4))
     with pytest.raises(ValueError, match="token_shift must be a bool or a width ≥ 2"):
-        PoM(8, value_dim=8, token_shift=1)
+        ValuePoM(8, value_dim=8, token_shift=1)
     with pytest.raises(ValueError, match=r"keeps the last 3 tokens: prev must be \(B, 3, C\)"):
-        PoM(8, value_dim=8, heads=2, token_shift=4).step(torch.randn(1, 2, 8), m.init_state(1))
+        ValuePoM(8, value_dim=8, heads=2, token_shift=4).step(torch.randn(1, 2, 8), m.init_state(1))

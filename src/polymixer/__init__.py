@@ -1,7 +1,7 @@
 """polymixer — the Polynomial Mixer (PoM), a linear-time drop-in replacement for self-attention.
 
     from polymixer import PoM, PolyMorpher, Attention, PoMState
-    from polymixer import ValuePoM, GatedValuePoM, LocalAttention  # one class per mixer (PoM(value_dim=…) builds them)
+    from polymixer import ValuePoM, GatedValuePoM, LocalAttention  # one class per mixer, built one way
     with polymixer.backend("triton"): ...     # choose an op backend (reference / torch / cpu / triton), strictly
     from polymixer import pomify        # attention → PoM / hybrid in a trained model (polymixer or transformers)
     with polymixer.context_parallel(): ...    # each rank holds a slice of every sequence (torch.distributed)

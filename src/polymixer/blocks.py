@@ -13,8 +13,8 @@ from .layers.linear_attention import LinearAttention
 from .layers.pom import PoM, PoMState
 from .layers.value_pom import GatedValuePoM, ValuePoM
 
-__all__ = ["MLP", "DropPath", "PolyMorpher", "MixerSpec", "MIXER_TABLE", "MIXER_SPECS", "MIXERS", "LETTERS",
-           "mixer_spec", "build_mixer", "layer_pattern"]
+__all__ = ["MLP", "DropPath", "PolyMorpher", "MixerSpec", "MIXER_TABLE", "MIXER_SPECS", "LETTERS", "mixer_spec",
+           "allowed_letters", "build_mixer", "layer_pattern", "mixer_options", "check_mixer_options"]
 
 MixerState = Union[PoMState, AttentionState]
 
@@ -22,16 +22,19 @@ MixerState = Union[PoMState, AttentionState]
 @dataclass(frozen=True)
 class MixerSpec:
     """One token mixer of the table: its name, its letter in a model's layer pattern, how to build it, which of a
-    model's mixer options it takes, and what it can do."""
+    model's mixer options it takes, and what it can do — each model family takes the mixers that do what it needs
+    (:func:`allowed_letters`)."""
 
     name: str  # "pom"
     letter: str  # "P": one letter per layer in a model's mixer pattern
     title: str  # "PoM", for messages and tables
     build: Callable[..., nn.Module]  # (dim, **options) → the module
     options: Tuple[str, ...]  # the model options it takes (a model passes all of its own; the rest are left out)
-    causal: bool = True  # can mix causally (decoder language models)
-    streaming: str = "constant"  # what decoding keeps: "constant" state, a "window", or a cache that "grows"
-    global_context: bool = True  # every visible token reaches every query (not a local window)
+    causal: bool = True  # can mix causally (decoders)
+    full: bool = True  # can mix bidirectionally (encoders)
+    streaming: Optional[str] = "constant"  # a decoding step keeps "constant" state, a "window", a cache that "grows"
+    distance_free: bool = True  # a token's weight does not fall with its distance along the order (no window, decay)
+    baseline: bool = False  # a recall baseline: no rotary positions, packing, step or context parallelism
 
     def make(self, dim: int, **options: Any) -> nn.Module:
         """Build with the options this mixer takes out of ``options`` (a model's whole set: heads, window, degree,
@@ -41,6 +44,8 @@ class MixerSpec:
 
 _ATTENTION_OPTIONS = ("heads", "causal", "dropout", "rope", "rope_base", "bias", "qkv_bias", "attention_shift")
 _POM_OPTIONS = ("degree", "expand", "sel_heads", "rope", "rope_base", "bias", "gate", "activation", "reduction")
+_VALUE_OPTIONS = _POM_OPTIONS + ("value_dim", "value_heads", "token_shift", "chunk_size")
+_LINEAR_OPTIONS = ("value_heads", "feature_dim", "value_dim", "causal", "bias", "token_shift", "chunk_size")
 
 
 def _attention(dim: int, attention_shift: int = 0, **kw: Any) -> Attention:
@@ -54,17 +59,10 @@ def _local_attention(dim: int, attention_shift: int = 0, window: int = 128, **kw
     return LocalAttention(dim, window, token_shift=attention_shift or None, **kw)
 
 
-def _value_pom(dim: int, value_heads: int = 1, **kw: Any) -> ValuePoM:
-    return ValuePoM(dim, heads=value_heads, **kw)
-
-
-def _gated_value_pom(dim: int, value_heads: int = 1, **kw: Any) -> GatedValuePoM:
-    return GatedValuePoM(dim, heads=value_heads, **kw)
-
-
-def _linear_attention(feature_map: str) -> Callable[..., nn.Module]:
+def _value_heads(cls: type, **fixed: Any) -> Callable[..., nn.Module]:
+    """Builds ``cls`` with a model's value_heads as its heads (attention's are a model's heads)."""
     def build(dim: int, value_heads: int = 1, **kw: Any) -> nn.Module:
-        return LinearAttention(dim, heads=value_heads, feature_map=feature_map, **kw)
+        return cls(dim, heads=value_heads, **fixed, **kw)
     return build
 
 
@@ -72,20 +70,18 @@ def _linear_attention(feature_map: str) -> Callable[..., nn.Module]:
 # mixer is one entry here (and its module).
 MIXER_TABLE: Tuple[MixerSpec, ...] = (
     MixerSpec("pom", "P", "PoM", PoM, _POM_OPTIONS),
-    MixerSpec("value_pom", "V", "value-carrying PoM", _value_pom,
-              _POM_OPTIONS + ("value_dim", "value_heads", "token_shift", "chunk_size")),
-    MixerSpec("gated_value_pom", "G", "gated value-carrying PoM", _gated_value_pom,
-              _POM_OPTIONS + ("value_dim", "value_heads", "token_shift", "chunk_size")),
+    MixerSpec("value_pom", "V", "value-carrying PoM", _value_heads(ValuePoM), _VALUE_OPTIONS),
+    MixerSpec("gated_value_pom", "G", "gated value-carrying PoM", _value_heads(GatedValuePoM), _VALUE_OPTIONS,
+              distance_free=False),
     MixerSpec("attention", "A", "attention", _attention, _ATTENTION_OPTIONS, streaming="grows"),
     MixerSpec("local_attention", "L", "local (sliding-window) attention", _local_attention,
-              _ATTENTION_OPTIONS + ("window",), streaming="window", global_context=False),
-    MixerSpec("linear_attention", "I", "linear attention (identity map)", _linear_attention("identity"),
-              ("value_heads", "feature_dim", "value_dim", "causal", "bias", "token_shift", "chunk_size")),
-    MixerSpec("based", "B", "Based (Taylor map)", _linear_attention("taylor"),
-              ("value_heads", "feature_dim", "value_dim", "causal", "bias", "token_shift", "chunk_size")),
+              _ATTENTION_OPTIONS + ("window",), streaming="window", distance_free=False),
+    MixerSpec("linear_attention", "I", "linear attention (identity map)",
+              _value_heads(LinearAttention, feature_map="identity"), _LINEAR_OPTIONS, streaming=None, baseline=True),
+    MixerSpec("based", "B", "Based (Taylor map)", _value_heads(LinearAttention, feature_map="taylor"), _LINEAR_OPTIONS,
+              streaming=None, baseline=True),
 )
 MIXER_SPECS: Dict[str, MixerSpec] = {m.name: m for m in MIXER_TABLE}
-MIXERS: Dict[str, Callable[..., nn.Module]] = {m.name: m.build for m in MIXER_TABLE}
 # one letter per layer in a model's mixer pattern
 LETTERS: Dict[str, str] = {m.letter: m.name for m in MIXER_TABLE}
 
@@ -99,12 +95,23 @@ def mixer_spec(kind: str) -> MixerSpec:
     return spec
 
 
-def layer_pattern(mixer: str, n_layers: int, hybrid: str, allowed: str = "PAL") -> str:
+def allowed_letters(*, causal: bool = False, full: bool = False, streaming: bool = False,
+                    distance_free: bool = False, baselines: bool = False) -> str:
+    """The letters, in table order, of the mixers that do what a model family needs: mix causally (``causal``) or
+    bidirectionally (``full``), decode step by step (``streaming``), weigh tokens whatever their distance along the
+    order (``distance_free``); the comparison baselines only with ``baselines``."""
+    return "".join(m.letter for m in MIXER_TABLE if (m.causal or not causal) and (m.full or not full)
+                   and (m.streaming or not streaming) and (m.distance_free or not distance_free)
+                   and (baselines or not m.baseline))
+
+
+def layer_pattern(mixer: str, n_layers: int, hybrid: str, allowed: str) -> str:
     """One letter per layer of the mixer table (P = PoM, A = attention, L = local attention, V = value-carrying
     PoM, G = gated value PoM, I = linear attention, B = Based) for a model of ``n_layers`` blocks.
 
-    ``mixer`` is "attention", "pom", "value_pom", "hybrid" (the family's ``hybrid`` unit, tiled) or an explicit
-    pattern such as "PPA", tiled to ``n_layers``; ``allowed`` lists the letters the family supports.
+    ``mixer`` is a mixer's name ("attention", "pom", "value_pom", …), "hybrid" (the family's ``hybrid`` unit, tiled)
+    or an explicit pattern such as "PPA", tiled to ``n_layers``; ``allowed``: the family's letters
+    (:func:`allowed_letters`).
     """
     if mixer in MIXER_SPECS and MIXER_SPECS[mixer].letter in allowed:
         return MIXER_SPECS[mixer].letter * n_layers
@@ -116,12 +123,30 @@ def layer_pattern(mixer: str, n_layers: int, hybrid: str, allowed: str = "PAL") 
     bad = sorted(set(mixer) - set(allowed))
     if not mixer or bad:
         names = ", ".join(f"{c} ({mixer_spec(c).title})" for c in allowed)
-        words = ", ".join(f"'{MIXER_SPECS[LETTERS[c]].name}'" for c in allowed if c in "PAVG")
+        words = ", ".join(f"'{mixer_spec(c).name}'" for c in allowed)
         raise ValueError(f"unknown mixer {mixer!r}: use {words}, 'hybrid' or a pattern over {names}"
                          + (f"; unknown letters {bad}" if bad else ""))
     if n_layers % len(mixer):
         raise ValueError(f"pattern {mixer!r} ({len(mixer)} letters) does not tile {n_layers} layers")
     return mixer * (n_layers // len(mixer))
+
+
+def mixer_options(config: Any) -> Dict[str, Any]:
+    """The options a model config gives every mixer under the names of its fields (its ``MIXER_OPTIONS``; one set
+    over a preset must be taken by some layer: :func:`polymixer.models.check_overrides`)."""
+    return {name: getattr(config, name) for name in config.MIXER_OPTIONS}
+
+
+def check_mixer_options(pattern: str, given: Dict[str, Any]) -> None:
+    """Refuse each mixer option of ``given`` (option name → the value a user set) that no mixer of ``pattern`` (a
+    model's layer letters) takes: a setting that changes nothing is a ValueError naming it, the model's mixers and
+    those that take it."""
+    mine = [mixer_spec(c) for c in dict.fromkeys(pattern)]
+    for name, value in given.items():
+        if not any(name in m.options for m in mine):
+            takers = ", ".join(m.name for m in MIXER_TABLE if name in m.options)
+            raise ValueError(f"{name}={value!r} is taken by no mixer of this model "
+                             f"({', '.join(f'{m.name} {m.letter}' for m in mine)}); it is taken by {takers}")
 
 
 def build_mixer(kind: Union[str, nn.Module], dim: int, **kwargs: Any) -> nn.Module:
@@ -131,8 +156,6 @@ def build_mixer(kind: Union[str, nn.Module], dim: int, **kwargs: Any) -> nn.Modu
         if kwargs:
             raise ValueError(f"mixer keyword arguments {sorted(kwargs)} given with an already-built mixer module")
         return kind
-    if kind not in MIXER_SPECS and kind not in LETTERS:
-        raise ValueError(f"unknown mixer {kind!r}; expected one of {sorted(MIXER_SPECS)} or an nn.Module")
     return mixer_spec(kind).build(dim, **kwargs)
 
 

@@ -223,7 +223,8 @@ def _hf_kind(model: nn.Module) -> Tuple[str, nn.Module, List[nn.Module], str]:
 
 
 def _pattern(pattern: str, n_layers: int) -> str:
-    return layer_pattern(pattern, n_layers, hybrid="LP")
+    """Attention layers become PoM or local attention (from attention's weights) or stay: P, A and L only."""
+    return layer_pattern(pattern, n_layers, hybrid="LP", allowed="PAL")
 
 
 # ----------------------------------------------------------------------------------------------------------------

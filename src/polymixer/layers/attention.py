@@ -123,15 +123,12 @@ def _local_attention(
 
 
 class Attention(nn.Module):
-    """Multi-head attention with the same forward / step contract as :class:`polymixer.PoM`.
-
-    Short form: ``Attention(dim, …, window=w)`` (window by keyword) builds a :class:`LocalAttention`, the
-    sliding-window attention (a subclass: ``isinstance(m, Attention)`` holds), with the same parameters and outputs.
+    """Multi-head attention with the same forward / step contract as :class:`polymixer.PoM`; the sliding-window form
+    is its subclass :class:`LocalAttention`.
 
     Args:
         dim: model width; heads: number of heads (dim must divide evenly).
         causal: default masking when ``forward(causal=None)``.
-        window: sliding-window size (local attention), None for global attention.
         bias: biases of the projections; qkv_bias: the q/k/v projection's alone (default: ``bias``; TSViT has
             none there but one on the output projection); dropout: attention-probability dropout.
         rope: None, "1d" or "2d" rotary positions on queries / keys (positions as for PoM).
@@ -142,18 +139,12 @@ class Attention(nn.Module):
             sequences and padding never leak across it; ``step`` keeps the last W − 1 projections.
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> "Attention":
-        """The short form: ``Attention(dim, …, window=w)`` is a LocalAttention (Python then runs its ``__init__``
-        with the same arguments). A window given by position (the 4th) keeps this class, which takes it too."""
-        local = cls is Attention and kwargs.get("window") is not None and len(args) <= 1
-        return super().__new__(LocalAttention if local else cls)
-
     def __init__(
         self,
         dim: int,
         heads: int = 8,
         causal: bool = False,
-        window: Optional[int] = None,
+        *,
         bias: bool = True,
         dropout: float = 0.0,
         rope: Optional[str] = None,
@@ -168,8 +159,6 @@ class Attention(nn.Module):
             raise ValueError(f"heads must be a positive int, got {heads!r}")
         if dim % heads:
             raise ValueError(f"dim = {dim} is not divisible by heads = {heads}")
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"window must be a positive int or None, got {window!r}")
         if rope not in (None, "1d", "2d"):
             raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
         self.head_dim = dim // heads
@@ -177,7 +166,8 @@ class Attention(nn.Module):
             raise ValueError(f"1-D rotary needs an even head_dim, got {self.head_dim}")
         if rope == "2d" and self.head_dim % 4:
             raise ValueError(f"2-D rotary needs head_dim divisible by 4, got {self.head_dim}")
-        self.dim, self.heads, self.causal, self.window = dim, heads, causal, window
+        self.dim, self.heads, self.causal = dim, heads, causal
+        self.window: Optional[int] = None  # LocalAttention's sliding window
         self.dropout = dropout
         self.rope, self.rope_base = rope, float(rope_base)
         fk = {"device": device, "dtype": dtype}
@@ -566,6 +556,8 @@ class LocalAttention(Attention):
     def __init__(self, dim: int, window: int, **options: Any) -> None:
         """``window`` and any keyword of :class:`Attention` (heads, causal, bias, dropout, rope, rope_base, qkv_bias,
         token_shift, device, dtype)."""
-        if window is None:
-            raise ValueError("LocalAttention needs a window (a positive int); global attention is Attention")
-        super().__init__(dim, window=window, **options)
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"LocalAttention's window must be a positive int (global attention is Attention), got "
+                             f"{window!r}")
+        super().__init__(dim, **options)
+        self.window = window

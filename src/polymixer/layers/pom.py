@@ -4,7 +4,7 @@ reference checkpoint loading, and the argument checks the value-carrying PoMs (:
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -163,19 +163,6 @@ def check_batch_size(batch_size: int) -> None:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
 
 
-# the keywords of the short form PoM(dim, value_dim=…, …) and the values that leave a plain PoM plain
-_VALUE_KEYWORDS = {"value_dim": None, "heads": 1, "token_shift": None, "chunk_size": CHUNK, "decay": None}
-
-
-def _refuse_value_keywords(short_form: Mapping[str, Any]) -> None:
-    """A plain PoM takes the short form's value keywords only at values that leave it plain (as before the split)."""
-    unknown = sorted(set(short_form) - set(_VALUE_KEYWORDS))
-    if unknown:
-        raise TypeError(f"PoM got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
-    if short_form.get("heads", 1) != 1 or short_form.get("token_shift") or short_form.get("decay") is not None:
-        raise ValueError("heads, token_shift and decay belong to the value-carrying PoM: pass value_dim as well")
-
-
 class PoM(nn.Module):
     """Polynomial Mixer: a linear-time, drop-in replacement for self-attention.
 
@@ -199,12 +186,9 @@ class PoM(nn.Module):
         rope_base: rotary frequency base.
         device, dtype: where and in which dtype the parameters are made.
 
-    Short form: the value-carrying PoMs are their own classes, :class:`~polymixer.layers.value_pom.ValuePoM` and
-    :class:`~polymixer.layers.value_pom.GatedValuePoM` (both subclasses of PoM, so ``isinstance(m, PoM)`` holds for
-    every PoM), and ``PoM`` builds them when given their keywords:
-    ``PoM(dim, value_dim=dv, heads=…, token_shift=…, chunk_size=…)`` returns a ``ValuePoM`` and adding
-    ``decay="head"`` a ``GatedValuePoM`` — the same parameters, ``state_dict`` and outputs as building the class
-    directly. Without ``value_dim`` those keywords must keep their defaults (a plain PoM has none of them).
+    The value-carrying PoMs are their own classes, :class:`~polymixer.layers.value_pom.ValuePoM` and
+    :class:`~polymixer.layers.value_pom.GatedValuePoM` (subclasses of PoM: ``isinstance(m, PoM)`` holds for every
+    PoM); a plain PoM takes none of their keywords (value_dim, heads, token_shift, chunk_size, decay).
     """
 
     # a plain PoM's answers to what the value-carrying PoMs have (read by models, benches and tests alike)
@@ -214,28 +198,6 @@ class PoM(nn.Module):
     shift_width: int = 0
     chunk_size: int = CHUNK
     decay: Optional[str] = None
-    # the classes of the short form, by name ("value", "gated_value"): each registers itself with its class keyword
-    _short_forms: ClassVar[Dict[str, type]] = {}
-
-    def __init_subclass__(cls, short_form: Optional[str] = None, **kwargs: Any) -> None:
-        """``class ValuePoM(PoM, short_form="value")`` makes ``PoM(value_dim=…)`` build ValuePoM."""
-        super().__init_subclass__(**kwargs)
-        if short_form is not None:
-            PoM._short_forms[short_form] = cls
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> "PoM":
-        """The short form: ``PoM(…, value_dim=…)`` is a ValuePoM, with ``decay="head"`` a GatedValuePoM (Python then
-        runs that class's ``__init__`` with the same arguments). Subclasses, copies and unpickling are untouched."""
-        return super().__new__(cls._short_form_class(kwargs) if cls is PoM else cls)
-
-    @staticmethod
-    def _short_form_class(kwargs: Mapping[str, Any]) -> type:
-        decay = kwargs.get("decay")
-        if decay not in (None, "head"):
-            raise ValueError(f"decay must be None or 'head', got {decay!r}")
-        if kwargs.get("value_dim") is None:
-            return PoM  # PoM.__init__ refuses value keywords without value_dim
-        return PoM._short_forms["value" if decay is None else "gated_value"]
 
     def __init__(
         self,
@@ -252,10 +214,8 @@ class PoM(nn.Module):
         *,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
-        **short_form: Any,
     ) -> None:
         super().__init__()
-        _refuse_value_keywords(short_form)
         D = check_pom_shape(dim, degree, expand, sel_heads)
         check_gate_width(D, sel_heads, "expand·dim")
         check_mixing_options(reduction, rope, D, False, gate, activation)

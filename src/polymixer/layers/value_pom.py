@@ -1,7 +1,7 @@
 """The value-carrying PoMs, one class per mixer: :class:`ValuePoM` and its gated form :class:`GatedValuePoM`.
 
 Both are subclasses of :class:`~polymixer.layers.pom.PoM` (``isinstance(m, PoM)`` holds for every PoM) that build
-their own parameters and run their own op; ``PoM(dim, value_dim=…)`` (and ``decay="head"``) is their short form.
+their own parameters and run their own op.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _check_value_args(D: int, value_dim: int, heads: int, chunk_size: int) -> No
         raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
 
 
-class ValuePoM(PoM, short_form="value"):
+class ValuePoM(PoM):
     """The value-carrying PoM (:mod:`polymixer.values`): PoM whose state binds each token's value to its key.
 
     Its state binds each token's value to its key features, S = mean_j φ_j ⊗ v_j, read by the query's own
@@ -50,8 +50,8 @@ class ValuePoM(PoM, short_form="value"):
             depthwise convolution over the last W tokens (True = 2; the taps beyond the previous token start at 0,
             so any width starts as the token shift); False: none.
         chunk_size: tokens per chunk of the causal form.
-        decay: None only (this state never decays): the short form ``PoM(…, decay=None)`` passes it here;
-            :class:`GatedValuePoM` is the decaying one.
+
+    Its state never decays: :class:`GatedValuePoM` is the decaying one.
     """
 
     def __init__(
@@ -71,13 +71,10 @@ class ValuePoM(PoM, short_form="value"):
         token_shift: Union[bool, int, None] = None,
         chunk_size: int = CHUNK,
         *,
-        decay: Optional[str] = None,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super(PoM, self).__init__()  # nn.Module's: PoM.__init__ builds the plain PoM's parameters, not these
-        if decay is not None:
-            raise ValueError(f"ValuePoM's state never decays (decay=None); for decay={decay!r} use GatedValuePoM")
         value_dim = dim if value_dim is None else value_dim
         D = check_pom_shape(dim, degree, expand, sel_heads)
         _check_value_args(D, value_dim, heads, chunk_size)
@@ -177,21 +174,15 @@ class ValuePoM(PoM, short_form="value"):
         raise ValueError("the reference implementation has no value-carrying PoM; load into a plain PoM")
 
 
-class GatedValuePoM(ValuePoM, short_form="gated_value"):
+class GatedValuePoM(ValuePoM):
     """The gated value-carrying PoM: :class:`ValuePoM` whose state decays by a data-dependent factor per head and
     token, a = exp(−softplus(w_h · x + b_h)) (as gated linear attention / Mamba-2; initialised at RetNet's rates),
     bidirectional in full mode — :mod:`polymixer.ops.value_pom.gated`. ``decay_proj`` (dim → heads) holds w and b.
 
-    Args: those of :class:`ValuePoM`, and ``decay``: the decay's granularity, "head" (one rate per head and token:
-    the only one there is).
+    Args: those of :class:`ValuePoM`.
     """
 
-    decay: Optional[str] = "head"
-
-    def __init__(self, dim: int, *args: Any, decay: str = "head", **options: Any) -> None:
-        if decay != "head":
-            raise ValueError(f"GatedValuePoM decays per head: decay must be 'head', got {decay!r}")
-        super().__init__(dim, *args, **options)
+    decay: Optional[str] = "head"  # one rate per head and token
 
     def _add_parameters(self, fk: Dict[str, Any], bias: bool) -> None:
         super()._add_parameters(fk, bias)

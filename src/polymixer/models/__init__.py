@@ -8,6 +8,7 @@ from ..families import BUILT_IN
 from .registry import (
     ModelEntry,
     build_from_config,
+    check_overrides,
     count_parameters,
     create_model,
     list_models,
@@ -17,7 +18,7 @@ from .registry import (
 )
 
 __all__ = ["register_model", "create_model", "list_models", "model_config", "build_from_config", "count_parameters",
-           "ModelEntry", "preset_of"]
+           "ModelEntry", "preset_of", "check_overrides"]
 
 for _name in BUILT_IN:  # each family's presets register on import
     importlib.import_module(f"{__name__}.{_name}")

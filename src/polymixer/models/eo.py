@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
 from ..layers.pom import shift_width
 from ..ops import parallel
 from ..layers.positions import grid_positions
@@ -59,6 +59,9 @@ _HYBRID_POM = ("temporal", "spatial")
 @dataclass
 class TSViTConfig:
     RENAMED: ClassVar[Dict[str, str]] = {"shift_width": "token_shift"}  # earlier names (checkpoints load)
+    MIXER_LETTERS: ClassVar[str] = allowed_letters(full=True)  # every block mixes its sequence both ways
+    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("degree", "expand", "sel_heads", "value_dim", "value_heads",
+                                                "token_shift", "attention_shift")
     image_size: int = 24  # training crop side in pixels: the learned spatial table covers (image_size / patch)² patches
     patch_size: int = 2
     max_frames: int = 60  # frames per series the data pipeline keeps (the original cuts / pads to this); the model
@@ -139,7 +142,7 @@ class TSViTConfig:
         t, s = self.temporal_depth, self.spatial_depth
         if self.mixer == "hybrid":
             return "P" * t + "A" * s if self.hybrid_pom == "temporal" else "A" * t + "P" * s
-        return layer_pattern(self.mixer, t + s, hybrid="PA", allowed="PAVGL")
+        return layer_pattern(self.mixer, t + s, hybrid="PA", allowed=self.MIXER_LETTERS)
 
 
 def unpack_dates(inputs: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -216,8 +219,7 @@ class TSViT(nn.Module):
         # as a mask by the temporal encoder)
         spec = mixer_spec("A" if letter == "L" else letter)
         mixer = spec.make(c.dim, heads=c.heads, qkv_bias=False, bias=True, rope=rope, rope_base=rope_base,
-                          degree=c.degree, expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim,
-                          value_heads=c.value_heads, token_shift=c.token_shift, attention_shift=c.attention_shift)
+                          **mixer_options(c))
         return PolyMorpher(c.dim, mixer=mixer, mlp_ratio=c.mlp_ratio, dropout=c.dropout, norm_eps=c.norm_eps)
 
     # -- inputs ---------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
 from ..layers.pom import shift_width
 from ..ranges import Range, check_ranges
 from ..ops import parallel
@@ -36,6 +36,9 @@ class DiTConfig:
                                  "num_classes", "window", "degree", "sel_heads", "value_dim", "value_heads")},
         "mlp_ratio": Range(0, low_open=True), "expand": Range(0, low_open=True),
         "class_dropout_prob": Range(0, 1, high_open=True)}
+    MIXER_LETTERS: ClassVar[str] = allowed_letters(full=True)  # every block mixes the patches both ways
+    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("window", "degree", "expand", "sel_heads", "value_dim", "value_heads",
+                                                "token_shift", "attention_shift")
     input_size: int = 32  # latent side (DiT's 256-pixel images through the SD VAE)
     patch_size: int = 2
     in_channels: int = 4
@@ -80,7 +83,7 @@ class DiTConfig:
 
     def layer_pattern(self) -> str:
         """One letter per block; the hybrid alternates attention and PoM."""
-        return layer_pattern(self.mixer, self.depth, hybrid="AP", allowed="APVLG")
+        return layer_pattern(self.mixer, self.depth, hybrid="AP", allowed=self.MIXER_LETTERS)
 
     @property
     def out_channels(self) -> int:
@@ -199,11 +202,8 @@ class DiT(nn.Module):
     def build_mixer(self, letter: str) -> nn.Module:
         """A block's bidirectional mixer from the mixer table, with a bias on its output projection."""
         c = self.config
-        return mixer_spec(letter).make(c.hidden_size, heads=c.num_heads, bias=True, causal=False, window=c.window,
-                                       degree=c.degree, expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim,
-                                       value_heads=c.value_heads, token_shift=c.token_shift,
-                                       attention_shift=c.attention_shift,
-                                       rope="2d" if "rope" in c.position else None)
+        return mixer_spec(letter).make(c.hidden_size, heads=c.num_heads, bias=True, causal=False,
+                                       rope="2d" if "rope" in c.position else None, **mixer_options(c))
 
     def initialize_weights(self) -> None:
         """DiT's initialisation: Xavier-uniform linears, N(0, 0.02) embeddings, adaLN-Zero and a zero output layer

@@ -21,10 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, layer_pattern, mixer_spec
-from ..layers.pom import shift_width
+from ..blocks import PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
+from ..layers.pom import Index, batch_index, shift_width
 from ..ranges import Range, check_ranges
-from ..layers.pom import Index, batch_index
 from ..ops import parallel
 from ..ops.common import documents_cu_seqlens, is_compiling, segments
 
@@ -37,6 +36,9 @@ class LMConfig:
         **{n: Range(1) for n in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "window", "degree",
                                  "sel_heads", "value_dim", "value_heads")},
         "expand": Range(0, low_open=True), "dropout": Range(0, 1, high_open=True), "rope_base": Range(0, low_open=True)}
+    MIXER_LETTERS: ClassVar[str] = allowed_letters(causal=True, streaming=True)  # every layer decodes token by token
+    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("window", "degree", "expand", "sel_heads", "value_dim", "value_heads",
+                                                "token_shift", "attention_shift", "rope_base")
     vocab_size: int = 50304
     block_size: int = 1024
     n_layer: int = 12
@@ -73,7 +75,7 @@ class LMConfig:
         The hybrid puts local attention first in every pair: each PoM layer then aggregates local n-gram features
         rather than raw token embeddings (measured on the tiny presets: +1.0% val loss over attention vs +5.1% for
         "PL")."""
-        return layer_pattern(self.mixer, self.n_layer, hybrid="LP", allowed="PALVG")
+        return layer_pattern(self.mixer, self.n_layer, hybrid="LP", allowed=self.MIXER_LETTERS)
 
 
 @dataclass
@@ -142,15 +144,12 @@ class GPT(nn.Module):
                     nn.init.normal_(p.weight, mean=0.0, std=scaled)
 
     def build_mixer(self, letter: str) -> nn.Module:
-        """A fresh mixer for a layer of pattern letter P / A / L / V / G, as this model's config defines it."""
+        """A fresh mixer for a layer of pattern ``letter`` (one of the config's MIXER_LETTERS), as its config says."""
         c = self.config
-        if letter not in "PALVG":
-            raise ValueError(f"unknown layer letter {letter!r}: use P, A, L, V or G")
-        return mixer_spec(letter).make(
-            c.n_embd, heads=c.n_head, causal=True, dropout=c.dropout, window=c.window, degree=c.degree,
-            expand=c.expand, sel_heads=c.sel_heads, value_dim=c.value_dim or c.n_embd, value_heads=c.value_heads,
-            token_shift=c.token_shift, attention_shift=c.attention_shift,
-            rope="1d" if c.position == "rope" else None, rope_base=c.rope_base, bias=c.bias)
+        if letter not in c.MIXER_LETTERS:
+            raise ValueError(f"unknown layer letter {letter!r}: use {', '.join(c.MIXER_LETTERS)}")
+        return mixer_spec(letter).make(c.n_embd, heads=c.n_head, causal=True, dropout=c.dropout, bias=c.bias,
+                                       rope="1d" if c.position == "rope" else None, **mixer_options(c))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

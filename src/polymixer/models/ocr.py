@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
 from ..layers.pom import shift_width
 from ..layers.positions import sincos_1d, sincos_2d
 from ..ranges import Range, check_ranges
@@ -41,6 +41,9 @@ PIXELS_PER_TOKEN = 4  # line pixels per token: the recognisers' stems halve the 
 
 @dataclass
 class HTRConfig:
+    MIXER_LETTERS: ClassVar[str] = allowed_letters(full=True)  # every block mixes the line both ways
+    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("window", "degree", "expand", "sel_heads", "value_dim", "value_heads",
+                                                "attention_shift")
     RANGES: ClassVar[Dict[str, Range]] = {  # checked when a config is made (polymixer.ranges); tuples per entry
         **{n: Range(1) for n in ("num_classes", "max_width", "dim", "depth", "heads", "window", "grid_width",
                                  "mask_span", "stem_channels")}, "mask_ratio": Range(0, 1, high_open=True)}
@@ -89,7 +92,7 @@ class HTRConfig:
 
     def layer_pattern(self) -> str:
         """One letter per block; the hybrid alternates attention and PoM, attention first (the paper's)."""
-        return layer_pattern(self.mixer, self.depth, hybrid="AP", allowed="PALVG")
+        return layer_pattern(self.mixer, self.depth, hybrid="AP", allowed=self.MIXER_LETTERS)
 
 
 def token_lengths(widths: Tensor) -> Tensor:
@@ -267,10 +270,8 @@ class HTR(nn.Module):
         self.mask_token = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.blocks = nn.ModuleList()
         for letter in self.pattern:  # full (non-causal) mixers from the mixer table, a bias on their output
-            mixer = mixer_spec(letter).make(c.dim, heads=c.heads, causal=False, window=c.window, dropout=c.dropout,
-                                            bias=True, degree=c.degree, expand=c.expand, sel_heads=c.sel_heads,
-                                            value_dim=c.value_dim, value_heads=c.value_heads,
-                                            attention_shift=c.attention_shift)
+            mixer = mixer_spec(letter).make(c.dim, heads=c.heads, causal=False, dropout=c.dropout, bias=True,
+                                            **mixer_options(c))
             self.blocks.append(PolyMorpher(c.dim, mixer=mixer, mlp_ratio=c.mlp_ratio, dropout=c.dropout,
                                            norm_eps=c.norm_eps))
         self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps)

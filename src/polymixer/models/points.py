@@ -43,10 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, layer_pattern, mixer_spec
-from ..layers.pom import shift_width
+from ..blocks import PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
+from ..layers.pom import PoM, shift_width
 from ..ranges import Range, check_ranges
-from ..layers.pom import PoM
 
 __all__ = ["PTv3Config", "PTv3", "ORDERS", "MAX_DEPTH", "z_order_encode", "hilbert_encode", "encode",
            "kernel_offsets", "neighbour_map", "submconv3d", "SubMConv3d", "PointLevel", "SerializedMixer",
@@ -407,6 +406,11 @@ class PTv3Config:
                                  "sel_heads", "value_dim", "value_heads")},
         "mlp_ratio": Range(0, low_open=True), "expand": Range(0, low_open=True), "bn_eps": Range(0, low_open=True),
         "drop_path": Range(0, 1, high_open=True), "bn_momentum": Range(0, 1), "block_lr_scale": Range(0)}
+    # the serialized orders are shuffled and jump at the curves' folds: a block mixes its patch whatever the distance
+    # along the order (no window, no decay)
+    MIXER_LETTERS: ClassVar[str] = allowed_letters(full=True, distance_free=True)
+    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("qkv_bias", "degree", "expand", "sel_heads", "value_dim", "value_heads",
+                                                "attention_shift")
     in_channels: int = 6  # ScanNet: colour/255 and normal
     num_classes: int = 20
     enc_depths: Tuple[int, ...] = (2, 2, 2, 6, 2)
@@ -460,6 +464,7 @@ class PTv3Config:
             self.pom_patch_size = tuple(self.pom_patch_size)
         if isinstance(self.pom_patch_size, tuple) and len(self.pom_patch_size) != stages:
             raise ValueError(f"pom_patch_size needs one entry per stage ({stages}), got {self.pom_patch_size}")
+        self.layer_pattern()  # a mixer the family does not take is refused with the config
 
     def pom_patch(self, stage: int) -> PatchSize:
         v = self.pom_patch_size[stage] if isinstance(self.pom_patch_size, tuple) else self.pom_patch_size
@@ -468,7 +473,7 @@ class PTv3Config:
     def layer_pattern(self) -> str:
         """One letter per block: the encoder's blocks (stage 0 first), then the decoder's in execution order."""
         n = sum(self.enc_depths) + sum(self.dec_depths)
-        return layer_pattern(self.mixer, n, self.hybrid, allowed="APV")
+        return layer_pattern(self.mixer, n, self.hybrid, allowed=self.MIXER_LETTERS)
 
     @property
     def pattern(self) -> str:
@@ -484,10 +489,8 @@ class PTv3Block(nn.Module):
         self.cpe = SubMConv3d(dim, dim, cfg.cpe_kernel, bias=True)
         self.cpe_proj = nn.Linear(dim, dim)
         self.cpe_norm = nn.LayerNorm(dim)
-        inner = mixer_spec(letter).make(dim, heads=heads, qkv_bias=cfg.qkv_bias, degree=cfg.degree,
-                                        expand=cfg.expand, sel_heads=cfg.sel_heads, value_dim=cfg.value_dim,
-                                        value_heads=cfg.value_heads, attention_shift=cfg.attention_shift,
-                                        bias=True if letter == "A" else cfg.pom_bias)
+        inner = mixer_spec(letter).make(dim, heads=heads, bias=True if letter == "A" else cfg.pom_bias,
+                                        **mixer_options(cfg))
         self.letter = letter
         self.order_index = order_index
         self.body = PolyMorpher(dim, mixer=SerializedMixer(inner, patch_size), mlp_ratio=cfg.mlp_ratio,

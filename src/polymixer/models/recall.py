@@ -14,13 +14,13 @@ for the value-carrying PoM, f·dv for linear attention, and (1 + f + f²)·(dv +
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, ClassVar, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import LETTERS, PolyMorpher, layer_pattern, mixer_spec
+from ..blocks import PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
 from ..ranges import check_ranges
 from ..values import token_shift
 
@@ -31,6 +31,10 @@ IGNORE = -100  # the label of a position that is not scored (cross_entropy's ign
 
 @dataclass
 class RecallConfig:
+    MIXER_LETTERS: ClassVar[str] = allowed_letters(causal=True, baselines=True)  # the comparison takes every mixer
+    # (the token shifts are the model's own: token_shift, value_shift)
+    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("heads", "window", "degree", "expand", "value_dim", "value_heads",
+                                                "feature_dim")
     vocab_size: int = 2048
     seq_len: int = 64
     n_layer: int = 2
@@ -62,7 +66,7 @@ class RecallConfig:
         self.layer_pattern()
 
     def layer_pattern(self) -> str:
-        return layer_pattern(self.mixer, self.n_layer, hybrid="LV", allowed="ALPVIBG")
+        return layer_pattern(self.mixer, self.n_layer, hybrid="LV", allowed=self.MIXER_LETTERS)
 
 
 class RecallLM(nn.Module):
@@ -85,17 +89,12 @@ class RecallLM(nn.Module):
                 nn.init.normal_(p, std=0.02)
 
     def build_mixer(self, letter: str) -> nn.Module:
-        c = self.config
-        if letter not in LETTERS:  # every mixer of the table
-            raise ValueError(f"unknown layer letter {letter!r}: use {', '.join(LETTERS)}")
-        # the baselines' token shift (Based's short convolution) is a recall option; the value PoM keeps its own
-        # unless value_shift is off
-        shift = c.token_shift if letter in "IB" else None if c.value_shift else False
-        mixer = mixer_spec(letter).make(c.d_model, heads=c.heads, causal=True, window=c.window,
-                                        rope="1d" if c.rope else None, degree=c.degree, expand=c.expand,
-                                        value_dim=c.value_dim, value_heads=c.value_heads, feature_dim=c.feature_dim,
-                                        token_shift=shift)
-        return _ShiftedKeysValues(mixer) if letter in "ALP" and c.token_shift else mixer
+        c, spec = self.config, mixer_spec(letter)
+        # the baselines' token shift (Based's short convolution) is a recall option; the value PoMs keep their own
+        # unless value_shift is off; the mixers that have none (A, L, P) read the model's shifted keys and values
+        shift = c.token_shift if spec.baseline else None if c.value_shift else False
+        mixer = spec.make(c.d_model, causal=True, rope="1d" if c.rope else None, token_shift=shift, **mixer_options(c))
+        return _ShiftedKeysValues(mixer) if c.token_shift and "token_shift" not in spec.options else mixer
 
     def state_floats(self, seq_len: Optional[int] = None) -> int:
         """Recurrent state per sequence of the largest layer: what a decoder keeps per layer at ``seq_len`` tokens

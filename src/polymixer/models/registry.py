@@ -18,11 +18,12 @@ from typing import Any, Callable, Dict, List, Optional, Union
 import torch
 from torch import nn
 
+from ..blocks import check_mixer_options
 from ..families import canonical_family
 from ..families import family as family_entry
 
 __all__ = ["register_model", "create_model", "list_models", "model_config", "build_from_config", "count_parameters",
-           "ModelEntry", "preset_of", "current_fields", "current_name", "family_config"]
+           "ModelEntry", "preset_of", "current_fields", "current_name", "family_config", "check_overrides"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,17 @@ def model_config(name: str, **overrides: Any) -> Any:
         raise TypeError(f"{', '.join(bad)} {'is not a field' if len(bad) == 1 else 'are not fields'} of "
                         f"{entry.config_cls.__name__}; valid overrides: {', '.join(sorted(valid))}")
     return entry.config_cls(**{**entry.defaults, **overrides})
+
+
+def check_overrides(name: str, overrides: Dict[str, Any]) -> Any:
+    """:func:`model_config` of what a user sets over preset ``name`` (``polymixer train --set``), refusing a mixer
+    option set away from the preset's value that no layer of the model takes: it would change nothing. (A config
+    itself holds such fields: the options of layers :func:`polymixer.pomify` may give the model later, one size that
+    a bench gives every model it compares, every field of a saved checkpoint.)"""
+    config, preset = model_config(name, **overrides), model_config(name)
+    check_mixer_options(config.layer_pattern(), {k: v for k, v in current_fields(type(config), overrides).items()
+                                                 if k in config.MIXER_OPTIONS and v != getattr(preset, k)})
+    return config
 
 
 def build_from_config(family: str, config: Union[Dict[str, Any], Any], device: Optional[Union[str, torch.device]] = None

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from ...layers.attention import Attention
 from ...layers.pom import PoM
+from ...layers.value_pom import ValuePoM
 from ...models import count_parameters
 from ..report import figure_title, format_table, new_figure, save_figure
 from ...values import value_mix
@@ -107,13 +108,13 @@ class _NaiveAttention(torch.nn.Module):
         return a._merge(torch.softmax(s, dim=-1) @ v)
 
 
-def attention_sized_value_pom(dim: int, heads: int, degree: int = 2) -> PoM:
+def attention_sized_value_pom(dim: int, heads: int, degree: int = 2) -> ValuePoM:
     """The value-carrying PoM whose projections cost what attention's do: D = dv = d, split over attention's
     ``heads`` (a D/h × dv/h state per head, as attention's head width), one gate scalar per head. Its input projection
     is d × (2D + dv + h) = d × (3d + h) and its output projection dv × d = d², so a token costs d·(4d + h)
     multiply-adds in projections against attention's 4d² (d = 512, 8 heads: +0.4%). A gate per channel would add d
     rows (5d², +25%); D = 2d, as PoM's, 7d² (+75%, the bench's ``value_pom``)."""
-    return PoM(dim, degree=degree, expand=1, value_dim=dim, heads=heads, sel_heads=heads)
+    return ValuePoM(dim, degree=degree, expand=1, value_dim=dim, heads=heads, sel_heads=heads)
 
 
 def _value_floor(vpom: PoM, x: torch.Tensor, causal: bool = True) -> torch.Tensor:
@@ -251,8 +252,8 @@ def _compiled_at(cfg: MixerBenchConfig, N: int) -> bool:
 
 def _build(cfg: MixerBenchConfig, dev: torch.device, dtype: torch.dtype) -> _Layers:
     d = cfg.dim
-    values = {"value_pom": PoM(d, degree=cfg.degree, expand=cfg.expand, value_dim=cfg.value_dim,
-                               heads=cfg.value_heads),
+    values = {"value_pom": ValuePoM(d, degree=cfg.degree, expand=cfg.expand, value_dim=cfg.value_dim,
+                                    heads=cfg.value_heads),
               "value_pom_att": attention_sized_value_pom(d, cfg.heads, cfg.degree)}
     att = Attention(d, heads=cfg.heads).to(dev, dtype)
     layers = _Layers(PoM(d, degree=cfg.degree, expand=cfg.expand).to(dev, dtype),

@@ -85,12 +85,13 @@ def free_port() -> int:
 def _layer(kind: str, cfg: ParallelBenchConfig) -> torch.nn.Module:
     from ...layers.attention import Attention
     from ...layers.pom import PoM
+    from ...layers.value_pom import ValuePoM
 
     torch.manual_seed(0)
     if kind == "pom":
         return PoM(cfg.dim, expand=cfg.expand, sel_heads=cfg.heads)
     if kind == "value_pom":
-        return PoM(cfg.dim, expand=1, value_dim=cfg.value_dim, heads=cfg.heads)
+        return ValuePoM(cfg.dim, expand=1, value_dim=cfg.value_dim, heads=cfg.heads)
     return Attention(cfg.dim, heads=cfg.heads)
 
 
@@ -153,11 +154,12 @@ LINKS = {"NVLink (≤ 8 GPUs, one node)": (3e-6, 450e9), "InfiniBand NDR (across
 
 def _scaling_layer(kind: str, cfg: ScalingConfig) -> torch.nn.Module:
     from ...layers.pom import PoM
+    from ...layers.value_pom import ValuePoM
 
     torch.manual_seed(0)
     if kind == "pom":
         return PoM(cfg.dim, expand=cfg.expand, sel_heads=cfg.heads)
-    return PoM(cfg.dim, expand=1, value_dim=cfg.value_dim, heads=cfg.heads)
+    return ValuePoM(cfg.dim, expand=1, value_dim=cfg.value_dim, heads=cfg.heads)
 
 
 def _count_worker(rank: int, world: int, port: int, cfg: ScalingConfig, out_dir: str) -> None:

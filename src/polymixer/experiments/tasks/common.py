@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..data.faults import DataCheckError, merge_bad
 from ...families import family as family_entry
-from ...models import list_models, model_config, preset_of
+from ...models import check_overrides, list_models, model_config, preset_of
 from ...models.registry import current_name, family_config
 from ...ranges import Range
 from ..registry import lab_family
@@ -245,7 +245,8 @@ def config_overrides(family: str, preset: str, sets: Optional[Sequence[str]],
     4, "mixer": "pom"}``: ``--set`` assignments converted by the types of ``preset``'s config (a preset of ``family``;
     a later assignment of a field wins). The config they make is checked now, before any data is read: one-line
     ValueErrors for another family's preset, an unknown field, a value that does not convert or one its config
-    refuses (``n_layer must be ≥ 1, got 0``)."""
+    refuses (``n_layer must be ≥ 1, got 0``) or a mixer option no layer of the model takes (``token_shift=4 is taken
+    by no mixer of this model (attention A); …``)."""
     check_preset(family, preset)
     cls = family_config(family)
     out: Dict[str, Any] = dict(flags or {})
@@ -254,7 +255,7 @@ def config_overrides(family: str, preset: str, sets: Optional[Sequence[str]],
         if not eq:
             raise ValueError(f"--set {text!r}: expected FIELD=VALUE (e.g. n_layer=4)")
         out[name.strip()] = convert_field(cls, name.strip(), value)
-    model_config(preset, **out)  # every field's own check, before a command reads any data
+    check_overrides(preset, out)  # every field's own check, before a command reads any data
     return out
 
 
