@@ -412,7 +412,8 @@ def test_the_automatic_choice_and_its_rule_compile(tmp_path, on_a_gpu):
 def test_the_cost_model_takes_its_efficiencies_from_the_table(tmp_path):
     """The mixing kernels' bandwidth in the roofline model is the slowest measured, not an assumed 80%; without a
     measurement the assumption is said to be one."""
-    from polymixer.ops import cost, measured
+    from polymixer.ops import measured
+    from polymixer.ops.pom import cost
 
     with measured.use_table(_table(tmp_path, _now())):
         eff, source = cost.mix_efficiency(train=True)
@@ -466,7 +467,7 @@ class _Traffic(TorchDispatchMode):
 def test_the_torch_forms_passes_are_counted(dtype):
     """cost.TORCH_FORM_PASSES are the torch form's elementwise passes per N·D element as counted on its aten ops
     (B 2, N 512, d 64, D 128, a gate per 16 channels; packed: 1 × 1,024 in four sequences)."""
-    from polymixer.ops import cost
+    from polymixer.ops.pom import cost
 
     cu = torch.tensor([0, 300, 301, 700, 1024], dtype=torch.int32)
     modes = {"causal": dict(causal=True), "full": {}, "block-causal": dict(causal=True, block_size=64),

@@ -11,7 +11,7 @@ import torch
 
 from polymixer import PoM
 from polymixer.blocks import build_mixer, mixer_spec
-from polymixer.ops.value_pom.gated import gated_scan, reference_gated, retnet_bias
+from polymixer.ops.gated_value_pom import gated_scan, reference_gated, retnet_bias
 
 
 def _module(**kw):
@@ -145,8 +145,8 @@ def test_triton_scan_matches_the_torch_form_forward_and_backward(dtype, device):
     pytest.importorskip("triton")
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         pytest.skip("CPU tensors need TRITON_INTERPRET=1")
-    from polymixer.ops.value_pom.gated import gated_mix
-    from polymixer.ops.value_pom.gated_triton import triton_gated_scan
+    from polymixer.ops.gated_value_pom import gated_mix
+    from polymixer.ops.gated_value_pom.triton_kernels import triton_gated_scan
 
     torch.manual_seed(4)
     # chunks of 16 in the interpreter; a GPU takes its own (64 on sm_90): a longer row crosses them there too

@@ -252,14 +252,15 @@ def test_bf16_is_within_the_torch_forms_tolerance(route, device):
 @pytest.mark.parametrize("case", [("causal", "triton"), ("full", "triton"), ("full", "triton_gemm")])
 @pytest.mark.usefixtures("traced_kernels")
 def test_hbm_passes_are_counted_as_modelled(case):
-    """The interpreter counts each kernel's distinct bytes read and written, as :func:`polymixer.ops.cost.hbm_passes`
-    models them. The end-token modes move the floor (forward: read z_h, z_s, write g = 3 passes over N·D; backward:
-    read z_h, z_s, dg, write dz_h, dz_s = 5); causal mixing one pass more each way (its chunk sums read z_h, and z_s
-    and dg in the backward, before the apply reads them again); the fused route reads x instead of z."""
+    """The interpreter counts each kernel's distinct bytes read and written, as
+    :func:`polymixer.ops.pom.cost.hbm_passes` models them. The end-token modes move the floor (forward: read z_h, z_s,
+    write g = 3 passes over N·D; backward: read z_h, z_s, dg, write dz_h, dz_s = 5); causal mixing one pass more each
+    way (its chunk sums read z_h, and z_s and dg in the backward, before the apply reads them again); the fused route
+    reads x instead of z."""
     if not tc.interpreted():
         pytest.skip("the addresses are counted in Triton's interpreter (TRITON_INTERPRET=1)")
     from polymixer.experiments.bench import traffic
-    from polymixer.ops.cost import hbm_passes
+    from polymixer.ops.pom.cost import hbm_passes
 
     mode, route = case
     tk.use_config(None)

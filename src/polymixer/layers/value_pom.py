@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from ..ops.common import ROPE_BASE, ActivationLike, layer_modes
 from ..ops.value_pom import value_pom, value_pom_step
-from ..ops.value_pom.gated import gated_value_pom, gated_value_pom_step, retnet_bias
+from ..ops.gated_value_pom import gated_value_pom, gated_value_pom_step, retnet_bias
 from ..ops.value_pom.modular import CHUNK
 from .pom import PoM, PoMState, check_gate_width, check_int_args, check_mixing_options, check_pom_shape, shift_width
 
@@ -180,7 +180,7 @@ class ValuePoM(PoM, short_form="value"):
 class GatedValuePoM(ValuePoM, short_form="gated_value"):
     """The gated value-carrying PoM: :class:`ValuePoM` whose state decays by a data-dependent factor per head and
     token, a = exp(−softplus(w_h · x + b_h)) (as gated linear attention / Mamba-2; initialised at RetNet's rates),
-    bidirectional in full mode — :mod:`polymixer.ops.value_pom.gated`. ``decay_proj`` (dim → heads) holds w and b.
+    bidirectional in full mode — :mod:`polymixer.ops.gated_value_pom`. ``decay_proj`` (dim → heads) holds w and b.
 
     Args: those of :class:`ValuePoM`, and ``decay``: the decay's granularity, "head" (one rate per head and token:
     the only one there is).

@@ -3,7 +3,7 @@ fused CPU form, the Triton kernels) behind one dispatcher.
 
     ops.pom: pom / pom_step                   the Polynomial Mixer, parallel (every mode) and streaming
     ops.value_pom: value_pom / value_pom_step the value-carrying PoM
-    ops.value_pom.gated: gated_value_pom(_step)  the value PoM with a decay per head
+    ops.gated_value_pom: gated_value_pom(_step)  the value PoM with a decay per head
     backend("triton") / backend_for(...)      choose a backend explicitly / ask which one a call gets
 
 (``polymixer.functional.pom`` and ``polymixer.values.value_pom`` are the same functions; ``ops.pom`` and
@@ -16,7 +16,7 @@ oracles in :mod:`polymixer.ops.reference`.
 
 from .common import ROPE_BASE, Mixing
 from .dispatch import BACKENDS, backend, current_backend, disabled_backends
-from . import pom, value_pom  # the ops' packages (registering their backends)
+from . import gated_value_pom, pom, value_pom  # the ops' packages (registering their backends)
 
 __all__ = ["pom", "value_pom", "backend", "backend_for", "current_backend", "disabled_backends", "BACKENDS", "Mixing",
            "ROPE_BASE"]
@@ -32,5 +32,5 @@ def backend_for(op: str, *args: object, **kwargs: object) -> dict:
     if op == "value_pom":
         return value_pom.backend_for(*args, **kwargs)
     if op == "gated_value_pom":
-        return value_pom.gated.backend_for(*args, **kwargs)
+        return gated_value_pom.backend_for(*args, **kwargs)
     raise ValueError(f"unknown op {op!r}; backend_for knows 'pom', 'value_pom' and 'gated_value_pom'")

@@ -39,7 +39,7 @@ DEBUG log:
 * ``table entry`` — entries match the call (same architecture, op, route, mode class, pass, dtype, size class and
   kernel hash): the route is taken when every one of them says faster;
 * ``model`` — no entry matches, and the route has a model (PoM's unfused kernels,
-  :func:`polymixer.ops.cost.pom_kernels_vs_torch`): taken when the model, at the measured bandwidths, predicts it
+  :func:`polymixer.ops.pom.cost.pom_kernels_vs_torch`): taken when the model, at the measured bandwidths, predicts it
   faster than the torch form;
 * ``no measurement`` — neither: the route is passed over.
 """

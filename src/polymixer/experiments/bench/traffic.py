@@ -201,7 +201,7 @@ def measure(cases: List[Case], progress: bool = True) -> List[Dict[str, Any]]:
 def table(rows: List[Dict[str, Any]]) -> str:
     """The guide's table: counted passes against the model and the floor."""
     from ..report import format_table
-    from ...ops.cost import PASS_FLOOR, hbm_passes
+    from ...ops.pom.cost import PASS_FLOOR, hbm_passes
 
     out = []
     for r in rows:

@@ -181,9 +181,9 @@ def backend_for(*args: Any, **kwargs: Any) -> Dict[str, Any]:
 
 # the backends of pom and pom_step (the Triton ones are imported only where they could run, and taken automatically
 # only where measured — or, for the unfused kernels without a measurement, modelled — faster: polymixer.ops.measured)
-from .. import cost, measured  # noqa: E402
+from .. import measured  # noqa: E402
 from ..common import triton_possible, triton_precheck  # noqa: E402
-from . import fused_cpu, modular, modular_step, reference  # noqa: E402
+from . import cost, fused_cpu, modular, modular_step, reference  # noqa: E402
 
 dispatch.register("pom", "reference", reference)
 dispatch.register("pom", "torch", modular)

@@ -35,11 +35,11 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 
 
 def predicted_win(call) -> Optional[str]:  # call: polymixer.ops.pom.PomCall
-    """None when the roofline model (:func:`polymixer.ops.cost.pom_routes`, at the measured efficiencies) predicts the
-    fused route faster than cuBLAS + the unfused kernels for this call (forward + backward when it will be
+    """None when the roofline model (:func:`polymixer.ops.pom.cost.pom_routes`, at the measured efficiencies) predicts
+    the fused route faster than cuBLAS + the unfused kernels for this call (forward + backward when it will be
     differentiated, else forward), else why not. A prediction for reports and benches: the dispatcher takes the fused
     route automatically only on a measurement (:mod:`polymixer.ops.measured`)."""
-    from ..cost import pom_routes
+    from .cost import pom_routes
 
     dtype = _compute_dtype(call.x)
     if dtype == torch.float32 and (call.x.device.type != "cuda" or torch.get_float32_matmul_precision() == "highest"):

@@ -1,5 +1,5 @@
 """The value-carrying PoM as an op with several backends: :func:`value_pom` (parallel, every mode) and
-:func:`value_pom_step` (streaming); the gated form (a decay per head) is :mod:`polymixer.ops.value_pom.gated`.
+:func:`value_pom_step` (streaming); the gated form (a decay per head) is :mod:`polymixer.ops.gated_value_pom`.
 
 The front end validates a call once (:func:`make_value_call`, :mod:`polymixer.ops.value_pom.call`), normalises it
 into a :class:`ValueCall` and hands it to the backend the dispatcher picks (:mod:`polymixer.ops.dispatch`):
@@ -20,7 +20,7 @@ from .call import StepCall, ValueCall, make_step_call, make_value_call
 from .features import CHUNK
 
 __all__ = ["ValueCall", "StepCall", "make_value_call", "value_call", "value_pom", "value_pom_step", "backend_for",
-           "gated_value_pom", "gated_value_pom_step"]
+           ]
 
 
 def value_call(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gate_bias: Tensor, coeff: Tensor,
@@ -99,5 +99,3 @@ dispatch.register("value_pom", "torch", modular)
 dispatch.register("value_pom", "triton", "polymixer.ops.value_pom.triton_kernels", precheck=triton_precheck,
                   eager=triton_possible(), speed=measured.rule("value_pom", "triton"))
 dispatch.register("value_pom_step", "torch", modular_step)
-
-from .gated import gated_value_pom, gated_value_pom_step  # noqa: E402  (the gated op: registers its backends)

@@ -4,7 +4,7 @@
 streaming steps) check the weights' layout, the mode and the inputs, raise the one-line ValueError / TypeError a user
 sees, and normalise the call (packed 2-D input batched, masks split into key padding and general visibility, packed
 offsets checked) — so every backend takes a call that is known to be well formed and only says whether it can run it
-(``supports``). The front ends are :mod:`polymixer.ops.value_pom` and :mod:`polymixer.ops.value_pom.gated`.
+(``supports``). The front ends are :mod:`polymixer.ops.value_pom` and :mod:`polymixer.ops.gated_value_pom`.
 """
 
 from __future__ import annotations

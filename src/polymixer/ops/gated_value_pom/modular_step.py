@@ -1,5 +1,5 @@
 """The ``torch`` backend of the gated value PoM's streaming step: a chunk (B, T, d) after the decayed state of
-everything before it, by the torch form's chunked scan (:func:`polymixer.ops.value_pom.gated_modular.gated_scan`).
+everything before it, by the torch form's chunked scan (:func:`polymixer.ops.gated_value_pom.modular.gated_scan`).
 O(1) state per sequence; causal only (checked by the front end)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any, Optional, Tuple
 
 from torch import Tensor
 
-from .features import decay_logs, heads_view, positions_or_default, readout, rotate_heads, value_features
-from .gated_modular import gated_scan
+from ..value_pom.features import decay_logs, heads_view, positions_or_default, readout, rotate_heads, value_features
+from .modular import gated_scan
 
 __all__ = ["supports", "forward"]
 

@@ -1,12 +1,12 @@
 """The gated value-carrying PoM as an op with backends: :func:`gated_value_pom` (parallel, every self-mixing mode)
-and :func:`gated_value_pom_step` (streaming). The math is :mod:`polymixer.ops.value_pom.gated_modular`.
+and :func:`gated_value_pom_step` (streaming). The math is :mod:`polymixer.ops.gated_value_pom.modular`.
 
 The front end validates a call once (:func:`polymixer.ops.value_pom.call.make_gated_call`: the value PoM's checks,
 self-mixing only, the decay's shapes, no explicit (B, M, N) mask) and hands the typed call — a
 :class:`~polymixer.ops.value_pom.call.ValueCall` with its decay — to the backend the dispatcher picks for
-``"gated_value_pom"``: ``triton`` (:mod:`~polymixer.ops.value_pom.gated_triton`, the scan in Triton kernels: CUDA
-tensors, or CPU tensors under TRITON_INTERPRET=1 with ``backend("triton")``), else ``torch``
-(:mod:`~polymixer.ops.value_pom.gated_modular`); ``reference`` (the float64 oracle) by an explicit choice only.
+``"gated_value_pom"``: ``triton`` (:mod:`~polymixer.ops.gated_value_pom.triton_kernels`, the scan in Triton kernels:
+CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 with ``backend("triton")``), else ``torch``
+(:mod:`~polymixer.ops.gated_value_pom.modular`); ``reference`` (the float64 oracle) by an explicit choice only.
 Streaming steps (``"gated_value_pom_step"``) run the torch form.
 ``backend_for`` says which backend a call gets and why the others were passed over.
 """
@@ -20,10 +20,10 @@ from torch import Tensor
 from .. import dispatch
 from ..common import STEP_MODES, Mixing, triton_possible, triton_precheck
 from ..parallel import active
-from . import gated_modular, gated_modular_step, gated_reference
-from .call import ValueCall, make_gated_call, make_step_call
-from .features import CHUNK, decay_logs
-from .gated_modular import gated_mix, gated_scan, reference_gated, retnet_bias
+from ..value_pom.call import ValueCall, make_gated_call, make_step_call
+from ..value_pom.features import CHUNK, decay_logs
+from . import modular as gated_modular, modular_step as gated_modular_step, reference as gated_reference
+from .modular import gated_mix, gated_scan, reference_gated, retnet_bias
 
 __all__ = ["gated_value_pom", "gated_value_pom_step", "gated_call", "backend_for", "retnet_bias", "decay_logs",
            "gated_scan", "gated_mix", "reference_gated"]
@@ -47,7 +47,7 @@ def gated_value_pom(x: Tensor, context: Optional[Tensor], in_weight: Tensor, gat
                     coeff_q: Tensor, shift_weight: Optional[Tensor], norm_weight: Tensor, out_weight: Tensor,
                     out_bias: Optional[Tensor], decay_weight: Tensor, decay_bias: Tensor, *, heads: int = 1,
                     chunk: int = CHUNK, **modes: Any) -> Tensor:
-    """The gated value-carrying PoM (:mod:`polymixer.ops.value_pom.gated_modular`): the value PoM's arguments plus
+    """The gated value-carrying PoM (:mod:`polymixer.ops.gated_value_pom.modular`): the value PoM's arguments plus
     ``decay_weight`` (H, d) and ``decay_bias`` (H,), on the backend the dispatcher picks. ``reduction`` is accepted
     for the common signature (the readout's RMSNorm makes it moot)."""
     call = gated_call(x, context, in_weight, gate_bias, coeff, coeff_q, shift_weight, norm_weight, out_weight,
@@ -77,6 +77,6 @@ def backend_for(*args: Any, **kwargs: Any) -> Dict[str, Any]:
 # loop over chunks)
 dispatch.register("gated_value_pom", "reference", gated_reference)
 dispatch.register("gated_value_pom", "torch", gated_modular)
-dispatch.register("gated_value_pom", "triton", "polymixer.ops.value_pom.gated_triton", precheck=triton_precheck,
+dispatch.register("gated_value_pom", "triton", "polymixer.ops.gated_value_pom.triton_kernels", precheck=triton_precheck,
                   eager=triton_possible())
 dispatch.register("gated_value_pom_step", "torch", gated_modular_step)

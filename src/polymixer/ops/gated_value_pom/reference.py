@@ -1,5 +1,5 @@
 """The ``reference`` backend of the gated value PoM: the float64 oracle
-(:func:`polymixer.ops.value_pom.gated_modular.reference_gated`, explicit decay weights exp(−|Λ_i − Λ_j|)). O(N²):
+(:func:`polymixer.ops.gated_value_pom.modular.reference_gated`, explicit decay weights exp(−|Λ_i − Λ_j|)). O(N²):
 for tests and checks, never chosen automatically; packed sequences are not in it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from torch import Tensor
 
-from .gated_modular import reference_gated
+from .modular import reference_gated
 
 __all__ = ["supports", "forward"]
 

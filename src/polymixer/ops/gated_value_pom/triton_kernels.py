@@ -1,4 +1,4 @@
-"""Triton kernels of the gated value PoM's scan (:func:`polymixer.ops.value_pom.gated.gated_scan`).
+"""Triton kernels of the gated value PoM's scan (:func:`polymixer.ops.gated_value_pom.gated_scan`).
 
 ``o_i = Σ_{j ≤ i, same segment} exp(Σ_{t=j+1..i} g_t) (q_i · k_j) v_j`` in chunks of C tokens, as the torch form:
 
@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ..triton_common import DTYPES, dot_precision, launch, mma, offset64, pow2
 from ..features import reverse_logs
-from .features import gated_features, mix_both_ways, readout
+from ..value_pom.features import gated_features, mix_both_ways, readout
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -180,7 +180,7 @@ class _GatedScan(torch.autograd.Function):
 
 def triton_gated_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Optional[Tensor] = None,
                       chunk: int = CHUNK, state: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
-    """:func:`~polymixer.ops.value_pom.gated.gated_scan` on the Triton kernels (no carried-in state: streaming runs
+    """:func:`~polymixer.ops.gated_value_pom.gated_scan` on the Triton kernels (no carried-in state: streaming runs
     the torch form). Returns (o, None): the final state is not tracked for autograd here."""
     if state is not None:
         raise ValueError("the Triton gated scan takes no carried-in state (streaming steps run the torch form)")

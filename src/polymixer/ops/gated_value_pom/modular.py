@@ -18,8 +18,9 @@ long is ever subtracted; the (Dh × dv_h) state carried between chunks): O(N·C�
 state: O(1) per token. Cross-mixing and explicit (B, M, N) masks are refused: a decay needs the token order.
 
 This module is the ``torch`` backend of ``gated_value_pom`` (the scan, ``supports`` / ``forward`` of a validated
-call) and the float64 oracle; the front end is :mod:`polymixer.ops.value_pom.gated`, the Triton scan
-:mod:`polymixer.ops.value_pom.gated_triton`, and what both backends share :mod:`polymixer.ops.value_pom.features`.
+call) and the float64 oracle; the front end is :mod:`polymixer.ops.gated_value_pom`, the Triton scan
+:mod:`polymixer.ops.gated_value_pom.triton_kernels`, and what both backends share
+:mod:`polymixer.ops.value_pom.features`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..common import ROPE_BASE
-from .features import (CHUNK, Scan, gated_features, heads_view, mix_both_ways, positions_or_default, readout,
+from ..value_pom.features import (CHUNK, Scan, gated_features, heads_view, mix_both_ways, positions_or_default, readout,
                        rotate_heads, value_features)
 
 __all__ = ["gated_scan", "gated_mix", "retnet_bias", "reference_gated", "supports", "forward"]
