@@ -340,17 +340,18 @@ def test_the_fused_routes_roofline_prediction():
     guide: the automatic choice takes the fused route only where a GPU measured it faster, tests/test_dispatch.py):
     fp32 without tf32 never; a narrow, memory-bound bf16 layer for training and inference; a GPT-2-sized layer with
     a gate per head not (its fused GEMM tile streams too little work per byte)."""
-    from polymixer.ops.pom import make_call, triton_gemm
+    from polymixer.ops.pom import triton_gemm
+    from polymixer.ops.pom.call import make_pom_call
 
     def reason(dim: int, tokens: int, train: bool, heads: int = 1):
         m = PoM(dim, expand=2, sel_heads=heads)
         x = torch.randn(1, tokens, dim)
         with torch.set_grad_enabled(train), torch.autocast("cpu", dtype=torch.bfloat16):
-            call, _ = make_call(x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight, causal=True)
+            call = make_pom_call(x, m.weights, None, dict(causal=True))
             return triton_gemm.predicted_win(call)
 
     m = _mixer(64)
-    call, _ = make_call(torch.randn(2, 64, 64), None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
+    call = make_pom_call(torch.randn(2, 64, 64), m.weights, None, {})
     assert "fp32 products without tf32" in triton_gemm.predicted_win(call)
     assert reason(128, 8192, train=True) is None and reason(128, 8192, train=False) is None
     assert "predicts the unfused route faster" in reason(768, 8192, train=False, heads=12)
@@ -505,7 +506,7 @@ def test_value_pom_packed_sequences_match_the_oracle(mode, device, small_chunks)
 def test_value_pom_dispatch(device, small_chunks):
     m = _value_mixer().to(device)
     x = torch.randn(1, 20, 8, device=device)
-    args = (x, None, *m.value_weights())
+    args = (x, m.weights)
     with backend("triton"):
         assert backend_for("value_pom", *args, causal=True, block_size=3)["backend"] == "triton"
         with pytest.raises(NotImplementedError, match="cross-mixing is not in the kernels"):
