@@ -135,10 +135,13 @@ class ValuePoM(PoM, short_form="value"):
     @property
     def weights(self) -> ValuePomWeights:
         """The weights as :attr:`op` takes them: one object, made at each call from the parameters."""
-        return ValuePomWeights(in_weight=self.in_proj.weight, gate_bias=self.gate_bias, coeff=self.coeff,
-                               coeff_q=self.coeff_q, shift_weight=self.shift if self.token_shift else None,
-                               norm_weight=self.norm_weight, out_weight=self.out_proj.weight,
-                               out_bias=self.out_proj.bias)
+        return ValuePomWeights(**self._named_weights())
+
+    def _named_weights(self) -> Dict[str, Any]:
+        """The value PoM's weights by their names in :class:`ValuePomWeights` (the gated form adds its decay's)."""
+        return dict(in_weight=self.in_proj.weight, gate_bias=self.gate_bias, coeff=self.coeff, coeff_q=self.coeff_q,
+                    shift_weight=self.shift if self.token_shift else None, norm_weight=self.norm_weight,
+                    out_weight=self.out_proj.weight, out_bias=self.out_proj.bias)
 
     def init_state(
         self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None
@@ -190,4 +193,5 @@ class GatedValuePoM(ValuePoM, short_form="gated_value"):
     @property
     def weights(self) -> GatedValuePomWeights:
         """The weights as :attr:`op` takes them: the value PoM's and the decay's."""
-        return GatedValuePomWeights(*super().weights, self.decay_proj.weight, self.decay_proj.bias)  # in field order
+        return GatedValuePomWeights(**self._named_weights(), decay_weight=self.decay_proj.weight,
+                                    decay_bias=self.decay_proj.bias)

@@ -11,7 +11,7 @@ checks and builds the :class:`Call`; each op's ``call.py`` adds its weights' lay
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -20,7 +20,7 @@ from torch.utils import _pytree
 from .common import STEP_MODES, Mixing, batch_packed, check_mix_inputs, check_positions, packed_local_positions
 from .features import CHUNK
 
-__all__ = ["Call", "make_call", "check_weights", "refuse_split", "PoMState", "Index", "batch_index"]
+__all__ = ["Call", "make_call", "check_weights", "validated", "refuse_split", "PoMState", "Index", "batch_index"]
 
 Index = Union[int, slice, Sequence[int], Tensor]
 
@@ -148,11 +148,6 @@ class Call:
         m = self.mixing
         return (self.x, self.context, *self.weights, m.mask, m.positions, m.context_positions)
 
-    def describe(self) -> str:
-        """The call in words, for messages: mode, packing, masks, rotary, dtype and device."""
-        return self.mixing.describe(self.x, self.self_mix, self.cu_k is not None, self.key_mask is not None,
-                                    self.mask is not None)
-
     def rope_positions(self, default: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         """(query positions, context positions) of a rotary call, checked: the call's own, else ``default`` (1-D: a
         stream's or a slice's global index), else each token's index in its sequence; the context's default to the
@@ -206,6 +201,15 @@ def make_call(op: str, x: Tensor, context: Optional[Tensor], weights: Any, modes
     if state is not None and general is not None:
         raise ValueError(f"a stream takes a (B, T) mask of its chunk's tokens, got {tuple(general.shape)}")
     return Call(x, context, weights, mixing, key_mask, general, cu_q, cu_k, B, M, N, squeeze, state, **extra)
+
+
+def validated(make: Callable[..., Call], *args: Any) -> Tuple[Optional[Call], Optional[str]]:
+    """(``make(*args)``, None), or (None, the one-line reason it refused the call): under context parallelism a bad
+    call is refused on every rank at their agreement (a rank that raised alone would leave the others waiting)."""
+    try:
+        return make(*args), None
+    except (ValueError, TypeError) as e:
+        return None, str(e)
 
 
 def refuse_split(call: Call) -> Optional[str]:

@@ -262,22 +262,9 @@ class Mixing:
         resolve(ACTIVATIONS, self.activation, "activation")
         resolve(GATES, self.gate, "gate")
 
-    def describe(self, x: Tensor, self_mix: bool, packed: bool, key_padding: bool, general: bool) -> str:
-        """A call in words, for messages: mode, self / cross, packing, masks, rotary, dtype and device of ``x``."""
-        parts = [self.mode(), "self-mixing" if self_mix else "cross-mixing"]
-        parts += [what for what, on in (("packed", packed), ("key padding", key_padding), ("(B, M, N) mask", general))
-                  if on]
-        if self.rope:
-            parts.append(f"{self.rope} rotary")
-        return ", ".join(parts + [f"{x.dtype} on {x.device.type}"])
-
     def with_(self, **changes: Any) -> "Mixing":
         """A copy with ``changes`` (e.g. the masks and positions of packed sequences laid out one row each)."""
         return replace(self, **changes)
-
-    def mode(self) -> str:
-        """"block-causal", "causal" or "full", for messages."""
-        return "block-causal" if self.block_size else "causal" if self.causal else "full"
 
 
 MIXING_MODES = tuple(f.name for f in fields(Mixing))  # every mode keyword (a constant: torch.compile reads it)

@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 from torch import Tensor
 
 from .. import dispatch, measured, parallel
-from ..call import PoMState
+from ..call import PoMState, validated
 from ..common import triton_possible, triton_precheck
 from . import context_parallel, cost, fused_cpu, modular, reference
 from .call import PomWeights, make_pom_call
@@ -49,28 +49,12 @@ def pom(x: Tensor, weights: PomWeights, context: Optional[Tensor] = None, *, sta
         (B, M, d) — or (T, d) when a 2-D packed input was given; with ``state``, (y, the state after ``x``).
     """
     cp = parallel.active()
-    if cp is not None:  # this rank's slice of every sequence (polymixer.context_parallel)
-        return _split(cp, x, weights, context, state, modes)
+    if cp is not None:  # this rank's slice of every sequence; a stream's: a causal prefill (polymixer.context_parallel)
+        call, problem = validated(make_pom_call, x, weights, context, modes, state)
+        y, after = context_parallel.forward(call, problem, cp)
+        return y if state is None else (y, after)
     call = make_pom_call(x, weights, context, modes, state)
     return call.result(dispatch.choose("pom", call).forward(call))
-
-
-def _split(cp: "parallel.ContextParallel", x: Tensor, weights: PomWeights, context: Optional[Tensor],
-           state: Optional[PoMState], modes: Dict[str, Any]) -> Union[Tensor, Tuple[Tensor, PoMState]]:
-    """A call under context parallelism: validated here, refused alike on every rank (never a hang), mixed by
-    :mod:`.context_parallel`. With a state, a causal prefill: (y, the state after this rank's slice — the whole
-    prefix's on the last rank, where decoding continues)."""
-    problem, call = None, None
-    try:
-        call = make_pom_call(x, weights, context, modes, state)
-    except (ValueError, TypeError) as e:
-        problem = str(e)
-    if call is None:  # the agreement still has to take place, so that the other ranks raise too
-        parallel.agree(cp, "pom", {"length": 0}, problem)
-    y, (s, c), n_total = context_parallel.forward(call, cp, problem)
-    if state is None:
-        return y
-    return y, PoMState(s.to(state.sum.dtype), c.to(state.count.dtype), state.offset + n_total)
 
 
 def backend_for(x: Tensor, weights: PomWeights, context: Optional[Tensor] = None, *,

@@ -37,20 +37,21 @@ def _global_positions(call: Call, sl: Slice) -> Tensor:
     return call.rope_positions(pos if call.state is None else call.state.offset.unsqueeze(1) + pos)[0]
 
 
-def forward(call: Call, cp: ContextParallel, problem: Optional[str] = None
-            ) -> Tuple[Tensor, Tuple[Tensor, Tensor], int]:
-    """(y (B, n, d), (sum, count) after this rank's last token — the whole prefix's on the last rank —, the global
-    length). ``call.state``: a stream's state before the global sequence (causal only), or None."""
+def forward(call: Optional[Call], problem: Optional[str], cp: ContextParallel) -> Tuple[Tensor, Optional[PoMState]]:
+    """(y (B, n, d), the stream's state after this rank's last token — the whole prefix's on the last rank — or None
+    without a stream). ``call.state``: a stream's state before the global sequence (causal only), or None. A call
+    that cannot be split (``problem``; ``call`` None when it failed its own checks) is refused alike on every rank:
+    never a hang."""
     problem = problem or refuse_split(call)
-    facts = {"length": call.N}
-    state = call.state
+    facts = {"length": 0 if call is None else call.N}
     if not problem:
+        state = call.state
         facts.update({"batch": call.B, "width": call.x.shape[-1], "D": call.D, "gate width": call.Ds,
                       **tensor_facts(call.x)})
         facts.update(mode_facts(call.causal, call.block_size, call.key_mask, call.rope, call.positions,
                                 state is not None))
     sl = Slice(cp.rank, agree(cp, "pom", facts, problem))
-    x, D, B, n = call.x, call.D, call.B, call.N
+    x, D, B, n, state = call.x, call.D, call.B, call.N, call.state
     if _fusable(call):
         return _fused(call, cp, sl, state)
 
@@ -63,9 +64,9 @@ def forward(call: Call, cp: ContextParallel, problem: Optional[str] = None
         pos = _global_positions(call, sl)
         cos, sin = rope_angles(pos, D, call.rope_base, call.rope == "2d", p.dtype)
         p = rotate(p, cos, sin)
-    w = call.key_mask.to(p.dtype) if call.key_mask is not None else p.new_ones(B, n)
-    p = p * w.unsqueeze(-1)
-    pc = torch.cat([p, w.unsqueeze(-1)], dim=-1)  # the sums and their counts travel together: (B, n, D + 1)
+    kw = call.key_mask.to(p.dtype) if call.key_mask is not None else p.new_ones(B, n)
+    p = p * kw.unsqueeze(-1)
+    pc = torch.cat([p, kw.unsqueeze(-1)], dim=-1)  # the sums and their counts travel together: (B, n, D + 1)
     h, final = _sums(call, cp, sl, pc, state)
     hs, cnt = h[..., :D], h[..., D:]
     if call.reduction == "mean":
@@ -74,8 +75,16 @@ def forward(call: Call, cp: ContextParallel, problem: Optional[str] = None
         cos_q, sin_q = rope_angles(pos, D, call.rope_base, call.rope == "2d", p.dtype)
         hs = rotate(hs.expand(B, n, D), cos_q, sin_q, inverse=True)
     g = gate_mix(zs, w.gate_bias, hs, call.gate)
-    y = F.linear(g, w.out_weight, w.out_bias)
-    return y, (final[:, :D], final[:, D]), sl.total
+    return F.linear(g, w.out_weight, w.out_bias), _after(call, final, sl)
+
+
+def _after(call: Call, final: Tensor, sl: Slice) -> Optional[PoMState]:
+    """The stream's state after the global sequence's tokens up to this slice's last one (``final``: their
+    (B, D + 1) sums and counts, the stream's before them included), or None without a stream."""
+    state, D = call.state, call.D
+    if state is None:
+        return None
+    return PoMState(final[:, :D].to(state.sum.dtype), final[:, D].to(state.count.dtype), state.offset + sl.total)
 
 
 def _sums(call: Call, cp: ContextParallel, sl: Slice, pc: Tensor, state: Optional[PoMState]
@@ -110,7 +119,7 @@ def _fusable(call: Call) -> bool:
 
 
 def _fused(call: Call, cp: ContextParallel, sl: Slice, state: Optional[PoMState]
-           ) -> Tuple[Tensor, Tuple[Tensor, Tensor], int]:
+           ) -> Tuple[Tensor, Optional[PoMState]]:
     """The fused CPU path with what the other ranks contribute carried in: one tiled pass sums this slice, one
     all-gather, one tiled pass mixes (saving only z, as the fused path does)."""
     x, D, B, n, w = call.x, call.D, call.B, call.N, call.weights
@@ -135,5 +144,4 @@ def _fused(call: Call, cp: ContextParallel, sl: Slice, state: Optional[PoMState]
         carry, count = others[:, :D], final[:, D].detach()
     g = mix_with_carry(z, w.coeff, w.gate_bias, rot, call.causal, call.activation, call.gate,
                        call.reduction == "mean", carry, count)
-    y = F.linear(g, w.out_weight, w.out_bias)
-    return y, (final[:, :D], final[:, D]), sl.total
+    return F.linear(g, w.out_weight, w.out_bias), _after(call, final, sl)

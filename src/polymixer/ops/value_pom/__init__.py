@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 from torch import Tensor
 
 from .. import dispatch, measured, parallel
-from ..call import PoMState
+from ..call import PoMState, validated
 from ..common import triton_possible, triton_precheck
 from ..features import CHUNK
 from . import context_parallel, modular, reference
@@ -44,28 +44,12 @@ def value_pom(x: Tensor, weights: ValuePomWeights, context: Optional[Tensor] = N
         (B, M, d), or (T, d) for a 2-D packed input; with ``state``, (y, the state after ``x``).
     """
     cp = parallel.active()
-    if cp is not None:  # this rank's slice of every sequence (polymixer.context_parallel)
-        return _split(cp, x, weights, context, state, modes, heads, chunk)
+    if cp is not None:  # this rank's slice of every sequence; a stream's: a causal prefill (polymixer.context_parallel)
+        call, problem = validated(make_value_call, x, weights, context, modes, state, heads, chunk)
+        y, after = context_parallel.forward(call, problem, cp)
+        return y if state is None else (y, after)
     call = make_value_call(x, weights, context, modes, state, heads, chunk)
     return call.result(dispatch.choose("value_pom", call).forward(call))
-
-
-def _split(cp: "parallel.ContextParallel", x: Tensor, weights: ValuePomWeights, context: Optional[Tensor],
-           state: Optional[PoMState], modes: Dict[str, Any], heads: int, chunk: int
-           ) -> Union[Tensor, Tuple[Tensor, PoMState]]:
-    """A call under context parallelism: validated here, refused alike on every rank (never a hang), mixed by
-    :mod:`.context_parallel`. With a state, a causal prefill: (y, the state after this rank's slice — the whole
-    prefix's on the last rank, where decoding continues)."""
-    problem, call = None, None
-    try:
-        call = make_value_call(x, weights, context, modes, state, heads, chunk)
-    except (ValueError, TypeError) as e:
-        problem = str(e)
-    y, s, c, last, n_total = context_parallel.forward(call, cp, problem)
-    if state is None:
-        return y
-    return y, PoMState(s.to(state.sum.dtype), c.to(state.count.dtype), state.offset + n_total,
-                       last.to(state.prev.dtype))
 
 
 def backend_for(x: Tensor, weights: ValuePomWeights, context: Optional[Tensor] = None, *, heads: int = 1,

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..call import Call, refuse_split
+from ..call import Call, PoMState, refuse_split
 from ..features import call_features, value_output
 from ..parallel import (ContextParallel, Slice, agree, all_reduce_sum, block_carry, exclusive_scan, halo_before,
                         mode_facts, tensor_facts)
@@ -119,13 +119,15 @@ def _block_causal(q: Tensor, k: Tensor, vh: Tensor, w: Tensor, block: int, chunk
     return o, o_cnt, final_state, final_count
 
 
-def forward(call: Optional[Call], cp: ContextParallel, problem: Optional[str] = None
-            ) -> Tuple[Tensor, Tensor, Tensor, Tensor, int]:
-    """:func:`polymixer.ops.value_pom.value_pom` on this rank's slice of every sequence: (y, the state after this
-    slice, the count after it, the last W − 1 projections, the global length) — a call that cannot be split
-    (``problem``, or None for a call that failed its own checks) is refused alike on every rank: never a hang."""
+def forward(call: Optional[Call], problem: Optional[str], cp: ContextParallel) -> Tuple[Tensor, Optional[PoMState]]:
+    """:func:`polymixer.ops.value_pom.value_pom` on this rank's slice of every sequence: (y, the stream's state after
+    this slice — the whole prefix's on the last rank — or None without a stream). A call that cannot be split
+    (``problem``; ``call`` None when it failed its own checks) is refused alike on every rank: never a hang."""
     sl = _agree(call, cp, problem)
     k, q, vh, w, zs, last = _features(call, sl, cp)
     o, o_cnt, final_state, final_count = _mix_states(q, k, vh, w, call, sl, cp)
-    y = value_output(o, o_cnt, zs, call.weights, call.mixing)
-    return y, final_state, final_count, last, sl.total
+    y, state = value_output(o, o_cnt, zs, call.weights, call.mixing), call.state
+    if state is None:
+        return y, None
+    return y, PoMState(final_state.to(state.sum.dtype), final_count.to(state.count.dtype), state.offset + sl.total,
+                       last.to(state.prev.dtype))
