@@ -320,7 +320,7 @@ def test_offsets_are_64_bit(device):
 def test_the_dispatcher_routes_and_refuses_clearly(device):
     m = _mixer().to(device)
     x = torch.randn(1, 6, 8, device=device)
-    args = (x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
+    args = (x, m.weights)
     for route in ROUTES:
         with backend(route):
             assert backend_for("pom", *args, causal=True)["backend"] == route
@@ -568,7 +568,7 @@ def test_a_failing_first_use_check_is_loud_and_backend_for_repeats_it(monkeypatc
     monkeypatch.setitem(dispatch._PRECHECKS, ("pom", "triton"), lambda call, explicit=False: None)
     m = _mixer().to(device)
     x = torch.randn(1, 6, 8, device=device)
-    args = (x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
+    args = (x, m.weights)
     with pytest.warns(RuntimeWarning, match="failed their first-use check .* illegal memory access"):
         auto = backend_for("pom", *args, causal=True)
     assert auto["backend"] != "triton" and "illegal memory access" in auto["passed_over"]["triton"]
