@@ -102,12 +102,9 @@ def random_pom(dim: int = 8, degree: int = 3, expand: float = 2, dtype=torch.flo
 
 def oracle(m: PoM, x: torch.Tensor, vis: torch.Tensor, context: Optional[torch.Tensor] = None,
            positions=None, context_positions=None) -> torch.Tensor:
-    return reference_pom(
-        x, context, m.in_proj.weight.detach(), m.gate_bias.detach(), m.coeff.detach(), m.out_proj.weight.detach(),
-        None if m.out_proj.bias is None else m.out_proj.bias.detach(), vis, activation=m.activation, gate=m.gate,
-        reduction=m.reduction, rope=m.rope, rope_base=m.rope_base, positions=positions,
-        context_positions=context_positions,
-    )
+    weights = type(m.weights)(*(None if t is None else t.detach() for t in m.weights))
+    return reference_pom(x, weights, context, vis=vis, activation=m.activation, gate=m.gate, reduction=m.reduction,
+                         rope=m.rope, rope_base=m.rope_base, positions=positions, context_positions=context_positions)
 
 
 def assert_close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-10, atol: float = 1e-10) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polymixer import PoM, PolyMorpher, ValuePoM
+from polymixer import GatedValuePoM, PoM, PolyMorpher, ValuePoM
 
 
 @pytest.fixture(autouse=True)
@@ -39,6 +39,21 @@ def test_compiled_modes_with_masks_rope_and_packing():
     cu = torch.tensor([0, 13, 40], dtype=torch.int32)
     for kw in (dict(causal=True, block_size=8, mask=km), dict(causal=True, cu_seqlens=cu)):
         torch.testing.assert_close(cm(x, **kw), m(x, **kw), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [PoM, ValuePoM, GatedValuePoM])
+def test_every_layers_forward_and_stream_compile_in_one_graph(cls):
+    """The layer builds its weights object and calls its op — to mix, and with a state to stream — inside one graph
+    (torch.compile(fullgraph=True)), equal to eager."""
+    torch.manual_seed(0)
+    m = cls(8, **({} if cls is PoM else dict(value_dim=8, heads=2)))
+    x = torch.randn(2, 12, 8)
+    forward = torch.compile(lambda x: m(x, causal=True), backend="aot_eager", fullgraph=True)
+    step = torch.compile(lambda x, s: m.step(x, s), backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(forward(x), m(x, causal=True))
+    (y, state), (want, want_state) = step(x[:, :5], m.init_state(2)), m.step(x[:, :5], m.init_state(2))
+    torch.testing.assert_close(y, want)
+    torch.testing.assert_close(state.sum, want_state.sum)
 
 
 def test_compiled_block_with_attention_equals_eager():

@@ -23,7 +23,7 @@ from polymixer.ops import BACKENDS, backend, backend_for, current_backend, disab
 
 
 def _args(m: PoM, x: torch.Tensor):
-    return (x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
+    return (x, m.weights)
 
 
 def test_the_automatic_choice_and_its_reasons():
@@ -54,7 +54,8 @@ def test_an_explicit_choice_is_strict_and_says_why():
             m(x, causal=True, block_size=2)
     assert current_backend() is None
     v = ValuePoM(8, value_dim=8)
-    with backend("cpu"), pytest.raises(NotImplementedError, match="backend 'cpu' has no value_pom"):
+    with backend("cpu"), pytest.raises(NotImplementedError, match=r"backend 'cpu' has no value_pom \(no fused CPU "
+                                                                  r"form: the torch form's chunked products"):
         v(x)
     with pytest.raises(ValueError, match="unknown backend 'cuda'; the backends are reference, torch, cpu, triton"):
         with backend("cuda"):
@@ -86,12 +87,14 @@ def test_the_choice_is_logged_at_debug_level(caplog):
 def test_the_public_names_stay_where_users_import_them():
     from polymixer import reference, values
 
-    for name in ("pom", "pom_step", "poly_features", "cumsum", "aggregate", "gate_mix", "rope_angles", "rotate",
-                 "check_cu_seqlens", "documents_cu_seqlens", "fused_kernels", "ACTIVATIONS", "GATES"):
+    for name in ("pom", "PomWeights", "PoMState", "poly_features", "cumsum", "aggregate", "gate_mix", "rope_angles",
+                 "rotate", "check_cu_seqlens", "documents_cu_seqlens", "fused_kernels", "ACTIVATIONS", "GATES"):
         assert hasattr(functional, name), name
-    for name in ("value_pom", "value_pom_step", "value_mix", "packed_causal_mix", "token_shift", "pad_packed"):
+    for name in ("value_pom", "ValuePomWeights", "gated_value_pom", "GatedValuePomWeights", "value_mix",
+                 "packed_causal_mix", "token_shift", "pad_packed"):
         assert hasattr(values, name), name
-    for name in ("visibility", "reference_pom", "reference_value_pom", "reference_attention", "shift_validity"):
+    for name in ("visibility", "reference_pom", "reference_value_pom", "reference_gated", "reference_attention",
+                 "shift_validity"):
         assert hasattr(reference, name), name
 
 
@@ -119,8 +122,8 @@ def test_cpu_calls_never_import_triton():
         for kw in (dict(causal=True), {}, dict(causal=True, block_size=4)):
             m(x, **kw).sum().backward()
             v(x, **kw).sum().backward()
-        polymixer.backend_for("pom", x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
-        polymixer.backend_for("value_pom", x, None, *v.value_weights(), causal=True, heads=2)
+        polymixer.backend_for("pom", x, m.weights)
+        polymixer.backend_for("value_pom", x, v.weights, causal=True, heads=2)
         print(sorted(k for k in sys.modules if k == "triton" or k.startswith("triton.")))
     """)
     assert out.strip() == "[]", out
@@ -270,14 +273,14 @@ def test_the_dispatcher_follows_the_measurements_of_its_own_kernels(tmp_path, on
 
     m, v = PoM(8), ValuePoM(8, value_dim=8, heads=2)
     x = torch.randn(1, 20, 8)
-    pom_args = (x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
+    pom_args = (x, m.weights)
     with measured.use_table(_table(tmp_path, _now())):
         with torch.no_grad():
             causal = backend_for("pom", *pom_args, causal=True)
             full = backend_for("pom", *pom_args)
-            value = backend_for("value_pom", x, None, *v.value_weights(), causal=True, heads=2)
+            value = backend_for("value_pom", x, v.weights, causal=True, heads=2)
         trained = backend_for("pom", *pom_args, causal=True)
-        value_trained = backend_for("value_pom", x, None, *v.value_weights(), causal=True, heads=2)
+        value_trained = backend_for("value_pom", x, v.weights, causal=True, heads=2)
     assert causal["backend"] == "triton" and causal["rule"] == "table entry"
     assert causal["reason"].startswith("measured faster on sm_90") and "0.5 ms against the torch form's 1 ms" in \
         causal["reason"]
@@ -302,8 +305,8 @@ def test_a_measurement_of_other_kernel_code_decides_nothing(tmp_path, on_a_gpu):
     m, v = PoM(8), ValuePoM(8, value_dim=8, heads=2)
     x = torch.randn(1, 20, 8)
     with measured.use_table(_table(tmp_path, {"pom": "0123456789ab", "value_pom": "ba9876543210"})), torch.no_grad():
-        pom = backend_for("pom", x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight, causal=True)
-        value = backend_for("value_pom", x, None, *v.value_weights(), causal=True, heads=2)
+        pom = backend_for("pom", x, m.weights, causal=True)
+        value = backend_for("value_pom", x, v.weights, causal=True, heads=2)
     assert _rule(pom, "triton") == "model"
     assert "ran other kernel code, 0123456789ab" in (pom["reason"] or pom["passed_over"].get("triton", ""))
     assert pom["passed_over"]["triton_gemm"].startswith("no measurement: nothing measured triton_gemm")
@@ -330,8 +333,8 @@ def test_the_shipped_table_is_the_h200_run_of_the_old_kernels(tmp_path, on_a_gpu
     try:
         m, v = PoM(64).bfloat16(), ValuePoM(64, value_dim=64, heads=2).bfloat16()
         x = torch.randn(64, 1024, 64, dtype=torch.bfloat16)
-        args = (x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
-        vargs = (x, None, *v.value_weights())
+        args = (x, m.weights)
+        vargs = (x, v.weights)
         with measured.use_table(shipped):
             other = backend_for("pom", *args, causal=True)
             other_value = backend_for("value_pom", *vargs, causal=True, heads=2)
@@ -362,21 +365,21 @@ def test_an_explicit_choice_ignores_the_table(tmp_path):
     m = PoM(8)
     x = torch.randn(1, 20, 8)
     with measured.use_table(_table(tmp_path, _now())), backend("triton"), torch.no_grad():
-        got = backend_for("pom", x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
+        got = backend_for("pom", x, m.weights)
     assert got == {"backend": "triton", "explicit": True, "rule": None, "reason": None, "passed_over": {}}
 
 
 def test_the_choice_and_its_rule_are_logged(tmp_path, on_a_gpu, caplog):
     from polymixer.ops import dispatch, measured
-    from polymixer.ops.pom import make_call
+    from polymixer.ops.pom.call import make_pom_call
 
     m = PoM(8)
     x = torch.randn(1, 20, 8)
     with measured.use_table(_table(tmp_path, _now())), torch.no_grad():
-        call, _ = make_call(x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
+        call = make_pom_call(x, m.weights, None, {})
         with caplog.at_level(logging.DEBUG, logger="polymixer.ops"):
             dispatch.choose("pom", call)
-            call, _ = make_call(x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight, causal=True)
+            call = make_pom_call(x, m.weights, None, dict(causal=True))
             dispatch.choose("pom", call)
     text = [r.message for r in caplog.records]
     assert any(t.startswith("pom on cpu") and "triton passed over: table entry: measured slower" in t for t in text)
@@ -411,7 +414,8 @@ def test_the_automatic_choice_and_its_rule_compile(tmp_path, on_a_gpu):
 def test_the_cost_model_takes_its_efficiencies_from_the_table(tmp_path):
     """The mixing kernels' bandwidth in the roofline model is the slowest measured, not an assumed 80%; without a
     measurement the assumption is said to be one."""
-    from polymixer.ops import cost, measured
+    from polymixer.ops import measured
+    from polymixer.ops.pom import cost
 
     with measured.use_table(_table(tmp_path, _now())):
         eff, source = cost.mix_efficiency(train=True)
@@ -465,7 +469,7 @@ class _Traffic(TorchDispatchMode):
 def test_the_torch_forms_passes_are_counted(dtype):
     """cost.TORCH_FORM_PASSES are the torch form's elementwise passes per N·D element as counted on its aten ops
     (B 2, N 512, d 64, D 128, a gate per 16 channels; packed: 1 × 1,024 in four sequences)."""
-    from polymixer.ops import cost
+    from polymixer.ops.pom import cost
 
     cu = torch.tensor([0, 300, 301, 700, 1024], dtype=torch.int32)
     modes = {"causal": dict(causal=True), "full": {}, "block-causal": dict(causal=True, block_size=64),

@@ -11,7 +11,9 @@ import torch
 
 from polymixer import GatedValuePoM, PoM, ValuePoM
 from polymixer.blocks import build_mixer, mixer_spec
-from polymixer.ops.value_pom.gated import gated_scan, reference_gated, retnet_bias
+from polymixer.ops.gated_value_pom import retnet_bias
+from polymixer.ops.gated_value_pom.modular import gated_scan
+from polymixer.reference import reference_gated
 
 
 def _module(**kw):
@@ -24,8 +26,7 @@ def _module(**kw):
 
 
 def _oracle(m, x, **kw):
-    return reference_gated(x, *m.value_weights(), m.decay_proj.weight, m.decay_proj.bias, heads=m.heads,
-                           rope=m.rope, **kw)
+    return reference_gated(x, m.weights, heads=m.heads, rope=m.rope, **kw)
 
 
 MODES = [("causal", dict(causal=True)), ("full", dict()), ("block 3", dict(causal=True, block_size=3)),
@@ -145,8 +146,8 @@ def test_triton_scan_matches_the_torch_form_forward_and_backward(dtype, device):
     pytest.importorskip("triton")
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         pytest.skip("CPU tensors need TRITON_INTERPRET=1")
-    from polymixer.ops.value_pom.gated import gated_mix
-    from polymixer.ops.value_pom.gated_triton import triton_gated_scan
+    from polymixer.ops.gated_value_pom.modular import gated_mix
+    from polymixer.ops.gated_value_pom.triton_kernels import triton_gated_scan
 
     torch.manual_seed(4)
     # chunks of 16 in the interpreter; a GPU takes its own (64 on sm_90): a longer row crosses them there too

@@ -38,7 +38,7 @@ def test_pom_gradcheck(mode, Ds, fused):
     params = _params(Ds)
 
     def f(x, *p):
-        return Fn.pom(x, None, *p, **kw)
+        return Fn.pom(x, Fn.PomWeights(*p), **kw)
 
     assert gradcheck(f, (x, *params), eps=1e-6, atol=1e-6)
 
@@ -52,8 +52,8 @@ def test_pom_gradcheck_rope_2d(fused):
          torch.randn(d, D4, dtype=torch.float64, requires_grad=True)]
     pos = torch.stack([torch.arange(6) // 3, torch.arange(6) % 3], -1)
     for kw in (dict(), dict(causal=True, block_size=3)):
-        assert gradcheck(lambda x, *q: Fn.pom(x, None, *q, rope="2d", positions=pos, **kw), (x, *p), eps=1e-6,
-                         atol=1e-6)
+        assert gradcheck(lambda x, *q: Fn.pom(x, Fn.PomWeights(*q), rope="2d", positions=pos, **kw), (x, *p),
+                         eps=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(causal=True, block_size=2)],
@@ -61,15 +61,16 @@ def test_pom_gradcheck_rope_2d(fused):
 def test_cross_gradcheck(kw, fused):
     x = torch.randn(B, 5, d, dtype=torch.float64, requires_grad=True)
     ctx = torch.randn(B, N, d, dtype=torch.float64, requires_grad=True)
-    assert gradcheck(lambda x, c, *p: Fn.pom(x, c, *p, **kw), (x, ctx, *_params(2)), eps=1e-6, atol=1e-6)
+    assert gradcheck(lambda x, c, *p: Fn.pom(x, Fn.PomWeights(*p), c, **kw), (x, ctx, *_params(2)), eps=1e-6,
+                     atol=1e-6)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_packed_gradcheck(causal, fused):
     cu = torch.tensor([0, 2, 7, 10], dtype=torch.int32)
     x = torch.randn(1, 10, d, dtype=torch.float64, requires_grad=True)
-    assert gradcheck(lambda x, *p: Fn.pom(x, None, *p, causal=causal, cu_seqlens=cu), (x, *_params()), eps=1e-6,
-                     atol=1e-6)
+    assert gradcheck(lambda x, *p: Fn.pom(x, Fn.PomWeights(*p), causal=causal, cu_seqlens=cu), (x, *_params()),
+                     eps=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -80,8 +81,8 @@ def test_step_gradcheck(causal):
     off = torch.tensor([3, 5])
 
     def f(x, s0, *p):
-        y, s, c, _ = Fn.pom_step(x, s0, c0, off, *p, causal=causal, rope="1d")
-        return y, s
+        y, state = Fn.pom(x, Fn.PomWeights(*p), state=Fn.PoMState(s0, c0, off), causal=causal, rope="1d")
+        return y, state.sum
 
     assert gradcheck(f, (x, s0, *_params()), eps=1e-6, atol=1e-6)
 

@@ -186,8 +186,8 @@ def test_the_host_side_reads_nothing_back(mode, no_launch):
     """The whole host side of both ops — call checks, layout, sequence ids, table sizes, the ops' bodies forward
     and backward on both routes, programs of several chunks included, and the value PoM's packed modes in place — on
     meta tensors: reading any value back to the host would raise, so nothing synchronises."""
-    from polymixer.ops.pom import make_call
-    from polymixer.ops.value_pom import value_call
+    from polymixer.ops.pom.call import PomWeights, make_pom_call
+    from polymixer.ops.value_pom.call import make_value_call
 
     B, kw = MODES[mode]
     meta = lambda t: None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")  # noqa: E731
@@ -197,14 +197,15 @@ def test_the_host_side_reads_nothing_back(mode, no_launch):
     w_in, bias, coeff, w_out = (meta(t) for t in (pom.in_proj.weight, pom.gate_bias, pom.coeff, pom.out_proj.weight))
     for per_program in (None, 3):
         tk.use_config(tk.LaunchConfig(8, 8, 1, 16, chunks_per_program=per_program))
-        call, _ = make_call(x, None, w_in, bias, coeff, w_out, rope=pom.rope, **kwm)
+        call = make_pom_call(x, PomWeights(w_in, bias, coeff, w_out), None, dict(rope=pom.rope, **kwm))
         args = tk.mix_args(call, call.N)
         z = torch.empty(B, 21, call.D + call.Ds, device="meta")
         for fused in (False, True):
             src = (None, x, w_in) if fused else (z, None, None)
             g, *saved = tk.mix(*src, coeff, bias, *args)
             tk.mix_backward(torch.empty_like(g), *src, coeff, bias, *args[:4], tk.Saved(*saved), *args[4:])
-        vk.forward(value_call(x, None, *(meta(t) for t in value.value_weights()), heads=2, **kwm))
+        weights = type(value.weights)(*(meta(t) for t in value.weights))
+        vk.forward(make_value_call(x, weights, None, kwm, heads=2))
     want = {"_sums_kernel", "_scan_kernel", "_apply_kernel", "_grad_sums_kernel", "_grad_apply_kernel"}
     assert want <= set(no_launch), set(no_launch)
 

@@ -73,8 +73,7 @@ def test_callable_activation_and_gate(fused):
     vis = _vis(dict(causal=True))
     y = m(x, causal=True)
     from polymixer.reference import reference_pom
-    ref = reference_pom(x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight, m.out_proj.bias, vis,
-                        activation=m.activation, gate=m.gate)
+    ref = reference_pom(x, m.weights, vis=vis, activation=m.activation, gate=m.gate)
     assert_close(y, ref)
     g1 = torch.autograd.grad(y.sum(), x)[0]
     g2 = torch.autograd.grad(ref.sum(), x)[0]

@@ -21,7 +21,7 @@ def test_gradcheck_across_fused_tiles(causal):
          torch.randn(D, dtype=torch.float64, requires_grad=True),
          torch.rand(D, 2, dtype=torch.float64).requires_grad_(),
          torch.randn(d, D, dtype=torch.float64, requires_grad=True)]
-    assert gradcheck(lambda x, *q: Fn.pom(x, None, *q, causal=causal), (x, *p), eps=1e-6, atol=1e-6)
+    assert gradcheck(lambda x, *q: Fn.pom(x, Fn.PomWeights(*q), causal=causal), (x, *p), eps=1e-6, atol=1e-6)
 
 
 def test_streaming_65k_tokens_fp32():

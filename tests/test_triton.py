@@ -252,14 +252,15 @@ def test_bf16_is_within_the_torch_forms_tolerance(route, device):
 @pytest.mark.parametrize("case", [("causal", "triton"), ("full", "triton"), ("full", "triton_gemm")])
 @pytest.mark.usefixtures("traced_kernels")
 def test_hbm_passes_are_counted_as_modelled(case):
-    """The interpreter counts each kernel's distinct bytes read and written, as :func:`polymixer.ops.cost.hbm_passes`
-    models them. The end-token modes move the floor (forward: read z_h, z_s, write g = 3 passes over N·D; backward:
-    read z_h, z_s, dg, write dz_h, dz_s = 5); causal mixing one pass more each way (its chunk sums read z_h, and z_s
-    and dg in the backward, before the apply reads them again); the fused route reads x instead of z."""
+    """The interpreter counts each kernel's distinct bytes read and written, as
+    :func:`polymixer.ops.pom.cost.hbm_passes` models them. The end-token modes move the floor (forward: read z_h, z_s,
+    write g = 3 passes over N·D; backward: read z_h, z_s, dg, write dz_h, dz_s = 5); causal mixing one pass more each
+    way (its chunk sums read z_h, and z_s and dg in the backward, before the apply reads them again); the fused route
+    reads x instead of z."""
     if not tc.interpreted():
         pytest.skip("the addresses are counted in Triton's interpreter (TRITON_INTERPRET=1)")
     from polymixer.experiments.bench import traffic
-    from polymixer.ops.cost import hbm_passes
+    from polymixer.ops.pom.cost import hbm_passes
 
     mode, route = case
     tk.use_config(None)
@@ -319,7 +320,7 @@ def test_offsets_are_64_bit(device):
 def test_the_dispatcher_routes_and_refuses_clearly(device):
     m = _mixer().to(device)
     x = torch.randn(1, 6, 8, device=device)
-    args = (x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
+    args = (x, m.weights)
     for route in ROUTES:
         with backend(route):
             assert backend_for("pom", *args, causal=True)["backend"] == route
@@ -339,17 +340,18 @@ def test_the_fused_routes_roofline_prediction():
     guide: the automatic choice takes the fused route only where a GPU measured it faster, tests/test_dispatch.py):
     fp32 without tf32 never; a narrow, memory-bound bf16 layer for training and inference; a GPT-2-sized layer with
     a gate per head not (its fused GEMM tile streams too little work per byte)."""
-    from polymixer.ops.pom import make_call, triton_gemm
+    from polymixer.ops.pom import triton_gemm
+    from polymixer.ops.pom.call import make_pom_call
 
     def reason(dim: int, tokens: int, train: bool, heads: int = 1):
         m = PoM(dim, expand=2, sel_heads=heads)
         x = torch.randn(1, tokens, dim)
         with torch.set_grad_enabled(train), torch.autocast("cpu", dtype=torch.bfloat16):
-            call, _ = make_call(x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight, causal=True)
+            call = make_pom_call(x, m.weights, None, dict(causal=True))
             return triton_gemm.predicted_win(call)
 
     m = _mixer(64)
-    call, _ = make_call(torch.randn(2, 64, 64), None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
+    call = make_pom_call(torch.randn(2, 64, 64), m.weights, None, {})
     assert "fp32 products without tf32" in triton_gemm.predicted_win(call)
     assert reason(128, 8192, train=True) is None and reason(128, 8192, train=False) is None
     assert "predicts the unfused route faster" in reason(768, 8192, train=False, heads=12)
@@ -504,7 +506,7 @@ def test_value_pom_packed_sequences_match_the_oracle(mode, device, small_chunks)
 def test_value_pom_dispatch(device, small_chunks):
     m = _value_mixer().to(device)
     x = torch.randn(1, 20, 8, device=device)
-    args = (x, None, *m.value_weights())
+    args = (x, m.weights)
     with backend("triton"):
         assert backend_for("value_pom", *args, causal=True, block_size=3)["backend"] == "triton"
         with pytest.raises(NotImplementedError, match="cross-mixing is not in the kernels"):
@@ -566,7 +568,7 @@ def test_a_failing_first_use_check_is_loud_and_backend_for_repeats_it(monkeypatc
     monkeypatch.setitem(dispatch._PRECHECKS, ("pom", "triton"), lambda call, explicit=False: None)
     m = _mixer().to(device)
     x = torch.randn(1, 6, 8, device=device)
-    args = (x, None, m.in_proj.weight, m.gate_bias, m.coeff, m.out_proj.weight)
+    args = (x, m.weights)
     with pytest.warns(RuntimeWarning, match="failed their first-use check .* illegal memory access"):
         auto = backend_for("pom", *args, causal=True)
     assert auto["backend"] != "triton" and "illegal memory access" in auto["passed_over"]["triton"]

@@ -22,7 +22,9 @@ import torch
 pytest.importorskip("triton")
 
 from polymixer.ops import triton_common as tc  # noqa: E402
-from polymixer.ops.value_pom import ValueCall, value_call  # noqa: E402
+from polymixer.ops.call import Call  # noqa: E402
+from polymixer.ops.value_pom import ValuePomWeights  # noqa: E402
+from polymixer.ops.value_pom.call import make_value_call  # noqa: E402
 from polymixer.ops.value_pom import triton_kernels as vk  # noqa: E402
 
 SLOW = pytest.mark.slow
@@ -254,12 +256,13 @@ def test_tiles_per_dtype_and_the_forced_small_ones(monkeypatch):
 # -- the backend's refusals --------------------------------------------------------------------------------------
 
 
-def _call(x) -> ValueCall:
+def _call(x) -> Call:
     """A validated causal call of 2 heads, its input then swapped for ``x`` (a stand-in for a CUDA tensor)."""
     D, dv, d = 16, 8, 8
     w = lambda *s: torch.zeros(*s)  # noqa: E731
-    call = value_call(torch.zeros(1, 20, d), None, w(2 * D + dv + dv, d), w(dv), w(D, 2), w(D, 2), None, w(dv),
-                      w(d, dv), heads=2, causal=True)
+    weights = ValuePomWeights(in_weight=w(2 * D + dv + dv, d), gate_bias=w(dv), coeff=w(D, 2), coeff_q=w(D, 2),
+                              shift_weight=None, norm_weight=w(dv), out_weight=w(d, dv))
+    call = make_value_call(torch.zeros(1, 20, d), weights, None, dict(causal=True), heads=2)
     return dataclasses.replace(call, x=x)
 
 

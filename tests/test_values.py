@@ -28,9 +28,7 @@ def vpom(dim=8, value_dim=8, heads=2, degree=3, expand=1.5, **kw):
 
 
 def oracle(m, x, vis, context=None, has_prev=None, **kw):
-    return reference_value_pom(x, context, m.in_proj.weight, m.gate_bias, m.coeff, m.coeff_q,
-                               m.shift if m.token_shift else None, m.norm_weight, m.out_proj.weight,
-                               m.out_proj.bias, vis, heads=m.heads, has_prev=has_prev, gate=m.gate,
+    return reference_value_pom(x, m.weights, context, vis=vis, heads=m.heads, has_prev=has_prev, gate=m.gate,
                                reduction=m.reduction, rope=m.rope, **kw)
 
 
@@ -147,8 +145,8 @@ def test_packed_causal_gradcheck():
     params = [m.in_proj.weight, m.coeff, m.coeff_q, m.shift]
 
     def f(x, w, c, cq, sh):
-        return value_pom(x, None, w, m.gate_bias, c, cq, sh, m.norm_weight, m.out_proj.weight, m.out_proj.bias,
-                         heads=2, rope="1d", chunk=2, gate="sigmoid", causal=True, cu_seqlens=cu)
+        weights = m.weights._replace(in_weight=w, coeff=c, coeff_q=cq, shift_weight=sh)
+        return value_pom(x, weights, heads=2, rope="1d", chunk=2, gate="sigmoid", causal=True, cu_seqlens=cu)
     assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-5)
 
 
@@ -244,8 +242,8 @@ def test_a_wider_shift_gradcheck():
     km = torch.tensor([[True, False] + [True] * 7])
     for kw in (dict(causal=True, cu_seqlens=cu), dict(causal=True, mask=km)):
         def f(x, w, sh):
-            return value_pom(x, None, w, m.gate_bias, m.coeff, m.coeff_q, sh, m.norm_weight, m.out_proj.weight,
-                             m.out_proj.bias, heads=2, chunk=2, gate="sigmoid", **kw)
+            return value_pom(x, m.weights._replace(in_weight=w, shift_weight=sh), heads=2, chunk=2, gate="sigmoid",
+                             **kw)
         assert torch.autograd.gradcheck(f, (x, m.in_proj.weight, m.shift), eps=1e-6, atol=1e-5), kw
 
 
@@ -284,8 +282,9 @@ def test_gradcheck():
     km = torch.tensor([[True] * 7, [False, False] + [True] * 5])
     for kw in (dict(causal=True), dict(causal=True, block_size=3), dict(), dict(mask=km, causal=True)):
         def f(x, *ps):
-            return value_pom(x, None, ps[0], ps[5], ps[1], ps[2], ps[3], ps[4], m.out_proj.weight,
-                             m.out_proj.bias, heads=2, rope="1d", chunk=2, gate="sigmoid", **kw)
+            weights = m.weights._replace(in_weight=ps[0], coeff=ps[1], coeff_q=ps[2], shift_weight=ps[3],
+                                         norm_weight=ps[4], gate_bias=ps[5])
+            return value_pom(x, weights, heads=2, rope="1d", chunk=2, gate="sigmoid", **kw)
         assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-5), kw
 
 

@@ -8,8 +8,9 @@
   ``cu_seqlens``, cross), always O(N·D) except for an explicit ``(B, M, N)`` mask;
 * :func:`gate_mix` — the selection ``gate(z_s + b) ⊙ H`` with one gate scalar per head;
 * :func:`rope_angles` / :func:`rotate` — rotary positions (1-D and 2-D);
-* :func:`pom` / :func:`pom_step` — the whole operator, parallel and streaming, on the backend the dispatcher picks
-  (:mod:`polymixer.ops.dispatch`; ``with polymixer.backend("torch"):`` chooses one).
+* :func:`pom` — the whole operator, on the backend the dispatcher picks (:mod:`polymixer.ops.dispatch`;
+  ``with polymixer.backend("torch"):`` chooses one): ``pom(x, PomWeights(...))`` (a layer's ``PoM.weights``), and
+  with ``state=`` a :class:`PoMState` the next chunk of a stream, returning ``(y, state)``.
 
 Shapes: ``B`` batch, ``N`` context tokens, ``M`` query tokens, ``d`` model width, ``D = expand·d`` polynomial width,
 ``Ds`` gate width (``D`` when ``sel_heads == 1``, else ``sel_heads``), ``k`` degree.
@@ -33,11 +34,12 @@ from .ops.common import (
 )
 from .ops.dispatch import disabled_backends
 from .ops.features import aggregate, cumsum, gate_mix, poly_features
-from .ops.pom import pom, pom_step
+from .ops.call import PoMState
+from .ops.pom import PomWeights, pom
 
 __all__ = ["ACTIVATIONS", "GATES", "ActivationLike", "CuSeqlens", "activation", "gate_fn", "poly_features",
-           "cumsum", "aggregate", "gate_mix", "rope_angles", "rotate", "pom", "pom_step", "check_cu_seqlens",
-           "fused_kernels", "check_mix_inputs", "batch_packed", "documents_cu_seqlens"]
+           "cumsum", "aggregate", "gate_mix", "rope_angles", "rotate", "pom", "PomWeights", "PoMState",
+           "check_cu_seqlens", "fused_kernels", "check_mix_inputs", "batch_packed", "documents_cu_seqlens"]
 
 
 class fused_kernels:

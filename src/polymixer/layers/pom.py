@@ -3,86 +3,17 @@ reference checkpoint loading, and the argument checks the value-carrying PoMs (:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
-from torch.utils import _pytree
 
+from ..ops.call import Index, PoMState, batch_index
 from ..ops.common import ACTIVATIONS, GATES, ROPE_BASE, ActivationLike, compute_dtype, layer_modes, resolve
-from ..ops.pom import pom, pom_step
-from ..ops.value_pom.modular import CHUNK
+from ..ops.features import CHUNK
+from ..ops.pom import PomWeights, pom
 
 __all__ = ["PoM", "PoMState", "Index", "batch_index", "shift_width"]
-
-Index = Union[int, slice, Sequence[int], Tensor]
-
-
-def batch_index(index: Index, device: torch.device) -> Union[slice, Tensor]:
-    """Normalise a batch index so that the batch dimension is always kept."""
-    if isinstance(index, int):
-        return slice(index, index + 1) if index != -1 else slice(-1, None)
-    if isinstance(index, slice):
-        return index
-    return torch.as_tensor(index, device=device)
-
-
-@dataclass
-class PoMState:
-    """Everything a causal PoM needs to continue a stream, whatever its length: O(D) per sequence, or
-    O(D·dv/heads + D + dv) for the value-carrying PoM.
-
-    Attributes:
-        sum: (B, D) running sum of the (rotated) polynomial features, fp32 (fp64 for fp64 streams); for the
-            value-carrying PoM (B, heads, D/heads, dv/heads), the running sum of key features ⊗ values.
-        count: (B,) number of tokens that took part so far (masked tokens are not counted).
-        offset: (B,) int64 index of the next token in the stream (its default rotary position).
-        prev: (B, W − 1, D + dv) the last tokens' key / value projections (the memory of a token shift of width W;
-            one token without a shift) for the value-carrying PoM, None for PoM.
-    """
-
-    sum: Tensor
-    count: Tensor
-    offset: Tensor
-    prev: Optional[Tensor] = None
-
-    @property
-    def batch_size(self) -> int:
-        return self.sum.shape[0]
-
-    def __len__(self) -> int:
-        return self.batch_size
-
-    def __getitem__(self, index: Index) -> "PoMState":
-        """Select / reorder sequences along the batch (beam search, batch compaction); the batch dim is kept."""
-        i = batch_index(index, self.sum.device)
-        return self._map(lambda t: t[i])
-
-    def index_select(self, index: Tensor) -> "PoMState":
-        return self._map(lambda t: t.index_select(0, index))
-
-    def _map(self, fn: Any) -> "PoMState":
-        return PoMState(*(None if t is None else fn(t) for t in (getattr(self, f.name) for f in fields(PoMState))))
-
-    @staticmethod
-    def cat(states: Sequence["PoMState"]) -> "PoMState":
-        """Concatenate states along the batch (e.g. to add new requests to a running batch)."""
-        parts = [[getattr(s, f.name) for s in states] for f in fields(PoMState)]
-        return PoMState(*(None if p[0] is None else torch.cat(p) for p in parts))
-
-    def to(self, *args: Any, **kwargs: Any) -> "PoMState":
-        """Move to a device; the accumulation dtype is kept (the state never drops below fp32)."""
-        kwargs.pop("dtype", None)
-        args = tuple(a for a in args if not isinstance(a, torch.dtype))
-        return self._map(lambda t: t.to(*args, **kwargs))
-
-    def detach(self) -> "PoMState":
-        return self._map(lambda t: t.detach())
-
-
-_pytree.register_dataclass(PoMState)
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Argument checks every PoM class shares (the value-carrying classes in .value_pom call them too)
@@ -289,16 +220,24 @@ class PoM(nn.Module):
         return dict(activation=self.activation, gate=self.gate, reduction=self.reduction, rope=self.rope,
                     rope_base=self.rope_base)
 
-    # -- the plain PoM ------------------------------------------------------------------------------------------
+    # -- the op: one call for training and for streaming ---------------------------------------------------------
+
+    op = staticmethod(pom)  # the functional op this class runs (the value-carrying classes run theirs)
+
+    @property
+    def weights(self) -> PomWeights:
+        """The weights as :attr:`op` takes them: one object, made at each call from the parameters."""
+        return PomWeights(in_weight=self.in_proj.weight, gate_bias=self.gate_bias, coeff=self.coeff,
+                          out_weight=self.out_proj.weight, out_bias=self.out_proj.bias)
 
     def forward(self, x: Tensor, context: Optional[Tensor] = None, **modes: Any) -> Tensor:
         """Mix tokens. x: (B, M, dim); context: (B, N, dim) for cross-mixing; ``modes`` (:data:`LAYER_MODES`, see
         :func:`polymixer.functional.pom`): mask (B, N) key padding or (B, M, N) bool (True = takes part), causal /
         block_size ((block-)causal), cu_seqlens (packed int32 offsets, B = 1), positions / context_positions
-        (rotary). Cost O((M + N)·dim·D) — except a (B, M, N) mask, O(M·N·D)."""
+        (rotary). Cost O((M + N)·dim·D) — except a (B, M, N) mask, O(M·N·D); the value-carrying PoMs'
+        O(N·D·dv/heads) in full mode, O(N·chunk·D + N·D·dv/heads) causal."""
         layer_modes(self, modes)
-        return pom(x, context, self.in_proj.weight, self.gate_bias, self.coeff, self.out_proj.weight,
-                   self.out_proj.bias, **modes, **self._op_kwargs())
+        return self.op(x, self.weights, context, **modes, **self._op_kwargs())
 
     def init_state(
         self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None
@@ -319,26 +258,11 @@ class PoM(nn.Module):
 
         Chunks of any sizes with ``causal=True`` reproduce the parallel causal forward; frames of K tokens with
         ``causal=False`` reproduce the block-causal forward with ``block_size=K``. ``mask`` (B, T) marks the tokens
-        that take part (False for left padding). ``positions`` default to the stream index of each token.
+        that take part (False for left padding). ``positions`` default to the stream index of each token. The same
+        op as :meth:`forward`, given the state.
         """
-        if not isinstance(state, PoMState):
-            raise TypeError(f"state must be a PoMState (from init_state), got {type(state).__name__}")
-        y, s, c, o = pom_step(
-            x,
-            state.sum,
-            state.count,
-            state.offset,
-            self.in_proj.weight,
-            self.gate_bias,
-            self.coeff,
-            self.out_proj.weight,
-            self.out_proj.bias,
-            causal=causal,
-            mask=mask,
-            positions=positions,
-            **self._op_kwargs(),
-        )
-        return y, PoMState(s, c, o)
+        return self.op(x, self.weights, state=state, causal=causal, mask=mask, positions=positions,
+                       **self._op_kwargs())
 
     # ---------------------------------------------------------------------------------------------------------
     # Reference checkpoints

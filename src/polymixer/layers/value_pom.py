@@ -6,15 +6,15 @@ their own parameters and run their own op.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Union
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from ..ops.common import ROPE_BASE, ActivationLike, layer_modes
-from ..ops.value_pom import value_pom, value_pom_step
-from ..ops.value_pom.gated import gated_value_pom, gated_value_pom_step, retnet_bias
-from ..ops.value_pom.modular import CHUNK
+from ..ops.common import ROPE_BASE, ActivationLike
+from ..ops.features import CHUNK
+from ..ops.gated_value_pom import GatedValuePomWeights, gated_value_pom, retnet_bias
+from ..ops.value_pom import ValuePomWeights, value_pom
 from .pom import PoM, PoMState, check_gate_width, check_int_args, check_mixing_options, check_pom_shape, shift_width
 
 __all__ = ["ValuePoM", "GatedValuePoM"]
@@ -127,16 +127,18 @@ class ValuePoM(PoM):
     def _op_kwargs(self) -> dict:
         return dict(super()._op_kwargs(), heads=self.heads, chunk=self.chunk_size)
 
-    def value_weights(self) -> tuple:
-        """The weights in the order :func:`polymixer.ops.value_pom.value_pom` takes them."""
-        return (self.in_proj.weight, self.gate_bias, self.coeff, self.coeff_q,
-                self.shift if self.token_shift else None, self.norm_weight, self.out_proj.weight, self.out_proj.bias)
+    op = staticmethod(value_pom)
 
-    def forward(self, x: Tensor, context: Optional[Tensor] = None, **modes: Any) -> Tensor:
-        """Mix tokens: the arguments of :meth:`PoM.forward`. Cost O(N·D·dv/heads) in full mode,
-        O(N·chunk·D + N·D·dv/heads) causal."""
-        layer_modes(self, modes)
-        return value_pom(x, context, *self.value_weights(), **modes, **self._op_kwargs())
+    @property
+    def weights(self) -> ValuePomWeights:
+        """The weights as :attr:`op` takes them: one object, made at each call from the parameters."""
+        return ValuePomWeights(**self._named_weights())
+
+    def _named_weights(self) -> Dict[str, Any]:
+        """The value PoM's weights by their names in :class:`ValuePomWeights` (the gated form adds its decay's)."""
+        return dict(in_weight=self.in_proj.weight, gate_bias=self.gate_bias, coeff=self.coeff, coeff_q=self.coeff_q,
+                    shift_weight=self.shift if self.token_shift else None, norm_weight=self.norm_weight,
+                    out_weight=self.out_proj.weight, out_bias=self.out_proj.bias)
 
     def init_state(
         self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None
@@ -147,28 +149,6 @@ class ValuePoM(PoM):
         return PoMState(torch.zeros(B, H, D // H, dv // H, dtype=acc, device=device), count, offset,
                         torch.zeros(B, max(self.shift_width - 1, 1), D + dv, dtype=acc, device=device))
 
-    def _step_op(self) -> Tuple[Any, tuple]:
-        """The streaming op and the weights it takes after the value weights."""
-        return value_pom_step, ()
-
-    def step(
-        self,
-        x: Tensor,
-        state: PoMState,
-        causal: bool = True,
-        positions: Optional[Tensor] = None,
-        mask: Optional[Tensor] = None,
-    ) -> Tuple[Tensor, PoMState]:
-        """Consume a chunk of a stream: (y, new_state), as :meth:`PoM.step`."""
-        if not isinstance(state, PoMState):
-            raise TypeError(f"state must be a PoMState (from init_state), got {type(state).__name__}")
-        if state.prev is None:
-            raise ValueError("this state belongs to a plain PoM; the value-carrying PoM needs its own init_state")
-        op, extra = self._step_op()
-        y, s, c, o, p = op(x, state.sum, state.count, state.offset, state.prev, *self.value_weights(), *extra,
-                           causal=causal, mask=mask, positions=positions, **self._op_kwargs())
-        return y, PoMState(s, c, o, p)
-
     def load_reference_state_dict(self, state_dict: Any, prefix: str = "") -> None:
         """Refused: the reference implementation has only the plain PoM."""
         raise ValueError("the reference implementation has no value-carrying PoM; load into a plain PoM")
@@ -177,7 +157,7 @@ class ValuePoM(PoM):
 class GatedValuePoM(ValuePoM):
     """The gated value-carrying PoM: :class:`ValuePoM` whose state decays by a data-dependent factor per head and
     token, a = exp(−softplus(w_h · x + b_h)) (as gated linear attention / Mamba-2; initialised at RetNet's rates),
-    bidirectional in full mode — :mod:`polymixer.ops.value_pom.gated`. ``decay_proj`` (dim → heads) holds w and b.
+    bidirectional in full mode — :mod:`polymixer.ops.gated_value_pom`. ``decay_proj`` (dim → heads) holds w and b.
 
     Args: those of :class:`ValuePoM`.
     """
@@ -199,11 +179,10 @@ class GatedValuePoM(ValuePoM):
     def _extra_repr_fields(self) -> str:
         return super()._extra_repr_fields() + f", decay={self.decay!r}"
 
-    def forward(self, x: Tensor, context: Optional[Tensor] = None, **modes: Any) -> Tensor:
-        """Mix tokens: the arguments of :meth:`PoM.forward` (no cross-mixing, no (B, M, N) mask)."""
-        layer_modes(self, modes)
-        return gated_value_pom(x, context, *self.value_weights(), self.decay_proj.weight, self.decay_proj.bias,
-                               **modes, **self._op_kwargs())
+    op = staticmethod(gated_value_pom)  # no cross-mixing, no (B, M, N) mask; streams are causal
 
-    def _step_op(self) -> Tuple[Any, tuple]:
-        return gated_value_pom_step, (self.decay_proj.weight, self.decay_proj.bias)
+    @property
+    def weights(self) -> GatedValuePomWeights:
+        """The weights as :attr:`op` takes them: the value PoM's and the decay's."""
+        return GatedValuePomWeights(**self._named_weights(), decay_weight=self.decay_proj.weight,
+                                    decay_bias=self.decay_proj.bias)

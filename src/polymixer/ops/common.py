@@ -214,15 +214,15 @@ ROPE_BASE = 10000.0  # the rotary frequency base of every op (RoFormer's, the la
 
 @dataclass(frozen=True, eq=False)
 class Mixing:
-    """The mode keywords every mixing op shares (``pom``, ``value_pom``, the gated value PoM, their streaming steps
-    and the float64 oracles), as the user passed them: which context tokens each query sees (``causal``,
+    """The mode keywords every mixing op shares (``pom``, ``value_pom``, ``gated_value_pom`` and the float64 oracles),
+    as the user passed them: which context tokens each query sees (``causal``,
     ``block_size``, ``mask`` (B, N) key padding or (B, M, N) general, ``cu_seqlens`` packed offsets), where tokens sit
     for rotary positions (``positions``, ``context_positions``, ``rope`` None / "1d" / "2d", ``rope_base``) and how
     features are made and read (``activation``, ``gate``, ``reduction`` "mean" / "sum").
 
     Each public function keeps these as keywords (a drop-in API), builds one ``Mixing`` at its top and hands it down,
-    so the defaults live here once. A streaming step uses the same object (its ``causal`` defaults to True there;
-    ``block_size``, ``cu_seqlens`` and ``context_positions`` stay None)."""
+    so the defaults live here once. A stream (an op called with a state) uses the same object (``block_size``,
+    ``cu_seqlens`` and ``context_positions`` stay None: :data:`STEP_MODES`)."""
 
     causal: bool = False
     block_size: Optional[int] = None
@@ -237,14 +237,12 @@ class Mixing:
     rope_base: float = ROPE_BASE
 
     @classmethod
-    def of(cls, op: str, modes: Dict[str, Any], only: Optional[Tuple[str, ...]] = None,
-           **defaults: Any) -> "Mixing":
-        """The Mixing of a public op's mode keywords: ``modes`` as the caller passed them (``**modes`` of ``op``),
-        over ``defaults`` (a streaming step's ``causal=True``); ``only`` limits them (a step takes no block_size,
-        cu_seqlens or context_positions). A keyword that is not a mode of ``op`` is a TypeError naming it and the op's
-        modes, as a misspelt keyword argument would be."""
+    def of(cls, op: str, modes: Dict[str, Any], only: Optional[Tuple[str, ...]] = None) -> "Mixing":
+        """The Mixing of a public op's mode keywords: ``modes`` as the caller passed them (``**modes`` of ``op``);
+        ``only`` limits them (an oracle reads no masks). A keyword that is not a mode of ``op`` is a TypeError naming
+        it and the op's modes, as a misspelt keyword argument would be."""
         check_mode_keywords(op, modes, only if only is not None else MIXING_MODES)
-        out = {**defaults, **modes}
+        out = dict(modes)
         if "rope_base" in out:
             out["rope_base"] = float(out["rope_base"])
         return cls(**out)
@@ -264,26 +262,13 @@ class Mixing:
         resolve(ACTIVATIONS, self.activation, "activation")
         resolve(GATES, self.gate, "gate")
 
-    def describe(self, x: Tensor, self_mix: bool, packed: bool, key_padding: bool, general: bool) -> str:
-        """A call in words, for messages: mode, self / cross, packing, masks, rotary, dtype and device of ``x``."""
-        parts = [self.mode(), "self-mixing" if self_mix else "cross-mixing"]
-        parts += [what for what, on in (("packed", packed), ("key padding", key_padding), ("(B, M, N) mask", general))
-                  if on]
-        if self.rope:
-            parts.append(f"{self.rope} rotary")
-        return ", ".join(parts + [f"{x.dtype} on {x.device.type}"])
-
     def with_(self, **changes: Any) -> "Mixing":
         """A copy with ``changes`` (e.g. the masks and positions of packed sequences laid out one row each)."""
         return replace(self, **changes)
 
-    def mode(self) -> str:
-        """"block-causal", "causal" or "full", for messages."""
-        return "block-causal" if self.block_size else "causal" if self.causal else "full"
-
 
 MIXING_MODES = tuple(f.name for f in fields(Mixing))  # every mode keyword (a constant: torch.compile reads it)
-# the modes a streaming step takes (its chunk is causal by default or one block; no packing, no cross-mixing)
+# the modes of a stream (an op called with a state: its chunk causal or one block; no packing, no cross-mixing)
 STEP_MODES = ("causal", "mask", "positions", "activation", "gate", "reduction", "rope", "rope_base")
 # the modes a layer's forward takes (the rest of Mixing is the layer's own configuration)
 LAYER_MODES = ("mask", "causal", "block_size", "cu_seqlens", "positions", "context_positions")

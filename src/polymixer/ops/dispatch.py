@@ -1,10 +1,11 @@
 """One op, several backends: which implementation runs a call, and how a user chooses.
 
-Each op (``pom``, ``pom_step``, ``value_pom``, ``value_pom_step``, ``gated_value_pom``, ``gated_value_pom_step``)
-has a front end that validates a call once into a typed call object (:class:`polymixer.ops.pom.PomCall`,
-:class:`polymixer.ops.value_pom.ValueCall`, …; the mode keywords as one :class:`polymixer.ops.common.Mixing`) and
-backends side by side, each a module with ``supports(call) -> None | str`` (None when it can take the call, else the
-reason it cannot) and ``forward(call)``; a backend never calls another one (what they share is a module of its own):
+Each op (``pom``, ``value_pom``, ``gated_value_pom``) has a front end that validates a call once into a
+:class:`polymixer.ops.call.Call` (its weights one object of the op's type, the mode keywords one
+:class:`polymixer.ops.common.Mixing`, a stream's state) and backends side by side, each a module with
+``supports(call) -> None | str`` (None when it can take the call, else the reason it cannot) and ``forward(call)``;
+a backend never calls another one (what they share is a module of its own). An op that lacks a backend says why
+(:func:`absent`):
 
 * ``reference`` — the float64 oracle, the paper's formula literally (an explicit visibility matrix: O(M·N));
 * ``torch`` — the device-agnostic modular form (every device, every mode, ``torch.compile``);
@@ -41,7 +42,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 from .common import is_compiling
 
 __all__ = ["BACKENDS", "AUTO_ORDER", "backend", "current_backend", "choose", "backend_for", "disabled_backends",
-           "load_backend", "register"]
+           "load_backend", "register", "absent"]
 
 log = logging.getLogger("polymixer.ops")
 
@@ -56,6 +57,8 @@ _MODULES: Dict[str, Dict[str, Union[str, ModuleType]]] = {}
 _PRECHECKS: Dict[Tuple[str, str], Any] = {}
 # the speed rule of a route in the automatic choice: (op, name) → call → polymixer.ops.measured.Verdict
 _SPEED: Dict[Tuple[str, str], Any] = {}
+# why an op has no such backend: (op, name) → reason
+_ABSENT: Dict[Tuple[str, str], str] = {}
 
 # the explicit choice (a stack: nested ``backend()`` blocks) and the backends switched off for the automatic one
 _STATE: Dict[str, Any] = {"forced": [], "disabled": frozenset()}
@@ -114,6 +117,16 @@ def register(op: str, name: str, module: Union[str, ModuleType], precheck: Any =
         _SPEED[(op, name)] = speed
 
 
+def absent(op: str, name: str, why: str) -> None:
+    """Say why ``op`` has no backend ``name`` (in the error of an explicit choice and in ``backend_for``)."""
+    _ABSENT[(op, name)] = why
+
+
+def _missing(op: str, name: str) -> str:
+    why = _ABSENT.get((op, name))
+    return f"backend {name!r} has no {op}" + (f" ({why})" if why else "")
+
+
 def load_backend(op: str, name: str) -> Optional[ModuleType]:
     """The module of backend ``name`` of ``op`` (None when the op has no such backend). Under ``torch.compile`` a
     backend not imported yet is not imported (dynamo does not trace imports): ImportError."""
@@ -137,6 +150,8 @@ def _reasons(op: str, call: Any) -> Tuple[Optional[str], List[Tuple[str, str]], 
     passed: List[Tuple[str, str]] = []
     for name in AUTO_ORDER:
         if name not in _MODULES[op]:
+            if (op, name) in _ABSENT:
+                passed.append((name, _ABSENT[(op, name)]))
             continue
         if name in _STATE["disabled"]:
             passed.append((name, "switched off"))
@@ -185,7 +200,7 @@ def choose(op: str, call: Any) -> ModuleType:
     forced = current_backend()
     if forced is not None:
         if forced not in _MODULES[op]:
-            raise NotImplementedError(f"backend {forced!r} has no {op}; its backends are {', '.join(_MODULES[op])}")
+            raise NotImplementedError(f"{_missing(op, forced)}; its backends are {', '.join(_MODULES[op])}")
         why = _probe(op, forced, call, explicit=True)
         if why is not None:
             raise NotImplementedError(f"backend {forced!r} cannot take this {op} call: {why}")
@@ -203,11 +218,10 @@ def backend_for(op: str, call: Any) -> Dict[str, Any]:
     """Which backend a call of ``op`` gets and why: {"backend": name, "explicit": bool, "rule": the speed rule that
     let the automatic choice take it ("table entry" or "model"; None for an explicit choice or a backend without
     one), "reason": that rule's reason, "passed_over": {name: why}} — a route its speed rule passed over says which
-    rule ("table entry", "model" or "no measurement") and why (the ``call`` as :func:`polymixer.ops.pom.make_call` /
-    the op's ``make_call`` builds it)."""
+    rule ("table entry", "model" or "no measurement") and why (the ``call`` as the op's front end builds it)."""
     forced = current_backend()
     if forced is not None:
-        why = _probe(op, forced, call, explicit=True) if forced in _MODULES[op] else f"{forced!r} has no {op}"
+        why = _probe(op, forced, call, explicit=True) if forced in _MODULES[op] else _missing(op, forced)
         return {"backend": forced if why is None else None, "explicit": True, "rule": None, "reason": None,
                 "passed_over": {} if why is None else {forced: why}}
     name, passed, verdict = _reasons(op, call)

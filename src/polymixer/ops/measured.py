@@ -39,7 +39,7 @@ DEBUG log:
 * ``table entry`` — entries match the call (same architecture, op, route, mode class, pass, dtype, size class and
   kernel hash): the route is taken when every one of them says faster;
 * ``model`` — no entry matches, and the route has a model (PoM's unfused kernels,
-  :func:`polymixer.ops.cost.pom_kernels_vs_torch`): taken when the model, at the measured bandwidths, predicts it
+  :func:`polymixer.ops.pom.cost.pom_kernels_vs_torch`): taken when the model, at the measured bandwidths, predicts it
   faster than the torch form;
 * ``no measurement`` — neither: the route is passed over.
 """
@@ -160,21 +160,17 @@ def _pow2_at_least(n: Any) -> int:
 
 
 def case_of(op: str, call: Any) -> Case:
-    """The :class:`Case` of a ``pom`` call (:class:`polymixer.ops.pom.PomCall`) or a ``value_pom`` call
-    (:class:`polymixer.ops.value_pom.ValueCall`)."""
-    x = call.x
+    """The :class:`Case` of a ``pom`` or ``value_pom`` call (:class:`polymixer.ops.call.Call`). PoM's kernels are
+    differentiated when x or a weight they read needs a gradient (W_o's is cuBLAS's)."""
+    x, w = call.x, call.weights
+    mode = mode_class(bool(call.causal), call.block_size, call.cu_k is not None, call.rope)
     if op == "pom":
-        mode = mode_class(call.causal, call.block_size, call.cu_k is not None, call.rope)
-        B, N = call.B, call.N
-        train = _differentiated((x, call.in_weight, call.coeff, call.gate_bias))
+        train = _differentiated((x, w.in_weight, w.coeff, w.gate_bias))
         gate_head = _pow2_at_least(call.D // call.Ds)
     else:
-        m = call.mixing
-        mode = mode_class(bool(m.causal), m.block_size, call.cu_k is not None, m.rope)
-        B, N = call.B, call.N
         train = _differentiated(call.tensors())
         gate_head = 1
-    return Case(op, x.device.type, x.device.index, mode, size_bucket(N), size_bucket(B * N),
+    return Case(op, x.device.type, x.device.index, mode, size_bucket(call.N), size_bucket(call.B * call.N),
                 dtype_name(_kernel_dtype(x)), PASSES[1] if train else PASSES[0], gate_head)
 
 

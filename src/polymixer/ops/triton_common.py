@@ -38,11 +38,10 @@ except ImportError as e:  # pragma: no cover - depends on the environment (the [
     raise ImportError("the triton backend needs Triton: pip install 'polymixer[gpu]'") from e
 
 __all__ = ["interpreted", "ACT_CODES", "GATE_CODES", "DTYPES", "MAX_DEGREE", "TWO_PI", "allowed_difference", "sigmoid",
-           "act_fn", "act_grad", "gate_fn", "gate_grad", "horner", "horner_grad", "seg_add", "or_", "rope_cos_sin",
-           "offset64", "last_row", "mma", "dot_precision", "sequence_of", "end_of", "kernel_op", "launch", "sm_count",
-           "device_guard", "tensor_device", "run_in_fresh_thread", "first_use", "check_results", "check_runs",
-           "judge_check", "CHECKED",
-           "pow2", "tolerance"]
+           "act_fn", "act_grad", "gate_fn", "gate_grad", "seg_add", "or_", "offset64", "last_row", "mma",
+           "dot_precision", "sequence_of", "end_of", "kernel_op", "launch", "sm_count", "device_guard",
+           "tensor_device", "run_in_fresh_thread", "first_use", "check_results", "check_runs", "judge_check",
+           "CHECKED", "pow2", "tolerance"]
 
 ACT_CODES = {"leaky_clamp": 0, "relu": 1, "identity": 2, "silu": 3, "gelu": 4, "tanh": 5}
 GATE_CODES = {"hardsigmoid": 0, "sigmoid": 1, "identity": 2}
@@ -133,26 +132,6 @@ def gate_grad(u, GATE: tl.constexpr):
 
 
 @triton.jit
-def horner(h, coeff_ptr, ch, cmask, K: tl.constexpr):
-    """Σ_{q=1..K} α_q ⊙ h^q with α of channels ``ch`` (the (D, K) coefficient table, row-major)."""
-    acc = tl.load(coeff_ptr + ch * K + (K - 1), mask=cmask, other=0.0).to(tl.float32)[None, :] + h * 0.0
-    for t in tl.static_range(1, K):
-        a = tl.load(coeff_ptr + ch * K + (K - 1 - t), mask=cmask, other=0.0).to(tl.float32)
-        acc = acc * h + a[None, :]
-    return acc * h
-
-
-@triton.jit
-def horner_grad(h, coeff_ptr, ch, cmask, K: tl.constexpr):
-    """d/dh Σ_q α_q h^q = Σ_q q·α_q h^(q−1)."""
-    acc = K * tl.load(coeff_ptr + ch * K + (K - 1), mask=cmask, other=0.0).to(tl.float32)[None, :] + h * 0.0
-    for t in tl.static_range(1, K):
-        a = tl.load(coeff_ptr + ch * K + (K - 1 - t), mask=cmask, other=0.0).to(tl.float32)
-        acc = acc * h + (K - t) * a[None, :]
-    return acc
-
-
-@triton.jit
 def seg_add(a, fa, b, fb):
     """The combine of a segmented inclusive sum: ``b`` restarts the sum where it starts a segment."""
     return tl.where(fb != 0, b, a + b), fa | fb
@@ -224,32 +203,6 @@ def end_of(n, sid, s0, s1, BS, MODE: tl.constexpr):
         e = tl.minimum(s0 + (blk + 1) * BS - 1, s1 - 1)
         eid = s0 // BS + blk + sid
     return e, eid
-
-
-@triton.jit
-def rope_cos_sin(pos_ptr, n, nmask, s0, ch, half, log2base, ROPE: tl.constexpr, HAS_POS: tl.constexpr):
-    """cos / sin of the rotary angles of channel pairs ``ch`` (0 ≤ ch < half) at tokens ``n``, (tokens, channels)
-    fp32 — as :func:`polymixer.ops.common.rope_angles` computes them: the angle position × base^(−k/pairs) in float64,
-    reduced modulo 2π, then cos / sin in fp32. ``pos_ptr`` points at this row's positions (fp64; (N,) for 1-D, (N, 2)
-    row-major for 2-D); without positions a token's position is its index in its sequence (``n − s0``). 2-D: the
-    first half of the pairs turn with the row, the second with the column."""
-    if ROPE == 1:
-        if HAS_POS:
-            p = tl.load(pos_ptr + n, mask=nmask, other=0.0).to(tl.float64)
-        else:
-            p = (n - s0).to(tl.float64)
-        inv = tl.exp2(-(ch.to(tl.float64) / half) * log2base)
-        th = p[:, None] * inv[None, :]
-    else:
-        q = half // 2
-        col = ch >= q
-        k = tl.where(col, ch - q, ch)
-        inv = tl.exp2(-(k.to(tl.float64) / q) * log2base)
-        prow = tl.load(pos_ptr + 2 * n, mask=nmask, other=0.0).to(tl.float64)
-        pcol = tl.load(pos_ptr + 2 * n + 1, mask=nmask, other=0.0).to(tl.float64)
-        th = tl.where(col[None, :], pcol[:, None], prow[:, None]) * inv[None, :]
-    red = (th - TWO_PI * tl.floor(th / TWO_PI)).to(tl.float32)
-    return tl.cos(red), tl.sin(red)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ def _kernel(op: str, name: str) -> Any:
     if op == "pom":
         from ...ops.pom import triton_kernels as tk
     elif op == "gated":
-        from ...ops.value_pom import gated_triton as tk  # type: ignore[no-redef]
+        from ...ops.gated_value_pom import triton_kernels as tk  # type: ignore[no-redef]
     else:
         from ...ops.value_pom import triton_kernels as tk  # type: ignore[no-redef]
     return tk.KERNELS[name]
@@ -168,7 +168,7 @@ def builds(representative: bool = False) -> List[Build]:
     from ...ops.value_pom import triton_kernels as vk
 
     out += vk.aot_builds(Build)
-    from ...ops.value_pom import gated_triton as gk
+    from ...ops.gated_value_pom import triton_kernels as gk
 
     out += gk.aot_builds(Build)
     out = [Build(b.op, b.kernel, tuple((k, v) for k, v in b.constexprs if k in _kernel(b.op, b.kernel).arg_names),

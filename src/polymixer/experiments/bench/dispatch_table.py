@@ -8,7 +8,7 @@ the forward (``fwd_ms``, under ``no_grad``) and in forward + backward (``fwdbwd_
 than the routes the automatic choice would try after it (``triton_gemm`` against ``triton``), by at least the
 margin (5% by default: a tie is not a reason to take a kernel). The run also records the bandwidth its PoM mixing
 kernels and its torch form reached (their elementwise time — the row's time less its matrix-product floor — over
-their counted passes, :mod:`polymixer.ops.cost`), and the fraction of the tensor-core peak of the fused route,
+their counted passes, :mod:`polymixer.ops.pom.cost`), and the fraction of the tensor-core peak of the fused route,
 from which the cost model predicts calls the table has no entry for.
 
 The card's architecture and name and the hashes of the kernel source the run measured come from the bench's machine
@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ...ops import cost, measured
+from ...ops import measured
+from ...ops.pom import cost
 from ...ops.dispatch import AUTO_ORDER
 from ...ranges import Range
 from ..tasks.common import float_in

@@ -1,7 +1,7 @@
 """``polymixer bench roofline``: a roofline MODEL of PoM and attention on a GPU — predicted, not measured.
 
 For every kernel of one forward pass the model counts the FLOPs and the bytes moved through HBM, and predicts its time
-as ``max(FLOPs / (peak · efficiency), bytes / (bandwidth · efficiency))`` (:mod:`polymixer.ops.cost`, the model the
+as ``max(FLOPs / (peak · efficiency), bytes / (bandwidth · efficiency))`` (:mod:`polymixer.ops.pom.cost`, the model the
 dispatcher also uses to choose PoM's GPU route). Summed over GPT-2 small (12 layers × 768) and GPPoM2-S (the same
 with PoM, D = 2·768, a gate per head) at 1k, 4k, 16k and 32k tokens per sequence, it predicts the forward tokens/s of
 both and their ratio, beside the paper's H100 measurements, and PoM's forward time over its own matrix products (the
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-from ...ops.cost import GPUS, PASS_FLOOR, fused_efficiency, fused_tiles, hbm_passes
+from ...ops.pom.cost import GPUS, PASS_FLOOR, fused_efficiency, fused_tiles, hbm_passes
 from ..report import format_table, new_figure, save_figure
 from .common import write_json
 from ...ranges import Range
@@ -70,7 +70,7 @@ def _gemm(m: float, k: float, n: float, cfg: RooflineConfig) -> float:
 
 def _fused_eff(cfg: RooflineConfig) -> float:
     """The fused GEMM's fraction of the peak: given, or from its forward tile
-    (:func:`polymixer.ops.cost.fused_efficiency`)."""
+    (:func:`polymixer.ops.pom.cost.fused_efficiency`)."""
     if cfg.fused_gemm_eff is not None:
         return cfg.fused_gemm_eff
     D = int(round(cfg.expand * cfg.dim))

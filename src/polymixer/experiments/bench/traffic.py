@@ -139,7 +139,7 @@ def count(case: Case, B: int = 2, N: int = 256, d: int = 32, D: int = 64) -> Dic
     import torch
 
     from ...ops import backend
-    from ...ops.pom import pom
+    from ...ops.pom import PomWeights, pom
     from ...ops.pom import triton_kernels as tk
 
     cpu = torch.device("cpu")
@@ -152,7 +152,7 @@ def count(case: Case, B: int = 2, N: int = 256, d: int = 32, D: int = 64) -> Dic
         with torch.autocast("cpu", dtype=torch.bfloat16):
             fwd = _Recorder()
             with fwd.installed(), backend(case.route):
-                y = pom(x, None, *weights, **kw)
+                y = pom(x, PomWeights(*weights), **kw)
             bwd = _Recorder()
             with bwd.installed():
                 y.float().square().sum().backward()
@@ -201,7 +201,7 @@ def measure(cases: List[Case], progress: bool = True) -> List[Dict[str, Any]]:
 def table(rows: List[Dict[str, Any]]) -> str:
     """The guide's table: counted passes against the model and the floor."""
     from ..report import format_table
-    from ...ops.cost import PASS_FLOOR, hbm_passes
+    from ...ops.pom.cost import PASS_FLOOR, hbm_passes
 
     out = []
     for r in rows:

@@ -21,66 +21,52 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..common import check_positions, compute_dtype, is_compiling, rope_angles, rotate
+from ..call import Call, PoMState, refuse_split
+from ..common import compute_dtype, is_compiling, rope_angles, rotate
 from ..features import cumsum, gate_mix, poly_features, safe_inverse
 from ..parallel import (ContextParallel, Slice, agree, all_reduce_sum, block_carry, causal_sums, exclusive_scan,
                         mode_facts, tensor_facts)
+from .fused_cpu import mix_with_carry, slice_sum
 
-__all__ = ["forward", "refuse"]
-
-
-def refuse(call) -> Optional[str]:  # call: polymixer.ops.pom.PomCall
-    """Why a validated call cannot be split across ranks (None: it can)."""
-    if not call.self_mix:
-        return "cross-mixing cannot be split: pass the whole context on every rank (or mix outside the context)"
-    if call.cu_k is not None:
-        return "packed sequences (cu_seqlens) cannot be split across ranks: give each rank a padded batch slice"
-    if call.mask is not None:
-        return "an explicit (B, M, N) mask cannot be split: use key padding, causal or block-causal masking"
-    if call.rope == "2d" and call.positions is None:
-        return "2-D rotary needs this slice's explicit (row, col) positions"
-    return None
+__all__ = ["forward"]
 
 
-def _global_positions(call, sl: Slice, offset: Optional[Tensor] = None) -> Tensor:
-    pos = call.positions
-    if pos is None:
-        pos = sl.start + torch.arange(call.N, device=call.x.device)
-        if offset is not None:
-            pos = offset.unsqueeze(1) + pos
-    check_positions(pos, call.B, call.N, call.rope == "2d", "positions")
-    return pos
+def _global_positions(call: Call, sl: Slice) -> Tensor:
+    """A slice's rotary positions: its own, else the global token index (after a stream's offset)."""
+    pos = sl.start + torch.arange(call.N, device=call.x.device)
+    return call.rope_positions(pos if call.state is None else call.state.offset.unsqueeze(1) + pos)[0]
 
 
-def forward(call, cp: ContextParallel, problem: Optional[str] = None,
-            state: Optional[Tuple[Tensor, Tensor, Tensor]] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor], int]:
-    """(y (B, n, d), (sum, count) after this rank's last token — the whole prefix's on the last rank —, the global
-    length).
-
-    ``state``: (sum (B, D), count (B,), offset (B,)) of a stream before the global sequence (causal only)."""
-    problem = problem or refuse(call)
-    facts = {"length": call.N}
+def forward(call: Optional[Call], problem: Optional[str], cp: ContextParallel) -> Tuple[Tensor, Optional[PoMState]]:
+    """(y (B, n, d), the stream's state after this rank's last token — the whole prefix's on the last rank — or None
+    without a stream). ``call.state``: a stream's state before the global sequence (causal only), or None. A call
+    that cannot be split (``problem``; ``call`` None when it failed its own checks) is refused alike on every rank:
+    never a hang."""
+    problem = problem or refuse_split(call)
+    facts = {"length": 0 if call is None else call.N}
     if not problem:
+        state = call.state
         facts.update({"batch": call.B, "width": call.x.shape[-1], "D": call.D, "gate width": call.Ds,
                       **tensor_facts(call.x)})
         facts.update(mode_facts(call.causal, call.block_size, call.key_mask, call.rope, call.positions,
                                 state is not None))
     sl = Slice(cp.rank, agree(cp, "pom", facts, problem))
-    x, D, B, n = call.x, call.D, call.B, call.N
+    x, D, B, n, state = call.x, call.D, call.B, call.N, call.state
     if _fusable(call):
         return _fused(call, cp, sl, state)
 
-    z = F.linear(x, call.in_weight)
+    w = call.weights
+    z = F.linear(x, w.in_weight)
     zh, zs = z.split([D, call.Ds], dim=-1)
-    p = poly_features(zh, call.coeff, call.activation)  # (B, n, D), accumulation dtype
+    p = poly_features(zh, w.coeff, call.activation)  # (B, n, D), accumulation dtype
     pos = None
     if call.rope is not None:
-        pos = _global_positions(call, sl, None if state is None else state[2])
+        pos = _global_positions(call, sl)
         cos, sin = rope_angles(pos, D, call.rope_base, call.rope == "2d", p.dtype)
         p = rotate(p, cos, sin)
-    w = call.key_mask.to(p.dtype) if call.key_mask is not None else p.new_ones(B, n)
-    p = p * w.unsqueeze(-1)
-    pc = torch.cat([p, w.unsqueeze(-1)], dim=-1)  # the sums and their counts travel together: (B, n, D + 1)
+    kw = call.key_mask.to(p.dtype) if call.key_mask is not None else p.new_ones(B, n)
+    p = p * kw.unsqueeze(-1)
+    pc = torch.cat([p, kw.unsqueeze(-1)], dim=-1)  # the sums and their counts travel together: (B, n, D + 1)
     h, final = _sums(call, cp, sl, pc, state)
     hs, cnt = h[..., :D], h[..., D:]
     if call.reduction == "mean":
@@ -88,12 +74,20 @@ def forward(call, cp: ContextParallel, problem: Optional[str] = None,
     if call.rope is not None:
         cos_q, sin_q = rope_angles(pos, D, call.rope_base, call.rope == "2d", p.dtype)
         hs = rotate(hs.expand(B, n, D), cos_q, sin_q, inverse=True)
-    g = gate_mix(zs, call.gate_bias, hs, call.gate)
-    y = F.linear(g, call.out_weight, call.out_bias)
-    return y, (final[:, :D], final[:, D]), sl.total
+    g = gate_mix(zs, w.gate_bias, hs, call.gate)
+    return F.linear(g, w.out_weight, w.out_bias), _after(call, final, sl)
 
 
-def _sums(call, cp: ContextParallel, sl: Slice, pc: Tensor, state: Optional[Tuple[Tensor, Tensor, Tensor]]
+def _after(call: Call, final: Tensor, sl: Slice) -> Optional[PoMState]:
+    """The stream's state after the global sequence's tokens up to this slice's last one (``final``: their
+    (B, D + 1) sums and counts, the stream's before them included), or None without a stream."""
+    state, D = call.state, call.D
+    if state is None:
+        return None
+    return PoMState(final[:, :D].to(state.sum.dtype), final[:, D].to(state.count.dtype), state.offset + sl.total)
+
+
+def _sums(call: Call, cp: ContextParallel, sl: Slice, pc: Tensor, state: Optional[PoMState]
           ) -> Tuple[Tensor, Tensor]:
     """(the sums and counts each query reads (B, n or 1, D + 1), those after this slice (B, D + 1)) from this
     slice's weighted features and counts ``pc`` (B, n, D + 1) and what the other ranks send."""
@@ -114,43 +108,40 @@ def _sums(call, cp: ContextParallel, sl: Slice, pc: Tensor, state: Optional[Tupl
         past = (end > sl.start + n).to(pc.dtype)  # the queries whose block runs past this slice read the tail
         run = run + past.view(1, n, 1) * tail.unsqueeze(1)
     if state is not None:
-        prefix = prefix + torch.cat([state[0].to(pc.dtype), state[1].to(pc.dtype).unsqueeze(-1)], dim=-1)
+        prefix = prefix + torch.cat([state.sum.to(pc.dtype), state.count.to(pc.dtype).unsqueeze(-1)], dim=-1)
     return prefix.unsqueeze(1) + run, prefix + local
 
 
-def _fusable(call) -> bool:
+def _fusable(call: Call) -> bool:
     """Calls the fused CPU path takes (causal or full, no key padding): there the slice keeps its memory to z."""
     return (call.x.device.type == "cpu" and call.key_mask is None and call.block_size is None
             and isinstance(call.activation, str) and isinstance(call.gate, str) and not is_compiling())
 
 
-def _fused(call, cp: ContextParallel, sl: Slice, state: Optional[Tuple[Tensor, Tensor, Tensor]]
-           ) -> Tuple[Tensor, Tuple[Tensor, Tensor], int]:
+def _fused(call: Call, cp: ContextParallel, sl: Slice, state: Optional[PoMState]
+           ) -> Tuple[Tensor, Optional[PoMState]]:
     """The fused CPU path with what the other ranks contribute carried in: one tiled pass sums this slice, one
     all-gather, one tiled pass mixes (saving only z, as the fused path does)."""
-    from .fused_cpu import mix_with_carry, slice_sum
-
-    x, D, B, n = call.x, call.D, call.B, call.N
+    x, D, B, n, w = call.x, call.D, call.B, call.N, call.weights
     cd = compute_dtype(x.dtype)
     rot = None
     if call.rope is not None:
-        pos = _global_positions(call, sl, None if state is None else state[2])
+        pos = _global_positions(call, sl)
         rot = rope_angles(pos, D, call.rope_base, call.rope == "2d", cd)
-    z = F.linear(x, call.in_weight)
-    local = slice_sum(z, call.coeff, rot, call.activation)
+    z = F.linear(x, w.in_weight)
+    local = slice_sum(z, w.coeff, rot, call.activation)
     counts = torch.full((B, 1), float(n), dtype=cd, device=x.device)
     mine = torch.cat([local, counts], dim=1)  # (B, D + 1)
     if call.causal:
         before = exclusive_scan(mine, cp, "pom causal sums")
         if state is not None:
-            before = before + torch.cat([state[0].to(cd), state[1].to(cd).unsqueeze(-1)], dim=1)
+            before = before + torch.cat([state.sum.to(cd), state.count.to(cd).unsqueeze(-1)], dim=1)
         carry, count = before[:, :D], before[:, D].detach()
         final = before + mine
     else:
         final = all_reduce_sum(mine, cp, "pom full sums")
         others = final - mine  # what the other ranks hold (the fused pass adds this slice's own sums)
         carry, count = others[:, :D], final[:, D].detach()
-    g = mix_with_carry(z, call.coeff, call.gate_bias, rot, call.causal, call.activation, call.gate,
+    g = mix_with_carry(z, w.coeff, w.gate_bias, rot, call.causal, call.activation, call.gate,
                        call.reduction == "mean", carry, count)
-    y = F.linear(g, call.out_weight, call.out_bias)
-    return y, (final[:, :D], final[:, D]), sl.total
+    return F.linear(g, w.out_weight, w.out_bias), _after(call, final, sl)

@@ -13,15 +13,15 @@ from ..common import (
     ACTIVATIONS,
     GATES,
     GATES_INPLACE,
-    check_positions,
     compute_dtype,
-    default_positions,
     elementwise_backward,
     is_compiling,
     rope_angles,
     rotate,
 )
+from ..call import Call
 from ..features import chunked_cumsum, horner, horner_derivative
+from .call import PomWeights
 
 __all__ = ["supports", "forward", "slice_sum", "mix_with_carry"]
 
@@ -180,6 +180,16 @@ def _fused_forward(src: _ProjectedTiles, B: int, N: int, plan: _Plan, put: Calla
     return carries
 
 
+def _poly_grads(plan: _Plan, grad_rows: Tensor, zh: Tensor, h: Tensor, gp: Tensor) -> Tensor:
+    """Accumulate dL/dα (into ``grad_rows`` (k, D)) from dL/dp ``gp`` of one tile and return its dL/dz_h."""
+    hp = h
+    for p in range(grad_rows.shape[0]):
+        grad_rows[p] += (gp * hp).sum((0, 1))
+        if p + 1 < grad_rows.shape[0]:
+            hp = hp * h
+    return elementwise_backward(plan.act_fn, plan.act_d, zh, gp * horner_derivative(h, plan.rows))
+
+
 class _FusedSelfMix(torch.autograd.Function):
     """z = [W_h x; W_s x] → gate(z_s + b) ⊙ H(poly(act(z_h))), full or causal, saving only z (and rotary tables)."""
 
@@ -215,15 +225,6 @@ class _FusedSelfMix(torch.autograd.Function):
         grad_bias = torch.zeros(Ds, dtype=cd, device=z.device)
         grad_rows = torch.zeros(k, D, dtype=cd, device=z.device)
 
-        def poly_grads(zh: Tensor, h: Tensor, gp: Tensor) -> Tensor:
-            """Accumulate dL/dα from dL/dp and return dL/dz_h for one tile."""
-            hp = h
-            for p in range(k):
-                grad_rows[p] += (gp * hp).sum((0, 1))
-                if p + 1 < k:
-                    hp = hp * h
-            return elementwise_backward(plan.act_fn, plan.act_d, zh, gp * horner_derivative(h, rows))
-
         if not causal:
             H = aux  # (B, D), rotated frame
             gH = torch.zeros(B, D, dtype=cd, device=z.device)
@@ -244,7 +245,7 @@ class _FusedSelfMix(torch.autograd.Function):
                 t = (b0, b1, n0, n1)
                 zh = z[b0:b1, n0:n1, :D].to(cd)
                 gp = plan.unrotate(gH[b0:b1, None].expand(b1 - b0, n1 - n0, D), t)
-                grad_z[b0:b1, n0:n1, :D] = poly_grads(zh, plan.act_fn(zh), gp)
+                grad_z[b0:b1, n0:n1, :D] = _poly_grads(plan, grad_rows, zh, plan.act_fn(zh), gp)
         else:
             carries = aux
             inv = _inverse_counts(plan, B, N, z.device)
@@ -268,7 +269,7 @@ class _FusedSelfMix(torch.autograd.Function):
                 gp = chunked_cumsum(gc, reverse=True)
                 gp += suffix[b0:b1, None]
                 suffix[b0:b1] = gp[:, 0]
-                grad_z[b0:b1, n0:n1, :D] = poly_grads(zh, h, plan.unrotate(gp, t))
+                grad_z[b0:b1, n0:n1, :D] = _poly_grads(plan, grad_rows, zh, h, plan.unrotate(gp, t))
             grad_carry = suffix  # every query's sum holds the carried-in sum: the gradient of all of them
         return (grad_z, grad_rows.t().to(coeff.dtype), grad_bias.to(bias.dtype), None, None, None, None, None,
                 None, grad_carry if has_carry else None, None)
@@ -310,13 +311,7 @@ class _FusedSum(torch.autograd.Function):
             zh = z[b0:b1, n0:n1, :D].to(cd)
             h = plan.act_fn(zh)
             gp = plan.unrotate(g[b0:b1, None].expand(b1 - b0, n1 - n0, D), t)
-            hp = h
-            for p in range(k):
-                grad_rows[p] += (gp * hp).sum((0, 1))
-                if p + 1 < k:
-                    hp = hp * h
-            grad_z[b0:b1, n0:n1, :D] = elementwise_backward(plan.act_fn, plan.act_d, zh,
-                                                            gp * horner_derivative(h, plan.rows))
+            grad_z[b0:b1, n0:n1, :D] = _poly_grads(plan, grad_rows, zh, h, gp)
         return grad_z, grad_rows.t().to(coeff.dtype), None, None, None
 
 
@@ -335,8 +330,10 @@ def mix_with_carry(z: Tensor, coeff: Tensor, bias: Tensor, rot: Rot, causal: boo
     return _FusedSelfMix.apply(z, coeff, bias, cos, sin, causal, act, gate, mean, carry, count)
 
 
-def supports(call) -> Optional[str]:
+def supports(call: Call) -> Optional[str]:
     """Self-mixing, full or causal (rotary allowed), on CPU tensors, named non-linearities, eager mode."""
+    if call.state is not None:
+        return "a stream (state=…) runs on the torch form"
     if call.x.device.type != "cpu":
         return f"CPU tensors only (got {call.x.device.type})"
     if not call.self_mix:
@@ -353,25 +350,22 @@ def supports(call) -> Optional[str]:
     return None
 
 
-def forward(call) -> Tensor:
-    """The whole self-mixing PoM of ``call`` (a :class:`polymixer.ops.pom.PomCall`) on the fused path."""
+def forward(call: Call) -> Tensor:
+    """The whole self-mixing PoM of ``call`` on the fused path."""
     rot = None
     if call.rope is not None:
-        two_d = call.rope == "2d"
-        positions = call.positions
-        if positions is None:
-            positions = default_positions(call.N, call.x.device, two_d, "positions")
-        check_positions(positions, call.B, call.N, two_d, "positions")
-        rot = rope_angles(positions, call.D, call.rope_base, two_d, compute_dtype(call.x.dtype))
-    return _fused_self_mix(call.x, call.in_weight, call.coeff, call.gate_bias, call.out_weight, call.out_bias,
-                           call.causal, call.activation, call.gate, call.reduction == "mean", rot)
+        rot = rope_angles(call.rope_positions()[0], call.D, call.rope_base, call.rope == "2d",
+                          compute_dtype(call.x.dtype))
+    return _fused_self_mix(call.x, call.weights, call.causal, call.activation, call.gate, call.reduction == "mean",
+                           rot)
 
 
-def _fused_self_mix(x: Tensor, in_weight: Tensor, coeff: Tensor, bias: Tensor, out_weight: Tensor,
-                    out_bias: Optional[Tensor], causal: bool, act: str, gate: str, mean: bool, rot: Rot) -> Tensor:
+def _fused_self_mix(x: Tensor, weights: PomWeights, causal: bool, act: str, gate: str, mean: bool, rot: Rot
+                    ) -> Tensor:
     """The whole self-mixing PoM on the fused CPU path (``rot``: rotary cos / sin tables of the tokens, or None)."""
-    params = (in_weight, coeff, bias, out_weight) + (() if out_bias is None else (out_bias,))
-    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
+    in_weight, coeff, bias = weights.in_weight, weights.coeff, weights.gate_bias
+    out_weight, out_bias = weights.out_weight, weights.out_bias
+    if torch.is_grad_enabled() and (x.requires_grad or any(p is not None and p.requires_grad for p in weights)):
         z = F.linear(x, in_weight)
         cos, sin = rot if rot is not None else (None, None)
         g = _FusedSelfMix.apply(z, coeff, bias, cos, sin, causal, act, gate, mean)

@@ -1,55 +1,50 @@
-"""The ``torch`` backend of PoM: the modular, device-agnostic form — every mode, every device, ``torch.compile``.
+"""The ``torch`` backend of PoM: the modular, device-agnostic form — every mode, every device, ``torch.compile``, and
+the streams (a call with a state).
 
 One matrix product for W_h and W_s when self-mixing, per-token polynomial features (Horner, fp32 accumulation, a
 backward that recomputes), rotary rotation of the features, aggregation over the visible tokens of the mode (a
 chunked prefix sum for causal modes; O(N·D) except for an explicit (B, M, N) mask), the gated selection and W_o.
+A stream's chunk adds its features to the state's running (sum, count): O(D) state, O(1) per decoded token.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple, Union
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..common import check_positions, packed_local_positions, rope_angles, rotate
-from ..features import aggregate, gate_mix, poly_features
+from ..call import Call, PoMState
+from ..common import rope_angles, rotate
+from ..features import aggregate, cumsum, gate_mix, poly_features, safe_inverse
 
 __all__ = ["supports", "forward"]
 
 
-def supports(call: object) -> Optional[str]:
+def supports(call: Call) -> Optional[str]:
     """Every call."""
     return None
 
 
-def forward(call) -> Tensor:  # call: polymixer.ops.pom.PomCall
-    x, D = call.x, call.D
-    B, M, N = call.B, call.M, call.N
+def forward(call: Call) -> Union[Tensor, Tuple[Tensor, PoMState]]:
+    """The PoM of a validated call: y, or (y, the state after the chunk) of a stream."""
+    if call.state is not None:
+        return _stream(call)
+    x, D, w = call.x, call.D, call.weights
+    B, M = call.B, call.M
     two_d = call.rope == "2d"
-    in_weight = call.in_weight
     if call.self_mix:  # ONE matrix product for W_h and W_s
-        z = F.linear(x, in_weight)
+        z = F.linear(x, w.in_weight)
         zh, zs = z[..., :D], z[..., D:]
     else:
-        zs = F.linear(x, in_weight[D:])
-        zh = F.linear(call.context, in_weight[:D])
+        zs = F.linear(x, w.in_weight[D:])
+        zh = F.linear(call.context, w.in_weight[:D])
 
-    p = poly_features(zh, call.coeff, call.activation)  # (B, N, D), accumulation dtype
+    p = poly_features(zh, w.coeff, call.activation)  # (B, N, D), accumulation dtype
 
-    positions = call.positions
     if call.rope is not None:
-        context_positions = call.context_positions
-        if context_positions is None and call.self_mix and positions is not None:
-            context_positions = positions
-        kname = "positions" if call.self_mix else "context_positions"
-        if context_positions is None:
-            context_positions = packed_local_positions(call.cu_k, N, x.device, two_d, kname)
-        check_positions(context_positions, B, N, two_d, kname)
-        if positions is None:
-            cu = call.cu_q if call.cu_q is not None else call.cu_k
-            positions = packed_local_positions(cu, M, x.device, two_d, "positions")
-        check_positions(positions, B, M, two_d, "positions")
+        positions, context_positions = call.rope_positions()
         cos_k, sin_k = rope_angles(context_positions, D, call.rope_base, two_d, p.dtype)
         p = rotate(p, cos_k, sin_k)
 
@@ -59,5 +54,40 @@ def forward(call) -> Tensor:  # call: polymixer.ops.pom.PomCall
         cos_q, sin_q = rope_angles(positions, D, call.rope_base, two_d, p.dtype)
         h = rotate(h.expand(B, M, D), cos_q, sin_q, inverse=True)
 
-    g = gate_mix(zs, call.gate_bias, h, call.gate)
-    return F.linear(g, call.out_weight, call.out_bias)
+    g = gate_mix(zs, w.gate_bias, h, call.gate)
+    return F.linear(g, w.out_weight, w.out_bias)
+
+
+def _stream(call: Call) -> Tuple[Tensor, PoMState]:
+    """The next chunk (B, T, d) of a stream after ``call.state``: token t sees the state's past and — causal — the
+    chunk's tokens ≤ t, or — ``causal=False`` — the whole chunk (one block of block-causal mode); a masked token
+    adds nothing. Returns (y, the state after the chunk)."""
+    x, D, w, state = call.x, call.D, call.weights, call.state
+    B, T = call.B, call.N
+    two_d = call.rope == "2d"
+    z = F.linear(x, w.in_weight)
+    zh, zs = z[..., :D], z[..., D:]
+    acc = state.sum.dtype
+    p = poly_features(zh, w.coeff, call.activation).to(acc)
+    if call.rope is not None:  # the stream index by default
+        positions, _ = call.rope_positions(state.offset.unsqueeze(1) + torch.arange(T, device=x.device))
+        cos, sin = rope_angles(positions, D, call.rope_base, two_d, acc)
+        p = rotate(p, cos, sin)
+    if call.key_mask is not None:
+        wt = call.key_mask.to(acc)
+        p = p * wt.unsqueeze(-1)
+    else:
+        wt = torch.ones(B, T, dtype=acc, device=x.device)
+    if call.causal:
+        s = state.sum.unsqueeze(1) + cumsum(p)
+        cnt = state.count.unsqueeze(1) + cumsum(wt)
+    else:
+        s = state.sum.unsqueeze(1) + p.sum(1, keepdim=True)
+        cnt = state.count.unsqueeze(1) + wt.sum(1, keepdim=True)
+    h = s
+    if call.reduction == "mean":
+        h = s * safe_inverse(cnt).unsqueeze(-1)
+    if call.rope is not None:
+        h = rotate(h.expand(B, T, D), cos, sin, inverse=True)
+    y = F.linear(gate_mix(zs, w.gate_bias, h, call.gate), w.out_weight, w.out_bias)
+    return y, PoMState(s[:, -1], cnt[:, -1], state.offset + T)

@@ -1,39 +1,55 @@
-"""The ``reference`` backend of PoM: the float64 oracle (:func:`polymixer.ops.reference.reference_pom`) with the
-visibility matrix of the call's mode. O(M·N) and float64: for tests and for checking other backends, never chosen
-automatically."""
+"""PoM's float64 oracle — :func:`reference_pom`, the formula literally — and the ``reference`` backend that runs a
+call on it with the visibility matrix of the call's mode. O(M·N) and float64: for tests and for checking other
+backends, never chosen automatically."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
+import torch
 from torch import Tensor
 
-from ..common import packed_local_positions
-from ..reference import reference_pom, visibility
+from ..call import Call
+from ..reference import float64_inputs, gate_of, oracle_view, polynomial, rotated_pairs
+from .call import PomWeights
 
-__all__ = ["supports", "forward"]
-
-
-def supports(call: object) -> Optional[str]:
-    """Every call."""
-    return None
+__all__ = ["reference_pom", "supports", "forward"]
 
 
-def forward(call) -> Tensor:  # call: polymixer.ops.pom.PomCall
-    x = call.x
-    vis = visibility(call.B, call.M, call.N, causal=call.causal, block_size=call.block_size, key_mask=call.key_mask,
-                     mask=call.mask, cu_seqlens_q=call.cu_q, cu_seqlens_k=call.cu_k).to(x.device)
-    positions, context_positions = call.positions, call.context_positions
-    if call.rope is not None:
-        two_d = call.rope == "2d"
-        if context_positions is None and call.self_mix:
-            context_positions = positions
-        if context_positions is None:
-            context_positions = packed_local_positions(call.cu_k, call.N, x.device, two_d, "context_positions")
-        if positions is None:
-            cu = call.cu_q if call.cu_q is not None else call.cu_k
-            positions = packed_local_positions(cu, call.M, x.device, two_d, "positions")
-    y = reference_pom(x, call.context, call.in_weight, call.gate_bias, call.coeff, call.out_weight, call.out_bias, vis,
-                      activation=call.activation, gate=call.gate, reduction=call.reduction, rope=call.rope,
-                      rope_base=call.rope_base, positions=positions, context_positions=context_positions)
-    return y.to(x.dtype)
+def reference_pom(x: Tensor, weights: PomWeights, context: Optional[Tensor] = None, *, vis: Optional[Tensor] = None,
+                  **modes: Any) -> Tensor:
+    """y_i = W_o (s_i ⊙ H_i), H_i = Σ_j vis_ij R(p_j − p_i) poly(act(W_h c_j)) [/ Σ_j vis_ij], all in float64.
+
+    ``vis`` (B, M, N) bool: which context tokens each query sees (:func:`polymixer.ops.reference.visibility`; None:
+    all); ``modes``: activation, gate, reduction, rope, rope_base, positions, context_positions."""
+    m, x, c, visf = float64_inputs("reference_pom", modes, x, context, vis)
+    D = weights.coeff.shape[0]
+    W = weights.in_weight.to(torch.float64)
+    poly = polynomial(c @ W[:D].T, weights.coeff, m.activation)
+    s = gate_of(x, W[D:], weights.gate_bias, m.gate, D)
+    if m.rope is None:
+        H = torch.einsum("bmn,bnd->bmd", visf, poly)
+    else:
+        rot = rotated_pairs(poly, m.rope, m.rope_base, m.positions, m.context_positions)  # (B, M, N, D)
+        H = (visf.unsqueeze(-1) * rot).sum(2)
+    if m.reduction == "mean":
+        count = visf.sum(-1, keepdim=True)
+        H = torch.where(count > 0, H / count.clamp_min(1.0), torch.zeros_like(H))
+    y = (s * H) @ weights.out_weight.to(torch.float64).T
+    if weights.out_bias is not None:
+        y = y + weights.out_bias.to(torch.float64)
+    return y
+
+
+def supports(call: Call) -> Optional[str]:
+    """Every call but a stream's."""
+    return "a stream (state=…) runs on the torch form" if call.state is not None else None
+
+
+def forward(call: Call) -> Tensor:
+    """Run a validated call on the oracle, in float64, cast back."""
+    vis, pos, cpos = oracle_view(call)
+    y = reference_pom(call.x, call.weights, call.context, vis=vis, activation=call.activation, gate=call.gate,
+                      reduction=call.reduction, rope=call.rope, rope_base=call.rope_base, positions=pos,
+                      context_positions=cpos)
+    return y.to(call.x.dtype)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..call import Call
 from ..triton_common import first_use, interpreted
 from . import triton_kernels as tk
 
@@ -34,18 +35,18 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
-def predicted_win(call) -> Optional[str]:  # call: polymixer.ops.pom.PomCall
-    """None when the roofline model (:func:`polymixer.ops.cost.pom_routes`, at the measured efficiencies) predicts the
-    fused route faster than cuBLAS + the unfused kernels for this call (forward + backward when it will be
+def predicted_win(call: Call) -> Optional[str]:
+    """None when the roofline model (:func:`polymixer.ops.pom.cost.pom_routes`, at the measured efficiencies) predicts
+    the fused route faster than cuBLAS + the unfused kernels for this call (forward + backward when it will be
     differentiated, else forward), else why not. A prediction for reports and benches: the dispatcher takes the fused
     route automatically only on a measurement (:mod:`polymixer.ops.measured`)."""
-    from ..cost import pom_routes
+    from .cost import pom_routes
 
     dtype = _compute_dtype(call.x)
     if dtype == torch.float32 and (call.x.device.type != "cuda" or torch.get_float32_matmul_precision() == "highest"):
         return "fp32 products without tf32 run on CUDA cores in the fused kernels: cuBLAS is faster"
     d = call.x.shape[-1]
-    t = pom_routes(call.B * call.N, d, call.D, call.Ds, call.coeff.shape[1],
+    t = pom_routes(call.B * call.N, d, call.D, call.Ds, call.weights.coeff.shape[1],
                    causal=call.causal and call.block_size is None, rope=call.rope is not None)
     train = tk.will_differentiate(call)
     fused, unfused = (t["fused"], t["unfused"]) if train else (t["fused_forward"], t["unfused_forward"])
@@ -57,7 +58,7 @@ def predicted_win(call) -> Optional[str]:  # call: polymixer.ops.pom.PomCall
             f"{1e6 * fused:.0f} µs for the {'forward + backward' if train else 'forward'})")
 
 
-def supports(call) -> Optional[str]:  # call: polymixer.ops.pom.PomCall
+def supports(call: Call) -> Optional[str]:
     """What the unfused kernels take where a fused tile fits the call's kernels. Whether the automatic choice wants
     the route at all is the dispatcher's speed rule's to say, after this (:mod:`polymixer.ops.measured`)."""
     x = call.x
@@ -82,10 +83,9 @@ def self_check(device: torch.device, dtype: torch.dtype = torch.float32) -> Opti
     return first_use("pom_gemm", device, dtype, _check)
 
 
-def forward(call) -> Tensor:  # call: polymixer.ops.pom.PomCall
+def forward(call: Call) -> Tensor:
     """The whole PoM of ``call``: the input projection and the mixing in the kernels (one custom op), W_o (torch)."""
     dtype = _compute_dtype(call.x)
-    x = call.x.to(dtype).contiguous()
-    w_in = call.in_weight.to(dtype).contiguous()
-    g = tk.pom_gemm_op(x, w_in, call.coeff, call.gate_bias, *tk.mix_args(call, call.N))[0]
-    return F.linear(g, call.out_weight, call.out_bias)
+    x, w = call.x.to(dtype).contiguous(), call.weights
+    g = tk.pom_gemm_op(x, w.in_weight.to(dtype).contiguous(), w.coeff, w.gate_bias, *tk.mix_args(call, call.N))[0]
+    return F.linear(g, w.out_weight, w.out_bias)

@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..call import Call
 from ..common import check_positions
 from .tiles import ROLES, TILES, head_class
 from ..triton_common import (
@@ -96,6 +97,7 @@ __all__ = ["supports", "forward", "self_check", "KERNELS", "LaunchConfig", "ROLE
            "will_differentiate", "run_check", "pom_mix_op", "pom_gemm_op"]
 
 MODES = {"causal": 0, "full": 1, "block": 2}
+ROPE_CODES = {None: 0, "1d": 1, "2d": 2}
 SCAN_CHUNKS = 64  # chunks per step of the scan kernel
 SCAN_CHANNELS = 32  # channels per program of the scan kernel
 # software pipelining of the loop over a program's chunks (the next chunk's loads in flight while one is computed),
@@ -1443,6 +1445,8 @@ def kernel_limits(call: Any) -> Optional[str]:
     """Why the kernels cannot take this call's mode, shapes or non-linearities (None: they can). Shared by both
     Triton routes; the device and the first-use check come after."""
     x = call.x
+    if call.state is not None:
+        return "a stream (state=…) runs on the torch form"
     if x.dtype not in DTYPES:
         return f"{x.dtype} is not a kernel dtype (fp32, bf16, fp16)"
     if not call.self_mix:
@@ -1455,7 +1459,7 @@ def kernel_limits(call: Any) -> Optional[str]:
         return f"activation {call.activation!r} is not in the kernels ({', '.join(ACT_CODES)})"
     if not isinstance(call.gate, str) or call.gate not in GATE_CODES:
         return f"gate {call.gate!r} is not in the kernels ({', '.join(GATE_CODES)})"
-    k = call.coeff.shape[1]
+    k = call.weights.coeff.shape[1]
     if not 1 <= k <= MAX_DEGREE:
         return f"degree {k} (the kernels take 1–{MAX_DEGREE})"
     D, Ds = call.D, call.Ds
@@ -1470,7 +1474,7 @@ def kernel_limits(call: Any) -> Optional[str]:
     return None
 
 
-def supports(call) -> Optional[str]:  # call: polymixer.ops.pom.PomCall
+def supports(call: Call) -> Optional[str]:
     """Self-mixing, every mask but an explicit (B, M, N) one, packed sequences, rotary, degree 1–5, mean / sum, named
     non-linearities, fp32 / bf16 / fp16, on CUDA tensors (or CPU tensors under TRITON_INTERPRET=1); also while
     ``torch.compile`` traces (the kernels are custom ops)."""
@@ -1492,7 +1496,8 @@ def will_differentiate(call: Any) -> bool:
     the choice of route)."""
     if not torch.is_grad_enabled():
         return False
-    return any(t is not None and t.requires_grad for t in (call.x, call.in_weight, call.coeff, call.gate_bias))
+    w = call.weights
+    return any(t is not None and t.requires_grad for t in (call.x, w.in_weight, w.coeff, w.gate_bias))
 
 
 def needs_check(device: torch.device) -> bool:
@@ -1510,7 +1515,7 @@ def run_check(device: torch.device, dtype: torch.dtype, name: str = "triton") ->
     """A small PoM — causal, full, block-causal, key padding, packed, rotary — forward and backward on backend
     ``name`` in ``dtype``, against the torch form in float32 on the same device; raises when they disagree."""
     from .. import dispatch
-    from . import pom
+    from . import PomWeights, pom
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     d, D, N = CHECK_SHAPE
@@ -1533,7 +1538,7 @@ def run_check(device: torch.device, dtype: torch.dtype, name: str = "triton") ->
             try:
                 with dispatch.backend(backend), torch.autocast(device.type, dtype=dtype,
                                                                enabled=dt != torch.float32):
-                    y = pom(xx, None, params[0], params[1], params[2], params[3], **kw)
+                    y = pom(xx, PomWeights(*params), **kw)
             except NotImplementedError as e:  # a call this route refuses (e.g. no fused tile fits a rotary gate
                 if backend != name or "cannot take" not in str(e):  # head): it never runs one, nothing to check
                     raise
@@ -1555,6 +1560,13 @@ def self_check(device: torch.device, dtype: torch.dtype = torch.float32) -> Opti
     return first_use("pom", device, dtype, run_check)
 
 
+def _mode(call: Call) -> Tuple[int, int]:
+    """(the kernels' mode, block size) of a call."""
+    if call.block_size is not None:
+        return MODES["block"], int(call.block_size)
+    return MODES["causal" if call.causal else "full"], 1
+
+
 def _call_tensors(call: Any, N: int) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor], int, int]:
     """(key mask as uint8, positions as fp64, each token's sequence id, mode, block size) of a call."""
     dev = call.x.device
@@ -1569,36 +1581,27 @@ def _call_tensors(call: Any, N: int) -> Tuple[Optional[Tensor], Optional[Tensor]
     if call.cu_k is not None:  # each token's sequence: a search over the offsets, on the device
         ar = torch.arange(N, device=dev, dtype=call.cu_k.dtype)
         seqid = torch.searchsorted(call.cu_k, ar, right=True, out_int32=True) - 1
-    if call.block_size is not None:
-        mode, bs = MODES["block"], int(call.block_size)
-    else:
-        mode, bs = (MODES["causal"], 1) if call.causal else (MODES["full"], 1)
-    return mask, pos, seqid, mode, bs
+    return (mask, pos, seqid, *_mode(call))
 
 
 def call_layout(call: Any, fused: bool) -> MixLayout:
     """The layout the kernels would run ``call`` with."""
-    if call.block_size is not None:
-        mode, bs = MODES["block"], int(call.block_size)
-    else:
-        mode, bs = (MODES["causal"], 1) if call.causal else (MODES["full"], 1)
-    rope = {None: 0, "1d": 1, "2d": 2}[call.rope]
     nseq = 1 if call.cu_k is None else call.cu_k.shape[0] - 1
-    return mix_layout(call.B, call.N, call.D, call.Ds, call.coeff.shape[1], mode, bs, nseq, rope, call.x.device,
-                      fused)
+    return mix_layout(call.B, call.N, call.D, call.Ds, call.weights.coeff.shape[1], *_mode(call), nseq,
+                      ROPE_CODES[call.rope], call.x.device, fused)
 
 
 def mix_args(call: Any, N: int) -> Tuple[Any, ...]:
     """The op arguments after the activations and weights: (mask, positions, cu_seqlens, sequence ids, mode,
     block size, activation, gate, rotary, log2(base), mean)."""
     mask, pos, seqid, mode, bs = _call_tensors(call, N)
-    rope = {None: 0, "1d": 1, "2d": 2}[call.rope]
-    return (mask, pos, call.cu_k, seqid, mode, bs, ACT_CODES[call.activation], GATE_CODES[call.gate], rope,
-            math.log2(call.rope_base), call.reduction == "mean")
+    return (mask, pos, call.cu_k, seqid, mode, bs, ACT_CODES[call.activation], GATE_CODES[call.gate],
+            ROPE_CODES[call.rope], math.log2(call.rope_base), call.reduction == "mean")
 
 
-def forward(call) -> Tensor:  # call: polymixer.ops.pom.PomCall
+def forward(call: Call) -> Tensor:
     """The whole PoM of ``call``: the input projection (torch), the mixing (the kernels, one custom op), W_o (torch)."""
-    z = F.linear(call.x, call.in_weight).contiguous()
-    g = pom_mix_op(z, call.coeff, call.gate_bias, *mix_args(call, call.N))[0]
-    return F.linear(g, call.out_weight, call.out_bias)
+    w = call.weights
+    z = F.linear(call.x, w.in_weight).contiguous()
+    g = pom_mix_op(z, w.coeff, w.gate_bias, *mix_args(call, call.N))[0]
+    return F.linear(g, w.out_weight, w.out_bias)

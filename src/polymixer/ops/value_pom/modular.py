@@ -18,23 +18,25 @@ carried between chunks, O(N·C·D + N·D·dv/H), and never an N × N tensor. Pac
 LM packing) mix in place, the state restarting at each sequence's first token; other packed modes pad one row per
 sequence. Only an explicit (B, M, N) mask is quadratic, as in PoM.
 
+A stream (a call with a state) mixes its chunk from the state of everything before it: O(D·dv/H) state per sequence.
+
 This module is the mixing of the torch form (:func:`value_mix`, :func:`packed_causal_mix`) and its backend
-(``supports`` / ``forward`` of a validated :class:`polymixer.ops.value_pom.call.ValueCall`); the feature maps and the
-readout, which every backend shares, are in :mod:`polymixer.ops.value_pom.features`.
+(``supports`` / ``forward`` of a validated :class:`~polymixer.ops.call.Call`); the feature maps and the readout,
+which every backend shares, are in :mod:`polymixer.ops.features`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from ..features import pattern_mask
-from .features import (CHUNK, EPS, full_mix, output, packed_features, pad_packed, pad_tokens, padded_rows,
-                       row_features, token_shift)
+from ..call import Call, PoMState
+from ..features import (CHUNK, call_features, full_mix, packed_features, pad_tokens, padded_rows, pattern_mask,
+                        value_output)
 
-__all__ = ["value_mix", "packed_causal_mix", "supports", "forward", "CHUNK", "EPS", "token_shift", "pad_packed"]
+__all__ = ["value_mix", "packed_causal_mix", "supports", "forward"]
 
 
 def value_mix(
@@ -192,25 +194,38 @@ def packed_causal_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, first: Tensor,
     return o, cnt.to(q.dtype).unsqueeze(0)
 
 
-def supports(call: Any) -> Optional[str]:
+def supports(call: Call) -> Optional[str]:
     """Every call."""
     return None
 
 
-def forward(call: Any) -> Tensor:
-    """Run a :class:`polymixer.ops.value_pom.call.ValueCall`: packed causal self-mixing in place, other packed modes
-    one padded row per sequence (the same computation, and back), batch rows as they are."""
+def forward(call: Call) -> Union[Tensor, Tuple[Tensor, PoMState]]:
+    """Run a validated call: packed causal self-mixing in place, other packed modes one padded row per sequence (the
+    same computation, and back), batch rows as they are; a stream's chunk after its state."""
     m = call.mixing
+    if call.state is not None:
+        return _stream(call)
     if call.cu_k is not None and call.self_mix and m.causal and m.block_size is None:
         (q, k, vh, w, zs), first = packed_features(call)
         o, cnt = packed_causal_mix(q, k, vh, w, first, call.chunk)
-        y = output(call, o, cnt, zs)
     elif call.cu_k is not None:
         rows, valid = padded_rows(call)
-        y = forward(rows)[valid].unsqueeze(0)
+        return forward(rows)[valid].unsqueeze(0)
     else:
-        q, k, vh, w, zs = row_features(call)
+        (q, k, vh, w, zs), _ = call_features(call)
         o, cnt, _, _ = value_mix(q, k, vh, w, causal=m.causal, block_size=m.block_size, mask=call.mask,
                                  chunk=call.chunk)
-        y = output(call, o, cnt, zs)
-    return y.squeeze(0) if call.squeeze else y
+    return value_output(o, cnt, zs, call.weights, m)
+
+
+def _stream(call: Call) -> Tuple[Tensor, PoMState]:
+    """The next chunk (B, T, d) of a stream after ``call.state``: the token shift continues from the state's last
+    projections, the chunk mixes from its (B, H, D_h, dv_h) sums — causal, or ``causal=False`` one block. Returns
+    (y, the state after the chunk)."""
+    m, state, T = call.mixing, call.state, call.N
+    positions = state.offset.unsqueeze(1) + torch.arange(T, device=call.x.device)
+    (q, k, vh, w, zs), last = call_features(call, positions, prev=state.prev, dtype=state.sum.dtype)
+    o, cnt, new_state, new_count = value_mix(q, k, vh, w, causal=True, block_size=None if m.causal else T,
+                                             chunk=call.chunk, state=state.sum, count=state.count)
+    y = value_output(o, cnt, zs, call.weights, m)
+    return y, PoMState(new_state, new_count, state.offset + T, last.to(state.prev.dtype))

@@ -1,43 +1,93 @@
-"""The ``reference`` backend of the value-carrying PoM: the float64 oracle
-(:func:`polymixer.ops.reference.reference_value_pom`) with the visibility matrix and token-shift validity of the
-call's mode. O(M·N): for tests and checks, never chosen automatically."""
+"""The value-carrying PoM's float64 oracle — :func:`reference_value_pom`, the formula literally — and the
+``reference`` backend that runs a call on it with the visibility matrix and token-shift validity of the call's mode.
+O(M·N): for tests and checks, never chosen automatically."""
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
+import torch
 from torch import Tensor
 
-from ..common import packed_local_positions
-from ..reference import reference_value_pom, shift_validity, visibility
+from ..call import Call
+from ..reference import float64_inputs, gate_of, oracle_view, polynomial, rotated_pairs, shift_validity
+from .call import ValuePomWeights
 
-__all__ = ["supports", "forward"]
-
-
-def supports(call: Any) -> Optional[str]:
-    """Every call."""
-    return None
+__all__ = ["reference_value_pom", "supports", "forward"]
 
 
-def forward(call: Any) -> Tensor:
-    """Run a validated :class:`polymixer.ops.value_pom.call.ValueCall` on the oracle, in float64, cast back."""
+def reference_value_pom(x: Tensor, weights: ValuePomWeights, context: Optional[Tensor] = None, *,
+                        vis: Optional[Tensor] = None, heads: int = 1, has_prev: Optional[Tensor] = None,
+                        eps: float = 1e-6, **modes: Any) -> Tensor:
+    """The value-carrying PoM, literally, in float64: per head h,
+    o_i = Σ_j vis_ij (ψ_i · R(p_j − p_i) φ_j) v_j [/ Σ_j vis_ij], y_i = W_o (s_i ⊙ g ⊙ o_i / rms(o_i)).
+
+    ``vis`` (B, M, N) bool: which context tokens each query sees (None: all); ``has_prev`` (B, N) or (B, N, W − 1):
+    whether token j's shift (of width W, ``shift_weight`` (W, D + dv)) sees token j − 1, or each token j − t
+    (:func:`~polymixer.ops.reference.shift_validity`); default: every j ≥ t.
+    """
+    m, x, c, visf = float64_inputs("reference_value_pom", modes, x, context, vis)
+    coeff, shift_weight, out_weight = weights.coeff, weights.shift_weight, weights.out_weight
+    D = coeff.shape[0]
+    dv = out_weight.shape[1]
+    W = weights.in_weight.to(torch.float64)
+    B, N = c.shape[:2]
+    zkv = c @ W[:D + dv].T
+    if shift_weight is not None:
+        taps = shift_weight.to(torch.float64)
+        lags = taps.shape[0] - 1
+        if has_prev is None:
+            has_prev = shift_validity(B, N, lags=lags)
+        if has_prev.dim() == 2:
+            has_prev = has_prev.unsqueeze(-1)
+        if has_prev.shape[-1] < lags:
+            raise ValueError(f"a token shift of width {lags + 1} needs has_prev (B, N, {lags})")
+        shifted = taps[0] * zkv
+        for t in range(1, lags + 1):
+            before = torch.zeros_like(zkv)
+            for j in range(t, N):
+                before[:, j] = zkv[:, j - t] * has_prev[:, j, t - 1, None].to(torch.float64)
+            shifted = shifted + taps[t] * before
+        zkv = shifted
+    phi = polynomial(zkv[..., :D], coeff, m.activation)
+    v = zkv[..., D:]
+    psi = polynomial(x @ W[D + dv:2 * D + dv].T, weights.coeff_q, m.activation)
+    s = gate_of(x, W[2 * D + dv:], weights.gate_bias, m.gate, dv)
+    M = x.shape[1]
+    H, Dh, e = heads, D // heads, dv // heads
+    out = torch.zeros(B, M, dv, dtype=torch.float64)
+    for h in range(H):
+        ph, qh, vh = phi[..., h * Dh:(h + 1) * Dh], psi[..., h * Dh:(h + 1) * Dh], v[..., h * e:(h + 1) * e]
+        if m.rope is None:
+            score = torch.einsum("bmd,bnd->bmn", qh, ph)
+        else:
+            rot = rotated_pairs(ph, m.rope, m.rope_base, m.positions, m.context_positions)  # R(p_j − p_i) φ_j
+            score = torch.einsum("bmd,bmnd->bmn", qh, rot)
+        o = torch.einsum("bmn,bne->bme", visf * score, vh)
+        if m.reduction == "mean":
+            count = visf.sum(-1, keepdim=True)
+            o = torch.where(count > 0, o / count.clamp_min(1.0), torch.zeros_like(o))
+        o = o / torch.sqrt((o**2).mean(-1, keepdim=True) + eps)
+        out[..., h * e:(h + 1) * e] = o
+    y = (s * out * weights.norm_weight.to(torch.float64)) @ out_weight.to(torch.float64).T
+    if weights.out_bias is not None:
+        y = y + weights.out_bias.to(torch.float64)
+    return y
+
+
+def supports(call: Call) -> Optional[str]:
+    """Every call but a stream's."""
+    return "a stream (state=…) runs on the torch form" if call.state is not None else None
+
+
+def forward(call: Call) -> Tensor:
+    """Run a validated call on the oracle, in float64, cast back."""
     x, m = call.x, call.mixing
-    vis = visibility(call.B, call.M, call.N, causal=m.causal, block_size=m.block_size, key_mask=call.key_mask,
-                     mask=call.mask, cu_seqlens_q=call.cu_q, cu_seqlens_k=call.cu_k).to(x.device)
-    shift = call.shift_weight
+    vis, pos, cpos = oracle_view(call)
+    shift = call.weights.shift_weight
     lags = max(shift.shape[0] - 1, 1) if shift is not None else 1
     has_prev = shift_validity(call.B, call.N, call.key_mask, call.cu_k, lags=lags).to(x.device)
-    pos, cpos = m.positions, m.context_positions
-    if m.rope is not None:
-        if cpos is None and call.self_mix:
-            cpos = pos
-        if cpos is None:
-            cpos = packed_local_positions(call.cu_k, call.N, x.device, m.two_d, "context_positions")
-        if pos is None:
-            cu = call.cu_q if call.cu_q is not None else call.cu_k
-            pos = packed_local_positions(cu, call.M, x.device, m.two_d, "positions")
-    y = reference_value_pom(x, call.context, *call.weights(), vis, heads=call.heads, has_prev=has_prev,
+    y = reference_value_pom(x, call.weights, call.context, vis=vis, heads=call.heads, has_prev=has_prev,
                             activation=m.activation, gate=m.gate, reduction=m.reduction, rope=m.rope,
                             rope_base=m.rope_base, positions=pos, context_positions=cpos)
-    y = y.to(x.dtype)
-    return y.squeeze(0) if call.squeeze else y
+    return y.to(x.dtype)

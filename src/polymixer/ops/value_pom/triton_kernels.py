@@ -2,7 +2,7 @@
 in the chunked form of current linear-attention kernels (flash-linear-attention's ``chunk``), as PyTorch custom ops.
 
 The features (projections, token shift, polynomials, rotary) and the readout (mean, norm, gate, W_o) are those every
-backend shares (:mod:`polymixer.ops.value_pom.features`): without a GPU to measure it, nothing says fusing them into
+backend shares (:mod:`polymixer.ops.features`): without a GPU to measure it, nothing says fusing them into
 the kernels pays. This backend never calls the torch backend: only the mixing differs. The mixing cuts the tokens into
 chunks of C tokens (``CHUNK`` = 64 on sm_90, ``SM80_CHUNK`` = 32 before) and the channels of a head into blocks of up
 to 64 (32 where the states are fp32; :func:`launch_tiles` lists every tile), and every pass is parallel over chunks:
@@ -45,7 +45,7 @@ backwards; every mode also packed (``cu_seqlens``: the states restart at each se
 rows stays two cuBLAS products. Nothing is atomic: results are deterministic. No value is read back to the host.
 
 Not here (the torch form runs them, or an explicit ``backend("triton")`` raises): cross-mixing, an explicit
-(B, M, N) mask, heads wider than 128 key or value channels, float64, streaming steps.
+(B, M, N) mask, heads wider than 128 key or value channels, float64, streams (a call with a state).
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ from ..triton_common import (
     seg_add,
     sequence_of,
 )
-from .features import full_mix, output, packed_features, row_features
+from ..call import Call
+from ..features import call_features, full_mix, packed_features, value_output
 
 import triton  # noqa: E402  (triton_common raised a clear ImportError already if it is missing)
 import triton.language as tl  # noqa: E402
@@ -723,7 +724,7 @@ def chunked_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, *, causal: bool = Fa
                 state: Optional[Tensor] = None, count: Optional[Tensor] = None,
                 operands: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
     """:func:`polymixer.ops.value_pom.modular.value_mix` of parallel calls, with the (block-)causal mixing in the
-    kernels and full mixing of whole rows as two cuBLAS products (:func:`polymixer.ops.value_pom.features.full_mix`).
+    kernels and full mixing of whole rows as two cuBLAS products (:func:`polymixer.ops.features.full_mix`).
     A general mask or a streaming state is not for the kernels (:func:`supports` refuses those calls): ValueError.
     The kernels take q, k, v with their strides, in ``operands`` (default: q's dtype; the layer's activation dtype,
     so that a bf16 layer's products run in bf16 with bf16 states although its features are computed in fp32), and
@@ -783,14 +784,16 @@ def operand_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
-def supports(call: Any) -> Optional[str]:
+def supports(call: Call) -> Optional[str]:
     """Every self-mixing mode — causal, block-causal of any block size, full, each packed too — with key padding and
     rotary, heads up to 128 key and value channels, fp32 / bf16 / fp16 (full mixing of whole rows as two cuBLAS
     products). CUDA tensors (CPU tensors under TRITON_INTERPRET=1 with ``backend("triton")``); also while
     ``torch.compile`` traces (the kernels are custom ops). fp32 features on CUDA need tf32 allowed: under
     ``torch.get_float32_matmul_precision() == "highest"`` the products would be full-fp32 CUDA-core products.
-    ``call``: a validated :class:`polymixer.ops.value_pom.call.ValueCall`."""
+    Not a stream (a call with a state): streams run on the torch form."""
     x = call.x
+    if call.state is not None:
+        return "a stream (state=…) runs on the torch form"
     if x.dtype not in DTYPES:
         return f"{x.dtype} is not a kernel dtype (fp32, bf16, fp16)"
     if not call.self_mix:
@@ -817,7 +820,7 @@ def run_check(device: torch.device, dtype: torch.dtype) -> None:
     """A small value-carrying PoM — causal, block-causal, packed causal and packed full — forward and backward on the
     kernels in ``dtype`` against the torch form in float32 on the same device; raises when they disagree."""
     from .. import dispatch
-    from . import value_pom
+    from . import ValuePomWeights, value_pom
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     d, D, dv, H, N = CHECK_SHAPE
@@ -833,7 +836,7 @@ def run_check(device: torch.device, dtype: torch.dtype) -> None:
             xs = x.clone().requires_grad_()
             ws = [w.clone().requires_grad_() for w in weights]
             with dispatch.backend(name), torch.autocast(device.type, dtype=dtype, enabled=dt != torch.float32):
-                y = value_pom(xs, None, *ws, heads=H, **kw)
+                y = value_pom(xs, ValuePomWeights(*ws), heads=H, **kw)
             y.float().square().sum().backward()
             outs.append([y.detach(), xs.grad] + [w.grad for w in ws])
         judge_check(outs, dtype, kw, floor=5e-3)
@@ -845,10 +848,9 @@ def self_check(device: torch.device, dtype: torch.dtype = torch.float32) -> Opti
     return first_use("value_pom", device, dtype, run_check)
 
 
-def forward(call: Any) -> Tensor:
-    """Run a validated :class:`polymixer.ops.value_pom.call.ValueCall` (one :func:`supports` takes): the shared
-    features (:mod:`polymixer.ops.value_pom.features`), the mixing in the kernels — packed sequences in place, every
-    mode — and the shared readout."""
+def forward(call: Call) -> Tensor:
+    """Run a validated call (one :func:`supports` takes): the shared features (:mod:`polymixer.ops.features`), the
+    mixing in the kernels — packed sequences in place, every mode — and the shared readout."""
     dt = operand_dtype(call.x)
     m = call.mixing
     if call.cu_k is not None:  # packed self-mixing (supports refuses cross-mixing)
@@ -856,11 +858,10 @@ def forward(call: Any) -> Tensor:
         o, cnt = packed_chunked_mix(q, k, vh, w, first, call.chunk, cu_seqlens=call.cu_k, causal=m.causal,
                                     block_size=m.block_size, operands=dt)
     else:
-        q, k, vh, w, zs = row_features(call)
+        (q, k, vh, w, zs), _ = call_features(call)
         o, cnt, _, _ = chunked_mix(q, k, vh, w, causal=m.causal, block_size=m.block_size, chunk=call.chunk,
                                    operands=dt)
-    y = output(call, o, cnt, zs)
-    return y.squeeze(0) if call.squeeze else y
+    return value_output(o, cnt, zs, call.weights, m)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -15,40 +15,26 @@ mean irrelevant, so the decayed sums are read as they are.) A padding token neit
 
 The causal scan runs in chunks of C tokens (the decay within a chunk from per-chunk cumulative sums of g, so nothing
 long is ever subtracted; the (Dh × dv_h) state carried between chunks): O(N·C·D + N·D·dv/H). Streaming keeps the
-state: O(1) per token. Cross-mixing and explicit (B, M, N) masks are refused: a decay needs the token order.
+state (a call with a state): O(1) per token. Cross-mixing and explicit (B, M, N) masks are refused: a decay needs
+the token order.
 
 This module is the ``torch`` backend of ``gated_value_pom`` (the scan, ``supports`` / ``forward`` of a validated
-call) and the float64 oracle; the front end is :mod:`polymixer.ops.value_pom.gated`, the Triton scan
-:mod:`polymixer.ops.value_pom.gated_triton`, and what both backends share :mod:`polymixer.ops.value_pom.features`.
+call); the front end is :mod:`polymixer.ops.gated_value_pom`, the Triton scan
+:mod:`polymixer.ops.gated_value_pom.triton_kernels`, the float64 oracle :mod:`polymixer.ops.gated_value_pom.reference`,
+and what the backends share :mod:`polymixer.ops.features`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ..common import ROPE_BASE
-from .features import (CHUNK, Scan, gated_features, heads_view, mix_both_ways, positions_or_default, readout,
-                       rotate_heads, value_features)
+from ..call import Call, PoMState
+from ..features import CHUNK, Scan, call_features, decay_logs, gated_features, mix_both_ways, pad_tokens, readout
 
-__all__ = ["gated_scan", "gated_mix", "retnet_bias", "reference_gated", "supports", "forward"]
-
-
-def retnet_bias(heads: int) -> Tensor:
-    """Decay biases whose initial per-head decay is RetNet's γ_h = 1 − 2^(−5−h): softplus(b_h) = −log γ_h."""
-    gamma = 1.0 - 2.0 ** (-5.0 - torch.arange(heads, dtype=torch.float64))
-    return torch.log(torch.expm1(-torch.log(gamma))).float()
-
-
-def _pad(t: Tensor, L: int, dim: int, value: float = 0.0) -> Tensor:
-    extra = L - t.shape[dim]
-    if extra <= 0:
-        return t
-    pad = [0, 0] * (t.dim() - 1 - dim) + [0, extra]
-    return F.pad(t, pad, value=value)
+__all__ = ["gated_scan", "gated_mix", "supports", "forward"]
 
 
 def gated_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Optional[Tensor] = None, chunk: int = CHUNK,
@@ -72,8 +58,8 @@ def gated_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Optional[Tensor]
         seg = torch.zeros(B, N, dtype=torch.long, device=q.device)
     # padding tokens (k = v = 0, g = 0) join the last segment: they neither add to the state nor decay it
     segp = torch.cat([seg.long(), seg[:, -1:].long().expand(B, L - N)], dim=1)
-    qc, kc, vc = (_pad(t, L, 2).reshape(B, H, nc, C, t.shape[-1]) for t in (q, k, v))
-    gc = _pad(g, L, 2).reshape(B, H, nc, C)
+    qc, kc, vc = (pad_tokens(t, L, 2).reshape(B, H, nc, C, t.shape[-1]) for t in (q, k, v))
+    gc = pad_tokens(g, L, 2).reshape(B, H, nc, C)
     sc = segp.view(B, 1, nc, C)
     ell = torch.cumsum(gc, dim=-1)  # log-decay from the chunk's start to each token (≤ 0)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
@@ -102,58 +88,35 @@ def gated_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Optional[Tensor]
 def gated_mix(q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, causal: bool, block_size: Optional[int],
               seq: Optional[Tensor] = None, chunk: int = CHUNK, state: Optional[Tensor] = None,
               scan: Optional[Scan] = None) -> Tuple[Tensor, Optional[Tensor]]:
-    """The mixing of every mode (:func:`polymixer.ops.value_pom.features.mix_both_ways`) with ``scan`` — this
+    """The mixing of every mode (:func:`polymixer.ops.features.mix_both_ways`) with ``scan`` — this
     module's :func:`gated_scan` by default, or another with its arguments (the Triton kernels'): (o (B, H, N, E),
     the forward state after the last token)."""
     return mix_both_ways(gated_scan if scan is None else scan, q, k, v, g, causal=causal, block_size=block_size,
                          seq=seq, chunk=chunk, state=state)
 
 
-def supports(call: Any) -> Optional[str]:
-    """Every call (of the gated form: self-mixing, every mode, packed too)."""
+def supports(call: Call) -> Optional[str]:
+    """Every call (of the gated form: self-mixing, every mode, packed too, and streams)."""
     return None
 
 
-def forward(call: Any) -> Tensor:
-    """Run a validated gated :class:`polymixer.ops.value_pom.call.ValueCall` (one with a decay)."""
+def forward(call: Call) -> Union[Tensor, Tuple[Tensor, PoMState]]:
+    """Run a validated gated call; a stream's chunk after its state."""
+    if call.state is not None:
+        return _stream(call)
     q, k, vh, g, zs, seq = gated_features(call)
-    o, _ = gated_mix(q, k, vh, g, causal=call.mixing.causal, block_size=call.mixing.block_size, seq=seq,
-                     chunk=call.chunk)
-    y = readout(o, zs, call.gate_bias, call.norm_weight, call.out_weight, call.out_bias, call.mixing.gate)
-    return y.squeeze(0) if call.squeeze else y
+    o, _ = gated_mix(q, k, vh, g, causal=call.causal, block_size=call.block_size, seq=seq, chunk=call.chunk)
+    return readout(o, zs, call.weights, call.gate)
 
 
-def reference_gated(x: Tensor, in_weight: Tensor, gate_bias: Tensor, coeff: Tensor, coeff_q: Tensor,
-                    shift_weight: Optional[Tensor], norm_weight: Tensor, out_weight: Tensor, out_bias: Optional[Tensor],
-                    decay_weight: Tensor, decay_bias: Tensor, *, heads: int = 1, mask: Optional[Tensor] = None,
-                    causal: bool = False, block_size: Optional[int] = None, activation: str = "leaky_clamp",
-                    gate: str = "hardsigmoid", rope: Optional[str] = None, rope_base: float = ROPE_BASE,
-                    positions: Optional[Tensor] = None) -> Tensor:
-    """The float64 oracle, literally: an explicit (B, H, N, N) weight w_ij = vis_ij · exp(−|Λ_i − Λ_j|) with
-    Λ = Σ g, o_i = Σ_j w_ij (ψ_i · φ_j) v_j, then the readout. O(N²): for tests."""
-    f64 = lambda t: None if t is None else t.double()  # noqa: E731
-    x = x.double()
-    B, N, _ = x.shape
-    dv = out_weight.shape[1]
-    phi, v, psi, zs, _ = value_features(x, x, f64(in_weight), f64(coeff), f64(coeff_q), dv, f64(shift_weight), mask,
-                                        None, True, activation)
-    w = torch.ones(B, N, dtype=torch.float64) if mask is None else mask.double()
-    k = heads_view(phi * w.unsqueeze(-1), heads)
-    q, vh = heads_view(psi, heads), heads_view(v.double(), heads)
-    if rope is not None:
-        two_d = rope == "2d"
-        pos = positions_or_default(positions, B, N, two_d, "positions", x.device)
-        k, q = rotate_heads(k, pos, rope_base, two_d), rotate_heads(q, pos, rope_base, two_d)
-    g = -F.softplus(F.linear(x, decay_weight.double(), decay_bias.double())) * w.unsqueeze(-1)
-    lam = torch.cumsum(g.transpose(1, 2), dim=-1)  # (B, H, N)
-    weight = torch.exp(-(lam.unsqueeze(-1) - lam.unsqueeze(-2)).abs())
-    i = torch.arange(N)
-    vis = torch.ones(N, N, dtype=torch.bool)
-    if causal:
-        last = i if block_size is None else (torch.div(i, block_size, rounding_mode="floor") + 1) * block_size - 1
-        vis = i.unsqueeze(0) <= last.unsqueeze(1)
-    scores = torch.einsum("bhid,bhjd->bhij", q, k) * weight * vis.double()
-    o = torch.einsum("bhij,bhje->bhie", scores, vh)
-    return readout(o, zs.double(), gate_bias.double(), norm_weight.double(), out_weight.double(), f64(out_bias),
-                    gate)
-
+def _stream(call: Call) -> Tuple[Tensor, PoMState]:
+    """The next chunk (B, T, d) of a causal stream after the decayed state of everything before it, by the chunked
+    scan from that state. Returns (y, the state after the chunk)."""
+    x, state, mask, T = call.x, call.state, call.key_mask, call.N
+    positions = state.offset.unsqueeze(1) + torch.arange(T, device=x.device)
+    (q, k, vh, _, zs), last = call_features(call, positions, prev=state.prev, dtype=state.sum.dtype)
+    g = decay_logs(x, call.weights.decay_weight, call.weights.decay_bias, mask).to(state.sum.dtype)
+    o, new_state = gated_scan(q, k, vh, g, None, call.chunk, state.sum)
+    y = readout(o, zs, call.weights, call.gate)
+    seen = T if mask is None else mask.to(state.count.dtype).sum(1)
+    return y, PoMState(new_state, state.count + seen, state.offset + T, last.to(state.prev.dtype))

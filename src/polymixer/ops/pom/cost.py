@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from . import measured
+from .. import measured
 
 __all__ = ["GPU", "GPUS", "pom_routes", "kernel_time", "hbm_passes", "PASS_FLOOR", "fused_efficiency",
            "fused_tiles", "TORCH_FORM_PASSES", "torch_form_passes", "kernel_passes", "mix_efficiency",
@@ -153,7 +153,7 @@ def fused_tiles(G: int, causal: bool, rope: bool = False) -> Tuple[Tile, Tile]:
     matrix products (one gate per channel) in the kernels that need the gate (the apply and both gradient passes; the
     chunk sums need z_h alone); the smaller tile of each pass's kernels. None where no tile fits. Every mode runs the
     same kernels (``causal`` is kept for the callers)."""
-    from .pom.tiles import TILES, head_class
+    from .tiles import TILES, head_class
 
     t = TILES[(True, rope, head_class(G))]
 

@@ -1,4 +1,4 @@
-"""Triton kernels of the gated value PoM's scan (:func:`polymixer.ops.value_pom.gated.gated_scan`).
+"""Triton kernels of the gated value PoM's scan (:func:`polymixer.ops.gated_value_pom.modular.gated_scan`).
 
 ``o_i = Σ_{j ≤ i, same segment} exp(Σ_{t=j+1..i} g_t) (q_i · k_j) v_j`` in chunks of C tokens, as the torch form:
 
@@ -14,8 +14,8 @@ exp(Λ_i) on query i and exp(−Λ_j) on key j) by a reverse cumulative sum. bf1
 accumulation; exact in Triton's interpreter against the torch form (tests/test_gated_value_pom.py).
 
 As the ``triton`` backend of ``gated_value_pom`` (:func:`supports`, :func:`forward`) it runs the features and the
-readout every backend shares (:mod:`polymixer.ops.value_pom.features`) around its own scan; streaming steps keep
-the torch form (the kernels take no carried-in state).
+readout every backend shares (:mod:`polymixer.ops.features`) around its own scan; streams (a call with a state)
+keep the torch form (the kernels take no carried-in state).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..call import Call
+from ..features import gated_features, mix_both_ways, readout, reverse_logs
 from ..triton_common import DTYPES, dot_precision, launch, mma, offset64, pow2
-from ..features import reverse_logs
-from .features import gated_features, mix_both_ways, readout
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -180,10 +180,10 @@ class _GatedScan(torch.autograd.Function):
 
 def triton_gated_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Optional[Tensor] = None,
                       chunk: int = CHUNK, state: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
-    """:func:`~polymixer.ops.value_pom.gated.gated_scan` on the Triton kernels (no carried-in state: streaming runs
-    the torch form). Returns (o, None): the final state is not tracked for autograd here."""
+    """:func:`~polymixer.ops.gated_value_pom.modular.gated_scan` on the Triton kernels (no carried-in state: streams
+    run the torch form). Returns (o, None): the final state is not tracked for autograd here."""
     if state is not None:
-        raise ValueError("the Triton gated scan takes no carried-in state (streaming steps run the torch form)")
+        raise ValueError("the Triton gated scan takes no carried-in state (streams run the torch form)")
     if seg is None:
         seg = torch.zeros(q.shape[0], q.shape[2], dtype=torch.long, device=q.device)
     if q.is_cuda:  # the chunk does not change the result: the one the kernels were built for (polymixer kernels)
@@ -191,10 +191,12 @@ def triton_gated_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Optional[
     return _GatedScan.apply(q, k, v, g.float(), seg, chunk), None
 
 
-def supports(call: Any) -> Optional[str]:
-    """fp32 / bf16 / fp16 tensors, a power-of-two chunk of at least 16 tokens, heads of at most 128 key channels
-    (``call``: a validated gated :class:`polymixer.ops.value_pom.call.ValueCall`; the device is checked before this
-    module is imported: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 with ``backend("triton")``)."""
+def supports(call: Call) -> Optional[str]:
+    """fp32 / bf16 / fp16 tensors, a power-of-two chunk of at least 16 tokens, heads of at most 128 key channels, not
+    a stream (the device is checked before this module is imported: CUDA tensors, or CPU tensors under
+    TRITON_INTERPRET=1 with ``backend("triton")``)."""
+    if call.state is not None:
+        return "a stream (state=…) runs on the torch form"
     if call.x.dtype not in DTYPES:
         return f"{call.x.dtype} is not a kernel dtype (fp32, bf16, fp16)"
     if call.chunk < 16 or call.chunk & (call.chunk - 1):
@@ -204,13 +206,12 @@ def supports(call: Any) -> Optional[str]:
     return None
 
 
-def forward(call: Any) -> Tensor:
+def forward(call: Call) -> Tensor:
     """Run a validated gated call: the shared features, both scans in the kernels, the shared readout."""
     q, k, vh, g, zs, seq = gated_features(call)
-    o, _ = mix_both_ways(triton_gated_scan, q, k, vh, g, causal=call.mixing.causal,
-                         block_size=call.mixing.block_size, seq=seq, chunk=call.chunk)
-    y = readout(o, zs, call.gate_bias, call.norm_weight, call.out_weight, call.out_bias, call.mixing.gate)
-    return y.squeeze(0) if call.squeeze else y
+    o, _ = mix_both_ways(triton_gated_scan, q, k, vh, g, causal=call.causal, block_size=call.block_size, seq=seq,
+                         chunk=call.chunk)
+    return readout(o, zs, call.weights, call.gate)
 
 
 KERNELS = {"gated_states": _gstates_kernel, "gated_output": _goutput_kernel}

@@ -1,0 +1,41 @@
+"""PoM's weights and its call: :class:`PomWeights` (one object, built by the layer: ``PoM.weights``) and
+:func:`make_pom_call`, which validates a call of :func:`polymixer.ops.pom.pom` once into the
+:class:`~polymixer.ops.call.Call` its backends receive."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, NamedTuple, Optional
+
+from torch import Tensor
+
+from ..call import Call, PoMState, check_weights, make_call
+
+__all__ = ["PomWeights", "make_pom_call"]
+
+
+class PomWeights(NamedTuple):
+    """PoM's weights, as the layer holds them (the reference implementation's layout)."""
+
+    in_weight: Tensor  # (D + Ds, d): W_h stacked over W_s (self-mixing does one matrix product for both)
+    gate_bias: Tensor  # (Ds,): Ds = D (a gate per channel) or a divisor of D (one per head)
+    coeff: Tensor  # (D, k): column p − 1 multiplies the p-th power
+    out_weight: Tensor  # (d, D): W_o
+    out_bias: Optional[Tensor] = None  # (d,)
+
+
+def make_pom_call(x: Tensor, weights: PomWeights, context: Optional[Tensor], modes: Dict[str, Any],
+                  state: Optional[PoMState] = None) -> Call:
+    """Validate a call of :func:`~polymixer.ops.pom.pom` (the weights' type and layout, then
+    :func:`~polymixer.ops.call.make_call`, then a stream's (B, D) sum) and build its call."""
+    check_weights("pom", weights, PomWeights)
+    D = weights.coeff.shape[0]
+    Ds = weights.in_weight.shape[0] - D
+    if Ds <= 0 or D % Ds != 0:
+        raise ValueError(f"in_weight of shape {tuple(weights.in_weight.shape)} does not stack W_h ({D} rows) over W_s")
+    if tuple(weights.gate_bias.shape) != (Ds,):
+        raise ValueError(f"gate_bias has shape {tuple(weights.gate_bias.shape)}, in_weight a gate of {Ds} rows")
+    call = make_call("pom", x, context, weights, modes, state)
+    if state is not None and tuple(state.sum.shape) != (call.B, D):
+        raise ValueError(f"state holds batch {state.sum.shape[0]} × {state.sum.shape[-1]} features but x has batch "
+                         f"{call.B} and the mixer has D={D}; index or re-initialise the state")
+    return call
