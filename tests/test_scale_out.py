@@ -24,7 +24,7 @@ out, data, steps, stop, cp, fsdp = sys.argv[1], sys.argv[2], int(sys.argv[3]), s
     sys.argv[6] == "1"
 cfg = TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup=1, eval_every=100, ckpt_every=2, log_every=1, out=out,
                   progress=False, seed=3, stop_after=None if stop == "-" else int(stop), context_parallel=cp,
-                  fsdp=fsdp)
+                  fsdp=fsdp, meta_init=True)  # (without --fsdp: the initial weights of the sharded runs)
 res = train_lm("tiny-hybrid", cfg, [data], pack=False, eval_windows=4, n_layer=2, n_embd=32, n_head=2,
                block_size=32, window=8, sel_heads=2)
 model = res["model"]

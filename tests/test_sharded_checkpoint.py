@@ -32,7 +32,7 @@ out, data, steps, stop, fsdp, background = sys.argv[1], sys.argv[2], int(sys.arg
     sys.argv[5] == "1", sys.argv[6] == "1"
 cfg = TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup=1, eval_every=2, ckpt_every=2, log_every=1, out=out,
                   progress=False, seed=3, stop_after=None if stop == "-" else int(stop), fsdp=fsdp,
-                  async_checkpoint=background)
+                  async_checkpoint=background, meta_init=True)  # (one process: the sharded runs' initial weights)
 import torch.distributed.checkpoint as dcp
 background_saves = []
 _async_save = dcp.async_save

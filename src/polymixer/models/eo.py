@@ -207,6 +207,13 @@ class TSViT(nn.Module):
         self.head_norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.head = nn.Linear(c.dim, c.patch_size ** 2)
 
+    def initialize_weights(self) -> None:
+        """N(0, 1) class tokens and learned spatial positions (the constructor draws them in its own order; this
+        draws them again, for a model built on the meta device); the modules keep their own initialisation."""
+        for p in (self.class_tokens, self.spatial_pos):
+            if p is not None:
+                nn.init.normal_(p)
+
     def _block(self, letter: str, rope: Optional[str], rope_base: Optional[float] = None) -> PolyMorpher:
         c = self.config
         # TSViT's attention: q / k / v without bias, the output projection with one; PoMs with a bias on W_o. Local

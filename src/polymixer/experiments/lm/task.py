@@ -22,7 +22,7 @@ from ...models.lm import pad_left
 from ...ops import parallel
 from ...checkpoint import load_model, read_config
 from ...ranges import Range
-from ..train.loop import TrainConfig, add_train_config_arguments, train, train_config_from_args
+from ..train.loop import TrainConfig, add_train_config_arguments, model_device, train, train_config_from_args
 from ..tasks.common import (
     add_field_flags,
     add_preset_argument,
@@ -210,7 +210,7 @@ def train_lm(preset: str, train_cfg: TrainConfig, data: Optional[List[str]] = No
     texts = load_corpus(data, corpus, tok, val_fraction, progress=train_cfg.progress, faults=faults)
     check_vocabulary(texts, cfg.vocab_size, preset)
     torch.manual_seed(train_cfg.seed)  # the initial weights are part of the run's reproducible state
-    model = create_model(preset, **overrides)
+    model = create_model(preset, device=model_device(train_cfg), **overrides)
     task = LMTask(texts, tok.token_bytes() if texts.token_bytes_known else None, cfg.block_size,
                   train_cfg.batch_size, train_cfg.seed, pack, eval_windows, faults=faults)
     meta = {"family": "lm", "preset": preset, "model": asdict(cfg),

@@ -44,6 +44,7 @@ from ...checkpoint import (
 )
 
 __all__ = ["TrainConfig", "Task", "train", "configure_optimizer", "lr_at", "distributed_context", "TRAIN_FLAGS",
+           "model_device",
            "TRAIN_HELP", "TRAIN_RANGES",
            "EXIT_PREEMPTED", "Preempted", "add_train_config_arguments", "train_config_from_args"]
 
@@ -86,6 +87,7 @@ class TrainConfig:
     dist_timeout: float = 5.0  # minutes a collective waits for the other ranks before failing (torchrun)
     extra: Dict[str, Any] = field(default_factory=dict)
     log: str = "none"  # where the main rank also sends every history record: none | csv | tensorboard | wandb
+    meta_init: bool = False  # build on the meta device, initialise block by block (always with --fsdp): model_device
 
     def __post_init__(self) -> None:
         for name, allowed in TRAIN_RANGES.items():
@@ -217,6 +219,15 @@ class Task(Protocol):
         ...
 
     def evaluate(self, model: nn.Module, step: int, out_dir: Path) -> Dict[str, float]: ...
+
+
+def model_device(cfg: TrainConfig) -> Optional[str]:
+    """Where a family builds its model for ``cfg``: ``"meta"`` for ``--fsdp`` (and ``meta_init``) — nothing is
+    allocated, and the loop materialises and initialises the model block by block, each rank only its shards
+    (:func:`polymixer.experiments.train.parallel.init_blockwise`: the same weights for a seed on any number of
+    ranks, sharded or not, though not the draws of building the model whole); None (the default device)
+    otherwise."""
+    return "meta" if cfg.fsdp or cfg.meta_init else None
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -515,6 +526,7 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
     run = _prepare(model, task, cfg, model_config)
     trainer_state = _resume(run)
     if run.start == 0 and cfg.init_from:
+        _materialise(run)
         _init_weights(run.raw, run.ema, cfg.init_from, model_config)
     _parallelise(run, trainer_state)
     _begin(run)
@@ -573,10 +585,13 @@ def _prepare(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[
     if getattr(task, "split_evaluation", False):  # evaluation forwards no more examples than a training one
         task.eval_batch = max(1, min(task.eval_batch, cfg.batch_size // shares))
     torch.manual_seed(cfg.seed + lay.dp_rank)  # the ranks sharing an example draw the same noise and dropout
-    model.to(ctx.device)
+    no_decay = parallel.no_decay_names(model)  # (by name: materialising or sharding drops the marks)
+    if not parallel.is_meta(model):
+        model.to(ctx.device)
+    elif not cfg.fsdp:  # (a sharded run materialises its shards alone, in _parallelise)
+        parallel.init_blockwise(model, copy.deepcopy(model), cfg.seed, ctx.device)
     memory.apply_activation_checkpointing(model, cfg.activation_checkpointing)  # (names unchanged; before FSDP)
     ema = _Ema(model, cfg.ema) if cfg.ema > 0 else None
-    no_decay = parallel.no_decay_names(model)
     optimizer = configure_optimizer(model, cfg, no_decay)
     return _Run(cfg=cfg, task=task, model_config=model_config, meta={**model_config, "train": asdict(cfg)}, ctx=ctx,
                 lay=lay, out=Path(cfg.out), raw=model, fwd_model=model, ema=ema, no_decay=no_decay,
@@ -620,6 +635,7 @@ def _resume(run: _Run) -> Optional[Dict[str, Any]]:
     run.resumed = ck
     sharded = is_sharded(ck)
     if not (sharded and cfg.fsdp):  # (a sharded checkpoint into a sharded model: in _parallelise, from meta)
+        _materialise(run)
         load_weights(run.raw, ck)
     state = load_trainer_state(ck)
     if sharded and not cfg.fsdp:  # a plain run (one process, DDP) reads every shard itself
@@ -639,6 +655,15 @@ def _resume(run: _Run) -> Optional[Dict[str, Any]]:
     return state
 
 
+def _materialise(run: _Run) -> None:
+    """Before whole weights are loaded (a checkpoint of whole tensors, ``--init-from``): a model still on the meta
+    device made whole on this rank, initialised block-wise, with its optimizer (it is sharded afterwards as a model
+    built whole is)."""
+    if parallel.is_meta(run.raw):
+        parallel.init_blockwise(run.raw, copy.deepcopy(run.raw), run.cfg.seed, run.ctx.device)
+        run.optimizer = configure_optimizer(run.raw, run.cfg, run.no_decay)
+
+
 def _parallelise(run: _Run, trainer_state: Optional[Dict[str, Any]]) -> None:
     """Choose the autocast dtype, then shard the model (FSDP: a new optimizer over the shards, given the resumed
     state), compile its forward, or wrap it in DDP, as the settings ask."""
@@ -646,8 +671,13 @@ def _parallelise(run: _Run, trainer_state: Optional[Dict[str, Any]]) -> None:
     run.amp = _autocast_dtype(cfg, ctx.device)
     if cfg.fsdp:
         from_shards = run.resumed is not None and is_sharded(run.resumed)
-        if from_shards:  # never the whole weights again: meta → sharded → this rank's shards → loaded
+        if from_shards or parallel.is_meta(raw):
             run.optimizer.param_groups.clear()  # (it held the whole parameters)
+        if parallel.is_meta(raw):  # built on the meta device: each rank initialises its shards, block by block
+            template = copy.deepcopy(raw)
+            parallel.shard(raw, run.amp == torch.bfloat16)
+            parallel.init_blockwise(raw, template, cfg.seed, ctx.device)
+        elif from_shards:  # never the whole weights again: meta → sharded → this rank's shards → loaded
             buffers = parallel.to_meta(raw)
             parallel.shard(raw, run.amp == torch.bfloat16)
             parallel.materialise(raw, ctx.device, buffers)
