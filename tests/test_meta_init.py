@@ -174,3 +174,40 @@ def test_a_fresh_fsdp_run_built_on_the_meta_device_trains(tmp_path, corpus_dir, 
     losses = json.loads((out / "losses.json").read_text())
     assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses))), losses
     assert losses[-1] < losses[0], losses
+
+
+WHOLE = r"""
+import sys
+import torch
+from polymixer.experiments.lm.task import train_lm
+from polymixer.experiments.train import parallel
+from polymixer.experiments.train.loop import TrainConfig
+
+out, data, steps, stop, fsdp = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
+cfg = TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup=1, eval_every=100, ckpt_every=2, log_every=1, out=out,
+                  progress=False, curves=False, seed=3, stop_after=None if stop == "-" else int(stop), fsdp=fsdp,
+                  meta_init=True)
+res = train_lm("tiny-pom", cfg, [data], pack=False, eval_windows=2, n_layer=2, n_embd=32, n_head=2, block_size=32,
+               sel_heads=2)
+model = res["model"]
+sd = parallel.full_model_state(model) if fsdp else dict(model.state_dict())
+if res["rank"] == 0:
+    torch.save({k: v.detach().cpu() for k, v in sd.items() if k not in parallel.aliases(model)}, f"{out}/weights.pt")
+"""
+
+
+def test_a_checkpoint_of_whole_tensors_resumes_under_fsdp_from_the_meta_device(tmp_path, corpus_dir):
+    """A one-process run's checkpoint (whole tensors) resumed by a fresh --fsdp job on 2 ranks, whose model is built
+    on the meta device: materialised whole, loaded, sharded — it ends where the uninterrupted run ends."""
+    env = {"POLYMIXER_CACHE": str(tmp_path / "cache")}
+
+    def run(out, steps, stop, procs, fsdp):
+        torchrun(WHOLE, [out, corpus_dir, steps, stop, int(fsdp)], tmp_path, procs, env=env, name="whole.py")
+        return torch.load(out / "weights.pt")
+
+    straight = run(tmp_path / "straight", 4, "-", 1, False)
+    run(tmp_path / "run", 4, 2, 1, False)
+    resumed = run(tmp_path / "run", 4, "-", 2, True)
+    assert sorted(resumed) == sorted(straight)
+    for k, v in straight.items():
+        torch.testing.assert_close(resumed[k], v, rtol=1e-4, atol=1e-5, msg=k)
