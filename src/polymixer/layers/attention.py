@@ -191,8 +191,7 @@ class Attention(nn.Module):
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """The token shift's initial weights: 0.5 on the current and previous token, 0 on older ones (the
-        projections reset themselves)."""
+        """The token shift's initial weights: 0.5 on the current and previous token, 0 on older ones."""
         if self.shift_width:
             with torch.no_grad():
                 self.shift.zero_()

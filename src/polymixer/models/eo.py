@@ -208,8 +208,7 @@ class TSViT(nn.Module):
         self.head = nn.Linear(c.dim, c.patch_size ** 2)
 
     def initialize_weights(self) -> None:
-        """N(0, 1) class tokens and learned spatial positions (the constructor draws them in its own order; this
-        draws them again, for a model built on the meta device); the modules keep their own initialisation."""
+        """N(0, 1) class tokens and learned positions, drawn again (the constructor draws them in its order)."""
         for p in (self.class_tokens, self.spatial_pos):
             if p is not None:
                 nn.init.normal_(p)

@@ -136,8 +136,7 @@ class GPT(nn.Module):
         self.initialize_weights()
 
     def initialize_weights(self) -> None:
-        """GPT-2's: N(0, 0.02) linears and embeddings with zero biases, the residual projections at
-        0.02 / √(2 · n_layer); the mixers' own parameters (PoM's coefficients, gates) keep their modules' values."""
+        """GPT-2's: N(0, 0.02) linears and embeddings, zero biases, residual projections at 0.02 / √(2 · n_layer)."""
         self.apply(self._init_weights)
         scaled = 0.02 / math.sqrt(2 * self.config.n_layer)
         for blk in self.blocks:  # residual projections
