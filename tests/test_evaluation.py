@@ -133,3 +133,16 @@ def test_context_parallel_evaluation_splits_every_window_and_equals_one_process(
             assert sorted(r["split"]) == ["val_bpb", "val_loss"]
             for k, v in r["whole"].items():
                 assert abs(r["split"][k] - v) <= 1e-6 * abs(v), (preset, k, r["split"][k], v)
+
+
+def test_a_task_that_evaluates_like_it_trains_forwards_no_more_than_a_training_micro_batch(tmp_path):
+    class Split(_Toy):
+        split_evaluation, eval_batch = True, 32
+
+    task = Split()
+    _run(tmp_path / "run", task, steps=2, grad_accum=2)
+    assert task.eval_batch == 4  # 8 examples per step in 2 micro-batches
+    plain = _Toy()
+    plain.eval_batch = 32
+    _run(tmp_path / "plain", plain, steps=2, grad_accum=2)
+    assert plain.eval_batch == 32  # (a task that does not ask keeps its own)
