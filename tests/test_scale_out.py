@@ -24,7 +24,7 @@ out, data, steps, stop, cp, fsdp = sys.argv[1], sys.argv[2], int(sys.argv[3]), s
     sys.argv[6] == "1"
 cfg = TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup=1, eval_every=100, ckpt_every=2, log_every=1, out=out,
                   progress=False, seed=3, stop_after=None if stop == "-" else int(stop), context_parallel=cp,
-                  fsdp=fsdp)
+                  fsdp=fsdp, meta_init=True)  # (without --fsdp: the initial weights of the sharded runs)
 res = train_lm("tiny-hybrid", cfg, [data], pack=False, eval_windows=4, n_layer=2, n_embd=32, n_head=2,
                block_size=32, window=8, sel_heads=2)
 model = res["model"]
@@ -33,6 +33,7 @@ sd = parallel.full_model_state(model) if fsdp else {k: v for k, v in model.state
 if res["rank"] == 0:
     torch.save({k: v.detach().cpu() for k, v in sd.items()}, f"{out}/weights.pt")
     json.dump([h["loss"] for h in res["history"] if "loss" in h], open(f"{out}/losses.json", "w"))
+    json.dump(res["metrics"], open(f"{out}/metrics.json", "w"))
     from polymixer.ops.parallel import TOTAL
     json.dump(TOTAL, open(f"{out}/context_parallel.json", "w"))
 """
@@ -69,6 +70,11 @@ def test_context_parallel_step_equals_the_single_process_step_and_resumes(tmp_pa
     assert abs(losses_two[0] - losses_one[0]) <= 1e-6 * abs(losses_one[0])
     for k in one:
         torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
+    # the final evaluation, each rank running half of every window, is the one-process evaluation's
+    metrics_one, metrics_two = (json.loads((tmp_path / r / "metrics.json").read_text()) for r in ("one", "cp"))
+    assert sorted(metrics_two) == sorted(metrics_one) == ["val_bpb", "val_loss"]
+    for k, v in metrics_one.items():
+        assert abs(metrics_two[k] - v) <= 1e-4 * abs(v), (k, metrics_two[k], v)
     # stopped after step 2 (a checkpoint), then resumed to 3: bit-exact with the uninterrupted context-parallel run
     _run(tmp_path, corpus_dir, tmp_path / "cp_stop", 3, procs=2, cp=2, stop=2)
     resumed, _ = _run(tmp_path, corpus_dir, tmp_path / "cp_stop", 3, procs=2, cp=2)

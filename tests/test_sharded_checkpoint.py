@@ -32,7 +32,7 @@ out, data, steps, stop, fsdp, background = sys.argv[1], sys.argv[2], int(sys.arg
     sys.argv[5] == "1", sys.argv[6] == "1"
 cfg = TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup=1, eval_every=2, ckpt_every=2, log_every=1, out=out,
                   progress=False, seed=3, stop_after=None if stop == "-" else int(stop), fsdp=fsdp,
-                  async_checkpoint=background)
+                  async_checkpoint=background, meta_init=True)  # (one process: the sharded runs' initial weights)
 import torch.distributed.checkpoint as dcp
 background_saves = []
 _async_save = dcp.async_save
@@ -197,7 +197,9 @@ def two(tmp_path_factory, corpus_dir):
 
 def test_a_sharded_checkpoint_holds_one_shard_per_rank_in_its_manifest(two):
     ck = two["tmp"] / "straight" / "checkpoints" / "step_00000002"
-    assert sorted(p.name for p in ck.iterdir()) == ["config.json", "manifest.json", SHARDED, "trainer.pt"]
+    # (the evaluation of step 2 ran after the checkpoint was published: its metrics beside it, outside the manifest)
+    assert sorted(p.name for p in ck.iterdir()) == ["config.json", "evaluation.json", "manifest.json", SHARDED,
+                                                    "trainer.pt"]
     assert sorted(p.name for p in (ck / SHARDED).iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     listed = json.loads((ck / "manifest.json").read_text())["files"]
     assert sorted(listed) == ["config.json", f"{SHARDED}/.metadata", f"{SHARDED}/__0_0.distcp",

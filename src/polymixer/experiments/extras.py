@@ -21,6 +21,8 @@ EXTRAS: Dict[str, Tuple[str, str]] = {
     "transformers": ("transformers", "hf"),
     "regex": ("regex", "bpe"),
     "triton": ("triton", "gpu"),
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
 }
 
 

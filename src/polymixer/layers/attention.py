@@ -178,9 +178,9 @@ class Attention(nn.Module):
         if self.shift_width:
             self.shift = nn.Parameter(torch.empty(self.shift_width, 2 * dim, **fk))
             self.shift.no_weight_decay = True
-            self.reset_shift()
+            self.reset_parameters()
 
-    def reset_shift(self) -> None:
+    def reset_parameters(self) -> None:
         """The token shift's initial weights: 0.5 on the current and previous token, 0 on older ones."""
         if self.shift_width:
             with torch.no_grad():

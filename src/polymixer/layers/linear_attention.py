@@ -65,10 +65,19 @@ class LinearAttention(nn.Module):
         self.v = nn.Linear(dim, value_dim, bias=bias)
         self.out = nn.Linear(value_dim, dim, bias=bias)
         if feature_map == "identity":
-            self.norm_weight = nn.Parameter(torch.ones(value_dim))
+            self.norm_weight = nn.Parameter(torch.empty(value_dim))
         if self.token_shift:  # over the key and value projections: (current, previous) × (H·f + dv) channels
-            self.shift = nn.Parameter(torch.full((2, heads * feature_dim + value_dim), 0.5))
+            self.shift = nn.Parameter(torch.empty(2, heads * feature_dim + value_dim))
             self.shift.no_weight_decay = True
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Unit gains of the norm, 0.5 / 0.5 of the token shift (the projections reset themselves)."""
+        with torch.no_grad():
+            if self.feature_map == "identity":
+                self.norm_weight.fill_(1.0)
+            if self.token_shift:
+                self.shift.fill_(0.5)
 
     @property
     def state_floats(self) -> int:

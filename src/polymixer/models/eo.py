@@ -212,6 +212,12 @@ class TSViT(nn.Module):
         self.head_norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.head = nn.Linear(c.dim, c.patch_size ** 2)
 
+    def initialize_weights(self) -> None:
+        """N(0, 1) class tokens and learned positions, drawn again (the constructor draws them in its order)."""
+        for p in (self.class_tokens, self.spatial_pos):
+            if p is not None:
+                nn.init.normal_(p)
+
     def _block(self, letter: str, rope: Optional[str], rope_base: Optional[float] = None) -> PolyMorpher:
         c = self.config
         # TSViT's attention: q / k / v without bias, the output projection with one; PoMs with a bias on W_o. Local

@@ -207,7 +207,9 @@ class DiT(nn.Module):
 
     def initialize_weights(self) -> None:
         """DiT's initialisation: Xavier-uniform linears, N(0, 0.02) embeddings, adaLN-Zero and a zero output layer
-        (PoM's polynomial coefficients keep the reference's ±1e-3)."""
+        (PoM's polynomial coefficients keep the reference's ±1e-3); the 2-D sin-cos positions (a buffer)."""
+        grid = self.config.input_size // self.config.patch_size
+        self.pos_embed.copy_(sincos_2d(grid, grid, self.config.hidden_size).unsqueeze(0))
 
         def xavier(m: nn.Module) -> None:
             if isinstance(m, nn.Linear):

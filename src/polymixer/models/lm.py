@@ -135,8 +135,12 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(c.n_embd, bias=c.bias)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
+        self.initialize_weights()
+
+    def initialize_weights(self) -> None:
+        """GPT-2's: N(0, 0.02) linears and embeddings, zero biases, residual projections at 0.02 / √(2 · n_layer)."""
         self.apply(self._init_weights)
-        scaled = 0.02 / math.sqrt(2 * c.n_layer)
+        scaled = 0.02 / math.sqrt(2 * self.config.n_layer)
         for blk in self.blocks:  # residual projections
             for p in (getattr(blk.mixer, "proj", None), getattr(blk.mixer, "out_proj", None),
                       None if blk.mlp is None else blk.mlp.fc2):

@@ -84,6 +84,10 @@ class RecallLM(nn.Module):
         self.ln_f = nn.LayerNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.head.weight = self.wte.weight
+        self.initialize_weights()
+
+    def initialize_weights(self) -> None:
+        """N(0, 0.02) matrices (PoM's coefficients and the token shifts keep their modules' values)."""
         for name, p in self.named_parameters():
             if name.endswith("weight") and p.dim() == 2 and "coeff" not in name and "shift" not in name:
                 nn.init.normal_(p, std=0.02)
@@ -146,9 +150,15 @@ class _ShiftedKeysValues(nn.Module):
     def __init__(self, mixer: nn.Module) -> None:
         super().__init__()
         self.mixer = mixer
-        self.shift = nn.Parameter(torch.full((2, mixer.dim), 0.5))
+        self.shift = nn.Parameter(torch.empty(2, mixer.dim))
         self.shift.no_weight_decay = True
+        self.reset_parameters()
         self.register_load_state_dict_pre_hook(_renamed_mixer)
+
+    def reset_parameters(self) -> None:
+        """The shift's 0.5 / 0.5 (the mixer resets itself)."""
+        with torch.no_grad():
+            self.shift.fill_(0.5)
 
     def forward(self, x: Tensor, context: Optional[Tensor] = None, *, causal: Optional[bool] = None,
                 **kwargs: Optional[Tensor]) -> Tensor:

@@ -26,7 +26,9 @@ from ..data.faults import SampleError, SampleFaults
 from ..metrics import ConfusionMatrix
 from ...models import create_model, model_config
 from ...checkpoint import load_model, read_config, resolve_checkpoint
-from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
+from ..train.loop import (
+    TRAIN_FLAGS, TrainConfig, add_train_config_arguments, model_device, train, train_config_from_args,
+)
 from ..tasks.common import (
     add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides, int_at_least,
 )
@@ -313,7 +315,7 @@ def train_eo(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, fo
     # a resumed run keeps the statistics its weights were trained with
     stats = BandStats.from_dict(saved) if saved is not None else band_stats(train_split, norm)
     torch.manual_seed(train_cfg.seed)
-    model = create_model(preset, **overrides)
+    model = create_model(preset, device=model_device(train_cfg), **overrides)
     task = EOTask(train_split, val_split, stats, train_cfg.batch_size, train_cfg.seed, crop, augment, eval_limit,
                   faults=faults)
     meta = {"family": "eo", "preset": preset, "model": asdict(cfg), "normalization": stats.to_dict(),

@@ -30,7 +30,9 @@ from .diffusion import make_objective
 from ...files import atomic_path
 from ...models import create_model, model_config
 from ...checkpoint import load_model, read_config
-from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
+from ..train.loop import (
+    TRAIN_FLAGS, TrainConfig, add_train_config_arguments, model_device, train, train_config_from_args,
+)
 from ...ranges import Range
 from ..tasks.common import (
     add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides, float_in, int_at_least,
@@ -262,7 +264,7 @@ def train_image(preset: str, train_cfg: TrainConfig, objective: str = "flow", da
         overrides["num_classes"] = images.num_classes
         cfg = model_config(preset, **overrides)
     torch.manual_seed(train_cfg.seed)
-    model = create_model(preset, **overrides)
+    model = create_model(preset, device=model_device(train_cfg), **overrides)
     task = ImageTask(images, objective, cfg.learn_sigma, train_cfg.batch_size, train_cfg.seed, eval_samples,
                      faults=faults, progress=train_cfg.progress)
     meta = {"family": "image", "preset": preset, "model": asdict(cfg), "objective": objective,

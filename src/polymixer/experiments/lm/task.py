@@ -19,9 +19,10 @@ from ...tokenizer import load_tokenizer
 from .data import CORPORA, Corpus, TokenWindows, check_vocabulary, load_corpus, shard_files
 from ...models import create_model, model_config
 from ...models.lm import pad_left
+from ...ops import parallel
 from ...checkpoint import load_model, read_config
 from ...ranges import Range
-from ..train.loop import TrainConfig, add_train_config_arguments, train, train_config_from_args
+from ..train.loop import TrainConfig, add_train_config_arguments, model_device, train, train_config_from_args
 from ..tasks.common import (
     add_field_flags,
     add_preset_argument,
@@ -40,9 +41,11 @@ LN2 = math.log(2.0)
 
 
 class LMTask:
-    """Next-token prediction on random windows; documents never attend into one another (``sep_token``)."""
+    """Next-token prediction on random windows; documents never attend into one another (``sep_token``).
+    Evaluation splits its windows as training does under context parallelism (``split_evaluation``)."""
 
     unit = "tok"
+    split_evaluation = True
 
     def __init__(self, corpus: Corpus, token_bytes: Optional[np.ndarray], block_size: int, batch_size: int, seed: int,
                  pack: bool = True, eval_windows: int = 256, eval_batch: int = 32,
@@ -85,34 +88,71 @@ class LMTask:
                            self.eval_windows, self.eval_batch)
 
 
+# a long context's evaluation reads at most this many times the split: past that, more windows of it only shift
+# over the same tokens (256 windows of 2^20 tokens over a 1.4 M-token split: 190 times over)
+MAX_COVERAGE = 4
+
+
+def window_count(windows: TokenWindows, count: int) -> int:
+    """The windows an evaluation of ``count`` reads: ``count``, or fewer where they would read the split more than
+    :data:`MAX_COVERAGE` times over."""
+    return max(1, min(count, -(-MAX_COVERAGE * len(windows.data) // windows.block_size)))
+
+
+def _slice_of(x: torch.Tensor, cp: Any) -> torch.Tensor:
+    """This rank's contiguous slice of every row (equal slices, as training splits them)."""
+    T = x.shape[1]
+    if T % cp.world:
+        raise ValueError(f"--context-parallel {cp.world} must divide the context length {T}")
+    n = T // cp.world
+    return x[:, cp.rank * n:(cp.rank + 1) * n]
+
+
 @torch.no_grad()
 def evaluate_lm(model: nn.Module, windows: TokenWindows, token_bytes: Optional[torch.Tensor],
                 sep_token: Optional[int], count: int = 256, batch: int = 32, progress: bool = False,
                 desc: str = "eval") -> Dict[str, float]:
-    """Mean loss (nats per token) and bits per byte over ``count`` evenly spaced windows of a split.
+    """Mean loss (nats per token) and bits per byte over ``count`` evenly spaced windows of a split (fewer for a
+    context so long that they would read the split more than :data:`MAX_COVERAGE` times over).
 
     Bits per byte = total nats / ln 2 / the number of UTF-8 bytes the predicted tokens stand for (end-of-text counts
     zero bytes): comparable across tokenizers. ``token_bytes`` None (token shards whose tokenizer is not known): the
     loss alone.
+
+    Under :func:`polymixer.context_parallel` (the training loop's evaluation of a context-parallel run) each rank of
+    the group runs its contiguous slice of every window, as training does — no rank holds a whole window — and the
+    sums are added over the group: every rank returns the figures of the whole windows.
     """
     from tqdm.auto import tqdm
 
+    cp = parallel.active()
+    if cp is not None and sep_token is not None:
+        raise ValueError("--context-parallel evaluates plain windows: packed documents cannot be split across ranks; "
+                         "add --no-pack")
     was = model.training
     model.eval()
     device = next(model.parameters()).device
-    nats = 0.0
-    tokens = 0
-    nbytes = 0
+    sums = torch.zeros(3, dtype=torch.float64)  # nats, tokens, bytes
+    count = window_count(windows, count)
     for x, y in tqdm(windows.fixed(count, batch), total=-(-count // batch), desc=desc,
                      disable=not progress, dynamic_ncols=True, leave=False):
+        if cp is not None:
+            x, y = _slice_of(x, cp), _slice_of(y, cp)
         x, y = x.to(device), y.to(device)
         logits, _ = model(x, sep_token=sep_token)
         ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
                                                reduction="sum")
-        nats += float(ce)
-        tokens += y.numel()
-        nbytes += 0 if token_bytes is None else int(token_bytes[y.cpu()].sum())
+        del logits
+        sums += torch.tensor([float(ce), y.numel(), 0 if token_bytes is None else int(token_bytes[y.cpu()].sum())],
+                             dtype=torch.float64)
     model.train(was)
+    if cp is not None:
+        import torch.distributed as dist
+
+        total = sums.to(cp.comm_device())
+        dist.all_reduce(total, group=cp.group)
+        sums = total.cpu()
+    nats, tokens, nbytes = float(sums[0]), int(sums[1]), int(sums[2])
     if token_bytes is None:
         return {"val_loss": nats / tokens}
     return {"val_loss": nats / tokens, "val_bpb": nats / LN2 / max(nbytes, 1)}
@@ -145,7 +185,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="the share of the files held out for validation (a single file: of its tokens; default "
                         "0.1), or of the prose articles (default 0.05, and 0.05 for test)")
     d.add_argument("--no-pack", action="store_true", help="let windows attend across end-of-text")
-    d.add_argument("--eval-windows", type=int_at_least(1), default=256, help="validation windows per evaluation")
+    d.add_argument("--eval-windows", type=int_at_least(1), default=256,
+                   help="validation windows per evaluation (fewer at a context so long that they would read the "
+                        "validation split more than 4 times over)")
     add_train_config_arguments(p.add_argument_group("optimisation"), t, "run folder (default: runs/lm/<preset>)")
 
 
@@ -168,7 +210,7 @@ def train_lm(preset: str, train_cfg: TrainConfig, data: Optional[List[str]] = No
     texts = load_corpus(data, corpus, tok, val_fraction, progress=train_cfg.progress, faults=faults)
     check_vocabulary(texts, cfg.vocab_size, preset)
     torch.manual_seed(train_cfg.seed)  # the initial weights are part of the run's reproducible state
-    model = create_model(preset, **overrides)
+    model = create_model(preset, device=model_device(train_cfg), **overrides)
     task = LMTask(texts, tok.token_bytes() if texts.token_bytes_known else None, cfg.block_size,
                   train_cfg.batch_size, train_cfg.seed, pack, eval_windows, faults=faults)
     meta = {"family": "lm", "preset": preset, "model": asdict(cfg),

@@ -21,7 +21,9 @@ from ..metrics import ErrorRates, edit_distance
 from ...models import create_model, model_config
 from ...models.ocr import ctc_greedy_decode, ctc_loss
 from ...checkpoint import load_model, read_config, resolve_checkpoint
-from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
+from ..train.loop import (
+    TRAIN_FLAGS, TrainConfig, add_train_config_arguments, model_device, train, train_config_from_args,
+)
 from ..tasks.common import (
     add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides, int_at_least,
 )
@@ -221,7 +223,7 @@ def train_ocr(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, s
         if saved is not None and saved != charset.chars:
             raise ValueError(f"cannot resume {out}: its charset {saved!r} differs from this data's {charset.chars!r}")
     torch.manual_seed(train_cfg.seed)
-    model = create_model(preset, **overrides)
+    model = create_model(preset, device=model_device(train_cfg), **overrides)
     task = OCRTask(train_set, val_set, charset, train_cfg.batch_size, train_cfg.seed, spec,
                    AugmentConfig() if augmentations else None, eval_limit, faults=faults)
     meta = {"family": "ocr", "preset": preset, "model": asdict(cfg), "charset": charset.chars,

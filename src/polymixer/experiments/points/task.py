@@ -26,7 +26,9 @@ from .synth import resolve_data
 from ..metrics import ConfusionMatrix
 from ...models import create_model
 from ...checkpoint import load_model, read_config, resolve_checkpoint
-from ..train.loop import TRAIN_FLAGS, TrainConfig, add_train_config_arguments, train, train_config_from_args
+from ..train.loop import (
+    TRAIN_FLAGS, TrainConfig, add_train_config_arguments, model_device, train, train_config_from_args,
+)
 from ...ranges import Range
 from ..tasks.common import (
     add_preset_argument, add_set_argument, check_dataset, check_preset, config_overrides, float_in, int_at_least,
@@ -193,7 +195,7 @@ def train_points(preset: str, train_cfg: TrainConfig, data: Optional[str] = None
     overrides.setdefault("in_channels", fmt.in_channels)
     overrides.setdefault("num_classes", len(fmt.class_names))
     torch.manual_seed(train_cfg.seed)
-    model = create_model(preset, **overrides)
+    model = create_model(preset, device=model_device(train_cfg), **overrides)
     if isinstance(augment_data, AugmentConfig):
         augment_cfg: Optional[AugmentConfig] = augment_data
     else:

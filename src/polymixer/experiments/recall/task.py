@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from .data import IGNORE, check_mqar, mqar, mqar_mixture
 from ...models import create_model, model_config
-from ..train.loop import TrainConfig, train
+from ..train.loop import TrainConfig, model_device, train
 
 __all__ = ["RecallTask", "recall_accuracy", "train_recall"]
 
@@ -88,7 +88,7 @@ def train_recall(preset: str, train_cfg: TrainConfig, num_kv_pairs: int = 16, te
     seq_len = config.seq_len if seq_len is None else seq_len
     task = RecallTask(seq_len, num_kv_pairs, config.vocab_size, train_cfg.batch_size, train_cfg.seed, test_examples,
                       mixture)
-    model = create_model(preset, **overrides, seq_len=task.train_len)
+    model = create_model(preset, device=model_device(train_cfg), **overrides, seq_len=task.train_len)
     c = model.config
     meta = {"family": "recall", "preset": preset, "model": asdict(c),
             "task": {"num_kv_pairs": num_kv_pairs, "seq_len": seq_len, "vocab_size": c.vocab_size,

@@ -32,7 +32,7 @@ from torch import nn
 if TYPE_CHECKING:
     import argparse
 
-from . import agreement, memory, parallel
+from . import agreement, memory, parallel, tracking
 from ..data.faults import SampleError
 from ...files import write_text_atomic
 from ...ranges import Range, check_range
@@ -44,6 +44,7 @@ from ...checkpoint import (
 )
 
 __all__ = ["TrainConfig", "Task", "train", "configure_optimizer", "lr_at", "distributed_context", "TRAIN_FLAGS",
+           "model_device",
            "TRAIN_HELP", "TRAIN_RANGES",
            "EXIT_PREEMPTED", "Preempted", "add_train_config_arguments", "train_config_from_args"]
 
@@ -85,6 +86,8 @@ class TrainConfig:
     activation_checkpointing: str = "none"  # none | block | selective: recompute activations in the backward
     dist_timeout: float = 5.0  # minutes a collective waits for the other ranks before failing (torchrun)
     extra: Dict[str, Any] = field(default_factory=dict)
+    log: str = "none"  # where the main rank also sends every history record: none | csv | tensorboard | wandb
+    meta_init: bool = False  # build on the meta device, initialise block by block (always with --fsdp): model_device
 
     def __post_init__(self) -> None:
         for name, allowed in TRAIN_RANGES.items():
@@ -97,6 +100,7 @@ class TrainConfig:
         memory.check_mode(self.activation_checkpointing)
         if self.async_checkpoint and not self.fsdp:
             raise ValueError("--async-checkpoint writes sharded checkpoints in the background: it needs --fsdp")
+        tracking.check_tracker(self.log)
 
 
 # what each numeric TrainConfig field allows: checked when a config is made (a command checks its options before it
@@ -141,8 +145,8 @@ TRAIN_HELP = {
 def add_train_config_arguments(p: "argparse.ArgumentParser", defaults: TrainConfig, out_help: str,
                                names: Sequence[str] = TRAIN_FLAGS) -> None:
     """The shared-loop options of a train command: ``names`` as --flags defaulting to the family's recipe
-    ``defaults``, then --skip-bad-samples, --stop-after, --init-from, --dtype, --compile, --out, --no-resume,
-    --quiet."""
+    ``defaults``, then --skip-bad-samples, --stop-after, --init-from, --dtype, --compile, the parallelism options,
+    --log, --out, --no-resume, --quiet."""
     for name in names:
         default = getattr(defaults, name)
         p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
@@ -172,6 +176,10 @@ def add_train_config_arguments(p: "argparse.ArgumentParser", defaults: TrainConf
                         "its input; selective = keep the matrix products' outputs, recompute the elementwise ops")
     p.add_argument("--dist-timeout", type=float, default=defaults.dist_timeout, metavar="MINUTES",
                    help="under torchrun: minutes a collective waits for the other ranks before failing")
+    p.add_argument("--log", default=defaults.log, choices=tracking.TRACKERS,
+                   help="also send every logged figure (loss, learning rate, gradient norm, throughput, memory, "
+                        "evaluations) to <out>/history.csv, TensorBoard (<out>/tensorboard) or Weights & Biases "
+                        "(offline unless WANDB_MODE or a W&B key says otherwise), from the main rank")
     p.add_argument("--out", default=None, help=out_help)
     p.add_argument("--no-resume", action="store_true", help="start over even if the run folder has a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -202,6 +210,10 @@ class Task(Protocol):
 
     # optional: ``split(batch, part, parts)`` → this rank's contiguous slice of every sequence of a batch share
     # (context parallelism; a task without it refuses --context-parallel)
+    # optional: ``split_evaluation = True`` → ``evaluate`` runs inside the training's context-parallel group, each
+    # rank evaluating its slice of every example as ``split`` cuts them (no rank holds a whole one), and its
+    # ``eval_batch`` (examples per evaluation forward) is lowered to the training micro-batch of a rank: evaluation
+    # then stays within the training step's memory. Without it every rank evaluates whole examples.
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor: ...
 
@@ -210,6 +222,15 @@ class Task(Protocol):
         ...
 
     def evaluate(self, model: nn.Module, step: int, out_dir: Path) -> Dict[str, float]: ...
+
+
+def model_device(cfg: TrainConfig) -> Optional[str]:
+    """Where a family builds its model for ``cfg``: ``"meta"`` for ``--fsdp`` (and ``meta_init``) — nothing is
+    allocated, and the loop materialises and initialises the model block by block, each rank only its shards
+    (:func:`polymixer.experiments.train.parallel.init_blockwise`: the same weights for a seed on any number of
+    ranks, sharded or not, though not the draws of building the model whole); None (the default device)
+    otherwise."""
+    return "meta" if cfg.fsdp or cfg.meta_init else None
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -498,6 +519,8 @@ class _Run:
     t_last: float = 0.0  # when the throughput was last measured
     train_s: float = 0.0  # seconds spent training so far, a resumed run's earlier invocations included
     stats: List[torch.Tensor] = field(default_factory=list)  # running statistics a skipped step restores
+    tracker: Any = None  # --log: where the main rank sends each history record (tracking.Tracker)
+    eval_pending: bool = False  # resumed from a checkpoint published before its step's evaluation ended
 
 
 def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str, Any],
@@ -506,9 +529,12 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
     run = _prepare(model, task, cfg, model_config)
     trainer_state = _resume(run)
     if run.start == 0 and cfg.init_from:
+        _materialise(run)
         _init_weights(run.raw, run.ema, cfg.init_from, model_config)
     _parallelise(run, trainer_state)
     _begin(run)
+    if run.eval_pending:  # the checkpoint resumed from was published, its step's evaluation never ended
+        _evaluate(run, run.start)
     done, preempted = run.start, False
     for step in range(run.start, cfg.steps):
         lr = _set_lr(run, step)
@@ -517,15 +543,26 @@ def _train(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[st
         if done % cfg.log_every == 0 or done == cfg.steps:
             _log(run, done, lr, loss_sum, grad_norm, on_log)
         run.bar.update(1)
-        if done % cfg.eval_every == 0 or done == cfg.steps:
+        evaluate = _evaluates(cfg, done)
+        saved = done % cfg.ckpt_every == 0 or done == cfg.steps
+        if saved:  # published before the step's evaluation: an evaluation that fails costs the run no training
+            _checkpoint(run, done)
+            if evaluate:
+                _settle(run)  # (--async-checkpoint: published now, not at the next checkpoint)
+        if evaluate:
             _evaluate(run, done)
         preempted = _agree_preempted(run, flag)
         stop = preempted or (cfg.stop_after is not None and done >= cfg.stop_after)
-        if done % cfg.ckpt_every == 0 or done == cfg.steps or stop:
+        if stop and not saved:
             _checkpoint(run, done)
         if stop:
             break
     return _finish(run, done, preempted, flag)
+
+
+def _evaluates(cfg: TrainConfig, done: int) -> bool:
+    """Whether the run evaluates after ``done`` steps (every ``eval_every`` and at the last)."""
+    return done % cfg.eval_every == 0 or done == cfg.steps
 
 
 def _prepare(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[str, Any]) -> _Run:
@@ -548,11 +585,16 @@ def _prepare(model: nn.Module, task: Task, cfg: TrainConfig, model_config: Dict[
                          f"{shares}")
     if cfg.steps < 1:
         raise ValueError(f"steps must be ≥ 1, got {cfg.steps}")
+    if getattr(task, "split_evaluation", False):  # evaluation forwards no more examples than a training one
+        task.eval_batch = max(1, min(task.eval_batch, cfg.batch_size // shares))
     torch.manual_seed(cfg.seed + lay.dp_rank)  # the ranks sharing an example draw the same noise and dropout
-    model.to(ctx.device)
+    no_decay = parallel.no_decay_names(model)  # (by name: materialising or sharding drops the marks)
+    if not parallel.is_meta(model):
+        model.to(ctx.device)
+    elif not cfg.fsdp:  # (a sharded run materialises its shards alone, in _parallelise)
+        parallel.init_blockwise(model, copy.deepcopy(model), cfg.seed, ctx.device)
     memory.apply_activation_checkpointing(model, cfg.activation_checkpointing)  # (names unchanged; before FSDP)
     ema = _Ema(model, cfg.ema) if cfg.ema > 0 else None
-    no_decay = parallel.no_decay_names(model)
     optimizer = configure_optimizer(model, cfg, no_decay)
     return _Run(cfg=cfg, task=task, model_config=model_config, meta={**model_config, "train": asdict(cfg)}, ctx=ctx,
                 lay=lay, out=Path(cfg.out), raw=model, fwd_model=model, ema=ema, no_decay=no_decay,
@@ -596,6 +638,7 @@ def _resume(run: _Run) -> Optional[Dict[str, Any]]:
     run.resumed = ck
     sharded = is_sharded(ck)
     if not (sharded and cfg.fsdp):  # (a sharded checkpoint into a sharded model: in _parallelise, from meta)
+        _materialise(run)
         load_weights(run.raw, ck)
     state = load_trainer_state(ck)
     if sharded and not cfg.fsdp:  # a plain run (one process, DDP) reads every shard itself
@@ -611,7 +654,17 @@ def _resume(run: _Run) -> Optional[Dict[str, Any]]:
     run.metrics = read_config(ck).get("metrics", {})  # a run resumed at its end reports its final evaluation
     if run.faults is not None:
         run.faults.restore(state.get("bad_samples", {}))
+    _restore_evaluation(run, ck)
     return state
+
+
+def _materialise(run: _Run) -> None:
+    """Before whole weights are loaded (a checkpoint of whole tensors, ``--init-from``): a model still on the meta
+    device made whole on this rank, initialised block-wise, with its optimizer (it is sharded afterwards as a model
+    built whole is)."""
+    if parallel.is_meta(run.raw):
+        parallel.init_blockwise(run.raw, copy.deepcopy(run.raw), run.cfg.seed, run.ctx.device)
+        run.optimizer = configure_optimizer(run.raw, run.cfg, run.no_decay)
 
 
 def _parallelise(run: _Run, trainer_state: Optional[Dict[str, Any]]) -> None:
@@ -621,8 +674,13 @@ def _parallelise(run: _Run, trainer_state: Optional[Dict[str, Any]]) -> None:
     run.amp = _autocast_dtype(cfg, ctx.device)
     if cfg.fsdp:
         from_shards = run.resumed is not None and is_sharded(run.resumed)
-        if from_shards:  # never the whole weights again: meta → sharded → this rank's shards → loaded
+        if from_shards or parallel.is_meta(raw):
             run.optimizer.param_groups.clear()  # (it held the whole parameters)
+        if parallel.is_meta(raw):  # built on the meta device: each rank initialises its shards, block by block
+            template = copy.deepcopy(raw)
+            parallel.shard(raw, run.amp == torch.bfloat16)
+            parallel.init_blockwise(raw, template, cfg.seed, ctx.device)
+        elif from_shards:  # never the whole weights again: meta → sharded → this rank's shards → loaded
             buffers = parallel.to_meta(raw)
             parallel.shard(raw, run.amp == torch.bfloat16)
             parallel.materialise(raw, ctx.device, buffers)
@@ -667,6 +725,10 @@ def _begin(run: _Run) -> None:
     run.nonfinite_run = 0
     run.saved = run.start
     run.stats = _running_stats(run.raw)
+    if ctx.main:
+        name = " ".join(str(v) for v in (run.model_config.get("family"), run.model_config.get("preset")) if v)
+        run.tracker = tracking.open_tracker(cfg.log, run.out, run.history, run.start, run.meta,
+                                            f"{name} {run.out.name}".strip())
     if ctx.main and run.start == 0 and cfg.steps <= cfg.warmup:
         run.bar.write(f"note: steps ({cfg.steps}) ≤ warmup ({cfg.warmup}): the learning rate only climbs towards lr "
                       f"({cfg.lr:g}) and never decays — a run this short tests the plumbing, not the model (expect "
@@ -776,7 +838,7 @@ def _log(run: _Run, done: int, lr: float, loss_sum: torch.Tensor, grad_norm: tor
            "train_s": run.train_s}
     if faults:
         rec["bad_samples"] = len(faults)
-    run.history.append(rec)
+    _record(run, rec)
     if ctx.main:
         run.bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", **{f"{run.task.unit}/s": f"{rate:,.0f}"},
                             **({"skipped": run.skipped} if run.skipped else {}),
@@ -785,38 +847,87 @@ def _log(run: _Run, done: int, lr: float, loss_sum: torch.Tensor, grad_norm: tor
             on_log(rec)
 
 
+def _record(run: _Run, rec: Dict[str, Any]) -> None:
+    """Append ``rec`` to the history and, on the main rank, send it to the ``--log`` tracker."""
+    run.history.append(rec)
+    if run.tracker is not None:
+        run.tracker.log(rec)
+
+
 def _evaluate(run: _Run, done: int) -> None:
     """Evaluate after ``done`` steps on the main rank (the EMA weights when kept): record the metrics, rewrite
     history and curves. Evaluation time is not training time.
 
     Under torchrun every rank runs the same evaluation, so that none waits in a collective (past ``--dist-timeout``)
     while the first evaluates; the others' results and files go to a scratch folder. Under FSDP it runs on the
-    sharded model (each block's parameters gathered for its forward, then freed: no rank holds a whole copy)."""
+    sharded model (each block's parameters gathered for its forward, then freed: no rank holds a whole copy). Under
+    context parallelism a task whose evaluation splits its examples as training does (``split_evaluation``)
+    evaluates inside the training's context-parallel group, each rank its slice of every example.
+
+    The checkpoint of step ``done``, when there is one, was published before: the metrics then go beside it
+    (:data:`EVALUATION`), so that a run resumed from it knows them — and, without that file, evaluates again."""
     ctx, ema = run.ctx, run.ema
+    model = ema.model if ema is not None else run.raw
     if ctx.world > 1 and not ctx.main:
-        with tempfile.TemporaryDirectory(prefix="polymixer-eval-") as scratch:
-            run.task.evaluate(ema.model if ema is not None else run.raw, done, Path(scratch))
-        if run.cfg.fsdp:
-            parallel.reshard(run.raw)
-        run.raw.train()
-        return
-    if not ctx.main:
+        with tempfile.TemporaryDirectory(prefix="polymixer-eval-") as scratch, _evaluation_context(run):
+            run.task.evaluate(model, done, Path(scratch))
+        _after_evaluation(run)
         return
     if run.cfg.progress:
         run.bar.write(f"step {done}: evaluating{' the EMA weights' if ema is not None else ''} …")
     t_eval = time.perf_counter()
-    model = ema.model if ema is not None else run.raw
-    run.metrics = run.task.evaluate(model, done, run.out)
-    if run.cfg.fsdp:
-        parallel.reshard(run.raw)
+    with _evaluation_context(run):
+        run.metrics = run.task.evaluate(model, done, run.out)
+    _after_evaluation(run)
     took = time.perf_counter() - t_eval
     run.t_last += took  # throughput counts training time only
     if run.metrics:  # a task may only save artefacts (e.g. a sample grid) and report nothing
-        run.history.append({"step": done, **{f"eval_{k}": v for k, v in run.metrics.items()}})
+        _record(run, {"step": done, **{f"eval_{k}": v for k, v in run.metrics.items()}})
         run.bar.write(f"step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in run.metrics.items()) +
                       f" ({took:.0f} s)")
+    if run.saved == done:
+        _write_json(checkpoint_folder(run.out, done) / EVALUATION, {"step": done, "metrics": run.metrics})
     _write_history(run)
+
+
+# beside a checkpoint published before its step's evaluation ended: that evaluation's metrics
+EVALUATION = "evaluation.json"
+
+
+def _evaluation_context(run: _Run) -> Any:
+    """Where the task evaluates: in the training's context-parallel group for a task that splits its evaluation
+    (``split_evaluation``) under ``--context-parallel``; as one process otherwise."""
+    if run.lay.cp_size > 1 and getattr(run.task, "split_evaluation", False):
+        from ...ops.parallel import context_parallel
+
+        return context_parallel(run.lay.cp_mesh)
+    return contextlib.nullcontext()
+
+
+def _after_evaluation(run: _Run) -> None:
+    """Back to training: a sharded model frees what its evaluation gathered, and the model trains again."""
+    if run.cfg.fsdp:
+        parallel.reshard(run.raw)
     run.raw.train()
+
+
+def _restore_evaluation(run: _Run, ck: Path) -> None:
+    """A run resumed from ``ck``: the evaluation of its step, when the checkpoint was published before it — its
+    metrics from beside the checkpoint (:data:`EVALUATION`), or, where that evaluation never ended (the step
+    evaluates and the history holds no evaluation of it), an evaluation before training goes on."""
+    done = run.start
+    try:
+        saved = json.loads((ck / EVALUATION).read_text())
+    except (OSError, ValueError):
+        saved = None
+    if any(r.get("step") == done and any(k.startswith("eval_") for k in r) for r in run.history):
+        return  # (a checkpoint written after its step's evaluation)
+    if isinstance(saved, dict) and saved.get("step") == done:
+        run.metrics = dict(saved.get("metrics") or {})
+        if run.metrics:
+            run.history.append({"step": done, **{f"eval_{k}": v for k, v in run.metrics.items()}})
+    elif _evaluates(run.cfg, done):
+        run.eval_pending = True
 
 
 def _agree_preempted(run: _Run, flag: Dict[str, Any]) -> bool:
@@ -968,6 +1079,8 @@ def _finish(run: _Run, done: int, preempted: bool, flag: Dict[str, Any]) -> Dict
     ctx, out, faults = run.ctx, run.out, run.faults
     _settle(run)  # a checkpoint still being written in the background is waited for and published
     run.bar.close()
+    if run.tracker is not None:
+        run.tracker.close()
     if ctx.main:
         _write_history(run)
         if faults:

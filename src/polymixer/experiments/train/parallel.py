@@ -12,6 +12,13 @@
   background thread with ``--async-checkpoint``), nobody gathers the whole state, and ``dcp.load`` reshards them to
   any number of ranks — or to one process without FSDP. A resumed model is built on the meta device, sharded, and
   only its shards are materialised before they are loaded.
+- **Block-wise initialisation** (every fresh ``--fsdp`` run of a family that builds its model from a preset): the
+  model is built on the meta device, sharded, and each rank materialises only its shards, initialising them one
+  FSDP unit (a block, then the root's own parameters) at a time from a whole copy of that unit
+  (:func:`init_blockwise`): peak memory at the start is this rank's shards plus one unit. The weights are a
+  function of the seed alone — the same on any number of ranks, sharded or not — and follow the model's own
+  initialisation (its modules' ``reset_parameters`` and the model's ``initialize_weights``), though they are not
+  the draws of building the model whole.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from torch import Tensor, nn
 
 __all__ = ["Layout", "layout", "shard", "aliases", "no_decay_names", "full_model_state", "full_optimizer_state",
            "load_optimizer_state", "by_names", "check_supported", "OPTIMIZER_FQN", "OPTIMIZER_DCP", "sharded_state",
-           "save_sharded", "own_shard_files", "load_sharded", "to_meta", "materialise", "reshard", "is_sharded_model"]
+           "save_sharded", "own_shard_files", "load_sharded", "to_meta", "materialise", "reshard", "is_sharded_model",
+           "is_meta", "units", "init_weights", "init_blockwise"]
 
 OPTIMIZER_FQN = "fqn"  # trainer_state["optimizer_format"] of a state keyed by parameter names (FSDP runs)
 OPTIMIZER_DCP = "dcp"  # the optimizer state is in the checkpoint's sharded/ folder, beside the model's
@@ -132,6 +140,130 @@ def materialise(model: nn.Module, device: torch.device, buffers: Dict[str, Tenso
     with torch.no_grad():
         for name, b in model.named_buffers():
             b.copy_(buffers[name])
+
+
+def is_meta(model: nn.Module) -> bool:
+    """Whether the model was built on the meta device (its tensors allocate nothing yet)."""
+    return any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+
+
+def units(model: nn.Module) -> List[str]:
+    """The names of the modules :func:`shard` makes FSDP units: every element of every ``ModuleList``, then the root
+    (``""``), which owns the parameters of no block."""
+    names = {id(m): n for n, m in model.named_modules()}
+    blocks = [names[id(b)] for m in model.modules() if isinstance(m, nn.ModuleList) for b in m]
+    return list(dict.fromkeys(blocks)) + [""]
+
+
+def _post_order(module: nn.Module) -> Any:
+    for child in module.children():
+        yield from _post_order(child)
+    yield module
+
+
+def init_weights(model: nn.Module) -> None:
+    """The model's own initialisation, run again: every module's ``reset_parameters`` children first (as a
+    constructor runs its children's before overriding them), then the model's ``initialize_weights``. On a model
+    built on the meta device it sets only the tensors materialised: an op on a meta tensor does nothing and draws no
+    random number."""
+    with torch.no_grad():
+        for module in _post_order(model):
+            reset = getattr(module, "reset_parameters", None)
+            if callable(reset):
+                reset()
+        if callable(getattr(model, "initialize_weights", None)):
+            model.initialize_weights()
+
+
+def _owner(name: str, unit_names: List[str]) -> str:
+    """The unit a parameter or buffer of that name belongs to: the innermost block holding it, else the root."""
+    return max((u for u in unit_names if u and name.startswith(u + ".")), key=len, default="")
+
+
+def _slots(model: nn.Module) -> Dict[int, List[Tuple[Dict[str, Any], str]]]:
+    """Every place (a module's ``_parameters`` or ``_buffers`` and the key) each tensor sits, by ``id`` (a tied
+    tensor sits in several)."""
+    out: Dict[int, List[Tuple[Dict[str, Any], str]]] = {}
+    for m in model.modules():
+        for table in (m._parameters, m._buffers):
+            for key, t in table.items():
+                if t is not None:
+                    out.setdefault(id(t), []).append((table, key))
+    return out
+
+
+def _unset(dtype: torch.dtype) -> Any:
+    """What no initialisation leaves in a tensor of ``dtype`` (NaN, the lowest integer; False for booleans)."""
+    if dtype.is_floating_point:
+        return float("nan")
+    return False if dtype == torch.bool else torch.iinfo(dtype).min
+
+
+def _blank(t: Tensor, device: torch.device) -> Tensor:
+    """A whole copy of ``t``'s shape on ``device`` filled with :func:`_unset`, so that a tensor no initialisation
+    reaches is found."""
+    out = torch.full(t.shape, _unset(t.dtype), dtype=t.dtype, device=device)
+    return nn.Parameter(out, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else out
+
+
+def _left_unset(t: Tensor) -> bool:
+    """Whether some element of ``t`` still holds :func:`_unset` (a float's sum is NaN then: no mask allocated)."""
+    if t.dtype.is_floating_point:
+        return bool(t.sum().isnan())
+    return t.dtype != torch.bool and bool((t == _unset(t.dtype)).any())
+
+
+def _keep_shard(dst: Tensor, full: Tensor) -> None:
+    """Copy this rank's part of ``full`` into ``dst``: its shard of a sharded parameter, else the whole. FSDP2's
+    shard is a ``torch.chunk`` of one dimension over the ranks: copied from a view, nothing allocated."""
+    if type(dst).__name__ != "DTensor":
+        dst.copy_(full)
+        return
+    (placement,) = dst.placements
+    if not placement.is_shard():
+        from torch.distributed.tensor import distribute_tensor
+
+        dst.copy_(distribute_tensor(full, dst.device_mesh, dst.placements, src_data_rank=None))
+        return
+    rank, chunks = dst.device_mesh.get_local_rank(), torch.chunk(full, dst.device_mesh.size(), dim=placement.dim)
+    dst.to_local().copy_(chunks[rank] if rank < len(chunks) else full.narrow(placement.dim, 0, 0))
+
+
+def init_blockwise(model: nn.Module, template: nn.Module, seed: int, device: torch.device) -> None:
+    """Materialise and initialise ``model``, built on the meta device and possibly sharded since, one FSDP unit at a
+    time (:func:`units`): ``template`` (a copy of the meta model made before sharding) gets that unit's own tensors
+    whole on ``device``, :func:`init_weights` runs on it, and each rank keeps its shard of each tensor
+    (the whole where the model is not sharded), then the unit goes back to the meta device. Peak memory: this rank's
+    shards plus one unit. The random draws are seeded with ``seed`` in a stream of their own (the caller's generators
+    are left as they were). A tensor no initialisation reached is a one-line ValueError naming it."""
+    tied = aliases(model)
+    model.to_empty(device=device)
+    for name, first in tied.items():  # (materialising gives each place of a tied parameter its own tensor)
+        owner, _, attr = name.rpartition(".")
+        model.get_submodule(owner)._parameters[attr] = model.get_parameter(first)
+    names = units(template)
+    slots = _slots(template)
+    tensors = {**dict(template.named_parameters()), **dict(template.named_buffers())}
+    targets = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    forked = [torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=forked), torch.no_grad():
+        torch.manual_seed(seed)
+        for unit in names:
+            own = {n: t for n, t in tensors.items() if _owner(n, names) == unit}
+            whole = {n: _blank(t, device) for n, t in own.items()}
+            for n, t in own.items():
+                for table, key in slots[id(t)]:
+                    table[key] = whole[n]
+            init_weights(template)
+            for n, t in whole.items():
+                if _left_unset(t):
+                    raise ValueError(f"{n} is set by no reset_parameters of its module nor by the model's "
+                                     f"initialize_weights: the model cannot be initialised on the meta device")
+                _keep_shard(targets[n], t)
+            for n, t in own.items():  # the unit back on the meta device: its memory freed
+                for table, key in slots[id(t)]:
+                    table[key] = t
+            del whole  # (before the next unit's are made)
 
 
 def _options(**kw: Any) -> Any:
