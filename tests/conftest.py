@@ -130,13 +130,20 @@ def report(result):
 
 """
 
-# Appended to every torchrun script: what a user's script ends with, leaving its process group (a script that ran
-# the lab's training loop joined one and left it joined). A script that raises never gets here and keeps its status.
+# Appended to every torchrun script: it leaves its process group if it did not (the lab's training loop leaves it
+# joined), then exits without the interpreter's teardown. In an FSDP2 script torch 2.13 keeps the default group past
+# destroy_process_group (in DeviceMesh._pg_registry, even after the script dropped its model), and a gloo worker
+# thread of a group still alive at the teardown, releasing the last transfer, can abort a finished rank (SIGABRT,
+# "terminate called without an active exception"). polymixer's own objects keep no group: test_context_parallel
+# runs a user's script as written, without this. A script that raises never gets here and keeps its error status.
 _LEAVE = """
-import sys as _sys
+import os as _os, sys as _sys
 _dist = _sys.modules.get("torch.distributed")
 if _dist is not None and _dist.is_available() and _dist.is_initialized():
-    _dist.destroy_process_group()
+    _dist.destroy_process_group()  # (no barrier: a rank that raised is not waited for)
+_sys.stdout.flush()
+_sys.stderr.flush()
+_os._exit(0)
 """
 
 
@@ -148,9 +155,8 @@ def torchrun(script_text: str, args: Sequence, tmp: Path, procs: int, env: Optio
     The one launcher of the multi-process tests (context parallelism, DDP, FSDP2, sharded checkpoints, collectives).
 
     The script may call ``report(result)`` (its rank's results, read back by :func:`rank_results` from ``tmp``); it
-    leaves its process group at its end if it did not, and exits through the interpreter's teardown like any
-    program. ``launch``: more torchrun options (``--log-dir`` …). ``as_written``: the script exactly as given
-    (no ``report``, nothing appended: a user's own script)."""
+    ends as ``_LEAVE`` says. ``launch``: more torchrun options (``--log-dir`` …). ``as_written``: the script exactly
+    as given (no ``report``, nothing appended: a user's own script, through the interpreter's teardown)."""
     from polymixer.experiments.bench.parallel import free_port
 
     script = tmp / name
