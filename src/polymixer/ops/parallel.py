@@ -57,9 +57,8 @@ class ContextParallel:
     ``bytes_sent`` counts what leaves this rank: each point-to-point tensor it sends, 2 (P − 1) / P × the tensor
     of an all-reduce (a ring's share), (P − 1) × the local tensor of an all-gather. ``calls`` counts the transfers.
 
-    The context refers to its group without owning it: a context kept alive (by a tensor's autograd graph, or by
-    the caller) never keeps the group past ``destroy_process_group``. A group kept so would be destroyed only at
-    the interpreter's exit, where a gloo worker thread that still releases a finished transfer aborts the process.
+    The context holds its group weakly: kept alive (by a graph, or by the caller), it never keeps the group past
+    ``destroy_process_group`` to the interpreter's exit, where gloo's worker threads can abort the process.
     """
 
     pg: InitVar[Any]  # the process group (read back as ``group``)
@@ -79,8 +78,7 @@ class ContextParallel:
     @property
     def group(self) -> Any:
         """The process group, while torch.distributed holds it."""
-        pg = self._group()
-        if pg is None:
+        if (pg := self._group()) is None:
             raise RuntimeError(f"context_parallel (rank {self.rank} of {self.world}): its process group was "
                                f"destroyed; a call or a backward under the context needs the group alive")
         return pg
