@@ -113,9 +113,26 @@ def assert_close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-10, atol: fl
     torch.testing.assert_close(a.to(b.dtype), b, rtol=rtol, atol=atol)
 
 
-# Appended to every torchrun script: a script that reaches its end leaves its process group and exits without the
-# interpreter's teardown, where a still-joined gloo group's threads can abort a finished rank (SIGABRT, "terminate
-# called without an active exception"). A script that raises never gets here and keeps its error status.
+# Put before every torchrun script: ``report(result)`` writes this rank's results (JSON) where ``rank_results`` reads
+# them back (the folder the test gave ``torchrun``).
+_REPORT = """import json as _json, os as _os
+
+
+def report(result):
+    \"\"\"This rank's results, to rank{RANK}.json in the test's folder (conftest.rank_results reads them).\"\"\"
+    rank = _os.environ.get("RANK", "0")
+    with open(_os.path.join(_os.environ["POLYMIXER_TEST_RESULTS"], f"rank{rank}.json"), "w") as f:
+        _json.dump(result, f)
+
+
+"""
+
+# Appended to every torchrun script: it leaves its process group if it did not (the lab's training loop leaves it
+# joined), then exits without the interpreter's teardown. In an FSDP2 script torch 2.13 keeps the default group past
+# destroy_process_group (in DeviceMesh._pg_registry, even after the script dropped its model), and a gloo worker
+# thread of a group still alive at the teardown, releasing the last transfer, can abort a finished rank (SIGABRT,
+# "terminate called without an active exception"). polymixer's own objects keep no group: test_context_parallel
+# runs a user's script as written, without this. A script that raises never gets here and keeps its error status.
 _LEAVE = """
 import os as _os, sys as _sys
 _dist = _sys.modules.get("torch.distributed")
@@ -128,18 +145,24 @@ _os._exit(0)
 
 
 def torchrun(script_text: str, args: Sequence, tmp: Path, procs: int, env: Optional[Dict[str, str]] = None,
-             status: int = 0, name: str = "script.py", timeout: int = 600) -> subprocess.CompletedProcess:
+             status: int = 0, name: str = "script.py", timeout: int = 600, launch: Sequence[str] = (),
+             as_written: bool = False) -> subprocess.CompletedProcess:
     """Writes ``script_text`` to ``tmp / name`` and runs it on ``procs`` CPU processes under torchrun (a free port, one
     thread each), or as one plain process where ``procs`` is 1; asserts the exit status (stderr's tail on failure).
-    The one launcher of the multi-process tests (context parallelism, FSDP2, sharded checkpoints, collectives)."""
+    The one launcher of the multi-process tests (context parallelism, DDP, FSDP2, sharded checkpoints, collectives).
+
+    The script may call ``report(result)`` (its rank's results, read back by :func:`rank_results` from ``tmp``); it
+    ends as ``_LEAVE`` says. ``launch``: more torchrun options (``--log-dir`` …). ``as_written``: the script exactly
+    as given (no ``report``, nothing appended: a user's own script, through the interpreter's teardown)."""
     from polymixer.experiments.bench.parallel import free_port
 
     script = tmp / name
-    script.write_text(script_text + _LEAVE)
-    launch = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                  f"--nproc-per-node={procs}", f"--master-port={free_port()}"]
-    res = subprocess.run(launch + [str(script)] + [str(a) for a in args], capture_output=True, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=timeout)
+    script.write_text(script_text if as_written else _REPORT + script_text + _LEAVE)
+    run = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run",
+                                               f"--nproc-per-node={procs}", f"--master-port={free_port()}", *launch]
+    res = subprocess.run(run + [str(script)] + [str(a) for a in args], capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "POLYMIXER_TEST_RESULTS": str(tmp),
+                              **(env or {})}, timeout=timeout)
     assert res.returncode == status, res.stderr[-4000:]
     return res
 

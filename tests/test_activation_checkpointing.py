@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import rank_results, torchrun
 from torch import nn
 
 from polymixer import PoM, PolyMorpher
 from polymixer.models import create_model
 from polymixer.experiments.train.memory import MODES, apply_activation_checkpointing, blocks_of, checkpointed_mode
-from polymixer.experiments.bench.parallel import free_port
 from polymixer.experiments.train.loop import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -263,16 +260,9 @@ if res["rank"] == 0:
 """
 
 
-def _train(tmp_path, corpus_dir, out, steps, procs=1, cp=1, fsdp=False, ac="none", stop=None, port=29881):
-    script = tmp_path / "ac_train.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launch = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                  f"--nproc-per-node={procs}", f"--master-port={free_port()}"]
-    args = [str(script), str(out), str(corpus_dir), str(steps), "-" if stop is None else str(stop), str(cp),
-            "1" if fsdp else "0", ac]
-    res = subprocess.run(launch + args, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-4000:]
+def _train(tmp_path, corpus_dir, out, steps, procs=1, cp=1, fsdp=False, ac="none", stop=None):
+    args = [out, corpus_dir, steps, "-" if stop is None else stop, cp, "1" if fsdp else "0", ac]
+    torchrun(SCRIPT, args, tmp_path, procs, name="ac_train.py", timeout=300)
     return torch.load(out / "weights.pt"), json.loads((out / "losses.json").read_text())
 
 
@@ -299,8 +289,8 @@ def test_a_checkpoint_of_a_checkpointed_run_resumes_without_it(tmp_path, corpus_
 def test_context_parallel_training_with_checkpointing_equals_without(tmp_path, corpus_dir):
     """Two ranks sharing each sequence (gloo), dropout on: block checkpointing recomputes the mixers' collectives
     in the backward, on both ranks alike — the losses and the weights after 2 steps equal those without it."""
-    plain = _train(tmp_path, corpus_dir, tmp_path / "cp", 2, procs=2, cp=2, port=29883)
-    _assert_same(_train(tmp_path, corpus_dir, tmp_path / "cp_ac", 2, procs=2, cp=2, ac="block", port=29885), plain,
+    plain = _train(tmp_path, corpus_dir, tmp_path / "cp", 2, procs=2, cp=2)
+    _assert_same(_train(tmp_path, corpus_dir, tmp_path / "cp_ac", 2, procs=2, cp=2, ac="block"), plain,
                  "context parallel")
 
 
@@ -309,13 +299,13 @@ def test_context_parallel_training_with_checkpointing_equals_without(tmp_path, c
 def test_fsdp_training_with_checkpointing_equals_fsdp_alone(tmp_path, corpus_dir):
     """FSDP2 on 2 ranks after the wrapping (the recomputation runs on the parameters FSDP gathers for the
     backward): the losses and the weights after 2 steps equal FSDP's without checkpointing."""
-    plain = _train(tmp_path, corpus_dir, tmp_path / "fsdp", 2, procs=2, fsdp=True, port=29887)
-    _assert_same(_train(tmp_path, corpus_dir, tmp_path / "fsdp_ac", 2, procs=2, fsdp=True, ac="selective",
-                        port=29889), plain, "fsdp")
+    plain = _train(tmp_path, corpus_dir, tmp_path / "fsdp", 2, procs=2, fsdp=True)
+    _assert_same(_train(tmp_path, corpus_dir, tmp_path / "fsdp_ac", 2, procs=2, fsdp=True, ac="selective"), plain,
+                 "fsdp")
 
 
 CP_MODELS = r"""
-import copy, json, sys
+import copy
 import torch
 import torch.distributed as dist
 from polymixer.models import create_model
@@ -369,7 +359,7 @@ for name, make in (("lm", lm), ("image", image), ("eo", eo)):
         out[f"{name}/{mode}"] = {"loss": loss == loss0, "names": sorted(grads) == sorted(grads0),
                                  "exact": all(torch.equal(grads[k], grads0[k]) for k in grads0),
                                  "calls": [calls, calls0]}
-json.dump(out, open(f"{sys.argv[1]}/rank{rank}.json", "w"))
+report(out)
 dist.destroy_process_group()
 """
 
@@ -380,14 +370,8 @@ def test_context_parallel_models_with_checkpointing_equal_without(tmp_path):
     recomputation ran more transfers (the mixers' exchanges again, in the backward) on every rank. The satellite
     model's spatial encoder runs whole (``local()``) inside the context: it is recomputed local too, although the
     backward runs inside the context."""
-    script = tmp_path / "cp_models.py"
-    script.write_text(CP_MODELS)
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                          f"--master-port={free_port()}",
-                          str(script), str(tmp_path)], env={**os.environ, "OMP_NUM_THREADS": "1"},
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    torchrun(CP_MODELS, [], tmp_path, 2, name="cp_models.py", timeout=300)
+    ranks = rank_results(tmp_path, 2)
     for key, r0 in ranks[0].items():
         r1 = ranks[1][key]
         for r in (r0, r1):

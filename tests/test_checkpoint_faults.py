@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from conftest import torchrun
 
 from polymixer.experiments.cli import main
 from polymixer.models import create_model
@@ -384,20 +385,9 @@ except Preempted as e:
 
 
 def test_sigterm_on_one_torchrun_rank_stops_every_rank_after_the_same_step(tmp_path):
-    import subprocess
-    import sys
-
-    script = tmp_path / "ddp_sigterm.py"
-    script.write_text(DDP_SIGTERM_SCRIPT)
     out = tmp_path / "run"
     out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    from polymixer.experiments.bench.parallel import free_port
-
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                          f"--master_port={free_port()}", str(script), str(out)], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert res.returncode != 0  # the workers exit with the preemption status
+    res = torchrun(DDP_SIGTERM_SCRIPT, [out], tmp_path, 2, status=1, name="ddp_sigterm.py", timeout=300)
     steps = [(out / f"stopped_rank{r}").read_text() for r in (0, 1)]
     assert steps == ["7", "7"], res.stderr[-2000:]
     assert [p.name for p in (out / "checkpoints").glob("step_*")] == ["step_00000007"]  # written once

@@ -5,16 +5,13 @@ fail with a timeout error instead of waiting half an hour)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import torchrun
 
-from polymixer.experiments.bench.parallel import free_port
 from polymixer.experiments.train.agreement import describe_difference, fingerprint, model_facts
 from polymixer.experiments.train.loop import TrainConfig
 from polymixer.models import create_model
@@ -75,38 +72,34 @@ sys.exit(main(common))
 """
 
 
-def _launch(tmp_path: Path, corpus_dir: Path, rank1: list, port: int, more: tuple = ()) -> tuple:
-    """``polymixer train lm`` on 2 ranks (gloo), rank 1 with ``rank1`` added; (status, seconds, each rank's
-    stderr lines)."""
-    script = tmp_path / "wrapper.py"
-    script.write_text(WRAPPER)
-    logs = tmp_path / f"logs{port}"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
-           f"--log-dir={logs}", "--redirects=3", str(script), "train", "lm", "--preset", "tiny-pom", "--data",
-           str(corpus_dir), "--steps", "2", "--batch-size", "2", "--eval-every", "100", "--eval-windows", "4",
-           "--out", str(tmp_path / f"run{port}"), "--quiet", "--no-data-check", *more]
+def _launch(tmp_path: Path, corpus_dir: Path, rank1: list, more: tuple = ()) -> tuple:
+    """``polymixer train lm`` on 2 ranks (gloo), rank 1 with ``rank1`` added; (seconds, each rank's stderr lines).
+    It fails (torchrun's status 1: a worker failed)."""
+    logs = tmp_path / "logs"
+    args = ["train", "lm", "--preset", "tiny-pom", "--data", corpus_dir, "--steps", "2", "--batch-size", "2",
+            "--eval-every", "100", "--eval-windows", "4", "--out", tmp_path / "run", "--quiet", "--no-data-check",
+            *more]
     for k, v in SMALL.items():
-        cmd += ["--set", f"{k}={v}"]
+        args += ["--set", f"{k}={v}"]
     t0 = time.perf_counter()
-    res = subprocess.run(cmd + ["--rank1", *rank1], env={**os.environ, "OMP_NUM_THREADS": "1"},
-                         capture_output=True, text=True, timeout=120)
+    torchrun(WRAPPER, args + ["--rank1", *rank1], tmp_path, 2, status=1, name="wrapper.py", timeout=120,
+             launch=[f"--log-dir={logs}", "--redirects=3"])
     took = time.perf_counter() - t0
     errs = [sorted(logs.glob(f"*/attempt_0/{r}/stderr.log"))[0].read_text().strip().splitlines() for r in (0, 1)]
-    return res.returncode, took, errs
+    return took, errs
 
 
-@pytest.mark.parametrize("rank1, line, port", [
-    (["--set", "n_layer=1"], "rank 1 builds 1 block in 'blocks' (rank 0: 2)", 29901),
-    (["--set", "n_embd=48"], "parameter wte.weight has shape (257, 48) on rank 1 (rank 0: (257, 32))", 29903),
-    (["--dtype", "bf16"], "rank 1 autocasts to bf16 (rank 0: fp32)", 29905),
+@pytest.mark.parametrize("rank1, line", [
+    (["--set", "n_layer=1"], "rank 1 builds 1 block in 'blocks' (rank 0: 2)"),
+    (["--set", "n_embd=48"], "parameter wte.weight has shape (257, 48) on rank 1 (rank 0: (257, 32))"),
+    (["--dtype", "bf16"], "rank 1 autocasts to bf16 (rank 0: fp32)"),
 ], ids=["layers", "width", "dtype"])
-def test_a_rank_that_builds_another_model_stops_every_rank_with_one_line(tmp_path, corpus_dir, rank1, line, port):
+def test_a_rank_that_builds_another_model_stops_every_rank_with_one_line(tmp_path, corpus_dir, rank1, line):
     """Under torchrun, before the first step: both ranks exit with status 2 and the same one line on stderr,
     within seconds (the process group's start included), not at a timeout."""
-    status, took, errs = _launch(tmp_path, corpus_dir, rank1, port)
+    took, errs = _launch(tmp_path, corpus_dir, rank1)
     expected = f"polymixer train lm: error: the ranks do not build the same model: {line} — every rank must run " \
                f"the same command"
-    assert status != 0
     for r, err in enumerate(errs):
         assert err == [expected], (r, err)
     assert took < 60, took
@@ -117,7 +110,6 @@ def test_dist_timeout_reaches_the_process_group(tmp_path, corpus_dir):
     """``--dist-timeout 0.1`` (6 s): rank 1 misses a collective for 20 s, and rank 0 fails with gloo's timeout
     error after 6 s instead of waiting (without the timeout it would wait the 20 s out and the run would
     succeed)."""
-    status, took, errs = _launch(tmp_path, corpus_dir, ["sleep"], 29907, ("--dist-timeout", "0.1"))
-    assert status != 0
+    took, errs = _launch(tmp_path, corpus_dir, ["sleep"], ("--dist-timeout", "0.1"))
     assert any("Timed out waiting 6000ms" in line for line in errs[0]), errs[0][-5:]
     assert took < 90, took  # (20 s asleep, the two starts and torchrun's shutdown on 2 shared cores)

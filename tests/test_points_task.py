@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import torchrun
 
 from polymixer.experiments.cli import main
 from polymixer.experiments.points.data import PointDataset
@@ -225,17 +226,7 @@ torch.save(flat, f"{sys.argv[1]}/params_rank{res['rank']}_of_{res['world']}.pt")
 
 def test_ddp_two_processes_stay_in_sync(rooms, tmp_path):
     """torchrun with 2 CPU processes (gloo): each rank trains on its share of the scenes, the ranks stay equal."""
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "ddp_3d.py"
-    script.write_text(DDP_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
-                          str(script), str(tmp_path), str(rooms)], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    torchrun(DDP_SCRIPT, [tmp_path, rooms], tmp_path, 2, name="ddp_3d.py", timeout=300)
     r0 = torch.load(tmp_path / "params_rank0_of_2.pt")
     r1 = torch.load(tmp_path / "params_rank1_of_2.pt")
     assert torch.equal(r0, r1), "the two ranks drifted apart"

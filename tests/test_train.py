@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 import torch
+from conftest import torchrun
 
 from polymixer.experiments.cli import main
 from polymixer.experiments.lm.task import evaluate_checkpoint, train_lm
@@ -105,16 +103,10 @@ torch.save(flat, f"{sys.argv[1]}/params_rank{res['rank']}_of_{res['world']}.pt")
 
 def test_ddp_two_processes_match_single_process(tmp_path, corpus_dir):
     """torchrun with 2 CPU processes (gloo): the ranks stay in sync and match one process on the same global batch."""
-    script = tmp_path / "ddp_train.py"
-    script.write_text(DDP_SCRIPT)
-    env = {**os.environ, "POLYMIXER_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    single = subprocess.run([sys.executable, str(script), str(tmp_path / "single"), str(corpus_dir)], env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr[-3000:]
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
-                          str(script), str(tmp_path / "ddp"), str(corpus_dir)], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    env = {"POLYMIXER_CACHE": str(tmp_path / "cache")}
+    for folder, procs in (("single", 1), ("ddp", 2)):
+        torchrun(DDP_SCRIPT, [tmp_path / folder, corpus_dir], tmp_path, procs, env=env, name="ddp_train.py",
+                 timeout=300)
     one = torch.load(tmp_path / "single" / "params_rank0_of_1.pt")
     r0 = torch.load(tmp_path / "ddp" / "params_rank0_of_2.pt")
     r1 = torch.load(tmp_path / "ddp" / "params_rank1_of_2.pt")

@@ -28,7 +28,8 @@ own context-parallel forms live beside them (:mod:`polymixer.ops.pom.context_par
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -55,9 +56,12 @@ class ContextParallel:
 
     ``bytes_sent`` counts what leaves this rank: each point-to-point tensor it sends, 2 (P − 1) / P × the tensor
     of an all-reduce (a ring's share), (P − 1) × the local tensor of an all-gather. ``calls`` counts the transfers.
+
+    The context holds its group weakly: kept alive (by a graph, or by the caller), it never keeps the group past
+    ``destroy_process_group`` to the interpreter's exit, where gloo's worker threads can abort the process.
     """
 
-    group: Any
+    pg: InitVar[Any]  # the process group (read back as ``group``)
     rank: int
     world: int
     ranks: List[int] = field(default_factory=list)  # the global rank of each rank of the group
@@ -67,6 +71,17 @@ class ContextParallel:
     bytes_sent: int = 0
     calls: int = 0
     log: List[Tuple[str, int]] = field(default_factory=list)
+
+    def __post_init__(self, pg: Any) -> None:
+        self._group = weakref.ref(pg)
+
+    @property
+    def group(self) -> Any:
+        """The process group, while torch.distributed holds it."""
+        if (pg := self._group()) is None:
+            raise RuntimeError(f"context_parallel (rank {self.rank} of {self.world}): its process group was "
+                               f"destroyed; a call or a backward under the context needs the group alive")
+        return pg
 
     def count(self, what: str, nbytes: int) -> None:
         self.bytes_sent += nbytes
