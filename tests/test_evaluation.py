@@ -97,7 +97,6 @@ def test_an_evaluation_reads_the_split_at_most_four_times_over():
 
 
 EVAL = r"""
-import json, os, sys
 import numpy as np
 import torch, torch.distributed as dist
 from polymixer import context_parallel
@@ -106,7 +105,6 @@ from polymixer.experiments.lm.data import TokenWindows
 from polymixer.experiments.lm.task import evaluate_lm
 
 dist.init_process_group("gloo")
-out = sys.argv[1]
 rows = {}
 for preset in ("tiny-pom", "tiny-hybrid", "tiny-vpom"):
     torch.manual_seed(0)
@@ -121,12 +119,12 @@ for preset in ("tiny-pom", "tiny-hybrid", "tiny-vpom"):
         split = evaluate_lm(model, windows, token_bytes, None, count=5, batch=2)
     hook.remove()
     rows[preset] = {"whole": whole, "split": split, "shapes": shapes}
-json.dump(rows, open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w"))
+report(rows)
 """
 
 
 def test_context_parallel_evaluation_splits_every_window_and_equals_one_process(tmp_path):
-    torchrun(EVAL, [tmp_path], tmp_path, 2, name="cp_eval.py")
+    torchrun(EVAL, [], tmp_path, 2, name="cp_eval.py")
     for row in rank_results(tmp_path, 2):
         for preset, r in row.items():
             assert r["shapes"] == [[2, 32], [2, 32], [1, 32]], preset  # half of each 64-token window, 2 at a time

@@ -118,7 +118,7 @@ row = {"init_mb": peak, "shard_mb": padded / mb,  # (FSDP2 pads each shard to ‚å
 full = parallel.full_model_state(model)
 if rank == 0:
     torch.save(full, os.path.join(out, "full.pt"))
-json.dump(row, open(os.path.join(out, f"rank{rank}.json"), "w"))
+report(row)
 """
 
 
