@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .pom import Index, batch_index, shift_width
+from .pom import Index, batch_index, check_batch_size, check_rotary, shift_width
 from ..ops.common import (
-    CuSeqlens, check_bool_mask, check_mix_inputs, check_positions, check_tokens, default_positions, rope_angles,
-    ROPE_BASE, layer_modes, rotate,
+    CuSeqlens, batch_packed, check_bool_mask, check_mix_inputs, check_positions, check_tokens, default_positions,
+    rope_angles, ROPE_BASE, layer_modes, rotate,
 )
 from ..ops import parallel
 from ..ops.features import pattern_mask
@@ -159,13 +159,8 @@ class Attention(nn.Module):
             raise ValueError(f"heads must be a positive int, got {heads!r}")
         if dim % heads:
             raise ValueError(f"dim = {dim} is not divisible by heads = {heads}")
-        if rope not in (None, "1d", "2d"):
-            raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
         self.head_dim = dim // heads
-        if rope == "1d" and self.head_dim % 2:
-            raise ValueError(f"1-D rotary needs an even head_dim, got {self.head_dim}")
-        if rope == "2d" and self.head_dim % 4:
-            raise ValueError(f"2-D rotary needs head_dim divisible by 4, got {self.head_dim}")
+        check_rotary(rope, self.head_dim, "head_dim")
         self.dim, self.heads, self.causal = dim, heads, causal
         self.window: Optional[int] = None  # LocalAttention's sliding window
         self.dropout = dropout
@@ -235,11 +230,7 @@ class Attention(nn.Module):
         """Same arguments as :meth:`polymixer.PoM.forward`; ``causal`` not given uses the module's default."""
         mask, causal, block_size, cu_seqlens, positions, context_positions = layer_modes(self, modes)
         causal = self.causal if causal is None else causal
-        squeeze = False
-        if cu_seqlens is not None and isinstance(x, Tensor) and x.dim() == 2:
-            x = x.unsqueeze(0)
-            context = context.unsqueeze(0) if isinstance(context, Tensor) and context.dim() == 2 else context
-            squeeze = True
+        x, context, squeeze = batch_packed(x, context, cu_seqlens)
         cp = parallel.active()
         if cp is not None:
             return self._forward_context_parallel(cp, x, context, mask, causal, block_size, cu_seqlens, positions)
@@ -431,8 +422,7 @@ class Attention(nn.Module):
     def init_state(self, batch_size: int, device: Optional[torch.device] = None,
                    dtype: Optional[torch.dtype] = None) -> AttentionState:
         """An empty KV cache: a ring buffer of ``window`` slots for local attention, else a growing cache."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_batch_size(batch_size)
         device = self.qkv.weight.device if device is None else device
         dtype = self.qkv.weight.dtype if dtype is None else dtype
         cap = self.window or 0

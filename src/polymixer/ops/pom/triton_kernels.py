@@ -313,23 +313,6 @@ def _inverse(W, nmask, MEAN: tl.constexpr):
 
 
 @triton.jit
-def _cumsum(f, n, s0, s1, PACKED: tl.constexpr, REVERSE: tl.constexpr):
-    """The running sum of a tile along its tokens within each sequence (from the chunk's first token, or to its last
-    when REVERSE). Unpacked rows hold one sequence, whose only start is the row's first token: a plain cumsum."""
-    if PACKED:
-        if REVERSE:
-            flag = (n == s1 - 1).to(tl.int32)
-        else:
-            flag = (n == s0).to(tl.int32)
-        if len(f.shape) == 2:
-            flag = flag[:, None] + tl.zeros(f.shape, tl.int32)
-        out, _ = tl.associative_scan((f, flag), 0, seg_add, reverse=REVERSE)
-    else:
-        out = tl.cumsum(f, 0, reverse=REVERSE)
-    return out
-
-
-@triton.jit
 def _to_query_frame(hlo, hhi, cs, sn, ROPE: tl.constexpr):
     """R(−pos) of an aggregate: read it in the query's own frame."""
     if ROPE:
