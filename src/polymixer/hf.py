@@ -270,7 +270,7 @@ class MixerCacheLayer(CacheLayerMixin):
 
     def batch_select_indices(self, indices: Tensor) -> None:
         if self.state is not None:
-            self.state = self.state[indices.to(_state_device(self.state))]
+            self.state = self.state[indices]  # (moved to the state's device by its indexing)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.state is not None:
@@ -283,13 +283,7 @@ class MixerCacheLayer(CacheLayerMixin):
     @property
     def memory_bytes(self) -> int:
         """Bytes the state holds (constant for PoM, the window for local attention, growing for attention)."""
-        if self.state is None:
-            return 0
-        return sum(t.numel() * t.element_size() for t in vars(self.state).values() if isinstance(t, Tensor))
-
-
-def _state_device(state: Any) -> torch.device:
-    return next(t for t in vars(state).values() if isinstance(t, Tensor)).device
+        return 0 if self.state is None else self.state.memory_bytes
 
 
 class PolymixerCache(Cache):

@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .pom import Index, batch_index, check_batch_size, check_rotary, shift_width
+from .pom import check_batch_size, check_rotary, shift_width
 from ..ops.common import (
     CuSeqlens, batch_packed, check_bool_mask, check_mix_inputs, check_positions, check_tokens, default_positions,
     rope_angles, ROPE_BASE, layer_modes, rotate,
 )
 from ..ops import parallel
+from ..ops.call import BatchState
 from ..ops.features import pattern_mask
 from ..values import token_shift as shift_tokens
 
@@ -28,7 +29,7 @@ __all__ = ["Attention", "LocalAttention", "AttentionState", "sdpa"]
 
 
 @dataclass
-class AttentionState:
+class AttentionState(BatchState):
     """KV cache of one attention layer.
 
     Attributes:
@@ -42,7 +43,8 @@ class AttentionState:
         shift_prev: (B, W − 1, 2·dim) the last tokens' key / value projections, before the shift (the memory of a
             token shift of width W), None for a layer without one.
 
-    ``step`` updates the buffers in place and returns the state (like every KV cache: no copy per token).
+    ``step`` updates the buffers in place and returns the state (like every KV cache: no copy per token); indexing
+    it copies the selected rows.
     """
 
     k: Tensor
@@ -54,31 +56,6 @@ class AttentionState:
     window: Optional[int] = None
     ptr: int = 0
     shift_prev: Optional[Tensor] = None
-
-    @property
-    def batch_size(self) -> int:
-        return self.k.shape[0]
-
-    def __len__(self) -> int:
-        return self.batch_size
-
-    def __getitem__(self, index: Index) -> "AttentionState":
-        """Select / reorder sequences along the batch (copies the cache of the selected rows)."""
-        i = batch_index(index, self.k.device)
-        return AttentionState(
-            self.k[i], self.v[i], self.index[i], self.valid[i], self.offset[i], self.filled, self.window, self.ptr,
-            None if self.shift_prev is None else self.shift_prev[i],
-        )
-
-    def index_select(self, index: Tensor) -> "AttentionState":
-        return self[index]
-
-    @property
-    def memory_bytes(self) -> int:
-        kept = (self.k, self.v, self.index, self.valid, self.offset) + (
-            () if self.shift_prev is None else (self.shift_prev,))
-        return sum(t.numel() * t.element_size() for t in kept)
-
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, vis: Optional[Tensor], dropout_p: float = 0.0,
