@@ -353,7 +353,6 @@ class Attention(nn.Module):
         o = _local_attention(qe, ext[..., :dh], ext[..., dh:], W, causal, ext_valid, p)
         return o[:, :, nb_:nb_ + n]
 
-
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, block_size: Optional[int],
                 key_mask: Optional[Tensor], general: Optional[Tensor]) -> Tensor:
         B, _, M, _ = q.shape

@@ -204,7 +204,6 @@ def documents_cu_seqlens(idx: Tensor, sep_token: int) -> Tuple[Tensor, Tensor]:
     return cu.to(torch.int32), torch.arange(B * T, device=idx.device) - starts
 
 
-
 # ----------------------------------------------------------------------------------------------------------------
 # The mode of a call: one object for the keywords every op shares
 # ----------------------------------------------------------------------------------------------------------------
@@ -451,7 +450,6 @@ def check_mix_inputs(
         if general is not None:
             raise ValueError("a (B, M, N) mask and cu_seqlens cannot be combined")
     return B, M, N, key_mask, general, cu_q, cu_k
-
 
 
 def triton_possible() -> bool:
