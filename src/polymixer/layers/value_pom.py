@@ -20,14 +20,6 @@ from .pom import PoM, PoMState, check_counts, check_gate_width, check_pom_shape,
 __all__ = ["ValuePoM", "GatedValuePoM"]
 
 
-def _check_value_args(D: int, value_dim: int, heads: int, chunk_size: int) -> None:
-    """The value-carrying PoM's own arguments: dv, the heads that split D and dv, the chunk (the token shift:
-    :func:`~polymixer.layers.pom.shift_width`)."""
-    check_counts(value_dim=value_dim, heads=heads, chunk_size=chunk_size)
-    if D % heads or value_dim % heads:
-        raise ValueError(f"heads = {heads} must divide expand·dim = {D} and value_dim = {value_dim}")
-
-
 class ValuePoM(PoM):
     """The value-carrying PoM (:mod:`polymixer.values`): PoM whose state binds each token's value to its key.
 
@@ -73,7 +65,9 @@ class ValuePoM(PoM):
         super(PoM, self).__init__()  # nn.Module's: PoM.__init__ builds the plain PoM's parameters, not these
         value_dim = dim if value_dim is None else value_dim
         D = check_pom_shape(dim, degree, expand, sel_heads)
-        _check_value_args(D, value_dim, heads, chunk_size)
+        check_counts(value_dim=value_dim, heads=heads, chunk_size=chunk_size)
+        if D % heads or value_dim % heads:
+            raise ValueError(f"heads = {heads} must divide expand·dim = {D} and value_dim = {value_dim}")
         check_gate_width(value_dim, sel_heads, "value_dim")
         Mixing(activation=activation, gate=gate, reduction=reduction).check()
         check_rotary(rope, D // heads, "expand·dim / heads" if heads > 1 else "expand·dim")

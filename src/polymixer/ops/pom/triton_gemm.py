@@ -21,18 +21,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..call import Call
+from ..common import operand_dtype
 from ..triton_common import first_use, interpreted
 from . import triton_kernels as tk
 
 __all__ = ["supports", "forward", "self_check", "predicted_win"]
-
-
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    """The dtype the input projection runs in: autocast's when it is on (as F.linear would), else x's."""
-    dev = x.device.type
-    if torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return x.dtype
 
 
 def predicted_win(call: Call) -> Optional[str]:
@@ -42,7 +35,7 @@ def predicted_win(call: Call) -> Optional[str]:
     route automatically only on a measurement (:mod:`polymixer.ops.measured`)."""
     from .cost import pom_routes
 
-    dtype = _compute_dtype(call.x)
+    dtype = operand_dtype(call.x)
     if dtype == torch.float32 and (call.x.device.type != "cuda" or torch.get_float32_matmul_precision() == "highest"):
         return "fp32 products without tf32 run on CUDA cores in the fused kernels: cuBLAS is faster"
     d = call.x.shape[-1]
@@ -70,7 +63,7 @@ def supports(call: Call) -> Optional[str]:
     if why is not None:
         return why
     if tk.needs_check(x.device):
-        return self_check(x.device, _compute_dtype(x))
+        return self_check(x.device, operand_dtype(x))
     return None
 
 
@@ -85,7 +78,7 @@ def self_check(device: torch.device, dtype: torch.dtype = torch.float32) -> Opti
 
 def forward(call: Call) -> Tensor:
     """The whole PoM of ``call``: the input projection and the mixing in the kernels (one custom op), W_o (torch)."""
-    dtype = _compute_dtype(call.x)
+    dtype = operand_dtype(call.x)
     x, w = call.x.to(dtype).contiguous(), call.weights
     g = tk.pom_gemm_op(x, w.in_weight.to(dtype).contiguous(), w.coeff, w.gate_bias, *tk.mix_args(call, call.N))[0]
     return F.linear(g, w.out_weight, w.out_bias)

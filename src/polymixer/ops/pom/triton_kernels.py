@@ -1420,10 +1420,6 @@ def _bench_closures(L: MixLayout, z: Tensor, coeff: Tensor, bias: Tensor, saved:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _gate_head(D: int, Ds: int) -> int:
-    return D // Ds
-
-
 def kernel_limits(call: Any) -> Optional[str]:
     """Why the kernels cannot take this call's mode, shapes or non-linearities (None: they can). Shared by both
     Triton routes; the device and the first-use check come after."""
@@ -1445,8 +1441,7 @@ def kernel_limits(call: Any) -> Optional[str]:
     k = call.weights.coeff.shape[1]
     if not 1 <= k <= MAX_DEGREE:
         return f"degree {k} (the kernels take 1–{MAX_DEGREE})"
-    D, Ds = call.D, call.Ds
-    G = _gate_head(D, Ds)
+    D, G = call.D, call.D // call.Ds  # G: the channels of a gate head
     if G > 128 or G & (G - 1):
         return f"a gate head of {G} channels (the kernels take a power of two ≤ 128)"
     if call.rope:
