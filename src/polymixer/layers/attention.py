@@ -17,12 +17,11 @@ from torch import Tensor, nn
 
 from .pom import check_batch_size, check_rotary, shift_width
 from ..ops.common import (
-    CuSeqlens, batch_packed, check_bool_mask, check_mix_inputs, check_positions, check_tokens, default_positions,
-    rope_angles, ROPE_BASE, layer_modes, rotate,
+    CuSeqlens, batch_packed, check_bool_mask, check_mix_inputs, check_positions, check_tokens, ROPE_BASE, layer_modes,
 )
 from ..ops import parallel
 from ..ops.call import BatchState
-from ..ops.features import pattern_mask
+from ..ops.features import pattern_mask, positions_or_default, rotate_heads
 from ..values import token_shift as shift_tokens
 
 __all__ = ["Attention", "LocalAttention", "AttentionState", "sdpa"]
@@ -192,10 +191,7 @@ class Attention(nn.Module):
         return self._heads(q), self._heads(k), self._heads(v), last
 
     def _rotate(self, t: Tensor, positions: Tensor) -> Tensor:
-        cos, sin = rope_angles(positions, self.head_dim, self.rope_base, self.rope == "2d", t.dtype)
-        if cos.dim() == 3:  # (B, N, hd/2) → broadcast over heads
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        return rotate(t, cos, sin)
+        return rotate_heads(t, positions, self.rope_base, self.rope == "2d")
 
     def _merge(self, o: Tensor) -> Tensor:
         B, H, N, dh = o.shape
@@ -221,14 +217,10 @@ class Attention(nn.Module):
         q, k, v, _ = self._project(x, context, key_mask)
         if self.rope is not None:
             two_d = self.rope == "2d"
-            if positions is None:
-                positions = default_positions(M, x.device, two_d, "positions")
-            if context_positions is None:
-                context_positions = positions if context is None else default_positions(N, x.device, two_d,
-                                                                                           "context_positions")
-            check_positions(positions, B, M, two_d, "positions")
-            check_positions(context_positions, B, N, two_d, "context_positions")
-            q, k = self._rotate(q, positions), self._rotate(k, context_positions)
+            pos = positions_or_default(positions, B, M, two_d, "positions", x.device)
+            cpos = pos if context is None and context_positions is None else \
+                positions_or_default(context_positions, B, N, two_d, "context_positions", x.device)
+            q, k = self._rotate(q, pos), self._rotate(k, cpos)
         o = self._attend(q, k, v, causal, block_size, key_mask, general)
         return self._merge(o)
 
