@@ -1258,9 +1258,8 @@ def _pom_mix(z: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor], pos
     return mix(z, None, None, coeff, bias, mask, pos, cu, seqid, mode, block_size, act, gate, rope, log2base, mean)
 
 
-def _pom_mix_fake(z: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor], pos: Optional[Tensor],
-                  cu: Optional[Tensor], seqid: Optional[Tensor], mode: int, block_size: int, act: int, gate: int,
-                  rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _pom_mix_fake(z: Tensor, coeff: Tensor, bias: Tensor, mask: Any, pos: Any, cu: Optional[Tensor], seqid: Any,
+                  mode: int, block_size: int, act: int, gate: int, rope: int, *_: Any) -> Tuple[Tensor, ...]:
     return _fake_outputs(z, coeff, bias, cu, mode, block_size, rope, False)
 
 
@@ -1272,10 +1271,7 @@ def _pom_mix_backward(dg: Tensor, z: Tensor, coeff: Tensor, bias: Tensor, mask: 
                         block_size, act, gate, rope, log2base, mean)
 
 
-def _pom_mix_backward_fake(dg: Tensor, z: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor],
-                           pos: Optional[Tensor], cu: Optional[Tensor], seqid: Optional[Tensor], carry: Tensor,
-                           carryw: Tensor, end: Tensor, endw: Tensor, mode: int, block_size: int, act: int, gate: int,
-                           rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _pom_mix_backward_fake(dg: Tensor, z: Tensor, coeff: Tensor, bias: Tensor, *_: Any) -> Tuple[Tensor, ...]:
     return (torch.empty_like(z, memory_format=torch.contiguous_format),
             coeff.new_empty(coeff.shape, dtype=torch.float32), bias.new_empty(bias.shape, dtype=torch.float32))
 
@@ -1308,10 +1304,9 @@ def _pom_gemm(x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, mask: Option
     return mix(None, x, w_in, coeff, bias, mask, pos, cu, seqid, mode, block_size, act, gate, rope, log2base, mean)
 
 
-def _pom_gemm_fake(x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor],
-                   pos: Optional[Tensor], cu: Optional[Tensor], seqid: Optional[Tensor], mode: int, block_size: int,
-                   act: int, gate: int, rope: int, log2base: float, mean: bool
-                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _pom_gemm_fake(x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, mask: Any, pos: Any, cu: Optional[Tensor],
+                   seqid: Any, mode: int, block_size: int, act: int, gate: int, rope: int, *_: Any
+                   ) -> Tuple[Tensor, ...]:
     return _fake_outputs(x, coeff, bias, cu, mode, block_size, rope, True)
 
 
@@ -1323,11 +1318,8 @@ def _pom_gemm_backward(dg: Tensor, x: Tensor, w_in: Tensor, coeff: Tensor, bias:
                         block_size, act, gate, rope, log2base, mean)
 
 
-def _pom_gemm_backward_fake(dg: Tensor, x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor,
-                            mask: Optional[Tensor], pos: Optional[Tensor], cu: Optional[Tensor],
-                            seqid: Optional[Tensor], carry: Tensor, carryw: Tensor, end: Tensor, endw: Tensor,
-                            mode: int, block_size: int, act: int, gate: int, rope: int, log2base: float, mean: bool
-                            ) -> Tuple[Tensor, Tensor, Tensor]:
+def _pom_gemm_backward_fake(dg: Tensor, x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, *_: Any
+                            ) -> Tuple[Tensor, ...]:
     return (x.new_empty(x.shape[0], x.shape[1], w_in.shape[0]), coeff.new_empty(coeff.shape, dtype=torch.float32),
             bias.new_empty(bias.shape, dtype=torch.float32))
 

@@ -642,8 +642,7 @@ def _mix(q: Tensor, k: Tensor, v: Tensor, cu: Optional[Tensor], seqid: Optional[
     return o
 
 
-def _mix_fake(q: Tensor, k: Tensor, v: Tensor, cu: Optional[Tensor], seqid: Optional[Tensor], mode: int,
-              block_size: int) -> Tensor:
+def _mix_fake(q: Tensor, k: Tensor, v: Tensor, *_: Any) -> Tensor:
     return _heads_empty(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], q)
 
 
@@ -665,8 +664,7 @@ def _mix_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, cu: Optional[Tens
     return dq, dk, dv
 
 
-def _mix_backward_fake(do: Tensor, q: Tensor, k: Tensor, v: Tensor, cu: Optional[Tensor], seqid: Optional[Tensor],
-                       mode: int, block_size: int) -> Tuple[Tensor, Tensor, Tensor]:
+def _mix_backward_fake(do: Tensor, q: Tensor, k: Tensor, v: Tensor, *_: Any) -> Tuple[Tensor, Tensor, Tensor]:
     B, H, N, DK = q.shape
     return _heads_empty(B, H, N, DK, q), _heads_empty(B, H, N, DK, q), _heads_empty(B, H, N, v.shape[-1], q)
 
