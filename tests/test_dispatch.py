@@ -414,18 +414,19 @@ def test_the_automatic_choice_and_its_rule_compile(tmp_path, on_a_gpu):
 def test_the_cost_model_takes_its_efficiencies_from_the_table(tmp_path):
     """The mixing kernels' bandwidth in the roofline model is the slowest measured, not an assumed 80%; without a
     measurement the assumption is said to be one."""
+    from polymixer.experiments.bench import roofline
     from polymixer.ops import measured
     from polymixer.ops.pom import cost
 
     with measured.use_table(_table(tmp_path, _now())):
-        eff, source = cost.mix_efficiency(train=True)
+        eff, source = roofline.mix_efficiency(train=True)
         run = measured.table()["runs"][0]["efficiency"]["pom"]["forward+backward"]
         assert (eff, source) == (run["kernels_fraction"], "measured")
-        assert cost.pom_routes(8192, 128, 256, 256)["mix_efficiency"] == eff
+        assert roofline.pom_routes(8192, 128, 256, 256)["mix_efficiency"] == eff
     from polymixer.experiments.bench import dispatch_table
 
     with measured.use_table(dispatch_table.build_table([])):
-        assert cost.mix_efficiency() == (0.80, "assumed (no measurement in the table)")
+        assert roofline.mix_efficiency() == (0.80, "assumed (no measurement in the table)")
         assert cost.pom_kernels_vs_torch(measured.Case("pom", "cuda", 0, "causal", 1024, 1024, "bf16", "forward",
                                                        1)) is None
 

@@ -340,7 +340,7 @@ def test_the_fused_routes_roofline_prediction():
     guide: the automatic choice takes the fused route only where a GPU measured it faster, tests/test_dispatch.py):
     fp32 without tf32 never; a narrow, memory-bound bf16 layer for training and inference; a GPT-2-sized layer with
     a gate per head not (its fused GEMM tile streams too little work per byte)."""
-    from polymixer.ops.pom import triton_gemm
+    from polymixer.experiments.bench.roofline import predicted_win
     from polymixer.ops.pom.call import make_pom_call
 
     def reason(dim: int, tokens: int, train: bool, heads: int = 1):
@@ -348,11 +348,11 @@ def test_the_fused_routes_roofline_prediction():
         x = torch.randn(1, tokens, dim)
         with torch.set_grad_enabled(train), torch.autocast("cpu", dtype=torch.bfloat16):
             call = make_pom_call(x, m.weights, None, dict(causal=True))
-            return triton_gemm.predicted_win(call)
+            return predicted_win(call)
 
     m = _mixer(64)
     call = make_pom_call(torch.randn(2, 64, 64), m.weights, None, {})
-    assert "fp32 products without tf32" in triton_gemm.predicted_win(call)
+    assert "fp32 products without tf32" in predicted_win(call)
     assert reason(128, 8192, train=True) is None and reason(128, 8192, train=False) is None
     assert "predicts the unfused route faster" in reason(768, 8192, train=False, heads=12)
 

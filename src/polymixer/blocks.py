@@ -48,15 +48,12 @@ _VALUE_OPTIONS = _POM_OPTIONS + ("value_dim", "value_heads", "token_shift", "chu
 _LINEAR_OPTIONS = ("value_heads", "feature_dim", "value_dim", "causal", "bias", "token_shift", "chunk_size")
 
 
-def _attention(dim: int, attention_shift: int = 0, **kw: Any) -> Attention:
-    kw.setdefault("heads", max(1, dim // 64))
-    return Attention(dim, token_shift=attention_shift or None, **kw)
-
-
-def _local_attention(dim: int, attention_shift: int = 0, window: int = 128, **kw: Any) -> LocalAttention:
-    kw.setdefault("heads", max(1, dim // 64))
-    kw.setdefault("causal", True)
-    return LocalAttention(dim, window, token_shift=attention_shift or None, **kw)
+def _attention(cls: type, **defaults: Any) -> Callable[..., nn.Module]:
+    """Builds ``cls`` with a head per 64 channels and ``defaults`` where not given, a model's attention_shift its
+    token shift."""
+    def build(dim: int, attention_shift: int = 0, **kw: Any) -> nn.Module:
+        return cls(dim, token_shift=attention_shift or None, **{"heads": max(1, dim // 64), **defaults, **kw})
+    return build
 
 
 def _value_heads(cls: type, **fixed: Any) -> Callable[..., nn.Module]:
@@ -73,9 +70,9 @@ MIXER_TABLE: Tuple[MixerSpec, ...] = (
     MixerSpec("value_pom", "V", "value-carrying PoM", _value_heads(ValuePoM), _VALUE_OPTIONS),
     MixerSpec("gated_value_pom", "G", "gated value-carrying PoM", _value_heads(GatedValuePoM), _VALUE_OPTIONS,
               distance_free=False),
-    MixerSpec("attention", "A", "attention", _attention, _ATTENTION_OPTIONS, streaming="grows"),
-    MixerSpec("local_attention", "L", "local (sliding-window) attention", _local_attention,
-              _ATTENTION_OPTIONS + ("window",), streaming="window", distance_free=False),
+    MixerSpec("attention", "A", "attention", _attention(Attention), _ATTENTION_OPTIONS, streaming="grows"),
+    MixerSpec("local_attention", "L", "local (sliding-window) attention", _attention(LocalAttention, window=128,
+              causal=True), _ATTENTION_OPTIONS + ("window",), streaming="window", distance_free=False),
     MixerSpec("linear_attention", "I", "linear attention (identity map)",
               _value_heads(LinearAttention, feature_map="identity"), _LINEAR_OPTIONS, streaming=None, baseline=True),
     MixerSpec("based", "B", "Based (Taylor map)", _value_heads(LinearAttention, feature_map="taylor"), _LINEAR_OPTIONS,

@@ -22,6 +22,7 @@ OS error. Checkpoints from before manifests existed load unverified.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -189,16 +190,13 @@ class CheckpointWarning(UserWarning):
 
 
 def _fsync_dir(path: Path) -> None:
-    try:
+    """Flush a folder's entries to disk, where the file system allows it (not every one opens a folder)."""
+    with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _write_error(final: Path, e: BaseException) -> CheckpointError:

@@ -18,6 +18,8 @@ Shapes: ``B`` batch, ``N`` context tokens, ``M`` query tokens, ``d`` model width
 
 from __future__ import annotations
 
+from typing import ContextManager
+
 from .ops.common import (
     ACTIVATIONS,
     GATES,
@@ -42,21 +44,8 @@ __all__ = ["ACTIVATIONS", "GATES", "ActivationLike", "CuSeqlens", "activation", 
            "check_cu_seqlens", "fused_kernels", "check_mix_inputs", "batch_packed", "documents_cu_seqlens"]
 
 
-class fused_kernels:
+def fused_kernels(enabled: bool) -> ContextManager[None]:
     """``with fused_kernels(False):`` leaves the fused CPU path out of the automatic backend choice (the modular
     form runs instead), e.g. to compare both on the same inputs; ``True`` changes nothing. Equivalent to
     ``polymixer.ops.disabled_backends("cpu")``."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._ctx = None
-
-    def __enter__(self) -> "fused_kernels":
-        if not self.enabled:
-            self._ctx = disabled_backends("cpu")
-            self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._ctx is not None:
-            self._ctx.__exit__(*exc)
+    return disabled_backends(*(() if enabled else ("cpu",)))

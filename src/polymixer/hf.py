@@ -20,9 +20,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Union
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -270,7 +269,7 @@ class MixerCacheLayer(CacheLayerMixin):
 
     def batch_select_indices(self, indices: Tensor) -> None:
         if self.state is not None:
-            self.state = self.state[indices.to(_state_device(self.state))]
+            self.state = self.state[indices]  # (moved to the state's device by its indexing)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.state is not None:
@@ -283,13 +282,7 @@ class MixerCacheLayer(CacheLayerMixin):
     @property
     def memory_bytes(self) -> int:
         """Bytes the state holds (constant for PoM, the window for local attention, growing for attention)."""
-        if self.state is None:
-            return 0
-        return sum(t.numel() * t.element_size() for t in vars(self.state).values() if isinstance(t, Tensor))
-
-
-def _state_device(state: Any) -> torch.device:
-    return next(t for t in vars(state).values() if isinstance(t, Tensor)).device
+        return 0 if self.state is None else self.state.memory_bytes
 
 
 class PolymixerCache(Cache):
@@ -362,36 +355,6 @@ def hf_tokenizer(tok: Union[Tokenizer, str, None] = None) -> Any:
         raise ValueError(f"end-of-text got id {raw.token_to_id(EOT_TEXT)}, expected {tok.eot_id}")
     return PreTrainedTokenizerFast(tokenizer_object=raw, bos_token=EOT_TEXT, eos_token=EOT_TEXT, pad_token=EOT_TEXT,
                                    padding_side="left", clean_up_tokenization_spaces=False)
-
-
-class HFTokenizer:
-    """A transformers tokenizer behind polymixer's :class:`~polymixer.experiments.lm.data.Tokenizer` protocol (corpora,
-    bits per byte), for teachers that come as transformers folders."""
-
-    def __init__(self, tok: Any, name: str) -> None:
-        self.tok = tok
-        self.name = name
-        self.vocab_size = len(tok)
-        eot = tok.eos_token_id
-        if eot is None:
-            raise ValueError(f"the tokenizer of {name} has no end-of-text (eos) token")
-        self.eot_id = int(eot)
-
-    def encode(self, text: str) -> List[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
-
-    def encode_bytes(self, data: bytes) -> np.ndarray:
-        return np.asarray(self.encode(data.decode("utf-8", errors="replace")), dtype=np.int64)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tok.decode(list(ids))
-
-    def token_bytes(self) -> np.ndarray:
-        out = np.zeros(self.vocab_size, dtype=np.int64)
-        special = set(self.tok.all_special_ids)
-        for i in range(self.vocab_size):
-            out[i] = 0 if i in special else len(self.tok.decode([i]).encode("utf-8"))
-        return out
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -83,12 +83,9 @@ def init_pom_from_attention(pom: PoM, w_v: Tensor, b_v: Optional[Tensor], w_o: T
 
 
 def _from_polymixer(attn: Attention) -> Tuple[Optional[Tensor], ...]:
-    w = attn.qkv.weight
-    b = attn.qkv.bias
-    d = attn.dim
-    parts = [w[i * d:(i + 1) * d] for i in range(3)]
-    biases = [None if b is None else b[i * d:(i + 1) * d] for i in range(3)]
-    return (parts[0], biases[0], parts[1], biases[1], parts[2], biases[2], attn.proj.weight, attn.proj.bias)
+    (wq, wk, wv), b = attn.qkv.weight.chunk(3), attn.qkv.bias
+    bq, bk, bv = (None,) * 3 if b is None else b.chunk(3)
+    return (wq, bq, wk, bk, wv, bv, attn.proj.weight, attn.proj.bias)
 
 
 def _from_gpt2(attn: nn.Module) -> Tuple[Optional[Tensor], ...]:
@@ -278,13 +275,10 @@ def _pomify_polymixer(model: nn.Module, pattern: str, window: Optional[int], deg
         if a == b:
             continue
         mixer = model.build_mixer(b).to(device=blk.mixer.qkv.weight.device, dtype=blk.mixer.qkv.weight.dtype)
-        if init:
-            proj = _from_polymixer(blk.mixer)
-            if b == "P":
-                wq, bq, wk, bk, wv, bv, wo, bo = proj
-                init_pom_from_attention(mixer, wv, bv, wo, bo)
-            else:
-                mixer.load_state_dict(blk.mixer.state_dict())
+        if init and b == "P":
+            init_pom_from_attention(mixer, *_from_polymixer(blk.mixer)[4:])
+        elif init:
+            mixer.load_state_dict(blk.mixer.state_dict())
         blk.mixer = mixer
     return model
 
@@ -323,7 +317,7 @@ def _pomify_hf(model: nn.Module, pattern: str, window: Optional[int], degree: Op
             mixer = mixer_spec("P").make(dim, degree=spec["degree"], expand=spec["expand"],
                                          sel_heads=spec["sel_heads"], bias=bias).to(device=w.device, dtype=w.dtype)
             if init:
-                init_pom_from_attention(mixer, proj[4], proj[5], proj[6], proj[7])
+                init_pom_from_attention(mixer, *proj[4:])
         else:
             dropout = getattr(cfg, "attn_pdrop", getattr(cfg, "attention_dropout", 0.0))
             mixer = _local_from(proj, dim, heads, spec["window"], "1d" if kind == "llama" else None, rope_base,

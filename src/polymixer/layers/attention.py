@@ -15,20 +15,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .pom import Index, batch_index, shift_width
+from .pom import check_batch_size, check_rotary, shift_width
 from ..ops.common import (
-    CuSeqlens, check_bool_mask, check_mix_inputs, check_positions, check_tokens, default_positions, rope_angles,
-    ROPE_BASE, layer_modes, rotate,
+    CuSeqlens, batch_packed, check_bool_mask, check_mix_inputs, check_positions, check_tokens, ROPE_BASE, layer_modes,
 )
 from ..ops import parallel
-from ..ops.features import pattern_mask
+from ..ops.call import BatchState
+from ..ops.features import pattern_mask, positions_or_default, rotate_heads
 from ..values import token_shift as shift_tokens
 
 __all__ = ["Attention", "LocalAttention", "AttentionState", "sdpa"]
 
 
 @dataclass
-class AttentionState:
+class AttentionState(BatchState):
     """KV cache of one attention layer.
 
     Attributes:
@@ -42,7 +42,8 @@ class AttentionState:
         shift_prev: (B, W − 1, 2·dim) the last tokens' key / value projections, before the shift (the memory of a
             token shift of width W), None for a layer without one.
 
-    ``step`` updates the buffers in place and returns the state (like every KV cache: no copy per token).
+    ``step`` updates the buffers in place and returns the state (like every KV cache: no copy per token); indexing
+    it copies the selected rows.
     """
 
     k: Tensor
@@ -54,31 +55,6 @@ class AttentionState:
     window: Optional[int] = None
     ptr: int = 0
     shift_prev: Optional[Tensor] = None
-
-    @property
-    def batch_size(self) -> int:
-        return self.k.shape[0]
-
-    def __len__(self) -> int:
-        return self.batch_size
-
-    def __getitem__(self, index: Index) -> "AttentionState":
-        """Select / reorder sequences along the batch (copies the cache of the selected rows)."""
-        i = batch_index(index, self.k.device)
-        return AttentionState(
-            self.k[i], self.v[i], self.index[i], self.valid[i], self.offset[i], self.filled, self.window, self.ptr,
-            None if self.shift_prev is None else self.shift_prev[i],
-        )
-
-    def index_select(self, index: Tensor) -> "AttentionState":
-        return self[index]
-
-    @property
-    def memory_bytes(self) -> int:
-        kept = (self.k, self.v, self.index, self.valid, self.offset) + (
-            () if self.shift_prev is None else (self.shift_prev,))
-        return sum(t.numel() * t.element_size() for t in kept)
-
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, vis: Optional[Tensor], dropout_p: float = 0.0,
@@ -159,13 +135,8 @@ class Attention(nn.Module):
             raise ValueError(f"heads must be a positive int, got {heads!r}")
         if dim % heads:
             raise ValueError(f"dim = {dim} is not divisible by heads = {heads}")
-        if rope not in (None, "1d", "2d"):
-            raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
         self.head_dim = dim // heads
-        if rope == "1d" and self.head_dim % 2:
-            raise ValueError(f"1-D rotary needs an even head_dim, got {self.head_dim}")
-        if rope == "2d" and self.head_dim % 4:
-            raise ValueError(f"2-D rotary needs head_dim divisible by 4, got {self.head_dim}")
+        check_rotary(rope, self.head_dim, "head_dim")
         self.dim, self.heads, self.causal = dim, heads, causal
         self.window: Optional[int] = None  # LocalAttention's sliding window
         self.dropout = dropout
@@ -220,10 +191,7 @@ class Attention(nn.Module):
         return self._heads(q), self._heads(k), self._heads(v), last
 
     def _rotate(self, t: Tensor, positions: Tensor) -> Tensor:
-        cos, sin = rope_angles(positions, self.head_dim, self.rope_base, self.rope == "2d", t.dtype)
-        if cos.dim() == 3:  # (B, N, hd/2) → broadcast over heads
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        return rotate(t, cos, sin)
+        return rotate_heads(t, positions, self.rope_base, self.rope == "2d")
 
     def _merge(self, o: Tensor) -> Tensor:
         B, H, N, dh = o.shape
@@ -235,11 +203,7 @@ class Attention(nn.Module):
         """Same arguments as :meth:`polymixer.PoM.forward`; ``causal`` not given uses the module's default."""
         mask, causal, block_size, cu_seqlens, positions, context_positions = layer_modes(self, modes)
         causal = self.causal if causal is None else causal
-        squeeze = False
-        if cu_seqlens is not None and isinstance(x, Tensor) and x.dim() == 2:
-            x = x.unsqueeze(0)
-            context = context.unsqueeze(0) if isinstance(context, Tensor) and context.dim() == 2 else context
-            squeeze = True
+        x, context, squeeze = batch_packed(x, context, cu_seqlens)
         cp = parallel.active()
         if cp is not None:
             return self._forward_context_parallel(cp, x, context, mask, causal, block_size, cu_seqlens, positions)
@@ -253,14 +217,10 @@ class Attention(nn.Module):
         q, k, v, _ = self._project(x, context, key_mask)
         if self.rope is not None:
             two_d = self.rope == "2d"
-            if positions is None:
-                positions = default_positions(M, x.device, two_d, "positions")
-            if context_positions is None:
-                context_positions = positions if context is None else default_positions(N, x.device, two_d,
-                                                                                           "context_positions")
-            check_positions(positions, B, M, two_d, "positions")
-            check_positions(context_positions, B, N, two_d, "context_positions")
-            q, k = self._rotate(q, positions), self._rotate(k, context_positions)
+            pos = positions_or_default(positions, B, M, two_d, "positions", x.device)
+            cpos = pos if context is None and context_positions is None else \
+                positions_or_default(context_positions, B, N, two_d, "context_positions", x.device)
+            q, k = self._rotate(q, pos), self._rotate(k, cpos)
         o = self._attend(q, k, v, causal, block_size, key_mask, general)
         return self._merge(o)
 
@@ -385,7 +345,6 @@ class Attention(nn.Module):
         o = _local_attention(qe, ext[..., :dh], ext[..., dh:], W, causal, ext_valid, p)
         return o[:, :, nb_:nb_ + n]
 
-
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, block_size: Optional[int],
                 key_mask: Optional[Tensor], general: Optional[Tensor]) -> Tensor:
         B, _, M, _ = q.shape
@@ -431,8 +390,7 @@ class Attention(nn.Module):
     def init_state(self, batch_size: int, device: Optional[torch.device] = None,
                    dtype: Optional[torch.dtype] = None) -> AttentionState:
         """An empty KV cache: a ring buffer of ``window`` slots for local attention, else a growing cache."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_batch_size(batch_size)
         device = self.qkv.weight.device if device is None else device
         dtype = self.qkv.weight.dtype if dtype is None else dtype
         cap = self.window or 0

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..ops.call import Index, PoMState, batch_index
-from ..ops.common import ACTIVATIONS, GATES, ROPE_BASE, ActivationLike, compute_dtype, layer_modes, resolve
+from ..ops.common import ROPE_BASE, ActivationLike, Mixing, compute_dtype, layer_modes
 from ..ops.features import CHUNK
 from ..ops.pom import PomWeights, pom
 
@@ -42,22 +42,20 @@ def shift_width(token_shift: Union[bool, int, None], name: str = "token_shift", 
     return width
 
 
-def check_int_args(**values: Any) -> None:
-    """TypeError unless every value is an int (a bool is not)."""
+def check_counts(**values: Any) -> None:
+    """Every value a positive int: a TypeError naming the first that is not an int (a bool is not), then a
+    ValueError naming the first below 1."""
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be ≥ 1, got {value}")
 
 
 def check_pom_shape(dim: int, degree: int, expand: Union[int, float], sel_heads: int) -> int:
     """Check the sizes every PoM has and return its polynomial width D = expand·dim."""
-    check_int_args(dim=dim, degree=degree, sel_heads=sel_heads)
-    if dim < 1:
-        raise ValueError(f"dim must be ≥ 1, got {dim}")
-    if degree < 1:
-        raise ValueError(f"degree must be ≥ 1, got {degree}")
-    if sel_heads < 1:
-        raise ValueError(f"sel_heads must be ≥ 1, got {sel_heads}")
+    check_counts(dim=dim, degree=degree, sel_heads=sel_heads)
     if not isinstance(expand, (int, float)) or isinstance(expand, bool) or expand <= 0:
         raise ValueError(f"expand must be a positive number, got {expand!r}")
     D = round(expand * dim)
@@ -72,20 +70,15 @@ def check_gate_width(width: int, sel_heads: int, name: str) -> None:
         raise ValueError(f"{name} = {width} is not divisible by sel_heads = {sel_heads}")
 
 
-def check_mixing_options(reduction: str, rope: Optional[str], rotated: int, per_head: bool, gate: ActivationLike,
-                         activation: ActivationLike) -> None:
-    """The aggregation, rotary positions (over ``rotated`` channels, per head if ``per_head``), gate and activation."""
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+def check_rotary(rope: Optional[str], width: int, what: str) -> None:
+    """The rotary kind, and the ``width`` channels (named ``what``) it turns: in pairs (1-D) or pairs of pairs (2-D).
+    The one check of every mixer's ``rope`` (PoM's, the value PoMs', attention's)."""
     if rope not in (None, "1d", "2d"):
         raise ValueError(f"rope must be None, '1d' or '2d', got {rope!r}")
-    what = "expand·dim / heads" if per_head else "expand·dim"
-    if rope == "1d" and rotated % 2:
-        raise ValueError(f"1-D rotary needs an even {what}, got {rotated}")
-    if rope == "2d" and rotated % 4:
-        raise ValueError(f"2-D rotary needs {what} divisible by 4, got {rotated}")
-    resolve(GATES, gate, "gate")
-    resolve(ACTIVATIONS, activation, "activation")
+    if rope == "1d" and width % 2:
+        raise ValueError(f"1-D rotary needs an even {what}, got {width}")
+    if rope == "2d" and width % 4:
+        raise ValueError(f"2-D rotary needs {what} divisible by 4, got {width}")
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -149,7 +142,8 @@ class PoM(nn.Module):
         super().__init__()
         D = check_pom_shape(dim, degree, expand, sel_heads)
         check_gate_width(D, sel_heads, "expand·dim")
-        check_mixing_options(reduction, rope, D, False, gate, activation)
+        Mixing(activation=activation, gate=gate, reduction=reduction).check()
+        check_rotary(rope, D, "expand·dim")
         self._set_options(dim, degree, expand, sel_heads, gate, activation, reduction, rope, rope_base, D, D)
         fk = {"device": device, "dtype": dtype}
         self._add_input_parameters(D + self.gate_dim, fk)  # W_h over W_s

@@ -1,4 +1,4 @@
-"""Position encodings: learned tables, fixed sin-cos (1-D and 2-D), and grid coordinates for 2-D rotary.
+"""Position encodings: fixed sin-cos (1-D and 2-D), and grid coordinates for 2-D rotary.
 
 Rotary positions themselves are applied inside the mixers (``rope="1d" | "2d"``); the angle tables and the rotation
 are the pure functions :func:`polymixer.functional.rope_angles` and :func:`polymixer.functional.rotate`.
@@ -9,30 +9,11 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..functional import rope_angles, rotate
 
-__all__ = ["LearnedPositions", "sincos_1d", "sincos_2d", "grid_positions", "rope_angles", "rotate"]
-
-
-class LearnedPositions(nn.Module):
-    """A learned absolute position table (GPT-2 / nanoGPT's ``wpe``)."""
-
-    def __init__(self, max_len: int, dim: int, device: Optional[torch.device] = None,
-                 dtype: Optional[torch.dtype] = None) -> None:
-        super().__init__()
-        self.max_len = max_len
-        self.table = nn.Embedding(max_len, dim, device=device, dtype=dtype)
-
-    def forward(self, positions: Tensor) -> Tensor:
-        """positions: integer tensor of any shape → (*positions.shape, dim)."""
-        if positions.numel() and (int(positions.max()) >= self.max_len or int(positions.min()) < 0):
-            raise ValueError(
-                f"position {int(positions.max())} is outside the learned table of {self.max_len} positions; "
-                f"this model was built for sequences of at most {self.max_len} tokens"
-            )
-        return self.table(positions)
+__all__ = ["sincos_1d", "sincos_2d", "grid_positions", "rope_angles", "rotate"]
 
 
 def sincos_1d(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:

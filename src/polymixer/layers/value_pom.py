@@ -11,25 +11,13 @@ from typing import Any, Dict, Optional, Union
 import torch
 from torch import nn
 
-from ..ops.common import ROPE_BASE, ActivationLike
+from ..ops.common import ROPE_BASE, ActivationLike, Mixing
 from ..ops.features import CHUNK
 from ..ops.gated_value_pom import GatedValuePomWeights, gated_value_pom, retnet_bias
 from ..ops.value_pom import ValuePomWeights, value_pom
-from .pom import PoM, PoMState, check_gate_width, check_int_args, check_mixing_options, check_pom_shape, shift_width
+from .pom import PoM, PoMState, check_counts, check_gate_width, check_pom_shape, check_rotary, shift_width
 
 __all__ = ["ValuePoM", "GatedValuePoM"]
-
-
-def _check_value_args(D: int, value_dim: int, heads: int, chunk_size: int) -> None:
-    """The value-carrying PoM's own arguments: dv, the heads that split D and dv, the chunk (the token shift:
-    :func:`~polymixer.layers.pom.shift_width`)."""
-    check_int_args(heads=heads, chunk_size=chunk_size, value_dim=value_dim)
-    if value_dim < 1:
-        raise ValueError(f"value_dim must be ≥ 1, got {value_dim}")
-    if heads < 1 or D % heads or value_dim % heads:
-        raise ValueError(f"heads = {heads} must divide expand·dim = {D} and value_dim = {value_dim}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
 
 
 class ValuePoM(PoM):
@@ -77,9 +65,12 @@ class ValuePoM(PoM):
         super(PoM, self).__init__()  # nn.Module's: PoM.__init__ builds the plain PoM's parameters, not these
         value_dim = dim if value_dim is None else value_dim
         D = check_pom_shape(dim, degree, expand, sel_heads)
-        _check_value_args(D, value_dim, heads, chunk_size)
+        check_counts(value_dim=value_dim, heads=heads, chunk_size=chunk_size)
+        if D % heads or value_dim % heads:
+            raise ValueError(f"heads = {heads} must divide expand·dim = {D} and value_dim = {value_dim}")
         check_gate_width(value_dim, sel_heads, "value_dim")
-        check_mixing_options(reduction, rope, D // heads, heads > 1, gate, activation)
+        Mixing(activation=activation, gate=gate, reduction=reduction).check()
+        check_rotary(rope, D // heads, "expand·dim / heads" if heads > 1 else "expand·dim")
         self._set_options(dim, degree, expand, sel_heads, gate, activation, reduction, rope, rope_base, D, value_dim)
         self.value_dim, self.heads, self.chunk_size = value_dim, heads, chunk_size
         self.shift_width = shift_width(token_shift, default=2)  # on by default

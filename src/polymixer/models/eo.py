@@ -277,24 +277,35 @@ class TSViT(nn.Module):
         """The temporal encoder: (B, h·w, K, dim) class-token outputs per patch location (after its final norm)."""
         return self._encode_time(x, doy, self._check(x, doy, mask))
 
-    def _encode_time(self, x: Tensor, doy: Tensor, mask: Optional[Tensor]) -> Tensor:
-        cp = parallel.active()
-        if cp is not None:
-            return self._encode_time_split(x, doy, mask, cp)
+    def _time_sequence(self, x: Tensor, doy: Tensor, mask: Optional[Tensor], K: int
+                       ) -> Tuple[Tensor, Dict[str, Tensor]]:
+        """The temporal encoder's input — each patch location's frames (B·N, K + T, dim), patch and date embeddings
+        with ``K`` class tokens in front — and its mode keywords: the key padding, the days as rotary positions."""
         c = self.config
         B, T = x.shape[:2]
         dtype = self.patch_embed.weight.dtype
         tokens = self.patch_embed(patchify(x.to(dtype), c.patch_size))  # (B, N, T, d)
         N = tokens.shape[1]
         dates = F.embedding(doy.long(), self.date_embed.weight.t()) + self.date_embed.bias  # one-hot @ W + b
-        tokens = (tokens + dates[:, None]).reshape(B * N, T, c.dim)
-        seq = torch.cat([self.class_tokens.to(dtype).expand(B * N, -1, -1), tokens], dim=1)  # (B·N, K + T, d)
+        seq = (tokens + dates[:, None]).reshape(B * N, T, c.dim)
+        if K:
+            seq = torch.cat([self.class_tokens.to(dtype).expand(B * N, -1, -1), seq], dim=1)  # (B·N, K + T, d)
         kw: Dict[str, Tensor] = {}
         if mask is not None:
-            kw["mask"] = torch.cat([mask.new_ones(B, c.num_classes), mask], dim=1).repeat_interleave(N, dim=0)
+            kw["mask"] = torch.cat([mask.new_ones(B, K), mask], dim=1).repeat_interleave(N, dim=0)
         if c.date_rope:  # the class tokens at day 0, each frame at its day of year
-            days = torch.cat([doy.new_zeros(B, c.num_classes), doy], dim=1).repeat_interleave(N, dim=0)
+            days = torch.cat([doy.new_zeros(B, K), doy], dim=1).repeat_interleave(N, dim=0)
             kw["positions"] = days if c.date_rope_speed == 1 else days.double() * c.date_rope_speed
+        return seq, kw
+
+    def _encode_time(self, x: Tensor, doy: Tensor, mask: Optional[Tensor]) -> Tensor:
+        cp = parallel.active()
+        if cp is not None:
+            return self._encode_time_split(x, doy, mask, cp)
+        c = self.config
+        B = x.shape[0]
+        seq, kw = self._time_sequence(x, doy, mask, c.num_classes)
+        N = seq.shape[0] // B
         band = self.local_band(doy, kw.get("mask"), N) if "L" in self.pattern[:c.temporal_depth] else None
         for letter, blk in zip(self.pattern, self.temporal):
             seq = blk(seq, **({**kw, "mask": band} if letter == "L" else kw))
@@ -323,23 +334,10 @@ class TSViT(nn.Module):
                              "spans the slices): run it without context parallelism")
         B, T = x.shape[:2]
         a, b = parallel.even_slice(T, cp, "the frames")
-        x, doy = x[:, a:b], doy[:, a:b]
-        mask = None if mask is None else mask[:, a:b]
         first = cp.rank == 0
-        dtype = self.patch_embed.weight.dtype
-        tokens = self.patch_embed(patchify(x.to(dtype), c.patch_size))  # (B, N, t, d)
-        N, t = tokens.shape[1], tokens.shape[2]
-        dates = F.embedding(doy.long(), self.date_embed.weight.t()) + self.date_embed.bias
-        seq = (tokens + dates[:, None]).reshape(B * N, t, c.dim)
-        K = c.num_classes if first else 0
-        if first:
-            seq = torch.cat([self.class_tokens.to(dtype).expand(B * N, -1, -1), seq], dim=1)
-        kw: Dict[str, Tensor] = {}
-        if mask is not None:
-            kw["mask"] = torch.cat([mask.new_ones(B, K), mask], dim=1).repeat_interleave(N, dim=0)
-        if c.date_rope:
-            days = torch.cat([doy.new_zeros(B, K), doy], dim=1).repeat_interleave(N, dim=0)
-            kw["positions"] = days if c.date_rope_speed == 1 else days.double() * c.date_rope_speed
+        seq, kw = self._time_sequence(x[:, a:b], doy[:, a:b], None if mask is None else mask[:, a:b],
+                                      c.num_classes if first else 0)
+        N, dtype = seq.shape[0] // B, self.patch_embed.weight.dtype
         for blk in self.temporal:
             seq = blk(seq, **kw)
         # every rank's copy of the class tokens' outputs; the others send zeros that stay in the graph (the

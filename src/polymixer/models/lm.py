@@ -96,12 +96,7 @@ class LMState:
     @property
     def memory_bytes(self) -> int:
         """Bytes held by the state (what decoding keeps between tokens)."""
-        total = self.pos.numel() * self.pos.element_size()
-        for s in self.layers:
-            for t in vars(s).values():
-                if isinstance(t, Tensor):
-                    total += t.numel() * t.element_size()
-        return total
+        return self.pos.numel() * self.pos.element_size() + sum(s.memory_bytes for s in self.layers)
 
 
 def pad_left(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> Tuple[Tensor, Tensor]:
@@ -163,13 +158,6 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
-
-    def num_parameters(self, non_embedding: bool = False) -> int:
-        """Distinct parameters (the tied head counted once); ``non_embedding`` drops the position table."""
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding and self.wpe is not None:
-            n -= self.wpe.weight.numel()
-        return n
 
     # -- forward --------------------------------------------------------------------------------------------------
 

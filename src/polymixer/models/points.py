@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -402,10 +402,8 @@ class SerializedMixer(nn.Module):
 class PTv3Config:
     RANGES: ClassVar[Dict[str, Range]] = {  # checked when a config is made (polymixer.ranges); tuples per entry
         **{n: Range(1) for n in ("in_channels", "num_classes", "enc_depths", "enc_channels", "enc_heads", "dec_depths",
-                                 "dec_channels", "dec_heads", "patch_size", "stem_kernel", "cpe_kernel", "degree",
-                                 "sel_heads", "value_dim", "value_heads")},
-        "mlp_ratio": Range(0, low_open=True), "expand": Range(0, low_open=True), "bn_eps": Range(0, low_open=True),
-        "drop_path": Range(0, 1, high_open=True), "bn_momentum": Range(0, 1), "block_lr_scale": Range(0)}
+                                 "dec_channels", "dec_heads", "patch_size", "stem_kernel", "cpe_kernel")},
+        "bn_eps": Range(0, low_open=True), "bn_momentum": Range(0, 1), "block_lr_scale": Range(0)}
     # the serialized orders are shuffled and jump at the curves' folds: a block mixes its patch whatever the distance
     # along the order (no window, no decay)
     MIXER_LETTERS: ClassVar[str] = allowed_letters(full=True, distance_free=True)
@@ -539,6 +537,18 @@ class SerializedUnpooling(nn.Module):
         return self.proj_skip(skip) + self.proj(x)[cluster]
 
 
+def _blocks(cfg: PTv3Config, pattern: Iterator[str], stage: int, dim: int, heads: int, dps: List[float]
+            ) -> List[PTv3Block]:
+    """A stage's blocks: the pattern's next letters (PoM's patch that of the stage), one drop-path rate each, the
+    orders in turn."""
+    blocks = []
+    for i, dp in enumerate(dps):
+        letter = next(pattern)
+        size = cfg.patch_size if letter == "A" else cfg.pom_patch(stage)
+        blocks.append(PTv3Block(cfg, dim, heads, letter, size, i % len(cfg.orders), dp))
+    return blocks
+
+
 class _Stage(nn.Module):
     def __init__(self, blocks: List[PTv3Block], down: Optional[nn.Module] = None,
                  up: Optional[nn.Module] = None) -> None:
@@ -567,14 +577,9 @@ class PTv3(nn.Module):
         self.stem_act = nn.GELU()
         enc_dp = _linspace(cfg.drop_path, sum(cfg.enc_depths))
         self.enc = nn.ModuleList()
-        for s, depth in enumerate(cfg.enc_depths):
+        for s in range(len(cfg.enc_depths)):
             dps = enc_dp[sum(cfg.enc_depths[:s]):sum(cfg.enc_depths[:s + 1])]
-            blocks = []
-            for i in range(depth):
-                letter = next(pattern)
-                size = cfg.patch_size if letter == "A" else cfg.pom_patch(s)
-                blocks.append(PTv3Block(cfg, cfg.enc_channels[s], cfg.enc_heads[s], letter, size,
-                                        i % len(cfg.orders), dps[i]))
+            blocks = _blocks(cfg, pattern, s, cfg.enc_channels[s], cfg.enc_heads[s], dps)
             down = SerializedPooling(cfg, cfg.enc_channels[s - 1], cfg.enc_channels[s]) if s > 0 else None
             self.enc.append(_Stage(blocks, down=down))
         dec_dp = _linspace(cfg.drop_path, sum(cfg.dec_depths))
@@ -582,12 +587,7 @@ class PTv3(nn.Module):
         self.dec = nn.ModuleList()
         for s in reversed(range(len(cfg.dec_depths))):  # deepest decoder stage first (execution order)
             dps = dec_dp[sum(cfg.dec_depths[:s]):sum(cfg.dec_depths[:s + 1])][::-1]
-            blocks = []
-            for i in range(cfg.dec_depths[s]):
-                letter = next(pattern)
-                size = cfg.patch_size if letter == "A" else cfg.pom_patch(s)
-                blocks.append(PTv3Block(cfg, cfg.dec_channels[s], cfg.dec_heads[s], letter, size,
-                                        i % len(cfg.orders), dps[i]))
+            blocks = _blocks(cfg, pattern, s, cfg.dec_channels[s], cfg.dec_heads[s], dps)
             up = SerializedUnpooling(cfg, dec_channels[s + 1], cfg.enc_channels[s], cfg.dec_channels[s])
             self.dec.append(_Stage(blocks, up=up))
         self.head = nn.Linear(cfg.dec_channels[0], cfg.num_classes)

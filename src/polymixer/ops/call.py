@@ -10,8 +10,8 @@ checks and builds the :class:`Call`; each op's ``call.py`` adds its weights' lay
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
 from torch import Tensor
@@ -20,7 +20,8 @@ from torch.utils import _pytree
 from .common import STEP_MODES, Mixing, batch_packed, check_mix_inputs, check_positions, packed_local_positions
 from .features import CHUNK
 
-__all__ = ["Call", "make_call", "check_weights", "validated", "refuse_split", "PoMState", "Index", "batch_index"]
+__all__ = ["Call", "make_call", "check_weights", "validated", "refuse_split", "BatchState", "PoMState", "Index",
+           "batch_index"]
 
 Index = Union[int, slice, Sequence[int], Tensor]
 
@@ -34,8 +35,44 @@ def batch_index(index: Index, device: torch.device) -> Union[slice, Tensor]:
     return torch.as_tensor(index, device=device)
 
 
+S = TypeVar("S", bound="BatchState")
+
+
+class BatchState:
+    """What every stream state shares (:class:`PoMState`, attention's ``AttentionState``): a dataclass whose tensors
+    hold one row per sequence, selected, reordered and measured row-wise (beam search, batch compaction, the memory a
+    decoder keeps). Its other fields (None, plain numbers) are carried over as they are."""
+
+    def tensors(self) -> Dict[str, Tensor]:
+        """The state's tensors by field name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
+
+    @property
+    def batch_size(self) -> int:
+        return next(iter(self.tensors().values())).shape[0]
+
+    def __len__(self) -> int:
+        return self.batch_size
+
+    def __getitem__(self: S, index: Index) -> S:
+        """Select / reorder sequences along the batch (beam search, batch compaction); the batch dim is kept."""
+        i = batch_index(index, next(iter(self.tensors().values())).device)
+        return self._map(lambda t: t[i])
+
+    def index_select(self: S, index: Tensor) -> S:
+        return self[index]
+
+    def _map(self: S, fn: Callable[[Tensor], Tensor]) -> S:
+        return replace(self, **{name: fn(t) for name, t in self.tensors().items()})
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes the state's tensors hold."""
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+
 @dataclass
-class PoMState:
+class PoMState(BatchState):
     """Everything a causal PoM needs to continue a stream, whatever its length: O(D) per sequence, or
     O(D·dv/heads + D + dv) for the value-carrying PoM.
 
@@ -52,24 +89,6 @@ class PoMState:
     count: Tensor
     offset: Tensor
     prev: Optional[Tensor] = None
-
-    @property
-    def batch_size(self) -> int:
-        return self.sum.shape[0]
-
-    def __len__(self) -> int:
-        return self.batch_size
-
-    def __getitem__(self, index: Index) -> "PoMState":
-        """Select / reorder sequences along the batch (beam search, batch compaction); the batch dim is kept."""
-        i = batch_index(index, self.sum.device)
-        return self._map(lambda t: t[i])
-
-    def index_select(self, index: Tensor) -> "PoMState":
-        return self._map(lambda t: t.index_select(0, index))
-
-    def _map(self, fn: Any) -> "PoMState":
-        return PoMState(*(None if t is None else fn(t) for t in (getattr(self, f.name) for f in fields(PoMState))))
 
     @staticmethod
     def cat(states: Sequence["PoMState"]) -> "PoMState":

@@ -19,13 +19,12 @@ from torch import Tensor
 ActivationLike = Union[str, Callable[[Tensor], Tensor]]
 CuSeqlens = Union[Tensor, Tuple[Tensor, Tensor]]
 
-__all__ = ["ActivationLike", "CuSeqlens", "MIXING_MODES", "STEP_MODES", "REFERENCE_MODES", "LAYER_MODES",
-           "layer_modes", "check_mode_keywords", "ACTIVATIONS", "GATES", "GATES_INPLACE", "FUSED_BACKWARD", "resolve",
-           "activation", "gate_fn", "compute_dtype", "elementwise_backward", "is_compiling", "cast_output",
-           "check_cu_seqlens",
-           "segments", "documents_cu_seqlens", "rope_angles", "rotate", "check_tokens", "check_bool_mask",
-           "check_positions", "default_positions", "batch_packed", "check_mix_inputs", "packed_local_positions",
-           "triton_precheck", "triton_possible", "ROPE_BASE", "Mixing"]
+__all__ = ["ActivationLike", "CuSeqlens", "MIXING_MODES", "STEP_MODES", "REFERENCE_MODES", "LAYER_MODES", "layer_modes",
+           "check_mode_keywords", "ACTIVATIONS", "GATES", "GATES_INPLACE", "FUSED_BACKWARD", "resolve", "activation",
+           "gate_fn", "compute_dtype", "operand_dtype", "elementwise_backward", "is_compiling", "cast_output",
+           "check_cu_seqlens", "segments", "documents_cu_seqlens", "rope_angles", "rotate", "check_tokens",
+           "check_bool_mask", "check_positions", "default_positions", "batch_packed", "check_mix_inputs",
+           "packed_local_positions", "triton_precheck", "triton_possible", "ROPE_BASE", "Mixing"]
 
 # ----------------------------------------------------------------------------------------------------------------
 # Elementwise non-linearities: forward and closed-form derivative, so that custom backwards can recompute cheaply.
@@ -118,6 +117,15 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def operand_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a call's projections hand its kernels: autocast's when it is on for ``x``'s device, else ``x``'s
+    (features computed in fp32 are cast back to it, so that a bf16 layer's products run on bf16 tensor cores)."""
+    dev = x.device.type
+    if dev in ("cuda", "cpu") and torch.is_autocast_enabled(dev):  # (meta tensors have no autocast)
+        return torch.get_autocast_dtype(dev)
+    return x.dtype
+
+
 def _leaky_clamp_backward(x: Tensor, grad: Tensor) -> Tensor:
     # two fused ATen kernels instead of five masks (≈ 10× faster on CPU); at the exact bounds x = −10 and x = 6 the
     # gradient is 0 here where the masks passed it: both are subgradients at a kink
@@ -202,7 +210,6 @@ def documents_cu_seqlens(idx: Tensor, sep_token: int) -> Tuple[Tensor, Tensor]:
     cu = torch.cat([torch.zeros(1, dtype=torch.long, device=idx.device), stops])
     starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
     return cu.to(torch.int32), torch.arange(B * T, device=idx.device) - starts
-
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -451,7 +458,6 @@ def check_mix_inputs(
         if general is not None:
             raise ValueError("a (B, M, N) mask and cu_seqlens cannot be combined")
     return B, M, N, key_mask, general, cu_q, cu_k
-
 
 
 def triton_possible() -> bool:

@@ -56,7 +56,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tu
 
 import torch
 
-from .common import is_compiling, triton_possible
+from .common import is_compiling, operand_dtype, triton_possible
 
 __all__ = ["FORMAT", "TABLE_PATH", "KERNEL_FILES", "RULES", "PASSES", "Case", "Verdict", "kernel_hash", "size_bucket",
            "arch_of", "dtype_name", "mode_class", "load", "use_table", "table", "case_of", "verdict", "rule",
@@ -144,14 +144,6 @@ def _differentiated(tensors: Tuple[Any, ...]) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def _kernel_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype the kernels run in: autocast's when it is on (the projections then give it), else x's."""
-    dev = x.device.type
-    if dev in ("cuda", "cpu") and torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return x.dtype
-
-
 def _pow2_at_least(n: Any) -> int:
     b = 1
     while b < n:
@@ -171,7 +163,7 @@ def case_of(op: str, call: Any) -> Case:
         train = _differentiated(call.tensors())
         gate_head = 1
     return Case(op, x.device.type, x.device.index, mode, size_bucket(call.N), size_bucket(call.B * call.N),
-                dtype_name(_kernel_dtype(x)), PASSES[1] if train else PASSES[0], gate_head)
+                dtype_name(operand_dtype(x)), PASSES[1] if train else PASSES[0], gate_head)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -291,17 +291,19 @@ def allowed_difference(dtype: torch.dtype, torch_difference: Optional[float] = N
     return allowed
 
 
-def run_in_fresh_thread(fn: Callable[[], None]) -> None:
-    """Run ``fn()`` in a new thread and re-raise what it raised: a context in which a small forward + backward cannot
-    fail because of the caller's. torch's dispatch modes (torch.export's proxy and fake modes, functionalization),
-    grad mode, inference mode and autocast are thread-local, so ``fn`` runs with gradients on, no inference mode, no
-    autocast and real tensors, whatever trace the caller is in (with torch 2.11, torch.export's tracer refused the
-    check's ``torch.Generator``)."""
+def run_in_fresh_thread(fn: Callable[[], None], device: Optional[torch.device] = None) -> None:
+    """Run ``fn()`` in a new thread, under ``device``'s guard (a fresh thread starts on CUDA device 0, whichever device
+    the caller's thread had made current), and re-raise what it raised: a context in which a small forward + backward
+    cannot fail because of the caller's. torch's dispatch modes (torch.export's proxy and fake modes,
+    functionalization), grad mode, inference mode and autocast are thread-local, so ``fn`` runs with gradients on, no
+    inference mode, no autocast and real tensors, whatever trace the caller is in (with torch 2.11, torch.export's
+    tracer refused the check's ``torch.Generator``)."""
     raised: list = []
 
     def target() -> None:
         try:
-            fn()
+            with device_guard(device):
+                fn()
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             raised.append(e)
 
@@ -310,13 +312,6 @@ def run_in_fresh_thread(fn: Callable[[], None]) -> None:
     thread.join()
     if raised:
         raise raised[0]
-
-
-def _check_on(device: torch.device, dtype: torch.dtype, check: Callable[[torch.device, torch.dtype], None]) -> None:
-    """``check(device, dtype)`` under ``device``'s guard: the check's fresh thread starts on CUDA device 0, whichever
-    device the caller's thread had made current."""
-    with device_guard(device):
-        check(device, dtype)
 
 
 def _capturing(device: torch.device) -> bool:
@@ -359,7 +354,7 @@ def _run_check(op: str, device_type: str, device_index: Optional[int], dtype: to
         return "not yet checked on this device (a CUDA graph is being captured)"
     CHECKED[key] = None  # while checking, the kernels are taken (the check calls them)
     try:
-        run_in_fresh_thread(lambda: _check_on(device, dtype, check))
+        run_in_fresh_thread(lambda: check(device, dtype), device)
     except Exception as e:  # a failed launch or a wrong result: loud, once
         CHECKED[key] = (f"the kernels failed their first-use check on {device} in {str(dtype).replace('torch.', '')}: "
                         f"{type(e).__name__}: {e}")

@@ -29,6 +29,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ...ops import measured
 from ...ops.pom import cost
+from .roofline import GPU, GPUS, gpu_of
 from ...ops.dispatch import AUTO_ORDER
 from ...ranges import Range
 from ..tasks.common import float_in
@@ -95,7 +96,7 @@ def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def _pom_efficiency(bench: Dict[str, Any], spec: Optional[cost.GPU]) -> Dict[str, Dict[str, Any]]:
+def _pom_efficiency(bench: Dict[str, Any], spec: Optional[GPU]) -> Dict[str, Dict[str, Any]]:
     """The bandwidth PoM's mixing kernels and torch form reached, per pass: the slowest kernels, the fastest torch
     form over the run's rows (bytes/s, and fractions of the card's datasheet bandwidth where it is known), and the
     fused route's fraction of the peak (forward)."""
@@ -166,8 +167,8 @@ def build_run(bench: Dict[str, Any], *, arch: Optional[str] = None, gpu: Optiona
     rows = bench.get("rows")
     if not isinstance(rows, list):
         raise ValueError("not a bench mixer JSON: it has no list of rows")
-    key = cost.gpu_of(gpu or "")
-    spec = cost.GPUS[key] if key else None
+    key = gpu_of(gpu or "")
+    spec = GPUS[key] if key else None
     cfg = bench.get("config", {})
     run: Dict[str, Any] = {
         "source": source, "arch": arch, "gpu": gpu or "?", "date": machine.get("date"), "torch": machine.get("torch"),

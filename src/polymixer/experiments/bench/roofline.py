@@ -1,11 +1,11 @@
 """``polymixer bench roofline``: a roofline MODEL of PoM and attention on a GPU — predicted, not measured.
 
 For every kernel of one forward pass the model counts the FLOPs and the bytes moved through HBM, and predicts its time
-as ``max(FLOPs / (peak · efficiency), bytes / (bandwidth · efficiency))`` (:mod:`polymixer.ops.pom.cost`, the model the
-dispatcher also uses to choose PoM's GPU route). Summed over GPT-2 small (12 layers × 768) and GPPoM2-S (the same
-with PoM, D = 2·768, a gate per head) at 1k, 4k, 16k and 32k tokens per sequence, it predicts the forward tokens/s of
-both and their ratio, beside the paper's H100 measurements, and PoM's forward time over its own matrix products (the
-target "≤ 1.2× the GEMM floor").
+as ``max(FLOPs / (peak · efficiency), bytes / (bandwidth · efficiency))`` (:func:`kernel_time`; the mixing's passes
+are those the dispatcher's model counts, :mod:`polymixer.ops.pom.cost`). Summed over GPT-2 small (12 layers × 768)
+and GPPoM2-S (the same with PoM, D = 2·768, a gate per head) at 1k, 4k, 16k and 32k tokens per sequence, it predicts
+the forward tokens/s of both and their ratio, beside the paper's H100 measurements, and PoM's forward time over its
+own matrix products (the target "≤ 1.2× the GEMM floor").
 
 The kernels: cuBLAS GEMMs (projections, MLP, logits) at a fraction of the tensor-core peak; attention as
 FlashAttention-2 (``4·N²·d`` FLOPs, half of them when causal, reading q, k, v once and writing o once) at its published
@@ -16,6 +16,11 @@ tile that scans), cuBLAS reads g. Efficiencies are parameters; the defaults are 
 70% of 989 TFLOP/s bf16, fused GEMM 50%, FlashAttention-2 forward 35%, memory-bound kernels 80% of 3.35 TB/s). Every
 row of the table is a prediction: ``bench mixer --device cuda`` / ``bench lm --device cuda`` on a GPU measure the real
 figures.
+
+It also holds the roofline model of one PoM layer on each GPU route (:func:`pom_routes`: the fused ``triton_gemm``
+route against cuBLAS + the unfused kernels, the mixing at the bandwidth a GPU measured, :mod:`polymixer.ops.measured`)
+and its verdict on a call (:func:`predicted_win`) — predictions for reports: the dispatcher takes the fused route
+only where a GPU measured it faster.
 """
 
 from __future__ import annotations
@@ -25,13 +30,164 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-from ...ops.pom.cost import GPUS, PASS_FLOOR, fused_efficiency, fused_tiles, hbm_passes
+import torch
+
+from ...ops import measured
+from ...ops.call import Call
+from ...ops.common import operand_dtype
+from ...ops.pom.cost import PASS_FLOOR, hbm_passes
+from ...ops.pom.tiles import TILES, head_class
 from ..report import format_table, new_figure, save_figure
 from .common import write_json
 from ...ranges import Range
 from ..tasks.common import float_in
 
-__all__ = ["GPUS", "RooflineConfig", "predict", "run", "report", "add_arguments", "main"]
+__all__ = ["GPU", "GPUS", "gpu_of", "kernel_time", "fused_efficiency", "fused_tiles", "mix_efficiency",
+           "measured_fused_efficiency", "pom_routes", "predicted_win", "RooflineConfig", "predict", "run", "report",
+           "add_arguments", "main"]
+@dataclass(frozen=True)
+class GPU:
+    """Peak dense bf16 tensor throughput (FLOP/s), HBM and L2 bandwidth (bytes/s), and the fractions of them kernels
+    reach: cuBLAS GEMMs, and memory-bound kernels. A Triton GEMM with PoM fused in reaches at most cuBLAS's fraction,
+    and less where its tile is small: its operands stream from L2 at ``l2_bandwidth`` for ``tile intensity`` FLOPs per
+    byte (:func:`fused_efficiency`). L2 figures are estimates, not datasheet values."""
+
+    peak: float
+    bandwidth: float
+    l2_bandwidth: float
+    gemm_eff: float = 0.70
+    bw_eff: float = 0.80
+
+
+GPUS: Dict[str, GPU] = {"h100": GPU(989e12, 3.35e12, 11e12), "h200": GPU(989e12, 4.8e12, 11e12),
+                        "a100": GPU(312e12, 2.0e12, 5.5e12)}
+
+
+def fused_efficiency(tile: Tuple[int, int], gpu: GPU) -> float:
+    """The fraction of the peak a fused GEMM of (tokens × output columns) tile reaches when its bf16 operands stream
+    from L2: tile intensity BN·W / (BN + W) FLOPs per byte, capped at cuBLAS's fraction."""
+    bn, w = tile
+    return min(gpu.gemm_eff, gpu.l2_bandwidth * bn * w / (bn + w) / gpu.peak)
+
+
+def kernel_time(flops: float, nbytes: float, gpu: GPU, eff: float, bw_eff: Optional[float] = None) -> float:
+    """Predicted seconds of one kernel: compute-bound or memory-bound, whichever is slower (bytes at ``bw_eff`` of
+    the bandwidth, by default the GPU's assumed fraction for memory-bound kernels)."""
+    return max(flops / (gpu.peak * eff), nbytes / (gpu.bandwidth * (gpu.bw_eff if bw_eff is None else bw_eff)))
+
+
+def mix_efficiency(train: bool = False, gpu: Optional[GPU] = None) -> Tuple[float, str]:
+    """The fraction of HBM bandwidth PoM's mixing kernels run at: the slowest a GPU measured
+    (:func:`polymixer.ops.measured.efficiency`), else ``gpu.bw_eff`` (an assumption, said so); with where it came
+    from."""
+    e = measured.efficiency("pom", measured.PASSES[1] if train else measured.PASSES[0])
+    if e and e.get("kernels_fraction"):
+        return e["kernels_fraction"], "measured"
+    return (gpu or GPUS["h100"]).bw_eff, "assumed (no measurement in the table)"
+
+
+def measured_fused_efficiency() -> Optional[float]:
+    """The fraction of the tensor-core peak the fused route's kernels reached where a GPU timed them (their GEMM and
+    mixing FLOPs over their time), None where none did."""
+    e = measured.efficiency("pom", measured.PASSES[0])
+    return e.get("fused_flops_fraction") if e else None
+
+
+def gpu_of(name: str) -> Optional[str]:
+    """The key of :data:`GPUS` for a device name ("NVIDIA H200" → "h200"), None for a card the model does not know."""
+    low = name.lower()
+    return next((key for key in GPUS if key in low), None)
+
+
+Tile = Optional[Tuple[int, int]]
+
+
+def fused_tiles(G: int, causal: bool, rope: bool = False) -> Tuple[Tile, Tile]:
+    """(forward, backward) GEMM tiles (tokens, output columns) of the fused route's kernels for a gate head of G
+    channels: the kernel's chunk × its z_h columns (both halves with rotary), plus the gate's columns where they are
+    matrix products (one gate per channel) in the kernels that need the gate (the apply and both gradient passes; the
+    chunk sums need z_h alone); the smaller tile of each pass's kernels. None where no tile fits. Every mode runs the
+    same kernels (``causal`` is kept for the callers)."""
+    t = TILES[(True, rope, head_class(G))]
+
+    def width(tile: Tile, gate: bool) -> Tile:
+        if tile is None:
+            return None
+        bn, bd = tile
+        return bn, bd * (2 if rope else 1) * (2 if gate and G == 1 else 1)
+
+    def pick(ts: list) -> Tile:  # the kernel whose tile streams the least work per byte
+        return None if any(x is None for x in ts) else min(ts, key=lambda x: x[0] * x[1] / (x[0] + x[1]))
+
+    return (pick([width(t["sums"], False), width(t["apply"], True)]),
+            pick([width(t["grad_sums"], True), width(t["grad_apply"], True)]))
+
+
+def pom_routes(tokens: int, d: int, D: int, Ds: int, degree: int = 2, causal: bool = True, gpu: str = "h100",
+               bytes_per_el: int = 2, rope: bool = False, mix_eff: Optional[float] = None,
+               fused_eff: Optional[float] = None) -> Dict[str, float]:
+    """Predicted seconds of one PoM layer's input projection + mixing, forward + backward, on each route (W_o and
+    its gradients are the same cuBLAS products on both, and left out): {"unfused", "fused", and the parts}; inf where
+    the fused route has no tile. The mixing kernels' bytes move at ``mix_eff`` of the bandwidth (default: the
+    measured fraction, :func:`mix_efficiency`), the fused GEMM at its tile's efficiency capped by ``fused_eff``
+    (default: the measured fraction, :func:`measured_fused_efficiency`)."""
+    g = GPUS[gpu]
+    bw = mix_efficiency(train=True, gpu=g)[0] if mix_eff is None else mix_eff
+    cap = measured_fused_efficiency() if fused_eff is None else fused_eff
+    T, e = float(tokens), bytes_per_el
+    G = max(1, D // Ds)
+    w_flops = 2 * T * d * (D + Ds)  # one product of x with W_in
+    gemm_in = kernel_time(w_flops, e * (T * d + d * (D + Ds) + T * (D + Ds)), g, g.gemm_eff)
+    # the backward's two products of dz: dL/dx (T × (D + Ds) by (D + Ds) × d) and dL/dW_in
+    gemm_back = 2 * kernel_time(w_flops, e * (T * (D + Ds) + d * (D + Ds) + T * d), g, g.gemm_eff)
+    mix_flops = T * D * (2 * degree + 12)
+    passes = hbm_passes("causal" if causal else "end", G=G)
+    mix_fwd = kernel_time(mix_flops, e * T * D * passes["forward"], g, 1.0, bw)
+    mix_bwd = kernel_time(3 * mix_flops, e * T * D * passes["backward"], g, 1.0, bw)
+    fwd_tile, bwd_tile = fused_tiles(G, causal, rope)
+    fpasses = hbm_passes("causal" if causal else "end", fused=True, G=G, d_over_D=d / D)
+    inf = float("inf")
+
+    def eff(tile: Tile) -> float:
+        tiled = fused_efficiency(tile, g) if tile is not None else 0.0
+        return tiled if cap is None else min(tiled, cap)
+
+    fused_fwd = inf if fwd_tile is None else kernel_time(w_flops + mix_flops, e * T * D * fpasses["forward"], g,
+                                                         eff(fwd_tile), bw)
+    fused_bwd = inf if bwd_tile is None else kernel_time(w_flops + 3 * mix_flops, e * T * D * fpasses["backward"],
+                                                         g, eff(bwd_tile), bw)
+    return {"unfused": gemm_in + mix_fwd + mix_bwd + gemm_back, "fused": fused_fwd + fused_bwd + gemm_back,
+            "unfused_forward": gemm_in + mix_fwd, "fused_forward": fused_fwd, "gemm_in": gemm_in,
+            "mix_forward": mix_fwd, "mix_efficiency": bw,
+            "fused_forward_efficiency": 0.0 if fwd_tile is None else eff(fwd_tile),
+            "fused_backward_efficiency": 0.0 if bwd_tile is None else eff(bwd_tile)}
+
+
+
+def predicted_win(call: Call) -> Optional[str]:
+    """None when the roofline model (:func:`pom_routes`, at the measured efficiencies) predicts
+    the fused route faster than cuBLAS + the unfused kernels for this call (forward + backward when it will be
+    differentiated, else forward), else why not. A prediction for reports and benches: the dispatcher takes the fused
+    route automatically only on a measurement (:mod:`polymixer.ops.measured`)."""
+    from ...ops.pom.triton_kernels import will_differentiate  # (imports Triton)
+
+    dtype = operand_dtype(call.x)
+    if dtype == torch.float32 and (call.x.device.type != "cuda" or torch.get_float32_matmul_precision() == "highest"):
+        return "fp32 products without tf32 run on CUDA cores in the fused kernels: cuBLAS is faster"
+    d = call.x.shape[-1]
+    t = pom_routes(call.B * call.N, d, call.D, call.Ds, call.weights.coeff.shape[1],
+                   causal=call.causal and call.block_size is None, rope=call.rope is not None)
+    train = will_differentiate(call)
+    fused, unfused = (t["fused"], t["unfused"]) if train else (t["fused_forward"], t["unfused_forward"])
+    if fused < unfused:
+        return None
+    if fused == float("inf"):
+        return "the fused route has no tile for this call's kernels (see polymixer.ops.pom.tiles)"
+    return (f"the roofline model predicts the unfused route faster here ({1e6 * unfused:.0f} µs against "
+            f"{1e6 * fused:.0f} µs for the {'forward + backward' if train else 'forward'})")
+
+
+
 # the paper's GPT-2 / GPPoM2-S forward k tokens/s on H100 (PoM's Triton kernels) at 1k / 4k / 16k / 32k tokens
 PAPER = {1024: (572, 996), 4096: (295, 893), 16384: (99, 624), 32768: (52, 448)}
 
@@ -70,7 +226,7 @@ def _gemm(m: float, k: float, n: float, cfg: RooflineConfig) -> float:
 
 def _fused_eff(cfg: RooflineConfig) -> float:
     """The fused GEMM's fraction of the peak: given, or from its forward tile
-    (:func:`polymixer.ops.pom.cost.fused_efficiency`)."""
+    (:func:`fused_efficiency`)."""
     if cfg.fused_gemm_eff is not None:
         return cfg.fused_gemm_eff
     D = int(round(cfg.expand * cfg.dim))

@@ -26,7 +26,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -108,7 +108,7 @@ def load_teacher(path: str, device: Optional[torch.device] = None, block_size: O
                        {"preset": cfg.get("preset"), "data": cfg.get("data", {}), "step": cfg.get("step")})
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ...hf import HFTokenizer, PolymixerForCausalLM
+    from ...hf import PolymixerForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(p).to(device or "cpu").eval()
     if isinstance(hf, PolymixerForCausalLM):
@@ -119,6 +119,36 @@ def load_teacher(path: str, device: Optional[torch.device] = None, block_size: O
     tok = HFTokenizer(AutoTokenizer.from_pretrained(p), _tok_name(p))
     ctx = getattr(hf.config, "max_position_embeddings", None) or 1024
     return Teacher(hf, "hf", tok, str(path), block_size or min(256, ctx), {"data": {}})
+
+
+class HFTokenizer:
+    """A transformers tokenizer behind polymixer's :class:`~polymixer.tokenizer.Tokenizer` protocol (corpora, bits per
+    byte), for teachers that come as transformers folders."""
+
+    def __init__(self, tok: Any, name: str) -> None:
+        self.tok = tok
+        self.name = name
+        self.vocab_size = len(tok)
+        eot = tok.eos_token_id
+        if eot is None:
+            raise ValueError(f"the tokenizer of {name} has no end-of-text (eos) token")
+        self.eot_id = int(eot)
+
+    def encode(self, text: str) -> List[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def encode_bytes(self, data: bytes) -> np.ndarray:
+        return np.asarray(self.encode(data.decode("utf-8", errors="replace")), dtype=np.int64)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids))
+
+    def token_bytes(self) -> np.ndarray:
+        out = np.zeros(self.vocab_size, dtype=np.int64)
+        special = set(self.tok.all_special_ids)
+        for i in range(self.vocab_size):
+            out[i] = 0 if i in special else len(self.tok.decode([i]).encode("utf-8"))
+        return out
 
 
 def is_transformers_folder(path: Path) -> bool:

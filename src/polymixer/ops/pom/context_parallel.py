@@ -15,7 +15,7 @@ gradient of every row and the sum over ranks of the parameter gradients equal th
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ from ..parallel import (ContextParallel, Slice, agree, all_reduce_sum, block_car
                         mode_facts, tensor_facts)
 from .fused_cpu import mix_with_carry, slice_sum
 
-__all__ = ["forward"]
+__all__ = ["forward", "agree_on_call"]
 
 
 def _global_positions(call: Call, sl: Slice) -> Tensor:
@@ -42,15 +42,7 @@ def forward(call: Optional[Call], problem: Optional[str], cp: ContextParallel) -
     without a stream). ``call.state``: a stream's state before the global sequence (causal only), or None. A call
     that cannot be split (``problem``; ``call`` None when it failed its own checks) is refused alike on every rank:
     never a hang."""
-    problem = problem or refuse_split(call)
-    facts = {"length": 0 if call is None else call.N}
-    if not problem:
-        state = call.state
-        facts.update({"batch": call.B, "width": call.x.shape[-1], "D": call.D, "gate width": call.Ds,
-                      **tensor_facts(call.x)})
-        facts.update(mode_facts(call.causal, call.block_size, call.key_mask, call.rope, call.positions,
-                                state is not None))
-    sl = Slice(cp.rank, agree(cp, "pom", facts, problem))
+    sl = agree_on_call(call, problem, cp, "pom", lambda c: {"D": c.D, "gate width": c.Ds})
     x, D, B, n, state = call.x, call.D, call.B, call.N, call.state
     if _fusable(call):
         return _fused(call, cp, sl, state)
@@ -76,6 +68,21 @@ def forward(call: Optional[Call], problem: Optional[str], cp: ContextParallel) -
         hs = rotate(hs.expand(B, n, D), cos_q, sin_q, inverse=True)
     g = gate_mix(zs, w.gate_bias, hs, call.gate)
     return F.linear(g, w.out_weight, w.out_bias), _after(call, final, sl)
+
+
+def agree_on_call(call: Optional[Call], problem: Optional[str], cp: ContextParallel, op: str,
+                  facts: Callable[[Call], Dict[str, int]]) -> Slice:
+    """This rank's slice of a call of ``op`` once every rank has checked its call (``problem``: why it failed its
+    checks, ``call`` None then; else :func:`~polymixer.ops.call.refuse_split`'s reason) and they agree on its sizes,
+    the op's own ``facts(call)`` and its mode — one collective, :func:`polymixer.ops.parallel.agree`; else the same
+    ValueError on every rank."""
+    problem = problem or refuse_split(call)
+    found = {"length": 0 if call is None else call.N}
+    if not problem:
+        found.update({"batch": call.B, "width": call.x.shape[-1], **facts(call), **tensor_facts(call.x)})
+        found.update(mode_facts(call.causal, call.block_size, call.key_mask, call.rope, call.positions,
+                                call.state is not None))
+    return Slice(cp.rank, agree(cp, op, found, problem))
 
 
 def _after(call: Call, final: Tensor, sl: Slice) -> Optional[PoMState]:

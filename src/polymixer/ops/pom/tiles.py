@@ -1,6 +1,7 @@
 """The tiles of PoM's Triton kernels: for each route, rotary or not, and gate-head class, the tokens per chunk and the
 channels per program of every kernel — what ``polymixer kernels`` builds without register spills. Pure data (no
-Triton), read by the kernels' host side and by the cost model (:mod:`polymixer.ops.pom.cost`)."""
+Triton), read by the kernels' host side and by the bench's roofline model
+(:mod:`polymixer.experiments.bench.roofline`)."""
 
 from __future__ import annotations
 

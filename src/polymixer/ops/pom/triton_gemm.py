@@ -8,8 +8,9 @@ cuBLAS forms dL/dx and dL/dW_in.
 
 Not in the automatic choice until a GPU measures it faster than the torch form and the unfused route for a kind of
 call (an entry of :mod:`polymixer.ops.measured` on the kernels installed now): the H200 measured it 1.3–2.7× slower
-than the unfused route everywhere it was timed, though the roofline model (:func:`predicted_win`) had predicted it
-faster at narrow widths. ``backend("triton_gemm")`` forces it, ``backend("triton")`` forces the unfused route.
+than the unfused route everywhere it was timed, though the roofline model
+(:func:`polymixer.experiments.bench.roofline.predicted_win`) had predicted it faster at narrow widths.
+``backend("triton_gemm")`` forces it, ``backend("triton")`` forces the unfused route.
 """
 
 from __future__ import annotations
@@ -21,41 +22,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..call import Call
+from ..common import operand_dtype
 from ..triton_common import first_use, interpreted
 from . import triton_kernels as tk
 
-__all__ = ["supports", "forward", "self_check", "predicted_win"]
-
-
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    """The dtype the input projection runs in: autocast's when it is on (as F.linear would), else x's."""
-    dev = x.device.type
-    if torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return x.dtype
-
-
-def predicted_win(call: Call) -> Optional[str]:
-    """None when the roofline model (:func:`polymixer.ops.pom.cost.pom_routes`, at the measured efficiencies) predicts
-    the fused route faster than cuBLAS + the unfused kernels for this call (forward + backward when it will be
-    differentiated, else forward), else why not. A prediction for reports and benches: the dispatcher takes the fused
-    route automatically only on a measurement (:mod:`polymixer.ops.measured`)."""
-    from .cost import pom_routes
-
-    dtype = _compute_dtype(call.x)
-    if dtype == torch.float32 and (call.x.device.type != "cuda" or torch.get_float32_matmul_precision() == "highest"):
-        return "fp32 products without tf32 run on CUDA cores in the fused kernels: cuBLAS is faster"
-    d = call.x.shape[-1]
-    t = pom_routes(call.B * call.N, d, call.D, call.Ds, call.weights.coeff.shape[1],
-                   causal=call.causal and call.block_size is None, rope=call.rope is not None)
-    train = tk.will_differentiate(call)
-    fused, unfused = (t["fused"], t["unfused"]) if train else (t["fused_forward"], t["unfused_forward"])
-    if fused < unfused:
-        return None
-    if fused == float("inf"):
-        return "the fused route has no tile for this call's kernels (see polymixer.ops.pom.tiles)"
-    return (f"the roofline model predicts the unfused route faster here ({1e6 * unfused:.0f} µs against "
-            f"{1e6 * fused:.0f} µs for the {'forward + backward' if train else 'forward'})")
+__all__ = ["supports", "forward", "self_check"]
 
 
 def supports(call: Call) -> Optional[str]:
@@ -70,7 +41,7 @@ def supports(call: Call) -> Optional[str]:
     if why is not None:
         return why
     if tk.needs_check(x.device):
-        return self_check(x.device, _compute_dtype(x))
+        return self_check(x.device, operand_dtype(x))
     return None
 
 
@@ -85,7 +56,7 @@ def self_check(device: torch.device, dtype: torch.dtype = torch.float32) -> Opti
 
 def forward(call: Call) -> Tensor:
     """The whole PoM of ``call``: the input projection and the mixing in the kernels (one custom op), W_o (torch)."""
-    dtype = _compute_dtype(call.x)
+    dtype = operand_dtype(call.x)
     x, w = call.x.to(dtype).contiguous(), call.weights
     g = tk.pom_gemm_op(x, w.in_weight.to(dtype).contiguous(), w.coeff, w.gate_bias, *tk.mix_args(call, call.N))[0]
     return F.linear(g, w.out_weight, w.out_bias)

@@ -313,23 +313,6 @@ def _inverse(W, nmask, MEAN: tl.constexpr):
 
 
 @triton.jit
-def _cumsum(f, n, s0, s1, PACKED: tl.constexpr, REVERSE: tl.constexpr):
-    """The running sum of a tile along its tokens within each sequence (from the chunk's first token, or to its last
-    when REVERSE). Unpacked rows hold one sequence, whose only start is the row's first token: a plain cumsum."""
-    if PACKED:
-        if REVERSE:
-            flag = (n == s1 - 1).to(tl.int32)
-        else:
-            flag = (n == s0).to(tl.int32)
-        if len(f.shape) == 2:
-            flag = flag[:, None] + tl.zeros(f.shape, tl.int32)
-        out, _ = tl.associative_scan((f, flag), 0, seg_add, reverse=REVERSE)
-    else:
-        out = tl.cumsum(f, 0, reverse=REVERSE)
-    return out
-
-
-@triton.jit
 def _to_query_frame(hlo, hhi, cs, sn, ROPE: tl.constexpr):
     """R(−pos) of an aggregate: read it in the query's own frame."""
     if ROPE:
@@ -1275,9 +1258,8 @@ def _pom_mix(z: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor], pos
     return mix(z, None, None, coeff, bias, mask, pos, cu, seqid, mode, block_size, act, gate, rope, log2base, mean)
 
 
-def _pom_mix_fake(z: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor], pos: Optional[Tensor],
-                  cu: Optional[Tensor], seqid: Optional[Tensor], mode: int, block_size: int, act: int, gate: int,
-                  rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _pom_mix_fake(z: Tensor, coeff: Tensor, bias: Tensor, mask: Any, pos: Any, cu: Optional[Tensor], seqid: Any,
+                  mode: int, block_size: int, act: int, gate: int, rope: int, *_: Any) -> Tuple[Tensor, ...]:
     return _fake_outputs(z, coeff, bias, cu, mode, block_size, rope, False)
 
 
@@ -1289,10 +1271,7 @@ def _pom_mix_backward(dg: Tensor, z: Tensor, coeff: Tensor, bias: Tensor, mask: 
                         block_size, act, gate, rope, log2base, mean)
 
 
-def _pom_mix_backward_fake(dg: Tensor, z: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor],
-                           pos: Optional[Tensor], cu: Optional[Tensor], seqid: Optional[Tensor], carry: Tensor,
-                           carryw: Tensor, end: Tensor, endw: Tensor, mode: int, block_size: int, act: int, gate: int,
-                           rope: int, log2base: float, mean: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _pom_mix_backward_fake(dg: Tensor, z: Tensor, coeff: Tensor, bias: Tensor, *_: Any) -> Tuple[Tensor, ...]:
     return (torch.empty_like(z, memory_format=torch.contiguous_format),
             coeff.new_empty(coeff.shape, dtype=torch.float32), bias.new_empty(bias.shape, dtype=torch.float32))
 
@@ -1325,10 +1304,9 @@ def _pom_gemm(x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, mask: Option
     return mix(None, x, w_in, coeff, bias, mask, pos, cu, seqid, mode, block_size, act, gate, rope, log2base, mean)
 
 
-def _pom_gemm_fake(x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, mask: Optional[Tensor],
-                   pos: Optional[Tensor], cu: Optional[Tensor], seqid: Optional[Tensor], mode: int, block_size: int,
-                   act: int, gate: int, rope: int, log2base: float, mean: bool
-                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _pom_gemm_fake(x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, mask: Any, pos: Any, cu: Optional[Tensor],
+                   seqid: Any, mode: int, block_size: int, act: int, gate: int, rope: int, *_: Any
+                   ) -> Tuple[Tensor, ...]:
     return _fake_outputs(x, coeff, bias, cu, mode, block_size, rope, True)
 
 
@@ -1340,11 +1318,8 @@ def _pom_gemm_backward(dg: Tensor, x: Tensor, w_in: Tensor, coeff: Tensor, bias:
                         block_size, act, gate, rope, log2base, mean)
 
 
-def _pom_gemm_backward_fake(dg: Tensor, x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor,
-                            mask: Optional[Tensor], pos: Optional[Tensor], cu: Optional[Tensor],
-                            seqid: Optional[Tensor], carry: Tensor, carryw: Tensor, end: Tensor, endw: Tensor,
-                            mode: int, block_size: int, act: int, gate: int, rope: int, log2base: float, mean: bool
-                            ) -> Tuple[Tensor, Tensor, Tensor]:
+def _pom_gemm_backward_fake(dg: Tensor, x: Tensor, w_in: Tensor, coeff: Tensor, bias: Tensor, *_: Any
+                            ) -> Tuple[Tensor, ...]:
     return (x.new_empty(x.shape[0], x.shape[1], w_in.shape[0]), coeff.new_empty(coeff.shape, dtype=torch.float32),
             bias.new_empty(bias.shape, dtype=torch.float32))
 
@@ -1437,10 +1412,6 @@ def _bench_closures(L: MixLayout, z: Tensor, coeff: Tensor, bias: Tensor, saved:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _gate_head(D: int, Ds: int) -> int:
-    return D // Ds
-
-
 def kernel_limits(call: Any) -> Optional[str]:
     """Why the kernels cannot take this call's mode, shapes or non-linearities (None: they can). Shared by both
     Triton routes; the device and the first-use check come after."""
@@ -1462,8 +1433,7 @@ def kernel_limits(call: Any) -> Optional[str]:
     k = call.weights.coeff.shape[1]
     if not 1 <= k <= MAX_DEGREE:
         return f"degree {k} (the kernels take 1–{MAX_DEGREE})"
-    D, Ds = call.D, call.Ds
-    G = _gate_head(D, Ds)
+    D, G = call.D, call.D // call.Ds  # G: the channels of a gate head
     if G > 128 or G & (G - 1):
         return f"a gate head of {G} channels (the kernels take a power of two ≤ 128)"
     if call.rope:

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..call import Call, PoMState, refuse_split
+from ..call import Call, PoMState
 from ..features import call_features, value_output
-from ..parallel import (ContextParallel, Slice, agree, all_reduce_sum, block_carry, exclusive_scan, halo_before,
-                        mode_facts, tensor_facts)
+from ..parallel import ContextParallel, Slice, all_reduce_sum, block_carry, exclusive_scan, halo_before
+from ..pom.context_parallel import agree_on_call
 from .modular import value_mix
 
 __all__ = ["forward"]
@@ -35,21 +35,6 @@ def _halo(x: Tensor, in_weight: Tensor, rows: int, key_mask: Optional[Tensor], l
     if key_mask is not None:
         z = z * key_mask[:, n - take:, None].to(z.dtype)
     return halo_before(z, lags, sl, cp, "value-pom token-shift halo", prev)
-
-
-def _agree(call: Optional[Call], cp: ContextParallel, problem: Optional[str]) -> Slice:
-    """This rank's slice once every rank has checked its call and they agree on the mode (one collective,
-    :func:`polymixer.ops.parallel.agree`); else the same ValueError on every rank."""
-    problem = problem or refuse_split(call)
-    facts = {"length": 0 if call is None else call.N}
-    if not problem:
-        shift = call.weights.shift_weight
-        facts.update({"batch": call.B, "width": call.x.shape[-1], "D": call.D, "dv": call.dv, "heads": call.heads,
-                      "chunk": call.chunk, "shift width": 0 if shift is None else shift.shape[0],
-                      **tensor_facts(call.x)})
-        facts.update(mode_facts(call.causal, call.block_size, call.key_mask, call.rope, call.positions,
-                                call.state is not None))
-    return Slice(cp.rank, agree(cp, "value pom", facts, problem))
 
 
 def _features(call: Call, sl: Slice, cp: ContextParallel) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -123,7 +108,9 @@ def forward(call: Optional[Call], problem: Optional[str], cp: ContextParallel) -
     """:func:`polymixer.ops.value_pom.value_pom` on this rank's slice of every sequence: (y, the stream's state after
     this slice — the whole prefix's on the last rank — or None without a stream). A call that cannot be split
     (``problem``; ``call`` None when it failed its own checks) is refused alike on every rank: never a hang."""
-    sl = _agree(call, cp, problem)
+    sl = agree_on_call(call, problem, cp, "value pom", lambda c: {
+        "D": c.D, "dv": c.dv, "heads": c.heads, "chunk": c.chunk,
+        "shift width": 0 if c.weights.shift_weight is None else c.weights.shift_weight.shape[0]})
     k, q, vh, w, zs, last = _features(call, sl, cp)
     o, o_cnt, final_state, final_count = _mix_states(q, k, vh, w, call, sl, cp)
     y, state = value_output(o, o_cnt, zs, call.weights, call.mixing), call.state

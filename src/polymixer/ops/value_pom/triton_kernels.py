@@ -73,6 +73,7 @@ from ..triton_common import (
     sequence_of,
 )
 from ..call import Call
+from ..common import operand_dtype
 from ..features import call_features, full_mix, packed_features, value_output
 
 import triton  # noqa: E402  (triton_common raised a clear ImportError already if it is missing)
@@ -602,42 +603,23 @@ def _state_table(g: _Geometry, grad: bool, like: Tensor) -> Tensor:
     return torch.empty(g.buffers(grad), g.BH, g.NC, g.DK, g.DV, dtype=state_dtype(like.dtype), device=like.device)
 
 
-def _launch_local(kernel: Any, g: _Geometry, x: Tensor, y: Tensor, S: Tensor, seqid: Tensor, cu: Tensor) -> None:
-    launch(kernel, (g.BH, g.NC, g.NK * g.NV), x, y, S, seqid, cu, *_strides(x), *_strides(y), g.N, g.H, g.DK, g.DV,
-           g.NC, g.bs, g.BH, PACKED=g.packed, MODE=g.mode, C=g.C, BK=g.BK, BV=g.BV, PREC=dot_precision(x),
-           **_opts(g.warps))
-
-
-def _scan_width(g: _Geometry) -> int:
-    return min(SCAN_WIDTH, pow2(g.DK * g.DV))
+def _launch(kernel: Any, g: _Geometry, ins: Tuple[Tensor, ...], S: Tensor, outs: Tuple[Tensor, ...], seqid: Tensor,
+            cu: Tensor) -> None:
+    """Launch a value kernel with its (B, H, N, ·) inputs, the state table, its (B, H, N, ·) outputs, the sequence ids
+    and offsets, the strides of the inputs and of the outputs (which share theirs), the sizes and the tiles. A
+    local-sums kernel (no outputs: it writes the states) runs a program per (row · head, chunk, key block × value
+    block), the others one per (row · head, chunk)."""
+    grid = (g.BH, g.NC) if outs else (g.BH, g.NC, g.NK * g.NV)
+    strides = [st for t in ins + outs[:1] for st in _strides(t)]
+    launch(kernel, grid, *ins, S, *outs, seqid, cu, *strides, g.N, g.H, g.DK, g.DV, g.NC, g.bs, g.BH, PACKED=g.packed,
+           MODE=g.mode, C=g.C, BK=g.BK, BV=g.BV, PREC=dot_precision(ins[0]), **_opts(g.warps))
 
 
 def _launch_scan(g: _Geometry, S: Tensor, seqid: Tensor, cu: Tensor) -> None:
     E = g.DK * g.DV
-    be = _scan_width(g)
+    be = min(SCAN_WIDTH, pow2(E))
     launch(_scan_kernel, (g.BH, -(-E // be), S.shape[0]), S, seqid, cu, g.N, g.NC, E, g.bs, g.BH, PACKED=g.packed,
            MODE=g.mode, C=g.C, NCB=SCAN_CHUNKS, BE=be, **_opts(4))
-
-
-def _launch_output(g: _Geometry, q: Tensor, k: Tensor, v: Tensor, S: Tensor, o: Tensor, seqid: Tensor,
-                   cu: Tensor) -> None:
-    launch(_output_kernel, (g.BH, g.NC), q, k, v, S, o, seqid, cu, *_strides(q), *_strides(k), *_strides(v),
-           *_strides(o), g.N, g.H, g.DK, g.DV, g.NC, g.bs, g.BH, PACKED=g.packed, MODE=g.mode, C=g.C, BK=g.BK,
-           BV=g.BV, PREC=dot_precision(q), **_opts(g.warps))
-
-
-def _launch_dv(g: _Geometry, q: Tensor, k: Tensor, do: Tensor, S: Tensor, dv: Tensor, seqid: Tensor,
-               cu: Tensor) -> None:
-    launch(_dv_kernel, (g.BH, g.NC), q, k, do, S, dv, seqid, cu, *_strides(q), *_strides(k), *_strides(do),
-           *_strides(dv), g.N, g.H, g.DK, g.DV, g.NC, g.bs, g.BH, PACKED=g.packed, MODE=g.mode, C=g.C, BK=g.BK,
-           BV=g.BV, PREC=dot_precision(q), **_opts(g.warps))
-
-
-def _launch_dqk(g: _Geometry, q: Tensor, k: Tensor, v: Tensor, do: Tensor, S: Tensor, dq: Tensor, dk: Tensor,
-                seqid: Tensor, cu: Tensor) -> None:
-    launch(_dqk_kernel, (g.BH, g.NC), q, k, v, do, S, dq, dk, seqid, cu, *_strides(q), *_strides(k), *_strides(v),
-           *_strides(do), *_strides(dq), g.N, g.H, g.DK, g.DV, g.NC, g.bs, g.BH, PACKED=g.packed, MODE=g.mode,
-           C=g.C, BK=g.BK, BV=g.BV, PREC=dot_precision(q), **_opts(g.warps))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -653,15 +635,14 @@ def _mix(q: Tensor, k: Tensor, v: Tensor, cu: Optional[Tensor], seqid: Optional[
     g = _geometry(q, v, mode, block_size, cu is not None)
     sid, cut = (seqid, cu) if cu is not None else (q, q)  # unused pointers when not packed
     S = _state_table(g, False, q)
-    _launch_local(_states_kernel, g, k, v, S, sid, cut)
+    _launch(_states_kernel, g, (k, v), S, (), sid, cut)
     _launch_scan(g, S, sid, cut)
     o = _heads_empty(g.B, g.H, g.N, g.DV, q)
-    _launch_output(g, q, k, v, S, o, sid, cut)
+    _launch(_output_kernel, g, (q, k, v), S, (o,), sid, cut)
     return o
 
 
-def _mix_fake(q: Tensor, k: Tensor, v: Tensor, cu: Optional[Tensor], seqid: Optional[Tensor], mode: int,
-              block_size: int) -> Tensor:
+def _mix_fake(q: Tensor, k: Tensor, v: Tensor, *_: Any) -> Tensor:
     return _heads_empty(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], q)
 
 
@@ -673,18 +654,17 @@ def _mix_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, cu: Optional[Tens
     g = _geometry(q, v, mode, block_size, cu is not None)
     sid, cut = (seqid, cu) if cu is not None else (q, q)
     S = _state_table(g, True, q)
-    _launch_local(_states_kernel, g, k, v, S, sid, cut)
-    _launch_local(_dstates_kernel, g, q, do, S, sid, cut)
+    _launch(_states_kernel, g, (k, v), S, (), sid, cut)
+    _launch(_dstates_kernel, g, (q, do), S, (), sid, cut)
     _launch_scan(g, S, sid, cut)
     dq, dk = _heads_empty(g.B, g.H, g.N, g.DK, q), _heads_empty(g.B, g.H, g.N, g.DK, q)
     dv = _heads_empty(g.B, g.H, g.N, g.DV, q)
-    _launch_dv(g, q, k, do, S, dv, sid, cut)
-    _launch_dqk(g, q, k, v, do, S, dq, dk, sid, cut)
+    _launch(_dv_kernel, g, (q, k, do), S, (dv,), sid, cut)
+    _launch(_dqk_kernel, g, (q, k, v, do), S, (dq, dk), sid, cut)
     return dq, dk, dv
 
 
-def _mix_backward_fake(do: Tensor, q: Tensor, k: Tensor, v: Tensor, cu: Optional[Tensor], seqid: Optional[Tensor],
-                       mode: int, block_size: int) -> Tuple[Tensor, Tensor, Tensor]:
+def _mix_backward_fake(do: Tensor, q: Tensor, k: Tensor, v: Tensor, *_: Any) -> Tuple[Tensor, Tensor, Tensor]:
     B, H, N, DK = q.shape
     return _heads_empty(B, H, N, DK, q), _heads_empty(B, H, N, DK, q), _heads_empty(B, H, N, v.shape[-1], q)
 
@@ -772,16 +752,6 @@ def packed_chunked_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, first: Tensor
         end = last if mode == 1 else torch.minimum(first + ((ar - first) // bs + 1) * bs - 1, last)
     cnt = cw[end] - before
     return o, cnt.to(q.dtype).unsqueeze(0)
-
-
-def operand_dtype(x: Tensor) -> torch.dtype:
-    """The dtype q, k and v reach the kernels in: the projection's (autocast's when it is on, else the input's) —
-    the polynomial features are computed in fp32 (:func:`polymixer.ops.features.poly_features`) and cast back, so
-    that a bf16 layer's products run on bf16 tensor cores with bf16 states."""
-    dev = x.device.type
-    if dev in ("cuda", "cpu") and torch.is_autocast_enabled(dev):  # (meta tensors have no autocast)
-        return torch.get_autocast_dtype(dev)
-    return x.dtype
 
 
 def supports(call: Call) -> Optional[str]:
@@ -918,8 +888,8 @@ def bench_kernels(B: int, N: int, H: int, DK: int, DV: int, mode: str, dtype: to
     q, k, v, do = _bench_inputs(B, N, H, DK, DV, dtype, device)
     g = _geometry(q, v, m, bs, False)
     fwd, bwd = _state_table(g, False, q), _state_table(g, True, q)
-    _launch_local(_states_kernel, g, k, v, bwd, q, q)  # real states and gradients for the kernels that read them
-    _launch_local(_dstates_kernel, g, q, do, bwd, q, q)
+    _launch(_states_kernel, g, (k, v), bwd, (), q, q)  # real states and gradients for the kernels that read them
+    _launch(_dstates_kernel, g, (q, do), bwd, (), q, q)
     _launch_scan(g, bwd, q, q)
     fwd.copy_(bwd[: fwd.shape[0]])
     sums_f, sums_b = torch.empty_like(fwd), torch.empty_like(bwd)  # what the local sums write: the states stay
@@ -930,15 +900,17 @@ def bench_kernels(B: int, N: int, H: int, DK: int, DV: int, mode: str, dtype: to
     state = fwd[0].numel() * fwd.element_size()  # bytes of one state buffer
     nf = fwd.shape[0]
     return [
-        ("value_states (forward)", lambda: _launch_local(_states_kernel, g, k, v, sums_f, q, q),
+        ("value_states (forward)", lambda: _launch(_states_kernel, g, (k, v), sums_f, (), q, q),
          tok * (DK + DV) + nf * state),
         ("value_scan (forward)", lambda: _launch_scan(g, scan_f, q, q), 2 * nf * state),
-        ("value_output", lambda: _launch_output(g, q, k, v, fwd, o, q, q), tok * (2 * DK + 2 * DV) + nf * state),
-        ("value_states (backward)", lambda: _launch_local(_states_kernel, g, k, v, sums_b, q, q),
+        ("value_output", lambda: _launch(_output_kernel, g, (q, k, v), fwd, (o,), q, q),
+         tok * (2 * DK + 2 * DV) + nf * state),
+        ("value_states (backward)", lambda: _launch(_states_kernel, g, (k, v), sums_b, (), q, q),
          tok * (DK + DV) + nf * state),
-        ("value_dstates", lambda: _launch_local(_dstates_kernel, g, q, do, sums_b, q, q), tok * (DK + DV) + nf * state),
+        ("value_dstates", lambda: _launch(_dstates_kernel, g, (q, do), sums_b, (), q, q), tok * (DK + DV) + nf * state),
         ("value_scan (backward)", lambda: _launch_scan(g, scan_b, q, q), 4 * nf * state),
-        ("value_dv", lambda: _launch_dv(g, q, k, do, bwd, dv, q, q), tok * (2 * DK + 2 * DV) + nf * state),
-        ("value_dqk", lambda: _launch_dqk(g, q, k, v, do, bwd, dq, dk, q, q),
+        ("value_dv", lambda: _launch(_dv_kernel, g, (q, k, do), bwd, (dv,), q, q),
+         tok * (2 * DK + 2 * DV) + nf * state),
+        ("value_dqk", lambda: _launch(_dqk_kernel, g, (q, k, v, do), bwd, (dq, dk), q, q),
          tok * (4 * DK + 2 * DV) + 2 * nf * state),
     ]
