@@ -39,7 +39,7 @@ class Range(NamedTuple):
 # the settings every config that has them shares (a config's own RANGES entry wins): checked by check_ranges
 SHARED: Dict[str, Range] = {
     **{n: Range(1) for n in ("degree", "sel_heads", "value_dim", "value_heads")},
-    "expand": Range(0, low_open=True), "mlp_ratio": Range(0, low_open=True), "norm_eps": Range(0, low_open=True),
+    "expand": Range(0, low_open=True), "mlp_ratio": Range(0), "norm_eps": Range(0, low_open=True),
     "dropout": Range(0, 1, high_open=True), "drop_path": Range(0, 1, high_open=True),
 }
 
