@@ -350,5 +350,7 @@ def test_train_checkpoint_round_trip_and_commands(pastis, tmp_path, capsys):
     # resuming with another model refuses; a bad fold is reported
     with pytest.raises(ValueError, match="model config differs"):
         train_eo("tiny-tsvit", _tcfg(tmp_path, steps=3), str(pastis), crop=8, progress=False, **TOY)
-    assert cli(["train", "eo", "--data", str(pastis), "--fold", "7", "--out", str(tmp_path / "x"), "--quiet"]) == 2
-    assert "fold must be 1 … 5" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad:  # the parser refuses it, one line, before anything is read or written
+        cli(["train", "eo", "--data", str(pastis), "--fold", "7", "--out", str(tmp_path / "x"), "--quiet"])
+    assert bad.value.code == 2 and "--fold: invalid choice: 7 (choose from 1, 2, 3, 4, 5)" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

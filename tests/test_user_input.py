@@ -309,7 +309,7 @@ def test_help_shows_the_values_of_the_preset_named_before_it(family, preset, fie
     (["train", "eo", "--set", "dropout=nan"], "dropout must be a finite number in [0, 1), got nan"),
     (["train", "points", "--set", "drop_path=-0.1"], "drop_path must be in [0, 1), got -0.1"),
     (["train", "ocr", "--set", "expand=0"], "expand must be > 0, got 0.0"),
-    (["train", "eo", "--set", "mlp_ratio=-4"], "mlp_ratio must be > 0, got -4.0"),
+    (["train", "eo", "--set", "mlp_ratio=-4"], "mlp_ratio must be ≥ 0, got -4.0"),
     (["train", "ocr", "--set", "degree=0"], "degree must be ≥ 1, got 0"),
     (["train", "eo", "--set", "value_heads=0"], "value_heads must be ≥ 1, got 0"),
     (["train", "ocr", "--set", "norm_eps=0"], "norm_eps must be > 0, got 0.0"),
