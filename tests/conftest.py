@@ -107,6 +107,36 @@ def oracle(m: PoM, x: torch.Tensor, vis: torch.Tensor, context: Optional[torch.T
                          rope=m.rope, rope_base=m.rope_base, positions=positions, context_positions=context_positions)
 
 
+class ToyRegression:
+    """The training loop's smallest task: 8 random (x, y) pairs of a linear regression per step (split over the
+    data-parallel shares); its evaluation reports two figures of the model (``mse`` on a fixed input, ``norm`` of the
+    weights). ``fail_at``: the step whose evaluation raises; ``evaluated``: the steps evaluated so far."""
+
+    unit = "ex"
+
+    def __init__(self, fail_at: Optional[int] = None) -> None:
+        self.fail_at, self.evaluated = fail_at, []
+
+    def batch(self, step, share, shares, device):
+        g = torch.Generator().manual_seed(step * 100 + share)
+        return torch.randn(8 // shares, 4, generator=g), torch.randn(8 // shares, 1, generator=g)
+
+    def count(self, batch):
+        return batch[0].shape[0]
+
+    def loss(self, model, batch):
+        return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+
+    def evaluate(self, model, step, out_dir):
+        self.evaluated.append(step)
+        if step == self.fail_at:
+            raise RuntimeError(f"evaluation of step {step} failed")
+        with torch.no_grad():
+            x = torch.linspace(-1, 1, 32).view(8, 4)
+            return {"mse": float(model(x).square().mean()),
+                    "norm": float(sum(p.square().sum() for p in model.parameters()))}
+
+
 def assert_close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-10, atol: float = 1e-10) -> None:
     assert a.shape == b.shape, (a.shape, b.shape)
     assert torch.isfinite(a).all(), "non-finite values"

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import rank_results, torchrun
+from conftest import ToyRegression, rank_results, torchrun
 
 from polymixer.checkpoint import load_trainer_state, resolve_checkpoint
 from polymixer.experiments.lm.data import TokenWindows
@@ -20,33 +20,7 @@ from polymixer.experiments.lm.task import MAX_COVERAGE, window_count
 from polymixer.experiments.train.loop import EVALUATION, TrainConfig, train
 
 
-class _Toy:
-    """A regression task whose evaluation can be made to fail at a step, and counts its calls."""
-
-    unit = "ex"
-
-    def __init__(self, fail_at=None):
-        self.fail_at, self.evaluated = fail_at, []
-
-    def batch(self, step, share, shares, device):
-        g = torch.Generator().manual_seed(step)
-        return torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
-
-    def count(self, batch):
-        return 8
-
-    def loss(self, model, batch):
-        return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
-
-    def evaluate(self, model, step, out_dir):
-        self.evaluated.append(step)
-        if step == self.fail_at:
-            raise RuntimeError(f"evaluation of step {step} failed")
-        with torch.no_grad():
-            return {"norm": float(sum(p.square().sum() for p in model.parameters()))}
-
-
-def _run(out: Path, task: _Toy, **kw) -> dict:
+def _run(out: Path, task: ToyRegression, **kw) -> dict:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     cfg = TrainConfig(**{**dict(steps=6, batch_size=8, lr=1e-2, warmup=1, eval_every=2, ckpt_every=2, log_every=1,
@@ -56,17 +30,17 @@ def _run(out: Path, task: _Toy, **kw) -> dict:
 
 
 def test_a_failed_evaluation_leaves_its_steps_checkpoint_and_the_resumed_run_evaluates_it_first(tmp_path):
-    straight = _run(tmp_path / "straight", _Toy())
+    straight = _run(tmp_path / "straight", ToyRegression())
     # the checkpoint of every evaluated step carries that evaluation's metrics beside it
     for step in (2, 4, 6):
         ck = tmp_path / "straight" / "checkpoints" / f"step_{step:08d}"
         assert json.loads((ck / EVALUATION).read_text())["step"] == step
     with pytest.raises(RuntimeError, match="evaluation of step 4 failed"):
-        _run(tmp_path / "run", _Toy(fail_at=4))
+        _run(tmp_path / "run", ToyRegression(fail_at=4))
     ck = resolve_checkpoint(tmp_path / "run")
     assert ck.name == "step_00000004" and not (ck / EVALUATION).exists()  # published before the evaluation
     assert load_trainer_state(ck)["step"] == 4
-    again = _Toy()
+    again = ToyRegression()
     resumed = _run(tmp_path / "run", again)
     assert again.evaluated == [4, 6]  # the evaluation that never ended, first; then the run goes on
     for k, v in straight["weights"].items():
@@ -76,15 +50,15 @@ def test_a_failed_evaluation_leaves_its_steps_checkpoint_and_the_resumed_run_eva
 
     assert figures(resumed["history"]) == figures(straight["history"])
     # a run resumed at its end reports its last evaluation from beside the checkpoint, without evaluating again
-    done = _Toy()
+    done = ToyRegression()
     assert _run(tmp_path / "run", done)["metrics"] == straight["metrics"] and done.evaluated == []
 
 
 def test_a_stop_after_an_evaluated_checkpoint_does_not_evaluate_again(tmp_path):
-    first = _Toy()
+    first = ToyRegression()
     _run(tmp_path / "run", first, stop_after=4)
     assert first.evaluated == [2, 4]
-    second = _Toy()
+    second = ToyRegression()
     _run(tmp_path / "run", second)
     assert second.evaluated == [6]
 
@@ -134,13 +108,13 @@ def test_context_parallel_evaluation_splits_every_window_and_equals_one_process(
 
 
 def test_a_task_that_evaluates_like_it_trains_forwards_no_more_than_a_training_micro_batch(tmp_path):
-    class Split(_Toy):
+    class Split(ToyRegression):
         split_evaluation, eval_batch = True, 32
 
     task = Split()
     _run(tmp_path / "run", task, steps=2, grad_accum=2)
     assert task.eval_batch == 4  # 8 examples per step in 2 micro-batches
-    plain = _Toy()
+    plain = ToyRegression()
     plain.eval_batch = 32
     _run(tmp_path / "plain", plain, steps=2, grad_accum=2)
     assert plain.eval_batch == 32  # (a task that does not ask keeps its own)

@@ -14,31 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import torchrun
+from conftest import ToyRegression, torchrun
 
 from polymixer.experiments.train import tracking
 from polymixer.experiments.train.loop import TrainConfig, train
-
-
-class _Toy:
-    """A regression task whose evaluation reports one metric (so the history holds both kinds of record)."""
-
-    unit = "ex"
-
-    def batch(self, step, share, shares, device):
-        g = torch.Generator().manual_seed(step * 100 + share)
-        return torch.randn(8 // shares, 4, generator=g), torch.randn(8 // shares, 1, generator=g)
-
-    def count(self, batch):
-        return batch[0].shape[0]
-
-    def loss(self, model, batch):
-        return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
-
-    def evaluate(self, model, step, out_dir):
-        with torch.no_grad():
-            x = torch.linspace(-1, 1, 32).view(8, 4)
-            return {"mse": float(model(x).square().mean()), "step_seen": float(step)}
 
 
 def _cfg(out: Path, **kw) -> TrainConfig:
@@ -50,7 +29,7 @@ def _cfg(out: Path, **kw) -> TrainConfig:
 def _train(cfg: TrainConfig) -> dict:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    return train(model, _Toy(), cfg, {"family": "toy", "preset": "mlp", "model": {}})
+    return train(model, ToyRegression(), cfg, {"family": "toy", "preset": "mlp", "model": {}})
 
 
 def _history(out: Path) -> list:

@@ -20,7 +20,7 @@ from .common import activation as activation_fn
 from .common import REFERENCE_MODES, Mixing, gate_fn
 
 __all__ = ["visibility", "shift_validity", "reference_attention", "rotation_angles", "polynomial", "gate_of",
-           "rotated_pairs", "float64_inputs", "oracle_view"]
+           "rotated_pairs", "float64_inputs", "oracle_view", "visible_mean", "no_stream"]
 
 
 def visibility(
@@ -134,6 +134,17 @@ def oracle_view(call: Any) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
                      mask=call.mask, cu_seqlens_q=call.cu_q, cu_seqlens_k=call.cu_k).to(x.device)
     pos, cpos = call.rope_positions() if m.rope is not None else (None, None)
     return vis, pos, cpos
+
+
+def visible_mean(total: Tensor, visf: Tensor) -> Tensor:
+    """``total`` (Σ_j vis_ij f_j) ÷ Σ_j vis_ij: the mean over what each query sees, 0 where it sees nothing."""
+    count = visf.sum(-1, keepdim=True)
+    return torch.where(count > 0, total / count.clamp_min(1.0), torch.zeros_like(total))
+
+
+def no_stream(call: Any) -> Optional[str]:
+    """The oracles' ``supports``: every call but a stream's (streams run on the torch form)."""
+    return "a stream (state=…) runs on the torch form" if call.state is not None else None
 
 
 def shift_validity(batch: int, num_tokens: int, key_mask: Optional[Tensor] = None,

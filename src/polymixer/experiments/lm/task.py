@@ -67,13 +67,7 @@ class LMTask:
         if self.pack:
             raise ValueError("--context-parallel trains on plain windows: packed documents (cu_seqlens) cannot be "
                              "split across ranks; add --no-pack")
-        x, y = batch
-        T = x.shape[1]
-        if T % parts:
-            raise ValueError(f"--context-parallel {parts} must divide the context length {T} (equal slices keep "
-                             f"the mean of the slices' losses the loss of the whole window)")
-        n = T // parts
-        return x[:, part * n:(part + 1) * n], y[:, part * n:(part + 1) * n]
+        return split_windows(batch, part, parts)
 
     def count(self, batch: tuple) -> int:
         return batch[0].numel()
@@ -99,13 +93,16 @@ def window_count(windows: TokenWindows, count: int) -> int:
     return max(1, min(count, -(-MAX_COVERAGE * len(windows.data) // windows.block_size)))
 
 
-def _slice_of(x: torch.Tensor, cp: Any) -> torch.Tensor:
-    """This rank's contiguous slice of every row (equal slices, as training splits them)."""
+def split_windows(batch: tuple, part: int, parts: int) -> tuple:
+    """Context parallelism's cut of a batch of windows (training's and evaluation's): ``part``'s contiguous slice of
+    every window, inputs and targets alike, in ``parts`` equal slices."""
+    x, y = batch
     T = x.shape[1]
-    if T % cp.world:
-        raise ValueError(f"--context-parallel {cp.world} must divide the context length {T}")
-    n = T // cp.world
-    return x[:, cp.rank * n:(cp.rank + 1) * n]
+    if T % parts:
+        raise ValueError(f"--context-parallel {parts} must divide the context length {T} (equal slices keep "
+                         f"the mean of the slices' losses the loss of the whole window)")
+    n = T // parts
+    return x[:, part * n:(part + 1) * n], y[:, part * n:(part + 1) * n]
 
 
 @torch.no_grad()
@@ -137,7 +134,7 @@ def evaluate_lm(model: nn.Module, windows: TokenWindows, token_bytes: Optional[t
     for x, y in tqdm(windows.fixed(count, batch), total=-(-count // batch), desc=desc,
                      disable=not progress, dynamic_ncols=True, leave=False):
         if cp is not None:
-            x, y = _slice_of(x, cp), _slice_of(y, cp)
+            x, y = split_windows((x, y), cp.rank, cp.world)
         x, y = x.to(device), y.to(device)
         logits, _ = model(x, sep_token=sep_token)
         ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),

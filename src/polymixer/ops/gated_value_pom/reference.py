@@ -12,6 +12,7 @@ from torch import Tensor
 
 from ..call import Call
 from ..common import ROPE_BASE
+from ..reference import no_stream
 from ..features import heads_view, positions_or_default, readout, rotate_heads, value_features
 from .call import GatedValuePomWeights
 
@@ -51,7 +52,7 @@ def reference_gated(x: Tensor, weights: GatedValuePomWeights, *, heads: int = 1,
 def supports(call: Call) -> Optional[str]:
     """Batch rows in every mode, with key padding and rotary; not packed sequences, not a stream."""
     if call.state is not None:
-        return "a stream (state=…) runs on the torch form"
+        return no_stream(call)
     if call.cu_k is not None:
         return "packed sequences (cu_seqlens) are not in the oracle"
     return None

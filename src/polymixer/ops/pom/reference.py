@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..call import Call
-from ..reference import float64_inputs, gate_of, oracle_view, polynomial, rotated_pairs
+from ..reference import float64_inputs, gate_of, no_stream, oracle_view, polynomial, rotated_pairs, visible_mean
 from .call import PomWeights
 
 __all__ = ["reference_pom", "supports", "forward"]
@@ -33,17 +33,14 @@ def reference_pom(x: Tensor, weights: PomWeights, context: Optional[Tensor] = No
         rot = rotated_pairs(poly, m.rope, m.rope_base, m.positions, m.context_positions)  # (B, M, N, D)
         H = (visf.unsqueeze(-1) * rot).sum(2)
     if m.reduction == "mean":
-        count = visf.sum(-1, keepdim=True)
-        H = torch.where(count > 0, H / count.clamp_min(1.0), torch.zeros_like(H))
+        H = visible_mean(H, visf)
     y = (s * H) @ weights.out_weight.to(torch.float64).T
     if weights.out_bias is not None:
         y = y + weights.out_bias.to(torch.float64)
     return y
 
 
-def supports(call: Call) -> Optional[str]:
-    """Every call but a stream's."""
-    return "a stream (state=…) runs on the torch form" if call.state is not None else None
+supports = no_stream
 
 
 def forward(call: Call) -> Tensor:

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from ..call import Call
-from ..reference import float64_inputs, gate_of, oracle_view, polynomial, rotated_pairs, shift_validity
+from ..reference import (float64_inputs, gate_of, no_stream, oracle_view, polynomial, rotated_pairs, shift_validity,
+                         visible_mean)
 from .call import ValuePomWeights
 
 __all__ = ["reference_value_pom", "supports", "forward"]
@@ -65,8 +66,7 @@ def reference_value_pom(x: Tensor, weights: ValuePomWeights, context: Optional[T
             score = torch.einsum("bmd,bmnd->bmn", qh, rot)
         o = torch.einsum("bmn,bne->bme", visf * score, vh)
         if m.reduction == "mean":
-            count = visf.sum(-1, keepdim=True)
-            o = torch.where(count > 0, o / count.clamp_min(1.0), torch.zeros_like(o))
+            o = visible_mean(o, visf)
         o = o / torch.sqrt((o**2).mean(-1, keepdim=True) + eps)
         out[..., h * e:(h + 1) * e] = o
     y = (s * out * weights.norm_weight.to(torch.float64)) @ out_weight.to(torch.float64).T
@@ -75,9 +75,7 @@ def reference_value_pom(x: Tensor, weights: ValuePomWeights, context: Optional[T
     return y
 
 
-def supports(call: Call) -> Optional[str]:
-    """Every call but a stream's."""
-    return "a stream (state=…) runs on the torch form" if call.state is not None else None
+supports = no_stream
 
 
 def forward(call: Call) -> Tensor:
