@@ -17,6 +17,7 @@ __all__ = ["Comparison"]
 
 _LR_FACTORS = re.compile(r"--lr-factors((?: [0-9.]+)+)")  # a family command's grid of rate factors
 _OUT = re.compile(r"--out (\S+)")  # a family command's output folder
+_LARGER = re.compile(r" --larger \S+")  # a family command's overrides that make its models larger
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,13 @@ class Comparison:
     trained_on: str = ""  # what its runs are trained and scored on (the README's family column)
 
     @property
+    def heldout(self) -> bool:
+        """Whether the figure reported (``metric``) is held out from the one every choice is made on (``select``):
+        a test figure beside a validation one. Where they are the same figure (the LM's validation loss) the figure
+        reported is the figure selected on, and no verdict settles on it."""
+        return self.select is not None and self.select != self.metric
+
+    @property
     def json_name(self) -> str:
         """The family's bench JSON under ``<out>``: ``file``, else ``<bench>.json``."""
         return self.file or f"{self.bench}.json"
@@ -140,6 +148,14 @@ class Comparison:
         factors = grid.group(1).split() if grid else []
         rest = [f for f in factors if done is None or not math.isclose(float(f), done, rel_tol=1e-3)]
         return self._with_factors(spec, rest or factors)
+
+    def own_sweep_command(self, spec: str, done: Optional[float] = None) -> str:
+        """``spec``'s sweep over the family's grid at its own size (less the factor ``done``): for a larger model
+        (``larger``), the command trains that model itself over the grid (no ``--larger``), where the family's
+        command would only carry its smaller model's rate over."""
+        if not self.smaller(spec):
+            return self.sweep_command(spec, done)
+        return _LARGER.sub("", replace(self, larger="").sweep_command(spec, done), count=1)
 
     def _with_factors(self, spec: str, factors: Sequence[str]) -> str:
         """``command`` for ``spec`` with its ``--lr-factors`` replaced by ``factors`` (unchanged where it names

@@ -29,11 +29,19 @@ such as ``image_heldout/image.json``, inside that folder). A model's runs there 
 reported figure is the median over the seeds a model shares with attention (never seeds attention did not run),
 leaving seed 0 out where at least 3 other seeds ran (``reported_seeds``); otherwise over all of them, marked
 ``selection_seed_in_median`` (shown †). Each entry carries its ``range`` over those seeds and attention's
-(``against_range``); a verdict calls the gap "separated" only where the two ranges do not overlap, else "within the
-seed ranges" (nothing where a side has one seed). A verdict reached on fewer than 3 seeds whose margin to its target
-is within attention's seed spread (max − min over its seeds) names that spread; every verdict, met or missed, needs
-3 seeds of both the model and attention: on fewer it reads "unsettled" (with the reason), and the "to run" lines give
-the commands that run the seeds it lacks (each side at the rate its sweep chose, into its seed folder).
+(``against_range``).
+
+Verdicts settle on paired seeds (:mod:`~polymixer.experiments.bench.interval`): on each of those seeds the gap
+between the model and attention, both trained on it at their own chosen rates (``paired_gaps``); the entry's
+``gap`` is their mean, ``interval`` its 95% Student-t interval. A target is "met" where the whole interval lies
+inside its bound, "MISSED" where it lies wholly outside, else "unsettled" — with the seeds it has and the next seed
+to run (seeds are added one at a time up to 5), whose commands are the "to run" lines. Under 2 paired seeds a
+verdict is unsettled; so is every verdict of a family whose reported figure is the figure its choices are made on
+(no held-out test figure: :attr:`Comparison.heldout`), and every verdict an option not run, a choice on the
+reported figure or a rate not shown to be best could change (below). A rate where any seed diverged or stalled
+(:func:`_unhealthy`) is flagged and not chosen: the model is compared at its next best rate. A larger model at its
+smaller model's rate carried over (``bench lm --larger``) is at a rate not bracketed at its own size: the verdicts
+that rate could change are unsettled, with the sweep at that size.
 
 Options (the fairness rule): a family offers every model the same variants of its preset — rotary positions
 (image: ``+position=sincos_rope``), rotary dates (satellite: ``+date_rope=true``) and the token shift / short causal
@@ -66,8 +74,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
-from statistics import median
+from statistics import mean, median
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...files import write_text_atomic
@@ -75,9 +84,10 @@ from ..registry import comparisons
 from ..report import format_table
 from .common import best_rows, beyond, payload_seed, read_json, same_rate
 from .comparison import Comparison
+from .interval import MAX_SEEDS, paired_interval, settle
 
 __all__ = ["comparisons", "family", "seeded_rows", "judge", "collect", "target_lines", "verdict_lines",
-           "models_table", "report", "past_end", "main", "add_arguments"]
+           "models_table", "report", "past_end", "gap_interval", "main", "add_arguments"]
 
 
 _SPEED_PARTS = ("throughput", "speed")  # where a family's bench keeps its speed rows
@@ -262,56 +272,75 @@ def _entry(fam: Comparison, row: Optional[Dict[str, Any]], base: Optional[Dict[s
     if not compared:
         return out
     against = median(theirs[s] for s in seeds)
-    return out | {"gap": _gap(fam, value, against), "against": against * fam.scale,
+    paired = {s: _gap(fam, mine[s], theirs[s]) for s in seeds}  # each seed's gap, both sides trained on it
+    stats = paired_interval(list(paired.values()))
+    return out | {"gap": mean(paired.values()), "paired_gaps": paired,
+                  "interval": None if stats is None else [stats[1], stats[2]],
+                  "median_gap": _gap(fam, value, against), "against": against * fam.scale,
                   "against_range": [min(theirs[s] for s in seeds) * fam.scale,
                                     max(theirs[s] for s in seeds) * fam.scale]}
 
 
-def _short_of_seeds(e: Optional[Dict[str, Any]], attention_seeds: int) -> bool:
-    """Whether the verdict on ``e`` waits on seeds: fewer than 3 of the model (those it shares with attention) or of
-    attention."""
-    return e is not None and ((len(e.get("by_seed", {})) or 1) < 3 or attention_seeds < 3)
+def _seeds_run(e: Dict[str, Any], attention: Dict[str, Any]) -> List[int]:
+    """The seeds either side of a verdict ran (at its chosen rate)."""
+    return sorted(set(e.get("own_seeds", [])) | set(attention.get("own_seeds", [])))
 
 
-def _verdict(fam: Comparison, e: Optional[Dict[str, Any]], target: float, spread: Optional[float],
-             attention_seeds: int = 3, missing: Sequence[str] = ()) -> str:
-    """"met" / "MISSED" on medians of ≥ 3 seeds of both the model and attention, every option that could change it
-    run; else the same word followed by "unsettled" and why: attention's seed spread when the margin to the target
-    is within it, else the seed counts (a verdict, met or missed, needs 3 seeds of both sides), and the options not
-    run or the choices made on the reported figure that could change it (``missing``: "not run with tiny-attention
-    +attention_shift=4")."""
+def _next_seed(seeds: Sequence[int]) -> int:
+    """The lowest seed not among ``seeds``."""
+    return next(s for s in range(len(seeds) + 1) if s not in seeds)
+
+
+def _verdict(fam: Comparison, e: Optional[Dict[str, Any]], target: float, attention: Dict[str, Any],
+             doubts: Sequence[str] = ()) -> Dict[str, Any]:
+    """The verdict on ``e`` against ``target`` from its paired gaps (:func:`_entry`): "met" where the 95% interval
+    of their mean lies inside the bound, "MISSED" where it lies wholly outside, else "unsettled" — and unsettled
+    too, whatever the interval, under 2 paired seeds, where the family has no held-out test figure, and where
+    anything in ``doubts`` could change it (options not run, choices on the reported figure, rates not shown to be
+    best: :meth:`_Judging.missing`). With the verdict: the paired gaps, their mean and interval, the seeds, the
+    reason, and whether a seed is to run (``needs_seeds``: a straddling interval or too few seeds, while fewer than
+    :data:`~polymixer.experiments.bench.interval.MAX_SEEDS` seeds ran)."""
     if e is None:
-        return "not run"
-    verdict = "MISSED" if _worse(fam, e["gap"], target) else "met"
-    n = len(e.get("by_seed", {})) or 1
-    opts = "; ".join(missing)
-    if not _short_of_seeds(e, attention_seeds):
-        return f"{verdict}, unsettled: {opts}" if opts else verdict
-    margin = (e["gap"] - target) * (1 if fam.gap == "points" else e["against"])  # in the metric's units
-    if spread is not None and abs(margin) <= spread:
-        why = f"the margin {abs(margin):.2g} is within attention's seed spread {spread:.2g}"
+        return {"verdict": "not run", "reason": "not run"}
+    gaps, ran = e.get("paired_gaps") or {}, _seeds_run(e, attention)
+    out = {"paired_gaps": gaps, "mean_gap": e["gap"], "interval": e.get("interval"), "seeds": len(gaps)}
+    more = len(ran) < MAX_SEEDS
+    then = f"seed {_next_seed(ran)} to run (up to {MAX_SEEDS})" if more else f"{len(ran)} seeds ran"
+    read = None if e.get("interval") is None else settle(*e["interval"], target, fam.gap == "points")
+    if read is None:
+        why = [f"{len(gaps)} paired seed{'s' if len(gaps) != 1 else ''} (an interval needs 2); {then}"]
     else:
-        why = f"{n} seed{'s' if n > 1 else ''} of the model, {attention_seeds} of attention"
-    return (f"{verdict} on {n} seed{'s' if n > 1 else ''}, unsettled: {why}" + (f"; {opts}" if opts else "")
-            + "; needs 3 seeds of both")
+        why = [f"the interval straddles {_bound(fam, target)} on {len(gaps)} seeds; {then}"] if read == "unsettled" \
+            else []
+    if not fam.heldout:
+        doubts = [f"no held-out test figure ({fam.label} is both the figure chosen on and the one reported)",
+                  *doubts]
+    out["needs_seeds"] = bool(why)
+    if why or doubts:
+        reason = "; ".join(why + ([f"its interval alone reads {read}"] if read in ("met", "MISSED") else [])
+                           + list(doubts))
+        return out | {"verdict": f"unsettled: {reason}", "reason": reason}
+    return out | {"verdict": read, "reason": f"the interval lies {'inside' if read == 'met' else 'outside'} "
+                                             f"{_bound(fam, target)}"}
 
 
 def _seed_commands(fam: Comparison, data: Optional[Dict[str, Any]], attention: Dict[str, Any],
                    models: Sequence[Dict[str, Any]]) -> List[str]:
-    """The commands that run the seeds the verdicts on ``models`` wait on: for each, the first 3 seeds either it or
-    attention ran (0, 1, 2 where fewer ran), each side at the rate its sweep chose, into the seed folders. None
-    where the family keeps its seeds another way (recall) or its JSON names no recipe rate."""
+    """The commands that run the seeds the verdicts on ``models`` wait on: for each, the seeds either it or
+    attention ran, and the lowest new seeds until 3 ran or, where 3 already ran, one more (up to
+    :data:`~polymixer.experiments.bench.interval.MAX_SEEDS`), each side at the rate its sweep chose, into the seed
+    folders. None where the family keeps its seeds another way (recall) or its JSON names no recipe rate."""
     recipe = _recipe_rate(fam, data)
     if not fam.seed_folders or "--lr-factors" not in fam.command or recipe is None:
         return []
     out: List[str] = []
     for e in models:
-        seeds, s = set(attention.get("own_seeds", [])) | set(e.get("own_seeds", [])), 0
-        while len(seeds) < 3:
-            seeds.add(s)
-            s += 1
+        seeds = _seeds_run(e, attention)
+        want = min(MAX_SEEDS, max(3, len(seeds) + 1))
+        while len(seeds) < want:
+            seeds = sorted(seeds + [_next_seed(seeds)])
         for who in (attention, e):
-            for seed in sorted(seeds)[:3]:
+            for seed in seeds:
                 if seed not in who.get("own_seeds", []) and _number(who.get("lr")):
                     command = fam.seed_command(who["model"], who["lr"] / recipe, seed)
                     if command not in out:
@@ -319,27 +348,33 @@ def _seed_commands(fam: Comparison, data: Optional[Dict[str, Any]], attention: D
     return out
 
 
-def _figure(v: float) -> str:
-    """A figure of a seed range as the README shows it: 3 decimals under 10, else 1."""
-    return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+def _bounds(kind: str, interval: Sequence[float]) -> str:
+    """An interval of gaps of ``kind`` as the tables show it, without the unit: "[-4.1, +28.7]" (relative, in %),
+    "[0.95, 1.23]" (ratio), "[-0.5, +4.3]" (points)."""
+    def one(v: float) -> str:
+        return {"relative": f"{100 * v:+.1f}", "ratio": f"{v:.2f}"}.get(kind, f"{v:+.1f}")
+
+    return f"[{one(interval[0])}, {one(interval[1])}]"
+
+
+def gap_interval(kind: str, e: Dict[str, Any], target: Optional[float] = None, seeds: bool = True) -> str:
+    """A model's mean paired gap to attention with its 95% interval and (``seeds``) the number of paired seeds:
+    "+12.3% [-4.1, +28.7] (3 seeds)"; the gap alone where it has one seed."""
+    n = len(e.get("paired_gaps") or {}) or 1
+    text = _gap_text(kind, e["gap"], target)
+    if e.get("interval"):
+        text += f" {_bounds(kind, e['interval'])}"
+    return f"{text} ({n} seed{'s' if n > 1 else ''})" if seeds else text
 
 
 def _measured(fam: Comparison, e: Dict[str, Any], target: float) -> str:
-    """The model and its gap (precise enough to tell it from ``target``) and, when it is a median of several seeds,
-    which seeds (``†``: the selection seed among them) and each side's range over them: "separated" where the ranges
-    do not overlap, else "within the seed ranges"."""
-    n = len(e.get("by_seed", {}))
-    text = f"{e['model']} {_gap_text(fam.gap, e['gap'], target)}"
-    if n < 2:
+    """The model, its mean paired gap (precise enough to tell it from ``target``) with the 95% interval and, over
+    several seeds, which seeds (``†``: the selection seed among them)."""
+    text = f"{e['model']} {gap_interval(fam.gap, e, target)}"
+    if len(e.get("paired_gaps") or {}) < 2:
         return text
-    seeds = ", ".join(map(str, e.get("reported_seeds", sorted(e["by_seed"]))))
     mark = " †" if e.get("selection_seed_in_median") else ""
-    ranges = ""
-    if e.get("range") and e.get("against_range"):  # each side over the same n seeds
-        (lo, hi), (alo, ahi) = e["range"], e["against_range"]
-        apart = "separated" if hi < alo or ahi < lo else "within the seed ranges"
-        ranges = f"; {_figure(lo)}–{_figure(hi)} against attention's {_figure(alo)}–{_figure(ahi)}: {apart}"
-    return f"{text} (median of {n} seeds: seeds {seeds}{mark}{ranges})"
+    return text[:-1] + f": seeds {', '.join(map(str, e.get('reported_seeds', sorted(e['paired_gaps']))))}{mark})"
 
 
 def family(bench: str) -> Comparison:
@@ -409,16 +444,20 @@ class _Judging:
         self.fam, self.data, self.seeded, self.fair = fam, data, seeded, fair
         part = {} if data is None else data.get(fam.part, {})
         self.raw, self.ladder = part.get("rows", []), part.get("grid", [])  # every rate and budget; its sweep's grid
-        self.rows = None if data is None else _rows(fam, self.raw)
+        self.seed = _main_seed(fam, data or {})
+        # each model at a rate where no seed diverged or stalled; the rates passed over, and those kept for want of
+        # another (``flagged``, by model and rate)
+        self.rows, self.flagged, self.rate_flags = (None, {}, []) if data is None else _healthy(
+            fam, self.raw, _rows(fam, self.raw), self.seed, seeded)
         self.by = {r[fam.key]: r for r in self.rows or []}
         self.picked: Dict[str, Tuple[Optional[Dict[str, Any]], List[str], str, List[str]]] = {}
-        self.seed = _main_seed(fam, data or {})
         self.base = self.pick(fam.attention)
         self.item: Dict[str, Any] = {}
         self.absent: List[str] = []  # compared models never run in any form
         self.linear: List[Dict[str, Any]] = []  # the linear-time models' entries that have a gap
         self.unswept: List[Dict[str, Any]] = []
         self.past: List[Dict[str, Any]] = []
+        self.carried: List[Dict[str, Any]] = []  # larger models at a rate carried over from the smaller size
 
     def pick(self, name: str) -> Optional[Dict[str, Any]]:
         """The row of the form ``name`` is compared as (:func:`_choose`), remembered with its forms not run."""
@@ -440,10 +479,12 @@ class _Judging:
             # chosen on the reported figure: its form, or its rate (a run without a validation figure)
             e["on_reported"] = self.fair and bool(fam.select) and not _number(row.get(fam.select))
             # a larger model (its row names its ``smaller`` one: bench lm --larger) runs at its smaller model's
-            # chosen rate carried over by the width rule — one rate by design, judged at the smaller size's sweep
-            carried = bool(row.get("smaller"))
-            e["beyond"] = None if carried else _beyond(fam, self.raw, row, self.ladder)
-            e["one_rate"] = row.get("rates") == 1 and not carried  # its sweep says it ran one rate only
+            # chosen rate carried over by the width rule: a rate not bracketed at its own size
+            e["carried"] = bool(row.get("smaller"))
+            e["beyond"] = None if e["carried"] else _beyond(fam, self.raw, row, self.ladder)
+            e["one_rate"] = row.get("rates") == 1 and not e["carried"]  # its sweep says it ran one rate only
+            if row.get("lr") in self.flagged.get(row[fam.key], {}):  # every rate of it diverged or stalled
+                e["unhealthy"] = self.flagged[row[fam.key]][row["lr"]]
             params, base_params = row.get("params"), (self.base or {}).get("params")
             if _number(params) and _number(base_params) and base_params:
                 e["params"] = params
@@ -481,6 +522,14 @@ class _Judging:
         (never swept), not best at an end of its rates. Those that are are remembered for the "to run" lines."""
         side = [c for c in side if c.get("run")]
         out: List[str] = []
+        carried = [c for c in side if c.get("carried")]
+        if carried:
+            out.append(f"rate carried over from the smaller size, not bracketed at its own: "
+                       f"{', '.join(c['model'] for c in carried)}")
+            self.carried.extend(c for c in carried if c not in self.carried)
+        sick = [c for c in side if c.get("unhealthy")]
+        if sick:
+            out.append(f"every rate run {'; '.join(c['unhealthy'] for c in sick)}")
         single = [c for c in side if c.get("one_rate")]
         if single:
             out.append(f"run at one rate only: {', '.join(c['model'] for c in single)}")
@@ -498,35 +547,32 @@ def _judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[i
     reported figure, no token shift offered)."""
     j = _Judging(fam, data, seeded, fair)
     item = _compared(j)
-    spread, attention_seeds = _attention_spread(j)
     targets: List[Dict[str, Any]] = []
     waiting: List[Dict[str, Any]] = []  # the models whose verdict waits on seeds
+    attention = item["attention"]
+
+    def add(e: Optional[Dict[str, Any]], bound: float, doubts: List[str], what: str, short: str) -> None:
+        verdict = _verdict(fam, e, bound, attention, doubts)
+        targets.append({"what": what, "short": short, **verdict,
+                        "measured": None if e is None else _measured(fam, e, bound)})
+        if verdict.get("needs_seeds") and e not in waiting:
+            waiting.append(e)
+
     if fam.best_target is not None:
         best, bound = item["best_linear"], _bound(fam, fam.best_target)
-        verdict = _verdict(fam, best, fam.best_target, spread, attention_seeds,
-                           j.missing(best, j.linear, fam.best_target, [fam.pom, fam.value, *fam.hybrids]))
-        targets.append({"what": f"best without full attention within {bound}", "verdict": verdict,
-                        "short": f"no full attention within {bound}",
-                        "measured": None if best is None else _measured(fam, best, fam.best_target)})
-        waiting += [best] if _short_of_seeds(best, attention_seeds) else []
+        add(best, fam.best_target, j.missing(best, j.linear, fam.best_target, [fam.pom, fam.value, *fam.hybrids]),
+            f"best without full attention within {bound}", f"no full attention within {bound}")
     if fam.all_target is not None:
         alls = [e for e in (item["pom"], item["value"]) if e["run"] and "gap" in e]
-        top = item["all_pom"]  # PoM or the value PoM, whichever validation prefers
-        verdict = _verdict(fam, top, fam.all_target, spread, attention_seeds,
-                           j.missing(top, alls, fam.all_target, [fam.pom, fam.value]))
-        targets.append({"what": f"all-PoM or all-value-PoM within {_bound(fam, fam.all_target)}",
-                        "verdict": verdict, "short": f"all-PoM within {_bound(fam, fam.all_target)}",
-                        "measured": None if top is None else _measured(fam, top, fam.all_target)})
-        waiting += [top] if _short_of_seeds(top, attention_seeds) else []
+        top, bound = item["all_pom"], _bound(fam, fam.all_target)  # PoM or the value PoM: validation's choice
+        add(top, fam.all_target, j.missing(top, alls, fam.all_target, [fam.pom, fam.value]),
+            f"all-PoM or all-value-PoM within {bound}", f"all-PoM within {bound}")
     for preset, bound in fam.paper_targets:
         e = _paper_model(item, preset)
-        verdict = _verdict(fam, e, bound, spread, attention_seeds, j.missing(e, [e] if e else [], bound, [preset]))
         paper = _paper(fam, item, preset)[1]
-        targets.append({"what": f"the paper's {preset} within {_bound(fam, bound)}"
-                                + (f" (the paper: {paper})" if paper else ""), "verdict": verdict,
-                        "short": f"paper's {'PoM' if preset == fam.pom else 'hybrid'} within {_bound(fam, bound)}",
-                        "measured": None if e is None else _measured(fam, e, bound)})
-        waiting += [e] if _short_of_seeds(e, attention_seeds) and e not in waiting else []
+        add(e, bound, j.missing(e, [e] if e else [], bound, [preset]),
+            f"the paper's {preset} within {_bound(fam, bound)}" + (f" (the paper: {paper})" if paper else ""),
+            f"paper's {'PoM' if preset == fam.pom else 'hybrid'} within {_bound(fam, bound)}")
     if fam.attention_floor is not None:  # attention itself, without the shift
         targets.append(_attention_unshifted(j))
     if fam.extra_target is not None:  # the family's own target
@@ -537,6 +583,82 @@ def _judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[i
     item["to_run"] += _seed_commands(fam, data, item["attention"], waiting)
     item["to_run"] += _rate_commands(j)
     return item
+
+
+STALL_SPAN, STALL_DROP = 0.1, 0.02  # a stall: over a tenth of a run's steps, in its first half, under 2% lower
+
+
+def _unhealthy(fam: Comparison, row: Dict[str, Any]) -> Optional[str]:
+    """Why a run cannot stand for its rate, else None: a figure that is not finite, a training loss (its
+    ``train_curve``) that ends at or above where it began — diverged —, or one that stalls in the first half of the
+    run, where training still falls fast: over a stretch of at least ``STALL_SPAN`` of its steps it falls by under
+    ``STALL_DROP`` of its value. A row without a curve is judged on its figures alone (no stall can be seen)."""
+    for key in (fam.metric, fam.select, "final_loss"):
+        v = row.get(key) if key else None
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"diverged ({key} {v})"
+    curve = [(step, loss) for step, loss in row.get("train_curve") or []]
+    if len(curve) < 2:
+        return None
+    (s0, first), (s1, last) = curve[0], curve[-1]
+    if not all(math.isfinite(loss) for _, loss in curve) or last >= first:
+        return f"diverged (training loss {first:g} at step {s0}, {last:g} at {s1})"
+    steps = row.get("steps") if _number(row.get("steps")) else s1
+    early = [(step, loss) for step, loss in curve if step <= steps / 2]
+    for i, (a, la) in enumerate(early):
+        b, lb = next(((st, lo) for st, lo in early[i + 1:] if st - a >= STALL_SPAN * steps), (None, la))
+        if b is not None and lb > la * (1 - STALL_DROP):
+            return f"stalled (training loss {la:g} at step {a}, {lb:g} at {b})"
+    return None
+
+
+def _rate_health(fam: Comparison, row: Dict[str, Any], seed: int, seeded: Sequence[Tuple[int, Dict[str, Any]]]
+                 ) -> Optional[str]:
+    """Why ``row``'s rate cannot be chosen: the first of its seeds' runs at that rate (``row`` itself, seed
+    ``seed``, and the seed folders') that diverged or stalled (:func:`_unhealthy`), else None."""
+    runs = [(seed, row)] + [(s, r) for s, r in seeded if r.get(fam.key) == row.get(fam.key)
+                            and r.get("steps") == row.get("steps") and _number(r.get("lr"))
+                            and _number(row.get("lr")) and same_rate(r["lr"], row["lr"])]
+    for s, r in runs:
+        why = _unhealthy(fam, r)
+        if why:
+            return f"{why} on seed {s}"
+    return None
+
+
+def _healthy(fam: Comparison, raw: Sequence[Dict[str, Any]], rows: List[Dict[str, Any]], seed: int,
+             seeded: Sequence[Tuple[int, Dict[str, Any]]]
+             ) -> Tuple[List[Dict[str, Any]], Dict[str, Dict[float, str]], List[str]]:
+    """Each model's row at a rate none of whose seeds diverged or stalled: its sweep's choice, or, where a seed
+    did at that rate, the best of its other rates (on the validation figure, else the reported one; its other
+    seeds then run at that rate) whose seeds did not. With the rates kept for want of a healthy one (by model and
+    rate: why) and a line for each rate flagged."""
+    out, flagged, lines = [], {}, []
+    sign = 1 if fam.higher else -1
+    compared = [m for m in (fam.attention, fam.pom, fam.value, *fam.hybrids, *fam.full_hybrids) if m]
+    for row in rows:
+        name = str(row.get(fam.key))
+        why = None if not any(name == m or name.startswith(m + "+") for m in compared) else _rate_health(
+            fam, row, seed, seeded)  # a model no target compares is not judged here
+        if why is None:
+            out.append(row)
+            continue
+        score = fam.select if fam.select and _number(row.get(fam.select)) else fam.metric
+        others = [r for r in raw if r is not row and r.get(fam.key) == row[fam.key] and r.get("steps") == row.get(
+            "steps") and all(r.get(k) == v for k, v in fam.where.items()) and _number(r.get(score))
+                  and _rate_health(fam, r, seed, seeded) is None]
+        pick = max(others, key=lambda r: sign * r[score]) if others else None
+        rate = f"{row[fam.key]} at {row.get('lr'):g}" if _number(row.get("lr")) else row[fam.key]
+        if pick is None:
+            flagged.setdefault(row[fam.key], {})[row.get("lr")] = f"{rate}: {why}"
+            lines.append(f"rate flagged: {rate} {why}, and no other rate of it ran clean: kept, its verdicts "
+                         f"unsettled")
+            out.append(row)
+        else:
+            lines.append(f"rate flagged and not chosen: {rate} {why}; its next best rate {pick.get('lr'):g} "
+                         f"instead")
+            out.append(pick)
+    return out, flagged, lines
 
 
 def _paper_model(item: Dict[str, Any], preset: str) -> Optional[Dict[str, Any]]:
@@ -557,7 +679,8 @@ def _compared(j: _Judging) -> Dict[str, Any]:
     item: Dict[str, Any] = {"family": fam.name, "bench": fam.bench, "metric": fam.label, "higher": fam.higher,
                             "gap_kind": fam.gap, "guide": fam.guide, "found": rows is not None,
                             "options": list(fam.options), "value_options": list(fam.value_options),
-                            "select": fam.select, "file": fam.file,
+                            "select": fam.select, "file": fam.file, "heldout": fam.heldout,
+                            "rate_flags": list(j.rate_flags),
                             "presets": {"attention": fam.attention, "pom": fam.pom, "value": fam.value},
                             "attention": j.entry(fam.attention, j.base, compared=False), "pom": j.entry(fam.pom),
                             "value": j.entry(fam.value)}
@@ -601,20 +724,6 @@ def _pick_entry(j: _Judging, entries: List[Dict[str, Any]]) -> Tuple[Optional[Di
                else e["value"] / fam.scale) for e in entries]
     chosen, how, _ = _best(fam.higher, scores, "candidate")
     return chosen, how
-
-
-def _attention_spread(j: _Judging) -> Tuple[Optional[float], int]:
-    """Attention's seed spread (max − min over its seeds; those of its preset where the form it is compared as ran
-    one seed only; None under 2 seeds) and the number of seeds of the form it is compared as."""
-    fam = j.fam
-    seeds_of_attention = list(j.item["attention"].get("by_seed", {}).values())
-    chosen = len(seeds_of_attention)  # the seeds of attention in the form it is compared as
-    preset = j.by.get(fam.attention)
-    if len(seeds_of_attention) < 2 and preset is not None and j.base is not preset:
-        # attention's chosen option has one seed: its spread is unknown, so take its preset's seeds' spread
-        seeds_of_attention = [v * fam.scale for v in _by_seed(fam, preset, j.seed, j.seeded).values()]
-    spread = max(seeds_of_attention) - min(seeds_of_attention) if len(seeds_of_attention) > 1 else None
-    return spread, chosen
 
 
 def _attention_unshifted(j: _Judging) -> Dict[str, Any]:
@@ -673,6 +782,8 @@ def _rate_commands(j: _Judging) -> List[str]:
     recipe = _recipe_rate(fam, j.data) or 1.0
     commands = [fam.sweep_command(e["model"], e["lr"] / recipe if _number(e.get("lr")) else None) for e in j.unswept]
     commands += [fam.rate_command(e["model"], e["beyond"] / recipe) for e in j.past]
+    commands += [fam.own_sweep_command(e["model"], e["lr"] / recipe if _number(e.get("lr")) else None)
+                 for e in j.carried]
     return [c for c in dict.fromkeys(commands) if fam.command and c not in j.item["to_run"]]
 
 
@@ -832,6 +943,10 @@ def target_lines(item: Dict[str, Any]) -> List[str]:
               if item.get(key) not in (None, "", "validation")]
     if item.get("select") and chosen:
         lines.append(f"{item['family']}: chosen {'; '.join(chosen)}")
+    if item.get("found") and item.get("select") and not item.get("heldout", True):
+        lines.append(f"{item['family']}: no held-out test figure: {item['metric']} is both the figure chosen on and "
+                     f"the one reported, so no verdict settles")
+    lines += [f"{item['family']}: {line}" for line in item.get("rate_flags") or []]
     for name, options in (item.get("not_run") or {}).items():
         lines.append(f"{item['family']}: not run — {name} " + (
             "in any form" if name in item.get("absent", []) and len(options) > 1 else
@@ -889,7 +1004,7 @@ def models_table(payload: Dict[str, Any]) -> str:
             rows.append({"family": f["family"], "model": f"{m['model']} ({role})",
                          "metric": f["metric"] + (" ↑" if f["higher"] else " ↓"),
                          "median": f"{m['value']:.{digits}f} ({spread}{n} seed{'s' if n > 1 else ''}{mark})",
-                         "gap": _gap_text(f["gap_kind"], m["gap"]) if "gap" in m else "—", "params": _params(m),
+                         "gap": gap_interval(f["gap_kind"], m) if "gap" in m else "—", "params": _params(m),
                          "speed": m["speed_text"], "paper": m.get("paper") or "—",
                          "front": "★" if m.get("pareto") else ("" if "pareto" in m else "—")})
     cols = ["family", "model", "metric", "median", "gap", "params", "speed", "paper", "front"]

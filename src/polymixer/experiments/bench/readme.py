@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..registry import comparisons
+from .parity import gap_interval
 
 __all__ = ["family_rows", "family_table", "update_readme", "main"]
 
@@ -32,15 +33,9 @@ def _number(v: float) -> str:
     return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
 
 
-def _gap(fam: Dict[str, Any], gap: Optional[float]) -> str:
-    if gap is None:
-        return ""
-    kind = fam["gap_kind"]
-    if kind == "relative":
-        return f"{gap:+.1%}"
-    if kind == "ratio":
-        return f"{gap:.2f}×"
-    return f"{gap:+.1f}"
+def _gap(fam: Dict[str, Any], row: Dict[str, Any]) -> str:
+    """The mean paired gap to attention with its 95% interval ("+12.3% [-4.1, +28.7]"); "" for attention."""
+    return gap_interval(fam["gap_kind"], row, seeds=False) if "gap" in row else ""
 
 
 def _side(fam: Dict[str, Any], key: str) -> str:
@@ -53,7 +48,7 @@ def _side(fam: Dict[str, Any], key: str) -> str:
     seeds = list(row.get("by_seed", {}).values())
     spread = f"{_number(min(seeds))}–{_number(max(seeds))}, " if len(seeds) > 1 else ""
     n = len(seeds) or row["seeds"]
-    gap = _gap(fam, row.get("gap"))
+    gap = _gap(fam, row)
     mark = " †" if row.get("selection_seed_in_median") and n > 1 else ""
     same = next((m for m in fam.get("models", []) if m.get("model") == row["model"]), {})
     speed = same.get("speed_text", "not measured")
@@ -65,12 +60,12 @@ def _side(fam: Dict[str, Any], key: str) -> str:
 
 
 def _targets(fam: Dict[str, Any]) -> str:
-    """Each target in a few words and its verdict: met / MISSED, "(unsettled)" where it waits on seeds, rates or
-    options (the parity page says on what)."""
+    """Each target in a few words and its verdict: met / MISSED where the interval settles it, "unsettled" where it
+    waits on seeds, a held-out figure, rates or options (the parity page says on what)."""
     def verdict(t: Dict[str, Any]) -> str:
         text = t["verdict"]
-        if "unsettled" in text:  # "met on 2 seeds, unsettled: …" → "met (unsettled)"
-            return f"{text.split(' on ')[0].split(',')[0]} (unsettled)"
+        if "unsettled" in text:  # "unsettled: the interval straddles …" → "unsettled"
+            return "unsettled"
         return text.split(" (")[0]
 
     return "; ".join(f"{t.get('short') or t['what'].split(' (')[0]}: {verdict(t)}" for t in fam["targets"])
