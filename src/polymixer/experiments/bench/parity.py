@@ -291,6 +291,18 @@ def _next_seed(seeds: Sequence[int]) -> int:
     return next(s for s in range(len(seeds) + 1) if s not in seeds)
 
 
+def _wanted_seeds(e: Dict[str, Any], attention: Dict[str, Any]) -> List[int]:
+    """The seeds a verdict waiting on seeds asks both sides to have run: those either ran, and new ones (the
+    lowest first) until 3 — or, where both ran the same 3 or more, one more, up to
+    :data:`~polymixer.experiments.bench.interval.MAX_SEEDS`."""
+    seeds = _seeds_run(e, attention)
+    lacking = any(s not in who.get("own_seeds", []) for s in seeds for who in (e, attention))
+    want = max(len(seeds), min(MAX_SEEDS, max(3, len(seeds) + (0 if lacking else 1))))
+    while len(seeds) < want:
+        seeds = sorted(seeds + [_next_seed(seeds)])
+    return seeds
+
+
 def _verdict(fam: Comparison, e: Optional[Dict[str, Any]], target: float, attention: Dict[str, Any],
              doubts: Sequence[str] = ()) -> Dict[str, Any]:
     """The verdict on ``e`` against ``target`` from its paired gaps (:func:`_entry`): "met" where the 95% interval
@@ -302,11 +314,16 @@ def _verdict(fam: Comparison, e: Optional[Dict[str, Any]], target: float, attent
     :data:`~polymixer.experiments.bench.interval.MAX_SEEDS` seeds ran)."""
     if e is None:
         return {"verdict": "not run", "reason": "not run"}
-    gaps, ran = e.get("paired_gaps") or {}, _seeds_run(e, attention)
+    gaps = e.get("paired_gaps") or {}
     out = {"paired_gaps": gaps, "mean_gap": e["gap"], "interval": e.get("interval"), "seeds": len(gaps)}
-    more = len(ran) < MAX_SEEDS
-    then = f"seed {_next_seed(ran)} to run (up to {MAX_SEEDS})" if more else f"{len(ran)} seeds ran"
+    both = set(e.get("own_seeds", [])) & set(attention.get("own_seeds", []))
+    new = [s for s in _wanted_seeds(e, attention) if s not in both]
+    then = (f"seed{'s' if len(new) > 1 else ''} {', '.join(map(str, new))} to run (up to {MAX_SEEDS})" if new
+            else f"{len(both)} seeds ran")
     read = None if e.get("interval") is None else settle(*e["interval"], target, fam.gap == "points")
+    # what the figures alone read (the interval's reading; on one seed its gap's side of the bound): the reading a
+    # simpler rule is compared on
+    out["reads"] = read or ("MISSED" if _worse(fam, e["gap"], target) else "met")
     if read is None:
         why = [f"{len(gaps)} paired seed{'s' if len(gaps) != 1 else ''} (an interval needs 2); {then}"]
     else:
@@ -326,21 +343,16 @@ def _verdict(fam: Comparison, e: Optional[Dict[str, Any]], target: float, attent
 
 def _seed_commands(fam: Comparison, data: Optional[Dict[str, Any]], attention: Dict[str, Any],
                    models: Sequence[Dict[str, Any]]) -> List[str]:
-    """The commands that run the seeds the verdicts on ``models`` wait on: for each, the seeds either it or
-    attention ran, and the lowest new seeds until 3 ran or, where 3 already ran, one more (up to
-    :data:`~polymixer.experiments.bench.interval.MAX_SEEDS`), each side at the rate its sweep chose, into the seed
-    folders. None where the family keeps its seeds another way (recall) or its JSON names no recipe rate."""
+    """The commands that run the seeds the verdicts on ``models`` wait on (:func:`_wanted_seeds`), each side at
+    the rate its sweep chose, into the seed folders. None where the family keeps its seeds another way (recall) or
+    its JSON names no recipe rate."""
     recipe = _recipe_rate(fam, data)
     if not fam.seed_folders or "--lr-factors" not in fam.command or recipe is None:
         return []
     out: List[str] = []
     for e in models:
-        seeds = _seeds_run(e, attention)
-        want = min(MAX_SEEDS, max(3, len(seeds) + 1))
-        while len(seeds) < want:
-            seeds = sorted(seeds + [_next_seed(seeds)])
         for who in (attention, e):
-            for seed in seeds:
+            for seed in _wanted_seeds(e, attention):
                 if seed not in who.get("own_seeds", []) and _number(who.get("lr")):
                     command = fam.seed_command(who["model"], who["lr"] / recipe, seed)
                     if command not in out:
@@ -791,13 +803,17 @@ def judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[in
     """One family's comparison and its targets judged, from its main bench JSON ``data`` (None: not run) and the
     rows of its other seeds (:func:`seeded_rows`), under the fairness rule (module docstring). A target whose
     verdict differs under the earlier rule (forms and models picked on the main seed's reported figure, no shift
-    offered to attention) carries ``flipped``: that verdict and its figure."""
+    offered to attention) carries ``flipped``: that verdict and its figure. Verdicts are compared on what their
+    figures read (``reads``: the interval's reading, or on one seed the gap's side of the bound), so an unsettled
+    verdict that leans the other way under the earlier rule is a flip too."""
     fam = fam.resolved(data)
     item = _judge(fam, data, seeded)
     before = _judge(fam, data, seeded, fair=False)
     for now, then in zip(item["targets"], before["targets"]):
-        if now["verdict"].split()[0].rstrip(",") != then["verdict"].split()[0].rstrip(","):
-            now["flipped"] = {"verdict": then["verdict"], "measured": then["measured"]}
+        lean, earlier = now.get("reads", now["verdict"]), then.get("reads", then["verdict"])
+        if lean.split()[0].rstrip(",") != earlier.split()[0].rstrip(","):
+            now["flipped"] = {"verdict": earlier + (" (unsettled)" if then["verdict"].startswith("unsettled") and
+                                                    earlier != "unsettled" else ""), "measured": then["measured"]}
     return item
 
 
