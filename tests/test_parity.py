@@ -1154,3 +1154,25 @@ def test_the_reported_figure_is_the_held_out_one_and_a_family_without_it_never_s
     judged = [t for t in lm["targets"] if t["verdict"] != "not run"]
     assert not lm["heldout"] and judged and all("no held-out test figure" in t["verdict"] for t in judged)
     assert "language model: no held-out test figure" in parity.report(parity.collect(tmp_path))
+
+
+def test_the_parity_pages_state_figures_only_through_their_generated_tables():
+    """Every result figure on docs/parity.md (its Quality section and the paper's claims) and beside the README's
+    family table comes from parity.json through a generated block: the prose around them states none of its own (a
+    figure typed by hand goes stale when the JSON changes — "7.6× SiT" beside a table saying 7.16×)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    figure = re.compile(r"\d+\.\d+|[+\-−]\d+(?:\.\d+)?\s?%|\d+(?:\.\d+)?×(?!\d)")  # (16×16 is a size)
+
+    def prose(text):  # the text outside the generated blocks
+        return re.sub(r"<!-- (?:table:|families:begin).*?<!-- (?:/table|families:end) -->", "", text, flags=re.S)
+
+    page = (root / "docs" / "parity.md").read_text()
+    results = prose(page[page.index("\n## Quality"):])
+    assert "<!-- table:parity.verdicts" in page and "<!-- table:parity.claims" in page
+    assert figure.findall(results) == []
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("\n## Model families"):readme.index("<!-- families:end -->") + 30]
+    assert figure.findall(prose(section)) == []

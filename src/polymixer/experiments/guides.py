@@ -194,6 +194,31 @@ def parity_families(bench: Path) -> str:
     return report_table(parity_bench.report(payload))
 
 
+def parity_verdicts(bench: Path) -> str:
+    """Every family's targets, one line each, as ``bench parity`` judges them (its "to run" commands stay in
+    parity.txt)."""
+    payload = bench_json(bench, "parity.json")
+    return "\n".join(f"- {line}" for f in payload["families"] for line in parity_bench.target_lines(f)
+                     if not line.startswith(f"{f['family']}: to run: "))
+
+
+def parity_claims(bench: Path) -> str:
+    """The paper's claims against what reproduces here: each family's paper models (its targets "the paper's …"),
+    in the form compared, with the paper's gap, the mean paired gap to attention here with its 95% interval and
+    seeds, the paper's tolerance and the verdict (its first clause; the reason in the verdicts above)."""
+    rows = []
+    for fam in bench_json(bench, "parity.json")["families"]:
+        for t in fam["targets"]:
+            if not t["what"].startswith("the paper's ") or t["verdict"] == "not run":
+                continue
+            paper = t["what"].split("(the paper: ")[1].rstrip(")") if "(the paper: " in t["what"] else "—"
+            model, gap = t["measured"].split(" ", 1)
+            bound = t["what"].split(" within ")[1].split(" (")[0]
+            rows.append([fam["family"], f"`{model}`", paper, gap, bound, t["verdict"].split(":")[0]])
+    return markdown_table(rows, ["family", "the paper's model (form compared)", "the paper's gap",
+                                 "gap here [95% interval] (seeds)", "tolerance", "verdict"])
+
+
 def gpu_roofline(bench: Path) -> str:
     """The roofline model's GPT-2 small against GPPoM2-S on an H100 (predicted, not measured)."""
     text = roofline_bench.report(bench_json(bench, "roofline.json"))
@@ -287,6 +312,8 @@ SHARED: Dict[str, Table] = {
     "parallel.scaling": Table(parallel_scaling, ("parallel_scaling.json",)),
     "parallel.million": Table(parallel_million, ("parallel_million.json",)),
     "parity.families": Table(parity_families, ("parity.json",)),
+    "parity.verdicts": Table(parity_verdicts, ("parity.json",)),
+    "parity.claims": Table(parity_claims, ("parity.json",)),
     "gpu.roofline": Table(gpu_roofline, ("roofline.json",)),
     "gpu.h200_forward": Table(gpu_h200_forward, ("gpu_h200/mixer.json",)),
     "gpu.h200_backward": Table(gpu_h200_backward, ("gpu_h200/mixer.json",)),

@@ -4,9 +4,9 @@
 says whether it is current (``tests/test_readme.py`` runs the check, so a README edited by hand or a parity rerun
 without regenerating fails the suite). Each row names the models its figures belong to: attention in its best form,
 the best model without full attention, the best with no attention at all, and the paper's plain PoM, each as the
-median over its seeds with their range, and each with the speed of that same model (× attention's throughput where
-the family's speed bench timed that very model, else "speed not measured": never another model's speed), and the
-paper's gap beside the paper's models.
+median over its seeds with their range and its mean paired gap to attention with the 95% interval, and each with
+the speed of that same model (× attention's throughput where the family's speed bench timed that very model, else
+"speed not measured": never another model's speed), and the paper's gap beside the paper's models.
 """
 
 from __future__ import annotations
@@ -109,7 +109,10 @@ def _notes(payload: Dict[str, Any]) -> str:
             "trained at where it fixes one) — "
             + "; ".join(timed) + "; \"not measured\" where that model, in the form compared, was not timed. "
             "† the median includes seed 0, the seed each bench's sweep chose the rates "
-            "on (fewer than 3 other seeds ran). Paper: the paper's gap at GPU scale. Every compared model, with its "
+            "on (fewer than 3 other seeds ran). A gap is the mean of the per-seed paired gaps to attention with its "
+            "95% interval [low, high]: a target is met or MISSED only where that interval lies wholly inside or "
+            "outside its bound, else unsettled (with the seed to run next, up to 5; a family without a held-out test "
+            "figure never settles). Paper: the paper's gap at GPU scale. Every compared model, with its "
             "speed and the Pareto front: [docs/parity.md](docs/parity.md).")
 
 
