@@ -8,8 +8,8 @@ recipe's where the model was not swept) and writes, per family, every compared m
 (attention, PoM, the value-carrying PoM, every hybrid) in the form it is compared as: its quality (median and range
 over seeds), its gap to attention, its parameters relative to attention's, the speed of that same model, the paper's
 figure beside the paper's models and the Pareto front (:func:`models_table`); then the issue's parity targets judged
-(met / MISSED / not run). Outputs: ``parity.txt`` (Markdown, its links relative to the repository root, for the
-README), ``parity.json``.
+(met / MISSED / unsettled / not run). Outputs: ``parity.txt`` (Markdown, its links relative to the repository root,
+for the README), ``parity.json``.
 
 Choices on validation only. Every choice — a model's form (``_choose``: its preset or an option), the hybrid a line
 shows (``hybrid``), the best linear-time model (``best_linear``) and the all-PoM candidate (``all_pom``: PoM or the
@@ -1035,7 +1035,8 @@ def _models_notes(payload: Dict[str, Any]) -> List[str]:
     lines = ["- Rates are chosen by each bench's sweep on seed 0, the selection seed (other seeds run at the chosen "
              "rate only); forms, the hybrid, the best linear-time model and the all-PoM candidate on the median "
              "validation figure over the seeds each ran. A median is over the seeds other than seed 0 where at least "
-             "3 of them ran; † marks one that includes seed 0 (fewer than 3 other seeds ran).",
+             "3 of them ran; † marks one that includes seed 0 (fewer than 3 other seeds ran). A gap is the mean of "
+             "the per-seed paired gaps to attention over those seeds, with its 95% Student-t interval [low, high].",
              "- Speed: the throughput of that same model (its preset at the family's speed-bench size) ÷ attention's "
              "preset's, at the longest length both were timed or at the family's own context (the lines below say "
              "which); a form with options (the token shift, rotary encodings, another mixer or patch size) timed as "
