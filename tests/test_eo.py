@@ -423,7 +423,10 @@ def test_train_checkpoint_round_trip_and_commands(pastis, tmp_path, capsys):
         {f"Fold_{f}": {"mean": [7.0] * 10, "std": [3.0] * 10} for f in range(1, 6)}))
     again = train_eo("tiny-tsvipom", _tcfg(tmp_path, steps=3, ema=0.9), str(pastis), crop=8, progress=False, **TOY)
     assert again["stats"] == stats and load_segmenter(run)[1] == stats
-    # resuming with another model refuses; a bad fold is reported
+    # resuming with another model or on other data refuses; a bad fold is reported
+    with pytest.raises(ValueError, match="holds a run trained on .*pastis, not .*other"):
+        train_eo("tiny-tsvipom", _tcfg(tmp_path, steps=3), str(write_pastis(tmp_path / "other")), crop=8,
+                 progress=False, **TOY)
     with pytest.raises(ValueError, match="model config differs"):
         train_eo("tiny-tsvit", _tcfg(tmp_path, steps=3), str(pastis), crop=8, progress=False, **TOY)
     with pytest.raises(SystemExit) as bad:  # the parser refuses it, one line, before anything is read or written
