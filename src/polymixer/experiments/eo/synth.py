@@ -261,7 +261,7 @@ def _clouds(rng: np.random.Generator, refl: np.ndarray, cover: np.ndarray) -> No
     for k in np.flatnonzero(cover > 0):
         coarse = rng.standard_normal((3, 3))
         local = ndimage.zoom(coarse, S / 3, order=1, mode="nearest")[:S, :S]
-        u = ndtr(0.8 * rng.standard_normal() + 0.6 * local)  # ~ uniform on [0, 1] across the tile
+        u = ndtr(0.8 * rng.standard_normal() + 0.6 * local)  # roughly uniform on [0, 1] across the tile
         alpha = np.clip((cover[k] - u) / 0.08, 0, 1).astype(np.float32) * rng.uniform(0.75, 1.0)
         if not alpha.any():
             continue
@@ -291,8 +291,8 @@ def make_patch(rng: np.random.Generator, tile: Tile, size: int = 24) -> Dict[str
             kind = SEASONS[int(labels[j])]
         spectra[j] = _spectra(t, _parcel_season(kind, rng, tile.shift), tile.soil)
     refl = spectra[cells].transpose(2, 3, 0, 1)  # (T, 10, S, S)
-    gain = 1 + 0.04 * ndimage.gaussian_filter(rng.standard_normal((size, size)), 1.5, mode="wrap") / 0.2
-    refl = refl * gain.astype(np.float32)[None, None]
+    field = ndimage.gaussian_filter(rng.standard_normal((size, size)), 1.5, mode="wrap")
+    refl = refl * (1 + 0.04 * field / (field.std() + 1e-9)).astype(np.float32)[None, None]  # within-field variation
     refl = ndimage.gaussian_filter(refl, (0, 0, 0.5, 0.5), mode="nearest")  # the sensor's point spread
     haze = rng.uniform(0, 250, (t.size, 1, 1, 1)).astype(np.float32) * _HAZE[None, :, None, None]
     refl = refl * rng.uniform(0.95, 1.05, (t.size, 1, 1, 1)).astype(np.float32) + haze
