@@ -5,9 +5,10 @@ band statistics) and the commands."""
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 import json
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -18,7 +19,9 @@ from polymixer.experiments.eo.data import (
     VOID, PastisSplit, band_stats, collate, compute_band_stats, day_of_year, fold_splits, parse_date, read_metadata,
     windows,
 )
-from polymixer.experiments.eo.synth import make_patch, write_synthetic_pastis
+from polymixer.experiments.eo.synth import (
+    END, PARCEL_COUNTS, START, TILES, make_patch, make_tile, write_synthetic_pastis,
+)
 from polymixer.experiments.metrics import ConfusionMatrix
 from polymixer.models import create_model
 from polymixer.experiments.eo.task import EOTask, load_segmenter, masked_cross_entropy, predict_patch, train_eo
@@ -171,20 +174,93 @@ def test_collate_pads_and_masks():
 
 
 def test_synthetic_generator(tmp_path):
-    root = write_synthetic_pastis(tmp_path / "synth", patches_per_fold=1, size=32, frames=(3, 5), progress=False)
-    split = PastisSplit(root, (1, 2, 3, 4, 5))
-    assert len(split) == 5 and set(split.sizes) == {(32, 32)}
-    labels = np.stack([split.labels(i) for i in range(5)])
-    assert labels.max() == VOID and (labels == 0).any() and ((labels > 0) & (labels < VOID)).any()
-    assert all(3 <= split.sample(i)[0].shape[0] <= 5 for i in range(5))
+    root = write_synthetic_pastis(tmp_path / "synth", patches_per_fold=2, size=24, frames=(3, 5), progress=False)
+    recs = read_metadata(root)
+    split = PastisSplit(root, (1, 2, 3, 4, 5), records=recs)
+    assert len(split) == 10 and set(split.sizes) == {(24, 24)}
+    labels = np.stack([split.labels(i) for i in range(10)])
+    assert (labels == 0).any() and ((labels > 0) & (labels < VOID)).any() and labels.max() <= VOID
+    meta = json.loads((root / "metadata.geojson").read_text())["features"]
+    tiles = [f["properties"]["TILE"] for f in meta]
+    assert tiles == [TILES[0]] * 5 + [TILES[1]] * 5  # patch k in tile (k // 5) % 4: every fold has every tile
+    by_tile = {t: {r.dates for r, name in zip(recs, tiles) if name == t} for t in set(tiles)}
+    assert all(len(dates) == 1 for dates in by_tile.values())  # one set of dates per tile
+    assert [len(next(iter(by_tile[t]))) for t in TILES[:2]] == [3, 4]
+    assert all(START <= d <= END for r in recs for d in r.dates)
     assert band_stats(split).source.startswith("NORM_S2_patch.json")
     with pytest.raises(FileExistsError):
-        write_synthetic_pastis(root, patches_per_fold=1, size=32, progress=False)
-    a, b = (make_patch(np.random.default_rng([0, 3]), 32, (3, 5)) for _ in range(2))
-    np.testing.assert_array_equal(a["s2"], b["s2"])  # a patch is a pure function of (seed, index)
-    # clouds: the brightest frame of a long series is cloudy (blue band far above any clear surface)
-    p = make_patch(np.random.default_rng([0, 1]), 32, (30, 30), cloudy=1.0)
-    assert p["s2"][:, 0].mean((1, 2)).max() > 3000
+        write_synthetic_pastis(root, patches_per_fold=1, size=24, progress=False)
+    tile = make_tile(0, 2, (3, 5))
+    a, b = (make_patch(np.random.default_rng([0, 3]), tile, 24) for _ in range(2))
+    np.testing.assert_array_equal(a["s2"], b["s2"])  # a patch is a pure function of (seed, index) and its tile
+    np.testing.assert_array_equal(a["classes"], b["classes"])
+    assert make_tile(0, 2, (3, 5)).dates == tile.dates != make_tile(1, 2, (3, 5)).dates
+    with pytest.raises(ValueError, match="0 ≤ cloudy ≤ 1"):
+        write_synthetic_pastis(tmp_path / "bad", cloudy=1.5, progress=False)
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    """44 patches of the default stand-in (24 × 24 pixels, 38–61 dates): 32 of tile 0, 4 of each other tile."""
+    tiles = [make_tile(0, j) for j in range(4)]
+    return {j: [make_patch(np.random.default_rng([0, 100 * j + k]), tiles[j]) for k in range(32 if j == 0 else 4)]
+            for j in range(4)}, tiles
+
+
+def test_stand_in_follows_pastis_statistics(stand_in):
+    patches, tiles = stand_in
+    # dates: 38–61 per tile (PASTIS's range), on the 5-day revisit grid, between September 2018 and November 2019
+    assert [len(t.dates) for t in tiles] == [38, 46, 53, 61]
+    for t in tiles:
+        days = t.days.astype(int)
+        assert START <= t.dates[0] and t.dates[-1] <= END and len(set(days % 5)) == 1
+    assert len({t.dates for t in tiles}) == 4  # each tile its own dates
+    # clouds: the share of cloudy pixel-dates (blue band far above any clear surface) near the 30% asked for
+    blue = np.concatenate([p["s2"][:, 0].ravel() for ps in patches.values() for p in ps])
+    assert 0.22 <= float(np.mean(blue > 2500)) <= 0.38
+    # classes: labelled crop parcels as skewed as PASTIS's (meadow first; its four largest classes most parcels)
+    counts = np.zeros(VOID + 1)
+    for p in (p for ps in patches.values() for p in ps):
+        for cell in np.unique(p["parcels"]):
+            c = int(p["classes"][p["parcels"] == cell][0])
+            counts[c] += 0 < c < VOID
+    crops = counts[1:VOID]
+    assert crops.argmax() == 0 and crops[[0, 1, 2, 7]].sum() >= 0.5 * crops.sum()
+    rank = lambda v: np.argsort(np.argsort(v))  # noqa: E731
+    assert np.corrcoef(rank(crops), rank(np.array(PARCEL_COUNTS)))[0, 1] >= 0.6  # Spearman's rank correlation
+    # the default writes at least 300 training patches (3 folds of 5)
+    assert 3 * inspect.signature(write_synthetic_pastis).parameters["patches_per_fold"].default >= 300
+
+
+def _nearest_mean(train_x, train_y, test_x, test_y) -> Tuple[float, float]:
+    """(overall, balanced) accuracy of the nearest class mean on standardised features."""
+    mu, sd = train_x.mean(0), train_x.std(0) + 1e-6
+    classes = np.unique(train_y)
+    means = np.stack([((train_x[train_y == c] - mu) / sd).mean(0) for c in classes])
+    z = (test_x - mu) / sd
+    pred = classes[(np.square(z[:, None]) - 2 * z[:, None] * means[None] + np.square(means[None])).sum(-1).argmin(1)]
+    balanced = np.mean([np.mean(pred[test_y == c] == c) for c in np.unique(test_y)])
+    return float(np.mean(pred == test_y)), float(balanced)
+
+
+def test_stand_in_needs_the_time_profile_not_a_yearly_mean(stand_in):
+    """Per pixel, the nearest class mean over the time-averaged bands is clearly worse than over the whole profile
+    (the 38 dates of tile 0 × 10 bands, clouds included), and clearly better than chance: the classes differ by their
+    seasons, and their spectra help."""
+    patches = stand_in[0][0]
+    x = np.stack([p["s2"] for p in patches]).astype(np.float32).transpose(0, 3, 4, 1, 2)  # (N, S, S, T, C)
+    y = np.stack([p["classes"] for p in patches])
+    keep = y != VOID
+    train = np.zeros_like(keep)
+    train[:22] = True
+    scores = {}
+    for name, feat in (("mean", x.mean(3)), ("profile", x.reshape(x.shape[:3] + (-1,)))):
+        scores[name] = _nearest_mean(feat[train & keep], y[train & keep], feat[~train & keep], y[~train & keep])
+    chance = 1 / len(np.unique(y[~train & keep]))
+    # balanced accuracy (the mean over classes of their recall: background is 40% of the pixels)
+    assert scores["mean"][1] > 2 * chance  # the spectra alone carry something …
+    assert scores["profile"][1] >= scores["mean"][1] + 0.15  # … the seasons much more
+    assert scores["profile"][0] >= scores["mean"][0] + 0.05
 
 
 # -- metrics --------------------------------------------------------------------------------------------------------
@@ -347,7 +423,10 @@ def test_train_checkpoint_round_trip_and_commands(pastis, tmp_path, capsys):
         {f"Fold_{f}": {"mean": [7.0] * 10, "std": [3.0] * 10} for f in range(1, 6)}))
     again = train_eo("tiny-tsvipom", _tcfg(tmp_path, steps=3, ema=0.9), str(pastis), crop=8, progress=False, **TOY)
     assert again["stats"] == stats and load_segmenter(run)[1] == stats
-    # resuming with another model refuses; a bad fold is reported
+    # resuming with another model or on other data refuses; a bad fold is reported
+    with pytest.raises(ValueError, match="holds a run trained on .*pastis, not .*other"):
+        train_eo("tiny-tsvipom", _tcfg(tmp_path, steps=3), str(write_pastis(tmp_path / "other")), crop=8,
+                 progress=False, **TOY)
     with pytest.raises(ValueError, match="model config differs"):
         train_eo("tiny-tsvit", _tcfg(tmp_path, steps=3), str(pastis), crop=8, progress=False, **TOY)
     with pytest.raises(SystemExit) as bad:  # the parser refuses it, one line, before anything is read or written

@@ -6,15 +6,17 @@
    bf16. The temporal encoder costs the same per pixel at every window size; the spatial encoder's attention grows
    with the number of patches of the window (144 → 4,096 tokens) where PoM's stays linear;
 2. quality at equal budget: the tiny presets (and variants: the reverse hybrid, rotary spatial positions) trained
-   with the same steps, batches and seed on 24 × 24 windows of the offline default (synthetic PASTIS, fold 1), then
-   scored — OA and mIoU over every non-void pixel of the test fold — by windows of 24, 48, 96 pixels covering each
-   patch and on whole 128 × 128 patches in one call: which spatial position keeps its accuracy beyond the training
-   size. A confusion matrix and a picture of test tiles are drawn for one model. Attention, PoM, the value PoM
-   and the hybrid are trained at every rate of a learning-rate sweep (×2 around the recipe's), each reported at its
-   best rate by validation mIoU;
+   with the same steps, batches and seed on 24 × 24 windows of the offline default (the PASTIS stand-in, fold 1), then
+   scored — OA and mIoU over every non-void pixel of the test fold — by windows of the training size covering each
+   patch and on whole patches in one call (``--eval-windows 24 48 96 0`` on PASTIS's 128 × 128 patches: which
+   spatial position keeps its accuracy beyond the training size; the stand-in's patches are one window). A confusion
+   matrix and a picture of test tiles are drawn for one model. Attention, PoM, the value PoM and the hybrid are
+   trained at every rate of a learning-rate sweep (×2 around the recipe's), each reported at its best rate by
+   validation mIoU;
 3. curves: the same four models at their best rates for 5× the quality part's steps, with a checkpoint every tenth
    of the run kept and scored on the test fold: test mIoU against steps (does the gap close with budget?) and the
-   per-class IoU of the classes the synthetic PASTIS separates only by timing (winter cereals, summer crops).
+   per-class IoU of the classes whose seasons differ by weeks rather than months (winter cereals; corn, soybeans,
+   sorghum).
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ NAMES = {"tsvit": "TSViT", "tsvipom": "TSViPoM", "tsvipom-hybrid": "TSViPoM Hybr
          "tiny-tsvipom": "tiny TSViPoM", "tiny-tsvipom-hybrid": "tiny hybrid", "tsvipom-value": "TSViPoM-value",
          "tsvipom-local": "TSViPoM-local",
          "tiny-tsvipom-value": "tiny TSViPoM-value"}
-# the classes of the synthetic PASTIS that share spectra and curve shapes and differ only in timing
-# (data/eo_synth.py): the winter cereals and the summer crops
+# the classes whose seasons share one shape and differ by weeks (synth.SEASONS): the winter cereals, and corn, soybeans
+# and sorghum
 TIMING_CLASSES = {"winter cereals": (2, 4, 10, 11, 17), "summer crops": (3, 15, 18)}
 SWEPT = ("tiny-tsvit", "tiny-tsvipom", "tiny-tsvipom-value", "tiny-tsvipom-hybrid")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -76,7 +78,7 @@ class EOBenchConfig:
     curve_factor: int = 5  # … for this many times quality_steps …
     curve_points: int = 10  # … scored on the test fold at this many checkpoints
     crop: int = 24  # training windows
-    eval_windows: Tuple[int, ...] = (24, 48, 96, 0)  # 0: whole patches in one call
+    eval_windows: Tuple[int, ...] = (24, 0)  # 0: whole patches in one call (add 48 96 for PASTIS's 128 px patches)
     eval_limit: int = 0  # test patches scored (0: all)
     picture_model: str = "tiny-tsvipom"  # whose confusion matrix and tiles are drawn (else the last quality model)
     fold: int = 1
@@ -341,7 +343,7 @@ def per_class_over_seeds(payload: Dict[str, Any], seeds: List[Dict[str, Any]]) -
     mean = {k: {c: 100 * sum(i.get(str(c), 0.0) for i in v) / len(v) for c in classes} for k, v in runs.items()}
     order = sorted(classes, key=lambda c: mean[models[0]][c] - mean["tiny-tsvit"][c])
     timing = {c for group in TIMING_CLASSES.values() for c in group}
-    table = [{"cls": PASTIS_CLASSES[c] + (" (timing only)" if c in timing else ""), "tsvit": mean["tiny-tsvit"][c],
+    table = [{"cls": PASTIS_CLASSES[c] + (" (weeks apart)" if c in timing else ""), "tsvit": mean["tiny-tsvit"][c],
               **{f"m{j}": mean[k][c] for j, k in enumerate(models)},
               **{f"g{j}": mean[k][c] - mean["tiny-tsvit"][c] for j, k in enumerate(models)}} for c in order]
     names = [variant_name(k) for k in models]
@@ -396,7 +398,8 @@ def _quality_report(payload: Dict[str, Any], seeds: Optional[Any], main_json: Op
         cls = [c for group in TIMING_CLASSES.values() for c in group]
         from .data import PASTIS_CLASSES
 
-        lines += ["per-class test IoU % of the classes that differ only by timing (winter cereals | summer crops)",
+        lines += ["per-class test IoU % of the classes whose seasons differ by weeks "
+                  "(winter cereals | corn, soybeans, sorghum)",
                   format_table([{"model": r["model"], **{str(c): _pct(r["per_class_iou"].get(str(c), r[
                       "per_class_iou"].get(c))) for c in cls}} for r in timing], ["model"] + [str(c) for c in cls],
                       ["model"] + [PASTIS_CLASSES[c] for c in cls]), ""]
@@ -418,8 +421,8 @@ def _pct(v: Any) -> Optional[float]:
 
 
 def _curves_report(p: Dict[str, Any]) -> List[str]:
-    """Test mIoU against steps for each curve model, the gap to attention at each point, and the timing-only classes
-    at the last point."""
+    """Test mIoU against steps for each curve model, the gap to attention at each point, and the classes whose
+    seasons differ by weeks at the last point."""
     rows = p["rows"]
     if not rows:
         return []
@@ -447,7 +450,7 @@ def _curves_report(p: Dict[str, Any]) -> List[str]:
     cls = [c for group in p["timing_classes"].values() for c in group]
     last = [{"model": r["model"], **{str(c): _pct(r["points"][-1]["per_class_iou"].get(str(c)))
                                      for c in cls}} for r in rows if r["points"]]
-    lines += ["", "per-class test IoU % at the last step of the curves (timing-only classes)",
+    lines += ["", "per-class test IoU % at the last step of the curves (classes whose seasons differ by weeks)",
               format_table(last, ["model"] + [str(c) for c in cls], ["model"] + [PASTIS_CLASSES[c] for c in cls]), ""]
     return lines + confusions_report(rows)
 

@@ -306,12 +306,16 @@ def train_eo(preset: str, train_cfg: TrainConfig, data: Optional[str] = None, fo
     cfg = model_config(preset, **overrides)
     if cfg.num_classes != NUM_CLASSES:
         raise ValueError(f"PASTIS labels hold {NUM_CLASSES} classes (+ void), the model has {cfg.num_classes}")
-    saved = None
+    saved, trained_on = None, None
     if train_cfg.resume and (Path(train_cfg.out) / "checkpoints").exists():
         try:
-            saved = read_config(train_cfg.out).get("normalization")
+            done = read_config(train_cfg.out)
+            saved, trained_on = done.get("normalization"), done.get("data", {}).get("path")
         except FileNotFoundError:
-            saved = None
+            pass
+    if trained_on is not None and Path(trained_on).resolve() != root.resolve():
+        raise ValueError(f"{train_cfg.out} holds a run trained on {trained_on}, not {root}: resume it with that "
+                         f"--data, or train in another folder")
     # a resumed run keeps the statistics its weights were trained with
     stats = BandStats.from_dict(saved) if saved is not None else band_stats(train_split, norm)
     torch.manual_seed(train_cfg.seed)
