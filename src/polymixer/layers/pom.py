@@ -9,7 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from ..ops.call import Index, PoMState, batch_index
-from ..ops.common import ROPE_BASE, ActivationLike, Mixing, compute_dtype, layer_modes
+from ..ops.common import (ROPE_BASE, ActivationLike, Mixing, check_reference_gate, compute_dtype, layer_modes,
+                          rope_angles)
 from ..ops.features import CHUNK
 from ..ops.pom import PomWeights, pom
 
@@ -87,6 +88,24 @@ def check_batch_size(batch_size: int) -> None:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
 
 
+def _table_error(table: Tensor, name: str, width: int, base: float) -> Optional[str]:
+    """Why a PoMRoPE table (cos or sin of t·θ_k, t < L, θ_k = base^(−k/width), k < width) is not this PoM's, or None.
+
+    The reference computes it in float32: θ_k and t·θ_k are rounded to a few units of 2⁻²⁴ relative, on angles of
+    up to L radians (measured: ≤ 1.9·2⁻²⁴·L for widths up to 2,048 and L up to 65,536); the tolerance 8·2⁻²⁴·L +
+    10⁻⁶ allows four times that, and a different base or width misses it by far (0.09 at t = 1 for bases 10⁴ and
+    5·10⁵ at width 32)."""
+    if table.dim() != 2 or table.shape[1] != width:
+        return f"{name} has shape {tuple(table.shape)}, expected (positions, {width}) for this PoM's width"
+    L = table.shape[0]
+    cos, sin = rope_angles(torch.arange(L), 2 * width, base, dtype=torch.float64)
+    err = (table.detach().to("cpu", torch.float64) - (cos if name.endswith("cos") else sin)).abs().max().item()
+    tol = 8 * 2.0**-24 * L + 1e-6
+    if not err <= tol:
+        return f"{name} differs from the table of rope_base={base} by {err:.3g} (float32 rounding: ≤ {tol:.3g})"
+    return None
+
+
 class PoM(nn.Module):
     """Polynomial Mixer: a linear-time, drop-in replacement for self-attention.
 
@@ -108,6 +127,10 @@ class PoM(nn.Module):
         bias: bias of the output projection W_o.
         rope: None, "1d" (sequences) or "2d" (grids, positions (row, col)).
         rope_base: rotary frequency base.
+        rope_convention: where rotary positions turn PoM (docs/mixer.md): "relative" — the context features by
+            their positions and the aggregate back by the query's, so two tokens interact through p_j − p_i only —
+            or "reference" — the context features, then the query's gate by its position, as the reference
+            implementation's PoMRoPE (its checkpoints load with :meth:`load_reference_state_dict`).
         device, dtype: where and in which dtype the parameters are made.
 
     The value-carrying PoMs are their own classes, :class:`~polymixer.layers.value_pom.ValuePoM` and
@@ -122,6 +145,7 @@ class PoM(nn.Module):
     shift_width: int = 0
     chunk_size: int = CHUNK
     decay: Optional[str] = None
+    rope_convention: str = "relative"
 
     def __init__(
         self,
@@ -135,6 +159,7 @@ class PoM(nn.Module):
         bias: bool = False,
         rope: Optional[str] = None,
         rope_base: float = ROPE_BASE,
+        rope_convention: str = "relative",
         *,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
@@ -142,9 +167,12 @@ class PoM(nn.Module):
         super().__init__()
         D = check_pom_shape(dim, degree, expand, sel_heads)
         check_gate_width(D, sel_heads, "expand·dim")
-        Mixing(activation=activation, gate=gate, reduction=reduction).check()
+        Mixing(activation=activation, gate=gate, reduction=reduction, rope_convention=rope_convention).check()
         check_rotary(rope, D, "expand·dim")
+        if rope_convention == "reference":
+            check_reference_gate(rope, D, D if sel_heads == 1 else sel_heads)
         self._set_options(dim, degree, expand, sel_heads, gate, activation, reduction, rope, rope_base, D, D)
+        self.rope_convention = rope_convention
         fk = {"device": device, "dtype": dtype}
         self._add_input_parameters(D + self.gate_dim, fk)  # W_h over W_s
         self.out_proj = nn.Linear(D, dim, bias=bias, **fk)
@@ -208,11 +236,12 @@ class PoM(nn.Module):
         s = f"dim={self.dim}, degree={self.degree}, expand={self.expand}, D={self.poly_dim}, gate_dim={self.gate_dim}"
         s += self._extra_repr_fields()
         s += f", gate={self.gate!r}, activation={self.activation!r}, reduction={self.reduction!r}"
-        return s + (f", rope={self.rope!r}" if self.rope else "")
+        s += f", rope={self.rope!r}" if self.rope else ""
+        return s + (f", rope_convention={self.rope_convention!r}" if self.rope_convention != "relative" else "")
 
     def _op_kwargs(self) -> dict:
         return dict(activation=self.activation, gate=self.gate, reduction=self.reduction, rope=self.rope,
-                    rope_base=self.rope_base)
+                    rope_base=self.rope_base, rope_convention=self.rope_convention)
 
     # -- the op: one call for training and for streaming ---------------------------------------------------------
 
@@ -271,15 +300,20 @@ class PoM(nn.Module):
     }
 
     def load_reference_state_dict(self, state_dict: Mapping[str, Tensor], prefix: str = "") -> None:
-        """Load weights saved by the reference implementation (``n_groups=1``).
+        """Load weights saved by the reference implementation (``n_groups=1``): its ``PoM`` or its ``PoMRoPE``.
 
         Names: ``qc_proj.weight`` (D+Ds, d) — polynomial rows first, then gate rows —, ``se_bias`` (Ds,),
         ``po_coeff`` (D, k), ``ag_proj.weight`` (d, D) and optionally ``ag_proj.bias`` (d,). ``prefix`` selects one
         layer inside a whole model's state dict. Any missing, unexpected or mis-shaped tensor raises a ValueError
-        that names it; nothing is loaded in that case.
+        that names it; nothing is loaded in that case. PoMRoPE's frequency tables (``freqs_cos`` / ``freqs_sin``,
+        or ``row_cos`` / ``row_sin`` / ``col_cos`` / ``col_sin`` for 2-D) load into a PoM built with the same
+        ``rope`` and ``rope_convention="reference"``: each is checked against the table of this PoM's rope_base and
+        width, then dropped (the angles are computed at each call).
         """
         own = self.state_dict()
         keys = {k[len(prefix):]: k for k in state_dict if k.startswith(prefix)}
+        for name in self._rope_tables(state_dict, keys, prefix):
+            del keys[name]  # checked against this PoM's tables; the tables are no parameters
         if "po_proj.weight" in keys or "se_proj.weight" in keys:
             raise ValueError("this checkpoint uses separate po_proj/se_proj (n_groups > 1 or an older release); "
                              "only the fused qc_proj layout (n_groups=1) is supported")
@@ -302,6 +336,28 @@ class PoM(nn.Module):
         if problems:
             raise ValueError("cannot load reference PoM weights: " + "; ".join(problems))
         self.load_state_dict(mapped, strict=True)
+
+    _ROPE_TABLES = {"1d": ("freqs_cos", "freqs_sin"), "2d": ("row_cos", "row_sin", "col_cos", "col_sin")}
+
+    def _rope_tables(self, state_dict: Mapping[str, Tensor], keys: Dict[str, str], prefix: str) -> Tuple[str, ...]:
+        """The names of PoMRoPE's frequency tables among ``keys``, each checked against this PoM's (a ValueError
+        naming the table, or the setting this PoM lacks to run that model, otherwise)."""
+        kinds = [k for k, names in self._ROPE_TABLES.items() if any(n in keys for n in names)]
+        if not kinds:
+            return ()
+        kind, names = kinds[-1], self._ROPE_TABLES[kinds[-1]]
+        if len(kinds) > 1 or self.rope != kind or self.rope_convention != "reference":
+            raise ValueError(f"{prefix}{names[0]}: a checkpoint of the reference implementation's PoMRoPE with {kind} "
+                             f"rotary loads into PoM(..., rope={kind!r}, rope_convention='reference'); this PoM has "
+                             f"rope={self.rope!r}, rope_convention={self.rope_convention!r}")
+        for name in names:
+            if name not in keys:
+                raise ValueError(f"missing {prefix}{name}: PoMRoPE's {kind} tables are {', '.join(names)}")
+            why = _table_error(state_dict[keys[name]], name, self.poly_dim // (4 if kind == "2d" else 2),
+                               self.rope_base)
+            if why is not None:
+                raise ValueError(f"{prefix}{why}")
+        return names
 
     def reference_state_dict(self) -> dict:
         """The inverse of :meth:`load_reference_state_dict`: this module's weights under the reference's names."""
