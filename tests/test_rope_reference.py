@@ -291,7 +291,7 @@ def test_checkpoint_tables_are_checked_and_dropped():
             expected = f"loads into PoM\\(..., rope='{kind}', rope_convention='reference'\\)"
             with pytest.raises(ValueError, match=expected):
                 wrong.load_reference_state_dict(sd)
-        with pytest.raises(ValueError, match=f"missing {'col_sin' if two_d else 'freqs_sin'}"):
+        with pytest.raises(ValueError, match=f"{'col_sin' if two_d else 'freqs_sin'} is missing"):
             ours.load_reference_state_dict({k: v for k, v in sd.items() if k not in ("col_sin", "freqs_sin")})
 
 
@@ -308,14 +308,14 @@ def test_table_tolerance_at_long_range():
 
 
 def test_reference_asserts_are_refused():
-    with pytest.raises(ValueError, match="1-D rotary needs an even sel_heads, got 3"):
+    with pytest.raises(ValueError, match="sel_heads must be even .1-D. .*got 1d and 3 heads over 24"):
         PoM(12, rope="1d", sel_heads=3, rope_convention="reference")
-    with pytest.raises(ValueError, match="sel_heads divisible by 4"):
+    with pytest.raises(ValueError, match="divisible by 4 with heads of ≥ 4 channels .2-D., got 2d and 2 heads over 16"):
         PoM(8, rope="2d", sel_heads=2, rope_convention="reference")
-    with pytest.raises(ValueError, match="heads of ≥ 4 channels"):
+    with pytest.raises(ValueError, match="got 2d and 4 heads over 8"):
         PoM(4, rope="2d", sel_heads=4, rope_convention="reference")  # 2 channels a head
     m = PoM(12, rope="1d", sel_heads=3)
-    with pytest.raises(ValueError, match="even sel_heads"):
+    with pytest.raises(ValueError, match="sel_heads must be even"):
         pom(torch.randn(1, 4, 12), m.weights, rope="1d", rope_convention="reference")
     with pytest.raises(ValueError, match="rope_convention must be 'relative' or 'reference', got 'absolute'"):
         PoM(8, rope="1d", rope_convention="absolute")

@@ -88,24 +88,6 @@ def check_batch_size(batch_size: int) -> None:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
 
 
-def _table_error(table: Tensor, name: str, width: int, base: float) -> Optional[str]:
-    """Why a PoMRoPE table (cos or sin of t·θ_k, t < L, θ_k = base^(−k/width), k < width) is not this PoM's, or None.
-
-    The reference computes it in float32: θ_k and t·θ_k are rounded to a few units of 2⁻²⁴ relative, on angles of
-    up to L radians (measured: ≤ 1.9·2⁻²⁴·L for widths up to 2,048 and L up to 65,536); the tolerance 8·2⁻²⁴·L +
-    10⁻⁶ allows four times that, and a different base or width misses it by far (0.09 at t = 1 for bases 10⁴ and
-    5·10⁵ at width 32)."""
-    if table.dim() != 2 or table.shape[1] != width:
-        return f"{name} has shape {tuple(table.shape)}, expected (positions, {width}) for this PoM's width"
-    L = table.shape[0]
-    cos, sin = rope_angles(torch.arange(L), 2 * width, base, dtype=torch.float64)
-    err = (table.detach().to("cpu", torch.float64) - (cos if name.endswith("cos") else sin)).abs().max().item()
-    tol = 8 * 2.0**-24 * L + 1e-6
-    if not err <= tol:
-        return f"{name} differs from the table of rope_base={base} by {err:.3g} (float32 rounding: ≤ {tol:.3g})"
-    return None
-
-
 class PoM(nn.Module):
     """Polynomial Mixer: a linear-time, drop-in replacement for self-attention.
 
@@ -127,10 +109,8 @@ class PoM(nn.Module):
         bias: bias of the output projection W_o.
         rope: None, "1d" (sequences) or "2d" (grids, positions (row, col)).
         rope_base: rotary frequency base.
-        rope_convention: where rotary positions turn PoM (docs/mixer.md): "relative" — the context features by
-            their positions and the aggregate back by the query's, so two tokens interact through p_j − p_i only —
-            or "reference" — the context features, then the query's gate by its position, as the reference
-            implementation's PoMRoPE (its checkpoints load with :meth:`load_reference_state_dict`).
+        rope_convention: "relative" (the aggregate read in each query's frame) or "reference" (the query's gate
+            turned instead, as the reference implementation's PoMRoPE): docs/mixer.md.
         device, dtype: where and in which dtype the parameters are made.
 
     The value-carrying PoMs are their own classes, :class:`~polymixer.layers.value_pom.ValuePoM` and
@@ -305,10 +285,8 @@ class PoM(nn.Module):
         Names: ``qc_proj.weight`` (D+Ds, d) — polynomial rows first, then gate rows —, ``se_bias`` (Ds,),
         ``po_coeff`` (D, k), ``ag_proj.weight`` (d, D) and optionally ``ag_proj.bias`` (d,). ``prefix`` selects one
         layer inside a whole model's state dict. Any missing, unexpected or mis-shaped tensor raises a ValueError
-        that names it; nothing is loaded in that case. PoMRoPE's frequency tables (``freqs_cos`` / ``freqs_sin``,
-        or ``row_cos`` / ``row_sin`` / ``col_cos`` / ``col_sin`` for 2-D) load into a PoM built with the same
-        ``rope`` and ``rope_convention="reference"``: each is checked against the table of this PoM's rope_base and
-        width, then dropped (the angles are computed at each call).
+        that names it; nothing is loaded in that case. PoMRoPE's frequency tables load into a PoM of its ``rope`` and
+        ``rope_convention="reference"``: checked against this PoM's, then dropped.
         """
         own = self.state_dict()
         keys = {k[len(prefix):]: k for k in state_dict if k.startswith(prefix)}
@@ -340,8 +318,10 @@ class PoM(nn.Module):
     _ROPE_TABLES = {"1d": ("freqs_cos", "freqs_sin"), "2d": ("row_cos", "row_sin", "col_cos", "col_sin")}
 
     def _rope_tables(self, state_dict: Mapping[str, Tensor], keys: Dict[str, str], prefix: str) -> Tuple[str, ...]:
-        """The names of PoMRoPE's frequency tables among ``keys``, each checked against this PoM's (a ValueError
-        naming the table, or the setting this PoM lacks to run that model, otherwise)."""
+        """The names of PoMRoPE's frequency tables among ``keys`` (cos / sin of t·base^(−k/w), t < L, k < w), each
+        checked against this PoM's rope_base and width. The reference computes them in float32: angles of up to L
+        radians rounded to a few units of 2⁻²⁴ (measured ≤ 1.9·2⁻²⁴·L up to w = 2,048 and L = 65,536); the
+        tolerance 8·2⁻²⁴·L + 10⁻⁶ is four times that, while a base 1% off differs by 2.0 at L = 16,384 (tested)."""
         kinds = [k for k, names in self._ROPE_TABLES.items() if any(n in keys for n in names)]
         if not kinds:
             return ()
@@ -350,13 +330,18 @@ class PoM(nn.Module):
             raise ValueError(f"{prefix}{names[0]}: a checkpoint of the reference implementation's PoMRoPE with {kind} "
                              f"rotary loads into PoM(..., rope={kind!r}, rope_convention='reference'); this PoM has "
                              f"rope={self.rope!r}, rope_convention={self.rope_convention!r}")
+        w = self.poly_dim // (4 if kind == "2d" else 2)
         for name in names:
-            if name not in keys:
-                raise ValueError(f"missing {prefix}{name}: PoMRoPE's {kind} tables are {', '.join(names)}")
-            why = _table_error(state_dict[keys[name]], name, self.poly_dim // (4 if kind == "2d" else 2),
-                               self.rope_base)
-            if why is not None:
-                raise ValueError(f"{prefix}{why}")
+            t = state_dict[keys[name]] if name in keys else None
+            if t is None or t.dim() != 2 or t.shape[1] != w:
+                got = "missing" if t is None else f"of shape {tuple(t.shape)}"
+                raise ValueError(f"{prefix}{name} is {got}: PoMRoPE's {kind} tables {', '.join(names)} are (L, {w})")
+            cos_sin = rope_angles(torch.arange(t.shape[0]), 2 * w, self.rope_base, dtype=torch.float64)
+            err = (t.detach().cpu().double() - cos_sin[name.endswith("sin")]).abs().max().item()
+            tol = 8 * 2.0**-24 * t.shape[0] + 1e-6
+            if not err <= tol:
+                raise ValueError(f"{prefix}{name} differs from the table of rope_base={self.rope_base} by {err:.3g} "
+                                 f"(float32 rounding: ≤ {tol:.3g})")
         return names
 
     def reference_state_dict(self) -> dict:

@@ -24,8 +24,8 @@ __all__ = ["ActivationLike", "CuSeqlens", "MIXING_MODES", "STEP_MODES", "REFEREN
            "gate_fn", "compute_dtype", "operand_dtype", "elementwise_backward", "is_compiling", "cast_output",
            "check_cu_seqlens", "segments", "documents_cu_seqlens", "rope_angles", "rotate", "check_tokens",
            "check_bool_mask", "check_positions", "default_positions", "batch_packed", "check_mix_inputs",
-           "packed_local_positions", "triton_precheck", "triton_possible", "ROPE_BASE", "ROPE_CONVENTIONS",
-           "check_reference_gate", "reference_angles", "Mixing"]
+           "packed_local_positions", "triton_precheck", "triton_possible", "ROPE_BASE", "check_reference_gate",
+           "Mixing"]
 
 # ----------------------------------------------------------------------------------------------------------------
 # Elementwise non-linearities: forward and closed-form derivative, so that custom backwards can recompute cheaply.
@@ -218,9 +218,6 @@ def documents_cu_seqlens(idx: Tensor, sep_token: int) -> Tuple[Tensor, Tensor]:
 # ----------------------------------------------------------------------------------------------------------------
 
 ROPE_BASE = 10000.0  # the rotary frequency base of every op (RoFormer's, the language models' default)
-# where rotary positions turn PoM: "relative" (polymixer's: the aggregate read back in each query's frame) or
-# "reference" (the reference implementation's PoMRoPE: the query's gate turned by its position); docs/mixer.md
-ROPE_CONVENTIONS = ("relative", "reference")
 
 
 @dataclass(frozen=True, eq=False)
@@ -229,7 +226,7 @@ class Mixing:
     as the user passed them: which context tokens each query sees (``causal``,
     ``block_size``, ``mask`` (B, N) key padding or (B, M, N) general, ``cu_seqlens`` packed offsets), where tokens sit
     for rotary positions (``positions``, ``context_positions``, ``rope`` None / "1d" / "2d", ``rope_base``,
-    ``rope_convention`` "relative" / "reference": :data:`ROPE_CONVENTIONS`) and how
+    ``rope_convention`` "relative" / "reference": docs/mixer.md) and how
     features are made and read (``activation``, ``gate``, ``reduction`` "mean" / "sum").
 
     Each public function keeps these as keywords (a drop-in API), builds one ``Mixing`` at its top and hands it down,
@@ -270,7 +267,7 @@ class Mixing:
         and offsets are checked against the tensors by :func:`check_mix_inputs`."""
         if self.rope not in (None, "1d", "2d"):
             raise ValueError(f"rope must be None, '1d' or '2d', got {self.rope!r}")
-        if self.rope_convention not in ROPE_CONVENTIONS:
+        if self.rope_convention not in ("relative", "reference"):
             raise ValueError(f"rope_convention must be 'relative' or 'reference', got {self.rope_convention!r}")
         if self.reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {self.reduction!r}")
@@ -349,13 +346,11 @@ def rope_angles(
 def rotate(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False, halves: bool = False) -> Tensor:
     """Rotate channel pairs (k, k + D/2) of ``x`` (…, D) by the angles whose cos/sin are given (…, D/2).
 
-    ``halves``: 2-D tables (row angles, then column angles) turn pairs within each half of ``x`` instead — the first
-    half by the row, the second by the column, pairs (k, k + D/4) — as the reference implementation's PoMRoPE does."""
+    ``halves``: 2-D tables (the row's angles, then the column's) turn pairs (k, k + D/4) within each half of ``x``
+    instead, the first half by the row, as the reference implementation's PoMRoPE does."""
     if halves:
-        W = x.shape[-1]
-        split = (2, W // 4)
-        return rotate(x.unflatten(-1, (2, W // 2)), cos.unflatten(-1, split), sin.unflatten(-1, split),
-                      inverse).flatten(-2)
+        q = (2, x.shape[-1] // 4)
+        return rotate(x.unflatten(-1, (2, -1)), cos.unflatten(-1, q), sin.unflatten(-1, q), inverse).flatten(-2)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     cos = cos.to(x.dtype)
@@ -365,35 +360,11 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False, halves: b
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def reference_angles(cos: Tensor, sin: Tensor, width: int, two_d: bool) -> Tuple[Tensor, Tensor]:
-    """The angles the reference convention turns ``width`` channels by, from the (…, D/2) tables of a D-wide PoM
-    (:func:`rope_angles`): the tables themselves for D channels (the features, a gate per channel); for a gate of
-    ``width`` < D heads, pair k takes the leading frequency of head k — PoMRoPE's tables strided by (D/width)//2
-    (1-D: pairs (k, k + width/2)) or by D/width (2-D: width/4 row pairs, then as many column pairs)."""
-    D = 2 * cos.shape[-1]
-    if width == D:
-        return cos, sin
-    hd = D // width
-    if two_d:
-        k = torch.arange(width // 4, device=cos.device) * hd
-        idx = torch.cat([k, D // 4 + k])
-    else:
-        idx = torch.arange(width // 2, device=cos.device) * (hd // 2)
-    return cos[..., idx], sin[..., idx]
-
-
 def check_reference_gate(rope: Optional[str], D: int, Ds: int) -> None:
-    """What the reference convention asks of a gate of ``Ds`` heads over D channels (PoMRoPE's assertions): an even
-    number of heads for 1-D rotary, a multiple of 4 heads of at least 4 channels for 2-D (a gate per channel, Ds =
-    D, takes the features' rotation)."""
-    if rope is None or Ds == D:
-        return
-    if rope == "1d" and Ds % 2:
-        raise ValueError(f"rope_convention='reference' turns the gate's heads in pairs: 1-D rotary needs an even "
-                         f"sel_heads, got {Ds}")
-    if rope == "2d" and (Ds % 4 or D // Ds < 4):
-        raise ValueError(f"rope_convention='reference' with 2-D rotary needs sel_heads divisible by 4 and heads of "
-                         f"≥ 4 channels, got sel_heads = {Ds} over {D} channels")
+    """PoMRoPE's assertions on a gate of ``Ds`` heads over D channels (a gate per channel, Ds = D, always passes)."""
+    if rope is not None and Ds != D and (Ds % 2 if rope == "1d" else Ds % 4 or D // Ds < 4):
+        raise ValueError(f"rope_convention='reference' turns the gate's heads in pairs: sel_heads must be even (1-D) "
+                         f"or divisible by 4 with heads of ≥ 4 channels (2-D), got {rope} and {Ds} heads over {D}")
 
 
 # ----------------------------------------------------------------------------------------------------------------

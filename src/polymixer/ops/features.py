@@ -27,7 +27,6 @@ from .common import (
     default_positions,
     elementwise_backward,
     is_compiling,
-    reference_angles,
     resolve,
     rope_angles,
     rotate,
@@ -477,29 +476,30 @@ def gate_mix(zs: Tensor, bias: Tensor, h: Tensor, gate: ActivationLike = "hardsi
 
 
 def rotate_features(p: Tensor, positions: Optional[Tensor], mixing: Mixing) -> Tensor:
-    """R_j p_j: each context token's (B, N, D) features turned by its rotary position (unchanged without rotary), in
-    the pairing of ``mixing.rope_convention``."""
+    """R_j p_j: each context token's (B, N, D) features turned by its rotary position, in the pairing of
+    ``mixing.rope_convention`` (unchanged without rotary)."""
     if mixing.rope is None:
         return p
-    two_d = mixing.two_d
-    cos, sin = rope_angles(positions, p.shape[-1], mixing.rope_base, two_d, p.dtype)
-    return rotate(p, cos, sin, halves=two_d and mixing.rope_convention == "reference")
+    cos, sin = rope_angles(positions, p.shape[-1], mixing.rope_base, mixing.two_d, p.dtype)
+    return rotate(p, cos, sin, halves=mixing.two_d and mixing.rope_convention == "reference")
 
 
 def select(zs: Tensor, bias: Tensor, h: Tensor, mixing: Mixing, positions: Optional[Tensor] = None) -> Tensor:
-    """The gated selection of queries at rotary ``positions`` from the aggregate ``h`` (B, 1 or M, D) of
-    :func:`rotate_features`' features: "relative" reads it in each query's frame, ``gate(z_s + b) ⊙ R_i⁻¹ H_i``;
-    "reference" (PoMRoPE) turns the gate instead, ``R_i gate(z_s + b) ⊙ H_i`` (a gate per head: its heads in pairs,
-    :func:`~polymixer.ops.common.reference_angles`). Without rotary, :func:`gate_mix`."""
+    """The gated selection of queries at rotary ``positions`` from the aggregate ``h`` (B, 1 or M, D) of turned
+    features: "relative" reads it in each query's frame, ``gate(z_s + b) ⊙ R_i⁻¹ H_i``; "reference" (PoMRoPE) turns
+    the gate, ``R_i gate(z_s + b) ⊙ H_i`` — a gate of Ds < D heads in pairs (k, k + Ds/2), pair k at head k's
+    leading frequency (2-D: Ds/4 row pairs, then Ds/4 column pairs). Without rotary, :func:`gate_mix`."""
     if mixing.rope is None:
         return gate_mix(zs, bias, h, mixing.gate)
-    two_d, (B, M, _), D = mixing.two_d, zs.shape, h.shape[-1]
+    two_d, (B, M, Ds), D = mixing.two_d, zs.shape, h.shape[-1]
     cos, sin = rope_angles(positions, D, mixing.rope_base, two_d, h.dtype)
     if mixing.rope_convention == "relative":
         return gate_mix(zs, bias, rotate(h.expand(B, M, D), cos, sin, inverse=True), mixing.gate)
-    fn, _ = resolve(GATES, mixing.gate, "gate")
-    s = fn(zs.to(h.dtype) + bias.to(h.dtype))
-    cos, sin = reference_angles(cos, sin, s.shape[-1], two_d)
+    if Ds != D:  # PoMRoPE's tables strided by (D/Ds)//2 (1-D) or D/Ds (2-D)
+        k = torch.arange(Ds // 4, device=h.device) * (D // Ds)
+        idx = torch.cat([k, D // 4 + k]) if two_d else torch.arange(Ds // 2, device=h.device) * (D // Ds // 2)
+        cos, sin = cos[..., idx], sin[..., idx]
+    s = resolve(GATES, mixing.gate, "gate")[0](zs.to(h.dtype) + bias.to(h.dtype))
     return (expand_heads(rotate(s, cos, sin, halves=two_d), D) * h).to(zs.dtype)
 
 

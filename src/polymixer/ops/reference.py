@@ -3,7 +3,8 @@
 Nothing here is fast. Visibility is an explicit boolean matrix ``M`` (B, M, N) built from the mode's definition,
 powers are computed one by one, the aggregation is ``H_i = Σ_j M_ij poly(h_j) / Σ_j M_ij`` (or the plain sum),
 and rotary positions rotate every (query, context) pair by the angle of their *relative* position — the property
-the fast path must reproduce by rotating before and after aggregation. Everything runs in float64. Each op's own
+the fast path must reproduce by rotating before and after aggregation (PoMRoPE's convention: each context token and
+each query's gate by its own position, :func:`own_frame`). Everything runs in float64. Each op's own
 oracle is in its folder's ``reference.py`` (``reference_pom``, ``reference_value_pom``, ``reference_gated``), built
 from these pieces; attention's (the baselines') is here.
 """
@@ -111,12 +112,9 @@ def rotated_pairs(feat: Tensor, rope: str, base: float, positions: Tensor,
 
 
 def own_frame(feat: Tensor, rope: str, base: float, positions: Tensor, D: int) -> Tensor:
-    """R_{p_j} feat_j, as the reference implementation's PoMRoPE turns them: every token's (B, N, W) channels by its
-    own position, pairs (k, k + W/2) (1-D: θ_k = base^(−k/(D/2))) or pairs within each half (2-D: (k, k + W/4), the
-    first half by the row, the second by the column, θ_k = base^(−k/(D/4))). W < D (a gate per head): pair k takes
-    the frequency of the first pair of head k — the D-wide tables strided by (D/W)//2 (1-D) or D/W (2-D)."""
-    two_d = rope == "2d"
-    B, W = feat.shape[0], feat.shape[-1]
+    """R_{p_j} feat_j as PoMRoPE turns every token's (B, N, W) channels: pairs (k, k + W/2) (1-D) or (k, k + W/4)
+    within each half (2-D, the first by the row); W < D (a gate per head): pair k at head k's leading frequency."""
+    B, W, two_d = feat.shape[0], feat.shape[-1], rope == "2d"
     pos = positions.to(torch.float64)
     if pos.dim() == (2 if two_d else 1):
         pos = pos.unsqueeze(0).expand(B, *pos.shape)
