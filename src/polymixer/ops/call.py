@@ -242,8 +242,6 @@ def refuse_split(call: Call) -> Optional[str]:
         return "an explicit (B, M, N) mask cannot be split: use key padding, causal or block-causal masking"
     if call.rope == "2d" and call.positions is None:
         return "2-D rotary needs this slice's explicit (row, col) positions"
-    if call.rope is not None and call.rope_convention != "relative":
-        return "rope_convention='reference' is not split across ranks: run it without context_parallel"
     if call.state is not None and not call.causal:
         return "a stream under context_parallel is causal only (frames are not split)"
     return None

@@ -114,9 +114,11 @@ def _sums(call: Call, cp: ContextParallel, sl: Slice, pc: Tensor, state: Optiona
 
 
 def _fusable(call: Call) -> bool:
-    """Calls the fused CPU path takes (causal or full, no key padding): there the slice keeps its memory to z."""
+    """Calls the fused CPU path takes (causal or full, no key padding, relative rotary): there the slice keeps its
+    memory to z."""
     return (call.x.device.type == "cpu" and call.key_mask is None and call.block_size is None
-            and isinstance(call.activation, str) and isinstance(call.gate, str) and not is_compiling())
+            and isinstance(call.activation, str) and isinstance(call.gate, str) and not is_compiling()
+            and (call.rope is None or call.rope_convention == "relative"))
 
 
 def _fused(call: Call, cp: ContextParallel, sl: Slice, state: Optional[PoMState]
