@@ -58,19 +58,11 @@ def _stream(call: Call) -> Tuple[Tensor, PoMState]:
     if call.rope is not None:  # the stream index by default
         positions, _ = call.rope_positions(state.offset.unsqueeze(1) + torch.arange(T, device=x.device))
     p = rotate_features(poly_features(zh, w.coeff, call.activation).to(acc), positions, call.mixing)
+    wt = torch.ones(B, T, dtype=acc, device=x.device) if call.key_mask is None else call.key_mask.to(acc)
     if call.key_mask is not None:
-        wt = call.key_mask.to(acc)
         p = p * wt.unsqueeze(-1)
-    else:
-        wt = torch.ones(B, T, dtype=acc, device=x.device)
-    if call.causal:
-        s = state.sum.unsqueeze(1) + cumsum(p)
-        cnt = state.count.unsqueeze(1) + cumsum(wt)
-    else:
-        s = state.sum.unsqueeze(1) + p.sum(1, keepdim=True)
-        cnt = state.count.unsqueeze(1) + wt.sum(1, keepdim=True)
-    h = s
-    if call.reduction == "mean":
-        h = s * safe_inverse(cnt).unsqueeze(-1)
+    s, cnt = (cumsum(p), cumsum(wt)) if call.causal else (p.sum(1, keepdim=True), wt.sum(1, keepdim=True))
+    s, cnt = state.sum.unsqueeze(1) + s, state.count.unsqueeze(1) + cnt
+    h = s * safe_inverse(cnt).unsqueeze(-1) if call.reduction == "mean" else s
     y = F.linear(select(zs, w.gate_bias, h, call.mixing, positions), w.out_weight, w.out_bias)
     return y, PoMState(s[:, -1], cnt[:, -1], state.offset + T)
