@@ -79,6 +79,11 @@ for split_name, n, split in SPLITS:
     p2 = dbl(PoM(8, rope="2d"))
     grid = torch.stack([torch.arange(n) // 4, torch.arange(n) % 4], -1)
     check(f"pom 2-D rotary full {split_name}", p2, n, split, dict(), positions=grid)
+    pr = dbl(PoM(8, sel_heads=4, rope="1d", rope_convention="reference"))  # the reference's PoMRoPE
+    check(f"pom reference rotary causal key padding {split_name}", pr, n, split, dict(causal=True), mask=True)
+    check(f"pom reference rotary full {split_name}", pr, n, split, dict())
+    check(f"pom 2-D reference rotary full {split_name}", dbl(PoM(8, sel_heads=4, rope="2d",
+          rope_convention="reference")), n, split, dict(), positions=grid)
     for width in (2, 4):
         vp = dbl(ValuePoM(8, value_dim=8, heads=2, token_shift=width, chunk_size=4))
         check(f"value causal shift {width} {split_name}", vp, n, split, dict(causal=True))

@@ -43,7 +43,8 @@ class MixerSpec:
 
 
 _ATTENTION_OPTIONS = ("heads", "causal", "dropout", "rope", "rope_base", "bias", "qkv_bias", "attention_shift")
-_POM_OPTIONS = ("degree", "expand", "sel_heads", "rope", "rope_base", "bias", "gate", "activation", "reduction")
+_POM_OPTIONS = ("degree", "expand", "sel_heads", "rope", "rope_base", "rope_convention", "bias", "gate", "activation",
+                "reduction")
 _VALUE_OPTIONS = _POM_OPTIONS + ("value_dim", "value_heads", "token_shift", "chunk_size")
 _LINEAR_OPTIONS = ("value_heads", "feature_dim", "value_dim", "causal", "bias", "token_shift", "chunk_size")
 

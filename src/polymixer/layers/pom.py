@@ -9,7 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from ..ops.call import Index, PoMState, batch_index
-from ..ops.common import ROPE_BASE, ActivationLike, Mixing, compute_dtype, layer_modes
+from ..ops.common import (ROPE_BASE, ActivationLike, Mixing, check_reference_gate, compute_dtype, layer_modes,
+                          rope_angles)
 from ..ops.features import CHUNK
 from ..ops.pom import PomWeights, pom
 
@@ -108,6 +109,8 @@ class PoM(nn.Module):
         bias: bias of the output projection W_o.
         rope: None, "1d" (sequences) or "2d" (grids, positions (row, col)).
         rope_base: rotary frequency base.
+        rope_convention: "relative" (the aggregate read in each query's frame) or "reference" (the query's gate
+            turned instead, as the reference implementation's PoMRoPE): docs/mixer.md.
         device, dtype: where and in which dtype the parameters are made.
 
     The value-carrying PoMs are their own classes, :class:`~polymixer.layers.value_pom.ValuePoM` and
@@ -122,6 +125,7 @@ class PoM(nn.Module):
     shift_width: int = 0
     chunk_size: int = CHUNK
     decay: Optional[str] = None
+    rope_convention: str = "relative"
 
     def __init__(
         self,
@@ -135,6 +139,7 @@ class PoM(nn.Module):
         bias: bool = False,
         rope: Optional[str] = None,
         rope_base: float = ROPE_BASE,
+        rope_convention: str = "relative",
         *,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
@@ -142,9 +147,12 @@ class PoM(nn.Module):
         super().__init__()
         D = check_pom_shape(dim, degree, expand, sel_heads)
         check_gate_width(D, sel_heads, "expand·dim")
-        Mixing(activation=activation, gate=gate, reduction=reduction).check()
+        Mixing(activation=activation, gate=gate, reduction=reduction, rope_convention=rope_convention).check()
         check_rotary(rope, D, "expand·dim")
+        if rope_convention == "reference":
+            check_reference_gate(rope, D, D if sel_heads == 1 else sel_heads)
         self._set_options(dim, degree, expand, sel_heads, gate, activation, reduction, rope, rope_base, D, D)
+        self.rope_convention = rope_convention
         fk = {"device": device, "dtype": dtype}
         self._add_input_parameters(D + self.gate_dim, fk)  # W_h over W_s
         self.out_proj = nn.Linear(D, dim, bias=bias, **fk)
@@ -208,11 +216,12 @@ class PoM(nn.Module):
         s = f"dim={self.dim}, degree={self.degree}, expand={self.expand}, D={self.poly_dim}, gate_dim={self.gate_dim}"
         s += self._extra_repr_fields()
         s += f", gate={self.gate!r}, activation={self.activation!r}, reduction={self.reduction!r}"
-        return s + (f", rope={self.rope!r}" if self.rope else "")
+        s += f", rope={self.rope!r}" if self.rope else ""
+        return s + (f", rope_convention={self.rope_convention!r}" if self.rope_convention != "relative" else "")
 
     def _op_kwargs(self) -> dict:
         return dict(activation=self.activation, gate=self.gate, reduction=self.reduction, rope=self.rope,
-                    rope_base=self.rope_base)
+                    rope_base=self.rope_base, rope_convention=self.rope_convention)
 
     # -- the op: one call for training and for streaming ---------------------------------------------------------
 
@@ -271,15 +280,18 @@ class PoM(nn.Module):
     }
 
     def load_reference_state_dict(self, state_dict: Mapping[str, Tensor], prefix: str = "") -> None:
-        """Load weights saved by the reference implementation (``n_groups=1``).
+        """Load weights saved by the reference implementation (``n_groups=1``): its ``PoM`` or its ``PoMRoPE``.
 
         Names: ``qc_proj.weight`` (D+Ds, d) — polynomial rows first, then gate rows —, ``se_bias`` (Ds,),
         ``po_coeff`` (D, k), ``ag_proj.weight`` (d, D) and optionally ``ag_proj.bias`` (d,). ``prefix`` selects one
         layer inside a whole model's state dict. Any missing, unexpected or mis-shaped tensor raises a ValueError
-        that names it; nothing is loaded in that case.
+        that names it; nothing is loaded in that case. PoMRoPE's frequency tables load into a PoM of its ``rope`` and
+        ``rope_convention="reference"``: checked against this PoM's, then dropped.
         """
         own = self.state_dict()
         keys = {k[len(prefix):]: k for k in state_dict if k.startswith(prefix)}
+        for name in self._rope_tables(state_dict, keys, prefix):
+            del keys[name]  # checked against this PoM's tables; the tables are no parameters
         if "po_proj.weight" in keys or "se_proj.weight" in keys:
             raise ValueError("this checkpoint uses separate po_proj/se_proj (n_groups > 1 or an older release); "
                              "only the fused qc_proj layout (n_groups=1) is supported")
@@ -302,6 +314,35 @@ class PoM(nn.Module):
         if problems:
             raise ValueError("cannot load reference PoM weights: " + "; ".join(problems))
         self.load_state_dict(mapped, strict=True)
+
+    _ROPE_TABLES = {"1d": ("freqs_cos", "freqs_sin"), "2d": ("row_cos", "row_sin", "col_cos", "col_sin")}
+
+    def _rope_tables(self, state_dict: Mapping[str, Tensor], keys: Dict[str, str], prefix: str) -> Tuple[str, ...]:
+        """The names of PoMRoPE's frequency tables among ``keys`` (cos / sin of t·base^(−k/w), t < L, k < w), each
+        checked against this PoM's rope_base and width. The reference computes them in float32: angles of up to L
+        radians rounded to a few units of 2⁻²⁴ (measured ≤ 1.9·2⁻²⁴·L up to w = 2,048 and L = 65,536); the
+        tolerance 8·2⁻²⁴·L + 10⁻⁶ is four times that, while a base 1% off differs by 2.0 at L = 16,384 (tested)."""
+        kinds = [k for k, names in self._ROPE_TABLES.items() if any(n in keys for n in names)]
+        if not kinds:
+            return ()
+        kind, names = kinds[-1], self._ROPE_TABLES[kinds[-1]]
+        if len(kinds) > 1 or self.rope != kind or self.rope_convention != "reference":
+            raise ValueError(f"{prefix}{names[0]}: a checkpoint of the reference implementation's PoMRoPE with {kind} "
+                             f"rotary loads into PoM(..., rope={kind!r}, rope_convention='reference'); this PoM has "
+                             f"rope={self.rope!r}, rope_convention={self.rope_convention!r}")
+        w = self.poly_dim // (4 if kind == "2d" else 2)
+        for name in names:
+            t = state_dict[keys[name]] if name in keys else None
+            if t is None or t.dim() != 2 or t.shape[1] != w:
+                got = "missing" if t is None else f"of shape {tuple(t.shape)}"
+                raise ValueError(f"{prefix}{name} is {got}: PoMRoPE's {kind} tables {', '.join(names)} are (L, {w})")
+            cos_sin = rope_angles(torch.arange(t.shape[0]), 2 * w, self.rope_base, dtype=torch.float64)
+            err = (t.detach().cpu().double() - cos_sin[name.endswith("sin")]).abs().max().item()
+            tol = 8 * 2.0**-24 * t.shape[0] + 1e-6
+            if not err <= tol:
+                raise ValueError(f"{prefix}{name} differs from the table of rope_base={self.rope_base} by {err:.3g} "
+                                 f"(float32 rounding: ≤ {tol:.3g})")
+        return names
 
     def reference_state_dict(self) -> dict:
         """The inverse of :meth:`load_reference_state_dict`: this module's weights under the reference's names."""

@@ -38,6 +38,7 @@ class ValuePoM(PoM):
             depthwise convolution over the last W tokens (True = 2; the taps beyond the previous token start at 0,
             so any width starts as the token shift); False: none.
         chunk_size: tokens per chunk of the causal form.
+        rope_convention: "relative" only (accepted so that a model's options reach every PoM alike).
 
     Its state never decays: :class:`GatedValuePoM` is the decaying one.
     """
@@ -58,11 +59,15 @@ class ValuePoM(PoM):
         heads: int = 1,
         token_shift: Union[bool, int, None] = None,
         chunk_size: int = CHUNK,
+        rope_convention: str = "relative",
         *,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super(PoM, self).__init__()  # nn.Module's: PoM.__init__ builds the plain PoM's parameters, not these
+        if rope_convention != "relative":
+            raise ValueError(f"the value-carrying PoMs have one rotary convention, 'relative', got rope_convention="
+                             f"{rope_convention!r} (the reference implementation's PoMRoPE is a plain PoM)")
         value_dim = dim if value_dim is None else value_dim
         D = check_pom_shape(dim, degree, expand, sel_heads)
         check_counts(value_dim=value_dim, heads=heads, chunk_size=chunk_size)

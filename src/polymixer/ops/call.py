@@ -142,6 +142,7 @@ class Call:
     reduction = property(lambda self: self.mixing.reduction)
     rope = property(lambda self: self.mixing.rope)
     rope_base = property(lambda self: self.mixing.rope_base)
+    rope_convention = property(lambda self: self.mixing.rope_convention)
 
     @property
     def self_mix(self) -> bool:

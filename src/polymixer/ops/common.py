@@ -24,7 +24,8 @@ __all__ = ["ActivationLike", "CuSeqlens", "MIXING_MODES", "STEP_MODES", "REFEREN
            "gate_fn", "compute_dtype", "operand_dtype", "elementwise_backward", "is_compiling", "cast_output",
            "check_cu_seqlens", "segments", "documents_cu_seqlens", "rope_angles", "rotate", "check_tokens",
            "check_bool_mask", "check_positions", "default_positions", "batch_packed", "check_mix_inputs",
-           "packed_local_positions", "triton_precheck", "triton_possible", "ROPE_BASE", "Mixing"]
+           "packed_local_positions", "triton_precheck", "triton_possible", "ROPE_BASE", "check_reference_gate",
+           "Mixing"]
 
 # ----------------------------------------------------------------------------------------------------------------
 # Elementwise non-linearities: forward and closed-form derivative, so that custom backwards can recompute cheaply.
@@ -224,7 +225,8 @@ class Mixing:
     """The mode keywords every mixing op shares (``pom``, ``value_pom``, ``gated_value_pom`` and the float64 oracles),
     as the user passed them: which context tokens each query sees (``causal``,
     ``block_size``, ``mask`` (B, N) key padding or (B, M, N) general, ``cu_seqlens`` packed offsets), where tokens sit
-    for rotary positions (``positions``, ``context_positions``, ``rope`` None / "1d" / "2d", ``rope_base``) and how
+    for rotary positions (``positions``, ``context_positions``, ``rope`` None / "1d" / "2d", ``rope_base``,
+    ``rope_convention`` "relative" / "reference": docs/mixer.md) and how
     features are made and read (``activation``, ``gate``, ``reduction`` "mean" / "sum").
 
     Each public function keeps these as keywords (a drop-in API), builds one ``Mixing`` at its top and hands it down,
@@ -242,6 +244,7 @@ class Mixing:
     reduction: str = "mean"
     rope: Optional[str] = None
     rope_base: float = ROPE_BASE
+    rope_convention: str = "relative"
 
     @classmethod
     def of(cls, op: str, modes: Dict[str, Any], only: Optional[Tuple[str, ...]] = None) -> "Mixing":
@@ -264,6 +267,8 @@ class Mixing:
         and offsets are checked against the tensors by :func:`check_mix_inputs`."""
         if self.rope not in (None, "1d", "2d"):
             raise ValueError(f"rope must be None, '1d' or '2d', got {self.rope!r}")
+        if self.rope_convention not in ("relative", "reference"):
+            raise ValueError(f"rope_convention must be 'relative' or 'reference', got {self.rope_convention!r}")
         if self.reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {self.reduction!r}")
         resolve(ACTIVATIONS, self.activation, "activation")
@@ -276,7 +281,8 @@ class Mixing:
 
 MIXING_MODES = tuple(f.name for f in fields(Mixing))  # every mode keyword (a constant: torch.compile reads it)
 # the modes of a stream (an op called with a state: its chunk causal or one block; no packing, no cross-mixing)
-STEP_MODES = ("causal", "mask", "positions", "activation", "gate", "reduction", "rope", "rope_base")
+STEP_MODES = ("causal", "mask", "positions", "activation", "gate", "reduction", "rope", "rope_base",
+              "rope_convention")
 # the modes a layer's forward takes (the rest of Mixing is the layer's own configuration)
 LAYER_MODES = ("mask", "causal", "block_size", "cu_seqlens", "positions", "context_positions")
 
@@ -299,7 +305,8 @@ def check_mode_keywords(op: str, modes: Dict[str, Any], allowed: Sequence[str]) 
 
 
 # the modes a float64 oracle reads (which tokens a query sees comes to it as an explicit visibility matrix)
-REFERENCE_MODES = ("activation", "gate", "reduction", "rope", "rope_base", "positions", "context_positions")
+REFERENCE_MODES = ("activation", "gate", "reduction", "rope", "rope_base", "rope_convention", "positions",
+                   "context_positions")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -336,8 +343,14 @@ def rope_angles(
     return ang.cos(), ang.sin()
 
 
-def rotate(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
-    """Rotate channel pairs (k, k + D/2) of ``x`` (…, D) by the angles whose cos/sin are given (…, D/2)."""
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False, halves: bool = False) -> Tensor:
+    """Rotate channel pairs (k, k + D/2) of ``x`` (…, D) by the angles whose cos/sin are given (…, D/2).
+
+    ``halves``: 2-D tables (the row's angles, then the column's) turn pairs (k, k + D/4) within each half of ``x``
+    instead, the first half by the row, as the reference implementation's PoMRoPE does."""
+    if halves:
+        q = (2, x.shape[-1] // 4)
+        return rotate(x.unflatten(-1, (2, -1)), cos.unflatten(-1, q), sin.unflatten(-1, q), inverse).flatten(-2)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     cos = cos.to(x.dtype)
@@ -345,6 +358,13 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor
     if inverse:
         sin = -sin
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def check_reference_gate(rope: Optional[str], D: int, Ds: int) -> None:
+    """PoMRoPE's assertions on a gate of ``Ds`` heads over D channels (a gate per channel, Ds = D, always passes)."""
+    if rope is not None and Ds != D and (Ds % 2 if rope == "1d" else Ds % 4 or D // Ds < 4):
+        raise ValueError(f"rope_convention='reference' turns the gate's heads in pairs: sel_heads must be even (1-D) "
+                         f"or divisible by 4 with heads of ≥ 4 channels (2-D), got {rope} and {Ds} heads over {D}")
 
 
 # ----------------------------------------------------------------------------------------------------------------

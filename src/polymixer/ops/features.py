@@ -35,6 +35,7 @@ from .common import (
 
 __all__ = ["poly_features", "horner", "horner_derivative", "cumsum", "chunked_cumsum", "segment_prefix_sum",
            "aggregate", "last_visible", "safe_inverse", "pattern_mask", "gate_mix", "expand_heads", "reverse_logs",
+           "rotate_features", "select",
            "CHUNK", "EPS", "Features", "token_shift", "heads_view", "rotate_heads", "pad_tokens", "pad_packed",
            "unpack_positions", "positions_or_default", "value_features", "readout", "value_output", "full_mix",
            "call_features", "packed_starts", "packed_features", "padded_rows", "decay_logs",
@@ -472,6 +473,34 @@ def gate_mix(zs: Tensor, bias: Tensor, h: Tensor, gate: ActivationLike = "hardsi
     if D % Ds != 0:
         raise ValueError(f"gate width {Ds} must divide the polynomial width {D}")
     return _GateMix.apply(zs, bias, h, gate, zs.dtype if out_dtype is None else out_dtype)
+
+
+def rotate_features(p: Tensor, positions: Optional[Tensor], mixing: Mixing) -> Tensor:
+    """R_j p_j: each context token's (B, N, D) features turned by its rotary position, in the pairing of
+    ``mixing.rope_convention`` (unchanged without rotary)."""
+    if mixing.rope is None:
+        return p
+    cos, sin = rope_angles(positions, p.shape[-1], mixing.rope_base, mixing.two_d, p.dtype)
+    return rotate(p, cos, sin, halves=mixing.two_d and mixing.rope_convention == "reference")
+
+
+def select(zs: Tensor, bias: Tensor, h: Tensor, mixing: Mixing, positions: Optional[Tensor] = None) -> Tensor:
+    """The gated selection of queries at rotary ``positions`` from the aggregate ``h`` (B, 1 or M, D) of turned
+    features: "relative" reads it in each query's frame, ``gate(z_s + b) ⊙ R_i⁻¹ H_i``; "reference" (PoMRoPE) turns
+    the gate, ``R_i gate(z_s + b) ⊙ H_i`` — a gate of Ds < D heads in pairs (k, k + Ds/2), pair k at head k's
+    leading frequency (2-D: Ds/4 row pairs, then Ds/4 column pairs). Without rotary, :func:`gate_mix`."""
+    if mixing.rope is None:
+        return gate_mix(zs, bias, h, mixing.gate)
+    two_d, (B, M, Ds), D = mixing.two_d, zs.shape, h.shape[-1]
+    cos, sin = rope_angles(positions, D, mixing.rope_base, two_d, h.dtype)
+    if mixing.rope_convention == "relative":
+        return gate_mix(zs, bias, rotate(h.expand(B, M, D), cos, sin, inverse=True), mixing.gate)
+    if Ds != D:  # PoMRoPE's tables strided by (D/Ds)//2 (1-D) or D/Ds (2-D)
+        k = torch.arange(Ds // 4, device=h.device) * (D // Ds)
+        idx = torch.cat([k, D // 4 + k]) if two_d else torch.arange(Ds // 2, device=h.device) * (D // Ds // 2)
+        cos, sin = cos[..., idx], sin[..., idx]
+    s = resolve(GATES, mixing.gate, "gate")[0](zs.to(h.dtype) + bias.to(h.dtype))
+    return (expand_heads(rotate(s, cos, sin, halves=two_d), D) * h).to(zs.dtype)
 
 
 def reverse_logs(g: Tensor) -> Tensor:

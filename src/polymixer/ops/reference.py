@@ -3,7 +3,8 @@
 Nothing here is fast. Visibility is an explicit boolean matrix ``M`` (B, M, N) built from the mode's definition,
 powers are computed one by one, the aggregation is ``H_i = Σ_j M_ij poly(h_j) / Σ_j M_ij`` (or the plain sum),
 and rotary positions rotate every (query, context) pair by the angle of their *relative* position — the property
-the fast path must reproduce by rotating before and after aggregation. Everything runs in float64. Each op's own
+the fast path must reproduce by rotating before and after aggregation (PoMRoPE's convention: each context token and
+each query's gate by its own position, :func:`own_frame`). Everything runs in float64. Each op's own
 oracle is in its folder's ``reference.py`` (``reference_pom``, ``reference_value_pom``, ``reference_gated``), built
 from these pieces; attention's (the baselines') is here.
 """
@@ -20,7 +21,7 @@ from .common import activation as activation_fn
 from .common import REFERENCE_MODES, Mixing, gate_fn
 
 __all__ = ["visibility", "shift_validity", "reference_attention", "rotation_angles", "polynomial", "gate_of",
-           "rotated_pairs", "float64_inputs", "oracle_view", "visible_mean", "no_stream"]
+           "rotated_pairs", "own_frame", "turn_pairs", "float64_inputs", "oracle_view", "visible_mean", "no_stream"]
 
 
 def visibility(
@@ -99,8 +100,7 @@ def rotated_pairs(feat: Tensor, rope: str, base: float, positions: Tensor,
                   context_positions: Optional[Tensor]) -> Tensor:
     """R(p_j − p_i) feat_j for every (query i, context token j): (B, M, N, C) from (B, N, C) context features."""
     f64 = torch.float64
-    B, C = feat.shape[0], feat.shape[-1]
-    two_d = rope == "2d"
+    B, C, two_d = feat.shape[0], feat.shape[-1], rope == "2d"
     qp = positions.to(f64)
     kp = (positions if context_positions is None else context_positions).to(f64)
     if qp.dim() == (2 if two_d else 1):
@@ -108,10 +108,32 @@ def rotated_pairs(feat: Tensor, rope: str, base: float, positions: Tensor,
     if kp.dim() == (2 if two_d else 1):
         kp = kp.unsqueeze(0).expand(B, *kp.shape)
     ang = rotation_angles(kp.unsqueeze(1) - qp.unsqueeze(2), C, base, two_d)  # (B, M, N, C/2)
+    return turn_pairs(feat.unsqueeze(1), ang)
+
+
+def own_frame(feat: Tensor, rope: str, base: float, positions: Tensor, D: int) -> Tensor:
+    """R_{p_j} feat_j as PoMRoPE turns every token's (B, N, W) channels: pairs (k, k + W/2) (1-D) or (k, k + W/4)
+    within each half (2-D, the first by the row); W < D (a gate per head): pair k at head k's leading frequency."""
+    B, W, two_d = feat.shape[0], feat.shape[-1], rope == "2d"
+    pos = positions.to(torch.float64)
+    if pos.dim() == (2 if two_d else 1):
+        pos = pos.unsqueeze(0).expand(B, *pos.shape)
+    ang = rotation_angles(pos, D, base, two_d)  # (B, N, D/2): 2-D, the row's D/4 angles then the column's
+    if W != D:
+        hd = D // W
+        rows = [k * hd for k in range(W // 4)]
+        ang = ang[..., rows + [D // 4 + k for k in rows]] if two_d else ang[..., [k * (hd // 2) for k in range(W // 2)]]
+    if two_d:
+        return turn_pairs(feat.unflatten(-1, (2, W // 2)), ang.unflatten(-1, (2, W // 4))).flatten(-2)
+    return turn_pairs(feat, ang)
+
+
+def turn_pairs(feat: Tensor, ang: Tensor) -> Tensor:
+    """Channels (k, k + C/2) of ``feat`` (…, C) turned by ``ang`` (…, C/2)."""
     cos, sin = ang.cos(), ang.sin()
-    half = C // 2
-    p1, p2 = feat[..., :half].unsqueeze(1), feat[..., half:].unsqueeze(1)
-    return torch.cat([p1 * cos - p2 * sin, p2 * cos + p1 * sin], dim=-1)
+    half = feat.shape[-1] // 2
+    f1, f2 = feat[..., :half], feat[..., half:]
+    return torch.cat([f1 * cos - f2 * sin, f2 * cos + f1 * sin], dim=-1)
 
 
 def float64_inputs(op: str, modes: Dict[str, Any], x: Tensor, context: Optional[Tensor], vis: Optional[Tensor]
@@ -122,7 +144,10 @@ def float64_inputs(op: str, modes: Dict[str, Any], x: Tensor, context: Optional[
     c = x if context is None else context.to(torch.float64)
     if vis is None:
         vis = visibility(x.shape[0], x.shape[1], c.shape[1]).to(x.device)
-    return Mixing.of(op, modes, REFERENCE_MODES), x, c, vis.to(torch.float64)
+    m = Mixing.of(op, modes, REFERENCE_MODES)
+    if m.rope_convention != "relative" and op != "reference_pom":
+        raise ValueError(f"{op} has one rotary convention, 'relative'; rope_convention='reference' is a plain PoM's")
+    return m, x, c, vis.to(torch.float64)
 
 
 def oracle_view(call: Any) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:

@@ -9,6 +9,7 @@ from typing import Any, Dict, NamedTuple, Optional
 from torch import Tensor
 
 from ..call import Call, PoMState, check_weights, make_call
+from ..common import check_reference_gate
 
 __all__ = ["PomWeights", "make_pom_call"]
 
@@ -35,6 +36,8 @@ def make_pom_call(x: Tensor, weights: PomWeights, context: Optional[Tensor], mod
     if tuple(weights.gate_bias.shape) != (Ds,):
         raise ValueError(f"gate_bias has shape {tuple(weights.gate_bias.shape)}, in_weight a gate of {Ds} rows")
     call = make_call("pom", x, context, weights, modes, state)
+    if call.rope_convention == "reference":
+        check_reference_gate(call.rope, D, Ds)
     if state is not None and tuple(state.sum.shape) != (call.B, D):
         raise ValueError(f"state holds batch {state.sum.shape[0]} × {state.sum.shape[-1]} features but x has batch "
                          f"{call.B} and the mixer has D={D}; index or re-initialise the state")

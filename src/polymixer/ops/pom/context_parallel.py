@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..call import Call, PoMState, refuse_split
-from ..common import compute_dtype, is_compiling, rope_angles, rotate
-from ..features import cumsum, gate_mix, poly_features, safe_inverse
+from ..common import compute_dtype, is_compiling, rope_angles
+from ..features import cumsum, poly_features, rotate_features, safe_inverse, select
 from ..parallel import (ContextParallel, Slice, agree, all_reduce_sum, block_carry, causal_sums, exclusive_scan,
                         mode_facts, tensor_facts)
 from .fused_cpu import mix_with_carry, slice_sum
@@ -51,11 +51,8 @@ def forward(call: Optional[Call], problem: Optional[str], cp: ContextParallel) -
     z = F.linear(x, w.in_weight)
     zh, zs = z.split([D, call.Ds], dim=-1)
     p = poly_features(zh, w.coeff, call.activation)  # (B, n, D), accumulation dtype
-    pos = None
-    if call.rope is not None:
-        pos = _global_positions(call, sl)
-        cos, sin = rope_angles(pos, D, call.rope_base, call.rope == "2d", p.dtype)
-        p = rotate(p, cos, sin)
+    pos = _global_positions(call, sl) if call.rope is not None else None
+    p = rotate_features(p, pos, call.mixing)
     kw = call.key_mask.to(p.dtype) if call.key_mask is not None else p.new_ones(B, n)
     p = p * kw.unsqueeze(-1)
     pc = torch.cat([p, kw.unsqueeze(-1)], dim=-1)  # the sums and their counts travel together: (B, n, D + 1)
@@ -63,10 +60,7 @@ def forward(call: Optional[Call], problem: Optional[str], cp: ContextParallel) -
     hs, cnt = h[..., :D], h[..., D:]
     if call.reduction == "mean":
         hs = hs * safe_inverse(cnt)
-    if call.rope is not None:
-        cos_q, sin_q = rope_angles(pos, D, call.rope_base, call.rope == "2d", p.dtype)
-        hs = rotate(hs.expand(B, n, D), cos_q, sin_q, inverse=True)
-    g = gate_mix(zs, w.gate_bias, hs, call.gate)
+    g = select(zs, w.gate_bias, hs, call.mixing, pos)
     return F.linear(g, w.out_weight, w.out_bias), _after(call, final, sl)
 
 
@@ -120,9 +114,11 @@ def _sums(call: Call, cp: ContextParallel, sl: Slice, pc: Tensor, state: Optiona
 
 
 def _fusable(call: Call) -> bool:
-    """Calls the fused CPU path takes (causal or full, no key padding): there the slice keeps its memory to z."""
+    """Calls the fused CPU path takes (causal or full, no key padding, relative rotary): there the slice keeps its
+    memory to z."""
     return (call.x.device.type == "cpu" and call.key_mask is None and call.block_size is None
-            and isinstance(call.activation, str) and isinstance(call.gate, str) and not is_compiling())
+            and isinstance(call.activation, str) and isinstance(call.gate, str) and not is_compiling()
+            and (call.rope is None or call.rope_convention == "relative"))
 
 
 def _fused(call: Call, cp: ContextParallel, sl: Slice, state: Optional[PoMState]

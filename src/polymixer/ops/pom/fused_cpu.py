@@ -331,7 +331,7 @@ def mix_with_carry(z: Tensor, coeff: Tensor, bias: Tensor, rot: Rot, causal: boo
 
 
 def supports(call: Call) -> Optional[str]:
-    """Self-mixing, full or causal (rotary allowed), on CPU tensors, named non-linearities, eager mode."""
+    """Self-mixing, full or causal (relative rotary allowed), on CPU tensors, named non-linearities, eager mode."""
     if call.state is not None:
         return "a stream (state=…) runs on the torch form"
     if call.x.device.type != "cpu":
@@ -345,6 +345,8 @@ def supports(call: Call) -> Optional[str]:
             return f"{name} is not fused"
     if not isinstance(call.activation, str) or not isinstance(call.gate, str):
         return "a callable activation or gate is not fused"
+    if call.rope is not None and call.rope_convention != "relative":
+        return "rope_convention='reference' (PoMRoPE's turned gate) is not fused"
     if is_compiling():
         return "torch.compile traces the modular form"
     return None

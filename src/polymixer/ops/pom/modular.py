@@ -16,8 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..call import Call, PoMState
-from ..common import rope_angles, rotate
-from ..features import aggregate, cumsum, gate_mix, poly_features, safe_inverse
+from ..features import aggregate, cumsum, poly_features, rotate_features, safe_inverse, select
 
 __all__ = ["supports", "forward"]
 
@@ -31,31 +30,19 @@ def forward(call: Call) -> Union[Tensor, Tuple[Tensor, PoMState]]:
     """The PoM of a validated call: y, or (y, the state after the chunk) of a stream."""
     if call.state is not None:
         return _stream(call)
-    x, D, w = call.x, call.D, call.weights
-    B, M = call.B, call.M
-    two_d = call.rope == "2d"
+    x, D, w, m = call.x, call.D, call.weights, call.mixing
     if call.self_mix:  # ONE matrix product for W_h and W_s
         z = F.linear(x, w.in_weight)
         zh, zs = z[..., :D], z[..., D:]
     else:
         zs = F.linear(x, w.in_weight[D:])
         zh = F.linear(call.context, w.in_weight[:D])
-
-    p = poly_features(zh, w.coeff, call.activation)  # (B, N, D), accumulation dtype
-
-    if call.rope is not None:
-        positions, context_positions = call.rope_positions()
-        cos_k, sin_k = rope_angles(context_positions, D, call.rope_base, two_d, p.dtype)
-        p = rotate(p, cos_k, sin_k)
-
-    h = aggregate(p, num_queries=M, key_mask=call.key_mask, mask=call.mask, causal=call.causal,
+    positions, context_positions = call.rope_positions() if call.rope is not None else (None, None)
+    # (B, N, D) features in the accumulation dtype, turned by their positions (rotary)
+    p = rotate_features(poly_features(zh, w.coeff, call.activation), context_positions, m)
+    h = aggregate(p, num_queries=call.M, key_mask=call.key_mask, mask=call.mask, causal=call.causal,
                   block_size=call.block_size, cu_seqlens=call.cu_k, cu_seqlens_q=call.cu_q, reduction=call.reduction)
-    if call.rope is not None:
-        cos_q, sin_q = rope_angles(positions, D, call.rope_base, two_d, p.dtype)
-        h = rotate(h.expand(B, M, D), cos_q, sin_q, inverse=True)
-
-    g = gate_mix(zs, w.gate_bias, h, call.gate)
-    return F.linear(g, w.out_weight, w.out_bias)
+    return F.linear(select(zs, w.gate_bias, h, m, positions), w.out_weight, w.out_bias)
 
 
 def _stream(call: Call) -> Tuple[Tensor, PoMState]:
@@ -64,30 +51,18 @@ def _stream(call: Call) -> Tuple[Tensor, PoMState]:
     adds nothing. Returns (y, the state after the chunk)."""
     x, D, w, state = call.x, call.D, call.weights, call.state
     B, T = call.B, call.N
-    two_d = call.rope == "2d"
     z = F.linear(x, w.in_weight)
     zh, zs = z[..., :D], z[..., D:]
     acc = state.sum.dtype
-    p = poly_features(zh, w.coeff, call.activation).to(acc)
+    positions = None
     if call.rope is not None:  # the stream index by default
         positions, _ = call.rope_positions(state.offset.unsqueeze(1) + torch.arange(T, device=x.device))
-        cos, sin = rope_angles(positions, D, call.rope_base, two_d, acc)
-        p = rotate(p, cos, sin)
+    p = rotate_features(poly_features(zh, w.coeff, call.activation).to(acc), positions, call.mixing)
+    wt = torch.ones(B, T, dtype=acc, device=x.device) if call.key_mask is None else call.key_mask.to(acc)
     if call.key_mask is not None:
-        wt = call.key_mask.to(acc)
         p = p * wt.unsqueeze(-1)
-    else:
-        wt = torch.ones(B, T, dtype=acc, device=x.device)
-    if call.causal:
-        s = state.sum.unsqueeze(1) + cumsum(p)
-        cnt = state.count.unsqueeze(1) + cumsum(wt)
-    else:
-        s = state.sum.unsqueeze(1) + p.sum(1, keepdim=True)
-        cnt = state.count.unsqueeze(1) + wt.sum(1, keepdim=True)
-    h = s
-    if call.reduction == "mean":
-        h = s * safe_inverse(cnt).unsqueeze(-1)
-    if call.rope is not None:
-        h = rotate(h.expand(B, T, D), cos, sin, inverse=True)
-    y = F.linear(gate_mix(zs, w.gate_bias, h, call.gate), w.out_weight, w.out_bias)
+    s, cnt = (cumsum(p), cumsum(wt)) if call.causal else (p.sum(1, keepdim=True), wt.sum(1, keepdim=True))
+    s, cnt = state.sum.unsqueeze(1) + s, state.count.unsqueeze(1) + cnt
+    h = s * safe_inverse(cnt).unsqueeze(-1) if call.reduction == "mean" else s
+    y = F.linear(select(zs, w.gate_bias, h, call.mixing, positions), w.out_weight, w.out_bias)
     return y, PoMState(s[:, -1], cnt[:, -1], state.offset + T)

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from ..call import Call
-from ..reference import float64_inputs, gate_of, no_stream, oracle_view, polynomial, rotated_pairs, visible_mean
+from ..reference import (float64_inputs, gate_of, no_stream, oracle_view, own_frame, polynomial, rotated_pairs,
+                         visible_mean)
 from .call import PomWeights
 
 __all__ = ["reference_pom", "supports", "forward"]
@@ -18,23 +19,28 @@ __all__ = ["reference_pom", "supports", "forward"]
 
 def reference_pom(x: Tensor, weights: PomWeights, context: Optional[Tensor] = None, *, vis: Optional[Tensor] = None,
                   **modes: Any) -> Tensor:
-    """y_i = W_o (s_i ⊙ H_i), H_i = Σ_j vis_ij R(p_j − p_i) poly(act(W_h c_j)) [/ Σ_j vis_ij], all in float64.
+    """y_i = W_o (s_i ⊙ H_i), H_i = Σ_j vis_ij R(p_j − p_i) poly(act(W_h c_j)) [/ Σ_j vis_ij], all in float64; with
+    ``rope_convention="reference"`` (PoMRoPE) y_i = W_o (R_{p_i} s_i ⊙ Σ_j vis_ij R_{p_j} poly(act(W_h c_j)) [/ …]).
 
     ``vis`` (B, M, N) bool: which context tokens each query sees (:func:`polymixer.ops.reference.visibility`; None:
-    all); ``modes``: activation, gate, reduction, rope, rope_base, positions, context_positions."""
+    all); ``modes``: activation, gate, reduction, rope, rope_base, rope_convention, positions, context_positions."""
     m, x, c, visf = float64_inputs("reference_pom", modes, x, context, vis)
     D = weights.coeff.shape[0]
     W = weights.in_weight.to(torch.float64)
     poly = polynomial(c @ W[:D].T, weights.coeff, m.activation)
-    s = gate_of(x, W[D:], weights.gate_bias, m.gate, D)
+    s = gate_of(x, W[D:], weights.gate_bias, m.gate, W.shape[0] - D)  # (B, M, Ds)
     if m.rope is None:
         H = torch.einsum("bmn,bnd->bmd", visf, poly)
-    else:
+    elif m.rope_convention == "relative":
         rot = rotated_pairs(poly, m.rope, m.rope_base, m.positions, m.context_positions)  # (B, M, N, D)
         H = (visf.unsqueeze(-1) * rot).sum(2)
+    else:
+        cpos = m.positions if m.context_positions is None else m.context_positions
+        H = torch.einsum("bmn,bnd->bmd", visf, own_frame(poly, m.rope, m.rope_base, cpos, D))
+        s = own_frame(s, m.rope, m.rope_base, m.positions, D)
     if m.reduction == "mean":
         H = visible_mean(H, visf)
-    y = (s * H) @ weights.out_weight.to(torch.float64).T
+    y = (s.repeat_interleave(D // s.shape[-1], dim=-1) * H) @ weights.out_weight.to(torch.float64).T
     if weights.out_bias is not None:
         y = y + weights.out_bias.to(torch.float64)
     return y
@@ -47,6 +53,6 @@ def forward(call: Call) -> Tensor:
     """Run a validated call on the oracle, in float64, cast back."""
     vis, pos, cpos = oracle_view(call)
     y = reference_pom(call.x, call.weights, call.context, vis=vis, activation=call.activation, gate=call.gate,
-                      reduction=call.reduction, rope=call.rope, rope_base=call.rope_base, positions=pos,
-                      context_positions=cpos)
+                      reduction=call.reduction, rope=call.rope, rope_base=call.rope_base,
+                      rope_convention=call.rope_convention, positions=pos, context_positions=cpos)
     return y.to(call.x.dtype)

@@ -1437,6 +1437,8 @@ def kernel_limits(call: Any) -> Optional[str]:
     if G > 128 or G & (G - 1):
         return f"a gate head of {G} channels (the kernels take a power of two ≤ 128)"
     if call.rope:
+        if call.rope_convention != "relative":
+            return "rope_convention='reference' (PoMRoPE's turned gate) is not in the kernels"
         if D % (4 if call.rope == "2d" else 2):
             return f"{call.rope} rotary needs a width divisible by {4 if call.rope == '2d' else 2}, got {D}"
         if (D // 2) % G:

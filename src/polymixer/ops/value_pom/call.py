@@ -57,6 +57,9 @@ def make_value_call(x: Tensor, weights: Any, context: Optional[Tensor], modes: D
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive int, got {chunk!r}")
     call = make_call(op, x, context, weights, modes, state, heads=heads, chunk=chunk)
+    if call.rope_convention != "relative":
+        raise ValueError(f"{op} has one rotary convention, 'relative' (rope_convention='reference' is the reference "
+                         f"implementation's PoMRoPE: a plain PoM)")
     Dh = D // heads
     if (call.rope == "1d" and Dh % 2) or (call.rope == "2d" and Dh % 4):
         raise ValueError(f"{call.rope} rotary needs a key width per head (D/heads = {Dh}) divisible by "
