@@ -43,8 +43,9 @@ def test_parity_reads_best_rates_and_judges_targets(tmp_path):
     # side, so no verdict is settled
     assert [t["verdict"].split(" on 1 seed, unsettled")[0] for t in lmf["targets"]] == ["MISSED", "met", "MISSED",
                                                                                          "MISSED"]
-    assert [t["what"] for t in lmf["targets"][2:]] == ["the paper's tiny-pom within +18.0% (the paper: +17.9%)",
-                                                       "the paper's tiny-hybrid within +2.0% (the paper: +0.6%)"]
+    assert [t["what"] for t in lmf["targets"][2:]] == [  # judged in polymixer's forms: the paper's were not run
+        "the paper's tiny-pom-paper within +18.0% (the paper: +17.9%)",
+        "the paper's tiny-hybrid-paper within +2.0% (the paper: +0.6%)"]
     assert all("needs 3 seeds of both" in t["verdict"] for t in lmf["targets"])
     e = fam["eo"]
     assert e["hybrid"]["full_attention"] and e["hybrid"]["gap"] == pytest.approx(3.0)
@@ -79,9 +80,9 @@ def test_parity_takes_medians_over_the_seed_folders_on_the_seeds_both_ran(tmp_pa
         return {"spec": spec, "miou_24": miou, "val_miou": miou, "lr": lr, "steps": 800, "best_lr": best}
 
     eo(tmp_path, 0, [row("tiny-tsvit", 0.394), row("tiny-tsvit", 0.30, 0.001, False),
-                     row("tiny-tsvipom-value", 0.366), row("tiny-tsvipom", 0.156)])
+                     row("tiny-tsvipom-value", 0.366), row("tiny-tsvipom-paper", 0.156)])
     eo(tmp_path / "eo_seed1", 1, [row("tiny-tsvit", 0.35), row("tiny-tsvipom-value", 0.37),
-                                  row("tiny-tsvipom", 0.40, 0.001)])  # TSViPoM at another rate: not its seed 1
+                                  row("tiny-tsvipom-paper", 0.40, 0.001)])  # another rate: not its seed 1
     eo(tmp_path / "eo_seed2", 2, [row("tiny-tsvit", 0.38), row("tiny-tsvipom-value", 0.36)])
     eo(tmp_path / "eo_seed3", 3, [row("tiny-tsvipom-value", 0.99)])  # attention has no seed 3: not compared
     f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "eo")
@@ -95,7 +96,7 @@ def test_parity_takes_medians_over_the_seed_folders_on_the_seeds_both_ran(tmp_pa
     # each side's range over those seeds: 36.0–37.0 inside attention's 35.0–39.4 (seed 0, the selection seed, counts:
     # fewer than 3 other seeds ran)
     assert ("tiny-tsvipom-value -1.4 (median of 3 seeds: seeds 0, 1, 2 †; 36.0–37.0 against attention's 35.0–39.4: "
-            f"within the seed ranges) — **MISSED, unsettled: not run with tiny-tsvipom {dates}, "
+            f"within the seed ranges) — **MISSED, unsettled: not run with tiny-tsvipom-paper {dates} / tiny-tsvipom, "
             f"tiny-tsvipom-value {dates} / +date_rope=true+mixer=gated_value_pom, tiny-tsvipom-local (any form)**"
             ) in parity.report(
         parity.collect(tmp_path))
@@ -280,15 +281,15 @@ def test_the_fairness_rule_picks_on_validation_offers_the_shift_and_reports_flip
     shift = "+date_rope=true+attention_shift=4"
     eo([row("tiny-tsvit", 0.40, 0.33), row("tiny-tsvit" + dates, 0.639, 0.631), row("tiny-tsvit" + slow, 0.56, 0.54),
         row("tiny-tsvit" + shift, 0.66, 0.65, 1008),
-        row("tiny-tsvipom", 0.15, 0.17, 1010), row("tiny-tsvipom" + dates, 0.16, 0.18, 1010),
-        row("tiny-tsvipom" + slow, 0.15, 0.17, 1010),
+        row("tiny-tsvipom-paper", 0.15, 0.17, 1010), row("tiny-tsvipom-paper" + dates, 0.16, 0.18, 1010),
+        row("tiny-tsvipom-paper" + slow, 0.15, 0.17, 1010),
         row("tiny-tsvipom-value", 0.40, 0.37, 1007), row("tiny-tsvipom-value" + dates, 0.518, 0.446, 1007),
         # better on test, worse on validation: the earlier rule took it, the fair one does not
         row("tiny-tsvipom-value" + slow, 0.557, 0.437, 1007)])
     f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["eo"]
     assert f["attention"]["model"] == "tiny-tsvit" + shift and f["attention"]["picked_by"] == "validation"
     assert f["value"]["model"] == "tiny-tsvipom-value" + dates and f["value"]["gap"] == pytest.approx(51.8 - 66)
-    assert f["pom"]["not_run"] == [] and "tiny-tsvipom" not in f["not_run"]  # the shift option is not PoM's
+    assert f["pom"]["not_run"] == ["tiny-tsvipom"]  # polymixer's form; the shift option is not PoM's
     assert f["value"]["params_vs_attention"] == pytest.approx(1007 / 1008 - 1)
     every = f["targets"][1]
     assert every["verdict"].startswith("MISSED on 1 seed")
@@ -333,7 +334,8 @@ def test_the_gated_value_pom_is_a_form_of_the_value_pom_only_and_shown_not_run(t
     lm([row("tiny-attention", 1.0), row("tiny-vpom", 1.2)])
     f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["lm"]
     assert f["not_run"]["tiny-vpom"] == ["+mixer=gated_value_pom"]
-    assert f["not_run"]["tiny-pom"] == [""]  # not run at all: its preset (it takes no attention shift)
+    # not run at all: the paper's form and polymixer's (neither takes the attention shift)
+    assert f["not_run"]["tiny-pom-paper"] == ["", "tiny-pom"]
     every = f["targets"][1]
     assert every["verdict"].startswith("MISSED") and "not run with tiny-vpom +mixer=gated_value_pom" in every["verdict"]
     assert any("--presets tiny-vpom+mixer=gated_value_pom" in c for c in f["to_run"])
@@ -635,8 +637,8 @@ def test_a_rate_at_the_end_of_a_sweep_leaves_a_verdict_it_could_flip_unsettled(t
     verdicts, _ = judged(attention + [row("tiny-attention", 1.05, 0.001, best=False)]
                          + [dict(row("tiny-vpom", 1.05, 0.004), rates=1)], vpom=1.05)
     assert verdicts["best without full attention"] == (
-        "MISSED, unsettled: not run with tiny-vpom +mixer=gated_value_pom, tiny-pom (any form), tiny-hybrid (any "
-        "form), tiny-vhybrid (any form); run at one rate only: tiny-vpom")
+        "MISSED, unsettled: not run with tiny-vpom +mixer=gated_value_pom, tiny-pom-paper (any form), "
+        "tiny-hybrid-paper (any form), tiny-vhybrid (any form); run at one rate only: tiny-vpom")
 
 
 def test_the_sweep_command_leaves_out_the_rate_run():
@@ -923,16 +925,19 @@ def test_the_prose_lm_at_context_1024_is_a_comparison_of_its_own(tmp_path):
     assert f["attention"]["model"] == att + "+attention_shift=4" and f["value"] == {"run": False}
     assert f["pom"]["model"] == pom and f["pom"]["gap"] == pytest.approx(2.0 / 1.5 - 1)
     assert f["hybrid"]["model"] == hyb and f["hybrid"]["gap"] == pytest.approx(1.56 / 1.5 - 1)
-    assert [t["what"] for t in f["targets"]] == [f"the paper's {pom} within +18.0% (the paper: +17.9%)",
-                                                 f"the paper's {hyb} within +2.0% (the paper: +0.6%)"]
+    # the rows are polymixer's forms of the paper's PoM and hybrid, whose paper forms were not run
+    paper_pom, paper_hyb = "tiny-pom-paper+block_size=1024", "tiny-hybrid-paper+block_size=1024+window=128"
+    assert [t["what"] for t in f["targets"]] == [f"the paper's {paper_pom} within +18.0% (the paper: +17.9%)",
+                                                 f"the paper's {paper_hyb} within +2.0% (the paper: +0.6%)"]
     assert [t["short"] for t in f["targets"]] == ["paper's PoM within +18.0%", "paper's hybrid within +2.0%"]
     assert [t["verdict"].split(" on 1 seed")[0] for t in f["targets"]] == ["MISSED", "MISSED"]
-    assert (f"polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {hyb}+attention_shift=4 "
-            f"--sweep {hyb}+attention_shift=4 --lr-factors 0.5 1 2 4 8 --out docs/bench/lm_prose") in f["to_run"]
+    assert (f"polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {paper_hyb}+attention_shift=4 "
+            f"--sweep {paper_hyb}+attention_shift=4 --lr-factors 0.5 1 2 4 8 --out docs/bench/lm_prose") in f["to_run"]
     assert any(c.endswith("--seed 1 --out docs/bench/lm_prose/lm_seed1") and f"--presets {pom} " in c
                for c in f["to_run"])
     text = parity.report(parity.collect(tmp_path))
-    assert "1.5000, +attention_shift=4" in text and "2.0000 (+33.3%) |" in text  # the option past the preset only
+    assert "1.5000, +attention_shift=4" in text  # the option past the preset only; another form by its name
+    assert f"2.0000 (+33.3%), as {pom} |" in text
     _write(tmp_path / "lm_prose" / "lm_seed1", "lm", "quality", [row(pom, 1.9, 0.008)], {"seed": 1, "lr": 0.002})
     # speeds: the quick check's throughput part times the same models at N 1,024 (its window is the hybrid's 128);
     # the prose comparison reads them there, the quick check at the longest length; the shift form is not timed
@@ -964,8 +969,11 @@ def test_the_prose_lm_at_the_larger_size_is_judged_at_its_carried_rate(tmp_path)
     from polymixer.experiments.lm.bench import width_ratio
     from polymixer.experiments.lm.targets import LARGER, PROSE, PROSE_LARGER
 
-    att, pom, hyb = PROSE_LARGER.attention, PROSE_LARGER.pom, PROSE_LARGER.hybrids[0]
-    small = {att: PROSE.attention + "+attention_shift=4", pom: PROSE.pom, hyb: PROSE.hybrids[0] + "+attention_shift=4"}
+    # polymixer's forms of the paper's PoM and hybrid (the paper's forms are not run here)
+    att, pom, hyb = (PROSE_LARGER.attention, *(PROSE_LARGER.forms[n][0] for n in (PROSE_LARGER.pom,
+                                                                                  *PROSE_LARGER.hybrids)))
+    ours_pom, ours_hyb = PROSE.forms[PROSE.pom][0], PROSE.forms[PROSE.hybrids[0]][0]
+    small = {att: PROSE.attention + "+attention_shift=4", pom: ours_pom, hyb: ours_hyb + "+attention_shift=4"}
     assert PROSE_LARGER.larger_rate == width_ratio(small[pom], pom) == 0.5 and pom == small[pom] + LARGER
 
     def row(spec, loss, lr, **more):
@@ -986,7 +994,8 @@ def test_the_prose_lm_at_the_larger_size_is_judged_at_its_carried_rate(tmp_path)
     assert not f["pom"]["one_rate"] and f["pom"]["beyond"] is None and f["pom"]["own_seeds"] == [0, 1, 2]
     assert f["pom"]["gap"] == pytest.approx(1.60 / 1.31 - 1)  # medians over seeds 0, 1, 2 of both
     paper_pom, paper_hyb = f["targets"]
-    assert paper_pom["verdict"] == "MISSED" and "one rate" not in paper_hyb["verdict"]
+    assert paper_pom["verdict"] == f"MISSED, unsettled: not run with {PROSE_LARGER.pom} its preset"
+    assert "one rate" not in paper_hyb["verdict"]
     assert paper_hyb["verdict"].startswith("met") and "1 seed" in paper_hyb["verdict"]  # the hybrid: seed 0 only
     assert (f"--presets {small[hyb]} --sweep {small[hyb]} --lr-factors 4 --larger {LARGER} --seed 1 "
             f"--out docs/bench/lm_prose/lm_seed1") in " ".join(f["to_run"])
@@ -999,8 +1008,10 @@ def test_the_prose_lm_at_the_larger_size_is_judged_at_its_carried_rate(tmp_path)
     # a larger model never run: its smaller model at the rate that model chose, made larger — not its whole sweep
     _write(tmp_path / "lm_prose", "lm", "quality", [r for r in rows if r["spec"] != hyb], {"seed": 0, "lr": 0.002})
     f = next(f for f in parity.collect(tmp_path)["families"] if f["family"] == PROSE_LARGER.name)
-    assert (f"--presets {small[hyb]} --sweep {small[hyb]} --lr-factors 4 --larger {LARGER} "
-            f"--out docs/bench/lm_prose") in f["to_run"][0]
+    assert any(c.endswith(f"--presets {small[hyb]} --sweep {small[hyb]} --lr-factors 4 --larger {LARGER} "
+                          f"--out docs/bench/lm_prose") for c in f["to_run"])
+    # the paper's forms, never run at either size: their smaller model's sweep, made larger
+    assert any(f"--presets {PROSE.pom} --sweep {PROSE.pom} --lr-factors 0.5 1 2 4 8 --larger" in c for c in f["to_run"])
 
 
 def test_a_compared_form_timed_beside_the_presets_is_found_under_its_compared_name():

@@ -129,6 +129,12 @@ def _form(option: str) -> str:
     return option or "its preset"
 
 
+def _spec(fam: Comparison, name: str, form: str) -> str:
+    """The spec of ``name``'s form ``form``: its preset with an option's suffix ("", "+…", recall's "-shift"), or
+    another spec that is one of the model's own forms (``Comparison.forms``)."""
+    return form if form in fam.forms.get(name, ()) and not form.startswith("+") else name + form
+
+
 def past_end(e: Dict[str, Any]) -> str:
     """``e``'s model, its rate at the end of its sweep and the rate beyond it not run."""
     return f"{e['model']} at {e['lr']:g} ({e['beyond']:g} not run)"
@@ -372,7 +378,8 @@ def _choose(fam: Comparison, by: Dict[str, Dict[str, Any]], name: str, fair: boo
     options = [o for o in fam.options if (fair or o not in fam.shift_options)
                and (o not in fam.shift_options or _has_attention(fam, name))]
     mine = [o for o in fam.value_options if fair and name == fam.value]
-    forms = [name] + [name + o for o in options + mine]
+    own = list(fam.forms.get(name, ()))  # the model's own forms (polymixer's beside the paper's), with the options
+    forms = [name] + [name + o for o in options + mine] + [_spec(fam, name, f) + o for f in own for o in [""] + options]
     if fair and fam.tuned:  # the model's own run variants over its preset's fields (and the options' fields)
         allowed = set(fam.tuned) | {kv.split("=")[0] for o in options for kv in o.split("+")[1:]}
         fixed = {kv for o in mine for kv in o.split("+")[1:]}  # the value PoM's own forms: with their values only
@@ -382,7 +389,7 @@ def _choose(fam: Comparison, by: Dict[str, Dict[str, Any]], name: str, fair: boo
     found = [by[n] for n in forms if n in by and _number(by[n].get(fam.metric))]
     # the forms not run: the options, and the preset itself ("") where it has no run either (a model not run in any
     # form lists all of them: it is a candidate its verdicts have not seen)
-    missing = [o for o in ([] if name in by else [""]) + options if name + o not in by]
+    missing = [o for o in ([] if name in by else [""]) + options + own if _spec(fam, name, o) not in by]
     if not found:
         return by.get(name), missing, "", []
     if len(found) == 1:
@@ -557,6 +564,7 @@ def _compared(j: _Judging) -> Dict[str, Any]:
     item: Dict[str, Any] = {"family": fam.name, "bench": fam.bench, "metric": fam.label, "higher": fam.higher,
                             "gap_kind": fam.gap, "guide": fam.guide, "found": rows is not None,
                             "options": list(fam.options), "value_options": list(fam.value_options),
+                            "forms": {name: list(forms) for name, forms in fam.forms.items()},
                             "select": fam.select, "file": fam.file,
                             "presets": {"attention": fam.attention, "pom": fam.pom, "value": fam.value},
                             "attention": j.entry(fam.attention, j.base, compared=False), "pom": j.entry(fam.pom),
@@ -565,7 +573,7 @@ def _compared(j: _Judging) -> Dict[str, Any]:
     # every compared model has been picked (``entry``); one never run in any form has all its forms to run
     found = rows is not None  # without the family's JSON nothing is "not run": the family is
     item["not_run"] = {name: miss for name, (row, miss, _, _) in j.picked.items() if miss and found}
-    item["to_run"] = [_first_command(j, name + o) for name, miss in item["not_run"].items() for o in miss
+    item["to_run"] = [_first_command(j, _spec(fam, name, o)) for name, miss in item["not_run"].items() for o in miss
                       if fam.command]
     item["absent"] = j.absent = [name for name, (row, _, _, _) in j.picked.items() if row is None and found]
     item["hybrids"] = hybrids = [h for h in hybrids if h["run"] and "gap" in h]
@@ -793,7 +801,7 @@ def _models(fam: Comparison, item: Dict[str, Any], lengths: Dict[str, str]) -> L
     models = []
     for role, e in roles:
         if e.get("run"):
-            paper, paper_gap = _paper(fam, item, e["model"])
+            paper, paper_gap = _paper(fam, item, e.get("preset", e["model"]))
             speed = ratio.get(_speed_name(e["model"], fam.timed_as))
             models.append(dict(e) | {"role": role, "speed": speed, "paper": paper, "paper_gap": paper_gap})
     sign = 1 if item["higher"] else -1
@@ -826,6 +834,9 @@ def target_lines(item: Dict[str, Any]) -> List[str]:
                       if e.get("run") and e.get("picked_by") not in (None, "", "validation")})
         if item.get("select") and odd:
             lines.append(f"{item['family']}: some forms were picked on {'; '.join(odd)}")
+    if item.get("forms"):
+        lines.append(f"{item['family']}: also offered, and chosen on validation like the options: "
+                     + "; ".join(f"{name} as {' / '.join(forms)}" for name, forms in item["forms"].items()))
     chosen = [f"{what} on {item[key]}" for key, what in (("hybrid_picked_by", "the hybrid shown"),
                                                           ("best_linear_picked_by", "the best without full attention"),
                                                           ("all_pom_picked_by", "the best all-PoM"))
@@ -927,6 +938,8 @@ def _cell(fam: Dict[str, Any], e: Dict[str, Any], option: bool = True) -> str:
     preset = str(e.get("preset") or str(e.get("model", "")).split("+")[0])
     if option and str(e.get("model", "")).startswith(preset + "+"):
         text += ", " + e["model"][len(preset):]  # the option this model is compared with
+    elif option and e.get("model", preset) != preset:
+        text += f", as {e['model']}"  # another of its forms (polymixer's beside the paper's)
     return text
 
 
