@@ -931,8 +931,9 @@ def test_the_prose_lm_at_context_1024_is_a_comparison_of_its_own(tmp_path):
                                                  f"the paper's {paper_hyb} within +2.0% (the paper: +0.6%)"]
     assert [t["short"] for t in f["targets"]] == ["paper's PoM within +18.0%", "paper's hybrid within +2.0%"]
     assert [t["verdict"].split(" on 1 seed")[0] for t in f["targets"]] == ["MISSED", "MISSED"]
-    assert (f"polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {paper_hyb}+attention_shift=4 "
-            f"--sweep {paper_hyb}+attention_shift=4 --lr-factors 0.5 1 2 4 8 --out docs/bench/lm_prose") in f["to_run"]
+    assert (f"polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets "
+            f"{paper_hyb}+attention_shift=4 --sweep {paper_hyb}+attention_shift=4 --lr-factors 0.5 1 2 4 8 "
+            f"--out docs/bench/lm_prose") in f["to_run"]
     assert any(c.endswith("--seed 1 --out docs/bench/lm_prose/lm_seed1") and f"--presets {pom} " in c
                for c in f["to_run"])
     text = parity.report(parity.collect(tmp_path))
@@ -1031,3 +1032,50 @@ def test_a_compared_form_timed_beside_the_presets_is_found_under_its_compared_na
     for fam, folder in (("image", "image_forms"), ("ocr", "ocr_forms"), ("eo", "eo_forms"),
                         ("points", "points_forms")):  # where each family's compared forms are timed
         assert next(c for c in parity.comparisons() if c.bench == fam).speed_file == f"{folder}/{fam}.json"
+
+
+def test_the_papers_pom_is_compared_in_the_papers_form_with_polymixers_beside_it(tmp_path):
+    """The paper's PoM and hybrid are compared as the paper's form (``tiny-*-paper``) with polymixer's form offered
+    beside it (``Comparison.forms``), chosen on validation like the options. Runs of polymixer's form alone still
+    count; the paper's form then reads "not run", with the command that runs it, and a MISSED it could change is
+    unsettled. Attention is offered the paper's positions beside its own."""
+
+    def ocr(rows):
+        (tmp_path / "ocr.json").write_text(json.dumps({"quality": {"config": {"seed": 0}, "rows": rows}}))
+
+    def row(preset, test, val):
+        return {"preset": preset, "task": "synthetic", "cer": test, "val_cer": val, "lr": 0.004, "best_lr": True,
+                "rates": 3, "params": 1000}
+
+    ocr([row("tiny-htr-vt", 0.10, 0.10), row("tiny-htr-vpom", 0.13, 0.13)])
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "ocr")
+    assert f["pom"]["preset"] == "tiny-htr-vpom-paper" and f["pom"]["model"] == "tiny-htr-vpom"
+    assert f["not_run"]["tiny-htr-vpom-paper"] == [""]  # the paper's form; polymixer's ran
+    assert ("polymixer bench ocr --parts quality --tasks synthetic --quality-presets tiny-htr-vpom-paper --sweep "
+            "tiny-htr-vpom-paper --lr-factors 0.5 1 2 4 --out docs/bench") in f["to_run"]
+    paper = next(t for t in f["targets"] if t["what"].startswith("the paper's tiny-htr-vpom-paper within +15.0%"))
+    assert paper["measured"].startswith("tiny-htr-vpom +30.0%")
+    assert paper["verdict"].startswith("MISSED") and "not run with tiny-htr-vpom-paper its preset" in paper["verdict"]
+    text = parity.report(parity.collect(tmp_path))
+    assert "13.00 (+30.0%), as tiny-htr-vpom |" in text  # the form compared, named beside its figure
+    assert ("also offered, and chosen on validation like the options: tiny-htr-vpom-paper as tiny-htr-vpom; "
+            "tiny-htr-vpom-hybrid-paper as tiny-htr-vpom-hybrid") in text
+    # both forms run: the one validation prefers is compared (the paper's here, though polymixer's tests better),
+    # and nothing of the PoM is left to run
+    ocr([row("tiny-htr-vt", 0.10, 0.10), row("tiny-htr-vpom", 0.11, 0.14), row("tiny-htr-vpom-paper", 0.12, 0.12)])
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "ocr")
+    assert f["pom"]["model"] == "tiny-htr-vpom-paper" and f["pom"]["picked_by"] == "validation"
+    assert "tiny-htr-vpom-paper" not in f["not_run"]
+    # the paper's form alone: polymixer's is the form not run
+    ocr([row("tiny-htr-vt", 0.10, 0.10), row("tiny-htr-vpom-paper", 0.12, 0.12)])
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "ocr")
+    assert f["not_run"]["tiny-htr-vpom-paper"] == ["tiny-htr-vpom"]
+    assert any("--quality-presets tiny-htr-vpom --sweep tiny-htr-vpom " in c for c in f["to_run"])
+    # the LM's attention in GPT-2's learned positions, a form of its own chosen on validation
+    lm = [{"spec": s, "val_loss": v, "lr": 0.004, "best_lr": True, "rates": 3} for s, v in
+          (("tiny-attention", 1.0), ("tiny-attention+position=learned", 0.95), ("tiny-pom-paper", 1.2))]
+    _write(tmp_path, "lm", "quality", lm, {"seed": 0})
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "lm")
+    assert f["attention"]["model"] == "tiny-attention+position=learned" and f["pom"]["model"] == "tiny-pom-paper"
+    assert f["not_run"]["tiny-pom-paper"] == ["tiny-pom"]
+    assert f["not_run"]["tiny-attention"] == ["+attention_shift=4"]  # its own form ran; the shift option did not
