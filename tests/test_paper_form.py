@@ -15,13 +15,14 @@ from polymixer.experiments.tasks.common import config_overrides
 from polymixer.models import count_parameters, create_model, list_models
 from polymixer.models.registry import family_config
 
-# each family's PoM preset, and its attention preset (none where the family has no attention-only preset)
+# PoM presets of every family (the value PoM's too), and each family's attention
 POM_PRESETS = [("lm", "tiny-pom"), ("lm", "tiny-vpom"), ("image", "tiny-sipom"), ("ocr", "tiny-htr-vpom"),
                ("eo", "tiny-tsvipom"), ("points", "tiny-ppomv3"), ("recall", "mqar-pom"), ("recall", "mqar-vpom")]
-ATTENTION = {"lm": "tiny-attention", "image": "tiny-sit", "ocr": "tiny-htr-vt", "eo": "tiny-tsvit", "points": "tiny-ptv3"}
+ATTENTION = {"lm": "tiny-attention", "image": "tiny-sit", "ocr": "tiny-htr-vt", "eo": "tiny-tsvit",
+             "points": "tiny-ptv3"}
 # the paper's form in every family: its PoM and (where the paper has one) its hybrid
-PAPER = {"lm": ("tiny-pom-paper", "tiny-hybrid-paper"),
-         "ocr": ("tiny-htr-vpom-paper", "tiny-htr-vpom-hybrid-paper"), "eo": ("tiny-tsvipom-paper", "tiny-tsvipom-hybrid-paper"), "image": ("tiny-sipom",),
+PAPER = {"lm": ("tiny-pom-paper", "tiny-hybrid-paper"), "ocr": ("tiny-htr-vpom-paper", "tiny-htr-vpom-hybrid-paper"),
+         "eo": ("tiny-tsvipom-paper", "tiny-tsvipom-hybrid-paper"), "image": ("tiny-sipom",),
          "points": ("tiny-ppomv3", "tiny-ppomv3-hybrid")}
 
 
