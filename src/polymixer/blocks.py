@@ -137,7 +137,6 @@ def mixer_options(config: Any) -> Dict[str, Any]:
 @dataclass
 class PoMSettings:
     """The PoM settings every family's model config shares (its own default: the field declared again)."""
-
     sel_heads: int = 1  # the gate's width: 1 = a gate per channel (the paper's), h = one gate scalar per head
     gate: str = "hardsigmoid"  # the gate function: "hardsigmoid" (the reference code's) | "sigmoid" (the paper's text)
     reduction: str = "mean"  # the aggregation over the tokens: "mean" (the reference code's) | "sum" (the paper's)

@@ -61,9 +61,8 @@ def check_ranges(config: Any, ranges: Optional[Mapping[str, Range]] = None) -> N
     """Check every field of ``config`` that ``ranges`` declares (default: the config's own ``RANGES``, ``SHARED``
     and ``CHOICES`` for its fields of those names); a tuple field (one entry per stage) has each entry checked."""
     if ranges is None:
-        for name, values in CHOICES.items():
-            if hasattr(config, name) and getattr(config, name) not in values:
-                raise ValueError(f"{name} must be {' or '.join(map(repr, values))}, got {getattr(config, name)!r}")
+        for name in [n for n, values in CHOICES.items() if getattr(config, n, values[0]) not in values]:
+            raise ValueError(f"{name} must be {' or '.join(map(repr, CHOICES[name]))}, got {getattr(config, name)!r}")
         ranges = {**{n: r for n, r in SHARED.items() if hasattr(config, n)}, **getattr(config, "RANGES", {})}
     for name, allowed in ranges.items():
         value = getattr(config, name)
