@@ -39,7 +39,9 @@ Options (the fairness rule): a family offers every model the same variants of it
 (image: ``+position=sincos_rope``), rotary dates (satellite: ``+date_rope=true``) and the token shift / short causal
 convolution the value PoM carries, given to attention's keys and values (``+attention_shift=W``, the value PoM's
 width; recall: the ``-shift`` variants) — so an option that helps attention as much as PoM raises the baseline
-rather than crediting the mixer. A variant that applies to a model but was not run is listed as "not run", and a
+rather than crediting the mixer. A model's own forms are offered alike (``Comparison.forms``: the paper's PoM and
+hybrid are compared in the paper's form, ``tiny-*-paper``, with polymixer's beside it; the LM's attention also in
+GPT-2's learned positions). A variant that applies to a model but was not run is listed as "not run", and a
 verdict it could change (attention not run with an option: a "met"; a hybrid not run with it: a "MISSED") reads
 "unsettled"; so does a compared model not run in any form (listed with its preset and every option; a "MISSED" it
 could meet). A verdict that differs from the one the earlier rule gave (forms and models picked on the main seed's
