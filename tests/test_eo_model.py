@@ -306,9 +306,9 @@ def test_bad_inputs():
         TSViTConfig(spatial_position="sincos")
     with pytest.raises(ValueError, match="date_rope must be True or False"):
         TSViTConfig(date_rope="yes")
-    with pytest.raises(ValueError, match="date_rope_speed must be a positive number"):
+    with pytest.raises(ValueError, match="date_rope_speed must be > 0, got 0"):
         TSViTConfig(date_rope_speed=0)
-    with pytest.raises(ValueError, match="date_rope_base must be above 1"):
+    with pytest.raises(ValueError, match="date_rope_base must be > 1, got 1"):
         TSViTConfig(date_rope_base=1)
     with pytest.raises(ValueError, match="unknown letters"):
         TSViTConfig(mixer="PI")  # linear attention: not a TSViT mixer

@@ -45,8 +45,8 @@ def test_parity_reads_best_rates_and_judges_targets(tmp_path):
     # side (no interval), and the LM's figure is the one it chooses on (no held-out test figure): none settles
     assert [t["measured"] for t in lmf["targets"]] == ["tiny-hybrid +3.0% (1 seed)", "tiny-vpom +8.0% (1 seed)",
                                                        "tiny-pom +30.0% (1 seed)", "tiny-hybrid +3.0% (1 seed)"]
-    assert [t["what"] for t in lmf["targets"][2:]] == ["the paper's tiny-pom within +18.0% (the paper: +17.9%)",
-                                                       "the paper's tiny-hybrid within +2.0% (the paper: +0.6%)"]
+    assert [t["what"] for t in lmf["targets"][2:]] == ["the paper's tiny-pom-paper within +18.0% (the paper: +17.9%)",
+                                                       "the paper's tiny-hybrid-paper within +2.0% (the paper: +0.6%)"]
     assert all(t["verdict"].startswith("unsettled: 1 paired seed (an interval needs 2); seeds 1, 2 to run (up to 5); "
                                        "no held-out test figure") for t in lmf["targets"])
     assert all(t["interval"] is None and t["seeds"] == 1 for t in lmf["targets"])
@@ -85,9 +85,9 @@ def test_parity_takes_medians_over_the_seed_folders_on_the_seeds_both_ran(tmp_pa
         return {"spec": spec, "miou_24": miou, "val_miou": miou, "lr": lr, "steps": 800, "best_lr": best}
 
     eo(tmp_path, 0, [row("tiny-tsvit", 0.394), row("tiny-tsvit", 0.30, 0.001, False),
-                     row("tiny-tsvipom-value", 0.366), row("tiny-tsvipom", 0.156)])
+                     row("tiny-tsvipom-value", 0.366), row("tiny-tsvipom-paper", 0.156)])
     eo(tmp_path / "eo_seed1", 1, [row("tiny-tsvit", 0.35), row("tiny-tsvipom-value", 0.37),
-                                  row("tiny-tsvipom", 0.40, 0.001)])  # TSViPoM at another rate: not its seed 1
+                                  row("tiny-tsvipom-paper", 0.40, 0.001)])  # another rate: not its seed 1
     eo(tmp_path / "eo_seed2", 2, [row("tiny-tsvit", 0.38), row("tiny-tsvipom-value", 0.36)])
     eo(tmp_path / "eo_seed3", 3, [row("tiny-tsvipom-value", 0.99)])  # attention has no seed 3: not compared
     f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "eo")
@@ -290,15 +290,15 @@ def test_the_fairness_rule_picks_on_validation_offers_the_shift_and_reports_flip
     shift = "+date_rope=true+attention_shift=4"
     eo([row("tiny-tsvit", 0.40, 0.33), row("tiny-tsvit" + dates, 0.639, 0.631), row("tiny-tsvit" + slow, 0.56, 0.54),
         row("tiny-tsvit" + shift, 0.66, 0.65, 1008),
-        row("tiny-tsvipom", 0.15, 0.17, 1010), row("tiny-tsvipom" + dates, 0.16, 0.18, 1010),
-        row("tiny-tsvipom" + slow, 0.15, 0.17, 1010),
+        row("tiny-tsvipom-paper", 0.15, 0.17, 1010), row("tiny-tsvipom-paper" + dates, 0.16, 0.18, 1010),
+        row("tiny-tsvipom-paper" + slow, 0.15, 0.17, 1010),
         row("tiny-tsvipom-value", 0.40, 0.37, 1007), row("tiny-tsvipom-value" + dates, 0.518, 0.446, 1007),
         # better on test, worse on validation: the earlier rule took it, the fair one does not
         row("tiny-tsvipom-value" + slow, 0.557, 0.437, 1007)])
     f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["eo"]
     assert f["attention"]["model"] == "tiny-tsvit" + shift and f["attention"]["picked_by"] == "validation"
     assert f["value"]["model"] == "tiny-tsvipom-value" + dates and f["value"]["gap"] == pytest.approx(51.8 - 66)
-    assert f["pom"]["not_run"] == [] and "tiny-tsvipom" not in f["not_run"]  # the shift option is not PoM's
+    assert f["pom"]["not_run"] == ["tiny-tsvipom"]  # polymixer's form; the shift option is not PoM's
     assert f["value"]["params_vs_attention"] == pytest.approx(1007 / 1008 - 1)
     every = f["targets"][1]
     assert every["verdict"].startswith("unsettled: 1 paired seed")
@@ -343,7 +343,8 @@ def test_the_gated_value_pom_is_a_form_of_the_value_pom_only_and_shown_not_run(t
     lm([row("tiny-attention", 1.0), row("tiny-vpom", 1.2)])
     f = {x["bench"]: x for x in parity.collect(tmp_path)["families"]}["lm"]
     assert f["not_run"]["tiny-vpom"] == ["+mixer=gated_value_pom"]
-    assert f["not_run"]["tiny-pom"] == [""]  # not run at all: its preset (it takes no attention shift)
+    # not run at all: the paper's form and polymixer's (neither takes the attention shift)
+    assert f["not_run"]["tiny-pom-paper"] == ["", "tiny-pom"]
     every = f["targets"][1]
     assert every["verdict"].startswith("unsettled") and "not run with tiny-vpom +mixer=gated_value_pom" in every[
         "verdict"]
@@ -659,8 +660,8 @@ def test_a_rate_at_the_end_of_a_sweep_leaves_a_verdict_it_could_flip_unsettled(t
                          + [dict(row("tiny-vpom", 1.05, 0.004), rates=1)], vpom=1.05)
     assert verdicts["best without full attention"] == (
         "unsettled: its interval alone reads MISSED; no held-out test figure (val loss is both the figure chosen on "
-        "and the one reported); not run with tiny-vpom +mixer=gated_value_pom, tiny-pom (any form), tiny-hybrid (any "
-        "form), tiny-vhybrid (any form); run at one rate only: tiny-vpom")
+        "and the one reported); not run with tiny-vpom +mixer=gated_value_pom, tiny-pom-paper (any form), "
+        "tiny-hybrid-paper (any form), tiny-vhybrid (any form); run at one rate only: tiny-vpom")
 
 
 def test_the_sweep_command_leaves_out_the_rate_run():
@@ -953,17 +954,20 @@ def test_the_prose_lm_at_context_1024_is_a_comparison_of_its_own(tmp_path):
     assert f["attention"]["model"] == att + "+attention_shift=4" and f["value"] == {"run": False}
     assert f["pom"]["model"] == pom and f["pom"]["gap"] == pytest.approx(2.0 / 1.5 - 1)
     assert f["hybrid"]["model"] == hyb and f["hybrid"]["gap"] == pytest.approx(1.56 / 1.5 - 1)
-    assert [t["what"] for t in f["targets"]] == [f"the paper's {pom} within +18.0% (the paper: +17.9%)",
-                                                 f"the paper's {hyb} within +2.0% (the paper: +0.6%)"]
+    # the rows are polymixer's forms of the paper's PoM and hybrid, whose paper forms were not run
+    paper_pom, paper_hyb = "tiny-pom-paper+block_size=1024", "tiny-hybrid-paper+block_size=1024+window=128"
+    assert [t["what"] for t in f["targets"]] == [f"the paper's {paper_pom} within +18.0% (the paper: +17.9%)",
+                                                 f"the paper's {paper_hyb} within +2.0% (the paper: +0.6%)"]
     assert [t["short"] for t in f["targets"]] == ["paper's PoM within +18.0%", "paper's hybrid within +2.0%"]
     assert [t["reads"] for t in f["targets"]] == ["MISSED", "MISSED"]  # on one seed: unsettled
     assert all(t["verdict"].startswith("unsettled: 1 paired seed") for t in f["targets"])
-    assert (f"polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {hyb}+attention_shift=4 "
-            f"--sweep {hyb}+attention_shift=4 --lr-factors 0.5 1 2 4 8 --out docs/bench/lm_prose") in f["to_run"]
+    assert (f"polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {paper_hyb}+attention_shift=4 "
+            f"--sweep {paper_hyb}+attention_shift=4 --lr-factors 0.5 1 2 4 8 --out docs/bench/lm_prose") in f["to_run"]
     assert any(c.endswith("--seed 1 --out docs/bench/lm_prose/lm_seed1") and f"--presets {pom} " in c
                for c in f["to_run"])
     text = parity.report(parity.collect(tmp_path))
-    assert "1.5000, +attention_shift=4" in text and "2.0000 (+33.3%) |" in text  # the option past the preset only
+    assert "1.5000, +attention_shift=4" in text  # the option past the preset only; another form by its name
+    assert f"2.0000 (+33.3%), as {pom} |" in text
     _write(tmp_path / "lm_prose" / "lm_seed1", "lm", "quality", [row(pom, 1.9, 0.008)], {"seed": 1, "lr": 0.002})
     # speeds: the quick check's throughput part times the same models at N 1,024 (its window is the hybrid's 128);
     # the prose comparison reads them there, the quick check at the longest length; the shift form is not timed
@@ -996,8 +1000,11 @@ def test_the_prose_lm_at_the_larger_size_is_judged_at_its_carried_rate(tmp_path)
     from polymixer.experiments.lm.bench import width_ratio
     from polymixer.experiments.lm.targets import LARGER, PROSE, PROSE_LARGER
 
-    att, pom, hyb = PROSE_LARGER.attention, PROSE_LARGER.pom, PROSE_LARGER.hybrids[0]
-    small = {att: PROSE.attention + "+attention_shift=4", pom: PROSE.pom, hyb: PROSE.hybrids[0] + "+attention_shift=4"}
+    # polymixer's forms of the paper's PoM and hybrid (the paper's forms are not run here)
+    att, pom, hyb = (PROSE_LARGER.attention, *(PROSE_LARGER.forms[n][0] for n in (PROSE_LARGER.pom,
+                                                                                  *PROSE_LARGER.hybrids)))
+    ours_pom, ours_hyb = PROSE.forms[PROSE.pom][0], PROSE.forms[PROSE.hybrids[0]][0]
+    small = {att: PROSE.attention + "+attention_shift=4", pom: ours_pom, hyb: ours_hyb + "+attention_shift=4"}
     assert PROSE_LARGER.larger_rate == width_ratio(small[pom], pom) == 0.5 and pom == small[pom] + LARGER
 
     def row(spec, loss, lr, **more):
@@ -1036,8 +1043,10 @@ def test_the_prose_lm_at_the_larger_size_is_judged_at_its_carried_rate(tmp_path)
     # a larger model never run: its smaller model at the rate that model chose, made larger — not its whole sweep
     _write(tmp_path / "lm_prose", "lm", "quality", [r for r in rows if r["spec"] != hyb], {"seed": 0, "lr": 0.002})
     f = next(f for f in parity.collect(tmp_path)["families"] if f["family"] == PROSE_LARGER.name)
-    assert (f"--presets {small[hyb]} --sweep {small[hyb]} --lr-factors 4 --larger {LARGER} "
-            f"--out docs/bench/lm_prose") in f["to_run"][0]
+    assert any(c.endswith(f"--presets {small[hyb]} --sweep {small[hyb]} --lr-factors 4 --larger {LARGER} "
+                          f"--out docs/bench/lm_prose") for c in f["to_run"])
+    # the paper's forms, never run at either size: their smaller model's sweep, made larger
+    assert any(f"--presets {PROSE.pom} --sweep {PROSE.pom} --lr-factors 0.5 1 2 4 8 --larger" in c for c in f["to_run"])
 
 
 def test_a_compared_form_timed_beside_the_presets_is_found_under_its_compared_name():
@@ -1176,3 +1185,49 @@ def test_the_parity_pages_state_figures_only_through_their_generated_tables():
     readme = (root / "README.md").read_text()
     section = readme[readme.index("\n## Model families"):readme.index("<!-- families:end -->") + 30]
     assert figure.findall(prose(section)) == []
+def test_the_papers_pom_is_compared_in_the_papers_form_with_polymixers_beside_it(tmp_path):
+    """The paper's PoM and hybrid are compared as the paper's form (``tiny-*-paper``) with polymixer's form offered
+    beside it (``Comparison.forms``), chosen on validation like the options. Runs of polymixer's form alone still
+    count; the paper's form then reads "not run", with the command that runs it, and a MISSED it could change is
+    unsettled. Attention is offered the paper's positions beside its own."""
+
+    def ocr(rows):
+        (tmp_path / "ocr.json").write_text(json.dumps({"quality": {"config": {"seed": 0}, "rows": rows}}))
+
+    def row(preset, test, val):
+        return {"preset": preset, "task": "synthetic", "cer": test, "val_cer": val, "lr": 0.004, "best_lr": True,
+                "rates": 3, "params": 1000}
+
+    ocr([row("tiny-htr-vt", 0.10, 0.10), row("tiny-htr-vpom", 0.13, 0.13)])
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "ocr")
+    assert f["pom"]["preset"] == "tiny-htr-vpom-paper" and f["pom"]["model"] == "tiny-htr-vpom"
+    assert f["not_run"]["tiny-htr-vpom-paper"] == [""]  # the paper's form; polymixer's ran
+    assert ("polymixer bench ocr --parts quality --tasks synthetic --quality-presets tiny-htr-vpom-paper --sweep "
+            "tiny-htr-vpom-paper --lr-factors 0.5 1 2 4 --out docs/bench") in f["to_run"]
+    paper = next(t for t in f["targets"] if t["what"].startswith("the paper's tiny-htr-vpom-paper within +15.0%"))
+    assert paper["measured"].startswith("tiny-htr-vpom +30.0%")
+    assert paper["reads"] == "MISSED" and paper["verdict"].startswith("unsettled")  # one seed, and the paper's form
+    assert "not run with tiny-htr-vpom-paper its preset" in paper["verdict"]
+    text = parity.report(parity.collect(tmp_path))
+    assert "13.00 (+30.0%), as tiny-htr-vpom |" in text  # the form compared, named beside its figure
+    assert ("also offered, and chosen on validation like the options: tiny-htr-vpom-paper as tiny-htr-vpom; "
+            "tiny-htr-vpom-hybrid-paper as tiny-htr-vpom-hybrid") in text
+    # both forms run: the one validation prefers is compared (the paper's here, though polymixer's tests better),
+    # and nothing of the PoM is left to run
+    ocr([row("tiny-htr-vt", 0.10, 0.10), row("tiny-htr-vpom", 0.11, 0.14), row("tiny-htr-vpom-paper", 0.12, 0.12)])
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "ocr")
+    assert f["pom"]["model"] == "tiny-htr-vpom-paper" and f["pom"]["picked_by"] == "validation"
+    assert "tiny-htr-vpom-paper" not in f["not_run"]
+    # the paper's form alone: polymixer's is the form not run
+    ocr([row("tiny-htr-vt", 0.10, 0.10), row("tiny-htr-vpom-paper", 0.12, 0.12)])
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "ocr")
+    assert f["not_run"]["tiny-htr-vpom-paper"] == ["tiny-htr-vpom"]
+    assert any("--quality-presets tiny-htr-vpom --sweep tiny-htr-vpom " in c for c in f["to_run"])
+    # the LM's attention in GPT-2's learned positions, a form of its own chosen on validation
+    lm = [{"spec": s, "val_loss": v, "lr": 0.004, "best_lr": True, "rates": 3} for s, v in
+          (("tiny-attention", 1.0), ("tiny-attention+position=learned", 0.95), ("tiny-pom-paper", 1.2))]
+    _write(tmp_path, "lm", "quality", lm, {"seed": 0})
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "lm")
+    assert f["attention"]["model"] == "tiny-attention+position=learned" and f["pom"]["model"] == "tiny-pom-paper"
+    assert f["not_run"]["tiny-pom-paper"] == ["tiny-pom"]
+    assert f["not_run"]["tiny-attention"] == ["+attention_shift=4"]  # its own form ran; the shift option did not

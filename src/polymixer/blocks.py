@@ -14,7 +14,7 @@ from .layers.pom import PoM, PoMState
 from .layers.value_pom import GatedValuePoM, ValuePoM
 
 __all__ = ["MLP", "DropPath", "PolyMorpher", "MixerSpec", "MIXER_TABLE", "MIXER_SPECS", "LETTERS", "mixer_spec",
-           "allowed_letters", "build_mixer", "layer_pattern", "mixer_options", "check_mixer_options"]
+           "allowed_letters", "build_mixer", "layer_pattern", "mixer_options", "check_mixer_options", "PoMSettings"]
 
 MixerState = Union[PoMState, AttentionState]
 
@@ -133,6 +133,14 @@ def mixer_options(config: Any) -> Dict[str, Any]:
     """The options a model config gives every mixer under the names of its fields (its ``MIXER_OPTIONS``; one set
     over a preset must be taken by some layer: :func:`polymixer.models.check_overrides`)."""
     return {name: getattr(config, name) for name in config.MIXER_OPTIONS}
+
+
+@dataclass
+class PoMSettings:
+    """The PoM settings every family's model config shares (its own default: the field declared again)."""
+    sel_heads: int = 1  # the gate's width: 1 = a gate per channel (the paper's), h = one gate scalar per head
+    gate: str = "hardsigmoid"  # the gate function: "hardsigmoid" (the reference code's) | "sigmoid" (the paper's text)
+    reduction: str = "mean"  # the aggregation over the tokens: "mean" (the reference code's) | "sum" (the paper's)
 
 
 def check_mixer_options(pattern: str, given: Dict[str, Any]) -> None:

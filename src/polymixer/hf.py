@@ -74,6 +74,8 @@ class PolymixerConfig(PreTrainedConfig):
     degree: int = 2
     expand: float | int = 2
     sel_heads: int = 1
+    gate: str = "hardsigmoid"
+    reduction: str = "mean"
     value_dim: int | None = None
     value_heads: int = 1
     token_shift: int = 2

@@ -4,15 +4,15 @@ A config dataclass lists its numeric fields' ranges in ``RANGES`` and calls :fun
 ``__post_init__``: a command line builds its configs before it reads any data, so a bad option is one line naming
 the setting and what it allows (``depth must be ≥ 1, got 0``), never a traceback minutes later or a run that trains
 nonsense. A setting that means the same in every config (one name per setting: ``dropout``, ``expand``, …) has its
-range here once, in ``SHARED``, checked in every config that has a field of that name.
+range here once, in ``SHARED`` (a named setting its values, in ``CHOICES``), checked in every config that has it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Mapping, NamedTuple, Optional
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
-__all__ = ["Range", "SHARED", "check_range", "check_ranges"]
+__all__ = ["Range", "SHARED", "CHOICES", "check_range", "check_ranges"]
 
 
 class Range(NamedTuple):
@@ -42,6 +42,8 @@ SHARED: Dict[str, Range] = {
     "expand": Range(0, low_open=True), "mlp_ratio": Range(0), "norm_eps": Range(0, low_open=True),
     "dropout": Range(0, 1, high_open=True), "drop_path": Range(0, 1, high_open=True),
 }
+# the named settings every config that has them shares, and the values each takes (PoM's: polymixer.blocks.PoMSettings)
+CHOICES: Dict[str, Tuple[str, ...]] = {"gate": ("hardsigmoid", "sigmoid"), "reduction": ("mean", "sum")}
 
 
 def check_range(name: str, value: Any, allowed: Range, option: Optional[str] = None) -> None:
@@ -56,9 +58,11 @@ def check_range(name: str, value: Any, allowed: Range, option: Optional[str] = N
 
 
 def check_ranges(config: Any, ranges: Optional[Mapping[str, Range]] = None) -> None:
-    """Check every field of ``config`` that ``ranges`` declares (default: the config's own ``RANGES``, and
-    ``SHARED`` for its fields of those names); a tuple field (one entry per stage) has each entry checked."""
+    """Check every field of ``config`` that ``ranges`` declares (default: the config's own ``RANGES``, ``SHARED``
+    and ``CHOICES`` for its fields of those names); a tuple field (one entry per stage) has each entry checked."""
     if ranges is None:
+        for name in [n for n, values in CHOICES.items() if getattr(config, n, values[0]) not in values]:
+            raise ValueError(f"{name} must be {' or '.join(map(repr, CHOICES[name]))}, got {getattr(config, name)!r}")
         ranges = {**{n: r for n, r in SHARED.items() if hasattr(config, n)}, **getattr(config, "RANGES", {})}
     for name, allowed in ranges.items():
         value = getattr(config, name)

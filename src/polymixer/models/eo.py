@@ -43,11 +43,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
+from ..blocks import PoMSettings, PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
 from ..layers.pom import shift_width
 from ..ops import parallel
 from ..layers.positions import grid_positions
-from ..ranges import check_ranges
+from ..ranges import Range, check_ranges
 
 __all__ = ["TSViTConfig", "TSViT", "DAYS_PER_YEAR", "unpack_dates", "patchify", "unpatchify"]
 
@@ -57,11 +57,13 @@ _HYBRID_POM = ("temporal", "spatial")
 
 
 @dataclass
-class TSViTConfig:
+class TSViTConfig(PoMSettings):
     RENAMED: ClassVar[Dict[str, str]] = {"shift_width": "token_shift"}  # earlier names (checkpoints load)
     MIXER_LETTERS: ClassVar[str] = allowed_letters(full=True)  # every block mixes its sequence both ways
-    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("degree", "expand", "sel_heads", "value_dim", "value_heads",
-                                                "token_shift", "attention_shift")
+    RANGES: ClassVar[Dict[str, Range]] = {"date_rope_base": Range(1, low_open=True),  # (polymixer.ranges) the
+                                          "date_rope_speed": Range(0, low_open=True)}  # pairs turn slower in turn
+    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("degree", "expand", "sel_heads", "gate", "reduction", "value_dim",
+                                                "value_heads", "token_shift", "attention_shift")
     image_size: int = 24  # training crop side in pixels: the learned spatial table covers (image_size / patch)² patches
     patch_size: int = 2
     max_frames: int = 60  # frames per series the data pipeline keeps (the original cuts / pads to this); the model
@@ -86,7 +88,7 @@ class TSViTConfig:
     date_rope_speed: float = 1.0  # date_rope: radians a day of the fastest pair (1: the day of year as the position)
     degree: int = 2  # PoM degree
     expand: float = 2  # PoM expansion D = expand·dim
-    sel_heads: int = 4  # PoM gate width: 1 = a gate per channel, h = one gate scalar per head of D/h channels
+    sel_heads: int = 4  # PoM gate width: 1 = a gate per channel (the paper's), h = one gate scalar per head
     value_dim: Optional[int] = None  # V blocks (value-carrying PoM): value width dv (None: dim)
     value_heads: int = 1  # V blocks: heads splitting D and dv
     token_shift: int = 2  # V blocks: tokens the key / value shift reads along each sequence (2: each and the previous)
@@ -103,7 +105,7 @@ class TSViTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        check_ranges(self)  # the shared settings' (expand, mlp_ratio, dropout, …)
+        check_ranges(self)  # the shared settings' (expand, mlp_ratio, dropout, …) and the date rotation's
         shift_width(self.token_shift, "token_shift", off=False)
         shift_width(self.attention_shift, "attention_shift")
         if self.image_size % self.patch_size:
@@ -114,13 +116,6 @@ class TSViTConfig:
             raise ValueError(f"spatial_position must be one of {', '.join(_POSITIONS)}, got {self.spatial_position!r}")
         if not isinstance(self.date_rope, bool):
             raise ValueError(f"date_rope must be True or False, got {self.date_rope!r}")
-        for name in ("date_rope_base", "date_rope_speed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
-        if self.date_rope_base <= 1:
-            raise ValueError(f"date_rope_base must be above 1 (the pairs turn slower one after another), got "
-                             f"{self.date_rope_base!r}")
         if self.hybrid_pom not in _HYBRID_POM:
             raise ValueError(f"hybrid_pom must be 'temporal' or 'spatial', got {self.hybrid_pom!r}")
         if self.spatial_position == "rope":
@@ -444,6 +439,11 @@ def _register() -> None:
     register_model("tiny-tsvipom", "eo", TSViTConfig, TSViT, "tiny TSViPoM", mixer="pom", **tiny)
     register_model("tiny-tsvipom-hybrid", "eo", TSViTConfig, TSViT, "tiny TSViPoM Hybrid (PoM spatial)",
                    mixer="hybrid", hybrid_pom="spatial", **tiny)
+    # the paper's form (a gate per channel, its code's gate and mean, TSViT's learned spatial table): D = 84 ≈ 4d/3
+    paper = {**tiny, "sel_heads": 1, "gate": "hardsigmoid", "reduction": "mean", "spatial_position": "learned",
+             "expand": 1.3125}
+    for mixer, name in (("pom", "tiny-tsvipom"), ("hybrid", "tiny-tsvipom-hybrid")):
+        register_model(f"{name}-paper", "eo", TSViTConfig, TSViT, f"{name} in the paper's form", mixer=mixer, **paper)
     # the value-carrying PoM in every block: D = dv = 128 with a gate scalar and a value head per attention head
     # (+0.81% of TSViT); the tiny one D = 60, dv = 64 in 2 value heads (like tiny TSViT's 2 heads) with a key / value
     # shift over the last 4 tokens (+0.71% of tiny TSViT). One head and the 2-token shift scored 36.6 test mIoU at

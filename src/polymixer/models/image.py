@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
+from ..blocks import PoMSettings, PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
 from ..layers.pom import shift_width
 from ..ranges import Range, check_ranges
 from ..ops import parallel
@@ -29,16 +29,15 @@ __all__ = ["DiTConfig", "DiT", "AdaLNPolyMorpher", "modulate", "timestep_feature
 
 
 @dataclass
-class DiTConfig:
+class DiTConfig(PoMSettings):
     RENAMED: ClassVar[Dict[str, str]] = {"shift_width": "token_shift"}  # earlier names (checkpoints load)
     RANGES: ClassVar[Dict[str, Range]] = {  # checked when a config is made (polymixer.ranges)
         **{n: Range(1) for n in ("input_size", "patch_size", "in_channels", "hidden_size", "depth", "num_heads",
-                                 "num_classes", "window", "degree", "sel_heads", "value_dim", "value_heads")},
-        "mlp_ratio": Range(0, low_open=True), "expand": Range(0, low_open=True),
-        "class_dropout_prob": Range(0, 1, high_open=True)}
+                                 "num_classes", "window")},  # (and the shared ones: polymixer.ranges.SHARED)
+        "mlp_ratio": Range(0, low_open=True), "class_dropout_prob": Range(0, 1, high_open=True)}
     MIXER_LETTERS: ClassVar[str] = allowed_letters(full=True)  # every block mixes the patches both ways
-    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("window", "degree", "expand", "sel_heads", "value_dim", "value_heads",
-                                                "token_shift", "attention_shift")
+    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("window", "degree", "expand", "sel_heads", "gate", "reduction",
+                                                "value_dim", "value_heads", "token_shift", "attention_shift")
     input_size: int = 32  # latent side (DiT's 256-pixel images through the SD VAE)
     patch_size: int = 2
     in_channels: int = 4
@@ -55,7 +54,6 @@ class DiTConfig:
     #                   10 on an 8-wide grid covers each patch's 3 × 3 neighbourhood
     degree: int = 2
     expand: float = 2
-    sel_heads: int = 1
     value_dim: Optional[int] = None  # V blocks (value-carrying PoM): value width dv (None: hidden_size)
     value_heads: int = 1  # V blocks: heads splitting D and dv
     token_shift: int = 2  # V blocks: patches the key / value shift reads in row-major order (2: each and the previous)

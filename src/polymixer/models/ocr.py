@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
+from ..blocks import PoMSettings, PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
 from ..layers.pom import shift_width
 from ..layers.positions import sincos_1d, sincos_2d
 from ..ranges import Range, check_ranges
@@ -40,10 +40,10 @@ PIXELS_PER_TOKEN = 4  # line pixels per token: the recognisers' stems halve the 
 
 
 @dataclass
-class HTRConfig:
+class HTRConfig(PoMSettings):
     MIXER_LETTERS: ClassVar[str] = allowed_letters(full=True)  # every block mixes the line both ways
-    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("window", "degree", "expand", "sel_heads", "value_dim", "value_heads",
-                                                "attention_shift")
+    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("window", "degree", "expand", "sel_heads", "gate", "reduction",
+                                                "value_dim", "value_heads", "attention_shift")
     RANGES: ClassVar[Dict[str, Range]] = {  # checked when a config is made (polymixer.ranges); tuples per entry
         **{n: Range(1) for n in ("num_classes", "max_width", "dim", "depth", "heads", "window", "grid_width",
                                  "mask_span", "stem_channels")}, "mask_ratio": Range(0, 1, high_open=True)}
@@ -59,7 +59,7 @@ class HTRConfig:
     window: int = 64  # bidirectional local-attention window (L layers)
     degree: int = 2  # PoM degree
     expand: float = 2  # PoM expansion D = expand·dim
-    sel_heads: int = 6  # PoM gate width: 1 = a gate per channel, h = one gate scalar per head of D/h channels
+    sel_heads: int = 6  # PoM gate width: 1 = a gate per channel (the paper's), h = one gate scalar per head
     value_dim: Optional[int] = None  # V blocks (value-carrying PoM): value width dv (None: dim)
     value_heads: int = 1  # V blocks: heads splitting D and dv
     attention_shift: int = 0  # A / L layers: tokens their key / value shift reads (0: none; the value PoM's shift,
@@ -414,6 +414,10 @@ def _register() -> None:
     register_model("tiny-htr-vt", "ocr", HTRConfig, HTR, "tiny HTR-VT for 2 CPU cores", mixer="attention", **tiny)
     register_model("tiny-htr-vpom", "ocr", HTRConfig, HTR, "tiny HTR-VPoM", mixer="pom", **tiny)
     register_model("tiny-htr-vpom-hybrid", "ocr", HTRConfig, HTR, "tiny HTR-VPoM Hybrid", mixer="hybrid", **tiny)
+    # the paper's form (a gate per channel, its code's gate and mean, HTR-VT's 2-D sin-cos grid): D = 170 ≈ 4d/3
+    paper = {**tiny, "sel_heads": 1, "gate": "hardsigmoid", "reduction": "mean", "position": "grid", "expand": 1.328125}
+    for mixer, name in (("pom", "tiny-htr-vpom"), ("hybrid", "tiny-htr-vpom-hybrid")):
+        register_model(f"{name}-paper", "ocr", HTRConfig, HTR, f"{name} in the paper's form", mixer=mixer, **paper)
     # the value-carrying PoM: D = dv = dim, one gate scalar per attention head; +0.07% of HTR-VT (value heads of 128
     # channels, as attention's), the tiny one +0.34% of tiny HTR-VT (one value head: a 128 × 128 state)
     register_model("htr-vpom-value", "ocr", HTRConfig, HTR, "HTR-VPoM with the value-carrying PoM in every block",

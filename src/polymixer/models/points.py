@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
+from ..blocks import PoMSettings, PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
 from ..layers.pom import PoM, shift_width
 from ..ranges import Range, check_ranges
 
@@ -399,7 +399,7 @@ class SerializedMixer(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------
 
 @dataclass
-class PTv3Config:
+class PTv3Config(PoMSettings):
     RANGES: ClassVar[Dict[str, Range]] = {  # checked when a config is made (polymixer.ranges); tuples per entry
         **{n: Range(1) for n in ("in_channels", "num_classes", "enc_depths", "enc_channels", "enc_heads", "dec_depths",
                                  "dec_channels", "dec_heads", "patch_size", "stem_kernel", "cpe_kernel")},
@@ -407,8 +407,8 @@ class PTv3Config:
     # the serialized orders are shuffled and jump at the curves' folds: a block mixes its patch whatever the distance
     # along the order (no window, no decay)
     MIXER_LETTERS: ClassVar[str] = allowed_letters(full=True, distance_free=True)
-    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("qkv_bias", "degree", "expand", "sel_heads", "value_dim", "value_heads",
-                                                "attention_shift")
+    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("qkv_bias", "degree", "expand", "sel_heads", "gate", "reduction",
+                                                "value_dim", "value_heads", "attention_shift")
     in_channels: int = 6  # ScanNet: colour/255 and normal
     num_classes: int = 20
     enc_depths: Tuple[int, ...] = (2, 2, 2, 6, 2)
@@ -436,7 +436,6 @@ class PTv3Config:
     block_lr_scale: float = 0.1  # PTv3 trains the transformer blocks at a 10× smaller learning rate
     degree: int = 2  # PoM
     expand: float = 2
-    sel_heads: int = 1
     pom_bias: bool = True
     value_dim: Optional[int] = None  # V blocks (value-carrying PoM): value width dv (None: the stage's width)
     value_heads: int = 1  # V blocks: heads splitting D and dv

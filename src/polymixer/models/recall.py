@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
+from ..blocks import PoMSettings, PolyMorpher, allowed_letters, layer_pattern, mixer_options, mixer_spec
 from ..ranges import check_ranges
 from ..values import token_shift
 
@@ -30,11 +30,11 @@ IGNORE = -100  # the label of a position that is not scored (cross_entropy's ign
 
 
 @dataclass
-class RecallConfig:
+class RecallConfig(PoMSettings):
     MIXER_LETTERS: ClassVar[str] = allowed_letters(causal=True, baselines=True)  # the comparison takes every mixer
     # (the token shifts are the model's own: token_shift, value_shift)
-    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("heads", "window", "degree", "expand", "value_dim", "value_heads",
-                                                "feature_dim")
+    MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("heads", "window", "degree", "expand", "sel_heads", "gate",
+                                                "reduction", "value_dim", "value_heads", "feature_dim")
     vocab_size: int = 2048
     seq_len: int = 64
     n_layer: int = 2

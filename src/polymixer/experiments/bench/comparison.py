@@ -70,6 +70,10 @@ class Comparison:
     # PoM whose state forgets): offered like the options, so the value PoM is compared in its best form, and shown
     # "not run" where they were not
     value_options: Tuple[str, ...] = ()
+    # each compared model's own forms beside its preset, offered like the options and chosen on validation: suffixes
+    # of its preset ("+position=learned": attention in the paper's positions) or other specs ("tiny-pom": polymixer's
+    # form beside the paper's PoM, ``tiny-pom-paper``); each one not run is shown "not run", with its command
+    forms: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
     # a target of the family's own beyond the shared ones (recall: the value PoM against Based on Zoology's figure
     # 2), judged from its bench JSON by this function: (the target, as the others are, and the commands that run what
     # it lacks)

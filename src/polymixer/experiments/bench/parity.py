@@ -47,7 +47,9 @@ Options (the fairness rule): a family offers every model the same variants of it
 (image: ``+position=sincos_rope``), rotary dates (satellite: ``+date_rope=true``) and the token shift / short causal
 convolution the value PoM carries, given to attention's keys and values (``+attention_shift=W``, the value PoM's
 width; recall: the ``-shift`` variants) — so an option that helps attention as much as PoM raises the baseline
-rather than crediting the mixer. A variant that applies to a model but was not run is listed as "not run", and a
+rather than crediting the mixer. A model's own forms are offered alike (``Comparison.forms``: the paper's PoM and
+hybrid are compared in the paper's form, ``tiny-*-paper``, with polymixer's beside it; the LM's attention also in
+GPT-2's learned positions). A variant that applies to a model but was not run is listed as "not run", and a
 verdict it could change (attention not run with an option: a "met"; a hybrid not run with it: a "MISSED") reads
 "unsettled"; so does a compared model not run in any form (listed with its preset and every option; a "MISSED" it
 could meet). A verdict that differs from the one the earlier rule gave (forms and models picked on the main seed's
@@ -137,6 +139,12 @@ def _recipe_rate(fam: Comparison, data: Optional[Dict[str, Any]]) -> Optional[fl
 def _form(option: str) -> str:
     """An option as the "not run" lines name it: the preset itself ("") as "its preset"."""
     return option or "its preset"
+
+
+def _spec(fam: Comparison, name: str, form: str) -> str:
+    """The spec of ``name``'s form ``form``: its preset with an option's suffix ("", "+…", recall's "-shift"), or
+    another spec that is one of the model's own forms (``Comparison.forms``)."""
+    return form if form in fam.forms.get(name, ()) and not form.startswith("+") else name + form
 
 
 def past_end(e: Dict[str, Any]) -> str:
@@ -419,7 +427,8 @@ def _choose(fam: Comparison, by: Dict[str, Dict[str, Any]], name: str, fair: boo
     options = [o for o in fam.options if (fair or o not in fam.shift_options)
                and (o not in fam.shift_options or _has_attention(fam, name))]
     mine = [o for o in fam.value_options if fair and name == fam.value]
-    forms = [name] + [name + o for o in options + mine]
+    own = list(fam.forms.get(name, ()))  # the model's own forms (polymixer's beside the paper's), with the options
+    forms = [name] + [name + o for o in options + mine] + [_spec(fam, name, f) + o for f in own for o in [""] + options]
     if fair and fam.tuned:  # the model's own run variants over its preset's fields (and the options' fields)
         allowed = set(fam.tuned) | {kv.split("=")[0] for o in options for kv in o.split("+")[1:]}
         fixed = {kv for o in mine for kv in o.split("+")[1:]}  # the value PoM's own forms: with their values only
@@ -429,7 +438,7 @@ def _choose(fam: Comparison, by: Dict[str, Dict[str, Any]], name: str, fair: boo
     found = [by[n] for n in forms if n in by and _number(by[n].get(fam.metric))]
     # the forms not run: the options, and the preset itself ("") where it has no run either (a model not run in any
     # form lists all of them: it is a candidate its verdicts have not seen)
-    missing = [o for o in ([] if name in by else [""]) + options if name + o not in by]
+    missing = [o for o in ([] if name in by else [""]) + options + own if _spec(fam, name, o) not in by]
     if not found:
         return by.get(name), missing, "", []
     if len(found) == 1:
@@ -691,6 +700,7 @@ def _compared(j: _Judging) -> Dict[str, Any]:
     item: Dict[str, Any] = {"family": fam.name, "bench": fam.bench, "metric": fam.label, "higher": fam.higher,
                             "gap_kind": fam.gap, "guide": fam.guide, "found": rows is not None,
                             "options": list(fam.options), "value_options": list(fam.value_options),
+                            "forms": {name: list(forms) for name, forms in fam.forms.items()},
                             "select": fam.select, "file": fam.file, "heldout": fam.heldout,
                             "rate_flags": list(j.rate_flags),
                             "presets": {"attention": fam.attention, "pom": fam.pom, "value": fam.value},
@@ -700,7 +710,7 @@ def _compared(j: _Judging) -> Dict[str, Any]:
     # every compared model has been picked (``entry``); one never run in any form has all its forms to run
     found = rows is not None  # without the family's JSON nothing is "not run": the family is
     item["not_run"] = {name: miss for name, (row, miss, _, _) in j.picked.items() if miss and found}
-    item["to_run"] = [_first_command(j, name + o) for name, miss in item["not_run"].items() for o in miss
+    item["to_run"] = [_first_command(j, _spec(fam, name, o)) for name, miss in item["not_run"].items() for o in miss
                       if fam.command]
     item["absent"] = j.absent = [name for name, (row, _, _, _) in j.picked.items() if row is None and found]
     item["hybrids"] = hybrids = [h for h in hybrids if h["run"] and "gap" in h]
@@ -920,7 +930,7 @@ def _models(fam: Comparison, item: Dict[str, Any], lengths: Dict[str, str]) -> L
     models = []
     for role, e in roles:
         if e.get("run"):
-            paper, paper_gap = _paper(fam, item, e["model"])
+            paper, paper_gap = _paper(fam, item, e.get("preset", e["model"]))
             speed = ratio.get(_speed_name(e["model"], fam.timed_as))
             models.append(dict(e) | {"role": role, "speed": speed, "paper": paper, "paper_gap": paper_gap})
     sign = 1 if item["higher"] else -1
@@ -953,6 +963,9 @@ def target_lines(item: Dict[str, Any]) -> List[str]:
                       if e.get("run") and e.get("picked_by") not in (None, "", "validation")})
         if item.get("select") and odd:
             lines.append(f"{item['family']}: some forms were picked on {'; '.join(odd)}")
+    if item.get("forms"):
+        lines.append(f"{item['family']}: also offered, and chosen on validation like the options: "
+                     + "; ".join(f"{name} as {' / '.join(forms)}" for name, forms in item["forms"].items()))
     chosen = [f"{what} on {item[key]}" for key, what in (("hybrid_picked_by", "the hybrid shown"),
                                                           ("best_linear_picked_by", "the best without full attention"),
                                                           ("all_pom_picked_by", "the best all-PoM"))
@@ -1059,6 +1072,8 @@ def _cell(fam: Dict[str, Any], e: Dict[str, Any], option: bool = True) -> str:
     preset = str(e.get("preset") or str(e.get("model", "")).split("+")[0])
     if option and str(e.get("model", "")).startswith(preset + "+"):
         text += ", " + e["model"][len(preset):]  # the option this model is compared with
+    elif option and e.get("model", preset) != preset:
+        text += f", as {e['model']}"  # another of its forms (polymixer's beside the paper's)
     return text
 
 

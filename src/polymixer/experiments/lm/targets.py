@@ -11,18 +11,21 @@ from ..bench.comparison import Comparison
 __all__ = ["COMPARISON", "PROSE", "PROSE_LARGER", "LARGER", "COMPARISONS"]
 
 COMPARISON = Comparison(
-    "language model", "lm", "val loss", "val_loss", False, "relative", "tiny-attention", "tiny-pom",
-    "tiny-vpom", hybrids=("tiny-hybrid", "tiny-vhybrid"), best_target=0.02, all_target=0.10,
+    "language model", "lm", "val loss", "val_loss", False, "relative", "tiny-attention", "tiny-pom-paper",
+    "tiny-vpom", hybrids=("tiny-hybrid-paper", "tiny-vhybrid"), best_target=0.02, all_target=0.10,
     guide="docs/lm.md", options=("+attention_shift=4",), shift_options=("+attention_shift=4",),
     select="val_loss", tuned=("value_heads", "token_shift", "shift_width"),
     value_options=("+mixer=gated_value_pom",),
-    # the paper's own models at the paper's tolerance: does its claim reproduce here
-    paper_targets=(("tiny-pom", 0.18), ("tiny-hybrid", 0.02)),
+    # the paper's own models at the paper's tolerance, in the paper's form (a gate per channel, GPT-2's learned
+    # positions) with polymixer's beside it, and attention in the paper's positions beside its rotary ones
+    paper_targets=(("tiny-pom-paper", 0.18), ("tiny-hybrid-paper", 0.02)),
+    forms={"tiny-attention": ("+position=learned",), "tiny-pom-paper": ("tiny-pom",),
+           "tiny-hybrid-paper": ("tiny-hybrid",)},
     command="polymixer bench lm --parts quality --presets {spec} --sweep {spec} --lr-factors 0.5 1 2 4 8 "
             "--out docs/bench",
     # the paper's GPT-2 small on FineWeb (its runs are at the prose comparison's context of 1,024)
-    paper=(("GPT-2 small, FineWeb val loss",), {"tiny-attention": (3.29,), "tiny-pom": (3.88,),
-                                                "tiny-hybrid": (3.31,)}),
+    paper=(("GPT-2 small, FineWeb val loss",), {"tiny-attention": (3.29,), "tiny-pom-paper": (3.88,),
+                                                "tiny-hybrid-paper": (3.31,)}),
     digits=4, trained_on="Python standard library sources, bytes, context 256",
 )
 
@@ -31,10 +34,13 @@ COMPARISON = Comparison(
 # form offered the shift where it has attention layers; no value PoM here (the quick check compares it)
 PROSE = replace(
     COMPARISON, name="language model (prose, context 1,024)", bench="lm_prose", file="lm_prose/lm.json",
-    attention="tiny-attention+block_size=1024", pom="tiny-pom+block_size=1024", value=None,
-    hybrids=("tiny-hybrid+block_size=1024+window=128",), best_target=None, all_target=None, tuned=(),
+    attention="tiny-attention+block_size=1024", pom="tiny-pom-paper+block_size=1024", value=None,
+    hybrids=("tiny-hybrid-paper+block_size=1024+window=128",), best_target=None, all_target=None, tuned=(),
     value_options=(), where={"steps": 375}, trained_on="English Wikipedia's vital articles, bytes",
-    paper_targets=(("tiny-pom+block_size=1024", 0.18), ("tiny-hybrid+block_size=1024+window=128", 0.02)),
+    paper_targets=(("tiny-pom-paper+block_size=1024", 0.18), ("tiny-hybrid-paper+block_size=1024+window=128", 0.02)),
+    forms={"tiny-attention+block_size=1024": ("+position=learned",),
+           "tiny-pom-paper+block_size=1024": ("tiny-pom+block_size=1024",),
+           "tiny-hybrid-paper+block_size=1024+window=128": ("tiny-hybrid+block_size=1024+window=128",)},
     # timed by the quick check's throughput part at N 1,024, whose models are these at its width (256, rotary
     # positions: the context a preset is built for costs nothing) with the hybrid's local window of 128
     speed_file="lm.json", speed_length=1024,
@@ -49,15 +55,19 @@ PROSE = replace(
 # the same comparison at the second size (issue 86 item 3: ``bench lm --larger +n_embd=256``, twice the width, 3.9×
 # the parameters): each model in the form chosen at the smaller size, at that size's chosen rate carried over by the
 # width rule (a carried rate is one rate by design, not a sweep left undone), against attention with the shift at
-# its size — the gap at two scales; timed by the throughput part, whose models are these very sizes (4 × 256)
+# its size — the gap at two scales; timed by the throughput part, whose models are these very sizes (4 × 256): the
+# paper's forms with polymixer's beside them, as at the smaller size
 LARGER = "+n_embd=256"
 _ATT, _POM, _HYB = (f"{PROSE.attention}+attention_shift=4{LARGER}", f"{PROSE.pom}{LARGER}",
                     f"{PROSE.hybrids[0]}+attention_shift=4{LARGER}")
+_OURS = {_POM: f"{PROSE.forms[PROSE.pom][0]}{LARGER}",
+         _HYB: f"{PROSE.forms[PROSE.hybrids[0]][0]}+attention_shift=4{LARGER}"}
 PROSE_LARGER = replace(
     PROSE, name="language model (prose, context 1,024, 4× size)", attention=_ATT, pom=_POM, hybrids=(_HYB,),
     options=(), shift_options=(), paper_targets=((_POM, 0.18), (_HYB, 0.02)), larger=LARGER,
     larger_rate=0.5,  # the width rule (lm.bench.width_ratio): width 128 → 256 halves the rate
-    timed_as={_ATT: "attention+attention_shift=4", _POM: "pom", _HYB: "hybrid+attention_shift=4"},
+    forms={name: (ours,) for name, ours in _OURS.items()},
+    timed_as={_ATT: "attention+attention_shift=4", _OURS[_POM]: "pom", _OURS[_HYB]: "hybrid+attention_shift=4"},
     command="polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {spec} --sweep {spec} "
             f"--lr-factors 0.5 1 2 4 8 --larger {LARGER} --out docs/bench/lm_prose",
 )
