@@ -961,8 +961,9 @@ def test_the_prose_lm_at_context_1024_is_a_comparison_of_its_own(tmp_path):
     assert [t["short"] for t in f["targets"]] == ["paper's PoM within +18.0%", "paper's hybrid within +2.0%"]
     assert [t["reads"] for t in f["targets"]] == ["MISSED", "MISSED"]  # on one seed: unsettled
     assert all(t["verdict"].startswith("unsettled: 1 paired seed") for t in f["targets"])
-    assert (f"polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {paper_hyb}+attention_shift=4 "
-            f"--sweep {paper_hyb}+attention_shift=4 --lr-factors 0.5 1 2 4 8 --out docs/bench/lm_prose") in f["to_run"]
+    assert (f"polymixer bench lm --parts quality --corpus prose --quality-steps 375 "
+            f"--presets {paper_hyb}+attention_shift=4 --sweep {paper_hyb}+attention_shift=4 "
+            "--lr-factors 0.5 1 2 4 8 --out docs/bench/lm_prose") in f["to_run"]
     assert any(c.endswith("--seed 1 --out docs/bench/lm_prose/lm_seed1") and f"--presets {pom} " in c
                for c in f["to_run"])
     text = parity.report(parity.collect(tmp_path))
