@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("tokenizers")
 
 from polymixer.experiments.lm.bench import tokenizer_argument  # noqa: E402
-from polymixer.experiments.lm.bpe import BPETokenizer, lab_tokenizer, prose_bpe_path, train_bpe  # noqa: E402
+from polymixer.experiments.lm.bpe import (  # noqa: E402
+    BPETokenizer, lab_tokenizer, prose_bpe_path, run_tokenizer, train_bpe)
 from polymixer.experiments.lm.data import PROSE_SPLIT, document_split  # noqa: E402
 from polymixer.experiments.lm.ngram import choose_discounts, fit_ngram, ngram_rows  # noqa: E402
 
@@ -117,6 +118,10 @@ def test_token_level_training_reports_bits_per_byte_and_its_checkpoint_finds_the
     assert read_config(tmp_path / "run")["data"]["tokenizer"] == str(bpe.path)
     ev = evaluate_checkpoint(str(tmp_path / "run"), windows=4, lengths=[1])["lengths"][0]
     assert math.isfinite(ev["val_bpb"]) and ev["val_loss"] > ev["val_bpb"] * math.log(2)
+    data_meta = read_config(tmp_path / "run")["data"]
+    assert data_meta["tokenizer_digest"] == bpe.digest and run_tokenizer(data_meta).digest == bpe.digest
+    with pytest.raises(ValueError, match="trained with the .* digest 0123"):  # another BPE of the same name
+        run_tokenizer({**data_meta, "tokenizer_digest": "0123"})
     with pytest.raises(ValueError, match="vocabulary of 300"):  # an explicit smaller --vocab-size is still refused
         train_lm("tiny-attention", tcfg, [str(data)], tokenizer=str(bpe.path), vocab_size=300, n_layer=1)
 
@@ -180,3 +185,32 @@ def test_ngram_refuses_tokens_outside_the_vocabulary_and_empty_splits():
         fit_ngram(np.array([0, 3]), 3)
     with pytest.raises(ValueError, match="validation split holds no tokens"):
         ngram_rows(np.array([0, 1]), np.array([], dtype=np.int64), None, 3, np.ones(3, dtype=np.int64))
+
+
+def test_bench_lm_trains_token_level_and_writes_the_ngram_part(articles, tmp_path, polymixer_cache, monkeypatch):
+    """bench lm's quality part with --tokenizer prose-bpe-<N> and its ngram part, on generated articles standing in
+    for the prose package's."""
+    from polymixer.experiments.lm import bench, bpe, data
+
+    monkeypatch.setattr(data, "prose_source", lambda: articles)
+    monkeypatch.setattr(bpe, "prose_source", lambda: articles)
+    spec = "tiny-attention+n_layer=1+n_embd=32+n_head=2+block_size=32"
+    cfg = bench.LMBenchConfig(parts=("quality", "ngram"), corpus="prose", tokenizer="prose-bpe-512",
+                              quality_presets=(spec,), sweep=(), quality_steps=2, quality_batch=4,
+                              quality_eval_windows=4, ngram_tokenizers=("bytes", "prose-bpe-512"), ngram_order=3,
+                              out=str(tmp_path / "out"))
+    payload = bench.run(cfg, progress=False)
+    (row,) = payload["quality"]["rows"]
+    from polymixer.models import count_parameters, create_model
+
+    grown = create_model("tiny-attention", device="meta", n_layer=1, n_embd=32, n_head=2, block_size=32, vocab_size=512)
+    assert row["params"] == count_parameters(grown) and math.isfinite(row["val_bpb"])  # the tokenizer's vocabulary
+    rows = payload["ngram"]["rows"]
+    names = ("bytes", "prose-bpe-512")
+    assert [(r["tokenizer"], r["order"]) for r in rows] == [(t, k) for t in names for k in range(4)]
+    assert all(math.isfinite(r["test_bpb"]) and math.isfinite(r["val_bpb"]) for r in rows)
+    text = (tmp_path / "out" / "lm.txt").read_text()
+    assert "tokenizer: prose-bpe-512" in text and "n-gram baseline" in text
+    with pytest.raises(ValueError, match="--tokenizer"):  # one folder, one tokenizer
+        bench.run(bench.LMBenchConfig(parts=("quality",), corpus="prose", quality_presets=(spec,), sweep=(),
+                                      quality_steps=2, quality_batch=4, out=str(tmp_path / "out")), progress=False)

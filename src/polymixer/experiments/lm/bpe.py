@@ -16,7 +16,7 @@ import importlib.metadata
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from ...tokenizer import EOT_TEXT, Tokenizer, bytes_to_unicode, load_tokenizer
 from .data import PROSE_PACKAGE, PROSE_SPLIT, document_split, prose_documents, prose_source
 
 __all__ = ["PROSE_BPE", "BPE_SIZES", "BPETokenizer", "train_bpe", "prose_bpe", "prose_bpe_path", "lab_tokenizer",
-           "TOKENIZER_CHOICES", "bytes_per_token",
+           "TOKENIZER_CHOICES", "bytes_per_token", "run_tokenizer",
            "tokenizer_known", "compression_table"]
 
 PROSE_BPE = "prose-bpe-"  # --tokenizer prose-bpe-<N>
@@ -51,6 +51,7 @@ class BPETokenizer:
 
     def __init__(self, path: Union[str, Path], name: Optional[str] = None) -> None:
         self.path = Path(path)
+        self.digest = hashlib.sha256(self.path.read_bytes()).hexdigest()[:16]  # what a checkpoint records of it
         self.tok = _tokenizers().Tokenizer.from_file(str(self.path))
         self.tok.encode_special_tokens = True  # end-of-text's text inside a document is text, not the token
         self.name = name or str(self.path)
@@ -174,6 +175,19 @@ def lab_tokenizer(name: Optional[str] = None) -> Tokenizer:
         return load_tokenizer(name)
     except ValueError:
         raise ValueError(f"unknown tokenizer {name!r}: use {TOKENIZER_CHOICES}") from None
+
+
+def run_tokenizer(data: Dict[str, Any]) -> Tokenizer:
+    """The tokenizer a run's ``data`` record names (``generate``, ``eval lm``, a distillation's teacher), checked
+    against the digest of the BPE file it trained with: a BPE trained again elsewhere (another ``tokenizers``
+    version) that differs is a one-line error, never text read through other token ids."""
+    tok = lab_tokenizer(data.get("tokenizer", "bytes"))
+    want, have = data.get("tokenizer_digest"), getattr(tok, "digest", None)
+    if want is not None and have != want:
+        raise ValueError(f"the run trained with the {tok.name} file of digest {want}, but {getattr(tok, 'path', '')} "
+                         f"here has digest {have} (trained again by another tokenizers version?): use that file "
+                         f"(--tokenizer FILE.json) or retrain")
+    return tok
 
 
 def bytes_per_token(tokenizer: Tokenizer, texts: Sequence[bytes]) -> float:

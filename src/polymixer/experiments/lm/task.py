@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..data.faults import SampleFaults
-from .bpe import TOKENIZER_CHOICES, lab_tokenizer
+from .bpe import TOKENIZER_CHOICES, lab_tokenizer, run_tokenizer
 from .data import CORPORA, Corpus, TokenWindows, check_vocabulary, load_corpus, shard_files
 from ...models import create_model, model_config
 from ...models.lm import pad_left
@@ -215,6 +215,7 @@ def train_lm(preset: str, train_cfg: TrainConfig, data: Optional[List[str]] = No
                   train_cfg.batch_size, train_cfg.seed, pack, eval_windows, faults=faults)
     meta = {"family": "lm", "preset": preset, "model": asdict(cfg),
             "data": {"paths": data, "named": corpus, "corpus": texts.meta["name"], "tokenizer": tokenizer,
+                     "tokenizer_digest": getattr(tok, "digest", None),
                      "val_fraction": texts.meta.get("val_fraction"), "tokens": texts.meta["tokens"], "pack": pack}}
     return {**train(model, task, train_cfg, meta), "model": model}
 
@@ -256,7 +257,7 @@ def main_generate(args: argparse.Namespace) -> int:
     if cfg.get("family") != "lm":
         raise ValueError(f"{args.ckpt} holds a {cfg.get('family')!r} model; generate needs a language model")
     model = load_model(args.ckpt, family="lm")
-    tok = lab_tokenizer(cfg.get("data", {}).get("tokenizer", "bytes"))
+    tok = run_tokenizer(cfg.get("data", {}))
     texts = args.prompt or [None]
     prompts = [[tok.eot_id] if t is None else tok.encode(t) for t in texts for _ in range(args.num_samples)]
     if any(len(p) == 0 for p in prompts):
@@ -303,7 +304,7 @@ def evaluate_checkpoint(ckpt: str, data: Optional[List[str]] = None, windows: in
     cfg = read_config(ckpt)
     model = load_model(ckpt, family="lm")
     d = cfg.get("data", {})
-    tok = lab_tokenizer(d.get("tokenizer", "bytes"))
+    tok = run_tokenizer(d)
     pack = d.get("pack", True)
     corpus = load_corpus(data or d.get("paths"), None if data else d.get("named"), tok,
                          val_fraction=d.get("val_fraction"), progress=progress)
