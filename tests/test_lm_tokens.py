@@ -98,7 +98,7 @@ def test_unknown_tokenizer_is_one_line_listing_the_choices():
 
 
 def test_token_level_training_reports_bits_per_byte_and_its_checkpoint_finds_the_tokenizer(
-        bpe, tmp_path, polymixer_cache):
+        bpe, tmp_path, polymixer_cache, capsys):
     from polymixer.checkpoint import read_config
     from polymixer.experiments.lm.task import evaluate_checkpoint, train_lm
     from polymixer.experiments.train.loop import TrainConfig
@@ -122,6 +122,11 @@ def test_token_level_training_reports_bits_per_byte_and_its_checkpoint_finds_the
     assert data_meta["tokenizer_digest"] == bpe.digest and run_tokenizer(data_meta).digest == bpe.digest
     with pytest.raises(ValueError, match="trained with the .* digest 0123"):  # another BPE of the same name
         run_tokenizer({**data_meta, "tokenizer_digest": "0123"})
+    from polymixer.experiments.cli import main
+
+    main(["generate", "--ckpt", str(tmp_path / "run"), "--prompt", "kalo mi", "--max-new-tokens", "8", "--no-stop"])
+    sample = capsys.readouterr().out.split("--- sample 0 ---\n")[1]
+    assert sample.startswith("kalo mi") and len(sample) > len("kalo mi\n")  # decoded through the same BPE
     with pytest.raises(ValueError, match="vocabulary of 300"):  # an explicit smaller --vocab-size is still refused
         train_lm("tiny-attention", tcfg, [str(data)], tokenizer=str(bpe.path), vocab_size=300, n_layer=1)
 
@@ -211,6 +216,11 @@ def test_bench_lm_trains_token_level_and_writes_the_ngram_part(articles, tmp_pat
     assert all(math.isfinite(r["test_bpb"]) and math.isfinite(r["val_bpb"]) for r in rows)
     text = (tmp_path / "out" / "lm.txt").read_text()
     assert "tokenizer: prose-bpe-512" in text and "n-gram baseline" in text
+    from polymixer.experiments.lm.task import evaluate_checkpoint
+
+    (run_dir,) = {p.parent for p in (tmp_path / "out").rglob("checkpoints") if p.is_dir()}
+    test = evaluate_checkpoint(str(run_dir), windows=4, lengths=[1], split="test")["lengths"][0]
+    assert math.isfinite(test["test_bpb"]) and test["test_loss"] > test["test_bpb"] * math.log(2)
     with pytest.raises(ValueError, match="--tokenizer"):  # one folder, one tokenizer
         bench.run(bench.LMBenchConfig(parts=("quality",), corpus="prose", quality_presets=(spec,), sweep=(),
                                       quality_steps=2, quality_batch=4, out=str(tmp_path / "out")), progress=False)
