@@ -11,9 +11,8 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
-from polymixer.experiments.lm.bench import tokenizer_argument  # noqa: E402
 from polymixer.experiments.lm.bpe import (  # noqa: E402
-    BPETokenizer, lab_tokenizer, prose_bpe_path, run_tokenizer, train_bpe)
+    BPETokenizer, lab_tokenizer, prose_bpe_path, run_tokenizer, tokenizer_argument, train_bpe)
 from polymixer.experiments.lm.data import PROSE_SPLIT, document_split  # noqa: E402
 from polymixer.experiments.lm.ngram import choose_discounts, fit_ngram, ngram_rows  # noqa: E402
 
@@ -92,7 +91,7 @@ def test_unknown_tokenizer_is_one_line_listing_the_choices():
         lab_tokenizer("prose-bpe-100")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown tokenizer 'bpe:4096'"):
         tokenizer_argument("bpe:4096")
-    with pytest.raises(argparse.ArgumentTypeError, match="unknown tokenizer 'prose-bpe-9'"):
+    with pytest.raises(argparse.ArgumentTypeError, match="'prose-bpe-9': the size must be from 512"):
         tokenizer_argument("prose-bpe-9")
     assert tokenizer_argument("prose-bpe-4096") == "prose-bpe-4096" and lab_tokenizer("bytes").name == "bytes"
 

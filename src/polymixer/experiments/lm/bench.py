@@ -32,11 +32,11 @@ from ..bench.common import (
     read_json, main_payload, payload_seed, seed_payloads,
 )
 from ..tasks.common import int_at_least
+from .bpe import tokenizer_argument
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments",
            "larger_models", "width_ratio", "chosen_rows", "scaled_rates", "scaled_past", "two_scale_lines",
-           "two_scale_points", "kind_argument", "run_ngram",
-           "tokenizer_argument"]
+           "two_scale_points", "kind_argument", "run_ngram"]
 
 KINDS = ("attention", "pom", "hybrid", "vpom", "vhybrid")  # the tiny-<kind> presets
 
@@ -92,16 +92,6 @@ def _model(cfg: LMBenchConfig, kind: str) -> torch.nn.Module:
     size = dict(n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, window=cfg.window, sel_heads=cfg.n_head,
                 position="rope", block_size=max(cfg.decode_contexts + cfg.throughput_lengths))
     return create_model(preset, **{**size, **options}).eval()
-
-
-def tokenizer_argument(text: str) -> str:
-    """``--tokenizer``'s type: a value :func:`.bpe.lab_tokenizer` accepts (checked by its form here, loaded when a
-    part runs); anything else is a one-line error listing them."""
-    from .bpe import TOKENIZER_CHOICES, tokenizer_known
-
-    if not tokenizer_known(text):
-        raise argparse.ArgumentTypeError(f"unknown tokenizer {text!r}: use {TOKENIZER_CHOICES}")
-    return text
 
 
 def kind_argument(text: str) -> str:

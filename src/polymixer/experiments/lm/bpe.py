@@ -11,6 +11,7 @@ byte model's.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.metadata
 import json
@@ -27,7 +28,7 @@ from .data import PROSE_PACKAGE, PROSE_SPLIT, document_split, prose_documents, p
 
 __all__ = ["PROSE_BPE", "BPE_SIZES", "BPETokenizer", "train_bpe", "prose_bpe", "prose_bpe_path", "lab_tokenizer",
            "TOKENIZER_CHOICES", "bytes_per_token", "run_tokenizer",
-           "tokenizer_known", "compression_table"]
+           "tokenizer_known", "tokenizer_argument", "compression_table"]
 
 PROSE_BPE = "prose-bpe-"  # --tokenizer prose-bpe-<N>
 BPE_SIZES = (512, 65536)  # the vocabulary sizes prose-bpe-<N> accepts (the 256 bytes, end-of-text and merges)
@@ -159,6 +160,16 @@ def tokenizer_known(name: str) -> bool:
         return BPE_SIZES[0] <= int(m.group(1)) <= BPE_SIZES[1]
     path = Path(name)
     return name in ("bytes", "byte") or (path.suffix == ".json" and path.is_file()) or path.is_dir()
+
+
+def tokenizer_argument(text: str) -> str:
+    """``--tokenizer``'s type (train lm, bench lm): a value of the form :func:`lab_tokenizer` accepts (loaded when
+    the run starts); anything else is a one-line error listing them."""
+    if not tokenizer_known(text):
+        m = re.fullmatch(re.escape(PROSE_BPE) + r"(\d+)", text)
+        why = f"the size must be from {BPE_SIZES[0]} to {BPE_SIZES[1]}" if m else f"use {TOKENIZER_CHOICES}"
+        raise argparse.ArgumentTypeError(f"unknown tokenizer {text!r}: {why}")
+    return text
 
 
 def lab_tokenizer(name: Optional[str] = None) -> Tokenizer:

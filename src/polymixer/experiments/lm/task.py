@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..data.faults import SampleFaults
-from .bpe import TOKENIZER_CHOICES, lab_tokenizer, run_tokenizer
+from .bpe import TOKENIZER_CHOICES, lab_tokenizer, run_tokenizer, tokenizer_argument
 from .data import CORPORA, Corpus, TokenWindows, check_vocabulary, load_corpus, shard_files
 from ...models import create_model, model_config
 from ...models.lm import pad_left
@@ -175,7 +175,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--corpus", choices=list(CORPORA), default=None,
                    help="a named corpus: " + "; ".join(f"{k}: {v}" for k, v in CORPORA.items()) +
                         " (default: stdlib)")
-    d.add_argument("--tokenizer", default="bytes",
+    d.add_argument("--tokenizer", type=tokenizer_argument, default="bytes",
                    help=TOKENIZER_CHOICES + " (token shards: the tokenizer that wrote them, for bits per byte; "
                         "'bytes' there means not known: the loss alone). A model whose vocabulary is smaller than "
                         "the tokenizer's takes the tokenizer's unless --vocab-size is given")
