@@ -283,7 +283,8 @@ def run_ngram(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
         rows += [{"tokenizer": name, **r} for r in ngram_rows(np.asarray(corpus.train), np.asarray(corpus.val), test,
                                                               tok.vocab_size, tok.token_bytes(), cfg.ngram_order)]
         seconds[name] = time.perf_counter() - t0
-    earlier = _earlier(cfg, "ngram", ())[1]
+    path = Path(cfg.out) / "lm.json"
+    earlier = read_json(path).get("ngram", {}) if path.is_file() else {}
     kept = [r for r in earlier.get("rows", []) if r["tokenizer"] not in cfg.ngram_tokenizers]
     return {"rows": kept + rows, "smoothing": SMOOTHING, "corpus": cfg.corpus,
             "seconds": {**earlier.get("seconds", {}), **seconds}}
@@ -525,8 +526,10 @@ def _ngram_report(payload: Dict[str, Any]) -> List[str]:
     p = payload["ngram"]
     cols = [c for c in ("tokenizer", "order", "discount", "contexts", "val_loss", "val_bpb", "test_loss", "test_bpb",
                         "test_nats_per_byte") if any(c in r for r in p["rows"])]
+    shown = [{k: f"{v:.4f}" if k.endswith(("loss", "bpb", "byte")) and isinstance(v, float) else v
+              for k, v in r.items()} for r in p["rows"]]
     return [f"n-gram baseline (corpus {p['corpus']}; {p['smoothing']}); loss in nats per token",
-            format_table(p["rows"], cols, [c.replace("_", " ") for c in cols]),
+            format_table(shown, cols, [c.replace("_", " ") for c in cols]),
             "seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in p.get("seconds", {}).items()), ""]
 
 

@@ -25,7 +25,8 @@ import numpy as np
 
 __all__ = ["NGram", "DISCOUNTS", "SMOOTHING", "fit_ngram", "choose_discounts", "ngram_rows"]
 
-DISCOUNTS = tuple(np.round(np.arange(0.05, 1.0001, 0.05), 2))  # the grid each order's discount is chosen from
+# the grid each order's discount is chosen from (finer near 0, where a unigram of a large sample sits)
+DISCOUNTS = (0.01, 0.02) + tuple(float(d) for d in np.round(np.arange(0.05, 1.0001, 0.05), 2))
 LN2 = math.log(2.0)
 SMOOTHING = "interpolated absolute discounting (Ney, Essen & Kneser 1994), one discount per order chosen on validation"
 
