@@ -84,6 +84,17 @@ def test_train_bpe_is_deterministic():
     assert train_bpe(texts, 400).to_str() == train_bpe(texts, 400).to_str()
 
 
+def test_a_bpe_that_is_not_byte_level_is_refused(tmp_path):
+    import tokenizers as tk
+
+    tok = tk.Tokenizer(tk.models.BPE(unk_token="?"))
+    tok.pre_tokenizer = tk.pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["some words here"] * 5, tk.trainers.BpeTrainer(vocab_size=60, special_tokens=["?"]))
+    (tmp_path / "words.json").write_text(tok.to_str())
+    with pytest.raises(ValueError, match="not a byte-level BPE"):
+        lab_tokenizer(str(tmp_path / "words.json"))
+
+
 def test_unknown_tokenizer_is_one_line_listing_the_choices():
     with pytest.raises(ValueError, match=r"unknown tokenizer 'nope': use 'bytes', 'prose-bpe-<N>'.*tokenizers JSON"):
         lab_tokenizer("nope")

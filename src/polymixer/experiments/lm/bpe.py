@@ -52,8 +52,12 @@ class BPETokenizer:
 
     def __init__(self, path: Union[str, Path], name: Optional[str] = None) -> None:
         self.path = Path(path)
-        self.digest = hashlib.sha256(self.path.read_bytes()).hexdigest()[:16]  # what a checkpoint records of it
-        self.tok = _tokenizers().Tokenizer.from_file(str(self.path))
+        text = self.path.read_bytes()
+        self.digest = hashlib.sha256(text).hexdigest()[:16]  # what a checkpoint records of it
+        self.tok = _tokenizers().Tokenizer.from_str(text.decode("utf-8"))
+        if "ByteLevel" not in json.dumps(json.loads(text).get("pre_tokenizer")):
+            raise ValueError(f"{self.path}: not a byte-level BPE (its pre-tokenizer is not ByteLevel), so its tokens' "
+                             f"bytes, and bits per byte, are unknown")
         self.tok.encode_special_tokens = True  # end-of-text's text inside a document is text, not the token
         self.name = name or str(self.path)
         eot = self.tok.token_to_id(EOT_TEXT)
