@@ -186,10 +186,9 @@ def lab_tokenizer(name: Optional[str] = None) -> Tokenizer:
     path = Path(name)
     if path.suffix == ".json" and path.is_file():
         return BPETokenizer(path)
-    try:
-        return load_tokenizer(name)
-    except ValueError:
-        raise ValueError(f"unknown tokenizer {name!r}: use {TOKENIZER_CHOICES}") from None
+    if name in ("bytes", "byte") or path.is_dir():
+        return load_tokenizer(name)  # (a GPT-2 folder's own errors name its files)
+    raise ValueError(f"unknown tokenizer {name!r}: use {TOKENIZER_CHOICES}")
 
 
 def run_tokenizer(data: Dict[str, Any]) -> Tokenizer:
