@@ -50,7 +50,8 @@ LAB: List[Tuple[str, ...]] = [
     # registration at run time: no module of a family is imported by it)
     ("experiments", "commands", "registry", "report", "metrics", "data", "locks",
      "extras"),
-    ("data.py", "synth.py", "diffusion.py"),  # a family's loaders and offline default
+    # a family's loaders and offline default (lm: its BPE tokenizer and the n-gram baseline of its corpora)
+    ("data.py", "synth.py", "diffusion.py", "bpe.py", "ngram.py"),
     ("train",),  # the one training loop
     ("tasks", "task.py"),  # the data check and presets; a family's task and commands
     # the benches, the parity judge, the guides' tables; a family's bench, comparisons and guide tables

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from ...layers.attention import Attention
 from ..data.faults import SampleFaults
 from ...tokenizer import Tokenizer, load_tokenizer
+from ..lm.bpe import run_tokenizer
 from ..lm.data import prepare_corpus
 from ...models.lm import GPT
 from ...pomify import pomify, replaced_layers
@@ -103,7 +104,7 @@ def load_teacher(path: str, device: Optional[torch.device] = None, block_size: O
         if cfg.get("family") != "lm":
             raise ValueError(f"{path} holds a {cfg.get('family')!r} model; the teacher must be a language model")
         model = load_model(ck, device=device, family="lm")
-        tok = load_tokenizer(cfg.get("data", {}).get("tokenizer", "bytes"))
+        tok = run_tokenizer(cfg.get("data", {}))
         return Teacher(model.eval(), "polymixer", tok, str(path), block_size or model.config.block_size,
                        {"preset": cfg.get("preset"), "data": cfg.get("data", {}), "step": cfg.get("step")})
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -5,7 +5,9 @@
 2. time and memory per generated token after a context of 1k … 64k tokens (prefill, then one token at a time with
    per-layer state: PoM's running sums, local attention's ring buffer, global attention's KV cache);
 3. quality at an equal budget: the tiny presets trained for the same steps on the default corpus, validation loss
-   and bits per byte side by side (the paper's performance table).
+   and bits per byte side by side (the paper's performance table); ``--tokenizer prose-bpe-4096``: token-level;
+4. ngram: the count-based baseline of the same corpus (:mod:`.ngram`, orders 0–5, for bytes and BPE tokens),
+   validation and test bits per byte.
 
 Each part prints a table and writes ``lm_<part>.json``; ``lm.png`` plots parts 1 and 2.
 """
@@ -30,10 +32,11 @@ from ..bench.common import (
     read_json, main_payload, payload_seed, seed_payloads,
 )
 from ..tasks.common import int_at_least
+from .bpe import tokenizer_argument
 
 __all__ = ["LMBenchConfig", "run_throughput", "run_decode", "run_hf_decode", "run_quality", "main", "add_arguments",
            "larger_models", "width_ratio", "chosen_rows", "scaled_rates", "scaled_past", "two_scale_lines",
-           "two_scale_points", "kind_argument"]
+           "two_scale_points", "kind_argument", "run_ngram"]
 
 KINDS = ("attention", "pom", "hybrid", "vpom", "vhybrid")  # the tiny-<kind> presets
 
@@ -65,7 +68,10 @@ class LMBenchConfig:
     quality_batch: int = 32
     quality_eval_windows: int = 1024
     corpus: str = "stdlib"  # the quality part's text: "stdlib" (Python sources, the quick check) or "prose"
-    parts: Tuple[str, ...] = ("throughput", "decode", "quality")  # and "hf_decode" (the [hf] extra)
+    tokenizer: str = "bytes"  # the quality part's tokens (--tokenizer of train lm: prose-bpe-4096 for token-level)
+    ngram_tokenizers: Tuple[str, ...] = ("bytes", "prose-bpe-4096")  # the n-gram part's tokens, each its own rows
+    ngram_order: int = 5  # the n-gram part's orders: 0 to this many tokens of context
+    parts: Tuple[str, ...] = ("throughput", "decode", "quality")  # and "hf_decode" (the [hf] extra), "ngram"
     # "cuda": the throughput part on the GPU with the paper's models (GPT-2 small, GPPoM2-S, its hybrid and the value
     # PoM; rotary positions so every length runs) in bf16, PoM on the Triton kernels, attention on FlashAttention
     device: str = "cpu"
@@ -239,9 +245,9 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
     def evaluate(cfg: LMBenchConfig, job: SweepRun, stage: Stage,
                  tcfg: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         # a preset, or a variant of one: "tiny-vpom+value_heads=1+shift_width=2"
-        res = train_lm(job.preset, tcfg, eval_windows=cfg.quality_eval_windows,
+        res = train_lm(job.preset, tcfg, tokenizer=cfg.tokenizer, eval_windows=cfg.quality_eval_windows,
                        corpus=None if cfg.corpus == "stdlib" else cfg.corpus, **job.overrides)
-        model = create_model(job.preset, device="meta", **job.overrides)
+        model = res["model"]  # (its vocabulary: the tokenizer's, where the preset's is smaller)
         size = {"smaller": smaller[job.spec]} if job.spec in smaller else {}
         return res, {"model": job.spec, "spec": job.spec, **size, "params": count_parameters(model),
                      "steps": cfg.quality_steps,
@@ -256,6 +262,32 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
                             rates_label=lambda s: f"best {smaller[s]} × {width_ratio(smaller[s], s):g}",
                             past=lambda s, rows: scaled_past(s, smaller[s], rows)))
     return sweep.run(cfg, stages)
+
+
+def run_ngram(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """The n-gram baseline of the quality part's corpus (:func:`.ngram.ngram_rows`: counts on train, discounts
+    chosen on validation, scored on validation and test) for each of ``ngram_tokenizers``; the rows of tokenizers
+    not run again are kept from the earlier file."""
+    import numpy as np
+
+    from .bpe import lab_tokenizer
+    from .data import load_corpus
+    from .ngram import SMOOTHING, ngram_rows
+
+    rows, seconds = [], {}
+    for name in cfg.ngram_tokenizers:
+        tok = lab_tokenizer(name)
+        corpus = load_corpus(None, cfg.corpus, tok, progress=progress)
+        test = np.asarray(corpus.test()) if corpus.open_test is not None else None
+        t0 = time.perf_counter()
+        rows += [{"tokenizer": name, **r} for r in ngram_rows(np.asarray(corpus.train), np.asarray(corpus.val), test,
+                                                              tok.vocab_size, tok.token_bytes(), cfg.ngram_order)]
+        seconds[name] = time.perf_counter() - t0
+    path = Path(cfg.out) / "lm.json"
+    earlier = read_json(path).get("ngram", {}) if path.is_file() else {}
+    kept = [r for r in earlier.get("rows", []) if r["tokenizer"] not in cfg.ngram_tokenizers]
+    return {"rows": kept + rows, "smoothing": SMOOTHING, "corpus": cfg.corpus,
+            "seconds": {**earlier.get("seconds", {}), **seconds}}
 
 
 def larger_models(cfg: LMBenchConfig) -> Dict[str, str]:
@@ -474,8 +506,9 @@ def _quality_report(payload: Dict[str, Any], seeds: Optional[Any], main_json: Op
     rows = best_rows(all_rows)
     prose = (payload.get("config") or {}).get("corpus", "stdlib") == "prose"
     corpus = "English prose: Wikipedia's vital articles" if prose else "the Python standard library's sources"
-    lines += [f"quality at equal steps (corpus: {corpus}, byte-level), each model at its best learning rate (lowest "
-              "validation loss)",
+    tokens = (payload.get("config") or {}).get("tokenizer", "bytes")
+    lines += [f"quality at equal steps (corpus: {corpus}, tokenizer: {tokens}), each model at its best learning rate "
+              "(lowest validation loss)",
               format_table(rows, ["model", "params", "lr", "rates", "steps", "tokens", "val_loss", "val_bpb",
                                   "loss_vs_attention", "train_min"],
                            ["model", "params", "best lr", "rates tried", "steps", "tokens", "val loss", "val bpb",
@@ -489,13 +522,25 @@ def _quality_report(payload: Dict[str, Any], seeds: Optional[Any], main_json: Op
     return lines
 
 
+def _ngram_report(payload: Dict[str, Any]) -> List[str]:
+    p = payload["ngram"]
+    cols = [c for c in ("tokenizer", "order", "discount", "contexts", "val_loss", "val_bpb", "test_loss", "test_bpb",
+                        "test_nats_per_byte") if any(c in r for r in p["rows"])]
+    shown = [{k: f"{v:.4f}" if k.endswith(("loss", "bpb", "byte")) and isinstance(v, float) else v
+              for k, v in r.items()} for r in p["rows"]]
+    return [f"n-gram baseline (corpus {p['corpus']}; {p['smoothing']}); loss in nats per token",
+            format_table(shown, cols, [c.replace("_", " ") for c in cols]),
+            "seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in p.get("seconds", {}).items()), ""]
+
+
 def report(payload: Dict[str, Any], seeds: Optional[List[Dict[str, Any]]] = None,
            main_json: Optional[Dict[str, Any]] = None) -> str:
     """The LM bench's text: throughput, decoding cost against context (own loop and transformers'), the quality
     sweep with its verdicts (``seeds``, ``main_json``: for the parity targets, as in the other families)."""
     return render_report(payload, {"throughput": _throughput_report, "decode": _decode_report,
                                    "hf_decode": _hf_decode_report,
-                                   "quality": lambda p: _quality_report(p, seeds, main_json)})
+                                   "quality": lambda p: _quality_report(p, seeds, main_json),
+                                   "ngram": _ngram_report})
 
 
 def plot(payload: Dict[str, Any], path: Path) -> None:
@@ -551,7 +596,8 @@ def plot(payload: Dict[str, Any], path: Path) -> None:
 
 
 BENCH = FamilyBench("lm", {"throughput": run_throughput, "decode": run_decode, "hf_decode": run_hf_decode,
-                            "quality": run_quality}, plot, report, recipes=(("corpus", "stdlib", "--corpus"),))
+                            "quality": run_quality, "ngram": run_ngram}, plot, report,
+                    recipes=(("corpus", "stdlib", "--corpus"), ("tokenizer", "bytes", "--tokenizer")))
 
 
 def run(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
@@ -562,7 +608,7 @@ def run(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = LMBenchConfig()
     p.add_argument("--quick", action="store_true", help="a few-minute version of every part")
-    p.add_argument("--parts", nargs="+", choices=["throughput", "decode", "hf_decode", "quality"],
+    p.add_argument("--parts", nargs="+", choices=["throughput", "decode", "hf_decode", "quality", "ngram"],
                    default=list(d.parts))
     p.add_argument("--n-layer", type=int_at_least(1), default=d.n_layer)
     p.add_argument("--n-embd", type=int_at_least(1), default=d.n_embd)
@@ -572,6 +618,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=int_at_least(1), nargs="+", default=None, help="throughput sequence lengths")
     p.add_argument("--contexts", type=int_at_least(1), nargs="+", default=None, help="decoding contexts")
     p.add_argument("--quality-steps", type=int_at_least(1), default=None)
+    p.add_argument("--quality-batch", type=int_at_least(1), default=None,
+                   help=f"windows per step of the quality part (default {d.quality_batch})")
+    p.add_argument("--tokenizer", type=tokenizer_argument, default=d.tokenizer,
+                   help="the quality part's tokens, as train lm's --tokenizer: bytes, prose-bpe-<N> (token-level "
+                        "models; their vocabulary is the tokenizer's), a tokenizers JSON file")
+    p.add_argument("--ngram-tokenizers", nargs="+", type=tokenizer_argument, default=None,
+                   help=f"the ngram part's tokens, each its own rows (default: {' '.join(d.ngram_tokenizers)})")
     p.add_argument("--kinds", nargs="+", type=kind_argument, default=None,
                    help=f"models of the throughput and decoding parts (tiny-<kind>: {', '.join(KINDS)}), a form with "
                         "options as kind+field=value (hybrid+attention_shift=4)")
@@ -593,9 +646,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg = LMBenchConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, window=args.window,
-                        parts=tuple(args.parts), device=args.device, corpus=args.corpus, out=args.out)
+                        parts=tuple(args.parts), device=args.device, corpus=args.corpus, tokenizer=args.tokenizer,
+                        out=args.out)
     larger_models(replace(cfg, larger=args.larger or "", quality_presets=tuple(args.presets or cfg.quality_presets)))
     return bench_main(BENCH, args, cfg, QUICK,
                       {"tokens": "tokens", "lengths": "throughput_lengths", "contexts": "decode_contexts",
-                       "quality_steps": "quality_steps", "kinds": "kinds", "presets": "quality_presets",
+                       "quality_steps": "quality_steps", "quality_batch": "quality_batch",
+                       "ngram_tokenizers": "ngram_tokenizers", "kinds": "kinds", "presets": "quality_presets",
                        "larger": "larger"})

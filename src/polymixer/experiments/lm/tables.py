@@ -31,10 +31,17 @@ def lm_throughput(bench: Path) -> str:
 
 
 def lm_decode(bench: Path) -> str:
-    """Per-token decoding time and state size after a prefilled context."""
+    """Per-token decoding time and state size after a prefilled context: one row a context, one column a model
+    (its prefill times and ratios to the first context: the bench's lm.txt)."""
     rows = bench_json(bench, "lm.json")["decode"]["rows"]
-    return format_table(rows, ["context", "model", "ms_per_token", "vs_first_context", "state_mb", "prefill_s"],
-                        ["context", "model", "ms / token", "÷ first context", "state MB", "prefill s"])
+    at = {(r["model"], r["context"]): r for r in rows}
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    def mb(v: float) -> str:
+        return f"{v:,.0f}" if v >= 1000 else f"{v:.3g}"
+
+    out = [[f"{n:,}"] + [f"{at[m, n]['ms_per_token']:.3g} ms, {mb(at[m, n]['state_mb'])} MB" if (m, n) in at else ""
+                         for m in models] for n in sorted({r["context"] for r in rows})]
+    return markdown_table(out, ["context", *(f"`{m}`" for m in models)])
 
 
 def hf_decode(bench: Path) -> str:

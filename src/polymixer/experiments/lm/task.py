@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..data.faults import SampleFaults
-from ...tokenizer import load_tokenizer
+from .bpe import TOKENIZER_CHOICES, lab_tokenizer, run_tokenizer, tokenizer_argument
 from .data import CORPORA, Corpus, TokenWindows, check_vocabulary, load_corpus, shard_files
 from ...models import create_model, model_config
 from ...models.lm import pad_left
@@ -175,9 +175,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--corpus", choices=list(CORPORA), default=None,
                    help="a named corpus: " + "; ".join(f"{k}: {v}" for k, v in CORPORA.items()) +
                         " (default: stdlib)")
-    d.add_argument("--tokenizer", default="bytes",
-                   help="'bytes' or a folder with GPT-2's encoder.json, vocab.bpe (token shards: the tokenizer that "
-                        "wrote them, for bits per byte; 'bytes' there means not known: the loss alone)")
+    d.add_argument("--tokenizer", type=tokenizer_argument, default="bytes",
+                   help=TOKENIZER_CHOICES + " (token shards: the tokenizer that wrote them, for bits per byte; "
+                        "'bytes' there means not known: the loss alone). A model whose vocabulary is smaller than "
+                        "the tokenizer's takes the tokenizer's unless --vocab-size is given")
     d.add_argument("--val-fraction", type=float_in(Range(0, 1, True, True)), default=None,
                    help="the share of the files held out for validation (a single file: of its tokens; default "
                         "0.1), or of the prose articles (default 0.05, and 0.05 for test)")
@@ -195,9 +196,11 @@ def train_lm(preset: str, train_cfg: TrainConfig, data: Optional[List[str]] = No
     one, e.g. ``"prose"``; neither: the standard library's sources), and train it with the shared loop. A test split
     is never read here."""
     check_preset("lm", preset)
-    tok = load_tokenizer(tokenizer)
-    cfg = model_config(preset, **overrides)
+    tok = lab_tokenizer(tokenizer)
     shards = bool(data) and shard_files(data) is not None
+    if "vocab_size" not in overrides and not shards and model_config(preset).vocab_size < tok.vocab_size:
+        overrides = {**overrides, "vocab_size": tok.vocab_size}  # a token-level model of a byte preset
+    cfg = model_config(preset, **overrides)
     if cfg.vocab_size < tok.vocab_size and not shards:  # (shards: checked against their largest token below)
         raise ValueError(f"{preset} has a vocabulary of {cfg.vocab_size} but the {tok.name!r} tokenizer needs "
                          f"{tok.vocab_size}; pass --vocab-size {tok.vocab_size}")
@@ -212,6 +215,7 @@ def train_lm(preset: str, train_cfg: TrainConfig, data: Optional[List[str]] = No
                   train_cfg.batch_size, train_cfg.seed, pack, eval_windows, faults=faults)
     meta = {"family": "lm", "preset": preset, "model": asdict(cfg),
             "data": {"paths": data, "named": corpus, "corpus": texts.meta["name"], "tokenizer": tokenizer,
+                     "tokenizer_digest": getattr(tok, "digest", None),
                      "val_fraction": texts.meta.get("val_fraction"), "tokens": texts.meta["tokens"], "pack": pack}}
     return {**train(model, task, train_cfg, meta), "model": model}
 
@@ -253,7 +257,7 @@ def main_generate(args: argparse.Namespace) -> int:
     if cfg.get("family") != "lm":
         raise ValueError(f"{args.ckpt} holds a {cfg.get('family')!r} model; generate needs a language model")
     model = load_model(args.ckpt, family="lm")
-    tok = load_tokenizer(cfg.get("data", {}).get("tokenizer", "bytes"))
+    tok = run_tokenizer(cfg.get("data", {}))
     texts = args.prompt or [None]
     prompts = [[tok.eot_id] if t is None else tok.encode(t) for t in texts for _ in range(args.num_samples)]
     if any(len(p) == 0 for p in prompts):
@@ -300,7 +304,7 @@ def evaluate_checkpoint(ckpt: str, data: Optional[List[str]] = None, windows: in
     cfg = read_config(ckpt)
     model = load_model(ckpt, family="lm")
     d = cfg.get("data", {})
-    tok = load_tokenizer(d.get("tokenizer", "bytes"))
+    tok = run_tokenizer(d)
     pack = d.get("pack", True)
     corpus = load_corpus(data or d.get("paths"), None if data else d.get("named"), tok,
                          val_fraction=d.get("val_fraction"), progress=progress)
