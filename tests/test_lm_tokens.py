@@ -231,6 +231,8 @@ def test_bench_lm_trains_token_level_and_writes_the_ngram_part(articles, tmp_pat
     (run_dir,) = {p.parent for p in (tmp_path / "out").rglob("checkpoints") if p.is_dir()}
     test = evaluate_checkpoint(str(run_dir), windows=4, lengths=[1], split="test")["lengths"][0]
     assert math.isfinite(test["test_bpb"]) and test["test_loss"] > test["test_bpb"] * math.log(2)
+    # the quality row reports the same held-out figures beside the validation ones it was chosen on
+    assert (row["test_loss"], row["test_bpb"]) == (test["test_loss"], test["test_bpb"])
     again = bench.run(bench.LMBenchConfig(parts=("ngram",), corpus="prose", ngram_tokenizers=("bytes",), ngram_order=1,
                                           out=str(tmp_path / "out")), progress=False)["ngram"]["rows"]
     assert [(r["tokenizer"], r["order"]) for r in again] == [(names[1], k) for k in range(4)] + [("bytes", 0),

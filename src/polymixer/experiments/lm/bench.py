@@ -251,7 +251,8 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
         size = {"smaller": smaller[job.spec]} if job.spec in smaller else {}
         return res, {"model": job.spec, "spec": job.spec, **size, "params": count_parameters(model),
                      "steps": cfg.quality_steps,
-                     "tokens": cfg.quality_steps * cfg.quality_batch * model.config.block_size, **res["metrics"]}
+                     "tokens": cfg.quality_steps * cfg.quality_batch * model.config.block_size, **res["metrics"],
+                     **heldout(cfg, job)}
 
     # rows from before sweeps carry no spec and no rate: the preset's name and the recipe's rate then (2e-3)
     sweep = QualitySweep("lm", 2e-3, ("model",), recipe, evaluate, _select, lambda rows: "val_loss",
@@ -262,6 +263,18 @@ def run_quality(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
                             rates_label=lambda s: f"best {smaller[s]} × {width_ratio(smaller[s], s):g}",
                             past=lambda s, rows: scaled_past(s, smaller[s], rows)))
     return sweep.run(cfg, stages)
+
+
+def heldout(cfg: LMBenchConfig, job: SweepRun) -> Dict[str, Any]:
+    """The trained run's held-out figures (``test_loss``, ``test_bpb``: the final checkpoint on the corpus's test
+    split, with the windows validation reads) — reported, never chosen on; none for a corpus without a test split
+    (the standard library's sources)."""
+    if cfg.corpus == "stdlib":
+        return {}
+    from .task import evaluate_checkpoint
+
+    res = evaluate_checkpoint(str(job.out), windows=cfg.quality_eval_windows, lengths=(1,), split="test")
+    return {k: v for k, v in res["lengths"][0].items() if k.startswith("test_")}
 
 
 def run_ngram(cfg: LMBenchConfig, progress: bool = True) -> Dict[str, Any]:
