@@ -1146,7 +1146,7 @@ def test_the_reported_figure_is_the_held_out_one_and_a_family_without_it_never_s
     has one (satellite, point clouds, handwriting, images, recall); the language models report the validation loss
     they choose on, so none of their verdicts settles, and the report says why."""
     assert {c.bench: c.heldout for c in parity.comparisons()} == {
-        "lm": False, "lm_prose": False, "recall": True, "recall_zoology": True, "image": True, "ocr": True,
+        "lm": False, "lm_prose": False, "lm_tokens": True, "recall": True, "recall_zoology": True, "image": True, "ocr": True,
         "eo": True, "points": True}
     for seed in (0, 1, 2):
         # validation prefers the shift form of attention; the test figure (reported) is what the gap is taken on
@@ -1232,3 +1232,100 @@ def test_the_papers_pom_is_compared_in_the_papers_form_with_polymixers_beside_it
     assert f["attention"]["model"] == "tiny-attention+position=learned" and f["pom"]["model"] == "tiny-pom-paper"
     assert f["not_run"]["tiny-pom-paper"] == ["tiny-pom"]
     assert f["not_run"]["tiny-attention"] == ["+attention_shift=4"]  # its own form ran; the shift option did not
+
+
+def _ngram_rows(tokenizer, test_bpb, val_bpb=None):
+    """An n-gram part's rows of one tokenizer: orders 0.. with these test (and validation) bits per byte."""
+    return [{"tokenizer": tokenizer, "order": k, "discount": 0.5, "contexts": 10 ** k, "val_loss": 1.0,
+             "val_bpb": (val_bpb or test_bpb)[k], "test_loss": 1.0, "test_bpb": v} for k, v in enumerate(test_bpb)]
+
+
+def test_the_token_lm_chooses_on_validation_reports_test_and_reads_rows_without_it_as_not_run(tmp_path):
+    """The LM per BPE token (``lm_tokens``) picks forms and rates on validation and reports the held-out test loss
+    (nats per token), so its verdicts can settle; a row from before the bench recorded a test figure is a form not
+    run, with the command that runs it (no crash, no figure). Beside it, the n-gram baseline of the same tokens on the
+    same split: a model that does not beat the best of its orders is undertrained, and every verdict on it says so."""
+    from polymixer.experiments.bench import readme
+    from polymixer.experiments.lm.targets import PROSE_TOKENS as T
+
+    assert T.heldout and T.metric == "test_loss" and T.select == "val_loss" and T.tokenizer == "prose-bpe-4096"
+    att, pom, hyb, ours = T.attention, T.pom, T.hybrids[0], T.forms[T.pom][0]
+
+    def row(spec, val, test, bpb, lr=0.004):
+        return {"spec": spec, "val_loss": val, "test_loss": test, "test_bpb": bpb, "val_bpb": bpb, "lr": lr,
+                "steps": 235, "best_lr": True, "rates": 3}
+
+    old = {"spec": T.value, "val_loss": 4.0, "val_bpb": 1.9, "lr": 0.004, "steps": 235, "best_lr": True, "rates": 3}
+    for seed, d in enumerate((0.0, 0.01, -0.01)):
+        rows = [row(att, 4.0 + d, 4.1 + d, 1.60 + d), row(pom, 4.6 + d, 4.9 + d, 1.80 + d),
+                # polymixer's PoM scores better on test but worse on validation: the paper's form is compared
+                row(ours, 4.7 + d, 4.5 + d, 1.75 + d), row(hyb, 4.02 + d, 4.12 + d, 1.61 + d)] + [old]
+        folder = tmp_path / "lm_tokens" / ("" if seed == 0 else f"lm_seed{seed}")
+        _write(folder, "lm", "quality", rows, {"seed": seed, "lr": 0.002})
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "lm_tokens")
+    assert f["heldout"] and f["metric"] == "test loss" and f["pom"]["model"] == pom
+    assert f["pom"]["by_seed"] == {s: pytest.approx(4.9 + d) for s, d in zip((0, 1, 2), (0.0, 0.01, -0.01))}
+    assert f["value"] == {"run": False} and f["not_run"][T.value] == [""]  # its row lacks the test figure
+    assert (f"polymixer bench lm --parts quality --corpus prose --tokenizer prose-bpe-4096 --quality-steps 235 "
+            f"--quality-batch 16 --presets {T.value} --sweep {T.value} --lr-factors 0.5 1 2 4 8 "
+            "--out docs/bench/lm_tokens") in f["to_run"]
+    assert not any("no held-out test figure" in t["verdict"] for t in f["targets"])
+    # no n-gram baseline of these tokens on file: the command that runs it, and no label
+    assert f["ngram"] is None and f["ngram_missing"] == T.ngram_command
+    assert not any(t.get("undertrained") for t in f["targets"])
+    assert f"{T.name}: no n-gram baseline run: `{T.ngram_command}`" in parity.report(parity.collect(tmp_path))
+    # the prose n-gram folder's rows of the same tokens (the bytes rows are another tokenization's: not the bar)
+    ngram = tmp_path / "lm_prose_ngram"
+    _write(ngram, "lm", "ngram", _ngram_rows("bytes", [4.5, 3.6, 3.0, 2.4, 2.0, 1.9])
+           + _ngram_rows("prose-bpe-4096", [2.78, 1.91, 1.72, 1.705, 1.71, 1.712], [2.8, 1.93, 1.73, 1.72, 1.72, 1.72]))
+    payload = parity.collect(tmp_path)
+    f = next(f for f in payload["families"] if f["bench"] == "lm_tokens")
+    assert f["ngram"]["file"] == "lm_prose_ngram/lm.json" and f["ngram"]["test"]["best_order"] == 3
+    assert f["ngram"]["test"]["best"] == pytest.approx(1.705) and f["ngram"]["val"]["best"] == pytest.approx(1.72)
+    assert f["pom"]["bits"]["split"] == "test" and f["pom"]["bits"]["bpb"] == pytest.approx(1.80)
+    assert f["pom"]["undertrained"] and not f["attention"]["undertrained"] and not f["hybrid"]["undertrained"]
+    paper_pom = f["targets"][0]
+    assert paper_pom["verdict"].endswith(f"; undertrained: {pom} 1.80 bits per byte against the n-gram's 1.71 "
+                                         "(test, prose-bpe-4096, order 3)")
+    assert "undertrained" not in f["targets"][1]["verdict"]  # the hybrid and attention both beat it
+    text = parity.report(payload)
+    assert (f"{T.name}: n-gram baseline (prose-bpe-4096, lm_prose_ngram/lm.json), bits per byte on test "
+            "2.780 / 1.910 / 1.720 / 1.705 / 1.710 / 1.712 (orders 0–5; best: order 3, 1.705)") in text
+    assert f"{pom} 1.800 — undertrained" in text and "1.800 (n-gram 1.705), undertrained" in text
+    cells = {r[0].split(" — ")[0]: r for r in readme.family_rows(payload)}[T.name]
+    assert cells[5].endswith("; undertrained") and "paper's PoM within +18.0%: " in cells[6]
+    assert cells[6].split("paper's PoM within +18.0%: ")[1].split(";")[0].endswith(", undertrained")
+    # the comparison's own folder's n-gram part comes first; there the PoM beats its bar
+    data = json.loads((tmp_path / "lm_tokens" / "lm.json").read_text())
+    data["ngram"] = {"rows": _ngram_rows("prose-bpe-4096", [2.0, 1.9, 1.85, 1.84, 1.83, 1.83])}
+    (tmp_path / "lm_tokens" / "lm.json").write_text(json.dumps(data))
+    f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "lm_tokens")
+    assert f["ngram"]["file"] == "lm_tokens/lm.json" and not f["pom"]["undertrained"]
+    # the bench's own report judges it with the n-gram part its JSON holds
+    lines = parity.verdict_lines("lm_tokens", data)
+    assert any("n-gram baseline (prose-bpe-4096, lm_tokens/lm.json)" in line for line in lines)
+
+
+def test_a_model_without_a_test_figure_is_read_against_the_validation_n_gram_and_stdlib_has_none(tmp_path):
+    """The prose LM in bytes reports validation (its rows predate the test figure): its models' bits per byte are
+    their validation figures, read against the n-gram's validation best and so marked; the standard library's
+    comparison has no n-gram baseline on file and names the command that runs it."""
+    from polymixer.experiments.lm.targets import COMPARISON, PROSE
+
+    rows = [{"spec": s, "val_loss": v, "val_bpb": b, "lr": 0.004, "steps": 375, "best_lr": True, "rates": 3}
+            for s, v, b in ((PROSE.attention, 1.55, 2.24), (PROSE.pom, 2.07, 2.98))]
+    _write(tmp_path / "lm_prose", "lm", "quality", rows, {"seed": 0, "lr": 0.002})
+    _write(tmp_path / "lm_prose_ngram", "lm", "ngram", _ngram_rows("bytes", [4.5, 3.6, 3.0, 2.4, 2.0, 1.9],
+                                                                   [4.6, 3.6, 3.0, 2.4, 2.0, 1.915]))
+    _write(tmp_path, "lm", "quality", [{"spec": "tiny-attention", "val_loss": 1.0, "val_bpb": 1.44, "lr": 0.002,
+                                        "best_lr": True}])
+    fams = {f["family"]: f for f in parity.collect(tmp_path)["families"]}
+    f = fams[PROSE.name]
+    assert f["attention"]["bits"] == {"bpb": 2.24, "split": "val", "ngram": 1.915, "ngram_order": 5,
+                                      "tokenizer": "bytes"}
+    assert f["attention"]["undertrained"] and f["pom"]["undertrained"]
+    assert all("undertrained: " in t["verdict"] and "(validation, bytes, order 5)" in t["verdict"]
+               for t in f["targets"] if t["verdict"] != "not run")
+    assert "tiny-attention+block_size=1024 2.240 (validation) — undertrained" in parity.report(parity.collect(tmp_path))
+    assert fams[COMPARISON.name]["ngram_missing"] == COMPARISON.ngram_command and "bits" not in fams[
+        COMPARISON.name]["attention"]

@@ -108,6 +108,14 @@ class Comparison:
     digits: int = 1  # the decimals its figures are shown with
     trained_on: str = ""  # what its runs are trained and scored on (the README's family column)
 
+    # the count-based baseline beside the comparison (the LM: an interpolated n-gram of 0 to 5 tokens of context,
+    # ``bench lm --parts ngram``): the JSON files under <out> whose ``ngram`` part may hold its corpus's rows, the
+    # first with rows of ``tokenizer`` (the models' own tokens) read; the command that runs it where none has them.
+    # A compared model whose bits per byte do not beat the best of those orders is labelled undertrained
+    ngram_files: Tuple[str, ...] = ()
+    tokenizer: str = "bytes"
+    ngram_command: str = ""
+
     @property
     def heldout(self) -> bool:
         """Whether the figure reported (``metric``) is held out from the one every choice is made on (``select``):

@@ -89,7 +89,8 @@ from .comparison import Comparison
 from .interval import MAX_SEEDS, paired_interval, settle
 
 __all__ = ["comparisons", "family", "seeded_rows", "judge", "collect", "target_lines", "verdict_lines",
-           "models_table", "report", "past_end", "gap_interval", "main", "add_arguments"]
+           "models_table", "report", "past_end", "gap_interval", "ngram_baseline", "undertrained", "ngram_lines",
+           "main", "add_arguments"]
 
 
 _SPEED_PARTS = ("throughput", "speed")  # where a family's bench keeps its speed rows
@@ -435,12 +436,15 @@ def _choose(fam: Comparison, by: Dict[str, Dict[str, Any]], name: str, fair: boo
         forms += [n for n in by if n.startswith(name + "+") and n not in forms
                   and all(kv.split("=")[0] in allowed or kv in fixed for kv in n[len(name) + 1:].split("+"))]
     options += mine
-    found = [by[n] for n in forms if n in by and _number(by[n].get(fam.metric))]
+    def ran(spec: str) -> bool:  # a run with the reported figure (a row without it, such as an LM run before the
+        return spec in by and _number(by[spec].get(fam.metric))  # bench recorded a test loss, is a form not run)
+
+    found = [by[n] for n in forms if ran(n)]
     # the forms not run: the options, and the preset itself ("") where it has no run either (a model not run in any
     # form lists all of them: it is a candidate its verdicts have not seen)
-    missing = [o for o in ([] if name in by else [""]) + options + own if _spec(fam, name, o) not in by]
+    missing = [o for o in ([] if ran(name) else [""]) + options + own if not ran(_spec(fam, name, o))]
     if not found:
-        return by.get(name), missing, "", []
+        return None, missing, "", []
     if len(found) == 1:
         return found[0], missing, "", []  # nothing to choose from
     if not fair:  # the earlier rule: the main seed's reported figure
@@ -461,8 +465,8 @@ class _Judging:
     ``past``: best at an end of their rates), in the order the verdicts named them."""
 
     def __init__(self, fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]],
-                 fair: bool) -> None:
-        self.fam, self.data, self.seeded, self.fair = fam, data, seeded, fair
+                 fair: bool, ngram: Optional[Dict[str, Any]] = None) -> None:
+        self.fam, self.data, self.seeded, self.fair, self.ngram = fam, data, seeded, fair, ngram
         part = {} if data is None else data.get(fam.part, {})
         self.raw, self.ladder = part.get("rows", []), part.get("grid", [])  # every rate and budget; its sweep's grid
         self.seed = _main_seed(fam, data or {})
@@ -512,7 +516,26 @@ class _Judging:
                 e["params_vs_attention"] = params / base_params - 1
             if self.picked.get(name, (None, [], "", []))[3] and row is self.picked[name][0]:
                 e["unscored"] = self.picked[name][3]  # forms passed over for want of a validation figure
+            self.bits(e, row)
         return e
+
+    def bits(self, e: Dict[str, Any], row: Dict[str, Any]) -> None:
+        """With an n-gram baseline (:func:`ngram_baseline`): ``e``'s bits per byte against it (``bits``) — the
+        median over its reported seeds of ``test_bpb`` where every one of them has it, else of ``val_bpb`` (the
+        validation figure, marked so) —, the n-gram's best over its orders on that split, and ``undertrained``:
+        the model does not beat it."""
+        if self.ngram is None:
+            return
+        for split in ("test", "val"):
+            per = _by_seed(self.fam, row, self.seed, self.seeded, f"{split}_bpb")
+            values = [per[s] for s in e["reported_seeds"] if s in per]
+            bar = self.ngram.get(split)
+            if bar and values and len(values) == len(e["reported_seeds"]):
+                bpb = median(values)
+                e["bits"] = {"bpb": bpb, "split": split, "ngram": bar["best"], "ngram_order": bar["best_order"],
+                             "tokenizer": self.ngram["tokenizer"]}
+                e["undertrained"] = bpb >= bar["best"]
+                return
 
     def missing(self, e: Optional[Dict[str, Any]], candidates: List[Dict[str, Any]], target: float,
                 names: Sequence[str] = ()) -> List[str]:
@@ -563,17 +586,21 @@ class _Judging:
 
 
 def _judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]],
-           fair: bool = True) -> Dict[str, Any]:
+           fair: bool = True, ngram: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """:func:`judge` under the fair rule (``fair``) or the earlier one (forms and models picked on the main seed's
     reported figure, no token shift offered)."""
-    j = _Judging(fam, data, seeded, fair)
+    j = _Judging(fam, data, seeded, fair, ngram)
     item = _compared(j)
+    item["ngram"] = ngram
     targets: List[Dict[str, Any]] = []
     waiting: List[Dict[str, Any]] = []  # the models whose verdict waits on seeds
     attention = item["attention"]
 
     def add(e: Optional[Dict[str, Any]], bound: float, doubts: List[str], what: str, short: str) -> None:
         verdict = _verdict(fam, e, bound, attention, doubts)
+        under = undertrained([c for c in (e, attention) if c])
+        if under:  # a side that does not beat the count-based baseline: the verdict says so
+            verdict |= {"verdict": f"{verdict['verdict']}; {under}", "undertrained": under}
         targets.append({"what": what, "short": short, **verdict,
                         "measured": None if e is None else _measured(fam, e, bound)})
         if verdict.get("needs_seeds") and e not in waiting:
@@ -689,6 +716,57 @@ def _paper_model(item: Dict[str, Any], preset: str) -> Optional[Dict[str, Any]]:
         if e.get("run") and "gap" in e and e.get("preset") == preset:
             return e
     return None
+
+
+def ngram_baseline(fam: Comparison, parts: Sequence[Tuple[str, Optional[Dict[str, Any]]]]
+                   ) -> Optional[Dict[str, Any]]:
+    """The comparison's count-based baseline from the first of ``parts`` — (file, its ``ngram`` part), in
+    ``Comparison.ngram_files``' order — with rows of its models' tokens (``Comparison.tokenizer``): on each split
+    scored (``test``, ``val``) the bits per byte by order (``by_order``: [order, bpb], 0 to 5 tokens of context) and
+    the best of them (``best``, ``best_order``). None where no part has such rows."""
+    for file, part in parts:
+        rows = sorted((r for r in (part or {}).get("rows", []) if r.get("tokenizer", "bytes") == fam.tokenizer
+                       and _number(r.get("order"))), key=lambda r: r["order"])
+        out: Dict[str, Any] = {"file": file, "tokenizer": fam.tokenizer}
+        for split in ("test", "val"):
+            bpb = [[int(r["order"]), float(r[f"{split}_bpb"])] for r in rows if _number(r.get(f"{split}_bpb"))]
+            if bpb:
+                order, best = min(bpb, key=lambda ob: ob[1])
+                out[split] = {"by_order": bpb, "best": best, "best_order": order}
+        if "test" in out or "val" in out:
+            return out
+    return None
+
+
+def undertrained(side: Sequence[Dict[str, Any]]) -> str:
+    """The models of ``side`` (compared entries) that do not beat their n-gram baseline, as a verdict says it:
+    "undertrained: tiny-pom 2.31 bits per byte against the n-gram's 1.90 (test, bytes, order 5)"; "" where none."""
+    under = [c for c in side if c.get("undertrained")]
+    return "" if not under else "undertrained: " + ", ".join(
+        f"{c['model']} {c['bits']['bpb']:.2f} bits per byte against the n-gram's {c['bits']['ngram']:.2f} "
+        f"({'test' if c['bits']['split'] == 'test' else 'validation'}, {c['bits']['tokenizer']}, "
+        f"order {c['bits']['ngram_order']})" for c in under)
+
+
+def ngram_lines(item: Dict[str, Any]) -> List[str]:
+    """The comparison's n-gram baseline beside its models: bits per byte by order on each split, its best, and each
+    compared model's bits per byte against it (test, else validation, so marked); or the command that runs it."""
+    ngram = item.get("ngram")
+    if ngram is None:
+        return [f"no n-gram baseline run: `{item['ngram_missing']}`"] if item.get("ngram_missing") else []
+    splits = []
+    for split, word in (("test", "test"), ("val", "validation")):
+        if split in ngram:
+            n = ngram[split]
+            splits.append(f"on {word} {' / '.join(f'{v:.3f}' for _, v in n['by_order'])} (orders "
+                          f"{n['by_order'][0][0]}–{n['by_order'][-1][0]}; best: order {n['best_order']}, "
+                          f"{n['best']:.3f})")
+    models = [m for m in (item["attention"], item["pom"], item["value"], *item.get("hybrids", []))
+              if m.get("run") and m.get("bits")]
+    shown = [f"{m['model']} {m['bits']['bpb']:.3f}" + ("" if m["bits"]["split"] == "test" else " (validation)")
+             + (" — undertrained" if m.get("undertrained") else "") for m in models]
+    return [f"n-gram baseline ({ngram['tokenizer']}, {ngram['file']}), bits per byte " + "; ".join(splits)
+            + (f"; the compared models: {', '.join(shown)}" if shown else "")]
 
 
 def _compared(j: _Judging) -> Dict[str, Any]:
@@ -809,16 +887,18 @@ def _rate_commands(j: _Judging) -> List[str]:
     return [c for c in dict.fromkeys(commands) if fam.command and c not in j.item["to_run"]]
 
 
-def judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]]) -> Dict[str, Any]:
+def judge(fam: Comparison, data: Optional[Dict[str, Any]], seeded: List[Tuple[int, Dict[str, Any]]],
+          ngram: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """One family's comparison and its targets judged, from its main bench JSON ``data`` (None: not run) and the
     rows of its other seeds (:func:`seeded_rows`), under the fairness rule (module docstring). A target whose
     verdict differs under the earlier rule (forms and models picked on the main seed's reported figure, no shift
     offered to attention) carries ``flipped``: that verdict and its figure. Verdicts are compared on what their
     figures read (``reads``: the interval's reading, or on one seed the gap's side of the bound), so an unsettled
-    verdict that leans the other way under the earlier rule is a flip too."""
+    verdict that leans the other way under the earlier rule is a flip too. ``ngram``: the comparison's n-gram
+    baseline (:func:`ngram_baseline`), against which each compared model's bits per byte are read."""
     fam = fam.resolved(data)
-    item = _judge(fam, data, seeded)
-    before = _judge(fam, data, seeded, fair=False)
+    item = _judge(fam, data, seeded, ngram=ngram)
+    before = _judge(fam, data, seeded, fair=False, ngram=ngram)
     for now, then in zip(item["targets"], before["targets"]):
         lean, earlier = now.get("reads", now["verdict"]), then.get("reads", then["verdict"])
         if lean.split()[0].rstrip(",") != earlier.split()[0].rstrip(","):
@@ -832,7 +912,11 @@ def collect(folder: Path) -> Dict[str, Any]:
     (``speed``, from ``<bench>.json``) and every compared model with its own speed (``models``)."""
     families = []
     for fam in comparisons():
-        item = judge(fam, _load(fam, folder), seeded_rows(fam, fam.seed_payloads(folder)))
+        files = [(name, read_json(folder / name).get("ngram")) for name in fam.ngram_files if (folder / name).is_file()]
+        ngram = ngram_baseline(fam, files)
+        item = judge(fam, _load(fam, folder), seeded_rows(fam, fam.seed_payloads(folder)), ngram)
+        if ngram is None and fam.ngram_command:
+            item["ngram_missing"] = fam.ngram_command
         timed = folder / (fam.speed_file or f"{fam.bench}.json")
         item["speed"], lengths = _speed(read_json(timed) if timed.is_file() else None,
                                         _speed_name(fam.attention, fam.timed_as), fam.speed_length)
@@ -976,6 +1060,7 @@ def target_lines(item: Dict[str, Any]) -> List[str]:
         lines.append(f"{item['family']}: no held-out test figure: {item['metric']} is both the figure chosen on and "
                      f"the one reported, so no verdict settles")
     lines += [f"{item['family']}: {line}" for line in item.get("rate_flags") or []]
+    lines += [f"{item['family']}: {line}" for line in ngram_lines(item)]
     for name, options in (item.get("not_run") or {}).items():
         lines.append(f"{item['family']}: not run — {name} " + (
             "in any form" if name in item.get("absent", []) and len(options) > 1 else
@@ -1006,7 +1091,9 @@ def verdict_lines(bench: str, payload: Dict[str, Any], seeds: Optional[List[Dict
     lines = []
     for fam in [f for f in comparisons() if f.bench == bench]:
         if fam.part in payload:
-            item = judge(fam, main_json if main_json is not None else payload, seeded_rows(fam, seeds or []))
+            data = main_json if main_json is not None else payload
+            ngram = ngram_baseline(fam, [(fam.json_name, data.get("ngram"))])  # the bench's own n-gram part only
+            item = judge(fam, data, seeded_rows(fam, seeds or []), ngram)
             lines += [f"parity (as `polymixer bench parity` judges): {line}" for line in target_lines(item)]
     return lines
 
@@ -1034,12 +1121,23 @@ def models_table(payload: Dict[str, Any]) -> str:
                          "metric": f["metric"] + (" ↑" if f["higher"] else " ↓"),
                          "median": f"{m['value']:.{digits}f} ({spread}{n} seed{'s' if n > 1 else ''}{mark})",
                          "gap": gap_interval(f["gap_kind"], m) if "gap" in m else "—", "params": _params(m),
-                         "speed": m["speed_text"], "paper": m.get("paper") or "—",
+                         "speed": m["speed_text"], "paper": m.get("paper") or "—", "bits": _bits_text(m),
                          "front": "★" if m.get("pareto") else ("" if "pareto" in m else "—")})
-    cols = ["family", "model", "metric", "median", "gap", "params", "speed", "paper", "front"]
+    cols = ["family", "model", "metric", "median", "gap", "params", "speed", "paper", "bits", "front"]
     heads = ["family", "model (role)", "metric", "median (range, seeds)", "gap to attention", "params vs attention",
-             "speed ÷ attention's (device, length)", "the paper (GPU scale)", "Pareto front"]
+             "speed ÷ attention's (device, length)", "the paper (GPU scale)", "bits per byte (n-gram's best)",
+             "Pareto front"]
     return format_table(rows, cols, heads)
+
+
+def _bits_text(m: Dict[str, Any]) -> str:
+    """A model's bits per byte beside its n-gram baseline's best on the same split: "2.243 (n-gram 1.896)",
+    "validation" where the model has no test figure, "undertrained" where it does not beat it; "—" without one."""
+    b = m.get("bits")
+    if not b:
+        return "—"
+    return (f"{b['bpb']:.3f} ({'' if b['split'] == 'test' else 'validation; '}n-gram {b['ngram']:.3f})"
+            + (", undertrained" if m.get("undertrained") else ""))
 
 
 def _models_notes(payload: Dict[str, Any]) -> List[str]:
@@ -1056,7 +1154,11 @@ def _models_notes(payload: Dict[str, Any]) -> List[str]:
              "itself where its bench took it, else \"not measured\""
              + ("; a GPU figure names its card" if gpu else
                 ", as does every GPU figure: no family's measured JSON names a card")
-             + ". ★: on the Pareto front (no model both better and faster); — : no speed to place it."]
+             + ". ★: on the Pareto front (no model both better and faster); — : no speed to place it.",
+             "- Bits per byte: the model's median over the same seeds on the test split (validation where it has no "
+             "test figure), beside the best of its n-gram baseline's orders 0–5 (counts of the same tokens on the "
+             "same train split, scored on the same split); a model that does not beat it is undertrained, and every "
+             "verdict on it says so."]
     return lines + [f"- {f['family']}: speeds timed on {f['speed']['device']} at {f['speed']['at']} "
                     f"({f['speed'].get('file', f['bench'] + '.json')})" for f in payload["families"] if f.get("speed")]
 

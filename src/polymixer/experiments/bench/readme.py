@@ -55,18 +55,21 @@ def _side(fam: Dict[str, Any], key: str) -> str:
     speed = "speed not measured" if speed == "not measured" else f"speed {speed.split(' (')[0]}"
     paper = f"; paper {same['paper_gap']}" if same.get("paper_gap") else ""
     note = f"; {row['note']}" if row.get("note") else ""  # the baseline passed over a form not scored on validation
+    under = "; undertrained" if row.get("undertrained") else ""  # it does not beat the n-gram baseline
     return (f"`{row['model']}` {_number(row['value'])} ({spread}{n} seed{'s' if n != 1 else ''}{mark})"
-            + (f", {gap}" if gap else "") + f"; {speed}{paper}{note}")
+            + (f", {gap}" if gap else "") + f"; {speed}{paper}{under}{note}")
 
 
 def _targets(fam: Dict[str, Any]) -> str:
     """Each target in a few words and its verdict: met / MISSED where the interval settles it, "unsettled" where it
-    waits on seeds, a held-out figure, rates or options (the parity page says on what)."""
+    waits on seeds, a held-out figure, rates or options (the parity page says on what); ", undertrained" where a
+    side of it does not beat the family's n-gram baseline."""
     def verdict(t: Dict[str, Any]) -> str:
         text = t["verdict"]
+        under = ", undertrained" if t.get("undertrained") else ""  # a side does not beat the n-gram baseline
         if "unsettled" in text:  # "unsettled: the interval straddles …" → "unsettled"
-            return "unsettled"
-        return text.split(" (")[0]
+            return "unsettled" + under
+        return text.split(" (")[0].split(";")[0] + under
 
     return "; ".join(f"{t.get('short') or t['what'].split(' (')[0]}: {verdict(t)}" for t in fam["targets"])
 

@@ -519,7 +519,7 @@ def _quality_report(payload: Dict[str, Any], seeds: Optional[Any], main_json: Op
     rows = best_rows(all_rows)
     prose = (payload.get("config") or {}).get("corpus", "stdlib") == "prose"
     corpus = "English prose: Wikipedia's vital articles" if prose else "the Python standard library's sources"
-    tokens = (payload.get("config") or {}).get("tokenizer", "bytes")
+    tokens = (payload.get("config") or {}).get("tokenizer") or "bytes"
     lines += [f"quality at equal steps (corpus: {corpus}, tokenizer: {tokens}), each model at its best learning rate "
               "(lowest validation loss)",
               format_table(rows, ["model", "params", "lr", "rates", "steps", "tokens", "val_loss", "val_bpb",
@@ -531,7 +531,10 @@ def _quality_report(payload: Dict[str, Any], seeds: Optional[Any], main_json: Op
     # (a larger model runs at its smaller one's rate carried over, not swept: no edge to note)
     lines += [note for note in [edge_note([r for r in all_rows if "smaller" not in r], key="model")] if note]
     lines += two_scale_lines(payload, seeds or []) + [""]
-    lines += verdict_lines("lm_prose" if prose else "lm", payload, seeds, main_json)  # (the prose LM: both sizes)
+    # judged as the comparison of its corpus and tokens (the prose LM in bytes: both sizes); tokens of another
+    # vocabulary are no comparison's
+    bench = "lm" if not prose else {"bytes": "lm_prose", "prose-bpe-4096": "lm_tokens"}.get(tokens)
+    lines += verdict_lines(bench, payload, seeds, main_json) if bench else []
     return lines
 
 
