@@ -1143,11 +1143,11 @@ def test_a_rate_any_seed_diverged_or_stalled_at_is_flagged_and_not_chosen(tmp_pa
 
 def test_the_reported_figure_is_the_held_out_one_and_a_family_without_it_never_settles(tmp_path):
     """Choices are made on validation, the figure reported and judged is the held-out test figure where the family
-    has one (satellite, point clouds, handwriting, images, recall); the language models report the validation loss
-    they choose on, so none of their verdicts settles, and the report says why."""
+    has one (satellite, point clouds, handwriting, images, recall, the LM per token); the byte-level language models
+    report the validation loss they choose on, so none of their verdicts settles, and the report says why."""
     assert {c.bench: c.heldout for c in parity.comparisons()} == {
-        "lm": False, "lm_prose": False, "lm_tokens": True, "recall": True, "recall_zoology": True, "image": True, "ocr": True,
-        "eo": True, "points": True}
+        "lm": False, "lm_prose": False, "lm_tokens": True, "recall": True, "recall_zoology": True, "image": True,
+        "ocr": True, "eo": True, "points": True}
     for seed in (0, 1, 2):
         # validation prefers the shift form of attention; the test figure (reported) is what the gap is taken on
         _points(tmp_path / ("" if seed == 0 else f"points_seed{seed}"), seed, [
