@@ -5,9 +5,12 @@ by name in :data:`TABLES` (which the family's registration brings to the guides)
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..guides import bench_json, bold, markdown_table, rate_text, seed_rows
 from ..registry import Table
@@ -154,6 +157,186 @@ def lm_layout(bench: Path) -> str:
     return markdown_table(out, ["value PoM in every layer", "val loss at 4e-3", f"÷ attention ({attention:.4f})"])
 
 
+# --- why PoM misses at LM (docs/lm.md): bytes and tokens side by side --------------------------------------------
+
+WHY_ROOT = "lm_why"  # docs/bench/lm_why/<tokens>_<steps>/lm.json: the runs the table adds to the comparisons'
+WHY_ATTENTION = "tiny-attention+block_size=1024"
+# the PoM: the paper's form, or polymixer's where only it ran at the comparison's budget (the cell names it)
+WHY_POMS = ("tiny-pom-paper+block_size=1024", "tiny-pom+block_size=1024")
+WHY_LOCAL = WHY_ATTENTION + "+mixer=L+window=8"  # local attention in every layer, over the last 8 positions
+WHY_BUDGETS = (0.25, 1.0, 4.0)  # × the comparison's steps, each run with its own warm-up and cosine
+RECIPE_LR = 2e-3  # bench lm's quality_lr, where a JSON names none: --lr-factors multiply it
+BPE_EMBEDDING = 491_392  # the parameters a BPE of 4,096 entries adds to a tiny preset (tied: docs/lm.md, Tokens)
+
+
+@dataclass(frozen=True)
+class WhyTokens:
+    """One tokenization of the table: its comparison's JSON and budget, and what its commands add."""
+
+    name: str  # "bytes" | "tokens": the column and the folder prefix under lm_why
+    label: str
+    main: str  # the comparison's JSON under docs/bench (its full attention and PoM at 1×)
+    steps: int  # the comparison's budget
+    tokenizer: str  # the n-gram rows of its tokens
+    flags: str  # its bench lm flags besides the budget and models
+    batch: int
+
+
+WHY_TOKENS = (WhyTokens("bytes", "bytes, context 1,024 bytes", "lm_prose/lm.json", 375, "bytes", "--corpus prose", 32),
+              WhyTokens("tokens", "BPE 4,096 tokens, context 1,024 tokens", "lm_tokens/lm.json", 235,
+                        "prose-bpe-4096", "--corpus prose --tokenizer prose-bpe-4096 --quality-batch 16", 16))
+WHY_NGRAM = "lm_prose_ngram/lm.json"
+
+
+def _quality(bench: Path, name: str) -> Dict[str, Any]:
+    """The quality part of ``name`` under ``bench`` ({} where the file or part is absent)."""
+    path = bench / name
+    return json.loads(path.read_text()).get("quality", {}) if path.is_file() else {}
+
+
+def _why_files(tok: WhyTokens, steps: int) -> List[str]:
+    """The JSON files a run of ``tok`` at ``steps`` may be in: its own folder under lm_why, and at the comparison's
+    budget the comparison's JSON."""
+    return [f"{WHY_ROOT}/{tok.name}_{steps}/lm.json"] + ([tok.main] if steps == tok.steps else [])
+
+
+def _why_run(bench: Path, tok: WhyTokens, spec: str, steps: int) -> Optional[Dict[str, Any]]:
+    """``spec``'s run at ``steps`` at its best rate (the first file that has one), else None."""
+    for name in _why_files(tok, steps):
+        for r in _quality(bench, name).get("rows", []):
+            if r.get("spec") == spec and r.get("steps") == steps and r.get("best_lr", True):
+                return r
+    return None
+
+
+def _why_bits(row: Dict[str, Any], split: str) -> Optional[float]:
+    """A run's bits per byte on ``split`` (test or val), None where it has none."""
+    v = row.get(f"{split}_bpb")
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _why_pair(mine: Dict[str, Any], base: Dict[str, Any]) -> str:
+    """Two runs' bits per byte on the split both have (test first; "val" marks validation) and the first's gap."""
+    split = "test" if _why_bits(mine, "test") and _why_bits(base, "test") else "val"
+    a, b = _why_bits(mine, split), _why_bits(base, split)
+    if a is None or b is None:
+        return "no bits per byte"
+    mark = "" if split == "test" else " val"
+    return f"{a / b - 1:+.1%} ({a:.3f} against {b:.3f}{mark})"
+
+
+def _why_minutes(bench: Path, tok: WhyTokens, spec: str) -> float:
+    """Training minutes per step of ``spec`` in ``tok`` (an estimate from measured rows): the median over the
+    comparison's own runs of it (else of any model of its size) of train_min ÷ steps; for tokens without measured
+    runs, the byte runs' time per step scaled by the tokens a step trains and the parameters (6·N·T: the BPE's
+    embedding and head)."""
+    def per_step(name: str) -> Tuple[Optional[float], Optional[int]]:
+        rows = [r for r in _quality(bench, name).get("rows", []) if "smaller" not in r
+                and isinstance(r.get("train_min"), (int, float)) and r.get("steps")]
+        own = [r for r in rows if r["spec"] == spec] or rows
+        if not own:
+            return None, None
+        return statistics.median(r["train_min"] / r["steps"] for r in own), own[0].get("params")
+
+    minutes, params = per_step(tok.main)
+    if minutes is not None:
+        return minutes
+    byte = WHY_TOKENS[0]
+    minutes, params = per_step(byte.main)
+    if minutes is None or not params:
+        return math.nan
+    return minutes * tok.batch / byte.batch * (params + (BPE_EMBEDDING if tok.name != "bytes" else 0)) / params
+
+
+def _why_command(bench: Path, tok: WhyTokens, spec: str, steps: int) -> str:
+    """The command that runs ``spec`` at ``steps`` (none on file): at the comparison's budget, the comparison's own
+    sweep; else one run at the rate its model chose at that budget (local attention: full attention's), or a sweep
+    of three rates where none is chosen yet."""
+    from .targets import PROSE, PROSE_TOKENS
+
+    if steps == tok.steps and spec != WHY_LOCAL:
+        return (PROSE if tok.name == "bytes" else PROSE_TOKENS).sweep_command(spec)
+    main = _quality(bench, tok.main)
+    recipe = (main.get("config") or {}).get("quality_lr") or RECIPE_LR
+    chosen = _why_run(bench, tok, WHY_ATTENTION if spec == WHY_LOCAL else spec, tok.steps)
+    factors = f"{chosen['lr'] / recipe:g}" if chosen and chosen.get("lr") else "1 2 4"
+    return (f"polymixer bench lm --parts quality {tok.flags} --quality-steps {steps} --presets {spec} --sweep {spec} "
+            f"--lr-factors {factors} --out docs/bench/{WHY_ROOT}/{tok.name}_{steps}")
+
+
+def _why_cell(bench: Path, tok: WhyTokens, spec: str, steps: int, todo: List[str]) -> Optional[Dict[str, Any]]:
+    """``spec``'s run, or None with its command and estimated minutes added to ``todo``."""
+    row = _why_run(bench, tok, spec, steps)
+    if row is None:
+        command = _why_command(bench, tok, spec, steps)
+        runs = len(command.split("--lr-factors ")[1].split(" --")[0].split())
+        minutes = _why_minutes(bench, tok, spec) * steps * runs
+        line = f"`{command}` (~{minutes:.0f} min)"
+        if line not in todo:
+            todo.append(line)
+    return row
+
+
+def _why_pom(bench: Path, tok: WhyTokens) -> str:
+    """The PoM form of ``tok``'s column: the paper's, unless only polymixer's ran at the comparison's budget."""
+    return next((p for p in WHY_POMS if _why_run(bench, tok, p, tok.steps)), WHY_POMS[0])
+
+
+def _why_ngram(bench: Path, tok: WhyTokens) -> str:
+    """The best n-gram of 0–5 tokens of context of ``tok``'s tokens: test (validation) bits per byte and order."""
+    path = bench / WHY_NGRAM
+    rows = [r for r in (json.loads(path.read_text()).get("ngram", {}).get("rows", []) if path.is_file() else [])
+            if r.get("tokenizer") == tok.tokenizer]
+    if not rows:
+        return "not run"
+    test = min(rows, key=lambda r: r["test_bpb"])
+    val = min(rows, key=lambda r: r["val_bpb"])
+    return f"{test['test_bpb']:.3f} (order {test['order']}; validation {val['val_bpb']:.3f})"
+
+
+def lm_why(bench: Path) -> str:
+    """Why PoM misses at LM, measured, bytes and tokens side by side (bits per byte, test where both runs of a
+    gap have it, else validation): the n-gram baseline; full attention; attention over the last 8 positions only
+    against it; the paper's PoM against full attention at ¼, 1 and 4 times the comparison's budget, each with its own
+    schedule; the paper's PoM with a short token shift. Runs not on file read "not run", listed below the table with
+    their commands and estimated minutes (from measured train minutes). Reads docs/bench/lm_why/<tokens>_<steps>/,
+    the comparisons' JSON (lm_prose, lm_tokens) and the n-gram's, each where present."""
+    todo: List[str] = []
+    rows: List[List[str]] = [["n-gram baseline, best of 0–5 tokens of context (test)"]
+                             + [_why_ngram(bench, tok) for tok in WHY_TOKENS]]
+
+    def gap(spec: Optional[str], base: str, factor: float) -> List[str]:
+        cells = []
+        for tok in WHY_TOKENS:
+            steps, mine_spec = round(tok.steps * factor), spec or _why_pom(bench, tok)
+            mine, theirs = (_why_cell(bench, tok, s, steps, todo) for s in (mine_spec, base))
+            ours = "" if mine_spec == WHY_POMS[0] or spec else f", as `{mine_spec.split('+')[0]}`"
+            cells.append(_why_pair(mine, theirs) + ours if mine and theirs else "not run")
+        return cells
+
+    full = []
+    for tok in WHY_TOKENS:
+        row = _why_cell(bench, tok, WHY_ATTENTION, tok.steps, todo)
+        split = "test" if row and _why_bits(row, "test") else "val"
+        full.append("not run" if row is None else f"{_why_bits(row, split) or math.nan:.3f}"
+                    + ("" if split == "test" else " val"))
+    rows.append([f"full attention (`{WHY_ATTENTION}`), the comparison's budget"] + full)
+    rows.append(["attention over the last 8 positions (`+mixer=L+window=8`) against full"]
+                + gap(WHY_LOCAL, WHY_ATTENTION, 1.0))
+    budgets = lambda f: " / ".join(f"{round(t.steps * f):,}" for t in WHY_TOKENS)  # noqa: E731
+    for factor in WHY_BUDGETS:
+        rows.append([f"the paper's PoM (`{WHY_POMS[0]}`) against full attention, {factor:g}× the budget "
+                     f"({budgets(factor)} steps)"] + gap(None, WHY_ATTENTION, factor))
+    rows.append(["the paper's PoM with a short token shift"]
+                + ["no such model: PoM layers take no shift (`token_shift` is the value PoM's)"] * 2)
+    table = markdown_table(rows, ["bits per byte (gap to full attention)", *(t.label for t in WHY_TOKENS)])
+    if not todo:
+        return table
+    total = sum(float(t.rsplit("(~", 1)[1].split()[0]) for t in todo)
+    return "\n".join([table, "", f"Not run yet ({len(todo)} commands, ~{total / 60:.1f} h on one thread, estimated "
+                                 "from measured train minutes):"] + [f"- {t}" for t in todo])
+
+
 # every table of the family by name, with the JSON files (under docs/bench) it reads
 TABLES = {
     "lm.throughput": Table(lm_throughput, ("lm.json",)),
@@ -161,6 +344,8 @@ TABLES = {
     "lm.quality": Table(lm_quality, ("lm.json", "lm_seed1/lm.json", "lm_seed2/lm.json")),
     "lm.layout": Table(lm_layout, ("lm.json",)),
     "lm.prose": Table(lm_prose, ("lm_prose/lm.json",)),
+    # (and, where present, lm_tokens/lm.json and the lm_why/ folders: runs not on file read "not run")
+    "lm.why": Table(lm_why, ("lm_prose/lm.json", WHY_NGRAM)),
     "hf.decode": Table(hf_decode, ("lm.json",)),
     "hf.distill": Table(hf_distill, ("distill.json",)),
 }
