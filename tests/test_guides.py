@@ -258,3 +258,63 @@ def test_the_prose_lm_table_compares_each_size_with_attentions_best_form_at_that
     assert lines[3].endswith("— (the reference) | |")  # (a row without a curve: "—")
     assert lines[4].endswith("| +33.3% | +0.0% · +10.0% · +20.0% · +30.0% |")
     assert lines[6].endswith("| | **1.8000** | | +50.0% | — |")  # against the larger attention
+
+
+def test_the_why_table_puts_bytes_and_tokens_side_by_side_and_names_each_run_not_on_file(tmp_path):
+    """lm.why: bits per byte against full attention at the same budget (test where both runs have it, else
+    validation, marked), the PoM in the paper's form unless only polymixer's ran (then named), the n-gram's best; a
+    run not on file reads "not run" and is listed with its command — at the rate its model chose at the comparison's
+    budget — and its minutes estimated from the measured train minutes per step."""
+    from polymixer.experiments.lm.tables import WHY_LOCAL, WHY_NGRAM
+
+    att, pom, ours = "tiny-attention+block_size=1024", "tiny-pom-paper+block_size=1024", "tiny-pom+block_size=1024"
+
+    def write(name, rows, part="quality", config=None):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(json.dumps({part: {"rows": rows} | ({"config": config} if config else {})}))
+
+    def row(spec, steps, bpb, lr=0.004, test=None, minutes=None):
+        return {"spec": spec, "steps": steps, "val_bpb": bpb, "lr": lr, "best_lr": True, "params": 1000,
+                **({"test_bpb": test} if test else {}), **({"train_min": minutes} if minutes else {})}
+
+    write("lm_prose/lm.json", [row(att, 375, 2.0, minutes=37.5), row(ours, 375, 2.6, 0.008, minutes=30.0)],
+          config={"quality_lr": 0.002})
+    write("lm_why/bytes_94/lm.json", [row(att, 94, 2.5, 0.004), row(ours, 94, 2.5, 0.016)])
+    write("lm_tokens/lm.json", [row(att, 235, 1.9, test=1.8, minutes=23.5), row(pom, 235, 2.2, test=2.16)])
+    write("lm_why/tokens_235/lm.json", [row(WHY_LOCAL, 235, 2.0, test=1.98)])
+    write(WHY_NGRAM, [{"tokenizer": t, "order": k, "val_bpb": v + 0.01, "test_bpb": v}
+                      for t, vs in (("bytes", (4.5, 2.0, 1.9)), ("prose-bpe-4096", (2.8, 1.7, 1.75)))
+                      for k, v in enumerate(vs)], part="ngram")
+    lines = _make("lm.why", tmp_path).splitlines()
+    assert lines[0] == ("| bits per byte (gap to full attention) | bytes, context 1,024 bytes "
+                        "| BPE 4,096 tokens, context 1,024 tokens |")
+    cells = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in lines[2:9]}
+    assert cells["n-gram baseline, best of 0–5 tokens of context (test)"] == [
+        "1.900 (order 2; validation 1.910)", "1.700 (order 1; validation 1.710) |"]
+    assert cells[f"full attention (`{att}`), the comparison's budget"] == ["2.000 val", "1.800 |"]
+    local = cells["attention over the last 8 positions (`+mixer=L+window=8`) against full"]
+    assert local == ["not run", "+10.0% (1.980 against 1.800) |"]
+    quarter, one, four = (cells[f"the paper's PoM (`{pom}`) against full attention, {f}× the budget ({s} steps)"]
+                          for f, s in (("0.25", "94 / 59"), ("1", "375 / 235"), ("4", "1,500 / 940")))
+    assert quarter == ["+0.0% (2.500 against 2.500 val), as `tiny-pom`", "not run |"]
+    assert one == ["+30.0% (2.600 against 2.000 val), as `tiny-pom`", "+20.0% (2.160 against 1.800) |"]
+    assert four == ["not run", "not run |"]
+    todo = [line for line in lines if line.startswith("- `")]
+    # the local attention at full attention's chosen rate (4e-3 = 2 × the recipe's 2e-3); minutes per step measured
+    assert (f"- `polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {WHY_LOCAL} "
+            f"--sweep {WHY_LOCAL} --lr-factors 2 --out docs/bench/lm_why/bytes_375` (~38 min)") in todo
+    assert (f"- `polymixer bench lm --parts quality --corpus prose --quality-steps 1500 --presets {ours} "
+            f"--sweep {ours} --lr-factors 4 --out docs/bench/lm_why/bytes_1500` (~120 min)") in todo
+    # tokens: the PoM's rate not chosen (no rate in its row) reads as a sweep of three; minutes from lm_tokens' own
+    assert any(c.startswith(f"- `polymixer bench lm --parts quality --corpus prose --tokenizer prose-bpe-4096 "
+                            f"--quality-batch 16 --quality-steps 59 --presets {att} ") for c in todo)
+    assert f"--quality-steps 59 --presets {pom} --sweep {pom} --lr-factors 2 --out docs/bench/lm_why/tokens_59` " \
+           "(~6 min)" in "\n".join(todo)
+    assert len(todo) == 7 and lines[-8].startswith("Not run yet (7 commands, ~")
+    # without the measured token runs, a token run's minutes scale the byte runs' by tokens a step and parameters
+    (tmp_path / "lm_tokens" / "lm.json").unlink()
+    text = _make("lm.why", tmp_path)
+    assert "--tokenizer prose-bpe-4096 --quality-steps 235 --quality-batch 16 --presets " in text  # its own sweep
+    # 0.1 min a step × 16 / 32 windows × (1,000 + the BPE's 491,392 parameters) / 1,000 × 59 steps × 3 rates
+    assert (f"--quality-steps 59 --presets {att} --sweep {att} --lr-factors 1 2 4 --out docs/bench/lm_why/tokens_59` "
+            f"(~{0.1 * 0.5 * 492.392 * 59 * 3:.0f} min)") in text

@@ -227,13 +227,15 @@ def _why_pair(mine: Dict[str, Any], base: Dict[str, Any]) -> str:
 
 def _why_minutes(bench: Path, tok: WhyTokens, spec: str) -> float:
     """Training minutes per step of ``spec`` in ``tok`` (an estimate from measured rows): the median over the
-    comparison's own runs of it (else of any model of its size) of train_min ÷ steps; for tokens without measured
+    comparison's own runs of it (local attention: of full attention; else of any model of its size) of train_min ÷
+    steps; for tokens without measured
     runs, the byte runs' time per step scaled by the tokens a step trains and the parameters (6·N·T: the BPE's
     embedding and head)."""
     def per_step(name: str) -> Tuple[Optional[float], Optional[int]]:
         rows = [r for r in _quality(bench, name).get("rows", []) if "smaller" not in r
                 and isinstance(r.get("train_min"), (int, float)) and r.get("steps")]
-        own = [r for r in rows if r["spec"] == spec] or rows
+        like = WHY_ATTENTION if spec == WHY_LOCAL else spec  # (local attention: at most full attention's time)
+        own = [r for r in rows if r["spec"] == like] or rows
         if not own:
             return None, None
         return statistics.median(r["train_min"] / r["steps"] for r in own), own[0].get("params")
