@@ -299,7 +299,8 @@ def test_the_why_table_puts_bytes_and_tokens_side_by_side_and_names_each_run_not
     assert quarter == ["+0.0% (2.500 against 2.500 val), as `tiny-pom`", "not run |"]
     assert one == ["+30.0% (2.600 against 2.000 val), as `tiny-pom`", "+20.0% (2.160 against 1.800) |"]
     assert four == ["not run", "not run |"]
-    todo = [line for line in lines if line.startswith("- `")]
+    folders = {line[2:].split(": `")[0]: line for line in lines if line.startswith("- docs/bench/")}
+    todo = ["- `" + c for line in folders.values() for c in line.split(": `", 1)[1].split("; `")]
     # the local attention at full attention's chosen rate (4e-3 = 2 × the recipe's 2e-3); minutes per step measured
     assert (f"- `polymixer bench lm --parts quality --corpus prose --quality-steps 375 --presets {WHY_LOCAL} "
             f"--sweep {WHY_LOCAL} --lr-factors 2 --out docs/bench/lm_why/bytes_375` (~38 min)") in todo
@@ -310,7 +311,9 @@ def test_the_why_table_puts_bytes_and_tokens_side_by_side_and_names_each_run_not
                             f"--quality-batch 16 --quality-steps 59 --presets {att} ") for c in todo)
     assert f"--quality-steps 59 --presets {pom} --sweep {pom} --lr-factors 2 --out docs/bench/lm_why/tokens_59` " \
            "(~6 min)" in "\n".join(todo)
-    assert len(todo) == 7 and lines[-8].startswith("Not run yet (7 commands, ~")
+    assert len(todo) == 7 and lines[-5].startswith("Not run yet (7 commands, ~")  # one line a folder
+    assert sorted(folders) == [f"docs/bench/lm_why/{f}" for f in ("bytes_1500", "bytes_375", "tokens_59",
+                                                                   "tokens_940")]
     # without the measured token runs, a token run's minutes scale the byte runs' by tokens a step and parameters
     (tmp_path / "lm_tokens" / "lm.json").unlink()
     text = _make("lm.why", tmp_path)

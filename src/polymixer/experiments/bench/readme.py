@@ -55,9 +55,9 @@ def _side(fam: Dict[str, Any], key: str) -> str:
     speed = "speed not measured" if speed == "not measured" else f"speed {speed.split(' (')[0]}"
     paper = f"; paper {same['paper_gap']}" if same.get("paper_gap") else ""
     note = f"; {row['note']}" if row.get("note") else ""  # the baseline passed over a form not scored on validation
-    under = "; undertrained" if row.get("undertrained") else ""  # it does not beat the n-gram baseline
-    return (f"`{row['model']}` {_number(row['value'])} ({spread}{n} seed{'s' if n != 1 else ''}{mark})"
-            + (f", {gap}" if gap else "") + f"; {speed}{paper}{under}{note}")
+    under = " ‡" if row.get("undertrained") else ""  # it does not beat the n-gram baseline
+    return (f"`{row['model']}` {_number(row['value'])}{under} ({spread}{n} seed{'s' if n != 1 else ''}{mark})"
+            + (f", {gap}" if gap else "") + f"; {speed}{paper}{note}")
 
 
 def _targets(fam: Dict[str, Any]) -> str:
@@ -112,11 +112,12 @@ def _notes(payload: Dict[str, Any]) -> str:
             "trained at where it fixes one) — "
             + "; ".join(timed) + "; \"not measured\" where that model, in the form compared, was not timed. "
             "† the median includes seed 0, the seed each bench's sweep chose the rates "
-            "on (fewer than 3 other seeds ran). A gap is the mean of the per-seed paired gaps to attention with its "
-            "95% interval [low, high]: a target is met or MISSED only where that interval lies wholly inside or "
-            "outside its bound, else unsettled (with the seed to run next, up to 5; a family without a held-out test "
-            "figure never settles). Paper: the paper's gap at GPU scale. Every compared model, with its "
-            "speed and the Pareto front: [docs/parity.md](docs/parity.md).")
+            "on (fewer than 3 other seeds ran). ‡ undertrained: its bits per byte do not beat the best n-gram (0–5 "
+            "tokens of context) of its own tokens on the same split. A gap is the mean of the per-seed paired gaps "
+            "to attention with its 95% interval [low, high]: a target is met or MISSED only where that interval "
+            "lies wholly inside or outside its bound, else unsettled (with the seed to run next, up to 5; a family "
+            "without a held-out test figure never settles). Paper: the paper's gap at GPU scale. Every compared "
+            "model, with its speed and the Pareto front: [docs/parity.md](docs/parity.md).")
 
 
 def update_readme(readme: Path, parity: Path, check: bool = False) -> bool:

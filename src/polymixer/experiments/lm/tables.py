@@ -138,25 +138,6 @@ def _gaps_along(row: Dict[str, Any], base: Dict[str, Any]) -> str:
     return " · ".join(f"{mine[s] / ref[s] - 1:+.1%}" for s in picks)
 
 
-_LM_LAYOUT = [("1 head, 2-token shift", "tiny-vpom+value_heads=1+shift_width=2"),
-              ("8 heads, 2-token shift", "tiny-vpom+value_heads=8+shift_width=2"),
-              ("4 heads, 2-token shift", "tiny-vpom+value_heads=4+shift_width=2"),
-              ("4 heads, 4-token shift (the preset)", "tiny-vpom")]
-
-
-def lm_layout(bench: Path) -> str:
-    """The value-PoM preset's layout: variants of ``tiny-vpom`` at 4e-3, seed 0, against attention at its best."""
-    rows = bench_json(bench, "lm.json")["quality"]["rows"]
-    attention = next(r["val_loss"] for r in rows if r["spec"] == "tiny-attention" and r.get("best_lr"))
-    at = {r["spec"]: r["val_loss"] for r in rows if r["lr"] == 4e-3}
-    out = []
-    for label, spec in _LM_LAYOUT:
-        preset = spec == "tiny-vpom"
-        out.append([bold(label, preset), bold(f"{at[spec]:.4f}", preset),
-                    bold(f"{at[spec] / attention - 1:+.1%}", preset)])
-    return markdown_table(out, ["value PoM in every layer", "val loss at 4e-3", f"÷ attention ({attention:.4f})"])
-
-
 # --- why PoM misses at LM (docs/lm.md): bytes and tokens side by side --------------------------------------------
 
 WHY_ROOT = "lm_why"  # docs/bench/lm_why/<tokens>_<steps>/lm.json: the runs the table adds to the comparisons'
@@ -266,16 +247,15 @@ def _why_command(bench: Path, tok: WhyTokens, spec: str, steps: int) -> str:
             f"--lr-factors {factors} --out docs/bench/{WHY_ROOT}/{tok.name}_{steps}")
 
 
-def _why_cell(bench: Path, tok: WhyTokens, spec: str, steps: int, todo: List[str]) -> Optional[Dict[str, Any]]:
-    """``spec``'s run, or None with its command and estimated minutes added to ``todo``."""
+def _why_cell(bench: Path, tok: WhyTokens, spec: str, steps: int, todo: Dict[str, float]
+              ) -> Optional[Dict[str, Any]]:
+    """``spec``'s run, or None with its command added to ``todo`` (command → estimated minutes)."""
     row = _why_run(bench, tok, spec, steps)
     if row is None:
         command = _why_command(bench, tok, spec, steps)
         runs = len(command.split("--lr-factors ")[1].split(" --")[0].split())
         minutes = _why_minutes(bench, tok, spec) * steps * runs
-        line = f"`{command}` (~{minutes:.0f} min)"
-        if line not in todo:
-            todo.append(line)
+        todo[command] = minutes
     return row
 
 
@@ -303,7 +283,7 @@ def lm_why(bench: Path) -> str:
     schedule; the paper's PoM with a short token shift. Runs not on file read "not run", listed below the table with
     their commands and estimated minutes (from measured train minutes). Reads docs/bench/lm_why/<tokens>_<steps>/,
     the comparisons' JSON (lm_prose, lm_tokens) and the n-gram's, each where present."""
-    todo: List[str] = []
+    todo: Dict[str, float] = {}
     rows: List[List[str]] = [["n-gram baseline, best of 0–5 tokens of context (test)"]
                              + [_why_ngram(bench, tok) for tok in WHY_TOKENS]]
 
@@ -334,9 +314,12 @@ def lm_why(bench: Path) -> str:
     table = markdown_table(rows, ["bits per byte (gap to full attention)", *(t.label for t in WHY_TOKENS)])
     if not todo:
         return table
-    total = sum(float(t.rsplit("(~", 1)[1].split()[0]) for t in todo)
-    return "\n".join([table, "", f"Not run yet ({len(todo)} commands, ~{total / 60:.1f} h on one thread, estimated "
-                                 "from measured train minutes):"] + [f"- {t}" for t in todo])
+    folders: Dict[str, List[str]] = {}  # the commands by the folder they write (one line each)
+    for command, minutes in todo.items():
+        folders.setdefault(command.rsplit("--out ", 1)[1], []).append(f"`{command}` (~{minutes:.0f} min)")
+    return "\n".join([table, "", f"Not run yet ({len(todo)} commands, ~{sum(todo.values()) / 60:.1f} h on one "
+                                 "thread, estimated from measured train minutes), by the folder each writes:"]
+                     + [f"- {folder}: {'; '.join(lines)}" for folder, lines in folders.items()])
 
 
 # every table of the family by name, with the JSON files (under docs/bench) it reads
@@ -344,7 +327,6 @@ TABLES = {
     "lm.throughput": Table(lm_throughput, ("lm.json",)),
     "lm.decode": Table(lm_decode, ("lm.json",)),
     "lm.quality": Table(lm_quality, ("lm.json", "lm_seed1/lm.json", "lm_seed2/lm.json")),
-    "lm.layout": Table(lm_layout, ("lm.json",)),
     "lm.prose": Table(lm_prose, ("lm_prose/lm.json",)),
     # (and, where present, lm_tokens/lm.json and the lm_why/ folders: runs not on file read "not run")
     "lm.why": Table(lm_why, ("lm_prose/lm.json", WHY_NGRAM)),
