@@ -240,3 +240,28 @@ def test_bench_lm_trains_token_level_and_writes_the_ngram_part(articles, tmp_pat
     with pytest.raises(ValueError, match="--tokenizer"):  # one folder, one tokenizer
         bench.run(bench.LMBenchConfig(parts=("quality",), corpus="prose", quality_presets=(spec,), sweep=(),
                                       quality_steps=2, quality_batch=4, out=str(tmp_path / "out")), progress=False)
+
+
+def test_the_token_bench_report_judges_its_rows_as_the_token_comparison_beside_its_n_gram():
+    """bench lm's report of a prose run in the 4,096-entry BPE gives the per-token comparison's verdicts (its test
+    loss reported), with the n-gram part of the same JSON as the bar each model's bits per byte must beat; a run in
+    another vocabulary is no comparison's and gets no verdicts."""
+    from polymixer.experiments.lm import bench
+    from polymixer.experiments.lm.targets import PROSE_TOKENS as T
+
+    def row(spec, test, bpb):
+        return {"model": spec, "spec": spec, "params": 1000, "steps": 235, "tokens": 1, "val_loss": test,
+                "val_bpb": bpb, "test_loss": test, "test_bpb": bpb, "lr": 0.004, "best_lr": True, "rates": 3,
+                "loss_vs_attention": 1.0, "train_min": 1.0}
+
+    ngram = [{"tokenizer": "prose-bpe-4096", "order": k, "discount": 0.5, "contexts": 1, "val_loss": 1.0,
+              "val_bpb": v, "test_loss": 1.0, "test_bpb": v} for k, v in enumerate((2.8, 1.9, 1.7))]
+    payload = {"config": {"corpus": "prose", "tokenizer": "prose-bpe-4096"},
+               "quality": {"rows": [row(T.attention, 4.0, 1.6), row(T.pom, 4.8, 1.9)], "config": {"seed": 0}},
+               "ngram": {"rows": ngram, "smoothing": "s", "corpus": "prose", "seconds": {}}}
+    text = bench.report(payload)
+    assert (f"{T.name}: n-gram baseline (prose-bpe-4096, lm_tokens/lm.json), bits per byte on test "
+            "2.800 / 1.900 / 1.700") in text
+    assert f"undertrained: {T.pom} 1.90 bits per byte against the n-gram's 1.70 (test, prose-bpe-4096, order 2)" in text
+    payload["config"]["tokenizer"] = "prose-bpe-2048"
+    assert "parity (as `polymixer bench parity` judges)" not in bench.report(payload)
