@@ -321,3 +321,30 @@ def test_the_why_table_puts_bytes_and_tokens_side_by_side_and_names_each_run_not
     # 0.1 min a step × 16 / 32 windows × (1,000 + the BPE's 491,392 parameters) / 1,000 × 59 steps × 3 rates
     assert (f"--quality-steps 59 --presets {att} --sweep {att} --lr-factors 1 2 4 --out docs/bench/lm_why/tokens_59` "
             f"(~{0.1 * 0.5 * 492.392 * 59 * 3:.0f} min)") in text
+
+
+def test_the_why_tables_commands_are_commands_the_cli_takes_and_build_their_models():
+    """Every command lm.why lists for the committed results parses with polymixer's parser, and each model it names
+    builds (local attention over the last 8 positions in every layer included), where a PoM with a token shift is
+    refused — the row the table says no model fills yet."""
+    import shlex
+
+    from polymixer.experiments.bench.common import parse_variant
+    from polymixer.experiments.cli import build_parser
+    from polymixer.models import create_model
+    from polymixer.models.registry import check_overrides
+
+    text = _make("lm.why", BENCH)
+    commands = [c.split("` (~")[0] for line in text.splitlines() if line.startswith("- docs/bench/")
+                for c in line.split(": `", 1)[1].split("; `")]
+    assert commands
+    for command in commands:
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        assert args.noun == "lm" and args.out.startswith("docs/bench/lm_")
+        for spec in args.sweep:
+            preset, overrides = parse_variant(spec)
+            check_overrides(preset, overrides)
+    preset, overrides = parse_variant("tiny-attention+block_size=1024+mixer=L+window=8")
+    assert create_model(preset, device="meta", **overrides).pattern == "LLLL"
+    with pytest.raises(ValueError, match="token_shift=4 is taken by no mixer of this model"):
+        check_overrides(*parse_variant("tiny-pom-paper+block_size=1024+token_shift=4"))
