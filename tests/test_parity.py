@@ -1301,9 +1301,14 @@ def test_the_token_lm_chooses_on_validation_reports_test_and_reads_rows_without_
     (tmp_path / "lm_tokens" / "lm.json").write_text(json.dumps(data))
     f = next(f for f in parity.collect(tmp_path)["families"] if f["bench"] == "lm_tokens")
     assert f["ngram"]["file"] == "lm_tokens/lm.json" and not f["pom"]["undertrained"]
-    # the bench's own report judges it with the n-gram part its JSON holds
+    # the bench's own report judges it with the n-gram part its JSON holds, else the one beside the folder it wrote
     lines = parity.verdict_lines("lm_tokens", data)
     assert any("n-gram baseline (prose-bpe-4096, lm_tokens/lm.json)" in line for line in lines)
+    del data["ngram"]
+    assert not any("n-gram" in line for line in parity.verdict_lines("lm_tokens", data))
+    data["config"] = {"out": str(tmp_path / "lm_tokens")}
+    lines = parity.verdict_lines("lm_tokens", data)
+    assert any("n-gram baseline (prose-bpe-4096, lm_prose_ngram/lm.json)" in line for line in lines)
 
 
 def test_a_model_without_a_test_figure_is_read_against_the_validation_n_gram_and_stdlib_has_none(tmp_path):

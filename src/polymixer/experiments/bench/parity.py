@@ -738,6 +738,20 @@ def ngram_baseline(fam: Comparison, parts: Sequence[Tuple[str, Optional[Dict[str
     return None
 
 
+def _ngram_parts(fam: Comparison, data: Dict[str, Any]) -> List[Tuple[str, Optional[Dict[str, Any]]]]:
+    """The n-gram parts a family's own report reads (``Comparison.ngram_files``' order): its JSON's own, then those
+    beside the folder it was written to (its configuration's ``out``, the benches' folder that many levels up)."""
+    parts = [(fam.json_name, data.get("ngram"))]
+    out = (data.get("config") or {}).get("out")
+    if isinstance(out, str) and out:
+        root = Path(out)
+        for _ in Path(fam.json_name).parent.parts:
+            root = root.parent
+        parts += [(name, read_json(root / name).get("ngram")) for name in fam.ngram_files
+                  if name != fam.json_name and (root / name).is_file()]
+    return parts
+
+
 def undertrained(side: Sequence[Dict[str, Any]]) -> str:
     """The models of ``side`` (compared entries) that do not beat their n-gram baseline, as a verdict says it:
     "undertrained: tiny-pom 2.31 bits per byte against the n-gram's 1.90 (test, bytes, order 5)"; "" where none."""
@@ -1092,8 +1106,7 @@ def verdict_lines(bench: str, payload: Dict[str, Any], seeds: Optional[List[Dict
     for fam in [f for f in comparisons() if f.bench == bench]:
         if fam.part in payload:
             data = main_json if main_json is not None else payload
-            ngram = ngram_baseline(fam, [(fam.json_name, data.get("ngram"))])  # the bench's own n-gram part only
-            item = judge(fam, data, seeded_rows(fam, seeds or []), ngram)
+            item = judge(fam, data, seeded_rows(fam, seeds or []), ngram_baseline(fam, _ngram_parts(fam, data)))
             lines += [f"parity (as `polymixer bench parity` judges): {line}" for line in target_lines(item)]
     return lines
 
