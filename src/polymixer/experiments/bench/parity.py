@@ -68,6 +68,12 @@ A family may judge targets of its own beside these: attention itself at a floor 
 recall: attention learns MQAR) and one its comparison computes (``Comparison.extra_target``; recall under Zoology's
 recipe: the value PoM at least level with Based at every state size, length and form of Zoology's figure 2).
 
+Beside a language-model comparison stands its count-based baseline (``Comparison.ngram_files``: ``bench lm --parts
+ngram``, an interpolated n-gram of 0 to 5 tokens of context of the models' own tokens): each compared model's bits
+per byte (test, else validation) against the best of those orders on the same split (``bits``); a model that does not
+beat it is ``undertrained``, and each verdict on it ends "undertrained: …" (:func:`undertrained`) — the verdict itself
+stays what its interval says. A comparison with no such baseline on file names the command that runs it.
+
 Gaps are signed so that positive is worse than attention where the metric is a loss or a distance (val loss and
 CER: relative; Fréchet distance: a ratio) and negative is worse where it is an accuracy (mIoU, MQAR: points).
 """
