@@ -309,8 +309,9 @@ def lm_why(bench: Path) -> str:
     for factor in WHY_BUDGETS:
         rows.append([f"the paper's PoM (`{WHY_POMS[0]}`) against full attention, {factor:g}× the budget "
                      f"({budgets(factor)} steps)"] + gap(None, WHY_ATTENTION, factor))
-    rows.append(["the paper's PoM with a short token shift"]
-                + ["no such model: PoM layers take no shift (`token_shift` is the value PoM's)"] * 2)
+    rows.append(["the paper's PoM with a short token shift",
+                 "no such model: PoM layers take no shift; it needs a shift field for P layers in the library "
+                 "(`token_shift` is the value PoM's, `attention_shift` attention's)", "(as for bytes)"])
     table = markdown_table(rows, ["bits per byte (gap to full attention)", *(t.label for t in WHY_TOKENS)])
     if not todo:
         return table
