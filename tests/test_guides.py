@@ -265,7 +265,7 @@ def test_the_why_table_puts_bytes_and_tokens_side_by_side_and_names_each_run_not
     validation, marked), the PoM in the paper's form unless only polymixer's ran (then named), the n-gram's best; a
     run not on file reads "not run" and is listed with its command — at the rate its model chose at the comparison's
     budget — and its minutes estimated from the measured train minutes per step."""
-    from polymixer.experiments.lm.tables import WHY_LOCAL, WHY_NGRAM
+    from polymixer.experiments.lm.tables import WHY_LOCAL, WHY_NGRAM, WHY_SHIFT
 
     att, pom, ours = "tiny-attention+block_size=1024", "tiny-pom-paper+block_size=1024", "tiny-pom+block_size=1024"
 
@@ -288,7 +288,7 @@ def test_the_why_table_puts_bytes_and_tokens_side_by_side_and_names_each_run_not
     lines = _make("lm.why", tmp_path).splitlines()
     assert lines[0] == ("| bits per byte (gap to full attention) | bytes, context 1,024 bytes "
                         "| BPE 4,096 tokens, context 1,024 tokens |")
-    cells = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in lines[2:9]}
+    cells = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in lines[2:10]}
     assert cells["n-gram baseline, best of 0–5 tokens of context (test)"] == [
         "1.900 (order 2; validation 1.910)", "1.700 (order 1; validation 1.710) |"]
     assert cells[f"full attention (`{att}`), the comparison's budget"] == ["2.000 val", "1.800 |"]
@@ -299,6 +299,8 @@ def test_the_why_table_puts_bytes_and_tokens_side_by_side_and_names_each_run_not
     assert quarter == ["+0.0% (2.500 against 2.500 val), as `tiny-pom`", "not run |"]
     assert one == ["+30.0% (2.600 against 2.000 val), as `tiny-pom`", "+20.0% (2.160 against 1.800) |"]
     assert four == ["not run", "not run |"]
+    shifted = cells[f"the paper's PoM with a short token shift (`{WHY_SHIFT}`) against full attention"]
+    assert shifted == ["not run", "not run |"]
     folders = {line[2:].split(": `")[0]: line for line in lines if line.startswith("- docs/bench/")}
     todo = ["- `" + c for line in folders.values() for c in line.split(": `", 1)[1].split("; `")]
     # the local attention at full attention's chosen rate (4e-3 = 2 × the recipe's 2e-3); minutes per step measured
@@ -311,9 +313,14 @@ def test_the_why_table_puts_bytes_and_tokens_side_by_side_and_names_each_run_not
                             f"--quality-batch 16 --quality-steps 59 --presets {att} ") for c in todo)
     assert f"--quality-steps 59 --presets {pom} --sweep {pom} --lr-factors 2 --out docs/bench/lm_why/tokens_59` " \
            "(~6 min)" in "\n".join(todo)
-    assert len(todo) == 7 and lines[-5].startswith("Not run yet (7 commands, ~")  # one line a folder
-    assert sorted(folders) == [f"docs/bench/lm_why/{f}" for f in ("bytes_1500", "bytes_375", "tokens_59",
-                                                                   "tokens_940")]
+    # the shifted PoM at the paper's PoM's chosen rate (tokens: 4e-3) or, none chosen (bytes), a sweep of three
+    assert (f"--quality-steps 235 --presets {WHY_SHIFT} --sweep {WHY_SHIFT} --lr-factors 2 "
+            "--out docs/bench/lm_why/tokens_235` ") in "\n".join(todo)
+    assert f"--presets {WHY_SHIFT} --sweep {WHY_SHIFT} --lr-factors 1 2 4 --out docs/bench/lm_why/bytes_375` " \
+           in "\n".join(todo)
+    assert len(todo) == 9 and lines[-6].startswith("Not run yet (9 commands, ~")  # one line a folder
+    assert sorted(folders) == [f"docs/bench/lm_why/{f}" for f in ("bytes_1500", "bytes_375", "tokens_235",
+                                                                   "tokens_59", "tokens_940")]
     # without the measured token runs, a token run's minutes scale the byte runs' by tokens a step and parameters
     (tmp_path / "lm_tokens" / "lm.json").unlink()
     text = _make("lm.why", tmp_path)
@@ -325,8 +332,8 @@ def test_the_why_table_puts_bytes_and_tokens_side_by_side_and_names_each_run_not
 
 def test_the_why_tables_commands_are_commands_the_cli_takes_and_build_their_models():
     """Every command lm.why lists for the committed results parses with polymixer's parser, and each model it names
-    builds (local attention over the last 8 positions in every layer included), where a PoM with a token shift is
-    refused — the row the table says no model fills yet."""
+    builds (local attention over the last 8 positions in every layer included); the shifted PoM's P layers have the
+    shift, which a model's token_shift (the value PoM's) does not give them."""
     import shlex
 
     from polymixer.experiments.bench.common import parse_variant
@@ -346,5 +353,11 @@ def test_the_why_tables_commands_are_commands_the_cli_takes_and_build_their_mode
             check_overrides(preset, overrides)
     preset, overrides = parse_variant("tiny-attention+block_size=1024+mixer=L+window=8")
     assert create_model(preset, device="meta", **overrides).pattern == "LLLL"
+    assert any("+pom_shift=4 " in c for c in commands)
+    preset, overrides = parse_variant("tiny-pom-paper+block_size=1024+pom_shift=4")
+    model = create_model(preset, device="meta", **check_overrides(preset, overrides).__dict__)
+    assert {m.shift_width for m in model.modules() if type(m).__name__ == "PoM"} == {4}
     with pytest.raises(ValueError, match="token_shift=4 is taken by no mixer of this model"):
         check_overrides(*parse_variant("tiny-pom-paper+block_size=1024+token_shift=4"))
+    with pytest.raises(ValueError, match="pom_shift=4 is taken by no mixer of this model"):
+        check_overrides(*parse_variant("tiny-attention+block_size=1024+pom_shift=4"))

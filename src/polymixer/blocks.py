@@ -57,6 +57,11 @@ def _attention(cls: type, **defaults: Any) -> Callable[..., nn.Module]:
     return build
 
 
+def _pom(dim: int, pom_shift: int = 0, **kw: Any) -> nn.Module:
+    """Builds a PoM, a model's pom_shift its token shift (a model's token_shift is its value PoMs')."""
+    return PoM(dim, **({"token_shift": pom_shift} if pom_shift else {}), **kw)
+
+
 def _value_heads(cls: type, **fixed: Any) -> Callable[..., nn.Module]:
     """Builds ``cls`` with a model's value_heads as its heads (attention's are a model's heads)."""
     def build(dim: int, value_heads: int = 1, **kw: Any) -> nn.Module:
@@ -67,7 +72,7 @@ def _value_heads(cls: type, **fixed: Any) -> Callable[..., nn.Module]:
 # The one table of token mixers: every family's layer pattern, pomify and the recall benchmark read it. Adding a
 # mixer is one entry here (and its module).
 MIXER_TABLE: Tuple[MixerSpec, ...] = (
-    MixerSpec("pom", "P", "PoM", PoM, _POM_OPTIONS),
+    MixerSpec("pom", "P", "PoM", _pom, _POM_OPTIONS + ("pom_shift",)),
     MixerSpec("value_pom", "V", "value-carrying PoM", _value_heads(ValuePoM), _VALUE_OPTIONS),
     MixerSpec("gated_value_pom", "G", "gated value-carrying PoM", _value_heads(GatedValuePoM), _VALUE_OPTIONS,
               distance_free=False),

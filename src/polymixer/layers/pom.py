@@ -111,11 +111,15 @@ class PoM(nn.Module):
         rope_base: rotary frequency base.
         rope_convention: "relative" (the aggregate read in each query's frame) or "reference" (the query's gate
             turned instead, as the reference implementation's PoMRoPE): docs/mixer.md.
+        token_shift: W_h c_j becomes Σ_t shift_t ⊙ W_h c_{j−t} over the last W context tokens (a causal depthwise
+            convolution with learned weights per channel, :func:`shift_width`: True → 2, an int W ≥ 2, None / False /
+            0 → none, the default). It starts as no shift (shift_0 = 1, the rest 0), so a PoM with a shift starts
+            as the one without; the gate rows are not shifted.
         device, dtype: where and in which dtype the parameters are made.
 
     The value-carrying PoMs are their own classes, :class:`~polymixer.layers.value_pom.ValuePoM` and
     :class:`~polymixer.layers.value_pom.GatedValuePoM` (subclasses of PoM: ``isinstance(m, PoM)`` holds for every
-    PoM); a plain PoM takes none of their keywords (value_dim, heads, token_shift, chunk_size, decay).
+    PoM); a plain PoM takes none of their other keywords (value_dim, heads, chunk_size, decay).
     """
 
     # a plain PoM's answers to what the value-carrying PoMs have (read by models, benches and tests alike)
@@ -140,6 +144,7 @@ class PoM(nn.Module):
         rope: Optional[str] = None,
         rope_base: float = ROPE_BASE,
         rope_convention: str = "relative",
+        token_shift: Union[bool, int, None] = None,
         *,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
@@ -153,9 +158,14 @@ class PoM(nn.Module):
             check_reference_gate(rope, D, D if sel_heads == 1 else sel_heads)
         self._set_options(dim, degree, expand, sel_heads, gate, activation, reduction, rope, rope_base, D, D)
         self.rope_convention = rope_convention
+        self.shift_width = shift_width(token_shift)
+        self.token_shift = self.shift_width > 0
         fk = {"device": device, "dtype": dtype}
         self._add_input_parameters(D + self.gate_dim, fk)  # W_h over W_s
         self.out_proj = nn.Linear(D, dim, bias=bias, **fk)
+        if self.token_shift:  # after every other parameter: a PoM without a shift draws what it always drew
+            self.shift = nn.Parameter(torch.empty(self.shift_width, D, **fk))
+            self.shift.no_weight_decay = True
         self._reset_coeff()
 
     # -- what every PoM class shares ------------------------------------------------------------------------------
@@ -187,6 +197,8 @@ class PoM(nn.Module):
         with torch.no_grad():
             if self.coeff.device.type != "meta":
                 self.coeff.uniform_(-1e-3, 1e-3)
+                if self.token_shift:  # the identity: the shift starts as none
+                    self.shift.zero_()[0] = 1.0
 
     def reset_parameters(self) -> None:
         self.in_proj.reset_parameters()
@@ -206,7 +218,7 @@ class PoM(nn.Module):
     @property
     def state_floats(self) -> int:
         """Floats of streaming state per sequence (besides the count and offset)."""
-        return self.poly_dim
+        return self.poly_dim * max(self.shift_width, 1)
 
     def _extra_repr_fields(self) -> str:
         """What a subclass adds to the printed options (after gate_dim)."""
@@ -217,6 +229,7 @@ class PoM(nn.Module):
         s += self._extra_repr_fields()
         s += f", gate={self.gate!r}, activation={self.activation!r}, reduction={self.reduction!r}"
         s += f", rope={self.rope!r}" if self.rope else ""
+        s += f", shift_width={self.shift_width}" if self.shift_width and self.value_dim is None else ""
         return s + (f", rope_convention={self.rope_convention!r}" if self.rope_convention != "relative" else "")
 
     def _op_kwargs(self) -> dict:
@@ -231,7 +244,8 @@ class PoM(nn.Module):
     def weights(self) -> PomWeights:
         """The weights as :attr:`op` takes them: one object, made at each call from the parameters."""
         return PomWeights(in_weight=self.in_proj.weight, gate_bias=self.gate_bias, coeff=self.coeff,
-                          out_weight=self.out_proj.weight, out_bias=self.out_proj.bias)
+                          out_weight=self.out_proj.weight, out_bias=self.out_proj.bias,
+                          shift_weight=self.shift if self.token_shift else None)
 
     def forward(self, x: Tensor, context: Optional[Tensor] = None, **modes: Any) -> Tensor:
         """Mix tokens. x: (B, M, dim); context: (B, N, dim) for cross-mixing; ``modes`` (:data:`LAYER_MODES`, see
@@ -247,7 +261,9 @@ class PoM(nn.Module):
     ) -> PoMState:
         """An empty stream state; ``dtype`` is the stream's dtype (the sum is kept in at least fp32)."""
         device, acc, count, offset = self._state_start(batch_size, device, dtype)
-        return PoMState(torch.zeros(batch_size, self.poly_dim, dtype=acc, device=device), count, offset)
+        prev = torch.zeros(batch_size, self.shift_width - 1, self.poly_dim, dtype=acc, device=device)
+        return PoMState(torch.zeros(batch_size, self.poly_dim, dtype=acc, device=device), count, offset,
+                        prev if self.token_shift else None)
 
     def step(
         self,
@@ -292,6 +308,8 @@ class PoM(nn.Module):
         keys = {k[len(prefix):]: k for k in state_dict if k.startswith(prefix)}
         for name in self._rope_tables(state_dict, keys, prefix):
             del keys[name]  # checked against this PoM's tables; the tables are no parameters
+        if self.token_shift:
+            raise ValueError("the reference implementation's PoM has no token shift: load into a PoM without one")
         if "po_proj.weight" in keys or "se_proj.weight" in keys:
             raise ValueError("this checkpoint uses separate po_proj/se_proj (n_groups > 1 or an older release); "
                              "only the fused qc_proj layout (n_groups=1) is supported")

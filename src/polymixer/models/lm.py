@@ -38,7 +38,7 @@ class LMConfig(PoMSettings):
     MIXER_LETTERS: ClassVar[str] = allowed_letters(causal=True, streaming=True)  # every layer decodes token by token
     MIXER_OPTIONS: ClassVar[Tuple[str, ...]] = ("window", "rope_base", "degree", "expand", "sel_heads", "gate",
                                                 "reduction", "value_dim", "value_heads", "token_shift",
-                                                "attention_shift")
+                                                "attention_shift", "pom_shift")
     vocab_size: int = 50304
     block_size: int = 1024
     n_layer: int = 12
@@ -51,6 +51,7 @@ class LMConfig(PoMSettings):
     value_dim: Optional[int] = None  # V layers (value-carrying PoM): value width dv (None: n_embd)
     value_heads: int = 1  # V layers: heads splitting D and dv; state D·dv/value_heads floats per layer
     token_shift: int = 2  # V layers: tokens the key / value shift reads (2: each and the previous; more: a short conv)
+    pom_shift: int = 0  # P layers: tokens the shift of W_h c reads (0: none; the value PoM's shift, offered to PoM)
     attention_shift: int = 0  # A / L layers: tokens their key / value shift reads (0: none; the value PoM's shift,
     #                           offered to attention alike)
     position: str = "learned"  # "learned" | "rope" | "none"
@@ -66,6 +67,7 @@ class LMConfig(PoMSettings):
             raise ValueError(f"n_embd = {self.n_embd} is not divisible by n_head = {self.n_head}")
         shift_width(self.token_shift, "token_shift", off=False)
         shift_width(self.attention_shift, "attention_shift")
+        shift_width(self.pom_shift, "pom_shift")
         self.layer_pattern()
 
     def layer_pattern(self) -> str:

@@ -20,7 +20,7 @@ from torch import Tensor
 from .common import activation as activation_fn
 from .common import REFERENCE_MODES, Mixing, gate_fn
 
-__all__ = ["visibility", "shift_validity", "reference_attention", "rotation_angles", "polynomial", "gate_of",
+__all__ = ["visibility", "shift_validity", "shifted", "reference_attention", "rotation_angles", "polynomial", "gate_of",
            "rotated_pairs", "own_frame", "turn_pairs", "float64_inputs", "oracle_view", "visible_mean", "no_stream"]
 
 
@@ -188,6 +188,27 @@ def shift_validity(batch: int, num_tokens: int, key_mask: Optional[Tensor] = Non
         for j in range(t, num_tokens):
             out[:, j, t - 1] = keep[:, j - t] & (seq[j - t] == seq[j])
     return out if lags is not None else out[..., 0]
+
+
+def shifted(z: Tensor, taps: Optional[Tensor], has_prev: Optional[Tensor] = None) -> Tensor:
+    """The token shift literally, in float64: Σ_t taps[t] ⊙ z_{j−t} over the taps (W, C) of (B, N, C) ``z``, token
+    j − t read where ``has_prev`` (B, N) or (B, N, W − 1) says (:func:`shift_validity`; default: every j ≥ t).
+    ``taps`` None: ``z`` as it is."""
+    if taps is None:
+        return z
+    taps, lags = taps.to(torch.float64), taps.shape[0] - 1
+    B, N = z.shape[:2]
+    has_prev = shift_validity(B, N, lags=lags) if has_prev is None else has_prev
+    has_prev = has_prev.unsqueeze(-1) if has_prev.dim() == 2 else has_prev
+    if has_prev.shape[-1] < lags:
+        raise ValueError(f"a token shift of width {lags + 1} needs has_prev (B, N, {lags})")
+    out = taps[0] * z
+    for t in range(1, lags + 1):
+        before = torch.zeros_like(z)
+        for j in range(t, N):
+            before[:, j] = z[:, j - t] * has_prev[:, j, t - 1, None].to(torch.float64)
+        out = out + taps[t] * before
+    return out
 
 
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, vis: Tensor) -> Tensor:

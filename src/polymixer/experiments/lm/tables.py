@@ -145,6 +145,8 @@ WHY_ATTENTION = "tiny-attention+block_size=1024"
 # the PoM: the paper's form, or polymixer's where only it ran at the comparison's budget (the cell names it)
 WHY_POMS = ("tiny-pom-paper+block_size=1024", "tiny-pom+block_size=1024")
 WHY_LOCAL = WHY_ATTENTION + "+mixer=L+window=8"  # local attention in every layer, over the last 8 positions
+WHY_SHIFT = WHY_POMS[0] + "+pom_shift=4"  # the paper's PoM, W_h c shifted over the last 4 tokens
+WHY_LIKE = {WHY_LOCAL: WHY_ATTENTION, WHY_SHIFT: WHY_POMS[0]}  # the model whose rate and time a variant borrows
 WHY_BUDGETS = (0.25, 1.0, 4.0)  # × the comparison's steps, each run with its own warm-up and cosine
 RECIPE_LR = 2e-3  # bench lm's quality_lr, where a JSON names none: --lr-factors multiply it
 BPE_EMBEDDING = 491_392  # the parameters a BPE of 4,096 entries adds to a tiny preset (tied: docs/lm.md, Tokens)
@@ -215,7 +217,7 @@ def _why_minutes(bench: Path, tok: WhyTokens, spec: str) -> float:
     def per_step(name: str) -> Tuple[Optional[float], Optional[int]]:
         rows = [r for r in _quality(bench, name).get("rows", []) if "smaller" not in r
                 and isinstance(r.get("train_min"), (int, float)) and r.get("steps")]
-        like = WHY_ATTENTION if spec == WHY_LOCAL else spec  # (local attention: at most full attention's time)
+        like = WHY_LIKE.get(spec, spec)  # (local attention: at most full attention's time)
         own = [r for r in rows if r["spec"] == like] or rows
         if not own:
             return None, None
@@ -233,15 +235,15 @@ def _why_minutes(bench: Path, tok: WhyTokens, spec: str) -> float:
 
 def _why_command(bench: Path, tok: WhyTokens, spec: str, steps: int) -> str:
     """The command that runs ``spec`` at ``steps`` (none on file): at the comparison's budget, the comparison's own
-    sweep; else one run at the rate its model chose at that budget (local attention: full attention's), or a sweep
-    of three rates where none is chosen yet."""
+    sweep; else one run at the rate its model chose at that budget (local attention: full attention's, the shifted
+    PoM: the paper's PoM's), or a sweep of three rates where none is chosen yet."""
     from .targets import PROSE, PROSE_TOKENS
 
-    if steps == tok.steps and spec != WHY_LOCAL:
+    if steps == tok.steps and spec not in WHY_LIKE:
         return (PROSE if tok.name == "bytes" else PROSE_TOKENS).sweep_command(spec)
     main = _quality(bench, tok.main)
     recipe = (main.get("config") or {}).get("quality_lr") or RECIPE_LR
-    chosen = _why_run(bench, tok, WHY_ATTENTION if spec == WHY_LOCAL else spec, tok.steps)
+    chosen = _why_run(bench, tok, WHY_LIKE.get(spec, spec), tok.steps)
     factors = f"{chosen['lr'] / recipe:g}" if chosen and chosen.get("lr") else "1 2 4"
     return (f"polymixer bench lm --parts quality {tok.flags} --quality-steps {steps} --presets {spec} --sweep {spec} "
             f"--lr-factors {factors} --out docs/bench/{WHY_ROOT}/{tok.name}_{steps}")
@@ -309,9 +311,8 @@ def lm_why(bench: Path) -> str:
     for factor in WHY_BUDGETS:
         rows.append([f"the paper's PoM (`{WHY_POMS[0]}`) against full attention, {factor:g}× the budget "
                      f"({budgets(factor)} steps)"] + gap(None, WHY_ATTENTION, factor))
-    rows.append(["the paper's PoM with a short token shift",
-                 "no such model: PoM layers take no shift; it needs a shift field for P layers in the library "
-                 "(`token_shift` is the value PoM's, `attention_shift` attention's)", "(as for bytes)"])
+    rows.append([f"the paper's PoM with a short token shift (`{WHY_SHIFT}`) against full attention"]
+                + gap(WHY_SHIFT, WHY_ATTENTION, 1.0))
     table = markdown_table(rows, ["bits per byte (gap to full attention)", *(t.label for t in WHY_TOKENS)])
     if not todo:
         return table

@@ -42,6 +42,8 @@ def forward(call: Optional[Call], problem: Optional[str], cp: ContextParallel) -
     without a stream). ``call.state``: a stream's state before the global sequence (causal only), or None. A call
     that cannot be split (``problem``; ``call`` None when it failed its own checks) is refused alike on every rank:
     never a hang."""
+    if call is not None and call.weights.shift_weight is not None:
+        problem = "a PoM's token shift is not split across ranks: run it without context_parallel"
     sl = agree_on_call(call, problem, cp, "pom", lambda c: {"D": c.D, "gate width": c.Ds})
     x, D, B, n, state = call.x, call.D, call.B, call.N, call.state
     if _fusable(call):

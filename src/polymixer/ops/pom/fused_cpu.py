@@ -338,9 +338,9 @@ def supports(call: Call) -> Optional[str]:
         return f"CPU tensors only (got {call.x.device.type})"
     if not call.self_mix:
         return "self-mixing only (cross-mixing given)"
-    for name, value in (("key padding", call.key_mask), ("a (B, M, N) mask", call.mask),
-                        ("packed sequences", call.cu_k), ("block-causal masking", call.block_size),
-                        ("context_positions", call.context_positions)):
+    for name, value in (("a token shift", call.weights.shift_weight), ("key padding", call.key_mask),
+                        ("a (B, M, N) mask", call.mask), ("packed sequences", call.cu_k),
+                        ("block-causal masking", call.block_size), ("context_positions", call.context_positions)):
         if value is not None:
             return f"{name} is not fused"
     if not isinstance(call.activation, str) or not isinstance(call.gate, str):

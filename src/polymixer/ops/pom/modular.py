@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..call import Call, PoMState
-from ..features import aggregate, cumsum, poly_features, rotate_features, safe_inverse, select
+from ..features import (aggregate, cumsum, packed_starts, poly_features, rotate_features, safe_inverse, select,
+                        token_shift)
 
 __all__ = ["supports", "forward"]
 
@@ -37,6 +38,9 @@ def forward(call: Call) -> Union[Tensor, Tuple[Tensor, PoMState]]:
     else:
         zs = F.linear(x, w.in_weight[D:])
         zh = F.linear(call.context, w.in_weight[:D])
+    if w.shift_weight is not None:  # along the context tokens, restarting at each packed sequence's first
+        starts = None if call.cu_k is None else packed_starts(call.cu_k, call.N, zh.device)[0].unsqueeze(0)
+        zh = token_shift(zh, w.shift_weight, call.key_mask, starts=starts)[0]
     positions, context_positions = call.rope_positions() if call.rope is not None else (None, None)
     # (B, N, D) features in the accumulation dtype, turned by their positions (rotary)
     p = rotate_features(poly_features(zh, w.coeff, call.activation), context_positions, m)
@@ -48,11 +52,15 @@ def forward(call: Call) -> Union[Tensor, Tuple[Tensor, PoMState]]:
 def _stream(call: Call) -> Tuple[Tensor, PoMState]:
     """The next chunk (B, T, d) of a stream after ``call.state``: token t sees the state's past and — causal — the
     chunk's tokens ≤ t, or — ``causal=False`` — the whole chunk (one block of block-causal mode); a masked token
-    adds nothing. Returns (y, the state after the chunk)."""
+    adds nothing; a token shift continues from the state's last projections. Returns (y, the state after the chunk)."""
     x, D, w, state = call.x, call.D, call.weights, call.state
     B, T = call.B, call.N
     z = F.linear(x, w.in_weight)
     zh, zs = z[..., :D], z[..., D:]
+    last = state.prev
+    if w.shift_weight is not None:
+        zh, last = token_shift(zh, w.shift_weight, call.key_mask, state.prev)
+        last = last.to(state.prev.dtype)
     acc = state.sum.dtype
     positions = None
     if call.rope is not None:  # the stream index by default
@@ -65,4 +73,4 @@ def _stream(call: Call) -> Tuple[Tensor, PoMState]:
     s, cnt = state.sum.unsqueeze(1) + s, state.count.unsqueeze(1) + cnt
     h = s * safe_inverse(cnt).unsqueeze(-1) if call.reduction == "mean" else s
     y = F.linear(select(zs, w.gate_bias, h, call.mixing, positions), w.out_weight, w.out_bias)
-    return y, PoMState(s[:, -1], cnt[:, -1], state.offset + T)
+    return y, PoMState(s[:, -1], cnt[:, -1], state.offset + T, last)

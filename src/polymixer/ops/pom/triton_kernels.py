@@ -1422,6 +1422,8 @@ def kernel_limits(call: Any) -> Optional[str]:
         return f"{x.dtype} is not a kernel dtype (fp32, bf16, fp16)"
     if not call.self_mix:
         return "cross-mixing is not in the kernels"
+    if call.weights.shift_weight is not None:
+        return "a token shift is not in the kernels"
     if call.mask is not None:
         return "an explicit (B, M, N) mask is not in the kernels (quadratic)"
     if call.context_positions is not None:

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ..call import Call
 from ..reference import (float64_inputs, gate_of, no_stream, oracle_view, polynomial, rotated_pairs, shift_validity,
-                         visible_mean)
+                         shifted, visible_mean)
 from .call import ValuePomWeights
 
 __all__ = ["reference_value_pom", "supports", "forward"]
@@ -33,23 +33,7 @@ def reference_value_pom(x: Tensor, weights: ValuePomWeights, context: Optional[T
     dv = out_weight.shape[1]
     W = weights.in_weight.to(torch.float64)
     B, N = c.shape[:2]
-    zkv = c @ W[:D + dv].T
-    if shift_weight is not None:
-        taps = shift_weight.to(torch.float64)
-        lags = taps.shape[0] - 1
-        if has_prev is None:
-            has_prev = shift_validity(B, N, lags=lags)
-        if has_prev.dim() == 2:
-            has_prev = has_prev.unsqueeze(-1)
-        if has_prev.shape[-1] < lags:
-            raise ValueError(f"a token shift of width {lags + 1} needs has_prev (B, N, {lags})")
-        shifted = taps[0] * zkv
-        for t in range(1, lags + 1):
-            before = torch.zeros_like(zkv)
-            for j in range(t, N):
-                before[:, j] = zkv[:, j - t] * has_prev[:, j, t - 1, None].to(torch.float64)
-            shifted = shifted + taps[t] * before
-        zkv = shifted
+    zkv = shifted(c @ W[:D + dv].T, shift_weight, has_prev)
     phi = polynomial(zkv[..., :D], coeff, m.activation)
     v = zkv[..., D:]
     psi = polynomial(x @ W[D + dv:2 * D + dv].T, weights.coeff_q, m.activation)
