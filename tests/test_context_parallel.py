@@ -181,6 +181,7 @@ cases = {
     "packed": lambda: pom(torch.randn(6, 8), cu_seqlens=torch.tensor([0, 3, 6], dtype=torch.int32)),
     "cross": lambda: pom(torch.randn(1, 4, 8), torch.randn(1, 5, 8)),
     "2-D rotary without positions": lambda: PoM(8, rope="2d")(torch.randn(1, 4, 8)),
+    "a PoM's token shift": lambda: PoM(8, token_shift=2)(torch.randn(1, 4, 8), causal=True),
 }
 for name, fn in cases.items():
     try:

@@ -71,10 +71,10 @@ def test_each_class_builds_from_its_own_arguments():
 
 
 def test_one_way_to_build_each_class():
-    """The short forms are gone: a plain PoM takes no value keyword, Attention no window (its 4th argument on is
-    keyword-only, so a window by position is no bias either)."""
-    for kw in (dict(value_dim=8), dict(value_dim=8, decay="head"), dict(heads=2), dict(token_shift=2),
-               dict(decay="head")):
+    """The short forms are gone: a plain PoM takes no value keyword (its token shift is its own, on W_h c:
+    tests/test_pom_shift.py), Attention no window (its 4th argument on is keyword-only, so a window by position is
+    no bias either)."""
+    for kw in (dict(value_dim=8), dict(value_dim=8, decay="head"), dict(heads=2), dict(decay="head")):
         with pytest.raises(TypeError, match=f"unexpected keyword argument '{next(iter(kw))}'"):
             PoM(8, **kw)
     with pytest.raises(TypeError, match="unexpected keyword argument 'window'"):

@@ -261,7 +261,7 @@ class PoM(nn.Module):
     ) -> PoMState:
         """An empty stream state; ``dtype`` is the stream's dtype (the sum is kept in at least fp32)."""
         device, acc, count, offset = self._state_start(batch_size, device, dtype)
-        prev = torch.zeros(batch_size, self.shift_width - 1, self.poly_dim, dtype=acc, device=device)
+        prev = torch.zeros(batch_size, max(self.shift_width - 1, 0), self.poly_dim, dtype=acc, device=device)
         return PoMState(torch.zeros(batch_size, self.poly_dim, dtype=acc, device=device), count, offset,
                         prev if self.token_shift else None)
 
