@@ -89,10 +89,26 @@ def test_attention_shift_decodes_like_forward_and_leaves_other_layers_alone():
         LMConfig(attention_shift=1)
 
 
-@pytest.mark.parametrize("mixer", ["attention", "pom", "hybrid", "VL"])
+def test_pom_shift_decodes_like_forward_and_reaches_only_p_layers():
+    """A model's pom_shift is its P layers' token shift (token_shift stays the V layers', attention_shift A / L's)."""
+    m = _tiny("PLPV", "rope", pom_shift=3)
+    assert [hasattr(b.mixer, "shift") and b.mixer.shift.shape[0] for b in m.blocks] == [3, False, 3, 2]
+    with torch.no_grad():
+        for blk in m.blocks[0], m.blocks[2]:
+            blk.mixer.shift.normal_()
+    _assert_decode_reproduces_forward(m, 30, 11)
+    with pytest.raises(ValueError, match=r"pom_shift must be a bool or a width ≥ 2 \(0: none\)"):
+        LMConfig(pom_shift=1)
+
+
+@pytest.mark.parametrize("mixer, shift", [("attention", 0), ("pom", 0), ("hybrid", 0), ("VL", 0), ("pom", 3)])
 @pytest.mark.parametrize("position", ["learned", "rope"])
-def test_left_padded_batch_decodes_like_single_prompts(mixer, position):
-    m = _tiny(mixer, position)
+def test_left_padded_batch_decodes_like_single_prompts(mixer, shift, position):
+    m = _tiny(mixer, position, pom_shift=shift)
+    if shift:
+        with torch.no_grad():
+            for blk in m.blocks:
+                blk.mixer.shift.normal_()
     prompts = [torch.randint(0, 256, (n,)).tolist() for n in (7, 19, 12)]
     idx, mask = pad_left(prompts, pad_id=SEP)
     with torch.no_grad():

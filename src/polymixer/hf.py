@@ -79,6 +79,7 @@ class PolymixerConfig(PreTrainedConfig):
     value_dim: int | None = None
     value_heads: int = 1
     token_shift: int = 2
+    pom_shift: int = 0
     attention_shift: int = 0
     position: str = "rope"
     dropout: float | int = 0.0
