@@ -259,11 +259,12 @@ class PoM(nn.Module):
     def init_state(
         self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None
     ) -> PoMState:
-        """An empty stream state; ``dtype`` is the stream's dtype (the sum is kept in at least fp32)."""
+        """An empty stream state (with a token shift, its memory of the last W − 1 projections); ``dtype`` is the
+        stream's dtype (the sum is kept in at least fp32)."""
         device, acc, count, offset = self._state_start(batch_size, device, dtype)
-        prev = torch.zeros(batch_size, max(self.shift_width - 1, 0), self.poly_dim, dtype=acc, device=device)
-        return PoMState(torch.zeros(batch_size, self.poly_dim, dtype=acc, device=device), count, offset,
-                        prev if self.token_shift else None)
+        B, D = batch_size, self.poly_dim
+        prev = torch.zeros(B, self.shift_width - 1, D, dtype=acc, device=device) if self.token_shift else None
+        return PoMState(torch.zeros(B, D, dtype=acc, device=device), count, offset, prev)
 
     def step(
         self,

@@ -82,7 +82,8 @@ class PoMState(BatchState):
         count: (B,) number of tokens that took part so far (masked tokens are not counted).
         offset: (B,) int64 index of the next token in the stream (its default rotary position).
         prev: (B, W − 1, D + dv) the last tokens' key / value projections (the memory of a token shift of width W;
-            one token without a shift) for the value-carrying PoM, None for PoM.
+            one token without a shift) for the value-carrying PoM; (B, W − 1, D) for a PoM with a token shift, else
+            None.
     """
 
     sum: Tensor
