@@ -178,15 +178,11 @@ def _probe_auto(op: str, name: str, call: Any) -> _Probe:
 
 
 def _probe(op: str, name: str, call: Any, explicit: bool = False) -> Optional[str]:
+    """Why backend ``name`` cannot take ``call`` (None: it can): its precheck, then its module's ``supports``."""
     pre = _PRECHECKS.get((op, name))
-    if pre is not None:
-        why = pre(call, explicit)
-        if why is not None:
-            return why
-    return _supports(op, name, call)
-
-
-def _supports(op: str, name: str, call: Any) -> Optional[str]:
+    why = pre(call, explicit) if pre is not None else None
+    if why is not None:
+        return why
     try:
         module = load_backend(op, name)
     except ImportError as e:  # Triton not installed: the [gpu] extra

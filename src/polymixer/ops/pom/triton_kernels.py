@@ -75,6 +75,7 @@ from ..triton_common import (
     gate_grad,
     interpreted,
     kernel_op,
+    last_row,
     launch,
     offset64,
     pow2,
@@ -108,6 +109,18 @@ STAGES = {"sums": 2, "apply": 2, "grad_sums": 2, "grad_apply": 1}
 # ----------------------------------------------------------------------------------------------------------------
 # pieces of a tile
 # ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _program(NC, CPP, half, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Where a program of the parallel passes works — one per (row · group of CPP chunks, channel block): (its id,
+    its row, its first chunk, its channel block, the block's channels and their mask, a chunk's token offsets)."""
+    NPB = tl.cdiv(NC, CPP)
+    pid = tl.program_id(0)
+    b = pid // NPB
+    dblk = tl.program_id(1)
+    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    return pid, b, (pid - b * NPB) * CPP, dblk, ch, ch < half, tl.arange(0, BLOCK_N)
 
 
 @triton.jit
@@ -165,36 +178,43 @@ def _poly_grad(h, a1, a2, a3, a4, a5, K: tl.constexpr):
 
 @triton.jit
 def _rope_freqs(ch, half, log2base, ROPE: tl.constexpr):
-    """The inverse frequencies of channel pairs ``ch`` (float64), once per program: base^(−k/pairs) — 1-D — or, 2-D,
-    the first half of the pairs turning with the row and the second with the column (``col``)."""
-    if ROPE == 1:
-        col = ch < 0
-        inv = tl.exp2(-(ch.to(tl.float64) / half) * log2base)
-    else:
+    """The inverse frequencies of channel pairs ``ch`` (float64), once per program: base^(−k/pairs) — 1-D (and,
+    unread, without rotary) — or, 2-D, the first half of the pairs turning with the row and the second with the
+    column (``col``)."""
+    if ROPE == 2:
         q = half // 2
         col = ch >= q
         k = tl.where(col, ch - q, ch)
         inv = tl.exp2(-(k.to(tl.float64) / q) * log2base)
+    else:
+        col = ch < 0
+        inv = tl.exp2(-(ch.to(tl.float64) / half) * log2base)
     return inv, col
 
 
 @triton.jit
-def _rope_cos_sin(pos_ptr, n, nmask, s0, inv, col, ROPE: tl.constexpr, HAS_POS: tl.constexpr):
+def _rope_cos_sin(pos_ptr, n, nmask, s0, inv, col, like, ROPE: tl.constexpr, HAS_POS: tl.constexpr):
     """cos / sin (tokens, channel pairs) of the rotary angles, as :func:`polymixer.ops.common.rope_angles` computes
     them: position × inverse frequency in float64, reduced modulo 2π, then cos / sin in fp32. Without positions a
-    token's position is its index in its sequence (``n − s0``); 2-D positions are (row, col) pairs, row-major."""
-    if ROPE == 1:
-        if HAS_POS:
-            p = tl.load(pos_ptr + n, mask=nmask, other=0.0).to(tl.float64)
+    token's position is its index in its sequence (``n − s0``); 2-D positions are (row, col) pairs, row-major.
+    Without rotary: ``like`` twice (placeholders no one reads)."""
+    cs = like
+    sn = like
+    if ROPE:
+        if ROPE == 1:
+            if HAS_POS:
+                p = tl.load(pos_ptr + n, mask=nmask, other=0.0).to(tl.float64)
+            else:
+                p = (n - s0).to(tl.float64)
+            th = p[:, None] * inv[None, :]
         else:
-            p = (n - s0).to(tl.float64)
-        th = p[:, None] * inv[None, :]
-    else:
-        prow = tl.load(pos_ptr + 2 * n, mask=nmask, other=0.0).to(tl.float64)
-        pcol = tl.load(pos_ptr + 2 * n + 1, mask=nmask, other=0.0).to(tl.float64)
-        th = tl.where(col[None, :], pcol[:, None], prow[:, None]) * inv[None, :]
-    red = (th - TWO_PI * tl.floor(th / TWO_PI)).to(tl.float32)
-    return tl.cos(red), tl.sin(red)
+            prow = tl.load(pos_ptr + 2 * n, mask=nmask, other=0.0).to(tl.float64)
+            pcol = tl.load(pos_ptr + 2 * n + 1, mask=nmask, other=0.0).to(tl.float64)
+            th = tl.where(col[None, :], pcol[:, None], prow[:, None]) * inv[None, :]
+        red = (th - TWO_PI * tl.floor(th / TWO_PI)).to(tl.float32)
+        cs = tl.cos(red)
+        sn = tl.sin(red)
+    return cs, sn
 
 
 @triton.jit
@@ -283,9 +303,7 @@ def _features(zlo, zhi, alo, ahi, cs, sn, w, m2, K: tl.constexpr, ACT: tl.conste
     if ROPE:
         b1, b2, b3, b4, b5 = ahi
         phi = _poly(act_fn(zhi, ACT), b1, b2, b3, b4, b5, K)
-        rlo = plo * cs - phi * sn
-        phi = phi * cs + plo * sn
-        plo = rlo
+    plo, phi = _from_query_frame(plo, phi, cs, sn, ROPE)  # R(pos)
     if HAS_W:
         plo = plo * w[:, None]
         phi = phi * w[:, None]
@@ -324,7 +342,7 @@ def _to_query_frame(hlo, hhi, cs, sn, ROPE: tl.constexpr):
 
 @triton.jit
 def _from_query_frame(glo, ghi, cs, sn, ROPE: tl.constexpr):
-    """R(pos): the transpose of :func:`_to_query_frame`, applied to a gradient."""
+    """R(pos): the transpose of :func:`_to_query_frame` (a feature's rotation, a gradient's way back)."""
     if ROPE:
         rlo = glo * cs - ghi * sn
         ghi = ghi * cs + glo * sn
@@ -335,10 +353,7 @@ def _from_query_frame(glo, ghi, cs, sn, ROPE: tl.constexpr):
 @triton.jit
 def _unrotate_weight(dlo, dhi, cs, sn, w, ROPE: tl.constexpr, HAS_W: tl.constexpr):
     """dL/d(rotated, weighted feature) → dL/d(feature): R(−pos), times the key weight."""
-    if ROPE:
-        rlo = dlo * cs + dhi * sn
-        dhi = dhi * cs - dlo * sn
-        dlo = rlo
+    dlo, dhi = _to_query_frame(dlo, dhi, cs, sn, ROPE)
     if HAS_W:
         dlo = dlo * w[:, None]
         dhi = dhi * w[:, None]
@@ -466,12 +481,6 @@ def _holds_start(c, valid, seqid_ptr, cu_ptr, N, BN, PACKED: tl.constexpr):
     return has.to(tl.int32)
 
 
-@triton.jit
-def _edge_row(x, rows, edge):
-    """Row ``edge`` of a (rows, channels) tile, as a vector."""
-    return tl.sum(tl.where((rows == edge)[:, None], x, 0.0), axis=0)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # the three passes of the forward
 # ----------------------------------------------------------------------------------------------------------------
@@ -489,16 +498,8 @@ def _sums_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, w_ptr, pos_ptr, seqid_ptr, cu
     of the features of the chunk's last sequence and of their weights (what the chunk carries into the next); in the
     end-token modes also every end token's prefix sum within its chunk, at its row of the end table."""
     TOTAL: tl.constexpr = (MODE == 1) and (not PACKED)
-    NPB = tl.cdiv(NC, CPP)
-    pid = tl.program_id(0)
-    b = pid // NPB
-    dblk = tl.program_id(1)
-    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = ch < half
-    rows = tl.arange(0, BLOCK_N)
-    freqs = _rope_freqs(ch, half, log2base, 1)
-    if ROPE:
-        freqs = _rope_freqs(ch, half, log2base, ROPE)
+    pid, b, c0, dblk, ch, cmask, rows = _program(NC, CPP, half, BLOCK_N, BLOCK_D)
+    freqs = _rope_freqs(ch, half, log2base, ROPE)
     zrow = z_ptr + offset64(b, s_zb)
     xrow = x_ptr + offset64(b, s_xb)
     wrow = w_ptr + offset64(b, s_wb)
@@ -506,7 +507,6 @@ def _sums_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, w_ptr, pos_ptr, seqid_ptr, cu
     trow = sums_ptr + offset64(b, s_tb)
     erow = end_ptr + offset64(b, s_eb)
     ewrow = endw_ptr + offset64(b, s_ewb)
-    c0 = (pid - b * NPB) * CPP
     for c in tl.range(c0, tl.minimum(c0 + CPP, NC), num_stages=STAGES):
         n = c * BLOCK_N + rows
         nmask = n < N
@@ -520,10 +520,7 @@ def _sums_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, w_ptr, pos_ptr, seqid_ptr, cu
                                  GB, NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
         sid, s0, s1 = sequence_of(n, nmask, seqid_ptr, cu_ptr, N, PACKED)
         w = _weights(wrow, n, nmask, HAS_W)
-        cs = zlo
-        sn = zlo
-        if ROPE:
-            cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ROPE, HAS_POS)
+        cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], zlo, ROPE, HAS_POS)
         flo, fhi = _features(zlo, zhi, alo, ahi, cs, sn, w, m2, K, ACT, ROPE, HAS_W)
         tail = (s1 > tl.minimum(c * BLOCK_N + BLOCK_N, N) - 1) & nmask  # the sequence of the chunk's last token
         _store_row(trow + offset64(c, D), ch, cmask, half, _row_sum(flo, tail), _row_sum(fhi, tail), ROPE)
@@ -583,7 +580,7 @@ def _scan_kernel(src_ptr, srcw_ptr, dst_ptr, dstw_ptr, seqid_ptr, cu_ptr, N, NC,
         acc = acc + tl.where(opened[:, None], carry[None, :], 0.0)
         tl.store(drow + cc.to(tl.int64)[:, None] * W + ch[None, :], acc.to(tl.float32),
                  mask=(cc < NC)[:, None] & cmask[None, :])
-        carry = _edge_row(acc, k, edge)
+        carry = last_row(acc, k, edge)
         if HAS_WT:
             if sblk == 0:
                 yw = tl.load(srcw_ptr + offset64(b, s_twb) + src, mask=valid, other=0.0).to(tl.float64)
@@ -604,18 +601,11 @@ def _apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, se
     """Forward pass 3, in parallel over chunks: each query's aggregate H, gated — causal: the features' running sum
     within the chunk plus the carry of the sequence open at the chunk's start; end-token modes: the query's end-token
     sum (its end table row, plus the carry of the end's chunk when the sequence began before it). Writes g."""
-    NPB = tl.cdiv(NC, CPP)
-    pid = tl.program_id(0)
-    b = pid // NPB
-    dblk = tl.program_id(1)
-    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = ch < half
-    rows = tl.arange(0, BLOCK_N)
-    freqs = _rope_freqs(ch, half, log2base, 1)
+    pid, b, c0, dblk, ch, cmask, rows = _program(NC, CPP, half, BLOCK_N, BLOCK_D)
+    freqs = _rope_freqs(ch, half, log2base, ROPE)
     blo = tl.load(bias_ptr + ch // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     bhi = blo
     if ROPE:
-        freqs = _rope_freqs(ch, half, log2base, ROPE)
         bhi = tl.load(bias_ptr + (ch + half) // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     zrow = z_ptr + offset64(b, s_zb)
     xrow = x_ptr + offset64(b, s_xb)
@@ -623,7 +613,6 @@ def _apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, se
     prow = pos_ptr + offset64(b, s_pb)
     crow = carry_ptr + offset64(b, s_tb)
     cwrow = carryw_ptr + offset64(b, s_twb)
-    c0 = (pid - b * NPB) * CPP
     for c in tl.range(c0, tl.minimum(c0 + CPP, NC), num_stages=STAGES):
         n = c * BLOCK_N + rows
         nmask = n < N
@@ -636,10 +625,7 @@ def _apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, se
         zlo, zhi, ulo, uhi = _tile_z(zrow + offset64(c * BLOCK_N, s_zn), xrow + offset64(c * BLOCK_N, s_xn),
                                      win_ptr, rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w, MODE == 0,
                                      True, ROPE, FUSED, GB, NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
-        cs = ulo
-        sn = ulo
-        if ROPE:
-            cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ROPE, HAS_POS)
+        cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ulo, ROPE, HAS_POS)
         if MODE == 0:
             w = _weights(wrow, n, nmask, HAS_W)
             flo, fhi = _features(zlo, zhi, alo, ahi, cs, sn, w, m2, K, ACT, ROPE, HAS_W)
@@ -687,19 +673,12 @@ def _grad_sums_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr
     end-token modes also the gate's gradients (dz_s stored, dL/db partials) and, at each block's first token, the
     reverse running sum of G within the chunk, at the block's row of the start table."""
     TOTAL: tl.constexpr = (MODE == 1) and (not PACKED)
-    NPB = tl.cdiv(NC, CPP)
-    pid = tl.program_id(0)
-    b = pid // NPB
-    dblk = tl.program_id(1)
-    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = ch < half
-    rows = tl.arange(0, BLOCK_N)
+    pid, b, c0, dblk, ch, cmask, rows = _program(NC, CPP, half, BLOCK_N, BLOCK_D)
     nslots = tl.minimum(NS, (half - dblk * BLOCK_D + GB - 1) // GB)
-    freqs = _rope_freqs(ch, half, log2base, 1)
+    freqs = _rope_freqs(ch, half, log2base, ROPE)
     blo = tl.load(bias_ptr + ch // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     bhi = blo
     if ROPE:
-        freqs = _rope_freqs(ch, half, log2base, ROPE)
         bhi = tl.load(bias_ptr + (ch + half) // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     zrow = z_ptr + offset64(b, s_zb)
     xrow = x_ptr + offset64(b, s_xb)
@@ -713,7 +692,6 @@ def _grad_sums_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr
     srow = start_ptr + offset64(b, s_eb)
     dblo = tl.zeros((NS,), tl.float32)
     dbhi = dblo
-    c0 = (pid - b * NPB) * CPP
     for c in tl.range(c0, tl.minimum(c0 + CPP, NC), num_stages=STAGES):
         n = c * BLOCK_N + rows
         nmask = n < N
@@ -730,10 +708,7 @@ def _grad_sums_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr
         dghi = dglo
         if ROPE:
             dghi = tl.load(dgc + gloc + half, mask=m2, other=0.0).to(tl.float32)
-        cs = ulo
-        sn = ulo
-        if ROPE:
-            cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ROPE, HAS_POS)
+        cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ulo, ROPE, HAS_POS)
         opened = (s0 < c * BLOCK_N) & nmask  # the tokens before the chunk's first sequence start
         if MODE == 0:
             w = _weights(wrow, n, nmask, HAS_W)
@@ -770,10 +745,7 @@ def _grad_sums_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr
             if c == 0:
                 _store_row(srow, ch, cmask, half, _row_sum(glo, nmask), _row_sum(ghi, nmask), ROPE)
         elif MODE != 0:
-            if MODE == 1:
-                first = n == s0
-            else:
-                first = (n - s0) % BS == 0
+            first = (n == s0) if MODE == 1 else ((n - s0) % BS == 0)
             _, eid = end_of(n, sid, s0, s1, BS, MODE)
             slo = _scan_tokens(glo, n, s0, s1, PACKED, True)
             shi = slo
@@ -825,19 +797,12 @@ def _grad_apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_pt
     running sum of G within the chunk plus, for the sequence going on past the chunk, the reverse carry. End-token
     modes: the sum of G from the token's block start on — the start table's row plus the reverse carry of that
     start's chunk when the sequence goes on past it."""
-    NPB = tl.cdiv(NC, CPP)
-    pid = tl.program_id(0)
-    b = pid // NPB
-    dblk = tl.program_id(1)
-    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = ch < half
-    rows = tl.arange(0, BLOCK_N)
+    pid, b, c0, dblk, ch, cmask, rows = _program(NC, CPP, half, BLOCK_N, BLOCK_D)
     nslots = tl.minimum(NS, (half - dblk * BLOCK_D + GB - 1) // GB)
-    freqs = _rope_freqs(ch, half, log2base, 1)
+    freqs = _rope_freqs(ch, half, log2base, ROPE)
     blo = tl.load(bias_ptr + ch // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     bhi = blo
     if ROPE:
-        freqs = _rope_freqs(ch, half, log2base, ROPE)
         bhi = tl.load(bias_ptr + (ch + half) // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     zrow = z_ptr + offset64(b, s_zb)
     xrow = x_ptr + offset64(b, s_xb)
@@ -852,7 +817,6 @@ def _grad_apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_pt
     dchi = dclo
     dblo = tl.zeros((NS,), tl.float32)
     dbhi = dblo
-    c0 = (pid - b * NPB) * CPP
     for c in tl.range(c0, tl.minimum(c0 + CPP, NC), num_stages=STAGES):
         n = c * BLOCK_N + rows
         nmask = n < N
@@ -868,10 +832,7 @@ def _grad_apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_pt
                                      win_ptr, rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w, True,
                                      MODE == 0, ROPE, FUSED, GB, NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
         w = _weights(wrow, n, nmask, HAS_W)
-        cs = zlo
-        sn = zlo
-        if ROPE:
-            cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ROPE, HAS_POS)
+        cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], zlo, ROPE, HAS_POS)
         if MODE == 0:
             ulo = ulo + blo
             uhi = uhi + bhi
@@ -911,10 +872,7 @@ def _grad_apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_pt
                 dhi = _scan_tokens(ghi, n, s0, s1, PACKED, True) + rhi
         else:
             _, eid = end_of(n, sid, s0, s1, BS, MODE)
-            if MODE == 1:
-                t = s0
-            else:
-                t = s0 + ((n - s0) // BS) * BS
+            t = s0 if MODE == 1 else s0 + ((n - s0) // BS) * BS  # the first token of its block
             ct = t // BLOCK_N
             goes_on = (s1 > ct * BLOCK_N + BLOCK_N) & nmask  # the sequence goes on past the chunk of t
             dlo, dhi = _load_rows(start_ptr + offset64(b, s_eb), eid.to(tl.int64) * D, half, ch, m2, ROPE)
@@ -1446,21 +1404,20 @@ def kernel_limits(call: Any) -> Optional[str]:
     return None
 
 
-def supports(call: Call) -> Optional[str]:
+def supports(call: Call, fused: bool = False) -> Optional[str]:
     """Self-mixing, every mask but an explicit (B, M, N) one, packed sequences, rotary, degree 1–5, mean / sum, named
     non-linearities, fp32 / bf16 / fp16, on CUDA tensors (or CPU tensors under TRITON_INTERPRET=1); also while
-    ``torch.compile`` traces (the kernels are custom ops)."""
+    ``torch.compile`` traces (the kernels are custom ops). ``fused``: where the ``triton_gemm`` route's tiles fit
+    (that route runs its own first-use check)."""
     x = call.x
     if x.device.type != "cuda" and not (interpreted() and x.device.type == "cpu"):
         return f"CUDA tensors only (got {x.device.type}; CPU tensors run the kernels under TRITON_INTERPRET=1)"
     why = kernel_limits(call)
     if why is None:
-        why = call_layout(call, fused=False).missing(backward=will_differentiate(call))
-    if why is not None:
+        why = call_layout(call, fused).missing(backward=will_differentiate(call))
+    if why is not None or fused or not needs_check(x.device):
         return why
-    if needs_check(x.device):
-        return self_check(x.device, x.dtype)
-    return None
+    return self_check(x.device, x.dtype)
 
 
 def will_differentiate(call: Any) -> bool:

@@ -130,18 +130,15 @@ def _chunk_outputs(qc: Tensor, kc: Tensor, vc: Tensor, U: Tensor, K: int, state:
     the call) and, unless a chunk is one block of K tokens (then its own contribution ``U`` too), the quadratic part
     inside the chunk, block-causal."""
     nc, C = qc.shape[2], qc.shape[3]
-    if C == K:  # one block per chunk: a query sees its whole chunk, so no quadratic part at all
-        S = torch.cumsum(U, dim=2)
-        if state is not None:
-            S = S + state.unsqueeze(2)
-        return torch.einsum("bhctd,bhcde->bhcte", qc, S)
-    if nc == 1 and state is None:  # one chunk and nothing before it: no state part
-        o = None
-    else:
-        S = torch.cumsum(U, dim=2) - U  # the state before each chunk
+    whole = C == K  # one block per chunk: a query sees its whole chunk, so no quadratic part at all
+    o = None  # one chunk and nothing before it: no state part
+    if whole or nc > 1 or state is not None:
+        S = torch.cumsum(U, dim=2) if whole else torch.cumsum(U, dim=2) - U  # the state after / before each chunk
         if state is not None:
             S = S + state.unsqueeze(2)
         o = torch.einsum("bhctd,bhcde->bhcte", qc, S)
+    if whole:
+        return o
     blk = torch.arange(C, device=qc.device) // K
     intra = (blk.unsqueeze(0) <= blk.unsqueeze(1)).to(qc.dtype)  # (C queries, C keys) within a chunk
     scores = torch.einsum("bhctd,bhcsd->bhcts", qc, kc) * intra
