@@ -16,10 +16,8 @@ a backend never calls another one (what they share is a module of its own). An o
 
 The automatic choice tries ``triton_gemm``, ``triton``, ``cpu``, then ``torch`` — the first that takes the call —
 and never picks ``reference``. It never takes a slower path: a Triton route registered with a speed rule
-(:func:`polymixer.ops.measured.rule`) is taken only where a GPU measured it faster than the torch form for this kind
-of call on the kernel code installed now ("table entry"), or, without such a measurement, where the cost model
-recomputed from measured bandwidth predicts it faster ("model"); else it is passed over ("no measurement"). So
-``triton_gemm`` and the value PoM's kernels, measured slower, stay out until a measurement says otherwise. The rule
+(:func:`polymixer.ops.measured.rule`) is taken only where its rules (:mod:`polymixer.ops.measured`) find it faster
+than the torch form — measured on this kind of call and kernel code, or modelled from measured bandwidth. The rule
 runs after the backend's own checks (``supports``, the first-use check included): a route that cannot take a call
 says so first.
 

@@ -1,22 +1,17 @@
 """Context parallelism: a sequence split across ranks, mixed with O(D) communication per layer and rank.
 
 Inside ``with polymixer.context_parallel(group):`` every rank holds a contiguous slice of each sequence (dim 1 of a
-mixer's input, slices in rank order, lengths may differ). PoM needs almost nothing from the other ranks:
-
-- full mixing: the total of every rank's (B, D + 1) sum and count — one all-reduce (its backward: one all-reduce);
-- causal mixing: the sums of the ranks before this one — an exclusive scan over the ranks by recursive doubling,
-  ⌈log₂ P⌉ point-to-point rounds of (B, D + 1) (its backward: the same scan reversed);
-- block-causal mixing: the same prefix plus, for the block that runs past this rank's slice, the sums of that
-  block's tokens on the next ranks — a segmented scan the other way and one hop;
-- the value-carrying PoM the same with its (B, heads, D/h, dv/h) states; the token shift a halo of its W − 1 last
-  projections, sent point to point to the ranks that read it.
+mixer's input, slices in rank order, lengths may differ). PoM needs almost nothing from the other ranks: full mixing
+the total of every rank's (B, D + 1) sum and count (one all-reduce), causal mixing the sums of the ranks before (an
+exclusive scan over the ranks), block-causal mixing also the next ranks' sums of the block that runs past this slice;
+the value-carrying PoM the same with its states, its token shift a halo of the last W − 1 projections (what each
+mode sends: docs/parallel.md).
 
 Nothing of this depends on N, and nothing reads a tensor on the host: which rank sends what to whom follows from
-the slice lengths alone, which the context learns once (given as ``lengths``, or exchanged at its first call), so a
-layer under the context makes no host synchronisation. Whether the ranks agree on a call (its mode, shapes, dtype,
-device) is checked by one collective at the context's first call (``check="first"``, the default), at every call
-(``"every"``: a debugging aid), or never (``"none"``: the training loop, which checks its model once at the first
-step); a call the ranks disagree on then raises the same one-line error on every rank instead of hanging.
+the slice lengths alone, which the context learns once (given as ``lengths``, or exchanged at its first call).
+Whether the ranks agree on a call (its mode, shapes, dtype, device) is checked by one collective at the context's
+first call (``check="first"``), at every call (``"every"``) or never (``"none"``): a call the ranks disagree on
+raises the same one-line error on every rank instead of hanging.
 
 This module holds what every op needs: the active context, the differentiable collectives (an all-reduce, the rank
 scans, the point-to-point exchange of the halos, the all-gather of rows that attention needs), the bytes each rank
@@ -612,11 +607,7 @@ class Slice:
         return sum(self.lengths)
 
     def starts(self) -> List[int]:
-        out, s = [], 0
-        for n in self.lengths:
-            out.append(s)
-            s += n
-        return out
+        return [sum(self.lengths[:r]) for r in range(len(self.lengths))]
 
 
 def block_tail_ranks(sl: Slice, block: int) -> List[int]:

@@ -5,47 +5,30 @@ activation, Horner's polynomial, rotary rotation, key weights, the aggregation o
 runs in kernels that write ``g = gate(z_s + b) ⊙ H``. (The ``triton_gemm`` backend, :mod:`polymixer.ops.pom.
 triton_gemm`, runs the same kernels with the input projection inside them, so that z is never written at all.)
 
-**Chunk-parallel passes.** The aggregation is a segmented prefix sum over the tokens, computed the way current scan
-kernels (flash-linear-attention's cumsum and chunk kernels) compute one: the tokens are cut into chunks of
-``BLOCK_N``, and every pass is parallel over (row, chunk, block of channels) — enough programs to fill the GPU at any
-batch, whatever the length:
+**Chunk-parallel passes** (docs/gpu.md, "The PoM kernels", for the design and its counted HBM passes). The
+aggregation is a segmented prefix sum over the tokens, computed the way current scan kernels (flash-linear-attention's
+cumsum and chunk kernels) compute one: the tokens are cut into chunks of ``BLOCK_N``, and every pass is parallel over
+(row, chunk, block of channels) — enough programs to fill the GPU at any batch, whatever the length:
 
 1. *chunk sums*: each chunk's sum of the features of its last sequence (the tokens from the chunk's last sequence
-   start on; the whole chunk when none starts in it) and its visible weight — in registers, one reduction per chunk,
-   a sequence start is a select. In the end-token modes the same pass also writes each end token's prefix sum within
-   its chunk to the end table;
+   start on; the whole chunk when none starts in it) and its visible weight. In the end-token modes the same pass
+   also writes each end token's prefix sum within its chunk to the end table;
 2. *scan*: a segmented exclusive scan over the chunk sums (float64 in registers, blocks of chunks at a time) gives the
    carry entering every chunk — the sum of the earlier tokens of the sequence open at the chunk's start;
 3. *apply*: causal mixing recomputes the features, scans them within the chunk, adds the carry, gates and writes g;
    the end-token modes (full, block-causal, packed full / block-causal) read each query's end-token sum (its end
    table row plus the carry of the end's chunk) and never touch z_h again.
 
-The backward has the same shape, reversed: chunk sums of the gated gradient ``R(pos)(gate ⊙ dg) / W`` (the tokens
-before the chunk's first sequence start), a reverse scan, then a parallel apply that forms every feature's gradient
-— its reverse running sum (causal), or the reverse sum from its block's first token (end modes: the gradient of a
-token's feature is the sum over the queries whose end it reaches) — and writes dz_h, dz_s and the parameter-gradient
-partials. Partials of dL/dα and dL/db are stored per program and summed by torch: nothing is atomic, results are
-deterministic.
-
-HBM passes per N·D element (gate per channel; ``polymixer kernels --traffic`` counts them): causal forward 4 (the
-chunk sums read z_h once more than the floor's 3), end-token forward 3; causal backward 7 (the chunk sums read z_s
-and dg once more than the floor's 5), end-token backward 5. Tables (chunk sums, carries, end sums) are
-O(N·D / BLOCK_N).
-
-Every mode is in the kernels: causal, full, block-causal of any block size, key padding (the mean divides by the
-visible weight; nothing visible → 0), packed sequences (``cu_seqlens``) in every mode, rotary positions 1-D and 2-D
-(default or given, fractional allowed; angles in float64 reduced modulo 2π as ``rope_angles`` does), degree 1–5,
-mean and sum, gates hardsigmoid / sigmoid / identity per channel or per head of up to 128 channels, activations
-leaky-clamp, relu, identity, silu, gelu, tanh; fp32, bf16 and fp16 activations with fp32 accumulation.
+The backward has the same shape, reversed: chunk sums of the gated gradient ``R(pos)(gate ⊙ dg) / W``, a reverse
+scan, then a parallel apply that forms every feature's gradient and writes dz_h, dz_s and the parameter-gradient
+partials — stored per program and summed by torch: nothing is atomic, results are deterministic.
 
 **Host side.** The kernels run inside the custom ops ``polymixer::pom_mix`` / ``pom_mix_backward``
 (:func:`polymixer.ops.triton_common.kernel_op`): ``torch.compile(fullgraph=True)`` and ``torch.export`` keep them.
 No host synchronisation anywhere: table sizes come from shapes (a bound where packing makes the count
-data-dependent). Offsets that can pass 2³¹ elements are 64-bit.
-
-Not here (the dispatcher falls back to the torch form, or raises under an explicit ``backend("triton")``): cross-
-mixing, an explicit (B, M, N) mask, float64, callable non-linearities, a gate head wider than 128 channels or not a
-power of two.
+data-dependent). Offsets that can pass 2³¹ elements are 64-bit. The modes, shapes and non-linearities the kernels
+take: :func:`kernel_limits`; the rest (cross-mixing, an explicit (B, M, N) mask, float64, ...) runs on the torch form,
+or raises under an explicit ``backend("triton")``.
 """
 
 from __future__ import annotations
@@ -92,7 +75,7 @@ import triton  # noqa: E402  (triton_common raised a clear ImportError already i
 import triton.language as tl  # noqa: E402
 
 __all__ = ["supports", "forward", "self_check", "KERNELS", "LaunchConfig", "ROLES", "TILES", "role_tile",
-           "head_class", "default_tiles", "use_config", "interpreted", "ACT_CODES", "GATE_CODES", "MODES",
+           "head_class", "use_config", "interpreted", "ACT_CODES", "GATE_CODES", "MODES",
            "mix_layout", "MixLayout", "mix", "mix_backward", "Saved", "bench_kernels",
            "needs_check", "kernel_limits", "mix_args", "CHECK_SHAPE", "CHECK_MODES", "call_layout",
            "will_differentiate", "run_check", "pom_mix_op", "pom_gemm_op"]
@@ -425,12 +408,13 @@ def _store_row(ptr, ch, cmask, half, vlo, vhi, ROPE: tl.constexpr):
 
 @triton.jit
 def _load_rows(ptr, idx, half, ch, m2, ROPE: tl.constexpr):
-    """Rows ``idx`` (one per token; int64 offsets of rows of width D) of a table: (lo, hi)."""
+    """Rows ``idx`` (one per token; the offsets of its row — int64 for a table's rows of width D) of a table or of a
+    per-token tensor: (lo, hi), fp32."""
     off = idx[:, None] + ch[None, :]
-    lo = tl.load(ptr + off, mask=m2, other=0.0)
+    lo = tl.load(ptr + off, mask=m2, other=0.0).to(tl.float32)
     hi = lo
     if ROPE:
-        hi = tl.load(ptr + off + half, mask=m2, other=0.0)
+        hi = tl.load(ptr + off + half, mask=m2, other=0.0).to(tl.float32)
     return lo, hi
 
 
@@ -702,12 +686,7 @@ def _grad_sums_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr
                                  GB, NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
         ulo = ulo + blo
         uhi = uhi + bhi
-        gloc = rows[:, None] * s_gn + ch[None, :]
-        dgc = dgrow + offset64(c * BLOCK_N, s_gn)
-        dglo = tl.load(dgc + gloc, mask=m2, other=0.0).to(tl.float32)
-        dghi = dglo
-        if ROPE:
-            dghi = tl.load(dgc + gloc + half, mask=m2, other=0.0).to(tl.float32)
+        dglo, dghi = _load_rows(dgrow + offset64(c * BLOCK_N, s_gn), rows * s_gn, half, ch, m2, ROPE)
         cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ulo, ROPE, HAS_POS)
         opened = (s0 < c * BLOCK_N) & nmask  # the tokens before the chunk's first sequence start
         if MODE == 0:
@@ -940,11 +919,6 @@ def role_tile(fused: bool, rope: bool, G: int, role: str) -> Optional[Tuple[int,
     return TILES[(fused, rope, head_class(G) if fused else 16)][role]
 
 
-def default_tiles() -> Dict[str, Optional[Tuple[int, int]]]:
-    """The tiles of the most common case: the unfused route, one gate per channel, no rotary."""
-    return TILES[(False, False, 16)]
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # the layout of a call (everything but the tensors), shared by the forward, the backward and the fake kernels
 # ----------------------------------------------------------------------------------------------------------------
@@ -1096,11 +1070,17 @@ def _constexprs(L: MixLayout, role: str, act: int, gate: int, mean: bool, flags:
                 STAGES=1 if interpreted() else STAGES[role], num_warps=warps, maxnreg=maxnreg, **flags)
 
 
-def _run(kernel: Any, grid: Tuple[int, ...], available: Dict[str, Any]) -> None:
-    """Launch ``kernel`` with the arguments it takes out of ``available`` (by name; launch options pass through)."""
-    names = set(kernel.arg_names)
-    kwargs = {k: v for k, v in available.items() if k in names or k in ("num_warps", "maxnreg")}
-    launch(kernel, grid, **kwargs)
+def _runner(L: MixLayout, available: Dict[str, Any], act: int, gate: int, mean: bool, flags: Dict[str, Any],
+            fused_dtype: Optional[Tensor]) -> Callable[..., None]:
+    """``run(role, **extra)``: launch a role's kernel of the call over (row · chunk groups, channel blocks) with the
+    arguments it takes out of ``available``, its constexprs and ``extra`` (by name; launch options pass through)."""
+
+    def run(role: str, **extra: Any) -> None:
+        kernel = KERNELS[role]
+        kwargs = {**available, **_constexprs(L, role, act, gate, mean, flags, fused_dtype), **extra}
+        launch(kernel, (L.B * L.npb, L.nd(role)),
+               **{k: v for k, v in kwargs.items() if k in kernel.arg_names or k in ("num_warps", "maxnreg")})
+    return run
 
 
 def _scan(L: MixLayout, src: Tensor, srcw: Optional[Tensor], reverse: bool, seqid: Optional[Tensor],
@@ -1144,19 +1124,14 @@ def mix(z: Optional[Tensor], x: Optional[Tensor], w_in: Optional[Tensor], coeff:
     B, N, D, dev = L.B, L.N, L.D, src.device
     f32 = dict(dtype=torch.float32, device=dev)
     a = _inputs(L, z, x, w_in, coeff, bias, mask, pos, cu, seqid, block_size, log2base, src)
-    flags = _flags(rope, mask, pos, cu)
-    fused = src if x is not None else None
+    run = _runner(L, a, act, gate, mean, _flags(rope, mask, pos, cu), src if x is not None else None)
     sums, sumsw = torch.empty(B, L.nc, D, **f32), torch.empty(B, L.nc, **f32)
     end, endw = torch.empty(B, L.end_rows, D, **f32), torch.empty(B, L.end_rows, **f32)
-    _run(_sums_kernel, (B * L.npb, L.nd("sums")), {**a, **_constexprs(L, "sums", act, gate, mean, flags, fused),
-                                                   "sums_ptr": sums, "sumsw_ptr": sumsw, "end_ptr": end,
-                                                   "endw_ptr": endw})
+    run("sums", sums_ptr=sums, sumsw_ptr=sumsw, end_ptr=end, endw_ptr=endw)
     carry, carryw = _scan(L, sums, sumsw, False, seqid, cu)
     g = torch.empty(B, N, D, dtype=src.dtype, device=dev)
-    _run(_apply_kernel, (B * L.npb, L.nd("apply")), {**a, **_constexprs(L, "apply", act, gate, mean, flags, fused),
-                                                     "carry_ptr": carry, "carryw_ptr": carryw, "end_ptr": end,
-                                                     "endw_ptr": endw, "g_ptr": g, "s_gb": g.stride(0),
-                                                     "s_gn": g.stride(1)})
+    run("apply", carry_ptr=carry, carryw_ptr=carryw, end_ptr=end, endw_ptr=endw, g_ptr=g, s_gb=g.stride(0),
+        s_gn=g.stride(1))
     return g, carry, carryw, end, endw
 
 
@@ -1174,21 +1149,16 @@ def mix_backward(dg: Tensor, z: Optional[Tensor], x: Optional[Tensor], w_in: Opt
     a = _inputs(L, z, x, w_in, coeff, bias, mask, pos, cu, seqid, block_size, log2base, dz if z is None else z)
     a.update(dg_ptr=dg, dz_ptr=dz, s_gb=dg.stride(0), s_gn=dg.stride(1), carry_ptr=saved.carry,
              carryw_ptr=saved.carryw, end_ptr=saved.end, endw_ptr=saved.endw)
-    flags = _flags(rope, mask, pos, cu)
-    fused = src if x is not None else None
     hsum, start = torch.empty(B, L.nc, D, **f32), torch.empty(B, L.end_rows, D, **f32)
     dbias = torch.empty(B * L.npb, Ds, **f32)
     parts = L.head_parts("grad_apply" if mode == 0 else "grad_sums")  # of the kernel that takes the gate's gradient
     dsp = torch.empty(B, N, Ds, parts, **f32) if parts > 1 else dbias
     a.update(dsp_ptr=dsp, s_db=N * Ds * parts, s_dn=Ds * parts)
-    _run(_grad_sums_kernel, (B * L.npb, L.nd("grad_sums")),
-         {**a, **_constexprs(L, "grad_sums", act, gate, mean, flags, fused), "hsum_ptr": hsum, "start_ptr": start,
-          "dbias_ptr": dbias})
+    run = _runner(L, a, act, gate, mean, _flags(rope, mask, pos, cu), src if x is not None else None)
+    run("grad_sums", hsum_ptr=hsum, start_ptr=start, dbias_ptr=dbias)
     rc, _ = _scan(L, hsum, None, True, seqid, cu)
     dcoeff = torch.empty(B * L.npb, D * K, **f32)
-    _run(_grad_apply_kernel, (B * L.npb, L.nd("grad_apply")),
-         {**a, **_constexprs(L, "grad_apply", act, gate, mean, flags, fused), "rc_ptr": rc, "start_ptr": start,
-          "dcoeff_ptr": dcoeff, "dbias_ptr": dbias})
+    run("grad_apply", rc_ptr=rc, start_ptr=start, dcoeff_ptr=dcoeff, dbias_ptr=dbias)
     if parts > 1:  # gate heads wider than a tile: their parts' sums
         du = dsp.sum(-1)
         dz[..., D:] = du.to(dz.dtype)
@@ -1339,7 +1309,6 @@ def _bench_closures(L: MixLayout, z: Tensor, coeff: Tensor, bias: Tensor, saved:
     """The closures of :func:`bench_kernels`: each launches one kernel with the arguments a real call gives it."""
     B, N, D, Ds, K = L.B, L.N, L.D, L.Ds, L.K
     f32 = dict(dtype=torch.float32, device=z.device)
-    flags = _flags(0, None, None, None)
     a = _inputs(L, z, None, None, coeff, bias, None, None, None, None, bs, 0.0, z)
     out = dict(sums_ptr=torch.empty(B, L.nc, D, **f32), sumsw_ptr=torch.empty(B, L.nc, **f32),
                end_ptr=saved.end.clone(), endw_ptr=saved.endw.clone(), carry_ptr=saved.carry, carryw_ptr=saved.carryw,
@@ -1352,10 +1321,11 @@ def _bench_closures(L: MixLayout, z: Tensor, coeff: Tensor, bias: Tensor, saved:
     parts = L.head_parts("grad_apply" if L.mode == 0 else "grad_sums")
     grads.update(dsp_ptr=torch.empty(B, N, Ds, parts, **f32), s_db=N * Ds * parts, s_dn=Ds * parts)
 
-    def run(name: str, extra: Dict[str, Any]) -> Callable[[], None]:
+    def run(name: str, extra: Dict[str, Any]) -> Callable[[], None]:  # the arguments prepared once, as _runner's
         kernel = KERNELS[name]
-        kwargs = {**a, **_constexprs(L, name, 0, 0, True, flags, None), **extra}
-        return lambda: _run(kernel, (B * L.npb, L.nd(name)), kwargs)
+        kwargs = {**a, **_constexprs(L, name, 0, 0, True, _flags(0, None, None, None), None), **extra}
+        kwargs = {k: v for k, v in kwargs.items() if k in kernel.arg_names or k in ("num_warps", "maxnreg")}
+        return lambda: launch(kernel, (B * L.npb, L.nd(name)), **kwargs)
 
     sums = out["sums_ptr"]
     return [("sums", run("sums", out), nbytes["sums"]),

@@ -32,7 +32,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..call import Call, PoMState
+from ..call import Call, PoMState, every_call as supports  # the torch form takes every call
 from ..features import (CHUNK, call_features, full_mix, packed_features, pad_tokens, padded_rows, pattern_mask,
                         value_output)
 
@@ -189,11 +189,6 @@ def packed_causal_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, first: Tensor,
     cw = torch.cumsum(w[0].to(torch.float64), dim=0)  # visible tokens: those of the sequence up to i
     cnt = cw - (cw - w[0].to(torch.float64))[first]
     return o, cnt.to(q.dtype).unsqueeze(0)
-
-
-def supports(call: Call) -> Optional[str]:
-    """Every call."""
-    return None
 
 
 def forward(call: Call) -> Union[Tensor, Tuple[Tensor, PoMState]]:

@@ -28,24 +28,16 @@ three times, v twice, and writes dq, dk, dv. The states (D_h·dv_h / C elements 
 modes) are written by the local sums, read and written by the scan and read by the outputs: 4 passes forward, 9
 backward.
 
-**Precision.** Products accumulate in fp32. bf16 features keep bf16 states (accumulated in fp32, stored bf16, as
-flash-linear-attention does): half the state traffic. fp16 features keep fp32 states — an unnormalised state of a
-long sequence passes fp16's 65,504 — and multiply them in tf32. fp32 features (the torch form computes its
-polynomial features in fp32, bf16 layers included) use tf32 products; with ``torch.get_float32_matmul_precision() ==
-"highest"`` :func:`supports` refuses CUDA calls (full-fp32 products on CUDA cores would be slower than the torch
-form).
+**Precision and layouts** (docs/gpu.md, "The value-carrying PoM kernels"). Products accumulate in fp32; bf16
+features keep bf16 states (:func:`state_dtype`: half the state traffic), fp16 ones fp32 states (an unnormalised
+state of a long sequence passes fp16's 65,504). q, k, v and the incoming gradient are read with their own strides
+(only a channel stride other than 1 is copied); outputs are written in (B, N, H, D) memory order, so that merging
+the heads costs no copy.
 
-**Layouts.** q, k, v and the incoming gradient are read with their own strides (the heads views of (B, N, H·D) and
-the slices of the fused projection the torch form makes; only a channel stride other than 1 is copied); outputs and
-gradients are written in (B, N, H, D) memory order, so that merging the heads costs no copy.
-
-Modes: causal (j ≤ i), and the end-token modes — block-causal (j up to the end of i's block) and full — as the
-causal part plus a strictly-later part within i's group (block or sequence), carried by a second state scanned
-backwards; every mode also packed (``cu_seqlens``: the states restart at each sequence). Full mixing of unpacked
-rows stays two cuBLAS products. Nothing is atomic: results are deterministic. No value is read back to the host.
-
-Not here (the torch form runs them, or an explicit ``backend("triton")`` raises): cross-mixing, an explicit
-(B, M, N) mask, heads wider than 128 key or value channels, float64, streams (a call with a state).
+Modes: causal (j ≤ i), and the end-token modes — block-causal and full — as the causal part plus a strictly-later
+part within i's group (block or sequence), carried by a second state scanned backwards; every mode also packed
+(``cu_seqlens``: the states restart at each sequence). Nothing is atomic: results are deterministic. No value is
+read back to the host. What the kernels take: :func:`supports`.
 """
 
 from __future__ import annotations
