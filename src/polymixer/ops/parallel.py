@@ -434,10 +434,7 @@ class _Exchange(torch.autograd.Function):
         bufs = [torch.empty(shape, dtype=g.dtype, device=g.device) for _ in ctx.dsts]
         _p2p(cp, [(s, g[i].contiguous()) for i, s in enumerate(ctx.srcs)], list(zip(ctx.dsts, bufs)),
              ctx.what + " (backward)")
-        total = torch.zeros(shape, dtype=g.dtype, device=g.device)
-        for b in bufs:
-            total = total + b
-        return total, None, None, None, None
+        return sum(bufs, torch.zeros(shape, dtype=g.dtype, device=g.device)), None, None, None, None
 
 
 def halo_before(tail: Tensor, lags: int, sl: "Slice", cp: ContextParallel, what: str,

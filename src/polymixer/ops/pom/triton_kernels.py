@@ -1466,9 +1466,16 @@ def _mode(call: Call) -> Tuple[int, int]:
     return MODES["causal" if call.causal else "full"], 1
 
 
-def _call_tensors(call: Any, N: int) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor], int, int]:
-    """(key mask as uint8, positions as fp64, each token's sequence id, mode, block size) of a call."""
-    dev = call.x.device
+def call_layout(call: Any, fused: bool) -> MixLayout:
+    """The layout the kernels would run ``call`` with."""
+    nseq = 1 if call.cu_k is None else call.cu_k.shape[0] - 1
+    return mix_layout(call.B, call.N, call.D, call.Ds, call.weights.coeff.shape[1], *_mode(call), nseq,
+                      ROPE_CODES[call.rope], call.x.device, fused)
+
+
+def mix_args(call: Any, N: int) -> Tuple[Any, ...]:
+    """The op arguments after the activations and weights: (key mask as uint8, positions as fp64, cu_seqlens, each
+    token's sequence id, mode, block size, activation, gate, rotary, log2(base), mean)."""
     mask = None if call.key_mask is None else call.key_mask.contiguous().view(torch.uint8)
     pos = None
     if call.rope is not None and call.positions is not None:
@@ -1478,23 +1485,9 @@ def _call_tensors(call: Any, N: int) -> Tuple[Optional[Tensor], Optional[Tensor]
         raise ValueError("2-D rotary needs explicit positions of shape (N, 2) holding (row, col)")
     seqid = None
     if call.cu_k is not None:  # each token's sequence: a search over the offsets, on the device
-        ar = torch.arange(N, device=dev, dtype=call.cu_k.dtype)
+        ar = torch.arange(N, device=call.x.device, dtype=call.cu_k.dtype)
         seqid = torch.searchsorted(call.cu_k, ar, right=True, out_int32=True) - 1
-    return (mask, pos, seqid, *_mode(call))
-
-
-def call_layout(call: Any, fused: bool) -> MixLayout:
-    """The layout the kernels would run ``call`` with."""
-    nseq = 1 if call.cu_k is None else call.cu_k.shape[0] - 1
-    return mix_layout(call.B, call.N, call.D, call.Ds, call.weights.coeff.shape[1], *_mode(call), nseq,
-                      ROPE_CODES[call.rope], call.x.device, fused)
-
-
-def mix_args(call: Any, N: int) -> Tuple[Any, ...]:
-    """The op arguments after the activations and weights: (mask, positions, cu_seqlens, sequence ids, mode,
-    block size, activation, gate, rotary, log2(base), mean)."""
-    mask, pos, seqid, mode, bs = _call_tensors(call, N)
-    return (mask, pos, call.cu_k, seqid, mode, bs, ACT_CODES[call.activation], GATE_CODES[call.gate],
+    return (mask, pos, call.cu_k, seqid, *_mode(call), ACT_CODES[call.activation], GATE_CODES[call.gate],
             ROPE_CODES[call.rope], math.log2(call.rope_base), call.reduction == "mean")
 
 
