@@ -21,7 +21,7 @@ from ..ops.common import (
 )
 from ..ops import parallel
 from ..ops.call import BatchState
-from ..ops.features import last_visible, pattern_mask, positions_or_default, rotate_heads
+from ..ops.features import heads_view, last_visible, pattern_mask, positions_or_default, rotate_heads
 from ..values import token_shift as shift_tokens
 
 __all__ = ["Attention", "LocalAttention", "AttentionState", "sdpa"]
@@ -165,10 +165,6 @@ class Attention(nn.Module):
 
     # -- projections ----------------------------------------------------------------------------------------------
 
-    def _heads(self, t: Tensor) -> Tensor:
-        B, N, _ = t.shape
-        return t.view(B, N, self.heads, self.head_dim).transpose(1, 2)
-
     def _project_flat(self, x: Tensor, context: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """(B, M, dim) queries and (B, N, 2·dim) keys ‖ values, before the token shift."""
         if context is None:
@@ -188,7 +184,7 @@ class Attention(nn.Module):
         if self.shift_width:
             kv, last = shift_tokens(kv, self.shift, key_mask, prev)
         k, v = kv.split(self.dim, dim=-1)
-        return self._heads(q), self._heads(k), self._heads(v), last
+        return heads_view(q, self.heads), heads_view(k, self.heads), heads_view(v, self.heads), last
 
     def _rotate(self, t: Tensor, positions: Tensor) -> Tensor:
         return rotate_heads(t, positions, self.rope_base, self.rope == "2d")
@@ -278,7 +274,7 @@ class Attention(nn.Module):
             prev = parallel.halo_before(tail, self.shift_width - 1, sl, cp, "attention token-shift halo")
             kv = shift_tokens(kv, self.shift, key_mask, prev)[0]
         k, v = kv.split(self.dim, dim=-1)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)
+        q, k, v = heads_view(q, self.heads), heads_view(k, self.heads), heads_view(v, self.heads)
         if self.rope is not None:
             pos = sl.start + torch.arange(n, device=x.device) if positions is None else positions
             check_positions(pos, B, n, self.rope == "2d", "positions")

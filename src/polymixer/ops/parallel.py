@@ -32,7 +32,7 @@ from torch import Tensor
 
 from .features import chunked_cumsum
 
-__all__ = ["ContextParallel", "context_parallel", "active", "gather", "agree", "Slice", "block_tail_ranks",
+__all__ = ["ContextParallel", "context_parallel", "active", "gather", "agree", "Slice",
            "mode_facts", "tensor_facts", "gather_rows", "FACTS", "TOTAL", "CHECKS", "even_slice", "gather_tokens",
            "local", "halo_before", "all_reduce_sum", "exclusive_scan", "causal_sums", "block_carry",
            "block_edges"]
@@ -380,7 +380,7 @@ def block_edges(sl: "Slice", block: int) -> Tuple[List[bool], List[bool]]:
     """The two edge lists of block-causal masking over the ranks, from the slice lengths alone:
     ``same[i]`` — ranks i and i + 1 start in the same block (a block's later ranks pass their sums down to its
     earlier ones); ``reads[i]`` — rank i + 1 starts in the block of rank i's last token (rank i's last queries read
-    it: :func:`block_tail_ranks`)."""
+    it)."""
     starts = sl.starts()
     first = [s // block for s in starts]
     last = [(s + n - 1) // block for s, n in zip(starts, sl.lengths)]
@@ -605,23 +605,6 @@ class Slice:
 
     def starts(self) -> List[int]:
         return [sum(self.lengths[:r]) for r in range(len(self.lengths))]
-
-
-def block_tail_ranks(sl: Slice, block: int) -> List[int]:
-    """The later ranks whose first tokens belong to the block of this rank's last token: the queries of that block
-    also see those tokens (block-causal masking). Each such rank contributes the sum over its tokens in its first
-    block (all of them when its slice lies inside the block)."""
-    if sl.length == 0:
-        return []
-    last_block = (sl.start + sl.length - 1) // block
-    starts = sl.starts()
-    out = []
-    for r in range(sl.rank + 1, len(sl.lengths)):
-        if starts[r] // block != last_block:
-            break
-        if sl.lengths[r]:
-            out.append(r)
-    return out
 
 
 def mode_facts(causal: bool, block_size: Optional[int], key_mask: Optional[Tensor], rope: Optional[str],
