@@ -27,6 +27,16 @@ def err(a, b):
     return float((a - b).abs().max())
 
 
+def tail_ranks(sl, block):
+    """The later ranks whose first tokens belong to the block of this rank's last token, walked rank by rank."""
+    starts, out = [sum(sl.lengths[:r]) for r in range(len(sl.lengths))], []
+    for r in range(sl.rank + 1, len(sl.lengths)):
+        if starts[r] // block != (sl.start + sl.length - 1) // block:
+            break
+        out.append(r)
+    return out
+
+
 with polymixer.context_parallel(lengths=[2] * world, check="none") as cp:
     x = xs[rank].clone().requires_grad_(True)
     y = par.exclusive_scan(x, cp)
@@ -43,9 +53,9 @@ for lengths, K in (([2] * world, 3), ([1] * world, 4), ([3, 1, 1, 4, 1, 2, 5, 1]
         head = (xs[rank] * 0.5).clone().requires_grad_(True)
         prefix, tail = par.block_carry(local, head, sl, K, cp)
         ((prefix * gs[rank]).sum() + (tail * gs[rank] * 3).sum()).backward()
-        ranks = par.block_tail_ranks(sl, K)
+        ranks = tail_ranks(sl, K)
         want_tail = sum((xs[s] * 0.5 for s in ranks), torch.zeros(3, 5, dtype=torch.float64))
-        readers = [r for r in range(world) if rank in par.block_tail_ranks(par.Slice(r, lengths), K)]
+        readers = [r for r in range(world) if rank in tail_ranks(par.Slice(r, lengths), K)]
         want_dhead = sum((gs[r] * 3 * 0.5 * 2 for r in readers), torch.zeros(3, 5, dtype=torch.float64))
         out["carry"].append([err(prefix, xs[:rank].sum(0)), err(tail, want_tail), err(local.grad, gs[rank + 1:].sum(0)),
                              err(head.grad * 0.5 * 2, want_dhead), len(ranks)])

@@ -13,11 +13,9 @@ included, so a truncated or missing shard is named and the run falls back to the
 
 A checkpoint is written into a temporary folder and renamed into place only when complete, then ``latest`` is
 replaced atomically: a crash at any moment leaves the previous checkpoint intact and pointed to. Its last file is
-``manifest.json`` (every other file's size and SHA-256): its presence means the checkpoint is complete, and loading
-verifies it. A run folder resolves to its newest checkpoint that verifies — a damaged newer one is skipped with a
-warning saying why — and retention counts only intact checkpoints. A failed write (disk full, permissions) leaves
-every earlier checkpoint and ``latest`` as they were and raises :class:`CheckpointError` naming the path and the
-OS error. Checkpoints from before manifests existed load unverified.
+``manifest.json`` (every other file's size and SHA-256), which loading verifies. What that guarantees — a damaged
+checkpoint skipped with a warning, retention of intact ones, a failed write that changes nothing and raises
+:class:`CheckpointError` — is docs/faults.md's "Verified checkpoints".
 """
 
 from __future__ import annotations

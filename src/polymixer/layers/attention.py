@@ -21,7 +21,7 @@ from ..ops.common import (
 )
 from ..ops import parallel
 from ..ops.call import BatchState
-from ..ops.features import pattern_mask, positions_or_default, rotate_heads
+from ..ops.features import heads_view, last_visible, pattern_mask, positions_or_default, rotate_heads
 from ..values import token_shift as shift_tokens
 
 __all__ = ["Attention", "LocalAttention", "AttentionState", "sdpa"]
@@ -81,8 +81,8 @@ def _local_attention(
     pad = nb * W - N
     left, right = W, (0 if causal else W)
     span = left + W + right
-    kp = F.pad(k, (0, 0, left, pad + right)).unfold(2, span, W).transpose(-1, -2)  # (B, H, nb, span, dh)
-    vp = F.pad(v, (0, 0, left, pad + right)).unfold(2, span, W).transpose(-1, -2)
+    # (B, H, nb, span, dh) each: every block's keys / values with the window around it
+    kp, vp = (F.pad(t, (0, 0, left, pad + right)).unfold(2, span, W).transpose(-1, -2) for t in (k, v))
     qb = F.pad(q, (0, 0, 0, pad)).view(B, H, nb, W, dh)
     r = torch.arange(W, device=q.device)
     c = torch.arange(span, device=q.device)
@@ -165,10 +165,6 @@ class Attention(nn.Module):
 
     # -- projections ----------------------------------------------------------------------------------------------
 
-    def _heads(self, t: Tensor) -> Tensor:
-        B, N, _ = t.shape
-        return t.view(B, N, self.heads, self.head_dim).transpose(1, 2)
-
     def _project_flat(self, x: Tensor, context: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """(B, M, dim) queries and (B, N, 2·dim) keys ‖ values, before the token shift."""
         if context is None:
@@ -188,7 +184,7 @@ class Attention(nn.Module):
         if self.shift_width:
             kv, last = shift_tokens(kv, self.shift, key_mask, prev)
         k, v = kv.split(self.dim, dim=-1)
-        return self._heads(q), self._heads(k), self._heads(v), last
+        return heads_view(q, self.heads), heads_view(k, self.heads), heads_view(v, self.heads), last
 
     def _rotate(self, t: Tensor, positions: Tensor) -> Tensor:
         return rotate_heads(t, positions, self.rope_base, self.rope == "2d")
@@ -278,7 +274,7 @@ class Attention(nn.Module):
             prev = parallel.halo_before(tail, self.shift_width - 1, sl, cp, "attention token-shift halo")
             kv = shift_tokens(kv, self.shift, key_mask, prev)[0]
         k, v = kv.split(self.dim, dim=-1)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)
+        q, k, v = heads_view(q, self.heads), heads_view(k, self.heads), heads_view(v, self.heads)
         if self.rope is not None:
             pos = sl.start + torch.arange(n, device=x.device) if positions is None else positions
             check_positions(pos, B, n, self.rope == "2d", "positions")
@@ -308,9 +304,7 @@ class Attention(nn.Module):
         j = torch.arange(sl.total, device=device)
         vis = torch.ones(n, sl.total, dtype=torch.bool, device=device)
         if causal:
-            last = gi if block_size is None else (torch.div(gi, block_size, rounding_mode="floor") + 1) * \
-                block_size - 1
-            vis = j[None, :] <= last[:, None]
+            vis = j[None, :] <= last_visible(n, sl.total, block_size, device, gi, sl.total)[:, None]
         vis = vis[None] & km[:, None, :]
         return sdpa(q, K[..., :dh], K[..., dh:], vis[:, None], p)
 
@@ -504,16 +498,12 @@ class Attention(nn.Module):
 
 class LocalAttention(Attention):
     """Sliding-window (local) attention: each query sees the keys within ``window`` tokens of it — causal: the last
-    ``window`` tokens, itself included; bidirectional: |i − j| < window. A causal window is computed block-wise in
-    O(N·window) time and memory, and ``step`` keeps a ring buffer of the last ``window`` keys / values, so the layer
-    decodes in constant time and memory per token.
+    ``window`` tokens, itself included; bidirectional: |i − j| < window (block-wise and a ring buffer: the module doc).
 
-    Args: ``window`` (a positive int, required) and those of :class:`Attention`.
+    Args: ``window`` (a positive int, required) and any keyword of :class:`Attention`.
     """
 
     def __init__(self, dim: int, window: int, **options: Any) -> None:
-        """``window`` and any keyword of :class:`Attention` (heads, causal, bias, dropout, rope, rope_base, qkv_bias,
-        token_shift, device, dtype)."""
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"LocalAttention's window must be a positive int (global attention is Attention), got "
                              f"{window!r}")

@@ -21,10 +21,9 @@ __all__ = ["ValuePoM", "GatedValuePoM"]
 
 
 class ValuePoM(PoM):
-    """The value-carrying PoM (:mod:`polymixer.values`): PoM whose state binds each token's value to its key.
-
-    Its state binds each token's value to its key features, S = mean_j φ_j ⊗ v_j, read by the query's own
-    polynomial features ψ_i and normalised per head: y = W_o (gate ⊙ RMSNorm(ψᵀ S)). The gate has dv channels.
+    """The value-carrying PoM (:mod:`polymixer.values`): PoM whose state binds each token's value to its key
+    features, S = mean_j φ_j ⊗ v_j, read by the query's own polynomial features ψ_i and normalised per head:
+    y = W_o (gate ⊙ RMSNorm(ψᵀ S)). The gate has dv channels.
     Parameters: ``in_proj`` stacks W_k over W_v over W_q over W_s (one matrix product when self-mixing),
     ``coeff`` / ``coeff_q`` the key / query polynomials, ``norm_weight`` the RMSNorm, ``shift`` the token shift.
 

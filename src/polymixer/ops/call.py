@@ -20,8 +20,8 @@ from torch.utils import _pytree
 from .common import STEP_MODES, Mixing, batch_packed, check_mix_inputs, check_positions, packed_local_positions
 from .features import CHUNK
 
-__all__ = ["Call", "make_call", "check_weights", "validated", "refuse_split", "BatchState", "PoMState", "Index",
-           "batch_index"]
+__all__ = ["Call", "make_call", "check_weights", "validated", "refuse_split", "every_call", "BatchState", "PoMState",
+           "Index", "batch_index"]
 
 Index = Union[int, slice, Sequence[int], Tensor]
 
@@ -222,6 +222,11 @@ def make_call(op: str, x: Tensor, context: Optional[Tensor], weights: Any, modes
     if state is not None and general is not None:
         raise ValueError(f"a stream takes a (B, T) mask of its chunk's tokens, got {tuple(general.shape)}")
     return Call(x, context, weights, mixing, key_mask, general, cu_q, cu_k, B, M, N, squeeze, state, **extra)
+
+
+def every_call(call: Call) -> Optional[str]:
+    """``supports`` of a backend that takes every call (the torch forms): None."""
+    return None
 
 
 def validated(make: Callable[..., Call], *args: Any) -> Tuple[Optional[Call], Optional[str]]:

@@ -327,18 +327,13 @@ def rope_angles(
         stay exact at long range).
     """
     pos = positions.to(torch.float64)
-    if two_d:
-        if dim % 4 != 0:
-            raise ValueError(f"2-D rotary positions need a width divisible by 4, got {dim}")
-        q = dim // 4
-        inv = base ** (-torch.arange(q, dtype=torch.float64, device=pos.device) / q)
-        ang = torch.cat([pos[..., 0:1] * inv, pos[..., 1:2] * inv], dim=-1)
-    else:
-        if dim % 2 != 0:
-            raise ValueError(f"1-D rotary positions need an even width, got {dim}")
-        half = dim // 2
-        inv = base ** (-torch.arange(half, dtype=torch.float64, device=pos.device) / half)
-        ang = pos.unsqueeze(-1) * inv
+    if two_d and dim % 4 != 0:
+        raise ValueError(f"2-D rotary positions need a width divisible by 4, got {dim}")
+    if dim % 2 != 0:
+        raise ValueError(f"1-D rotary positions need an even width, got {dim}")
+    pairs = dim // 4 if two_d else dim // 2  # per position axis
+    inv = base ** (-torch.arange(pairs, dtype=torch.float64, device=pos.device) / pairs)
+    ang = torch.cat([pos[..., 0:1] * inv, pos[..., 1:2] * inv], dim=-1) if two_d else pos.unsqueeze(-1) * inv
     ang = torch.remainder(ang, 2.0 * math.pi).to(dtype)
     return ang.cos(), ang.sin()
 

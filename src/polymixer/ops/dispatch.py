@@ -16,10 +16,8 @@ a backend never calls another one (what they share is a module of its own). An o
 
 The automatic choice tries ``triton_gemm``, ``triton``, ``cpu``, then ``torch`` — the first that takes the call —
 and never picks ``reference``. It never takes a slower path: a Triton route registered with a speed rule
-(:func:`polymixer.ops.measured.rule`) is taken only where a GPU measured it faster than the torch form for this kind
-of call on the kernel code installed now ("table entry"), or, without such a measurement, where the cost model
-recomputed from measured bandwidth predicts it faster ("model"); else it is passed over ("no measurement"). So
-``triton_gemm`` and the value PoM's kernels, measured slower, stay out until a measurement says otherwise. The rule
+(:func:`polymixer.ops.measured.rule`) is taken only where its rules (:mod:`polymixer.ops.measured`) find it faster
+than the torch form — measured on this kind of call and kernel code, or modelled from measured bandwidth. The rule
 runs after the backend's own checks (``supports``, the first-use check included): a route that cannot take a call
 says so first.
 
@@ -178,15 +176,11 @@ def _probe_auto(op: str, name: str, call: Any) -> _Probe:
 
 
 def _probe(op: str, name: str, call: Any, explicit: bool = False) -> Optional[str]:
+    """Why backend ``name`` cannot take ``call`` (None: it can): its precheck, then its module's ``supports``."""
     pre = _PRECHECKS.get((op, name))
-    if pre is not None:
-        why = pre(call, explicit)
-        if why is not None:
-            return why
-    return _supports(op, name, call)
-
-
-def _supports(op: str, name: str, call: Any) -> Optional[str]:
+    why = pre(call, explicit) if pre is not None else None
+    if why is not None:
+        return why
     try:
         module = load_backend(op, name)
     except ImportError as e:  # Triton not installed: the [gpu] extra

@@ -319,22 +319,15 @@ def _aggregate_causal(p: Tensor, w: Optional[Tensor], M: int, block_size: Option
     """:func:`aggregate` under (block-)causal masking, top-left aligned: one prefix sum over the context, read at
     each query's last visible token (every token itself when M = N and there are no blocks)."""
     B, N, _ = p.shape
-    s = cumsum(p)
-    if M == N and block_size is None:
-        if not mean:
-            return s
-        if w is not None:
-            count = cumsum(w)
-        else:
-            count = torch.arange(1, N + 1, device=p.device, dtype=p.dtype).expand(B, N)
-        return s * safe_inverse(count).unsqueeze(-1)
-
-    last = last_visible(M, N, block_size, p.device)  # (M,), ≥ 0 because N ≥ 1
-    h = s.index_select(1, last)
+    # (M,) ≥ 0 because N ≥ 1; None: every query reads its own token
+    last = None if M == N and block_size is None else last_visible(M, N, block_size, p.device)
+    h = cumsum(p) if last is None else cumsum(p).index_select(1, last)
     if not mean:
         return h
     if w is not None:
-        count = cumsum(w).index_select(1, last)
+        count = cumsum(w) if last is None else cumsum(w).index_select(1, last)
+    elif last is None:
+        count = torch.arange(1, N + 1, device=p.device, dtype=p.dtype).expand(B, N)
     else:
         count = (last + 1).to(p.dtype).expand(B, M)
     return h * safe_inverse(count).unsqueeze(-1)
@@ -369,8 +362,7 @@ def _aggregate_packed(
     nseg = cu_k.numel() - 1
     seg_k, start_k_tok, starts_k = segments(cu_k, N)
     seg_q, start_q_tok, _ = (seg_k, start_k_tok, starts_k) if self_mix else segments(cu_q, M)
-    ones = None if w is not None else torch.ones(1, N, dtype=p.dtype, device=p.device)
-    weights = w if w is not None else ones
+    weights = w if w is not None else torch.ones(1, N, dtype=p.dtype, device=p.device)
 
     if not causal:
         h = torch.zeros(1, nseg, D, dtype=p.dtype, device=p.device).index_add(1, seg_k, p)

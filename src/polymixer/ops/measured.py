@@ -33,15 +33,10 @@ the table's ``margin`` (an entry of another size of the same layer — the value
 installed now (:func:`kernel_hash`): a measurement of other kernel code decides nothing. A run's ``efficiency`` is
 the bandwidth PoM's mixing kernels (their counted passes, ``kernel_passes``) and its torch form reached in it.
 
-**The rules** (:func:`verdict`), in order — the one that decided is named in ``polymixer.backend_for`` and the
-DEBUG log:
-
-* ``table entry`` — entries match the call (same architecture, op, route, mode class, pass, dtype, size class and
-  kernel hash): the route is taken when every one of them says faster;
-* ``model`` — no entry matches, and the route has a model (PoM's unfused kernels,
-  :func:`polymixer.ops.pom.cost.pom_kernels_vs_torch`): taken when the model, at the measured bandwidths, predicts it
-  faster than the torch form;
-* ``no measurement`` — neither: the route is passed over.
+**The rules** (:func:`verdict`, in order; the one that decided is named in ``polymixer.backend_for`` and the DEBUG
+log): ``table entry`` — entries match the call: the route is taken when every one of them says faster; ``model`` —
+none matches, and the route has a model (:func:`polymixer.ops.pom.cost.pom_kernels_vs_torch`): taken when the model,
+at the measured bandwidths, predicts it faster; ``no measurement`` — neither: the route is passed over.
 """
 
 from __future__ import annotations

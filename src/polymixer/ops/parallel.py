@@ -1,22 +1,17 @@
 """Context parallelism: a sequence split across ranks, mixed with O(D) communication per layer and rank.
 
 Inside ``with polymixer.context_parallel(group):`` every rank holds a contiguous slice of each sequence (dim 1 of a
-mixer's input, slices in rank order, lengths may differ). PoM needs almost nothing from the other ranks:
-
-- full mixing: the total of every rank's (B, D + 1) sum and count — one all-reduce (its backward: one all-reduce);
-- causal mixing: the sums of the ranks before this one — an exclusive scan over the ranks by recursive doubling,
-  ⌈log₂ P⌉ point-to-point rounds of (B, D + 1) (its backward: the same scan reversed);
-- block-causal mixing: the same prefix plus, for the block that runs past this rank's slice, the sums of that
-  block's tokens on the next ranks — a segmented scan the other way and one hop;
-- the value-carrying PoM the same with its (B, heads, D/h, dv/h) states; the token shift a halo of its W − 1 last
-  projections, sent point to point to the ranks that read it.
+mixer's input, slices in rank order, lengths may differ). PoM needs almost nothing from the other ranks: full mixing
+the total of every rank's (B, D + 1) sum and count (one all-reduce), causal mixing the sums of the ranks before (an
+exclusive scan over the ranks), block-causal mixing also the next ranks' sums of the block that runs past this slice;
+the value-carrying PoM the same with its states, its token shift a halo of the last W − 1 projections (what each
+mode sends: docs/parallel.md).
 
 Nothing of this depends on N, and nothing reads a tensor on the host: which rank sends what to whom follows from
-the slice lengths alone, which the context learns once (given as ``lengths``, or exchanged at its first call), so a
-layer under the context makes no host synchronisation. Whether the ranks agree on a call (its mode, shapes, dtype,
-device) is checked by one collective at the context's first call (``check="first"``, the default), at every call
-(``"every"``: a debugging aid), or never (``"none"``: the training loop, which checks its model once at the first
-step); a call the ranks disagree on then raises the same one-line error on every rank instead of hanging.
+the slice lengths alone, which the context learns once (given as ``lengths``, or exchanged at its first call).
+Whether the ranks agree on a call (its mode, shapes, dtype, device) is checked by one collective at the context's
+first call (``check="first"``), at every call (``"every"``) or never (``"none"``): a call the ranks disagree on
+raises the same one-line error on every rank instead of hanging.
 
 This module holds what every op needs: the active context, the differentiable collectives (an all-reduce, the rank
 scans, the point-to-point exchange of the halos, the all-gather of rows that attention needs), the bytes each rank
@@ -37,7 +32,7 @@ from torch import Tensor
 
 from .features import chunked_cumsum
 
-__all__ = ["ContextParallel", "context_parallel", "active", "gather", "agree", "Slice", "block_tail_ranks",
+__all__ = ["ContextParallel", "context_parallel", "active", "gather", "agree", "Slice",
            "mode_facts", "tensor_facts", "gather_rows", "FACTS", "TOTAL", "CHECKS", "even_slice", "gather_tokens",
            "local", "halo_before", "all_reduce_sum", "exclusive_scan", "causal_sums", "block_carry",
            "block_edges"]
@@ -385,7 +380,7 @@ def block_edges(sl: "Slice", block: int) -> Tuple[List[bool], List[bool]]:
     """The two edge lists of block-causal masking over the ranks, from the slice lengths alone:
     ``same[i]`` — ranks i and i + 1 start in the same block (a block's later ranks pass their sums down to its
     earlier ones); ``reads[i]`` — rank i + 1 starts in the block of rank i's last token (rank i's last queries read
-    it: :func:`block_tail_ranks`)."""
+    it)."""
     starts = sl.starts()
     first = [s // block for s in starts]
     last = [(s + n - 1) // block for s, n in zip(starts, sl.lengths)]
@@ -439,10 +434,7 @@ class _Exchange(torch.autograd.Function):
         bufs = [torch.empty(shape, dtype=g.dtype, device=g.device) for _ in ctx.dsts]
         _p2p(cp, [(s, g[i].contiguous()) for i, s in enumerate(ctx.srcs)], list(zip(ctx.dsts, bufs)),
              ctx.what + " (backward)")
-        total = torch.zeros(shape, dtype=g.dtype, device=g.device)
-        for b in bufs:
-            total = total + b
-        return total, None, None, None, None
+        return sum(bufs, torch.zeros(shape, dtype=g.dtype, device=g.device)), None, None, None, None
 
 
 def halo_before(tail: Tensor, lags: int, sl: "Slice", cp: ContextParallel, what: str,
@@ -612,28 +604,7 @@ class Slice:
         return sum(self.lengths)
 
     def starts(self) -> List[int]:
-        out, s = [], 0
-        for n in self.lengths:
-            out.append(s)
-            s += n
-        return out
-
-
-def block_tail_ranks(sl: Slice, block: int) -> List[int]:
-    """The later ranks whose first tokens belong to the block of this rank's last token: the queries of that block
-    also see those tokens (block-causal masking). Each such rank contributes the sum over its tokens in its first
-    block (all of them when its slice lies inside the block)."""
-    if sl.length == 0:
-        return []
-    last_block = (sl.start + sl.length - 1) // block
-    starts = sl.starts()
-    out = []
-    for r in range(sl.rank + 1, len(sl.lengths)):
-        if starts[r] // block != last_block:
-            break
-        if sl.lengths[r]:
-            out.append(r)
-    return out
+        return [sum(self.lengths[:r]) for r in range(len(self.lengths))]
 
 
 def mode_facts(causal: bool, block_size: Optional[int], key_mask: Optional[Tensor], rope: Optional[str],

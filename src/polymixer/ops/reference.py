@@ -75,13 +75,9 @@ def visibility(
 
 def rotation_angles(rel: Tensor, D: int, base: float, two_d: bool) -> Tensor:
     """Angle of every channel pair for relative positions rel (..., ) or (..., 2); returns (..., D/2)."""
-    if two_d:
-        q = D // 4
-        inv = base ** (-torch.arange(q, dtype=torch.float64) / q)
-        return torch.cat([rel[..., 0:1] * inv, rel[..., 1:2] * inv], dim=-1)
-    half = D // 2
-    inv = base ** (-torch.arange(half, dtype=torch.float64) / half)
-    return rel.unsqueeze(-1) * inv
+    pairs = D // 4 if two_d else D // 2  # per position axis
+    inv = base ** (-torch.arange(pairs, dtype=torch.float64) / pairs)
+    return torch.cat([rel[..., 0:1] * inv, rel[..., 1:2] * inv], dim=-1) if two_d else rel.unsqueeze(-1) * inv
 
 
 def polynomial(z: Tensor, coeff: Tensor, activation: str) -> Tensor:

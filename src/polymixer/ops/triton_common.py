@@ -37,11 +37,11 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment (the [gpu] extra)
     raise ImportError("the triton backend needs Triton: pip install 'polymixer[gpu]'") from e
 
-__all__ = ["interpreted", "ACT_CODES", "GATE_CODES", "DTYPES", "MAX_DEGREE", "TWO_PI", "allowed_difference", "sigmoid",
+__all__ = ["interpreted", "ACT_CODES", "GATE_CODES", "DTYPES", "MAX_DEGREE", "TWO_PI", "sigmoid",
            "act_fn", "act_grad", "gate_fn", "gate_grad", "seg_add", "or_", "offset64", "last_row", "mma",
            "dot_precision", "sequence_of", "end_of", "kernel_op", "launch", "sm_count", "device_guard",
            "tensor_device", "run_in_fresh_thread", "first_use", "check_results", "check_runs", "judge_check",
-           "CHECKED", "pow2", "tolerance"]
+           "CHECKED", "pow2"]
 
 ACT_CODES = {"leaky_clamp": 0, "relu": 1, "identity": 2, "silu": 3, "gelu": 4, "tanh": 5}
 GATE_CODES = {"hardsigmoid": 0, "sigmoid": 1, "identity": 2}
@@ -219,30 +219,23 @@ def tensor_device(args: Iterable[Any], kwargs: Dict[str, Any]) -> Optional[torch
 
 
 def device_guard(device: Optional[torch.device]) -> ContextManager[Any]:
-    """``torch.cuda.device(device)`` for a CUDA device with an index, else nothing.
-
-    Triton launches on the *current* CUDA device, whatever the pointers it is given: on a data-parallel rank whose
-    tensors live on ``cuda:3`` while the current device is 0 (a fresh thread, a library that reset it), an unguarded
-    launch runs on GPU 0 with GPU 3's pointers. Every launch and the first-use check enter this guard."""
+    """``torch.cuda.device(device)`` for a CUDA device with an index, else nothing (the module doc's **Devices**:
+    the current device may be another one in a fresh thread, or after a library reset it)."""
     if device is None or device.type != "cuda" or device.index is None:
         return contextlib.nullcontext()
     return torch.cuda.device(device)
 
 
 def launch(kernel: Any, grid: Tuple[Any, ...], *args: Any, **kwargs: Any) -> None:
-    """Launch a Triton kernel the way a custom op's body must: through ``torch.library.wrap_triton`` (a traceable
-    launch on a GPU; the plain launch under the interpreter), under the device of its tensor arguments
-    (:func:`device_guard`). The one place every backend launches from."""
+    """Launch a Triton kernel through ``torch.library.wrap_triton``, under the device of its tensor arguments: the
+    one place every backend launches from."""
     with device_guard(tensor_device(args, kwargs)):
         torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
 
 
 def kernel_op(name: str, fn: Callable[..., Any], fake: Callable[..., Any], mutates_args: Iterable[str] = ()) -> Any:
-    """The custom op ``polymixer::<name>`` running ``fn`` (whose launches go through :func:`launch`).
-
-    Compiled Triton: ``torch.library.triton_op`` (its fake implementation is ``fn`` traced on fake tensors, so the
-    launches enter the graph and inductor schedules the kernels). Interpreter: ``torch.library.custom_op`` with
-    ``fake`` as its fake implementation (the interpreter cannot trace fake tensors)."""
+    """The custom op ``polymixer::<name>`` running ``fn`` (whose launches go through :func:`launch`), with ``fake``
+    its fake implementation under the interpreter (the module doc's **Custom ops**)."""
     qualname = f"polymixer::{name}"
     if interpreted():
         op = torch.library.custom_op(qualname, fn, mutates_args=tuple(mutates_args))
@@ -272,23 +265,6 @@ def sm_count(device: torch.device) -> int:
 
 # (op, device type, device index, dtype) → None (the kernels agree with the torch form) or why not
 CHECKED: Dict[Tuple[str, str, Optional[int], torch.dtype], Optional[str]] = {}
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    """How far (max error ÷ max value) the kernels may be from the float32 torch form on the check's inputs: fp32
-    1e-3 (tf32 products on a GPU), bf16 / fp16 3e-2 (a few roundings of 8- or 11-bit mantissas)."""
-    return 1e-3 if dtype == torch.float32 else 3e-2
-
-
-def allowed_difference(dtype: torch.dtype, torch_difference: Optional[float] = None, floor: float = 0.0) -> float:
-    """The difference the first-use check allows the kernels from the float32 torch form: :func:`tolerance` (at
-    least ``floor``), and in bf16 / fp16 at least twice the torch form's own difference in that dtype
-    (``torch_difference``) — the kernels may round no worse than the torch form does, whatever the inputs' scale
-    (a gradient through several bf16 products can differ by more than 3e-2 in either form)."""
-    allowed = max(tolerance(dtype), floor)
-    if dtype != torch.float32 and torch_difference is not None:
-        allowed = max(allowed, 2.0 * torch_difference)
-    return allowed
 
 
 def run_in_fresh_thread(fn: Callable[[], None], device: Optional[torch.device] = None) -> None:
@@ -327,9 +303,14 @@ def check_runs(name: str, dtype: torch.dtype) -> Tuple[Tuple[str, torch.dtype], 
 
 def judge_check(outs: list, dtype: torch.dtype, what: Any, floor: float = 0.0) -> None:
     """Raise when the kernels' outputs (``outs[0]``) differ from the float32 torch form's (``outs[1]``) by more than
-    :func:`allowed_difference` (the torch form's own low-precision outputs, ``outs[2]``, where there are any)."""
+    allowed (max error ÷ max value): fp32 1e-3 (tf32 products on a GPU), bf16 / fp16 3e-2 (a few roundings of 8- or
+    11-bit mantissas), at least ``floor``, and in bf16 / fp16 at least twice the torch form's own difference in that
+    dtype (its outputs ``outs[2]``): the kernels may round no worse than the torch form does, whatever the inputs'
+    scale (a gradient through several bf16 products can differ by more than 3e-2 in either form)."""
     worst = check_results(outs[0], outs[1])
-    allowed = allowed_difference(dtype, check_results(outs[2], outs[1]) if len(outs) > 2 else None, floor)
+    allowed = max(1e-3 if dtype == torch.float32 else 3e-2, floor)
+    if dtype != torch.float32 and len(outs) > 2:
+        allowed = max(allowed, 2.0 * check_results(outs[2], outs[1]))
     if not worst <= allowed:
         raise AssertionError(f"{what}: relative difference {worst:.2e} > {allowed:.1e}")
 

@@ -31,7 +31,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..call import Call, PoMState
+from ..call import Call, PoMState, every_call as supports  # every gated call: streams too
 from ..features import CHUNK, Scan, call_features, decay_logs, gated_features, mix_both_ways, pad_tokens, readout
 
 __all__ = ["gated_scan", "gated_mix", "supports", "forward"]
@@ -93,11 +93,6 @@ def gated_mix(q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, causal: bool, block
     the forward state after the last token)."""
     return mix_both_ways(gated_scan if scan is None else scan, q, k, v, g, causal=causal, block_size=block_size,
                          seq=seq, chunk=chunk, state=state)
-
-
-def supports(call: Call) -> Optional[str]:
-    """Every call (of the gated form: self-mixing, every mode, packed too, and streams)."""
-    return None
 
 
 def forward(call: Call) -> Union[Tensor, Tuple[Tensor, PoMState]]:

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..call import Call
 from ..common import ROPE_BASE
-from ..reference import no_stream
+from ..reference import no_stream, visibility
 from ..features import heads_view, positions_or_default, readout, rotate_heads, value_features
 from .call import GatedValuePomWeights
 
@@ -39,11 +39,7 @@ def reference_gated(x: Tensor, weights: GatedValuePomWeights, *, heads: int = 1,
     g = -F.softplus(F.linear(x, w64.decay_weight, w64.decay_bias)) * w.unsqueeze(-1)
     lam = torch.cumsum(g.transpose(1, 2), dim=-1)  # (B, H, N)
     weight = torch.exp(-(lam.unsqueeze(-1) - lam.unsqueeze(-2)).abs())
-    i = torch.arange(N)
-    vis = torch.ones(N, N, dtype=torch.bool)
-    if causal:
-        last = i if block_size is None else (torch.div(i, block_size, rounding_mode="floor") + 1) * block_size - 1
-        vis = i.unsqueeze(0) <= last.unsqueeze(1)
+    vis = visibility(1, N, N, causal=causal, block_size=block_size)[0]
     scores = torch.einsum("bhid,bhjd->bhij", q, k) * weight * vis.double()
     o = torch.einsum("bhij,bhje->bhie", scores, vh)
     return readout(o, zs.double(), w64, gate)

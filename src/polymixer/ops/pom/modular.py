@@ -9,22 +9,17 @@ A stream's chunk adds its features to the state's running (sum, count): O(D) sta
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..call import Call, PoMState
+from ..call import Call, PoMState, every_call as supports  # the torch form takes every call
 from ..features import (aggregate, cumsum, packed_starts, poly_features, rotate_features, safe_inverse, select,
                         token_shift)
 
 __all__ = ["supports", "forward"]
-
-
-def supports(call: Call) -> Optional[str]:
-    """Every call."""
-    return None
 
 
 def forward(call: Call) -> Union[Tensor, Tuple[Tensor, PoMState]]:

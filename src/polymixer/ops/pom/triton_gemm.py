@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..call import Call
 from ..common import operand_dtype
-from ..triton_common import first_use, interpreted
+from ..triton_common import first_use
 from . import triton_kernels as tk
 
 __all__ = ["supports", "forward", "self_check"]
@@ -32,17 +32,10 @@ __all__ = ["supports", "forward", "self_check"]
 def supports(call: Call) -> Optional[str]:
     """What the unfused kernels take where a fused tile fits the call's kernels. Whether the automatic choice wants
     the route at all is the dispatcher's speed rule's to say, after this (:mod:`polymixer.ops.measured`)."""
-    x = call.x
-    if x.device.type != "cuda" and not (interpreted() and x.device.type == "cpu"):
-        return f"CUDA tensors only (got {x.device.type}; CPU tensors run the kernels under TRITON_INTERPRET=1)"
-    why = tk.kernel_limits(call)
-    if why is None:
-        why = tk.call_layout(call, fused=True).missing(backward=tk.will_differentiate(call))
-    if why is not None:
-        return why
-    if tk.needs_check(x.device):
-        return self_check(x.device, operand_dtype(x))
-    return None
+    why = tk.supports(call, fused=True)
+    if why is None and tk.needs_check(call.x.device):
+        return self_check(call.x.device, operand_dtype(call.x))
+    return why
 
 
 def _check(device: torch.device, dtype: torch.dtype) -> None:

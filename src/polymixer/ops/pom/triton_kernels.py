@@ -5,47 +5,30 @@ activation, Horner's polynomial, rotary rotation, key weights, the aggregation o
 runs in kernels that write ``g = gate(z_s + b) ⊙ H``. (The ``triton_gemm`` backend, :mod:`polymixer.ops.pom.
 triton_gemm`, runs the same kernels with the input projection inside them, so that z is never written at all.)
 
-**Chunk-parallel passes.** The aggregation is a segmented prefix sum over the tokens, computed the way current scan
-kernels (flash-linear-attention's cumsum and chunk kernels) compute one: the tokens are cut into chunks of
-``BLOCK_N``, and every pass is parallel over (row, chunk, block of channels) — enough programs to fill the GPU at any
-batch, whatever the length:
+**Chunk-parallel passes** (docs/gpu.md, "The PoM kernels", for the design and its counted HBM passes). The
+aggregation is a segmented prefix sum over the tokens, computed the way current scan kernels (flash-linear-attention's
+cumsum and chunk kernels) compute one: the tokens are cut into chunks of ``BLOCK_N``, and every pass is parallel over
+(row, chunk, block of channels) — enough programs to fill the GPU at any batch, whatever the length:
 
 1. *chunk sums*: each chunk's sum of the features of its last sequence (the tokens from the chunk's last sequence
-   start on; the whole chunk when none starts in it) and its visible weight — in registers, one reduction per chunk,
-   a sequence start is a select. In the end-token modes the same pass also writes each end token's prefix sum within
-   its chunk to the end table;
+   start on; the whole chunk when none starts in it) and its visible weight. In the end-token modes the same pass
+   also writes each end token's prefix sum within its chunk to the end table;
 2. *scan*: a segmented exclusive scan over the chunk sums (float64 in registers, blocks of chunks at a time) gives the
    carry entering every chunk — the sum of the earlier tokens of the sequence open at the chunk's start;
 3. *apply*: causal mixing recomputes the features, scans them within the chunk, adds the carry, gates and writes g;
    the end-token modes (full, block-causal, packed full / block-causal) read each query's end-token sum (its end
    table row plus the carry of the end's chunk) and never touch z_h again.
 
-The backward has the same shape, reversed: chunk sums of the gated gradient ``R(pos)(gate ⊙ dg) / W`` (the tokens
-before the chunk's first sequence start), a reverse scan, then a parallel apply that forms every feature's gradient
-— its reverse running sum (causal), or the reverse sum from its block's first token (end modes: the gradient of a
-token's feature is the sum over the queries whose end it reaches) — and writes dz_h, dz_s and the parameter-gradient
-partials. Partials of dL/dα and dL/db are stored per program and summed by torch: nothing is atomic, results are
-deterministic.
-
-HBM passes per N·D element (gate per channel; ``polymixer kernels --traffic`` counts them): causal forward 4 (the
-chunk sums read z_h once more than the floor's 3), end-token forward 3; causal backward 7 (the chunk sums read z_s
-and dg once more than the floor's 5), end-token backward 5. Tables (chunk sums, carries, end sums) are
-O(N·D / BLOCK_N).
-
-Every mode is in the kernels: causal, full, block-causal of any block size, key padding (the mean divides by the
-visible weight; nothing visible → 0), packed sequences (``cu_seqlens``) in every mode, rotary positions 1-D and 2-D
-(default or given, fractional allowed; angles in float64 reduced modulo 2π as ``rope_angles`` does), degree 1–5,
-mean and sum, gates hardsigmoid / sigmoid / identity per channel or per head of up to 128 channels, activations
-leaky-clamp, relu, identity, silu, gelu, tanh; fp32, bf16 and fp16 activations with fp32 accumulation.
+The backward has the same shape, reversed: chunk sums of the gated gradient ``R(pos)(gate ⊙ dg) / W``, a reverse
+scan, then a parallel apply that forms every feature's gradient and writes dz_h, dz_s and the parameter-gradient
+partials — stored per program and summed by torch: nothing is atomic, results are deterministic.
 
 **Host side.** The kernels run inside the custom ops ``polymixer::pom_mix`` / ``pom_mix_backward``
 (:func:`polymixer.ops.triton_common.kernel_op`): ``torch.compile(fullgraph=True)`` and ``torch.export`` keep them.
 No host synchronisation anywhere: table sizes come from shapes (a bound where packing makes the count
-data-dependent). Offsets that can pass 2³¹ elements are 64-bit.
-
-Not here (the dispatcher falls back to the torch form, or raises under an explicit ``backend("triton")``): cross-
-mixing, an explicit (B, M, N) mask, float64, callable non-linearities, a gate head wider than 128 channels or not a
-power of two.
+data-dependent). Offsets that can pass 2³¹ elements are 64-bit. The modes, shapes and non-linearities the kernels
+take: :func:`kernel_limits`; the rest (cross-mixing, an explicit (B, M, N) mask, float64, ...) runs on the torch form,
+or raises under an explicit ``backend("triton")``.
 """
 
 from __future__ import annotations
@@ -75,6 +58,7 @@ from ..triton_common import (
     gate_grad,
     interpreted,
     kernel_op,
+    last_row,
     launch,
     offset64,
     pow2,
@@ -91,7 +75,7 @@ import triton  # noqa: E402  (triton_common raised a clear ImportError already i
 import triton.language as tl  # noqa: E402
 
 __all__ = ["supports", "forward", "self_check", "KERNELS", "LaunchConfig", "ROLES", "TILES", "role_tile",
-           "head_class", "default_tiles", "use_config", "interpreted", "ACT_CODES", "GATE_CODES", "MODES",
+           "head_class", "use_config", "interpreted", "ACT_CODES", "GATE_CODES", "MODES",
            "mix_layout", "MixLayout", "mix", "mix_backward", "Saved", "bench_kernels",
            "needs_check", "kernel_limits", "mix_args", "CHECK_SHAPE", "CHECK_MODES", "call_layout",
            "will_differentiate", "run_check", "pom_mix_op", "pom_gemm_op"]
@@ -108,6 +92,18 @@ STAGES = {"sums": 2, "apply": 2, "grad_sums": 2, "grad_apply": 1}
 # ----------------------------------------------------------------------------------------------------------------
 # pieces of a tile
 # ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _program(NC, CPP, half, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Where a program of the parallel passes works — one per (row · group of CPP chunks, channel block): (its id,
+    its row, its first chunk, its channel block, the block's channels and their mask, a chunk's token offsets)."""
+    NPB = tl.cdiv(NC, CPP)
+    pid = tl.program_id(0)
+    b = pid // NPB
+    dblk = tl.program_id(1)
+    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    return pid, b, (pid - b * NPB) * CPP, dblk, ch, ch < half, tl.arange(0, BLOCK_N)
 
 
 @triton.jit
@@ -165,36 +161,43 @@ def _poly_grad(h, a1, a2, a3, a4, a5, K: tl.constexpr):
 
 @triton.jit
 def _rope_freqs(ch, half, log2base, ROPE: tl.constexpr):
-    """The inverse frequencies of channel pairs ``ch`` (float64), once per program: base^(−k/pairs) — 1-D — or, 2-D,
-    the first half of the pairs turning with the row and the second with the column (``col``)."""
-    if ROPE == 1:
-        col = ch < 0
-        inv = tl.exp2(-(ch.to(tl.float64) / half) * log2base)
-    else:
+    """The inverse frequencies of channel pairs ``ch`` (float64), once per program: base^(−k/pairs) — 1-D (and,
+    unread, without rotary) — or, 2-D, the first half of the pairs turning with the row and the second with the
+    column (``col``)."""
+    if ROPE == 2:
         q = half // 2
         col = ch >= q
         k = tl.where(col, ch - q, ch)
         inv = tl.exp2(-(k.to(tl.float64) / q) * log2base)
+    else:
+        col = ch < 0
+        inv = tl.exp2(-(ch.to(tl.float64) / half) * log2base)
     return inv, col
 
 
 @triton.jit
-def _rope_cos_sin(pos_ptr, n, nmask, s0, inv, col, ROPE: tl.constexpr, HAS_POS: tl.constexpr):
+def _rope_cos_sin(pos_ptr, n, nmask, s0, inv, col, like, ROPE: tl.constexpr, HAS_POS: tl.constexpr):
     """cos / sin (tokens, channel pairs) of the rotary angles, as :func:`polymixer.ops.common.rope_angles` computes
     them: position × inverse frequency in float64, reduced modulo 2π, then cos / sin in fp32. Without positions a
-    token's position is its index in its sequence (``n − s0``); 2-D positions are (row, col) pairs, row-major."""
-    if ROPE == 1:
-        if HAS_POS:
-            p = tl.load(pos_ptr + n, mask=nmask, other=0.0).to(tl.float64)
+    token's position is its index in its sequence (``n − s0``); 2-D positions are (row, col) pairs, row-major.
+    Without rotary: ``like`` twice (placeholders no one reads)."""
+    cs = like
+    sn = like
+    if ROPE:
+        if ROPE == 1:
+            if HAS_POS:
+                p = tl.load(pos_ptr + n, mask=nmask, other=0.0).to(tl.float64)
+            else:
+                p = (n - s0).to(tl.float64)
+            th = p[:, None] * inv[None, :]
         else:
-            p = (n - s0).to(tl.float64)
-        th = p[:, None] * inv[None, :]
-    else:
-        prow = tl.load(pos_ptr + 2 * n, mask=nmask, other=0.0).to(tl.float64)
-        pcol = tl.load(pos_ptr + 2 * n + 1, mask=nmask, other=0.0).to(tl.float64)
-        th = tl.where(col[None, :], pcol[:, None], prow[:, None]) * inv[None, :]
-    red = (th - TWO_PI * tl.floor(th / TWO_PI)).to(tl.float32)
-    return tl.cos(red), tl.sin(red)
+            prow = tl.load(pos_ptr + 2 * n, mask=nmask, other=0.0).to(tl.float64)
+            pcol = tl.load(pos_ptr + 2 * n + 1, mask=nmask, other=0.0).to(tl.float64)
+            th = tl.where(col[None, :], pcol[:, None], prow[:, None]) * inv[None, :]
+        red = (th - TWO_PI * tl.floor(th / TWO_PI)).to(tl.float32)
+        cs = tl.cos(red)
+        sn = tl.sin(red)
+    return cs, sn
 
 
 @triton.jit
@@ -283,9 +286,7 @@ def _features(zlo, zhi, alo, ahi, cs, sn, w, m2, K: tl.constexpr, ACT: tl.conste
     if ROPE:
         b1, b2, b3, b4, b5 = ahi
         phi = _poly(act_fn(zhi, ACT), b1, b2, b3, b4, b5, K)
-        rlo = plo * cs - phi * sn
-        phi = phi * cs + plo * sn
-        plo = rlo
+    plo, phi = _from_query_frame(plo, phi, cs, sn, ROPE)  # R(pos)
     if HAS_W:
         plo = plo * w[:, None]
         phi = phi * w[:, None]
@@ -324,7 +325,7 @@ def _to_query_frame(hlo, hhi, cs, sn, ROPE: tl.constexpr):
 
 @triton.jit
 def _from_query_frame(glo, ghi, cs, sn, ROPE: tl.constexpr):
-    """R(pos): the transpose of :func:`_to_query_frame`, applied to a gradient."""
+    """R(pos): the transpose of :func:`_to_query_frame` (a feature's rotation, a gradient's way back)."""
     if ROPE:
         rlo = glo * cs - ghi * sn
         ghi = ghi * cs + glo * sn
@@ -335,10 +336,7 @@ def _from_query_frame(glo, ghi, cs, sn, ROPE: tl.constexpr):
 @triton.jit
 def _unrotate_weight(dlo, dhi, cs, sn, w, ROPE: tl.constexpr, HAS_W: tl.constexpr):
     """dL/d(rotated, weighted feature) → dL/d(feature): R(−pos), times the key weight."""
-    if ROPE:
-        rlo = dlo * cs + dhi * sn
-        dhi = dhi * cs - dlo * sn
-        dlo = rlo
+    dlo, dhi = _to_query_frame(dlo, dhi, cs, sn, ROPE)
     if HAS_W:
         dlo = dlo * w[:, None]
         dhi = dhi * w[:, None]
@@ -410,12 +408,13 @@ def _store_row(ptr, ch, cmask, half, vlo, vhi, ROPE: tl.constexpr):
 
 @triton.jit
 def _load_rows(ptr, idx, half, ch, m2, ROPE: tl.constexpr):
-    """Rows ``idx`` (one per token; int64 offsets of rows of width D) of a table: (lo, hi)."""
+    """Rows ``idx`` (one per token; the offsets of its row — int64 for a table's rows of width D) of a table or of a
+    per-token tensor: (lo, hi), fp32."""
     off = idx[:, None] + ch[None, :]
-    lo = tl.load(ptr + off, mask=m2, other=0.0)
+    lo = tl.load(ptr + off, mask=m2, other=0.0).to(tl.float32)
     hi = lo
     if ROPE:
-        hi = tl.load(ptr + off + half, mask=m2, other=0.0)
+        hi = tl.load(ptr + off + half, mask=m2, other=0.0).to(tl.float32)
     return lo, hi
 
 
@@ -466,12 +465,6 @@ def _holds_start(c, valid, seqid_ptr, cu_ptr, N, BN, PACKED: tl.constexpr):
     return has.to(tl.int32)
 
 
-@triton.jit
-def _edge_row(x, rows, edge):
-    """Row ``edge`` of a (rows, channels) tile, as a vector."""
-    return tl.sum(tl.where((rows == edge)[:, None], x, 0.0), axis=0)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # the three passes of the forward
 # ----------------------------------------------------------------------------------------------------------------
@@ -489,16 +482,8 @@ def _sums_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, w_ptr, pos_ptr, seqid_ptr, cu
     of the features of the chunk's last sequence and of their weights (what the chunk carries into the next); in the
     end-token modes also every end token's prefix sum within its chunk, at its row of the end table."""
     TOTAL: tl.constexpr = (MODE == 1) and (not PACKED)
-    NPB = tl.cdiv(NC, CPP)
-    pid = tl.program_id(0)
-    b = pid // NPB
-    dblk = tl.program_id(1)
-    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = ch < half
-    rows = tl.arange(0, BLOCK_N)
-    freqs = _rope_freqs(ch, half, log2base, 1)
-    if ROPE:
-        freqs = _rope_freqs(ch, half, log2base, ROPE)
+    pid, b, c0, dblk, ch, cmask, rows = _program(NC, CPP, half, BLOCK_N, BLOCK_D)
+    freqs = _rope_freqs(ch, half, log2base, ROPE)
     zrow = z_ptr + offset64(b, s_zb)
     xrow = x_ptr + offset64(b, s_xb)
     wrow = w_ptr + offset64(b, s_wb)
@@ -506,7 +491,6 @@ def _sums_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, w_ptr, pos_ptr, seqid_ptr, cu
     trow = sums_ptr + offset64(b, s_tb)
     erow = end_ptr + offset64(b, s_eb)
     ewrow = endw_ptr + offset64(b, s_ewb)
-    c0 = (pid - b * NPB) * CPP
     for c in tl.range(c0, tl.minimum(c0 + CPP, NC), num_stages=STAGES):
         n = c * BLOCK_N + rows
         nmask = n < N
@@ -520,10 +504,7 @@ def _sums_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, w_ptr, pos_ptr, seqid_ptr, cu
                                  GB, NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
         sid, s0, s1 = sequence_of(n, nmask, seqid_ptr, cu_ptr, N, PACKED)
         w = _weights(wrow, n, nmask, HAS_W)
-        cs = zlo
-        sn = zlo
-        if ROPE:
-            cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ROPE, HAS_POS)
+        cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], zlo, ROPE, HAS_POS)
         flo, fhi = _features(zlo, zhi, alo, ahi, cs, sn, w, m2, K, ACT, ROPE, HAS_W)
         tail = (s1 > tl.minimum(c * BLOCK_N + BLOCK_N, N) - 1) & nmask  # the sequence of the chunk's last token
         _store_row(trow + offset64(c, D), ch, cmask, half, _row_sum(flo, tail), _row_sum(fhi, tail), ROPE)
@@ -583,7 +564,7 @@ def _scan_kernel(src_ptr, srcw_ptr, dst_ptr, dstw_ptr, seqid_ptr, cu_ptr, N, NC,
         acc = acc + tl.where(opened[:, None], carry[None, :], 0.0)
         tl.store(drow + cc.to(tl.int64)[:, None] * W + ch[None, :], acc.to(tl.float32),
                  mask=(cc < NC)[:, None] & cmask[None, :])
-        carry = _edge_row(acc, k, edge)
+        carry = last_row(acc, k, edge)
         if HAS_WT:
             if sblk == 0:
                 yw = tl.load(srcw_ptr + offset64(b, s_twb) + src, mask=valid, other=0.0).to(tl.float64)
@@ -604,18 +585,11 @@ def _apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, se
     """Forward pass 3, in parallel over chunks: each query's aggregate H, gated — causal: the features' running sum
     within the chunk plus the carry of the sequence open at the chunk's start; end-token modes: the query's end-token
     sum (its end table row, plus the carry of the end's chunk when the sequence began before it). Writes g."""
-    NPB = tl.cdiv(NC, CPP)
-    pid = tl.program_id(0)
-    b = pid // NPB
-    dblk = tl.program_id(1)
-    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = ch < half
-    rows = tl.arange(0, BLOCK_N)
-    freqs = _rope_freqs(ch, half, log2base, 1)
+    pid, b, c0, dblk, ch, cmask, rows = _program(NC, CPP, half, BLOCK_N, BLOCK_D)
+    freqs = _rope_freqs(ch, half, log2base, ROPE)
     blo = tl.load(bias_ptr + ch // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     bhi = blo
     if ROPE:
-        freqs = _rope_freqs(ch, half, log2base, ROPE)
         bhi = tl.load(bias_ptr + (ch + half) // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     zrow = z_ptr + offset64(b, s_zb)
     xrow = x_ptr + offset64(b, s_xb)
@@ -623,7 +597,6 @@ def _apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, se
     prow = pos_ptr + offset64(b, s_pb)
     crow = carry_ptr + offset64(b, s_tb)
     cwrow = carryw_ptr + offset64(b, s_twb)
-    c0 = (pid - b * NPB) * CPP
     for c in tl.range(c0, tl.minimum(c0 + CPP, NC), num_stages=STAGES):
         n = c * BLOCK_N + rows
         nmask = n < N
@@ -636,10 +609,7 @@ def _apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_ptr, se
         zlo, zhi, ulo, uhi = _tile_z(zrow + offset64(c * BLOCK_N, s_zn), xrow + offset64(c * BLOCK_N, s_xn),
                                      win_ptr, rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w, MODE == 0,
                                      True, ROPE, FUSED, GB, NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
-        cs = ulo
-        sn = ulo
-        if ROPE:
-            cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ROPE, HAS_POS)
+        cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ulo, ROPE, HAS_POS)
         if MODE == 0:
             w = _weights(wrow, n, nmask, HAS_W)
             flo, fhi = _features(zlo, zhi, alo, ahi, cs, sn, w, m2, K, ACT, ROPE, HAS_W)
@@ -687,19 +657,12 @@ def _grad_sums_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr
     end-token modes also the gate's gradients (dz_s stored, dL/db partials) and, at each block's first token, the
     reverse running sum of G within the chunk, at the block's row of the start table."""
     TOTAL: tl.constexpr = (MODE == 1) and (not PACKED)
-    NPB = tl.cdiv(NC, CPP)
-    pid = tl.program_id(0)
-    b = pid // NPB
-    dblk = tl.program_id(1)
-    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = ch < half
-    rows = tl.arange(0, BLOCK_N)
+    pid, b, c0, dblk, ch, cmask, rows = _program(NC, CPP, half, BLOCK_N, BLOCK_D)
     nslots = tl.minimum(NS, (half - dblk * BLOCK_D + GB - 1) // GB)
-    freqs = _rope_freqs(ch, half, log2base, 1)
+    freqs = _rope_freqs(ch, half, log2base, ROPE)
     blo = tl.load(bias_ptr + ch // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     bhi = blo
     if ROPE:
-        freqs = _rope_freqs(ch, half, log2base, ROPE)
         bhi = tl.load(bias_ptr + (ch + half) // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     zrow = z_ptr + offset64(b, s_zb)
     xrow = x_ptr + offset64(b, s_xb)
@@ -713,7 +676,6 @@ def _grad_sums_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr
     srow = start_ptr + offset64(b, s_eb)
     dblo = tl.zeros((NS,), tl.float32)
     dbhi = dblo
-    c0 = (pid - b * NPB) * CPP
     for c in tl.range(c0, tl.minimum(c0 + CPP, NC), num_stages=STAGES):
         n = c * BLOCK_N + rows
         nmask = n < N
@@ -724,16 +686,8 @@ def _grad_sums_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr
                                  GB, NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
         ulo = ulo + blo
         uhi = uhi + bhi
-        gloc = rows[:, None] * s_gn + ch[None, :]
-        dgc = dgrow + offset64(c * BLOCK_N, s_gn)
-        dglo = tl.load(dgc + gloc, mask=m2, other=0.0).to(tl.float32)
-        dghi = dglo
-        if ROPE:
-            dghi = tl.load(dgc + gloc + half, mask=m2, other=0.0).to(tl.float32)
-        cs = ulo
-        sn = ulo
-        if ROPE:
-            cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ROPE, HAS_POS)
+        dglo, dghi = _load_rows(dgrow + offset64(c * BLOCK_N, s_gn), rows * s_gn, half, ch, m2, ROPE)
+        cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ulo, ROPE, HAS_POS)
         opened = (s0 < c * BLOCK_N) & nmask  # the tokens before the chunk's first sequence start
         if MODE == 0:
             w = _weights(wrow, n, nmask, HAS_W)
@@ -770,10 +724,7 @@ def _grad_sums_kernel(z_ptr, x_ptr, win_ptr, bias_ptr, w_ptr, pos_ptr, seqid_ptr
             if c == 0:
                 _store_row(srow, ch, cmask, half, _row_sum(glo, nmask), _row_sum(ghi, nmask), ROPE)
         elif MODE != 0:
-            if MODE == 1:
-                first = n == s0
-            else:
-                first = (n - s0) % BS == 0
+            first = (n == s0) if MODE == 1 else ((n - s0) % BS == 0)
             _, eid = end_of(n, sid, s0, s1, BS, MODE)
             slo = _scan_tokens(glo, n, s0, s1, PACKED, True)
             shi = slo
@@ -825,19 +776,12 @@ def _grad_apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_pt
     running sum of G within the chunk plus, for the sequence going on past the chunk, the reverse carry. End-token
     modes: the sum of G from the token's block start on — the start table's row plus the reverse carry of that
     start's chunk when the sequence goes on past it."""
-    NPB = tl.cdiv(NC, CPP)
-    pid = tl.program_id(0)
-    b = pid // NPB
-    dblk = tl.program_id(1)
-    ch = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = ch < half
-    rows = tl.arange(0, BLOCK_N)
+    pid, b, c0, dblk, ch, cmask, rows = _program(NC, CPP, half, BLOCK_N, BLOCK_D)
     nslots = tl.minimum(NS, (half - dblk * BLOCK_D + GB - 1) // GB)
-    freqs = _rope_freqs(ch, half, log2base, 1)
+    freqs = _rope_freqs(ch, half, log2base, ROPE)
     blo = tl.load(bias_ptr + ch // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     bhi = blo
     if ROPE:
-        freqs = _rope_freqs(ch, half, log2base, ROPE)
         bhi = tl.load(bias_ptr + (ch + half) // GB, mask=cmask, other=0.0).to(tl.float32)[None, :]
     zrow = z_ptr + offset64(b, s_zb)
     xrow = x_ptr + offset64(b, s_xb)
@@ -852,7 +796,6 @@ def _grad_apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_pt
     dchi = dclo
     dblo = tl.zeros((NS,), tl.float32)
     dbhi = dblo
-    c0 = (pid - b * NPB) * CPP
     for c in tl.range(c0, tl.minimum(c0 + CPP, NC), num_stages=STAGES):
         n = c * BLOCK_N + rows
         nmask = n < N
@@ -868,10 +811,7 @@ def _grad_apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_pt
                                      win_ptr, rows, nmask, ch, cmask, dblk, half, D, d, s_zn, s_xn, s_w, True,
                                      MODE == 0, ROPE, FUSED, GB, NSP, BLOCK_N, BLOCK_D, BLOCK_K, PREC)
         w = _weights(wrow, n, nmask, HAS_W)
-        cs = zlo
-        sn = zlo
-        if ROPE:
-            cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], ROPE, HAS_POS)
+        cs, sn = _rope_cos_sin(prow, n, nmask, s0, freqs[0], freqs[1], zlo, ROPE, HAS_POS)
         if MODE == 0:
             ulo = ulo + blo
             uhi = uhi + bhi
@@ -911,10 +851,7 @@ def _grad_apply_kernel(z_ptr, x_ptr, win_ptr, coeff_ptr, bias_ptr, w_ptr, pos_pt
                 dhi = _scan_tokens(ghi, n, s0, s1, PACKED, True) + rhi
         else:
             _, eid = end_of(n, sid, s0, s1, BS, MODE)
-            if MODE == 1:
-                t = s0
-            else:
-                t = s0 + ((n - s0) // BS) * BS
+            t = s0 if MODE == 1 else s0 + ((n - s0) // BS) * BS  # the first token of its block
             ct = t // BLOCK_N
             goes_on = (s1 > ct * BLOCK_N + BLOCK_N) & nmask  # the sequence goes on past the chunk of t
             dlo, dhi = _load_rows(start_ptr + offset64(b, s_eb), eid.to(tl.int64) * D, half, ch, m2, ROPE)
@@ -980,11 +917,6 @@ def role_tile(fused: bool, rope: bool, G: int, role: str) -> Optional[Tuple[int,
     if forced is not None and forced.block_n is not None:
         return forced.block_n, max(forced.block_d, pow2(G)) if fused else forced.block_d
     return TILES[(fused, rope, head_class(G) if fused else 16)][role]
-
-
-def default_tiles() -> Dict[str, Optional[Tuple[int, int]]]:
-    """The tiles of the most common case: the unfused route, one gate per channel, no rotary."""
-    return TILES[(False, False, 16)]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1138,11 +1070,17 @@ def _constexprs(L: MixLayout, role: str, act: int, gate: int, mean: bool, flags:
                 STAGES=1 if interpreted() else STAGES[role], num_warps=warps, maxnreg=maxnreg, **flags)
 
 
-def _run(kernel: Any, grid: Tuple[int, ...], available: Dict[str, Any]) -> None:
-    """Launch ``kernel`` with the arguments it takes out of ``available`` (by name; launch options pass through)."""
-    names = set(kernel.arg_names)
-    kwargs = {k: v for k, v in available.items() if k in names or k in ("num_warps", "maxnreg")}
-    launch(kernel, grid, **kwargs)
+def _runner(L: MixLayout, available: Dict[str, Any], act: int, gate: int, mean: bool, flags: Dict[str, Any],
+            fused_dtype: Optional[Tensor]) -> Callable[..., None]:
+    """``run(role, **extra)``: launch a role's kernel of the call over (row · chunk groups, channel blocks) with the
+    arguments it takes out of ``available``, its constexprs and ``extra`` (by name; launch options pass through)."""
+
+    def run(role: str, **extra: Any) -> None:
+        kernel = KERNELS[role]
+        kwargs = {**available, **_constexprs(L, role, act, gate, mean, flags, fused_dtype), **extra}
+        launch(kernel, (L.B * L.npb, L.nd(role)),
+               **{k: v for k, v in kwargs.items() if k in kernel.arg_names or k in ("num_warps", "maxnreg")})
+    return run
 
 
 def _scan(L: MixLayout, src: Tensor, srcw: Optional[Tensor], reverse: bool, seqid: Optional[Tensor],
@@ -1186,19 +1124,14 @@ def mix(z: Optional[Tensor], x: Optional[Tensor], w_in: Optional[Tensor], coeff:
     B, N, D, dev = L.B, L.N, L.D, src.device
     f32 = dict(dtype=torch.float32, device=dev)
     a = _inputs(L, z, x, w_in, coeff, bias, mask, pos, cu, seqid, block_size, log2base, src)
-    flags = _flags(rope, mask, pos, cu)
-    fused = src if x is not None else None
+    run = _runner(L, a, act, gate, mean, _flags(rope, mask, pos, cu), src if x is not None else None)
     sums, sumsw = torch.empty(B, L.nc, D, **f32), torch.empty(B, L.nc, **f32)
     end, endw = torch.empty(B, L.end_rows, D, **f32), torch.empty(B, L.end_rows, **f32)
-    _run(_sums_kernel, (B * L.npb, L.nd("sums")), {**a, **_constexprs(L, "sums", act, gate, mean, flags, fused),
-                                                   "sums_ptr": sums, "sumsw_ptr": sumsw, "end_ptr": end,
-                                                   "endw_ptr": endw})
+    run("sums", sums_ptr=sums, sumsw_ptr=sumsw, end_ptr=end, endw_ptr=endw)
     carry, carryw = _scan(L, sums, sumsw, False, seqid, cu)
     g = torch.empty(B, N, D, dtype=src.dtype, device=dev)
-    _run(_apply_kernel, (B * L.npb, L.nd("apply")), {**a, **_constexprs(L, "apply", act, gate, mean, flags, fused),
-                                                     "carry_ptr": carry, "carryw_ptr": carryw, "end_ptr": end,
-                                                     "endw_ptr": endw, "g_ptr": g, "s_gb": g.stride(0),
-                                                     "s_gn": g.stride(1)})
+    run("apply", carry_ptr=carry, carryw_ptr=carryw, end_ptr=end, endw_ptr=endw, g_ptr=g, s_gb=g.stride(0),
+        s_gn=g.stride(1))
     return g, carry, carryw, end, endw
 
 
@@ -1216,21 +1149,16 @@ def mix_backward(dg: Tensor, z: Optional[Tensor], x: Optional[Tensor], w_in: Opt
     a = _inputs(L, z, x, w_in, coeff, bias, mask, pos, cu, seqid, block_size, log2base, dz if z is None else z)
     a.update(dg_ptr=dg, dz_ptr=dz, s_gb=dg.stride(0), s_gn=dg.stride(1), carry_ptr=saved.carry,
              carryw_ptr=saved.carryw, end_ptr=saved.end, endw_ptr=saved.endw)
-    flags = _flags(rope, mask, pos, cu)
-    fused = src if x is not None else None
     hsum, start = torch.empty(B, L.nc, D, **f32), torch.empty(B, L.end_rows, D, **f32)
     dbias = torch.empty(B * L.npb, Ds, **f32)
     parts = L.head_parts("grad_apply" if mode == 0 else "grad_sums")  # of the kernel that takes the gate's gradient
     dsp = torch.empty(B, N, Ds, parts, **f32) if parts > 1 else dbias
     a.update(dsp_ptr=dsp, s_db=N * Ds * parts, s_dn=Ds * parts)
-    _run(_grad_sums_kernel, (B * L.npb, L.nd("grad_sums")),
-         {**a, **_constexprs(L, "grad_sums", act, gate, mean, flags, fused), "hsum_ptr": hsum, "start_ptr": start,
-          "dbias_ptr": dbias})
+    run = _runner(L, a, act, gate, mean, _flags(rope, mask, pos, cu), src if x is not None else None)
+    run("grad_sums", hsum_ptr=hsum, start_ptr=start, dbias_ptr=dbias)
     rc, _ = _scan(L, hsum, None, True, seqid, cu)
     dcoeff = torch.empty(B * L.npb, D * K, **f32)
-    _run(_grad_apply_kernel, (B * L.npb, L.nd("grad_apply")),
-         {**a, **_constexprs(L, "grad_apply", act, gate, mean, flags, fused), "rc_ptr": rc, "start_ptr": start,
-          "dcoeff_ptr": dcoeff, "dbias_ptr": dbias})
+    run("grad_apply", rc_ptr=rc, start_ptr=start, dcoeff_ptr=dcoeff, dbias_ptr=dbias)
     if parts > 1:  # gate heads wider than a tile: their parts' sums
         du = dsp.sum(-1)
         dz[..., D:] = du.to(dz.dtype)
@@ -1381,7 +1309,6 @@ def _bench_closures(L: MixLayout, z: Tensor, coeff: Tensor, bias: Tensor, saved:
     """The closures of :func:`bench_kernels`: each launches one kernel with the arguments a real call gives it."""
     B, N, D, Ds, K = L.B, L.N, L.D, L.Ds, L.K
     f32 = dict(dtype=torch.float32, device=z.device)
-    flags = _flags(0, None, None, None)
     a = _inputs(L, z, None, None, coeff, bias, None, None, None, None, bs, 0.0, z)
     out = dict(sums_ptr=torch.empty(B, L.nc, D, **f32), sumsw_ptr=torch.empty(B, L.nc, **f32),
                end_ptr=saved.end.clone(), endw_ptr=saved.endw.clone(), carry_ptr=saved.carry, carryw_ptr=saved.carryw,
@@ -1394,10 +1321,11 @@ def _bench_closures(L: MixLayout, z: Tensor, coeff: Tensor, bias: Tensor, saved:
     parts = L.head_parts("grad_apply" if L.mode == 0 else "grad_sums")
     grads.update(dsp_ptr=torch.empty(B, N, Ds, parts, **f32), s_db=N * Ds * parts, s_dn=Ds * parts)
 
-    def run(name: str, extra: Dict[str, Any]) -> Callable[[], None]:
+    def run(name: str, extra: Dict[str, Any]) -> Callable[[], None]:  # the arguments prepared once, as _runner's
         kernel = KERNELS[name]
-        kwargs = {**a, **_constexprs(L, name, 0, 0, True, flags, None), **extra}
-        return lambda: _run(kernel, (B * L.npb, L.nd(name)), kwargs)
+        kwargs = {**a, **_constexprs(L, name, 0, 0, True, _flags(0, None, None, None), None), **extra}
+        kwargs = {k: v for k, v in kwargs.items() if k in kernel.arg_names or k in ("num_warps", "maxnreg")}
+        return lambda: launch(kernel, (B * L.npb, L.nd(name)), **kwargs)
 
     sums = out["sums_ptr"]
     return [("sums", run("sums", out), nbytes["sums"]),
@@ -1448,21 +1376,20 @@ def kernel_limits(call: Any) -> Optional[str]:
     return None
 
 
-def supports(call: Call) -> Optional[str]:
+def supports(call: Call, fused: bool = False) -> Optional[str]:
     """Self-mixing, every mask but an explicit (B, M, N) one, packed sequences, rotary, degree 1–5, mean / sum, named
     non-linearities, fp32 / bf16 / fp16, on CUDA tensors (or CPU tensors under TRITON_INTERPRET=1); also while
-    ``torch.compile`` traces (the kernels are custom ops)."""
+    ``torch.compile`` traces (the kernels are custom ops). ``fused``: where the ``triton_gemm`` route's tiles fit
+    (that route runs its own first-use check)."""
     x = call.x
     if x.device.type != "cuda" and not (interpreted() and x.device.type == "cpu"):
         return f"CUDA tensors only (got {x.device.type}; CPU tensors run the kernels under TRITON_INTERPRET=1)"
     why = kernel_limits(call)
     if why is None:
-        why = call_layout(call, fused=False).missing(backward=will_differentiate(call))
-    if why is not None:
+        why = call_layout(call, fused).missing(backward=will_differentiate(call))
+    if why is not None or fused or not needs_check(x.device):
         return why
-    if needs_check(x.device):
-        return self_check(x.device, x.dtype)
-    return None
+    return self_check(x.device, x.dtype)
 
 
 def will_differentiate(call: Any) -> bool:
@@ -1541,9 +1468,16 @@ def _mode(call: Call) -> Tuple[int, int]:
     return MODES["causal" if call.causal else "full"], 1
 
 
-def _call_tensors(call: Any, N: int) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor], int, int]:
-    """(key mask as uint8, positions as fp64, each token's sequence id, mode, block size) of a call."""
-    dev = call.x.device
+def call_layout(call: Any, fused: bool) -> MixLayout:
+    """The layout the kernels would run ``call`` with."""
+    nseq = 1 if call.cu_k is None else call.cu_k.shape[0] - 1
+    return mix_layout(call.B, call.N, call.D, call.Ds, call.weights.coeff.shape[1], *_mode(call), nseq,
+                      ROPE_CODES[call.rope], call.x.device, fused)
+
+
+def mix_args(call: Any, N: int) -> Tuple[Any, ...]:
+    """The op arguments after the activations and weights: (key mask as uint8, positions as fp64, cu_seqlens, each
+    token's sequence id, mode, block size, activation, gate, rotary, log2(base), mean)."""
     mask = None if call.key_mask is None else call.key_mask.contiguous().view(torch.uint8)
     pos = None
     if call.rope is not None and call.positions is not None:
@@ -1553,23 +1487,9 @@ def _call_tensors(call: Any, N: int) -> Tuple[Optional[Tensor], Optional[Tensor]
         raise ValueError("2-D rotary needs explicit positions of shape (N, 2) holding (row, col)")
     seqid = None
     if call.cu_k is not None:  # each token's sequence: a search over the offsets, on the device
-        ar = torch.arange(N, device=dev, dtype=call.cu_k.dtype)
+        ar = torch.arange(N, device=call.x.device, dtype=call.cu_k.dtype)
         seqid = torch.searchsorted(call.cu_k, ar, right=True, out_int32=True) - 1
-    return (mask, pos, seqid, *_mode(call))
-
-
-def call_layout(call: Any, fused: bool) -> MixLayout:
-    """The layout the kernels would run ``call`` with."""
-    nseq = 1 if call.cu_k is None else call.cu_k.shape[0] - 1
-    return mix_layout(call.B, call.N, call.D, call.Ds, call.weights.coeff.shape[1], *_mode(call), nseq,
-                      ROPE_CODES[call.rope], call.x.device, fused)
-
-
-def mix_args(call: Any, N: int) -> Tuple[Any, ...]:
-    """The op arguments after the activations and weights: (mask, positions, cu_seqlens, sequence ids, mode,
-    block size, activation, gate, rotary, log2(base), mean)."""
-    mask, pos, seqid, mode, bs = _call_tensors(call, N)
-    return (mask, pos, call.cu_k, seqid, mode, bs, ACT_CODES[call.activation], GATE_CODES[call.gate],
+    return (mask, pos, call.cu_k, seqid, *_mode(call), ACT_CODES[call.activation], GATE_CODES[call.gate],
             ROPE_CODES[call.rope], math.log2(call.rope_base), call.reduction == "mean")
 
 

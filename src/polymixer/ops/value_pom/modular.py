@@ -32,7 +32,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..call import Call, PoMState
+from ..call import Call, PoMState, every_call as supports  # the torch form takes every call
 from ..features import (CHUNK, call_features, full_mix, packed_features, pad_tokens, padded_rows, pattern_mask,
                         value_output)
 
@@ -130,18 +130,15 @@ def _chunk_outputs(qc: Tensor, kc: Tensor, vc: Tensor, U: Tensor, K: int, state:
     the call) and, unless a chunk is one block of K tokens (then its own contribution ``U`` too), the quadratic part
     inside the chunk, block-causal."""
     nc, C = qc.shape[2], qc.shape[3]
-    if C == K:  # one block per chunk: a query sees its whole chunk, so no quadratic part at all
-        S = torch.cumsum(U, dim=2)
-        if state is not None:
-            S = S + state.unsqueeze(2)
-        return torch.einsum("bhctd,bhcde->bhcte", qc, S)
-    if nc == 1 and state is None:  # one chunk and nothing before it: no state part
-        o = None
-    else:
-        S = torch.cumsum(U, dim=2) - U  # the state before each chunk
+    whole = C == K  # one block per chunk: a query sees its whole chunk, so no quadratic part at all
+    o = None  # one chunk and nothing before it: no state part
+    if whole or nc > 1 or state is not None:
+        S = torch.cumsum(U, dim=2) if whole else torch.cumsum(U, dim=2) - U  # the state after / before each chunk
         if state is not None:
             S = S + state.unsqueeze(2)
         o = torch.einsum("bhctd,bhcde->bhcte", qc, S)
+    if whole:
+        return o
     blk = torch.arange(C, device=qc.device) // K
     intra = (blk.unsqueeze(0) <= blk.unsqueeze(1)).to(qc.dtype)  # (C queries, C keys) within a chunk
     scores = torch.einsum("bhctd,bhcsd->bhcts", qc, kc) * intra
@@ -192,11 +189,6 @@ def packed_causal_mix(q: Tensor, k: Tensor, v: Tensor, w: Tensor, first: Tensor,
     cw = torch.cumsum(w[0].to(torch.float64), dim=0)  # visible tokens: those of the sequence up to i
     cnt = cw - (cw - w[0].to(torch.float64))[first]
     return o, cnt.to(q.dtype).unsqueeze(0)
-
-
-def supports(call: Call) -> Optional[str]:
-    """Every call."""
-    return None
 
 
 def forward(call: Call) -> Union[Tensor, Tuple[Tensor, PoMState]]:

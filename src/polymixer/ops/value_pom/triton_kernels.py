@@ -28,24 +28,16 @@ three times, v twice, and writes dq, dk, dv. The states (D_h·dv_h / C elements 
 modes) are written by the local sums, read and written by the scan and read by the outputs: 4 passes forward, 9
 backward.
 
-**Precision.** Products accumulate in fp32. bf16 features keep bf16 states (accumulated in fp32, stored bf16, as
-flash-linear-attention does): half the state traffic. fp16 features keep fp32 states — an unnormalised state of a
-long sequence passes fp16's 65,504 — and multiply them in tf32. fp32 features (the torch form computes its
-polynomial features in fp32, bf16 layers included) use tf32 products; with ``torch.get_float32_matmul_precision() ==
-"highest"`` :func:`supports` refuses CUDA calls (full-fp32 products on CUDA cores would be slower than the torch
-form).
+**Precision and layouts** (docs/gpu.md, "The value-carrying PoM kernels"). Products accumulate in fp32; bf16
+features keep bf16 states (:func:`state_dtype`: half the state traffic), fp16 ones fp32 states (an unnormalised
+state of a long sequence passes fp16's 65,504). q, k, v and the incoming gradient are read with their own strides
+(only a channel stride other than 1 is copied); outputs are written in (B, N, H, D) memory order, so that merging
+the heads costs no copy.
 
-**Layouts.** q, k, v and the incoming gradient are read with their own strides (the heads views of (B, N, H·D) and
-the slices of the fused projection the torch form makes; only a channel stride other than 1 is copied); outputs and
-gradients are written in (B, N, H, D) memory order, so that merging the heads costs no copy.
-
-Modes: causal (j ≤ i), and the end-token modes — block-causal (j up to the end of i's block) and full — as the
-causal part plus a strictly-later part within i's group (block or sequence), carried by a second state scanned
-backwards; every mode also packed (``cu_seqlens``: the states restart at each sequence). Full mixing of unpacked
-rows stays two cuBLAS products. Nothing is atomic: results are deterministic. No value is read back to the host.
-
-Not here (the torch form runs them, or an explicit ``backend("triton")`` raises): cross-mixing, an explicit
-(B, M, N) mask, heads wider than 128 key or value channels, float64, streams (a call with a state).
+Modes: causal (j ≤ i), and the end-token modes — block-causal and full — as the causal part plus a strictly-later
+part within i's group (block or sequence), carried by a second state scanned backwards; every mode also packed
+(``cu_seqlens``: the states restart at each sequence). Nothing is atomic: results are deterministic. No value is
+read back to the host. What the kernels take: :func:`supports`.
 """
 
 from __future__ import annotations
@@ -146,6 +138,17 @@ def _edges(start, gstart, rows, nmask, C: tl.constexpr):
 
 
 @triton.jit
+def _chunk_program(N, H, C: tl.constexpr):
+    """A program's (row · head, chunk, row, head, the chunk's token offsets, its tokens, which of them are < N): one
+    program per (row · head, chunk[, channel blocks])."""
+    bh = tl.program_id(0)
+    c = tl.program_id(1)
+    rows = tl.arange(0, C)
+    n = c * C + rows
+    return bh, c, bh // H, bh % H, rows, n, n < N
+
+
+@triton.jit
 def _chunk_ptr(ptr, b, h, c, s_b, s_h, s_n, C: tl.constexpr):
     """The first token of chunk c of row b, head h (64-bit offsets: they may pass 2³¹ elements)."""
     return ptr + offset64(b, s_b) + offset64(h, s_h) + offset64(c * C, s_n)
@@ -199,14 +202,8 @@ def _local_sums(x_ptr, y_ptr, h_ptr, seqid_ptr, cu_ptr, s_xb, s_xh, s_xn, s_yb, 
     States (x = k, y = v): the tail (handed to h_{c+1}) into slot c + 1 of buffer 0, the head (handed to r_{c−1},
     end modes) into slot c − 1 of buffer 1; the slots no chunk feeds (h_0, r_{NC−1}) get zeros. Gradients (x = q,
     y = do): the queries that read h_c (and r_c) into slot c of the gradient buffers."""
-    bh = tl.program_id(0)
-    c = tl.program_id(1)
+    bh, c, b, hh, rows, n, nmask = _chunk_program(N, H, C)
     kv = tl.program_id(2)
-    b = bh // H
-    hh = bh % H
-    rows = tl.arange(0, C)
-    n = c * C + rows
-    nmask = n < N
     nv = tl.cdiv(DV, BV)
     ck = (kv // nv) * BK + tl.arange(0, BK)
     cv = (kv % nv) * BV + tl.arange(0, BV)
@@ -220,10 +217,7 @@ def _local_sums(x_ptr, y_ptr, h_ptr, seqid_ptr, cu_ptr, s_xb, s_xh, s_xn, s_yb, 
     st = h_ptr.dtype.element_ty
     if GRAD:
         left, right = _open_rows(start, gstart, rows, C)
-        if MODE == 0:
-            j0 = 1
-        else:
-            j0 = 2
+        j0 = 1 if MODE == 0 else 2
         u = _dot(tl.trans(tl.where(left[:, None], x, 0.0)), y, zero, PREC)
         tl.store(_state_ptr(h_ptr, j0, bh, c, BH, NC, E) + loc, u.to(st), mask=sm)
         if MODE != 0:
@@ -273,10 +267,8 @@ def _chunk_starts(cc, NC, N, BS, seqid_ptr, cu_ptr, PACKED: tl.constexpr, MODE: 
     else:
         s0 = cc * 0
         seq = cc == 0
-    if MODE == 2:  # within one sequence, a block starts at a multiple of BS from the sequence's start
-        grp = seq | ((n0 - s0) % BS == 0) | ((n0 - s0) // BS != (n1 - s0) // BS)
-    else:
-        grp = seq
+    # within one sequence, a block starts at a multiple of BS from the sequence's start
+    grp = seq | ((n0 - s0) % BS == 0) | ((n0 - s0) // BS != (n1 - s0) // BS) if MODE == 2 else seq
     out = (cc < 0) | (cc >= NC)
     return seq | out, grp | out
 
@@ -293,10 +285,7 @@ def _scan_kernel(h_ptr, seqid_ptr, cu_ptr, N, NC, E, BS, BH, PACKED: tl.constexp
     bh = tl.program_id(0)
     eb = tl.program_id(1)
     j = tl.program_id(2)
-    if MODE == 0:
-        kind = j * 2
-    else:
-        kind = j
+    kind = j * 2 if MODE == 0 else j
     grad = kind >= 2
     group = (kind % 2) == 1
     rev = (kind == 1) | (kind == 2)
@@ -329,13 +318,7 @@ def _output_kernel(q_ptr, k_ptr, v_ptr, h_ptr, o_ptr, seqid_ptr, cu_ptr, s_qb, s
                    PREC: tl.constexpr):
     """One program per (row · head, chunk): o = (q kᵀ ⊙ M) v + q·h_c (queries of the carried sequence) + q·r_c (end
     modes: queries whose group goes on after the chunk); the score tile formed once for every value block."""
-    bh = tl.program_id(0)
-    c = tl.program_id(1)
-    b = bh // H
-    hh = bh % H
-    rows = tl.arange(0, C)
-    n = c * C + rows
-    nmask = n < N
+    bh, c, b, hh, rows, n, nmask = _chunk_program(N, H, C)
     qc = _chunk_ptr(q_ptr, b, hh, c, s_qb, s_qh, s_qn, C)
     kc = _chunk_ptr(k_ptr, b, hh, c, s_kb, s_kh, s_kn, C)
     vc = _chunk_ptr(v_ptr, b, hh, c, s_vb, s_vh, s_vn, C)
@@ -370,13 +353,7 @@ def _dv_kernel(q_ptr, k_ptr, do_ptr, h_ptr, dv_ptr, seqid_ptr, cu_ptr, s_qb, s_q
                PREC: tl.constexpr):
     """One program per (row · head, chunk): dv = (q kᵀ ⊙ M)ᵀ do + k·dh_{c+1} for the tokens handed to the next
     chunk + k·dr_{c−1} (end modes) for those handed back to the previous one; the scores formed once."""
-    bh = tl.program_id(0)
-    c = tl.program_id(1)
-    b = bh // H
-    hh = bh % H
-    rows = tl.arange(0, C)
-    n = c * C + rows
-    nmask = n < N
+    bh, c, b, hh, rows, n, nmask = _chunk_program(N, H, C)
     qc = _chunk_ptr(q_ptr, b, hh, c, s_qb, s_qh, s_qn, C)
     kc = _chunk_ptr(k_ptr, b, hh, c, s_kb, s_kh, s_kn, C)
     doc = _chunk_ptr(do_ptr, b, hh, c, s_ob, s_oh, s_on, C)
@@ -384,10 +361,7 @@ def _dv_kernel(q_ptr, k_ptr, do_ptr, h_ptr, dv_ptr, seqid_ptr, cu_ptr, s_qb, s_q
     sid, start, gstart, gid = _flags(n, nmask, seqid_ptr, cu_ptr, N, BS, PACKED, MODE)
     tail, head = _edges(start, gstart, rows, nmask, C)
     E = DK * DV
-    if MODE == 0:
-        jd = 1
-    else:
-        jd = 2
+    jd = 1 if MODE == 0 else 2  # the first gradient buffer
     dhs = _state_ptr(h_ptr, jd, bh, c + 1, BH, NC, E)
     drs = _state_ptr(h_ptr, jd + 1, bh, c - 1, BH, NC, E)
     a = tl.zeros((C, C), tl.float32)
@@ -415,13 +389,7 @@ def _dqk_kernel(q_ptr, k_ptr, v_ptr, do_ptr, h_ptr, dq_ptr, dk_ptr, seqid_ptr, c
                 PREC: tl.constexpr):
     """One program per (row · head, chunk), dq and dk together: dA = (do vᵀ) ⊙ M formed once, then per key block
     dq = dA k + do hᵀ (+ do rᵀ) and dk = dAᵀ q + v dh_{c+1}ᵀ (+ v dr_{c−1}ᵀ). dq and dk share strides (s_g*)."""
-    bh = tl.program_id(0)
-    c = tl.program_id(1)
-    b = bh // H
-    hh = bh % H
-    rows = tl.arange(0, C)
-    n = c * C + rows
-    nmask = n < N
+    bh, c, b, hh, rows, n, nmask = _chunk_program(N, H, C)
     qc = _chunk_ptr(q_ptr, b, hh, c, s_qb, s_qh, s_qn, C)
     kc = _chunk_ptr(k_ptr, b, hh, c, s_kb, s_kh, s_kn, C)
     vc = _chunk_ptr(v_ptr, b, hh, c, s_vb, s_vh, s_vn, C)
@@ -430,10 +398,7 @@ def _dqk_kernel(q_ptr, k_ptr, v_ptr, do_ptr, h_ptr, dq_ptr, dk_ptr, seqid_ptr, c
     left, right = _open_rows(start, gstart, rows, C)
     tail, head = _edges(start, gstart, rows, nmask, C)
     E = DK * DV
-    if MODE == 0:
-        jd = 1
-    else:
-        jd = 2
+    jd = 1 if MODE == 0 else 2  # the first gradient buffer
     hs = _state_ptr(h_ptr, 0, bh, c, BH, NC, E)
     rs = _state_ptr(h_ptr, 1, bh, c, BH, NC, E)
     dhs = _state_ptr(h_ptr, jd, bh, c + 1, BH, NC, E)
