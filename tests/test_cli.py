@@ -584,9 +584,9 @@ def test_every_family_bench_takes_a_seed_with_its_own_out(tmp_path, family, caps
     assert (tmp_path / f"{family}.json").read_text() == before
 
 
-def test_eo_verdict_takes_the_medians_of_the_seeds_both_models_ran():
+def test_eo_verdict_takes_the_paired_gaps_of_the_seeds_both_models_ran():
     """The satellite targets in the bench's own report are judged by `bench parity`'s path (one verdict path): on
-    medians of the seeds both models ran, unsettled where 2 seeds leave the margin inside attention's spread; the
+    the paired gaps of the seeds both models ran and their 95% interval, unsettled while it straddles the bound; the
     hybrid (full attention in one encoder) never counts as 'without full attention'."""
     from polymixer.experiments.eo.bench import verdicts
 
@@ -603,14 +603,15 @@ def test_eo_verdict_takes_the_medians_of_the_seeds_both_models_ran():
         return next(v for v in lines if v.startswith("parity") and what in v)
 
     single = line(verdicts(main), "best without full attention within")
-    assert "tiny-tsvipom-value +0.3 — **met on 1 seed, unsettled" in single  # one seed: no verdict settles
+    assert "tiny-tsvipom-value +0.3 (1 seed) — **unsettled: 1 paired seed (an interval needs 2)" in single
     three = line(verdicts(main, seeds), "best without full attention within")
-    # 39.7 against 42.7 on 3 seeds of both; the value PoM not run with the family's rotary-date options: unsettled
-    assert "tiny-tsvipom-value -3.0 (median of 3 seeds: seeds 0, 1, 2 †" in three
-    assert "— **MISSED, unsettled: not run with tiny-tsvipom-value" in three
+    # paired gaps +0.3, 40.8 − 51.6, 39.4 − 42.7 on seeds 0, 1, 2: their mean and 95% interval straddle the bound; the
+    # value PoM not run with the family's rotary-date options leaves it unsettled too
+    assert "tiny-tsvipom-value -4.6 [-18.7, +9.5] (3 seeds: seeds 0, 1, 2 †)" in three
+    assert "— **unsettled: the interval straddles 1 point on 3 seeds; seed 3 to run (up to 5); not run with " in three
     two = line(verdicts(main, seeds[:1]), "all-PoM or all-value-PoM within 8 points")
-    # −5.25; TSViT's 2 seeds spread 12.2
-    assert "(median of 2 seeds: seeds 0, 1 †" in two and "met on 2 seeds, unsettled" in two
+    # paired gaps +0.3 and −10.8: a 2-seed interval as wide as t(0.975, 1) makes it
+    assert "-5.3 [-75.8, +65.3] (2 seeds: seeds 0, 1 †)" in two and "seed 2 to run (up to 5)" in two
 
 
 def test_a_rate_share_that_trains_nothing_is_an_error():
