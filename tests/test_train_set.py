@@ -152,7 +152,8 @@ def test_set_without_a_value_and_a_bad_flag_are_the_parsers_errors(argv, message
 
 
 def test_an_unknown_field_far_from_any_lists_the_fields():
-    with pytest.raises(ValueError, match=r"^unknown field 'zzz' of HTRConfig; its fields: sel_heads, gate, reduction, num_classes, "):
+    fields = "sel_heads, gate, reduction, num_classes, "  # the shared PoM settings first, then HTRConfig's own
+    with pytest.raises(ValueError, match=rf"^unknown field 'zzz' of HTRConfig; its fields: {fields}"):
         config_overrides("ocr", "tiny-htr-vpom", ["zzz=1"])
 
 
