@@ -361,3 +361,18 @@ def test_the_why_tables_commands_are_commands_the_cli_takes_and_build_their_mode
         check_overrides(*parse_variant("tiny-pom-paper+block_size=1024+token_shift=4"))
     with pytest.raises(ValueError, match="pom_shift=4 is taken by no mixer of this model"):
         check_overrides(*parse_variant("tiny-attention+block_size=1024+pom_shift=4"))
+
+
+def test_the_claims_table_leaves_out_a_paper_target_not_run(tmp_path):
+    """A paper's model not run has no figure (its verdict may still carry a clause, e.g. "not run; undertrained: …"):
+    the claims table skips it instead of failing, and keeps the targets that ran."""
+    from polymixer.experiments import guides
+
+    ran = {"what": "the paper's tiny-pom within +18.0% (the paper: +17.9%)", "measured": "tiny-pom +3.7% (1 seed)",
+           "verdict": "unsettled: 1 paired seed (an interval needs 2)"}
+    idle = {"what": "the paper's tiny-hybrid within +2.0% (the paper: +0.6%)", "measured": None,
+            "verdict": "not run; undertrained: tiny-attention 1.99 bits per byte against the n-gram's 1.71"}
+    (tmp_path / "parity.json").write_text(json.dumps({"families": [{"family": "lm", "targets": [ran, idle]}]}))
+    table = guides.parity_claims(tmp_path)
+    assert "`tiny-pom`" in table and "+3.7% (1 seed)" in table and "| unsettled |" in table
+    assert "tiny-hybrid" not in table
