@@ -49,11 +49,8 @@ class NGram:
         tokens = np.asarray(tokens, dtype=np.int64)
         ids = [np.zeros(len(tokens), dtype=np.int64)]
         for k in range(1, self.order + 1):
-            before = np.full(len(tokens), self.vocab, dtype=np.int64)  # the padding token
-            if k < len(tokens):
-                before[k:] = tokens[:-k]
             prev = ids[-1]
-            key = np.maximum(prev, 0) * (self.vocab + 1) + before
+            key = np.maximum(prev, 0) * (self.vocab + 1) + _before(tokens, k, self.vocab)
             ids.append(_find(self.contexts[k], key, prev >= 0))
         return ids
 
@@ -84,6 +81,14 @@ class NGram:
         return self.probabilities(ids, np.arange(self.vocab), discounts)[-1]
 
 
+def _before(tokens: np.ndarray, k: int, pad: int) -> np.ndarray:
+    """The token ``k`` places before each position of ``tokens``, ``pad`` (the padding token) before the start."""
+    before = np.full(len(tokens), pad, dtype=np.int64)
+    if k < len(tokens):
+        before[k:] = tokens[:-k]
+    return before
+
+
 def _find(sorted_keys: np.ndarray, keys: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """The index of each key in ``sorted_keys``, -1 where it is absent or not ``valid``."""
     pos = np.searchsorted(sorted_keys, keys)
@@ -105,10 +110,7 @@ def fit_ngram(tokens: np.ndarray, vocab: int, order: int = 5) -> NGram:
     ids = np.zeros(len(tokens), dtype=np.int64)
     for k in range(order + 1):
         if k:
-            before = np.full(len(tokens), vocab, dtype=np.int64)
-            if k < len(tokens):
-                before[k:] = tokens[:-k]
-            keys, ids = np.unique(ids * (vocab + 1) + before, return_inverse=True)
+            keys, ids = np.unique(ids * (vocab + 1) + _before(tokens, k, vocab), return_inverse=True)
             ids = ids.reshape(-1)
         else:
             keys = np.zeros(1, dtype=np.int64)
@@ -122,11 +124,12 @@ def fit_ngram(tokens: np.ndarray, vocab: int, order: int = 5) -> NGram:
     return model
 
 
-def choose_discounts(model: NGram, tokens: np.ndarray, grid: Sequence[float] = DISCOUNTS) -> List[float]:
+def choose_discounts(model: NGram, tokens: np.ndarray, grid: Sequence[float] = DISCOUNTS,
+                     ids: Optional[List[np.ndarray]] = None) -> List[float]:
     """Each order's discount, order by order: the one of ``grid`` with the lowest loss on ``tokens`` (validation)
-    given the lower orders' choices."""
+    given the lower orders' choices (``ids``: the tokens' :meth:`NGram.context_ids`, where already computed)."""
     tokens = np.asarray(tokens, dtype=np.int64)
-    ids = model.context_ids(tokens)
+    ids = model.context_ids(tokens) if ids is None else ids
     lower = np.full(len(tokens), 1.0 / model.vocab)
     chosen: List[float] = []
     for k in range(model.order + 1):
@@ -136,11 +139,11 @@ def choose_discounts(model: NGram, tokens: np.ndarray, grid: Sequence[float] = D
     return chosen
 
 
-def _scores(model: NGram, tokens: np.ndarray, token_bytes: np.ndarray, discounts: Sequence[float],
-            split: str) -> List[Dict[str, float]]:
+def _scores(model: NGram, tokens: np.ndarray, ids: List[np.ndarray], token_bytes: np.ndarray,
+            discounts: Sequence[float], split: str) -> List[Dict[str, float]]:
     """Loss (nats per token) and bits per byte of every order on ``tokens``, under keys ``<split>_loss`` /
     ``<split>_bpb`` (bytes: ``token_bytes`` of the targets, end-of-text counting none, as the LMs' evaluation)."""
-    p = model.probabilities(model.context_ids(tokens), tokens, discounts)
+    p = model.probabilities(ids, tokens, discounts)
     nats = -np.log(p).sum(axis=1)
     nbytes = max(1, int(np.asarray(token_bytes)[np.asarray(tokens, dtype=np.int64)].sum()))
     return [{f"{split}_loss": float(n / len(tokens)), f"{split}_bpb": float(n / LN2 / nbytes)} for n in nats]
@@ -154,12 +157,13 @@ def ngram_rows(train: np.ndarray, val: np.ndarray, test: Optional[np.ndarray], v
         if tokens is not None and len(tokens) == 0:
             raise ValueError(f"the {split} split holds no tokens: nothing to choose or score the n-gram model on")
     model = fit_ngram(train, vocab, order)
-    discounts = choose_discounts(model, val, grid)
+    ids = {"val": model.context_ids(val), "test": None if test is None else model.context_ids(test)}
+    discounts = choose_discounts(model, val, grid, ids["val"])
     rows = [{"order": k, "discount": d, "contexts": int(len(model.context_counts[k]))}
             for k, d in enumerate(discounts)]
     for split, tokens in (("val", val), ("test", test)):
         if tokens is None:
             continue
-        for row, s in zip(rows, _scores(model, tokens, token_bytes, discounts, split)):
+        for row, s in zip(rows, _scores(model, tokens, ids[split], token_bytes, discounts, split)):
             row.update(s, **{f"{split}_nats_per_byte": s[f"{split}_bpb"] * LN2})
     return rows
