@@ -66,6 +66,7 @@ class BPETokenizer:
         self.eot_id = int(eot)
         self.vocab_size = int(self.tok.get_vocab_size(with_added_tokens=True))
         self._bytes = self._token_bytes()
+        self._byte_of = {c: b for b, c in bytes_to_unicode().items()}  # a token's symbols back to its bytes
 
     def encode(self, text: str) -> List[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
@@ -76,8 +77,7 @@ class BPETokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Tokens to text; an end-of-text token reads as its text (as the byte tokenizer's does)."""
-        symbols = bytes_to_unicode()
-        back = {c: b for b, c in symbols.items()}
+        back = self._byte_of
         out, parts = bytearray(), []
         for i in map(int, ids):
             if not 0 <= i < self.vocab_size:
